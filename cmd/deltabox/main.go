@@ -1,0 +1,302 @@
+// Command deltabox is DeltaBox's one binary: the daemon (`deltabox daemon`), the
+// client verbs, and (hidden) the sandbox init, which the daemon starts by
+// re-executing this binary.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"deltabox/internal/api"
+	"deltabox/internal/client"
+	"deltabox/internal/sbinit"
+	"deltabox/internal/state"
+)
+
+func main() {
+	if len(os.Args) > 2 && os.Args[1] == sbinit.InitArg {
+		sbinit.Main(os.Args[2])
+		return
+	}
+	if err := rootCmd().Execute(); err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(int(ee))
+		}
+		fmt.Fprintln(os.Stderr, "deltabox:", err)
+		os.Exit(1)
+	}
+}
+
+// exitError carries a command's exit code out of cobra without printing anything.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+var (
+	socketPath string
+	jsonOut    bool
+)
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "deltabox",
+		Short:         "Sandboxes for LLM agents with millisecond checkpoint and rollback",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	def := os.Getenv("DELTABOX_SOCKET")
+	if def == "" {
+		def = client.DefaultSocket
+	}
+	root.PersistentFlags().StringVar(&socketPath, "socket", def, "daemon socket (env DELTABOX_SOCKET)")
+	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
+	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
+		treeCmd(), imageCmd(), syncCmd(), benchCmd())
+	return root
+}
+
+func cli() *client.Client { return client.New(socketPath) }
+
+func ctx() context.Context {
+	c, _ := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	return c
+}
+
+func printJSON(v any) {
+	e := json.NewEncoder(os.Stdout)
+	e.SetIndent("", "  ")
+	e.Encode(v)
+}
+
+func createCmd() *cobra.Command {
+	var o state.CreateOptions
+	c := &cobra.Command{
+		Use:   "create [--image NAME] [--workdir DIR] [--name ID]",
+		Short: "Create and start a sandbox; prints its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in, err := cli().Create(ctx(), o)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(in)
+			} else {
+				fmt.Println(in.ID)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&o.Image, "image", "default", "image to start from")
+	c.Flags().StringVar(&o.Workdir, "workdir", "/workspace", "working directory of commands")
+	c.Flags().StringVar(&o.ID, "name", "", "sandbox id (default: generated)")
+	c.Flags().StringVar(&o.Hostname, "hostname", "", "hostname (default: the id)")
+	return c
+}
+
+func lsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := cli().List(ctx())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(l)
+				return nil
+			}
+			fmt.Printf("%-16s %-10s %-10s %-9s %s\n", "SANDBOX", "IMAGE", "HEAD", "STATUS", "CREATED")
+			for _, s := range l {
+				head := s.Head
+				if head == "" {
+					head = "(image)"
+				}
+				fmt.Printf("%-16s %-10s %-10s %-9s %s\n", s.ID, s.Image, head, s.Status, s.Created.Local().Format(time.DateTime))
+			}
+			return nil
+		},
+	}
+}
+
+func rmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm SANDBOX...",
+		Short: "Remove sandboxes (processes, mounts, cgroup, upper layer); their nodes stay in the tree",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var errs []error
+			for _, id := range args {
+				if err := cli().Remove(ctx(), id); err != nil {
+					errs = append(errs, err)
+				} else {
+					fmt.Println(id)
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func execCmd() *cobra.Command {
+	var q api.ExecRequest
+	var timeout time.Duration
+	var stdin bool
+	c := &cobra.Command{
+		Use:   "exec SANDBOX [--timeout D] -- CMD [ARG...]",
+		Short: "Run a command in a sandbox; exits with its exit code",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			q.Argv = args[1:]
+			q.TimeoutMS = timeout.Milliseconds()
+			if stdin {
+				b, err := readAll(os.Stdin)
+				if err != nil {
+					return err
+				}
+				q.Stdin = string(b)
+			}
+			r, err := cli().Exec(ctx(), args[0], q)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(r)
+			} else {
+				os.Stdout.WriteString(r.Stdout)
+				os.Stderr.WriteString(r.Stderr)
+			}
+			if r.ExitCode != 0 {
+				if r.ExitCode < 0 {
+					return exitError(128 + r.Signal)
+				}
+				return exitError(r.ExitCode)
+			}
+			return nil
+		},
+	}
+	c.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "kill the command's process group after this long (0: never)")
+	c.Flags().StringArrayVarP(&q.Env, "env", "e", nil, "KEY=VALUE to add to the environment")
+	c.Flags().StringVarP(&q.Dir, "workdir", "w", "", "working directory (default: the sandbox's)")
+	c.Flags().IntVar(&q.OutputLimit, "output-limit", 0, "bytes kept per stream (default 1 MiB); the rest is dropped with a marker")
+	c.Flags().BoolVarP(&stdin, "interactive", "i", false, "send this command's stdin to the sandboxed command")
+	return c
+}
+
+func checkpointCmd() *cobra.Command {
+	var label string
+	c := &cobra.Command{
+		Use:   "checkpoint SANDBOX [--label L]",
+		Short: "Checkpoint a sandbox; prints the new node's id",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := cli().Checkpoint(ctx(), args[0], label)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(r)
+			} else {
+				fmt.Println(r.Node.ID)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&label, "label", "", "a label for the node")
+	return c
+}
+
+func restoreCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "restore SANDBOX NODE",
+		Short: "Put a sandbox back to a node of the tree",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := cli().Restore(ctx(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(r)
+			} else {
+				fmt.Printf("%s is on %s (%.2f ms)\n", args[0], r.Node.ID, r.DurationMS)
+			}
+			return nil
+		},
+	}
+}
+
+func syncCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "sync",
+		Short: "Wait until every node and sandbox record is durable on disk",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return cli().Sync(ctx())
+		},
+	}
+}
+
+func imageCmd() *cobra.Command {
+	c := &cobra.Command{Use: "image", Short: "Manage images"}
+	c.AddCommand(&cobra.Command{
+		Use:   "ls",
+		Short: "List images",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ims, err := cli().Images(ctx())
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(ims)
+				return nil
+			}
+			fmt.Printf("%-16s %-10s %s\n", "IMAGE", "SIZE", "SOURCE")
+			for _, im := range ims {
+				fmt.Printf("%-16s %-10s %s\n", im.Name, humanBytes(im.Bytes), im.Source)
+			}
+			return nil
+		},
+	})
+	return c
+}
+
+func humanBytes(b int64) string {
+	switch {
+	case b < 0:
+		return "?"
+	case b < 1<<10:
+		return fmt.Sprintf("%d B", b)
+	case b < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	case b < 1<<30:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	default:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	}
+}
+
+func readAll(f *os.File) ([]byte, error) {
+	var sb strings.Builder
+	b := make([]byte, 64<<10)
+	for {
+		n, err := f.Read(b)
+		sb.Write(b[:n])
+		if err != nil {
+			return []byte(sb.String()), nil
+		}
+	}
+}

@@ -1,0 +1,283 @@
+// Package api is the daemon's HTTP+JSON API on a unix socket. Every route is listed
+// in docs/API.md. Errors are {"error":{"code":..., "message":...}} with the status
+// from errdefs.HTTPStatus; messages say what to do.
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/state"
+)
+
+// Version is the API version prefix.
+const Version = "v1"
+
+// maxBody caps request bodies (exec stdin included).
+const maxBody = 16 << 20
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Argv        []string `json:"argv"`
+	Env         []string `json:"env,omitempty"`
+	Dir         string   `json:"dir,omitempty"`
+	Stdin       string   `json:"stdin,omitempty"`
+	TimeoutMS   int64    `json:"timeout_ms,omitempty"`
+	OutputLimit int      `json:"output_limit,omitempty"`
+}
+
+// CheckpointRequest is the body of POST /v1/sandboxes/{id}/checkpoint.
+type CheckpointRequest struct {
+	Label string `json:"label,omitempty"`
+}
+
+// RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
+type RestoreRequest struct {
+	Node string `json:"node"`
+}
+
+// ErrorBody is every error response.
+type ErrorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// Server serves the API for a state manager.
+type Server struct {
+	m   *state.Manager
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the handler.
+func New(m *state.Manager, log *slog.Logger) *Server {
+	s := &Server{m: m, log: log, mux: http.NewServeMux()}
+	h := s.mux.HandleFunc
+	h("GET /v1/health", s.health)
+	h("GET /v1/sandboxes", s.listSandboxes)
+	h("POST /v1/sandboxes", s.createSandbox)
+	h("GET /v1/sandboxes/{id}", s.getSandbox)
+	h("DELETE /v1/sandboxes/{id}", s.removeSandbox)
+	h("POST /v1/sandboxes/{id}/exec", s.exec)
+	h("POST /v1/sandboxes/{id}/checkpoint", s.checkpoint)
+	h("POST /v1/sandboxes/{id}/restore", s.restore)
+	h("GET /v1/tree", s.tree)
+	h("GET /v1/nodes/{id}", s.getNode)
+	h("DELETE /v1/nodes/{id}", s.removeNode)
+	h("GET /v1/images", s.images)
+	h("POST /v1/sync", s.sync)
+	h("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, fmt.Errorf("no route %s %s (see docs/API.md): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Listen serves on a unix socket at path with the given mode (0600: root only).
+func (s *Server) Listen(ctx context.Context, path string, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return fmt.Errorf("another daemon is listening on %s", path)
+	}
+	os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		l.Close()
+		return err
+	}
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	err = srv.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	status, code := errdefs.HTTPStatus(err)
+	var b ErrorBody
+	b.Error.Code, b.Error.Message = code, err.Error()
+	writeJSON(w, status, b)
+}
+
+// decode reads a JSON body into v; an empty body leaves v as it is.
+func decode(r *http.Request, v any) error {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return fmt.Errorf("read body: %v: %w", err, errdefs.ErrInvalid)
+	}
+	if len(b) > maxBody {
+		return fmt.Errorf("request body over %d bytes: %w", maxBody, errdefs.ErrInvalid)
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad JSON body: %v: %w", err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]any{"ok": true, "api": Version})
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]any{"sandboxes": s.m.List()})
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var o state.CreateOptions
+	if err := decode(r, &o); err != nil {
+		writeErr(w, err)
+		return
+	}
+	in, err := s.m.Create(r.Context(), o)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 201, in)
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	in, err := s.m.Get(r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, in)
+}
+
+func (s *Server) removeSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.Remove(r.PathValue("id")); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"removed": r.PathValue("id")})
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	var q ExecRequest
+	if err := decode(r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if q.TimeoutMS < 0 {
+		writeErr(w, fmt.Errorf("timeout_ms must be >= 0: %w", errdefs.ErrInvalid))
+		return
+	}
+	res, err := s.m.Exec(r.Context(), r.PathValue("id"), sandbox.ExecRequest{
+		Argv: q.Argv, Env: q.Env, Dir: q.Dir, Stdin: []byte(q.Stdin),
+		Timeout: time.Duration(q.TimeoutMS) * time.Millisecond, OutputLimit: q.OutputLimit,
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, res)
+}
+
+func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
+	var q CheckpointRequest
+	if err := decode(r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := s.m.Checkpoint(r.Context(), r.PathValue("id"), q.Label)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 201, res)
+}
+
+func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
+	var q RestoreRequest
+	if err := decode(r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if q.Node == "" {
+		writeErr(w, fmt.Errorf(`restore needs {"node": ID}: %w`, errdefs.ErrInvalid))
+		return
+	}
+	res, err := s.m.Restore(r.Context(), r.PathValue("id"), q.Node)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, res)
+}
+
+func (s *Server) tree(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, s.m.Tree()) }
+
+func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
+	n, err := s.m.Node(r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, n)
+}
+
+func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
+	removed, err := s.m.RemoveNode(r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"removed": removed})
+}
+
+func (s *Server) images(w http.ResponseWriter, r *http.Request) {
+	ims, err := s.m.Images()
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"images": ims})
+}
+
+func (s *Server) sync(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.Sync(); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{"durable": true})
+}

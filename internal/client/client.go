@@ -1,0 +1,162 @@
+// Package client is the Go client of the daemon's API, used by the CLI, the
+// benchmarks and the tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"deltabox/internal/api"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/state"
+	"deltabox/internal/store"
+)
+
+// DefaultSocket is where the daemon listens unless told otherwise.
+const DefaultSocket = "/run/deltabox/deltabox.sock"
+
+// Client talks to one daemon.
+type Client struct {
+	Socket string
+	hc     *http.Client
+}
+
+// New returns a client for the daemon on socket.
+func New(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConnsPerHost: 16,
+	}
+	return &Client{Socket: socket, hc: &http.Client{Transport: tr}}
+}
+
+// Error is an error answered by the daemon. errors.Is(err, errdefs.ErrNotFound) etc. work.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+func (e *Error) Unwrap() error { return errdefs.FromStatus(e.Status) }
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://deltabox/"+api.Version+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the daemon on %s (is `deltabox daemon` running?): %w", c.Socket, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var eb api.ErrorBody
+		if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
+			return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		}
+		return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, b)}
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+func (c *Client) Health(ctx context.Context) error { return c.do(ctx, "GET", "/health", nil, nil) }
+
+func (c *Client) Create(ctx context.Context, o state.CreateOptions) (*state.SandboxInfo, error) {
+	var out state.SandboxInfo
+	return &out, c.do(ctx, "POST", "/sandboxes", o, &out)
+}
+
+func (c *Client) Get(ctx context.Context, id string) (*state.SandboxInfo, error) {
+	var out state.SandboxInfo
+	return &out, c.do(ctx, "GET", "/sandboxes/"+id, nil, &out)
+}
+
+func (c *Client) List(ctx context.Context) ([]*state.SandboxInfo, error) {
+	var out struct {
+		Sandboxes []*state.SandboxInfo `json:"sandboxes"`
+	}
+	return out.Sandboxes, c.do(ctx, "GET", "/sandboxes", nil, &out)
+}
+
+func (c *Client) Remove(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/sandboxes/"+id, nil, nil)
+}
+
+func (c *Client) Exec(ctx context.Context, id string, r api.ExecRequest) (*sandbox.ExecResult, error) {
+	var out sandbox.ExecResult
+	if err := c.do(ctx, "POST", "/sandboxes/"+id+"/exec", r, &out); err != nil {
+		return nil, err
+	}
+	out.Duration = time.Duration(out.DurationMS * float64(time.Millisecond))
+	return &out, nil
+}
+
+// Sh runs a shell command line (bash -c) with a timeout.
+func (c *Client) Sh(ctx context.Context, id, script string, timeout time.Duration) (*sandbox.ExecResult, error) {
+	return c.Exec(ctx, id, api.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutMS: timeout.Milliseconds()})
+}
+
+func (c *Client) Checkpoint(ctx context.Context, id, label string) (*state.OpResult, error) {
+	var out state.OpResult
+	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/checkpoint", api.CheckpointRequest{Label: label}, &out)
+}
+
+func (c *Client) Restore(ctx context.Context, id, node string) (*state.OpResult, error) {
+	var out state.OpResult
+	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/restore", api.RestoreRequest{Node: node}, &out)
+}
+
+func (c *Client) Tree(ctx context.Context) (*state.Tree, error) {
+	var out state.Tree
+	return &out, c.do(ctx, "GET", "/tree", nil, &out)
+}
+
+func (c *Client) Node(ctx context.Context, id string) (*state.NodeInfo, error) {
+	var out state.NodeInfo
+	return &out, c.do(ctx, "GET", "/nodes/"+id, nil, &out)
+}
+
+func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
+	var out struct {
+		Removed []string `json:"removed"`
+	}
+	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)
+}
+
+func (c *Client) Images(ctx context.Context) ([]store.Image, error) {
+	var out struct {
+		Images []store.Image `json:"images"`
+	}
+	return out.Images, c.do(ctx, "GET", "/images", nil, &out)
+}
+
+func (c *Client) Sync(ctx context.Context) error { return c.do(ctx, "POST", "/sync", nil, nil) }

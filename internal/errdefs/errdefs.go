@@ -1,0 +1,56 @@
+// Package errdefs holds the few error classes DeltaBox uses and their mapping to
+// HTTP status codes. Errors are wrapped with context (fmt.Errorf("...: %w", ErrNotFound))
+// and classified with errors.Is in exactly one place: HTTPStatus.
+package errdefs
+
+import (
+	"errors"
+	"net/http"
+)
+
+var (
+	// ErrNotFound: an unknown sandbox, node or image id.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the object is busy (an exec is running) or in a state that
+	// forbids the operation (a node a sandbox stands on).
+	ErrConflict = errors.New("conflict")
+	// ErrInvalid: the request itself is malformed.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrUnavailable: the machine lacks something (store not set up, kernel feature).
+	ErrUnavailable = errors.New("unavailable")
+)
+
+// HTTPStatus maps an error to its HTTP status and a short code string.
+func HTTPStatus(err error) (int, string) {
+	switch {
+	case err == nil:
+		return http.StatusOK, "ok"
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound, "not_found"
+	case errors.Is(err, ErrConflict):
+		return http.StatusConflict, "conflict"
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest, "invalid"
+	case errors.Is(err, ErrUnavailable):
+		return http.StatusServiceUnavailable, "unavailable"
+	default:
+		return http.StatusInternalServerError, "internal"
+	}
+}
+
+// FromStatus turns a status code received by a client back into its class,
+// so errors.Is works on both sides of the socket.
+func FromStatus(status int) error {
+	switch status {
+	case http.StatusNotFound:
+		return ErrNotFound
+	case http.StatusConflict:
+		return ErrConflict
+	case http.StatusBadRequest:
+		return ErrInvalid
+	case http.StatusServiceUnavailable:
+		return ErrUnavailable
+	default:
+		return nil
+	}
+}

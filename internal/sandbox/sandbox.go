@@ -1,0 +1,164 @@
+// Package sandbox runs one sandbox: its init (PID 1 of fresh PID, mount, UTS, IPC and
+// network namespaces), its cgroup, the mount namespace of its current state, and the
+// commands executed in it. It knows nothing of the snapshot tree: the state manager
+// tells it which overlay to stand on (SetState).
+//
+// Concurrency: SetState, DropState and Destroy must not run concurrently with each
+// other (the state manager serialises them per sandbox); Exec may run concurrently
+// with anything and takes a reference to the state namespace under mu.
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/cgroup"
+	"deltabox/internal/mountns"
+	"deltabox/internal/overlay"
+	"deltabox/internal/sbinit"
+)
+
+// Sandbox is a running sandbox.
+type Sandbox struct {
+	ID       string
+	Hostname string
+	dir      string
+	cg       *cgroup.Group
+	init     *sbinit.Client
+	baseNS   int // nsfs fd of the init's (base) mount namespace
+
+	mu      sync.Mutex // protects stateNS
+	stateNS int        // nsfs fd of the current state; -1 when none
+}
+
+// Start creates the cgroup and the init, and builds the base namespace. dir is the
+// sandbox's private directory in the store (init log, init root mount point).
+func Start(id, hostname, dir string) (_ *Sandbox, err error) {
+	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, stateNS: -1}
+	defer func() {
+		if err != nil {
+			s.Destroy()
+		}
+	}()
+	if s.cg, err = cgroup.Create(id); err != nil {
+		return nil, err
+	}
+	root := filepath.Join(dir, "initroot")
+	if err = os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	log, err := os.OpenFile(filepath.Join(dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	cgfd, err := s.cg.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(cgfd)
+	s.init, err = sbinit.Start(sbinit.StartOptions{
+		Config:   sbinit.Config{ID: id, Hostname: hostname, Root: root},
+		CgroupFD: cgfd,
+		Log:      log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.baseNS, err = unix.Open("/proc/"+strconv.Itoa(s.init.Pid())+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the init's mount namespace: %w", err)
+	}
+	return s, nil
+}
+
+// InitPid is the init's PID as the daemon sees it.
+func (s *Sandbox) InitPid() int {
+	if s.init == nil {
+		return 0
+	}
+	return s.init.Pid()
+}
+
+// SetState mounts spec and makes it the sandbox's filesystem for commands started
+// from now on. The previous state namespace, if any, is released: when no process
+// remains in it, its overlay is unmounted.
+func (s *Sandbox) SetState(spec overlay.Spec) error {
+	mfd, err := overlay.Mount(spec)
+	if err != nil {
+		return err
+	}
+	ns, err := mountns.Build(s.baseNS, mfd)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	old := s.stateNS
+	s.stateNS = ns
+	s.mu.Unlock()
+	if old >= 0 {
+		unix.Close(old)
+	}
+	return nil
+}
+
+// DropState releases the current state namespace (unmounting its overlay once no
+// process is left in it). Precondition: KillAll has run, or processes keep it alive.
+func (s *Sandbox) DropState() {
+	s.mu.Lock()
+	old := s.stateNS
+	s.stateNS = -1
+	s.mu.Unlock()
+	if old >= 0 {
+		unix.Close(old)
+	}
+}
+
+// StateNS returns a duplicate of the current state namespace fd (the caller closes
+// it), so that a concurrent SetState cannot close it under the caller.
+func (s *Sandbox) StateNS() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stateNS < 0 {
+		return -1, fmt.Errorf("sandbox %s has no filesystem mounted (a checkpoint or restore failed half-way; restore a node)", s.ID)
+	}
+	return unix.FcntlInt(uintptr(s.stateNS), unix.F_DUPFD_CLOEXEC, 0)
+}
+
+// KillAll kills every process but init and waits until init has reaped them.
+func (s *Sandbox) KillAll() (int, error) { return s.init.KillAll() }
+
+// Destroy kills everything and releases every resource; safe to call more than once
+// and on a half-started sandbox. Errors are joined, cleanup goes on regardless.
+func (s *Sandbox) Destroy() error {
+	var errs []error
+	if s.init != nil {
+		s.init.Kill()
+	}
+	if s.cg != nil {
+		if err := s.cg.Destroy(5 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.DropState()
+	if s.baseNS >= 0 {
+		unix.Close(s.baseNS)
+		s.baseNS = -1
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("destroy sandbox %s: %v", s.ID, errs)
+	}
+	return nil
+}
+
+// Dead is closed when the init has exited.
+func (s *Sandbox) Dead() <-chan struct{} { return s.init.Done() }
+
+// Pids lists the sandbox's processes (host PIDs), init included.
+func (s *Sandbox) Pids() ([]int, error) { return s.cg.Pids() }

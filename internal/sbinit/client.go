@@ -1,0 +1,217 @@
+package sbinit
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Client is the daemon's end of one init's control socket.
+//
+// One goroutine (readLoop) owns reading; callers send under mu and wait on their own
+// channel. mu protects nextID, pending, exits and closed.
+type Client struct {
+	fd   int
+	proc *os.Process // the init, a child of the daemon
+	done chan struct{}
+
+	mu        sync.Mutex
+	nextID    int64
+	pending   map[int64]chan *Message
+	exits     map[int]chan unix.WaitStatus   // spawned pids still running
+	spawnExit map[int64]chan unix.WaitStatus // spawn requests awaiting their reply
+	closed    error
+}
+
+// StartOptions configures a new init.
+type StartOptions struct {
+	Config   Config
+	CgroupFD int      // the sandbox's cgroup2 directory: init starts inside it
+	Log      *os.File // init's stdout and stderr
+}
+
+// Start launches a sandbox init and waits for it to report ready.
+func Start(o StartOptions) (*Client, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	child := os.NewFile(uintptr(fds[1]), "init-ctl")
+	defer child.Close()
+	arg, _ := json.Marshal(o.Config)
+	cmd := exec.Command("/proc/self/exe", InitArg, string(arg))
+	cmd.Args[0] = "deltabox-init"
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Stdout, cmd.Stderr = o.Log, o.Log
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+		UseCgroupFD: o.CgroupFD >= 0,
+		CgroupFD:    o.CgroupFD,
+	}
+	if err := cmd.Start(); err != nil {
+		unix.Close(fds[0])
+		return nil, fmt.Errorf("start sandbox init: %w", err)
+	}
+	c := &Client{
+		fd:        fds[0],
+		proc:      cmd.Process,
+		done:      make(chan struct{}),
+		pending:   map[int64]chan *Message{},
+		exits:     map[int]chan unix.WaitStatus{},
+		spawnExit: map[int64]chan unix.WaitStatus{},
+	}
+	go func() { cmd.Wait(); close(c.done) }()
+	// The first message is ready (or the setup error).
+	buf := make([]byte, maxMessage)
+	m, _, err := recv(c.fd, buf, nil)
+	if err == nil && m.Err != "" {
+		err = fmt.Errorf("sandbox init setup: %s", m.Err)
+	}
+	if err != nil {
+		c.Kill()
+		return nil, fmt.Errorf("sandbox init did not start (see its log): %w", err)
+	}
+	go c.readLoop()
+	return c, nil
+}
+
+// Pid is the init's PID in the daemon's PID namespace.
+func (c *Client) Pid() int { return c.proc.Pid }
+
+// Done is closed once the init has exited and been reaped.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Kill kills the init (and with it its PID namespace) and closes the socket.
+func (c *Client) Kill() {
+	c.proc.Kill()
+	c.mu.Lock()
+	if c.closed == nil {
+		c.closed = fmt.Errorf("sandbox init was stopped")
+		unix.Shutdown(c.fd, unix.SHUT_RDWR)
+	}
+	c.mu.Unlock()
+	<-c.done
+}
+
+func (c *Client) readLoop() {
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, 64)
+	var err error
+	for {
+		var m *Message
+		var fds []int
+		m, fds, err = recv(c.fd, buf, oob)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			break
+		}
+		closeAll(fds)
+		c.mu.Lock()
+		switch {
+		case m.Op == "exit":
+			if ch, ok := c.exits[m.Pid]; ok {
+				ch <- unix.WaitStatus(m.Status)
+				delete(c.exits, m.Pid)
+			}
+		default:
+			if exit, ok := c.spawnExit[m.ID]; ok {
+				delete(c.spawnExit, m.ID)
+				if m.Err == "" && m.Pid > 0 {
+					c.exits[m.Pid] = exit
+				}
+			}
+			if ch, ok := c.pending[m.ID]; ok {
+				delete(c.pending, m.ID)
+				ch <- m
+			}
+		}
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	if c.closed == nil {
+		c.closed = fmt.Errorf("sandbox init exited: %w", err)
+	}
+	for id, ch := range c.pending {
+		ch <- &Message{ID: id, Err: c.closed.Error()}
+		delete(c.pending, id)
+	}
+	for pid, ch := range c.exits {
+		close(ch)
+		delete(c.exits, pid)
+	}
+	c.mu.Unlock()
+	unix.Close(c.fd)
+}
+
+// call sends m with fds and waits for its reply. With exit non-nil, the readLoop
+// registers exit for the pid named in the reply before it reads the next message, so
+// the pid's exit event (which init always sends after the reply) finds it.
+func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Message, error) {
+	ch := make(chan *Message, 1)
+	c.mu.Lock()
+	if c.closed != nil {
+		c.mu.Unlock()
+		return nil, c.closed
+	}
+	c.nextID++
+	m.ID = c.nextID
+	c.pending[m.ID] = ch
+	if exit != nil {
+		c.spawnExit[m.ID] = exit
+	}
+	err := send(c.fd, m, fds)
+	if err != nil {
+		delete(c.pending, m.ID)
+		delete(c.spawnExit, m.ID)
+		c.mu.Unlock()
+		return nil, fmt.Errorf("send to sandbox init: %w", err)
+	}
+	c.mu.Unlock()
+	r := <-ch
+	if r.Err != "" {
+		return r, fmt.Errorf("%s", r.Err)
+	}
+	return r, nil
+}
+
+// Process is a process spawned by init.
+type Process struct {
+	Pid  int                    // in the sandbox's PID namespace
+	Exit <-chan unix.WaitStatus // one value when init reaps it; closed without a value if init dies
+}
+
+// Spawn starts argv in the state mount namespace mntns with the given stdio. With
+// setsid the process leads a new session, else a new process group; either way its
+// PID is its group id, so Signal(pid, sig, true) reaches everything it started.
+func (c *Client) Spawn(argv, env []string, dir string, setsid bool, stdio [3]int, mntns int) (*Process, error) {
+	exit := make(chan unix.WaitStatus, 1)
+	m := &Message{Op: "spawn", Argv: argv, Env: env, Dir: dir, Setsid: setsid}
+	r, err := c.call(m, []int{stdio[0], stdio[1], stdio[2], mntns}, exit)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{Pid: r.Pid, Exit: exit}, nil
+}
+
+// Signal sends sig to pid (or its process group) inside the sandbox.
+func (c *Client) Signal(pid int, sig unix.Signal, group bool) error {
+	_, err := c.call(&Message{Op: "signal", Pid: pid, Sig: int(sig), Group: group}, nil, nil)
+	return err
+}
+
+// KillAll kills every process of the sandbox but init and waits until all are reaped.
+func (c *Client) KillAll() (int, error) {
+	r, err := c.call(&Message{Op: "killall"}, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	return r.Count, nil
+}

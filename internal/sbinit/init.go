@@ -1,0 +1,344 @@
+package sbinit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// InitArg is os.Args[1] of the re-executed binary when it is to run as a sandbox's init.
+const InitArg = "__sandbox-init"
+
+// Config is what the daemon tells init, as JSON in os.Args[2].
+type Config struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname"`
+	// Root is an empty directory (on the host) that init mounts a tmpfs on and
+	// pivots into; it becomes the base mount namespace's root.
+	Root string `json:"root"`
+}
+
+// ctlFD is the init's end of the control socketpair (ExtraFiles[0]).
+const ctlFD = 3
+
+// Main runs the init. It does not return.
+func Main(arg string) {
+	var cfg Config
+	if err := json.Unmarshal([]byte(arg), &cfg); err != nil {
+		fatal("bad config: %v", err)
+	}
+	if os.Getpid() != 1 {
+		fatal("init must be PID 1 of a new PID namespace (got pid %d)", os.Getpid())
+	}
+	// Reap from the start: SIGCHLD must not be lost between setup and serve.
+	sigc := make(chan os.Signal, 16)
+	signal.Notify(sigc, unix.SIGCHLD)
+	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGPIPE)
+	if err := setupRoot(&cfg); err != nil {
+		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
+		fatal("setup: %v", err)
+	}
+	s := &server{fd: ctlFD}
+	go s.reapLoop(sigc)
+	if err := s.send(&Message{Op: "ready"}, nil); err != nil {
+		fatal("ready: %v", err)
+	}
+	s.serve()
+}
+
+func fatal(f string, a ...any) {
+	fmt.Fprintf(os.Stderr, "deltabox-init: "+f+"\n", a...)
+	os.Exit(1)
+}
+
+// setupRoot builds the base mount namespace: a tmpfs root with /proc, a minimal /dev
+// and the /rootfs mount point, then pivots into it so nothing of the host stays visible.
+func setupRoot(cfg *Config) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	r := cfg.Root
+	if err := unix.Mount("deltabox", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
+		return fmt.Errorf("mount tmpfs root: %w", err)
+	}
+	for _, d := range []string{"proc", "dev", "rootfs"} {
+		if err := os.Mkdir(filepath.Join(r, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("proc", filepath.Join(r, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount proc: %w", err)
+	}
+	if err := setupDev(filepath.Join(r, "dev")); err != nil {
+		return err
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	if err := unix.Chdir(r); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach host root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
+		return fmt.Errorf("remount root read-only: %w", err)
+	}
+	return nil
+}
+
+// setupDev makes a minimal /dev: the harmless character devices bound from the host,
+// a private devpts instance (sessions' terminals), and the /dev/shm mount point that
+// each state fills with the overlay's own /dev/shm directory.
+func setupDev(dev string) error {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("mount /dev: %w", err)
+	}
+	for _, n := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		p := filepath.Join(dev, n)
+		if err := os.WriteFile(p, nil, 0o666); err != nil {
+			return err
+		}
+		if err := unix.Mount("/dev/"+n, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s: %w", n, err)
+		}
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.Mkdir(filepath.Join(dev, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
+		"newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return fmt.Errorf("mount devpts: %w", err)
+	}
+	links := [][2]string{
+		{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"},
+		{"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
+	}
+	for _, l := range links {
+		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loopbackUp brings up lo in the sandbox's network namespace: the only interface it has.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring lo up: %w", err)
+	}
+	return nil
+}
+
+// server is init's request loop.
+//
+// Lock order: reapMu is taken by the reaper and by spawn/killall; sendMu is only taken
+// inside send. spawn holds reapMu from fork to its reply, so a child's exit event is
+// always sent after the reply that names its pid.
+type server struct {
+	fd     int
+	sendMu sync.Mutex
+	reapMu sync.Mutex
+}
+
+func (s *server) send(m *Message, fds []int) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return send(s.fd, m, fds)
+}
+
+func (s *server) reapLoop(sigc <-chan os.Signal) {
+	for range sigc {
+		s.reapMu.Lock()
+		s.reap(false)
+		s.reapMu.Unlock()
+	}
+}
+
+// reap collects exited children and reports each; with block it waits until none is
+// left. Returns how many it reaped. Precondition: reapMu held.
+func (s *server) reap(block bool) int {
+	n := 0
+	for {
+		var ws unix.WaitStatus
+		opts := unix.WNOHANG
+		if block {
+			opts = 0
+		}
+		pid, err := unix.Wait4(-1, &ws, opts|unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return n
+		}
+		n++
+		s.send(&Message{Op: "exit", Pid: pid, Status: int(ws)}, nil)
+	}
+}
+
+func (s *server) serve() {
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, unix.CmsgSpace(8*4))
+	for {
+		m, fds, err := recv(s.fd, buf, oob)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			// The daemon is gone: a sandbox without its daemon has no one to serve.
+			fatal("control socket: %v", err)
+		}
+		reply := &Message{ID: m.ID}
+		switch m.Op {
+		case "spawn":
+			s.reapMu.Lock()
+			pid, err := spawn(m, fds)
+			reply.Pid = pid
+			if err != nil {
+				reply.Err = err.Error()
+			}
+			s.send(reply, nil)
+			s.reapMu.Unlock()
+			closeAll(fds)
+			continue
+		case "signal":
+			target := m.Pid
+			if m.Group {
+				target = -m.Pid
+			}
+			if err := unix.Kill(target, syscall.Signal(m.Sig)); err != nil && err != unix.ESRCH {
+				reply.Err = err.Error()
+			}
+		case "killall":
+			s.reapMu.Lock()
+			// kill(-1) from a PID namespace's init reaches every process of the namespace
+			// but init itself.
+			if err := unix.Kill(-1, unix.SIGKILL); err != nil && err != unix.ESRCH {
+				reply.Err = err.Error()
+			}
+			reply.Count = s.reap(true)
+			s.reapMu.Unlock()
+		case "ping":
+		default:
+			reply.Err = fmt.Sprintf("unknown op %q", m.Op)
+		}
+		closeAll(fds)
+		s.send(reply, nil)
+	}
+}
+
+func closeAll(fds []int) {
+	for _, f := range fds {
+		unix.Close(f)
+	}
+}
+
+// spawn starts m.Argv with fds[0..2] as stdio in the state mount namespace fds[3].
+// It forks from a fresh locked thread that first enters that namespace (setns resets
+// the thread's root and cwd to the namespace's root), so the child starts there; the
+// thread is discarded afterwards because it no longer shares the process's fs state.
+func spawn(m *Message, fds []int) (int, error) {
+	if len(fds) != 4 {
+		return 0, fmt.Errorf("spawn needs 4 fds (stdin, stdout, stderr, mntns), got %d", len(fds))
+	}
+	if len(m.Argv) == 0 {
+		return 0, fmt.Errorf("empty command")
+	}
+	type result struct {
+		pid int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			ch <- result{0, fmt.Errorf("unshare CLONE_FS: %w", err)}
+			return
+		}
+		if err := unix.Setns(fds[3], unix.CLONE_NEWNS); err != nil {
+			ch <- result{0, fmt.Errorf("enter the sandbox's mount namespace: %w", err)}
+			return
+		}
+		path, err := lookPath(m.Argv[0], m.Env)
+		if err != nil {
+			ch <- result{0, err}
+			return
+		}
+		dir := m.Dir
+		if dir == "" {
+			dir = "/"
+		}
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			ch <- result{0, fmt.Errorf("working directory %s does not exist in the sandbox", dir)}
+			return
+		}
+		pid, err := syscall.ForkExec(path, m.Argv, &syscall.ProcAttr{
+			Dir:   dir,
+			Env:   m.Env,
+			Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
+			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid},
+		})
+		if err != nil {
+			err = fmt.Errorf("exec %s: %w", m.Argv[0], err)
+		}
+		ch <- result{pid, err}
+	}()
+	r := <-ch
+	return r.pid, r.err
+}
+
+// lookPath resolves name with the PATH of env, in the calling thread's filesystem view.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, e := range env {
+		if strings.HasPrefix(e, "PATH=") {
+			path = e[5:]
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: command not found in the sandbox (PATH=%s)", name, path)
+}

@@ -1,0 +1,102 @@
+// Package sbinit is the sandbox's init (PID 1 of its PID namespace) and the daemon's
+// client for it.
+//
+// The daemon starts init by re-executing its own binary with new PID, mount, UTS, IPC
+// and network namespaces, inside the sandbox's cgroup. Init builds the base mount
+// namespace (see package mountns), then serves requests on fd 3, one end of a
+// SOCK_SEQPACKET socketpair whose other end the daemon keeps:
+//
+//	daemon                                   init
+//	  |  start (clone NEWPID|NEWNS|NEWUTS|     |
+//	  |         NEWIPC|NEWNET, into cgroup)    |
+//	  |                                        |-- mount tmpfs root, /proc, /dev, lo up,
+//	  |                                        |   pivot_root
+//	  |<------------- {op:ready} --------------|
+//	  |-- {id,op:spawn,...} + fds ------------>|   fds: stdin, stdout, stderr, state mntns
+//	  |<------------- {id,pid} ----------------|   always before that pid's exit event
+//	  |<------------- {op:exit,pid,status} ----|   for every child init reaps
+//	  |-- {id,op:signal,pid,sig,group} ------->|
+//	  |<------------- {id} --------------------|
+//	  |-- {id,op:killall} -------------------->|   SIGKILL all but init, reap them all
+//	  |<------------- {id,count} --------------|
+//
+// One message is one JSON object in one datagram; file descriptors ride along as
+// SCM_RIGHTS. Init handles requests in order, one at a time.
+package sbinit
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Message is every message in both directions; unused fields stay empty.
+type Message struct {
+	ID int64  `json:"id,omitempty"`
+	Op string `json:"op,omitempty"`
+
+	// spawn
+	Argv   []string `json:"argv,omitempty"`
+	Env    []string `json:"env,omitempty"`
+	Dir    string   `json:"dir,omitempty"`
+	Setsid bool     `json:"setsid,omitempty"`
+
+	// signal / exit / spawn reply
+	Pid    int  `json:"pid,omitempty"`
+	Sig    int  `json:"sig,omitempty"`
+	Group  bool `json:"group,omitempty"`
+	Status int  `json:"status,omitempty"` // wait status as returned by wait4
+	Count  int  `json:"count,omitempty"`
+
+	Err string `json:"err,omitempty"`
+}
+
+// maxMessage bounds one datagram (argv and env included).
+const maxMessage = 1 << 20
+
+func send(fd int, m *Message, fds []int) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxMessage {
+		return fmt.Errorf("message of %d bytes exceeds %d: shorten argv/env", len(b), maxMessage)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	return unix.Sendmsg(fd, b, oob, nil, 0)
+}
+
+func recv(fd int, buf, oob []byte) (*Message, []int, error) {
+	n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, nil, err
+	}
+	if n == 0 {
+		return nil, nil, fmt.Errorf("peer closed the init socket")
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, cm := range msgs {
+			r, err := unix.ParseUnixRights(&cm)
+			if err == nil {
+				fds = append(fds, r...)
+			}
+		}
+	}
+	m := new(Message)
+	if err := json.Unmarshal(buf[:n], m); err != nil {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+		return nil, nil, fmt.Errorf("bad message from peer: %w", err)
+	}
+	return m, fds, nil
+}

@@ -1,0 +1,475 @@
+// Package state is DeltaBox's state manager: it owns the snapshot tree, the sandboxes
+// and their positions in the tree, and makes every checkpoint and restore one step
+// that either completes or leaves the sandbox as it was.
+//
+// # The tree
+//
+// A node is an immutable checkpoint. Its filesystem is a stack of frozen layers: its
+// own layer (the sandbox's upper at the time of the checkpoint, frozen) on top of its
+// parent's stack, down to the image. A checkpoint with no changes reuses the parent's
+// top layer. A sandbox stands on a node (its head) with a fresh writable upper on top of
+// the node's stack. A node a sandbox stands on, or has descendants a sandbox stands on,
+// cannot be removed.
+//
+// # Locking
+//
+// Lock order: sandbox.opMu -> Manager.treeMu -> Manager.mu -> sandbox.mu.
+//   - sandbox.opMu serialises state-changing operations on one sandbox (checkpoint,
+//     restore, rm) and the start of an exec; different sandboxes proceed in parallel.
+//   - treeMu is held shared by checkpoint and restore (which read node stacks and
+//     mount them) and exclusively by node removal (which deletes layers).
+//   - mu protects the maps and the layer allocator; it is never held across a mount,
+//     a fork or an index wait.
+//   - sandbox.mu protects execs (the count of running execs).
+package state
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"deltabox/internal/cgroup"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/overlay"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/store"
+)
+
+// Manager is the state manager.
+type Manager struct {
+	st  *store.Store
+	log *slog.Logger
+
+	treeMu sync.RWMutex
+
+	mu        sync.Mutex
+	nodes     map[string]*node
+	sandboxes map[string]*sb
+	nextLayer uint64
+
+	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
+	// to prove that every failure leaves the sandbox as it was.
+	FailStep func(op string, step int) error
+}
+
+type node struct {
+	store.Node
+	seq uint64 // index sequence of its last write (durability)
+}
+
+type sb struct {
+	opMu sync.Mutex
+	rec  store.Sandbox // guarded by opMu (and read under Manager.mu for listings)
+	rt   *sandbox.Sandbox
+	err  error // why rt is nil (start failed after a daemon restart)
+	seq  uint64
+
+	mu      sync.Mutex
+	execs   int
+	removed bool
+
+	stats Stats
+}
+
+// Stats counts what happened to a sandbox.
+type Stats struct {
+	Checkpoints int `json:"checkpoints"`
+	Restores    int `json:"restores"`
+	Execs       int `json:"execs"`
+}
+
+// New opens the manager on an opened store: loads the index, sweeps orphans, kills
+// what a previous daemon left running, and restarts every sandbox of the index on its
+// head with its upper (files survive a daemon restart; processes do not).
+func New(st *store.Store, log *slog.Logger) (*Manager, error) {
+	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{}}
+	st.Index.SyncFS = st.Syncfs
+	nodes, sbs, err := st.Index.Load()
+	if err != nil {
+		return nil, fmt.Errorf("load index: %w", err)
+	}
+	for _, id := range cgroup.List() {
+		g := &cgroup.Group{Path: filepath.Join(cgroup.Root, id)}
+		if err := g.Destroy(5 * time.Second); err != nil {
+			log.Warn("stale sandbox cgroup", "id", id, "err", err)
+		}
+	}
+	for _, r := range st.Sweep(nodes, sbs) {
+		log.Info("swept orphan", "path", r)
+	}
+	m.nextLayer = st.MaxLayerID()
+	for _, n := range nodes {
+		m.nodes[n.ID] = &node{Node: n}
+		if n.Layer > m.nextLayer {
+			m.nextLayer = n.Layer
+		}
+	}
+	for _, r := range sbs {
+		s := &sb{rec: r}
+		m.sandboxes[r.ID] = s
+		if r.Upper > m.nextLayer {
+			m.nextLayer = r.Upper
+		}
+	}
+	for _, s := range m.sandboxes {
+		if err := m.boot(s); err != nil {
+			s.err = err
+			log.Error("sandbox did not restart", "id", s.rec.ID, "err", err)
+		}
+	}
+	return m, nil
+}
+
+// Close stops every sandbox (their records stay) and flushes the index.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	var all []*sb
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	m.mu.Unlock()
+	for _, s := range all {
+		s.opMu.Lock()
+		if s.rt != nil {
+			s.rt.Destroy()
+			s.rt = nil
+		}
+		s.opMu.Unlock()
+	}
+	return m.st.Close()
+}
+
+// ---- sandboxes ----
+
+// CreateOptions configures a new sandbox.
+type CreateOptions struct {
+	ID       string `json:"id,omitempty"`
+	Image    string `json:"image,omitempty"`
+	Workdir  string `json:"workdir,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// SandboxInfo is what the API shows of a sandbox.
+type SandboxInfo struct {
+	store.Sandbox
+	InitPid int    `json:"init_pid,omitempty"`
+	Status  string `json:"status"`          // running | broken
+	Error   string `json:"error,omitempty"` // why broken
+	Stats   Stats  `json:"stats"`
+	Durable bool   `json:"durable"`
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+func randomID(prefix string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Create makes a sandbox on image and starts it.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, error) {
+	if o.Image == "" {
+		o.Image = "default"
+	}
+	if o.Workdir == "" {
+		o.Workdir = "/workspace"
+	}
+	if !filepath.IsAbs(o.Workdir) {
+		return nil, fmt.Errorf("workdir %q must be an absolute path: %w", o.Workdir, errdefs.ErrInvalid)
+	}
+	if _, err := os.Stat(filepath.Join(m.st.Root, "images", o.Image, "image.json")); err != nil || !idRE.MatchString(o.Image) {
+		return nil, fmt.Errorf("image %q does not exist (deltabox image ls lists them; scripts/setup.sh builds \"default\"): %w", o.Image, errdefs.ErrNotFound)
+	}
+	if o.ID == "" {
+		o.ID = randomID("sb-")
+	} else if !idRE.MatchString(o.ID) {
+		return nil, fmt.Errorf("sandbox id %q: use 1-63 characters of a-z, 0-9, '.', '_', '-': %w", o.ID, errdefs.ErrInvalid)
+	}
+	if o.Hostname == "" {
+		o.Hostname = o.ID
+	}
+	m.mu.Lock()
+	if _, ok := m.sandboxes[o.ID]; ok {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s already exists: %w", o.ID, errdefs.ErrConflict)
+	}
+	if _, ok := m.nodes[o.ID]; ok {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
+	}
+	s := &sb{rec: store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC()}}
+	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
+	defer s.opMu.Unlock()
+	m.sandboxes[o.ID] = s
+	m.mu.Unlock()
+
+	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
+	if err == nil {
+		s.rec.Upper = upper
+		err = m.boot(s)
+	}
+	if err != nil {
+		m.mu.Lock()
+		delete(m.sandboxes, o.ID)
+		m.mu.Unlock()
+		if s.rt != nil {
+			s.rt.Destroy()
+		}
+		store.RemoveAll(m.st.LayerDir(upper))
+		store.RemoveAll(m.st.SandboxDir(o.ID))
+		return nil, err
+	}
+	// The directories exist before the record that names them.
+	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
+	if err := m.ensureWorkdir(ctx, s); err != nil {
+		m.log.Warn("workdir", "sandbox", o.ID, "err", err)
+	}
+	return m.info(s), nil
+}
+
+// boot starts the runtime of s on its head's stack and its upper.
+func (m *Manager) boot(s *sb) error {
+	dir := m.st.SandboxDir(s.rec.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	spec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
+	if err != nil {
+		return err
+	}
+	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir)
+	if err != nil {
+		return err
+	}
+	if err := rt.SetState(spec); err != nil {
+		rt.Destroy()
+		return err
+	}
+	s.rt = rt
+	s.err = nil
+	return nil
+}
+
+func (m *Manager) ensureWorkdir(ctx context.Context, s *sb) error {
+	r, err := s.rt.Exec(ctx, sandbox.ExecRequest{Argv: []string{"/bin/mkdir", "-p", s.rec.Workdir}, Dir: "/", Timeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+	if r.ExitCode != 0 {
+		return fmt.Errorf("mkdir %s: %s", s.rec.Workdir, r.Stderr)
+	}
+	return nil
+}
+
+func (m *Manager) get(id string) (*sb, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("no sandbox %q (deltabox ls lists them): %w", id, errdefs.ErrNotFound)
+	}
+	return s, nil
+}
+
+// lockLive locks s.opMu and checks that s can be operated on. On success the caller
+// holds opMu and must unlock it.
+func (m *Manager) lockLive(s *sb) error {
+	s.opMu.Lock()
+	s.mu.Lock()
+	removed := s.removed
+	s.mu.Unlock()
+	if removed {
+		s.opMu.Unlock()
+		return fmt.Errorf("no sandbox %q: it was removed: %w", s.rec.ID, errdefs.ErrNotFound)
+	}
+	if s.rt == nil {
+		err := s.err
+		s.opMu.Unlock()
+		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, err, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+func (m *Manager) info(s *sb) *SandboxInfo {
+	in := &SandboxInfo{Sandbox: s.rec, Status: "running", Durable: m.st.Index.Durable(s.seq)}
+	if s.rt != nil {
+		in.InitPid = s.rt.InitPid()
+	} else {
+		in.Status = "broken"
+		if s.err != nil {
+			in.Error = s.err.Error()
+		}
+	}
+	s.mu.Lock()
+	in.Stats = s.stats
+	s.mu.Unlock()
+	return in
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(id string) (*SandboxInfo, error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	return m.info(s), nil
+}
+
+// List returns every sandbox, sorted by creation time.
+func (m *Manager) List() []*SandboxInfo {
+	m.mu.Lock()
+	var all []*sb
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	m.mu.Unlock()
+	var out []*SandboxInfo
+	for _, s := range all {
+		s.opMu.Lock()
+		out = append(out, m.info(s))
+		s.opMu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Remove destroys a sandbox: processes, mounts, cgroup, its upper layer and its
+// directory. Nodes it created stay in the tree (remove them with RemoveNode).
+func (m *Manager) Remove(id string) error {
+	s, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	if s.removed {
+		s.mu.Unlock()
+		return fmt.Errorf("no sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	s.removed = true
+	s.mu.Unlock()
+	var derr error
+	if s.rt != nil {
+		derr = s.rt.Destroy()
+		s.rt = nil
+	}
+	m.mu.Lock()
+	delete(m.sandboxes, id)
+	m.mu.Unlock()
+	upper, dir := m.st.LayerDir(s.rec.Upper), m.st.SandboxDir(id)
+	// Record first, directories after: a crash in between leaves orphans the sweep removes.
+	m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
+		store.RemoveAll(upper)
+		store.RemoveAll(dir)
+	}})
+	return derr
+}
+
+// ---- exec ----
+
+// Exec runs a command in the sandbox. Execs may run in parallel with each other;
+// a checkpoint or restore refuses (409) while one runs.
+func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
+	if len(r.Argv) == 0 {
+		return nil, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalid)
+	}
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.lockLive(s); err != nil {
+		return nil, err
+	}
+	rt := s.rt
+	if r.Dir == "" {
+		r.Dir = s.rec.Workdir
+	} else if !filepath.IsAbs(r.Dir) {
+		r.Dir = filepath.Join(s.rec.Workdir, r.Dir)
+	}
+	s.mu.Lock()
+	s.execs++
+	s.stats.Execs++
+	s.mu.Unlock()
+	s.opMu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.execs--
+		s.mu.Unlock()
+	}()
+	res, err := rt.Exec(ctx, r)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	return res, nil
+}
+
+// ---- layers ----
+
+// newLayer allocates a layer id and creates its (empty) directories.
+func (m *Manager) newLayer() (uint64, error) {
+	m.mu.Lock()
+	m.nextLayer++
+	id := m.nextLayer
+	m.mu.Unlock()
+	if err := m.st.NewLayer(id); err != nil {
+		return 0, fmt.Errorf("create layer %d: %w", id, err)
+	}
+	return id, nil
+}
+
+// stack returns the layer ids of node id's filesystem, top first (image excluded).
+// Precondition: mu held.
+func (m *Manager) stack(id string) []uint64 {
+	var out []uint64
+	var last uint64
+	for id != "" {
+		n := m.nodes[id]
+		if n == nil {
+			break
+		}
+		if n.Layer != 0 && n.Layer != last {
+			out = append(out, n.Layer)
+			last = n.Layer
+		}
+		id = n.Parent
+	}
+	return out
+}
+
+// spec is the overlay of a sandbox standing on head with upper.
+func (m *Manager) spec(image, head string, upper uint64) (overlay.Spec, error) {
+	m.mu.Lock()
+	ids := m.stack(head)
+	m.mu.Unlock()
+	var lowers []string
+	for _, l := range ids {
+		lowers = append(lowers, m.st.LayerDiff(l))
+	}
+	lowers = append(lowers, m.st.ImageRootfs(image))
+	if len(lowers) > overlay.MaxLowers {
+		return overlay.Spec{}, fmt.Errorf("the node's stack has %d layers, over overlayfs's limit of %d: %w", len(lowers), overlay.MaxLowers, errdefs.ErrConflict)
+	}
+	return overlay.Spec{Lowers: lowers, Upper: m.st.LayerDiff(upper), Work: m.st.LayerWork(upper)}, nil
+}
+
+func (m *Manager) fail(op string, step int) error {
+	if m.FailStep != nil {
+		return m.FailStep(op, step)
+	}
+	return nil
+}
+
+var errBusy = errors.New("busy")

@@ -1,0 +1,454 @@
+package state
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"syscall"
+	"time"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/overlay"
+	"deltabox/internal/store"
+)
+
+// NodeInfo is what the API shows of a node.
+type NodeInfo struct {
+	store.Node
+	Durable   bool     `json:"durable"`             // its index record is on disk
+	Children  []string `json:"children,omitempty"`  // sorted by creation
+	Sandboxes []string `json:"sandboxes,omitempty"` // sandboxes standing on it
+	Depth     int      `json:"depth"`               // layers in its stack (image excluded)
+}
+
+// OpResult reports one checkpoint or restore.
+type OpResult struct {
+	Node       *NodeInfo `json:"node"`
+	Sandbox    string    `json:"sandbox"`
+	Killed     int       `json:"killed_processes"` // processes ended (no process state yet)
+	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
+	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+}
+
+func (m *Manager) newNodeID() string {
+	for {
+		id := randomID("n")[:7]
+		if _, ok := m.nodes[id]; !ok {
+			if _, ok := m.sandboxes[id]; !ok {
+				return id
+			}
+		}
+	}
+}
+
+// beginOp locks s for a checkpoint or restore and refuses while an exec runs.
+// On success the caller holds s.opMu and treeMu (shared) and must call the returned func.
+func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := m.lockLive(s); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	busy := s.execs
+	s.mu.Unlock()
+	if busy > 0 {
+		s.opMu.Unlock()
+		return nil, nil, fmt.Errorf("sandbox %s is running %d command(s); %s after they finish (or time out): %w", id, busy, what, errdefs.ErrConflict)
+	}
+	m.treeMu.RLock()
+	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock() }, nil
+}
+
+// upperUnchanged reports whether upper holds no change relative to top, the root
+// directory of the layer under it: no entries, and the same root mode and owner
+// (a chmod of / changes only the upper's root directory).
+func upperUnchanged(upper, top string) bool {
+	empty, err := store.IsEmptyDir(upper)
+	if err != nil || !empty {
+		return false
+	}
+	var a, b syscall.Stat_t
+	if syscall.Stat(upper, &a) != nil || syscall.Stat(top, &b) != nil {
+		return false
+	}
+	return a.Mode == b.Mode && a.Uid == b.Uid && a.Gid == b.Gid
+}
+
+// freshUpper allocates an empty upper whose root directory has the mode and owner of
+// top (overlayfs takes the root's attributes from the upper).
+func (m *Manager) freshUpper(top string) (uint64, error) {
+	id, err := m.newLayer()
+	if err != nil {
+		return 0, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(top, &st); err == nil {
+		d := m.st.LayerDiff(id)
+		os.Chmod(d, os.FileMode(st.Mode&0o7777))
+		os.Chown(d, int(st.Uid), int(st.Gid))
+	}
+	return id, nil
+}
+
+// Checkpoint freezes the sandbox's upper into a new node and puts a fresh upper on top.
+// Until the process fast path exists, every process but init is ended first.
+//
+// Steps (FailStep numbers): 1 kill processes, 2 allocate the new upper, 3 release
+// the current mount, 4 mount the new stack, 5 publish. A failure before 5 puts the
+// sandbox back on its previous stack and upper, untouched.
+func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, error) {
+	t0 := time.Now()
+	s, unlock, err := m.beginOp(id, "checkpoint")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := m.fail("checkpoint", 1); err != nil {
+		return nil, err
+	}
+	killed, err := s.rt.KillAll()
+	if err != nil {
+		return nil, fmt.Errorf("end the sandbox's processes: %w", err)
+	}
+	res := &OpResult{Sandbox: id, Killed: killed}
+	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
+	if err != nil {
+		return nil, err
+	}
+	n := store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: label, Sandbox: id}
+	newUpper := s.rec.Upper
+	if upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]) {
+		// Nothing changed: the node shares its parent's top layer and the sandbox
+		// keeps its mount, which already shows exactly this state.
+		m.mu.Lock()
+		if st := m.stack(s.rec.Head); len(st) > 0 {
+			n.Layer = st[0]
+		}
+		m.mu.Unlock()
+	} else {
+		n.Layer, n.Own, n.Bytes = s.rec.Upper, true, -1
+		if err := m.fail("checkpoint", 2); err != nil {
+			return nil, err
+		}
+		newUpper, err = m.freshUpper(oldSpec.Upper)
+		if err != nil {
+			return nil, err
+		}
+		spec := overlay.Spec{
+			Lowers: append([]string{oldSpec.Upper}, oldSpec.Lowers...),
+			Upper:  m.st.LayerDiff(newUpper),
+			Work:   m.st.LayerWork(newUpper),
+		}
+		if err := m.switchState(s, "checkpoint", oldSpec, spec); err != nil {
+			store.RemoveAll(m.st.LayerDir(newUpper))
+			return nil, err
+		}
+		res.Mounted = true
+	}
+	if err := m.fail("checkpoint", 5); err != nil {
+		if res.Mounted {
+			m.rollback(s, oldSpec)
+			store.RemoveAll(m.st.LayerDir(newUpper))
+		}
+		return nil, err
+	}
+	m.mu.Lock()
+	n.ID = m.newNodeID()
+	nd := &node{Node: n}
+	m.nodes[n.ID] = nd
+	s.rec.Head, s.rec.Upper = n.ID, newUpper
+	ops := []store.Op{{PutNode: &n}, {PutSandbox: &s.rec}}
+	if n.Own {
+		work := m.st.LayerWork(n.Layer)
+		ops = append(ops, store.Op{After: func() { store.RemoveAll(work) }})
+	}
+	seq := m.st.Index.Apply(ops...)
+	nd.seq, s.seq = seq, seq
+	m.mu.Unlock()
+	s.mu.Lock()
+	s.stats.Checkpoints++
+	s.mu.Unlock()
+	if n.Own {
+		go m.measure(n.ID, m.st.LayerDiff(n.Layer))
+	}
+	res.Node = m.nodeInfo(n.ID)
+	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	return res, nil
+}
+
+// switchState moves s from oldSpec to spec: release the current mount (its upper must
+// not stay an upper while it is a lower of the new one), then mount the new stack.
+// On failure the sandbox is put back on oldSpec.
+func (m *Manager) switchState(s *sb, op string, oldSpec, spec overlay.Spec) error {
+	if err := m.fail(op, 3); err != nil {
+		return err
+	}
+	s.rt.DropState()
+	err := m.fail(op, 4)
+	if err == nil {
+		err = s.rt.SetState(spec)
+	}
+	if err != nil {
+		m.rollback(s, oldSpec)
+		return fmt.Errorf("%s: mount the new state: %w", op, err)
+	}
+	return nil
+}
+
+// rollback puts s back on oldSpec after a failed step. If even that fails the sandbox
+// has no filesystem, and says so on every exec until a restore succeeds.
+func (m *Manager) rollback(s *sb, oldSpec overlay.Spec) {
+	s.rt.DropState()
+	if err := s.rt.SetState(oldSpec); err != nil {
+		m.log.Error("rollback failed: sandbox has no filesystem until a restore", "sandbox", s.rec.ID, "err", err)
+	}
+}
+
+// measure fills in a node's layer size, off the critical path.
+func (m *Manager) measure(id, dir string) {
+	b := store.DirBytes(dir)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n, ok := m.nodes[id]
+	if !ok {
+		return
+	}
+	n.Bytes = b
+	cp := n.Node
+	n.seq = m.st.Index.Apply(store.Op{PutNode: &cp})
+}
+
+// Restore puts the sandbox on node's stack with a fresh upper. Until the process fast
+// path exists, every process but init is ended.
+func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, error) {
+	t0 := time.Now()
+	s, unlock, err := m.beginOp(id, "restore")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	m.mu.Lock()
+	n, ok := m.nodes[nodeID]
+	var image string
+	if ok {
+		image = n.Image
+	}
+	m.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", nodeID, errdefs.ErrNotFound)
+	}
+	if err := m.fail("restore", 1); err != nil {
+		return nil, err
+	}
+	killed, err := s.rt.KillAll()
+	if err != nil {
+		return nil, fmt.Errorf("end the sandbox's processes: %w", err)
+	}
+	res := &OpResult{Sandbox: id, Killed: killed}
+	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
+	if err != nil {
+		return nil, err
+	}
+	unchanged := upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0])
+	oldUpper, newUpper := s.rec.Upper, s.rec.Upper
+	if !(unchanged && s.rec.Head == nodeID) {
+		if err := m.fail("restore", 2); err != nil {
+			return nil, err
+		}
+		spec, err := m.spec(image, nodeID, 0)
+		if err != nil {
+			return nil, err
+		}
+		if !unchanged {
+			if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
+				return nil, err
+			}
+		} else {
+			// An untouched upper serves any stack; only its root's attributes follow.
+			m.matchRoot(m.st.LayerDiff(newUpper), spec.Lowers[0])
+		}
+		spec.Upper, spec.Work = m.st.LayerDiff(newUpper), m.st.LayerWork(newUpper)
+		if err := m.switchState(s, "restore", oldSpec, spec); err != nil {
+			if newUpper != oldUpper {
+				store.RemoveAll(m.st.LayerDir(newUpper))
+			} else {
+				m.matchRoot(oldSpec.Upper, oldSpec.Lowers[0])
+			}
+			return nil, err
+		}
+		res.Mounted = true
+	}
+	if err := m.fail("restore", 5); err != nil {
+		if res.Mounted {
+			m.matchRoot(oldSpec.Upper, oldSpec.Lowers[0])
+			m.rollback(s, oldSpec)
+			if newUpper != oldUpper {
+				store.RemoveAll(m.st.LayerDir(newUpper))
+			}
+		}
+		return nil, err
+	}
+	m.mu.Lock()
+	s.rec.Head, s.rec.Image, s.rec.Upper = nodeID, image, newUpper
+	ops := []store.Op{{PutSandbox: &s.rec}}
+	if newUpper != oldUpper {
+		dir := m.st.LayerDir(oldUpper)
+		ops = append(ops, store.Op{After: func() { store.RemoveAll(dir) }})
+	}
+	s.seq = m.st.Index.Apply(ops...)
+	m.mu.Unlock()
+	s.mu.Lock()
+	s.stats.Restores++
+	s.mu.Unlock()
+	res.Node = m.nodeInfo(nodeID)
+	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	return res, nil
+}
+
+func (m *Manager) matchRoot(upper, top string) {
+	var st syscall.Stat_t
+	if syscall.Stat(top, &st) == nil {
+		os.Chmod(upper, os.FileMode(st.Mode&0o7777))
+		os.Chown(upper, int(st.Uid), int(st.Gid))
+	}
+}
+
+// ---- tree ----
+
+func (m *Manager) nodeInfo(id string) *NodeInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.nodeInfoLocked(id, m.childIndex(), m.standing())
+}
+
+// childIndex maps node id to its children. Precondition: mu held.
+func (m *Manager) childIndex() map[string][]string {
+	ch := map[string][]string{}
+	for _, n := range m.nodes {
+		ch[n.Parent] = append(ch[n.Parent], n.ID)
+	}
+	for k := range ch {
+		c := ch[k]
+		sort.Slice(c, func(i, j int) bool { return m.nodes[c[i]].Created.Before(m.nodes[c[j]].Created) })
+	}
+	return ch
+}
+
+// standing maps node id to the sandboxes on it. Precondition: mu held.
+func (m *Manager) standing() map[string][]string {
+	st := map[string][]string{}
+	for _, s := range m.sandboxes {
+		st[s.rec.Head] = append(st[s.rec.Head], s.rec.ID)
+	}
+	for _, v := range st {
+		sort.Strings(v)
+	}
+	return st
+}
+
+func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInfo {
+	n := m.nodes[id]
+	if n == nil {
+		return nil
+	}
+	return &NodeInfo{
+		Node:      n.Node,
+		Durable:   m.st.Index.Durable(n.seq),
+		Children:  ch[id],
+		Sandboxes: st[id],
+		Depth:     len(m.stack(id)),
+	}
+}
+
+// Tree is the whole snapshot tree.
+type Tree struct {
+	Nodes []*NodeInfo `json:"nodes"` // sorted by creation time
+	// Roots are nodes directly on an image; OnImage lists sandboxes that stand on
+	// their image with no node yet, per image.
+	Roots   []string            `json:"roots"`
+	OnImage map[string][]string `json:"on_image,omitempty"`
+}
+
+// Tree returns every node.
+func (m *Manager) Tree() *Tree {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch, st := m.childIndex(), m.standing()
+	t := &Tree{Roots: ch[""], OnImage: map[string][]string{}}
+	for id := range m.nodes {
+		t.Nodes = append(t.Nodes, m.nodeInfoLocked(id, ch, st))
+	}
+	sort.Slice(t.Nodes, func(i, j int) bool { return t.Nodes[i].Created.Before(t.Nodes[j].Created) })
+	for _, s := range m.sandboxes {
+		if s.rec.Head == "" {
+			t.OnImage[s.rec.Image] = append(t.OnImage[s.rec.Image], s.rec.ID)
+		}
+	}
+	return t
+}
+
+// Node returns one node.
+func (m *Manager) Node(id string) (*NodeInfo, error) {
+	if n := m.nodeInfo(id); n != nil {
+		return n, nil
+	}
+	return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", id, errdefs.ErrNotFound)
+}
+
+// RemoveNode removes node id and its whole subtree, refusing if a sandbox stands on
+// any node of it. Layers owned by the removed nodes are deleted after the index
+// stops naming them.
+func (m *Manager) RemoveNode(id string) ([]string, error) {
+	m.treeMu.Lock()
+	defer m.treeMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.nodes[id]; !ok {
+		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", id, errdefs.ErrNotFound)
+	}
+	ch, st := m.childIndex(), m.standing()
+	var sub []string
+	var walk func(string)
+	walk = func(n string) {
+		sub = append(sub, n)
+		for _, c := range ch[n] {
+			walk(c)
+		}
+	}
+	walk(id)
+	for _, n := range sub {
+		if sbs := st[n]; len(sbs) > 0 {
+			where := "on it"
+			if n != id {
+				where = "on " + n + ", in its subtree"
+			}
+			return nil, fmt.Errorf("node %s cannot be removed: sandbox %s stands %s; restore that sandbox to another node or remove it first: %w", id, sbs[0], where, errdefs.ErrConflict)
+		}
+	}
+	var ops []store.Op
+	var dirs []string
+	for _, n := range sub {
+		if m.nodes[n].Own {
+			dirs = append(dirs, m.st.LayerDir(m.nodes[n].Layer))
+		}
+		delete(m.nodes, n)
+		ops = append(ops, store.Op{DeleteNode: n})
+	}
+	ops = append(ops, store.Op{After: func() {
+		for _, d := range dirs {
+			store.RemoveAll(d)
+		}
+	}})
+	m.st.Index.Apply(ops...)
+	return sub, nil
+}
+
+// Sync waits until everything done so far is durable.
+func (m *Manager) Sync() error { return m.st.Index.WaitDurable(m.st.Index.Seq()) }
+
+// Images lists the store's images.
+func (m *Manager) Images() ([]store.Image, error) { return m.st.Images() }

@@ -1,0 +1,246 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var (
+	bucketNodes     = []byte("nodes")
+	bucketSandboxes = []byte("sandboxes")
+)
+
+// Index is the bbolt index with an ordered, asynchronous committer.
+//
+// Why asynchronous: a bbolt commit ends in fdatasync, which costs more than the whole
+// filesystem checkpoint on the hot path. The daemon keeps the authoritative state in
+// memory, queues each change here (Apply returns its sequence number at once), and one
+// goroutine commits the queue in order: syncfs of the store first (so the layer data a
+// record names is on disk), then one bbolt transaction for everything queued, then the
+// After actions (directory removals, which must follow the record that stops naming the
+// directory). Durable(seq) tells whether a change has reached the disk; WaitDurable
+// blocks until it has. After a crash the index holds a prefix of the changes, which
+// the startup sweep makes the filesystem agree with.
+type Index struct {
+	db *bolt.DB
+
+	mu      sync.Mutex // protects everything below
+	cond    *sync.Cond
+	queue   []Op
+	seq     uint64 // last sequence number handed out
+	durable uint64 // last sequence number committed
+	err     error  // sticky commit error
+	closing bool
+	done    chan struct{}
+
+	// SyncFS is called before each commit that names new layer data.
+	SyncFS func() error
+}
+
+// Op is one queued change. Exactly one field is set.
+type Op struct {
+	PutNode       *Node
+	DeleteNode    string
+	PutSandbox    *Sandbox
+	DeleteSandbox string
+	After         func() // runs after the transaction that holds the ops before it
+	seq           uint64
+}
+
+func openIndex(path string) (*Index, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 0})
+	if err != nil {
+		return nil, fmt.Errorf("open index %s (is another daemon running?): %w", path, err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketNodes, bucketSandboxes} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, err
+	}
+	x := &Index{db: db, done: make(chan struct{})}
+	x.cond = sync.NewCond(&x.mu)
+	go x.committer()
+	return x, nil
+}
+
+// Load reads every node and sandbox.
+func (x *Index) Load() (nodes []Node, sandboxes []Sandbox, err error) {
+	err = x.db.View(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+			var n Node
+			if err := json.Unmarshal(v, &n); err != nil {
+				return fmt.Errorf("node %s: %w", k, err)
+			}
+			nodes = append(nodes, n)
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			var s Sandbox
+			if err := json.Unmarshal(v, &s); err != nil {
+				return fmt.Errorf("sandbox %s: %w", k, err)
+			}
+			sandboxes = append(sandboxes, s)
+			return nil
+		})
+	})
+	return
+}
+
+// Apply queues ops and returns the sequence number of the last one. The records are
+// copied: the caller may change its structs afterwards.
+func (x *Index) Apply(ops ...Op) uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, op := range ops {
+		if op.PutNode != nil {
+			n := *op.PutNode
+			op.PutNode = &n
+		}
+		if op.PutSandbox != nil {
+			s := *op.PutSandbox
+			op.PutSandbox = &s
+		}
+		x.seq++
+		op.seq = x.seq
+		x.queue = append(x.queue, op)
+	}
+	x.cond.Broadcast()
+	return x.seq
+}
+
+// Seq is the last sequence number handed out.
+func (x *Index) Seq() uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.seq
+}
+
+// Durable reports whether change seq is committed.
+func (x *Index) Durable(seq uint64) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return seq <= x.durable
+}
+
+// WaitDurable blocks until change seq is committed, or returns the commit error.
+func (x *Index) WaitDurable(seq uint64) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for x.durable < seq && x.err == nil {
+		x.cond.Wait()
+	}
+	return x.err
+}
+
+// Close commits what is queued and closes the database.
+func (x *Index) Close() error {
+	x.mu.Lock()
+	x.closing = true
+	x.cond.Broadcast()
+	x.mu.Unlock()
+	<-x.done
+	return x.db.Close()
+}
+
+func (x *Index) committer() {
+	defer close(x.done)
+	for {
+		x.mu.Lock()
+		for len(x.queue) == 0 && !x.closing {
+			x.cond.Wait()
+		}
+		if len(x.queue) == 0 && x.closing {
+			x.mu.Unlock()
+			return
+		}
+		batch := x.queue
+		x.queue = nil
+		x.mu.Unlock()
+
+		err := x.commit(batch)
+
+		x.mu.Lock()
+		if err != nil && x.err == nil {
+			x.err = fmt.Errorf("index commit failed (state on disk is behind memory; restart the daemon): %w", err)
+		}
+		if err == nil {
+			x.durable = batch[len(batch)-1].seq
+		}
+		x.cond.Broadcast()
+		x.mu.Unlock()
+	}
+}
+
+// commit writes a batch: ops up to each After go in one transaction, then the After runs.
+func (x *Index) commit(batch []Op) error {
+	start := 0
+	for i := 0; i <= len(batch); i++ {
+		if i < len(batch) && batch[i].After == nil {
+			continue
+		}
+		if err := x.commitTx(batch[start:i]); err != nil {
+			return err
+		}
+		if i < len(batch) {
+			batch[i].After()
+		}
+		start = i + 1
+	}
+	return nil
+}
+
+func (x *Index) commitTx(ops []Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	needSync := false
+	for _, op := range ops {
+		if op.PutNode != nil && op.PutNode.Own {
+			needSync = true
+		}
+	}
+	if needSync && x.SyncFS != nil {
+		if err := x.SyncFS(); err != nil {
+			return fmt.Errorf("syncfs: %w", err)
+		}
+	}
+	return x.db.Update(func(tx *bolt.Tx) error {
+		nb, sb := tx.Bucket(bucketNodes), tx.Bucket(bucketSandboxes)
+		for _, op := range ops {
+			var err error
+			switch {
+			case op.PutNode != nil:
+				var b []byte
+				b, err = json.Marshal(op.PutNode)
+				if err == nil {
+					err = nb.Put([]byte(op.PutNode.ID), b)
+				}
+			case op.DeleteNode != "":
+				err = nb.Delete([]byte(op.DeleteNode))
+			case op.PutSandbox != nil:
+				var b []byte
+				b, err = json.Marshal(op.PutSandbox)
+				if err == nil {
+					err = sb.Put([]byte(op.PutSandbox.ID), b)
+				}
+			case op.DeleteSandbox != "":
+				err = sb.Delete([]byte(op.DeleteSandbox))
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,258 @@
+// Package store owns DeltaBox's state directory: the reflink filesystem that holds
+// images and layers, and the bbolt index of nodes and sandboxes.
+//
+// Layout (all on one XFS with reflink=1, so overlay copy-up clones extents):
+//
+//	ROOT/index.db              bbolt: buckets "nodes", "sandboxes"
+//	ROOT/images/NAME/rootfs    an image's tree, the bottom lower of every stack
+//	ROOT/images/NAME/image.json written last: an image without it is incomplete
+//	ROOT/layers/ID/diff        a layer: a sandbox's upper, then (frozen) a lower
+//	ROOT/layers/ID/work        overlay's workdir while the layer is an upper
+//	ROOT/sandboxes/ID/         per-sandbox files (init root mount point, init log)
+//
+// Crash safety. The index is the truth; the filesystem is made to agree with it at
+// every start (Sweep). New directories are created before the index names them, and
+// removed only after the index has stopped naming them, so a crash between the two
+// leaves an orphan that the sweep deletes, never an index entry without its data.
+// Index writes are applied in order by one committer goroutine (see Index), which
+// syncs the filesystem first, so a node the index calls durable has durable layers.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/errdefs"
+)
+
+// DefaultRoot is the state directory unless configured otherwise.
+const DefaultRoot = "/var/lib/deltabox"
+
+// Node is one checkpoint: an immutable point of the snapshot tree.
+type Node struct {
+	ID      string    `json:"id"`
+	Parent  string    `json:"parent,omitempty"` // empty: the node sits directly on its image
+	Image   string    `json:"image"`
+	Created time.Time `json:"created"`
+	Label   string    `json:"label,omitempty"`
+	Sandbox string    `json:"sandbox,omitempty"` // the sandbox it was taken from
+	// Layer is the top layer of the node's stack: its own (Own) frozen from the
+	// sandbox's upper, or its parent's when nothing changed (0: the image alone).
+	Layer uint64 `json:"layer"`
+	Own   bool   `json:"own_layer"`
+	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
+}
+
+// Sandbox is the persistent record of a sandbox.
+type Sandbox struct {
+	ID       string    `json:"id"`
+	Image    string    `json:"image"`
+	Head     string    `json:"head,omitempty"` // node the current state descends from
+	Upper    uint64    `json:"upper"`          // layer id of the writable upper
+	Workdir  string    `json:"workdir"`
+	Hostname string    `json:"hostname"`
+	Created  time.Time `json:"created"`
+}
+
+// Image is an imported image.
+type Image struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Source  string    `json:"source,omitempty"`
+	Bytes   int64     `json:"bytes,omitempty"`
+}
+
+// Store is an opened state directory.
+type Store struct {
+	Root  string
+	Index *Index
+}
+
+// Open checks that root is a usable store and opens its index.
+func Open(root string) (*Store, error) {
+	if err := CheckFS(root); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"images", "layers", "sandboxes", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	idx, err := openIndex(filepath.Join(root, "index.db"))
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Root: root, Index: idx}, nil
+}
+
+// Close stops the committer after it has written everything queued.
+func (s *Store) Close() error { return s.Index.Close() }
+
+// CheckFS verifies that root is on a filesystem where overlay copy-up reflinks.
+func CheckFS(root string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return fmt.Errorf("state directory %s: %w (run scripts/setup.sh)", root, errors.Join(err, errdefs.ErrUnavailable))
+	}
+	const xfsMagic, btrfsMagic = 0x58465342, 0x9123683e
+	if st.Type != xfsMagic && st.Type != btrfsMagic {
+		return fmt.Errorf("state directory %s is not on XFS or btrfs (copy-up would copy whole files): run scripts/setup.sh, which loop-mounts a reflink XFS there: %w", root, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+func (s *Store) LayerDir(id uint64) string {
+	return filepath.Join(s.Root, "layers", strconv.FormatUint(id, 10))
+}
+func (s *Store) LayerDiff(id uint64) string { return filepath.Join(s.LayerDir(id), "diff") }
+func (s *Store) LayerWork(id uint64) string { return filepath.Join(s.LayerDir(id), "work") }
+func (s *Store) ImageRootfs(name string) string {
+	return filepath.Join(s.Root, "images", name, "rootfs")
+}
+func (s *Store) SandboxDir(id string) string { return filepath.Join(s.Root, "sandboxes", id) }
+
+// NewLayer creates the directories of a fresh, empty upper layer id.
+func (s *Store) NewLayer(id uint64) error {
+	if err := os.MkdirAll(s.LayerDiff(id), 0o755); err != nil {
+		return err
+	}
+	return os.Mkdir(s.LayerWork(id), 0o700)
+}
+
+// RemoveAll removes a directory tree. Overlay work dirs hold 000-mode entries, which
+// root removes anyway.
+func RemoveAll(p string) error { return os.RemoveAll(p) }
+
+// Images lists complete images (those with image.json).
+func (s *Store) Images() ([]Image, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Root, "images"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Image
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.Root, "images", e.Name(), "image.json"))
+		if err != nil {
+			continue
+		}
+		var im Image
+		if json.Unmarshal(b, &im) == nil {
+			im.Name = e.Name()
+			out = append(out, im)
+		}
+	}
+	return out, nil
+}
+
+// Sweep deletes what is on disk but not referenced: layers that no node and no sandbox
+// names, sandbox directories of unknown sandboxes, incomplete images (.new-*), tmp.
+// Called at start, before anything else uses the store.
+func (s *Store) Sweep(nodes []Node, sandboxes []Sandbox) (removed []string) {
+	used := map[string]bool{}
+	for _, n := range nodes {
+		if n.Layer != 0 {
+			used[strconv.FormatUint(n.Layer, 10)] = true
+		}
+	}
+	sbs := map[string]bool{}
+	for _, sb := range sandboxes {
+		used[strconv.FormatUint(sb.Upper, 10)] = true
+		sbs[sb.ID] = true
+	}
+	rm := func(p string) {
+		if err := RemoveAll(p); err == nil {
+			removed = append(removed, p)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.Root, "layers"))
+	for _, e := range ents {
+		if !used[e.Name()] {
+			rm(filepath.Join(s.Root, "layers", e.Name()))
+		}
+	}
+	ents, _ = os.ReadDir(filepath.Join(s.Root, "sandboxes"))
+	for _, e := range ents {
+		if !sbs[e.Name()] {
+			p := filepath.Join(s.Root, "sandboxes", e.Name())
+			unix.Unmount(filepath.Join(p, "initroot"), unix.MNT_DETACH)
+			rm(p)
+		}
+	}
+	ents, _ = os.ReadDir(filepath.Join(s.Root, "images"))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".new-") {
+			rm(filepath.Join(s.Root, "images", e.Name()))
+		}
+	}
+	ents, _ = os.ReadDir(filepath.Join(s.Root, "tmp"))
+	for _, e := range ents {
+		rm(filepath.Join(s.Root, "tmp", e.Name()))
+	}
+	return removed
+}
+
+// MaxLayerID is the largest layer id on disk (to seed the allocator after a sweep).
+func (s *Store) MaxLayerID() uint64 {
+	var max uint64
+	ents, _ := os.ReadDir(filepath.Join(s.Root, "layers"))
+	for _, e := range ents {
+		if v, err := strconv.ParseUint(e.Name(), 10, 64); err == nil && v > max {
+			max = v
+		}
+	}
+	return max
+}
+
+// DirBytes is the apparent size of the files under p (a layer's cost).
+func DirBytes(p string) int64 {
+	var n int64
+	filepath.WalkDir(p, func(_ string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// IsEmptyDir reports whether p has no entries: an upper with no changes.
+func IsEmptyDir(p string) (bool, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if len(names) > 0 {
+		return false, nil
+	}
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}
+
+// Syncfs flushes the store's filesystem.
+func (s *Store) Syncfs() error {
+	fd, err := unix.Open(s.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}
