@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"deltabox/internal/api"
+	"deltabox/internal/cgroup"
 	"deltabox/internal/state"
 	"deltabox/internal/store"
 )
@@ -26,6 +27,7 @@ func daemonCmd() *cobra.Command {
 				return fmt.Errorf("the daemon must run as root (it mounts, makes namespaces and ptraces)")
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			cgroup.SetRootFor(root, store.DefaultRoot)
 			st, err := store.Open(root)
 			if err != nil {
 				return err
@@ -42,6 +44,7 @@ func daemonCmd() *cobra.Command {
 			if cerr := m.Close(); err == nil {
 				err = cerr
 			}
+			cgroup.RemoveRoot()
 			return err
 		},
 	}

@@ -6,6 +6,8 @@ package cgroup
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -16,8 +18,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Root is where DeltaBox's cgroups live. Variable so tests can move it.
+// Root is where this daemon's sandbox cgroups live (see SetRootFor).
 var Root = "/sys/fs/cgroup/unified/deltabox"
+
+// SetRootFor gives each store its own cgroup directory, so that a daemon on a test
+// store never kills the sandboxes of the daemon on the main store at its startup sweep.
+func SetRootFor(storeRoot, defaultStore string) {
+	if filepath.Clean(storeRoot) == filepath.Clean(defaultStore) {
+		return
+	}
+	h := sha256.Sum256([]byte(filepath.Clean(storeRoot)))
+	Root = "/sys/fs/cgroup/unified/deltabox-" + hex.EncodeToString(h[:4])
+}
+
+// RemoveRoot removes this daemon's (empty) cgroup directory at shutdown.
+func RemoveRoot() { unix.Rmdir(Root) }
 
 // Group is one sandbox's cgroup.
 type Group struct{ Path string }

@@ -371,10 +371,14 @@ func (m *Manager) Remove(id string) error {
 	m.mu.Unlock()
 	upper, dir := m.st.LayerDir(s.rec.Upper), m.st.SandboxDir(id)
 	// Record first, directories after: a crash in between leaves orphans the sweep removes.
-	m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
+	seq := m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
 		store.RemoveAll(upper)
 		store.RemoveAll(dir)
 	}})
+	// Wait for the directories to go, so the id can be reused at once.
+	if err := m.st.Index.WaitDurable(seq); err != nil && derr == nil {
+		derr = err
+	}
 	return derr
 }
 

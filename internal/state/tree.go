@@ -29,6 +29,18 @@ type OpResult struct {
 	Killed     int       `json:"killed_processes"` // processes ended (no process state yet)
 	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
 	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+	// PhasesUS is the time of each step in microseconds, to see where latency goes.
+	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
+}
+
+// phase records the time since *t under name and resets *t.
+func (r *OpResult) phase(name string, t *time.Time) {
+	now := time.Now()
+	if r.PhasesUS == nil {
+		r.PhasesUS = map[string]int64{}
+	}
+	r.PhasesUS[name] += now.Sub(*t).Microseconds()
+	*t = now
 }
 
 func (m *Manager) newNodeID() string {
@@ -115,6 +127,8 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		return nil, fmt.Errorf("end the sandbox's processes: %w", err)
 	}
 	res := &OpResult{Sandbox: id, Killed: killed}
+	tp := t0
+	res.phase("kill", &tp)
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
 		return nil, err
@@ -138,16 +152,18 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		if err != nil {
 			return nil, err
 		}
+		res.phase("upper", &tp)
 		spec := overlay.Spec{
 			Lowers: append([]string{oldSpec.Upper}, oldSpec.Lowers...),
 			Upper:  m.st.LayerDiff(newUpper),
 			Work:   m.st.LayerWork(newUpper),
 		}
-		if err := m.switchState(s, "checkpoint", oldSpec, spec); err != nil {
+		if err := m.switchState(s, res, "checkpoint", oldSpec, spec); err != nil {
 			store.RemoveAll(m.st.LayerDir(newUpper))
 			return nil, err
 		}
 		res.Mounted = true
+		res.phase("mount", &tp)
 	}
 	if err := m.fail("checkpoint", 5); err != nil {
 		if res.Mounted {
@@ -175,6 +191,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	if n.Own {
 		go m.measure(n.ID, m.st.LayerDiff(n.Layer))
 	}
+	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(n.ID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
 	return res, nil
@@ -183,11 +200,13 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 // switchState moves s from oldSpec to spec: release the current mount (its upper must
 // not stay an upper while it is a lower of the new one), then mount the new stack.
 // On failure the sandbox is put back on oldSpec.
-func (m *Manager) switchState(s *sb, op string, oldSpec, spec overlay.Spec) error {
+func (m *Manager) switchState(s *sb, res *OpResult, op string, oldSpec, spec overlay.Spec) error {
 	if err := m.fail(op, 3); err != nil {
 		return err
 	}
+	tp := time.Now()
 	s.rt.DropState()
+	res.phase("umount", &tp)
 	err := m.fail(op, 4)
 	if err == nil {
 		err = s.rt.SetState(spec)
@@ -249,6 +268,8 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		return nil, fmt.Errorf("end the sandbox's processes: %w", err)
 	}
 	res := &OpResult{Sandbox: id, Killed: killed}
+	tp := t0
+	res.phase("kill", &tp)
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
 		return nil, err
@@ -272,7 +293,8 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 			m.matchRoot(m.st.LayerDiff(newUpper), spec.Lowers[0])
 		}
 		spec.Upper, spec.Work = m.st.LayerDiff(newUpper), m.st.LayerWork(newUpper)
-		if err := m.switchState(s, "restore", oldSpec, spec); err != nil {
+		res.phase("upper", &tp)
+		if err := m.switchState(s, res, "restore", oldSpec, spec); err != nil {
 			if newUpper != oldUpper {
 				store.RemoveAll(m.st.LayerDir(newUpper))
 			} else {
@@ -281,6 +303,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 			return nil, err
 		}
 		res.Mounted = true
+		res.phase("mount", &tp)
 	}
 	if err := m.fail("restore", 5); err != nil {
 		if res.Mounted {
@@ -304,6 +327,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	s.mu.Lock()
 	s.stats.Restores++
 	s.mu.Unlock()
+	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(nodeID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
 	return res, nil

@@ -140,7 +140,7 @@ func (s *Store) Images() ([]Image, error) {
 	}
 	var out []Image
 	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+		if strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(s.Root, "images", e.Name(), "image.json"))
