@@ -32,6 +32,7 @@ type Sandbox struct {
 	cg       *cgroup.Group
 	init     *sbinit.Client
 	baseNS   int // nsfs fd of the init's (base) mount namespace
+	builder  *mountns.Builder
 
 	mu      sync.Mutex // protects stateNS
 	stateNS int        // nsfs fd of the current state; -1 when none
@@ -75,6 +76,9 @@ func Start(id, hostname, dir string) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open the init's mount namespace: %w", err)
 	}
+	if s.builder, err = mountns.NewBuilder(s.baseNS, 1); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -90,22 +94,60 @@ func (s *Sandbox) InitPid() int {
 // from now on. The previous state namespace, if any, is released: when no process
 // remains in it, its overlay is unmounted.
 func (s *Sandbox) SetState(spec overlay.Spec) error {
+	_, _, err := s.SetStateTimed(spec)
+	return err
+}
+
+// SetStateTimed is SetState reporting the time spent making the overlay and the
+// namespace.
+func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err error) {
+	t0 := time.Now()
 	mfd, err := overlay.Mount(spec)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
-	ns, err := mountns.Build(s.baseNS, mfd)
+	ovl = time.Since(t0)
+	nsfd, err := s.builder.Build(mfd)
+	ns = time.Since(t0) - ovl
 	if err != nil {
-		return err
+		return ovl, ns, err
 	}
 	s.mu.Lock()
 	old := s.stateNS
-	s.stateNS = ns
+	s.stateNS = nsfd
 	s.mu.Unlock()
 	if old >= 0 {
 		unix.Close(old)
 	}
-	return nil
+	return ovl, ns, nil
+}
+
+// TakeState detaches the current state namespace and hands it to the caller, who
+// closes it when convenient (closing unmounts; see DropState).
+func (s *Sandbox) TakeState() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.stateNS
+	s.stateNS = -1
+	return old
+}
+
+// PutState reinstalls a namespace taken with TakeState (undoing a failed switch).
+// Precondition: the sandbox has no state (TakeState or DropState ran since).
+func (s *Sandbox) PutState(ns int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stateNS >= 0 {
+		unix.Close(s.stateNS)
+	}
+	s.stateNS = ns
+}
+
+// OnlyInit reports whether init is the sandbox's only process, read from the cgroup
+// (a few microseconds, against a round trip to init for KillAll).
+func (s *Sandbox) OnlyInit() bool {
+	pids, err := s.cg.Pids()
+	return err == nil && len(pids) == 1
 }
 
 // DropState releases the current state namespace (unmounting its overlay once no
@@ -147,6 +189,10 @@ func (s *Sandbox) Destroy() error {
 		}
 	}
 	s.DropState()
+	if s.builder != nil {
+		s.builder.Close()
+		s.builder = nil
+	}
 	if s.baseNS >= 0 {
 		unix.Close(s.baseNS)
 		s.baseNS = -1

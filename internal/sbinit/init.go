@@ -111,16 +111,22 @@ func setupRoot(cfg *Config) error {
 // a private devpts instance (sessions' terminals), and the /dev/shm mount point that
 // each state fills with the overlay's own /dev/shm directory.
 func setupDev(dev string) error {
-	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("mount /dev: %w", err)
 	}
-	for _, n := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
-		p := filepath.Join(dev, n)
-		if err := os.WriteFile(p, nil, 0o666); err != nil {
-			return err
+	// Device nodes are made with mknod rather than bound from the host: one mount
+	// each would be copied into, and torn down with, every state namespace. (Inside a
+	// user namespace mknod is refused; the isolation work will bind them instead.)
+	for _, d := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
+		p := filepath.Join(dev, d.name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
 		}
-		if err := unix.Mount("/dev/"+n, p, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind /dev/%s: %w", n, err)
+		if err := unix.Chmod(p, 0o666); err != nil { // umask
+			return err
 		}
 	}
 	for _, d := range []string{"pts", "shm"} {

@@ -39,6 +39,7 @@ import (
 
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
+	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
@@ -55,6 +56,9 @@ type Manager struct {
 	nodes     map[string]*node
 	sandboxes map[string]*sb
 	nextLayer uint64
+
+	uppers chan uint64   // empty layers made ahead of time (fillUppers)
+	stop   chan struct{} // closed by Close
 
 	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
 	// to prove that every failure leaves the sandbox as it was.
@@ -91,7 +95,8 @@ type Stats struct {
 // what a previous daemon left running, and restarts every sandbox of the index on its
 // head with its upper (files survive a daemon restart; processes do not).
 func New(st *store.Store, log *slog.Logger) (*Manager, error) {
-	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{}}
+	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{},
+		uppers: make(chan uint64, 4), stop: make(chan struct{})}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()
 	if err != nil {
@@ -105,6 +110,26 @@ func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 	}
 	for _, r := range st.Sweep(nodes, sbs) {
 		log.Info("swept orphan", "path", r)
+	}
+	// Repair checkpoints a crash interrupted: a sandbox's upper that was being frozen
+	// (the node was never recorded) goes back to being its upper; a recorded node's
+	// layer loses the upper dirs that were still waiting to be dropped.
+	for _, r := range sbs {
+		if st.IsFrozen(r.Upper) {
+			if err := st.Unfreeze(r.Upper); err != nil {
+				return nil, fmt.Errorf("repair sandbox %s: %w", r.ID, err)
+			}
+			log.Info("repaired an interrupted checkpoint", "sandbox", r.ID, "layer", r.Upper)
+		}
+	}
+	for _, n := range nodes {
+		if n.Own {
+			if !st.IsFrozen(n.Layer) {
+				log.Error("node's layer is missing: restores to it and its subtree will fail; remove it with deltabox tree rm", "node", n.ID, "layer", st.LayerFrozen(n.Layer))
+				continue
+			}
+			st.DropUpperDirs(n.Layer)
+		}
 	}
 	m.nextLayer = st.MaxLayerID()
 	for _, n := range nodes {
@@ -120,6 +145,7 @@ func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 			m.nextLayer = r.Upper
 		}
 	}
+	go m.fillUppers()
 	for _, s := range m.sandboxes {
 		if err := m.boot(s); err != nil {
 			s.err = err
@@ -131,6 +157,7 @@ func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 
 // Close stops every sandbox (their records stay) and flushes the index.
 func (m *Manager) Close() error {
+	close(m.stop)
 	m.mu.Lock()
 	var all []*sb
 	for _, s := range m.sandboxes {
@@ -190,6 +217,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	if _, err := os.Stat(filepath.Join(m.st.Root, "images", o.Image, "image.json")); err != nil || !idRE.MatchString(o.Image) {
 		return nil, fmt.Errorf("image %q does not exist (deltabox image ls lists them; scripts/setup.sh builds \"default\"): %w", o.Image, errdefs.ErrNotFound)
 	}
+	if err := mountns.CheckImage(m.st.ImageRootfs(o.Image)); err != nil {
+		return nil, fmt.Errorf("image %s: %v: %w", o.Image, err, errdefs.ErrInvalid)
+	}
 	if o.ID == "" {
 		o.ID = randomID("sb-")
 	} else if !idRE.MatchString(o.ID) {
@@ -246,6 +276,9 @@ func (m *Manager) boot(s *sb) error {
 	spec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
 		return err
+	}
+	if err := m.st.ResetWork(s.rec.Upper); err != nil {
+		return fmt.Errorf("reset the upper's workdir: %w", err)
 	}
 	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir)
 	if err != nil {
@@ -460,7 +493,7 @@ func (m *Manager) spec(image, head string, upper uint64) (overlay.Spec, error) {
 	m.mu.Unlock()
 	var lowers []string
 	for _, l := range ids {
-		lowers = append(lowers, m.st.LayerDiff(l))
+		lowers = append(lowers, m.st.LayerFrozen(l))
 	}
 	lowers = append(lowers, m.st.ImageRootfs(image))
 	if len(lowers) > overlay.MaxLowers {

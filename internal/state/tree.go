@@ -11,6 +11,8 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/overlay"
 	"deltabox/internal/store"
+
+	"golang.org/x/sys/unix"
 )
 
 // NodeInfo is what the API shows of a node.
@@ -75,6 +77,19 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock() }, nil
 }
 
+// killAll ends every process but init; it skips the round trip to init when the
+// cgroup shows init alone.
+func killAll(s *sb) (int, error) {
+	if s.rt.OnlyInit() {
+		return 0, nil
+	}
+	n, err := s.rt.KillAll()
+	if err != nil {
+		return 0, fmt.Errorf("end the sandbox's processes: %w", err)
+	}
+	return n, nil
+}
+
 // upperUnchanged reports whether upper holds no change relative to top, the root
 // directory of the layer under it: no entries, and the same root mode and owner
 // (a chmod of / changes only the upper's root directory).
@@ -93,12 +108,17 @@ func upperUnchanged(upper, top string) bool {
 // freshUpper allocates an empty upper whose root directory has the mode and owner of
 // top (overlayfs takes the root's attributes from the upper).
 func (m *Manager) freshUpper(top string) (uint64, error) {
-	id, err := m.newLayer()
-	if err != nil {
-		return 0, err
+	var id uint64
+	select {
+	case id = <-m.uppers:
+	default:
+		var err error
+		if id, err = m.newLayer(); err != nil {
+			return 0, err
+		}
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(top, &st); err == nil {
+	if err := syscall.Stat(top, &st); err == nil && (st.Mode&0o7777 != 0o755 || st.Uid != 0 || st.Gid != 0) {
 		d := m.st.LayerDiff(id)
 		os.Chmod(d, os.FileMode(st.Mode&0o7777))
 		os.Chown(d, int(st.Uid), int(st.Gid))
@@ -106,12 +126,35 @@ func (m *Manager) freshUpper(top string) (uint64, error) {
 	return id, nil
 }
 
+// fillUppers keeps a few empty layers ready (mkdir of diff and work: ~100 us off the
+// critical path). Ready layers are in no record, so a restart sweeps them.
+func (m *Manager) fillUppers() {
+	for {
+		id, err := m.newLayer()
+		if err != nil {
+			m.log.Error("prepare an upper layer", "err", err)
+			select {
+			case <-m.stop:
+				return
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		select {
+		case m.uppers <- id:
+		case <-m.stop:
+			store.RemoveAll(m.st.LayerDir(id))
+			return
+		}
+	}
+}
+
 // Checkpoint freezes the sandbox's upper into a new node and puts a fresh upper on top.
 // Until the process fast path exists, every process but init is ended first.
 //
-// Steps (FailStep numbers): 1 kill processes, 2 allocate the new upper, 3 release
-// the current mount, 4 mount the new stack, 5 publish. A failure before 5 puts the
-// sandbox back on its previous stack and upper, untouched.
+// Steps (FailStep numbers): 1 end processes, 2 take a fresh upper, 3 freeze the upper
+// (store.Freeze), 4 mount the new stack, 5 publish. A failure at any step puts the
+// sandbox back on its previous mount and upper, untouched, with no node made.
 func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, error) {
 	t0 := time.Now()
 	s, unlock, err := m.beginOp(id, "checkpoint")
@@ -122,9 +165,9 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	if err := m.fail("checkpoint", 1); err != nil {
 		return nil, err
 	}
-	killed, err := s.rt.KillAll()
+	killed, err := killAll(s)
 	if err != nil {
-		return nil, fmt.Errorf("end the sandbox's processes: %w", err)
+		return nil, err
 	}
 	res := &OpResult{Sandbox: id, Killed: killed}
 	tp := t0
@@ -134,7 +177,9 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		return nil, err
 	}
 	n := store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: label, Sandbox: id}
-	newUpper := s.rec.Upper
+	newUpper, oldNS := s.rec.Upper, -1
+	// undo reverts whatever the steps below did, in reverse order.
+	undo := func() {}
 	if upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]) {
 		// Nothing changed: the node shares its parent's top layer and the sandbox
 		// keeps its mount, which already shows exactly this state.
@@ -148,27 +193,51 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		if err := m.fail("checkpoint", 2); err != nil {
 			return nil, err
 		}
-		newUpper, err = m.freshUpper(oldSpec.Upper)
-		if err != nil {
+		if newUpper, err = m.freshUpper(oldSpec.Upper); err != nil {
 			return nil, err
 		}
+		undo = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
 		res.phase("upper", &tp)
+		err = m.fail("checkpoint", 3)
+		if err == nil {
+			err = m.st.Freeze(n.Layer)
+		}
+		if err != nil {
+			undo()
+			return nil, err
+		}
+		undo = func() {
+			if err := m.st.Unfreeze(n.Layer); err != nil {
+				m.log.Error("undo freeze", "layer", n.Layer, "err", err)
+			}
+			store.RemoveAll(m.st.LayerDir(newUpper))
+		}
+		res.phase("freeze", &tp)
 		spec := overlay.Spec{
-			Lowers: append([]string{oldSpec.Upper}, oldSpec.Lowers...),
+			Lowers: append([]string{m.st.LayerFrozen(n.Layer)}, oldSpec.Lowers...),
 			Upper:  m.st.LayerDiff(newUpper),
 			Work:   m.st.LayerWork(newUpper),
 		}
-		if err := m.switchState(s, res, "checkpoint", oldSpec, spec); err != nil {
-			store.RemoveAll(m.st.LayerDir(newUpper))
-			return nil, err
+		// The old namespace keeps the old overlay, whose upper is now the empty diff/
+		// (not the frozen layer), until after the answer: see store.Freeze.
+		oldNS = s.rt.TakeState()
+		err = m.fail("checkpoint", 4)
+		if err == nil {
+			err = m.setState(s, res, spec)
+		}
+		if err != nil {
+			s.rt.PutState(oldNS)
+			undo()
+			return nil, fmt.Errorf("checkpoint: mount the new state: %w", err)
 		}
 		res.Mounted = true
 		res.phase("mount", &tp)
 	}
 	if err := m.fail("checkpoint", 5); err != nil {
 		if res.Mounted {
-			m.rollback(s, oldSpec)
-			store.RemoveAll(m.st.LayerDir(newUpper))
+			s.rt.DropState() // the new stack goes before its lower is unfrozen
+			s.rt.PutState(oldNS)
+			undo()
 		}
 		return nil, err
 	}
@@ -177,54 +246,35 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	nd := &node{Node: n}
 	m.nodes[n.ID] = nd
 	s.rec.Head, s.rec.Upper = n.ID, newUpper
-	ops := []store.Op{{PutNode: &n}, {PutSandbox: &s.rec}}
-	if n.Own {
-		work := m.st.LayerWork(n.Layer)
-		ops = append(ops, store.Op{After: func() { store.RemoveAll(work) }})
-	}
-	seq := m.st.Index.Apply(ops...)
+	seq := m.st.Index.Apply(store.Op{PutNode: &n}, store.Op{PutSandbox: &s.rec})
 	nd.seq, s.seq = seq, seq
 	m.mu.Unlock()
+	if n.Own {
+		layer := n.Layer
+		go func() {
+			unix.Close(oldNS)
+			m.st.Index.Apply(store.Op{After: func() { m.st.DropUpperDirs(layer) }})
+		}()
+		go m.measure(n.ID, m.st.LayerFrozen(layer))
+	}
 	s.mu.Lock()
 	s.stats.Checkpoints++
 	s.mu.Unlock()
-	if n.Own {
-		go m.measure(n.ID, m.st.LayerDiff(n.Layer))
-	}
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(n.ID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
 	return res, nil
 }
 
-// switchState moves s from oldSpec to spec: release the current mount (its upper must
-// not stay an upper while it is a lower of the new one), then mount the new stack.
-// On failure the sandbox is put back on oldSpec.
-func (m *Manager) switchState(s *sb, res *OpResult, op string, oldSpec, spec overlay.Spec) error {
-	if err := m.fail(op, 3); err != nil {
-		return err
+// setState mounts spec for s and records how long the overlay and the namespace took.
+func (m *Manager) setState(s *sb, res *OpResult, spec overlay.Spec) error {
+	ovl, ns, err := s.rt.SetStateTimed(spec)
+	if res.PhasesUS == nil {
+		res.PhasesUS = map[string]int64{}
 	}
-	tp := time.Now()
-	s.rt.DropState()
-	res.phase("umount", &tp)
-	err := m.fail(op, 4)
-	if err == nil {
-		err = s.rt.SetState(spec)
-	}
-	if err != nil {
-		m.rollback(s, oldSpec)
-		return fmt.Errorf("%s: mount the new state: %w", op, err)
-	}
-	return nil
-}
-
-// rollback puts s back on oldSpec after a failed step. If even that fails the sandbox
-// has no filesystem, and says so on every exec until a restore succeeds.
-func (m *Manager) rollback(s *sb, oldSpec overlay.Spec) {
-	s.rt.DropState()
-	if err := s.rt.SetState(oldSpec); err != nil {
-		m.log.Error("rollback failed: sandbox has no filesystem until a restore", "sandbox", s.rec.ID, "err", err)
-	}
+	res.PhasesUS["overlay"] = ovl.Microseconds()
+	res.PhasesUS["namespace"] = ns.Microseconds()
+	return err
 }
 
 // measure fills in a node's layer size, off the critical path.
@@ -263,9 +313,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	if err := m.fail("restore", 1); err != nil {
 		return nil, err
 	}
-	killed, err := s.rt.KillAll()
+	killed, err := killAll(s)
 	if err != nil {
-		return nil, fmt.Errorf("end the sandbox's processes: %w", err)
+		return nil, err
 	}
 	res := &OpResult{Sandbox: id, Killed: killed}
 	tp := t0
@@ -274,9 +324,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	if err != nil {
 		return nil, err
 	}
-	unchanged := upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0])
 	oldUpper, newUpper := s.rec.Upper, s.rec.Upper
-	if !(unchanged && s.rec.Head == nodeID) {
+	oldNS := -1
+	if !(s.rec.Head == nodeID && upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0])) {
 		if err := m.fail("restore", 2); err != nil {
 			return nil, err
 		}
@@ -284,46 +334,48 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		if err != nil {
 			return nil, err
 		}
-		if !unchanged {
-			if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
-				return nil, err
-			}
-		} else {
-			// An untouched upper serves any stack; only its root's attributes follow.
-			m.matchRoot(m.st.LayerDiff(newUpper), spec.Lowers[0])
+		if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
+			return nil, err
 		}
 		spec.Upper, spec.Work = m.st.LayerDiff(newUpper), m.st.LayerWork(newUpper)
 		res.phase("upper", &tp)
-		if err := m.switchState(s, res, "restore", oldSpec, spec); err != nil {
-			if newUpper != oldUpper {
-				store.RemoveAll(m.st.LayerDir(newUpper))
-			} else {
-				m.matchRoot(oldSpec.Upper, oldSpec.Lowers[0])
+		// The old state's upper is discarded, never frozen, so the old namespace may
+		// outlive the switch: it is closed after the answer (its unmount costs an RCU
+		// grace period) and put back as it was if the switch fails.
+		oldNS = s.rt.TakeState()
+		err = m.fail("restore", 3)
+		if err == nil {
+			if err = m.fail("restore", 4); err == nil {
+				err = m.setState(s, res, spec)
 			}
-			return nil, err
+		}
+		if err != nil {
+			s.rt.PutState(oldNS)
+			store.RemoveAll(m.st.LayerDir(newUpper))
+			return nil, fmt.Errorf("restore: mount the node's state: %w", err)
 		}
 		res.Mounted = true
 		res.phase("mount", &tp)
 	}
 	if err := m.fail("restore", 5); err != nil {
 		if res.Mounted {
-			m.matchRoot(oldSpec.Upper, oldSpec.Lowers[0])
-			m.rollback(s, oldSpec)
-			if newUpper != oldUpper {
-				store.RemoveAll(m.st.LayerDir(newUpper))
-			}
+			s.rt.PutState(oldNS)
+			store.RemoveAll(m.st.LayerDir(newUpper))
 		}
 		return nil, err
 	}
 	m.mu.Lock()
 	s.rec.Head, s.rec.Image, s.rec.Upper = nodeID, image, newUpper
-	ops := []store.Op{{PutSandbox: &s.rec}}
+	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
+	m.mu.Unlock()
 	if newUpper != oldUpper {
 		dir := m.st.LayerDir(oldUpper)
-		ops = append(ops, store.Op{After: func() { store.RemoveAll(dir) }})
+		go func() {
+			unix.Close(oldNS)
+			// Queued after the record that stops naming the old upper.
+			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})
+		}()
 	}
-	s.seq = m.st.Index.Apply(ops...)
-	m.mu.Unlock()
 	s.mu.Lock()
 	s.stats.Restores++
 	s.mu.Unlock()
@@ -331,14 +383,6 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	res.Node = m.nodeInfo(nodeID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
 	return res, nil
-}
-
-func (m *Manager) matchRoot(upper, top string) {
-	var st syscall.Stat_t
-	if syscall.Stat(top, &st) == nil {
-		os.Chmod(upper, os.FileMode(st.Mode&0o7777))
-		os.Chown(upper, int(st.Uid), int(st.Gid))
-	}
 }
 
 // ---- tree ----

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -51,7 +52,7 @@ type Op struct {
 }
 
 func openIndex(path string) (*Index, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 0})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("open index %s (is another daemon running?): %w", path, err)
 	}
