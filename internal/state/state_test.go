@@ -1,0 +1,173 @@
+package state_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/cgroup"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
+	"deltabox/internal/state"
+	"deltabox/internal/store"
+	"deltabox/internal/testutil"
+)
+
+// TestMain lets the test binary serve as the sandbox init: the manager starts inits by
+// re-executing /proc/self/exe, which here is this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == sbinit.InitArg {
+		sbinit.Main(os.Args[2])
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func open(t *testing.T, root string) *state.Manager {
+	t.Helper()
+	st, err := store.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroup.SetRootFor(root, store.DefaultRoot)
+	m, err := state.New(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func sh(t *testing.T, m *state.Manager, id, script string) string {
+	t.Helper()
+	r, err := m.Exec(context.Background(), id, sandbox.ExecRequest{Argv: []string{"bash", "-c", script}, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	if r.ExitCode != 0 {
+		t.Fatalf("exec %q: exit %d: %s", script, r.ExitCode, r.Stderr)
+	}
+	return r.Stdout
+}
+
+// manifest lists /workspace and /tmp (path, type, mode, size, content hash).
+const manifest = `cd / && find workspace tmp -printf '%p %y %m %s\n' | sort && find workspace tmp -type f -exec sha256sum {} + | sort`
+
+// frozenLayers lists the frozen layer directories on disk.
+func frozenLayers(t *testing.T, root string) []string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(root, "layers", "*", "frozen"))
+	return m
+}
+
+// TestFailureAtEveryStepLeavesSandboxUnchanged injects a failure at each step of a
+// checkpoint and of a restore, and checks that the sandbox is exactly as before: same
+// files, same head, same tree, no new frozen layer, and it still works afterwards.
+func TestFailureAtEveryStepLeavesSandboxUnchanged(t *testing.T) {
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "f1"}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, "f1", "echo base > a.txt && mkdir -p d && echo x > d/x")
+	base, err := m.Checkpoint(ctx, "f1", "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"checkpoint", "restore"} {
+		for step := 1; step <= 5; step++ {
+			t.Run(fmt.Sprintf("%s-step%d", op, step), func(t *testing.T) {
+				// A change in the upper, so that both operations have real work to do.
+				sh(t, m, "f1", fmt.Sprintf("echo %s%d >> a.txt && echo t > /tmp/t%d && rm -rf d", op, step, step))
+				before := sh(t, m, "f1", manifest)
+				info, _ := m.Get("f1")
+				nodes := len(m.Tree().Nodes)
+				frozen := frozenLayers(t, root)
+				m.FailStep = func(o string, k int) error {
+					if o == op && k == step {
+						return fmt.Errorf("injected failure at %s step %d", o, k)
+					}
+					return nil
+				}
+				if op == "checkpoint" {
+					_, err = m.Checkpoint(ctx, "f1", "x")
+				} else {
+					_, err = m.Restore(ctx, "f1", base.Node.ID)
+				}
+				m.FailStep = nil
+				if err == nil || !strings.Contains(err.Error(), "injected") {
+					t.Fatalf("%s with a failure at step %d: err = %v, want the injected failure", op, step, err)
+				}
+				if after := sh(t, m, "f1", manifest); after != before {
+					t.Fatalf("files changed by a failed %s:\nbefore:\n%s\nafter:\n%s", op, before, after)
+				}
+				info2, _ := m.Get("f1")
+				if info2.Head != info.Head || info2.Upper != info.Upper {
+					t.Fatalf("position changed: head %s->%s upper %d->%d", info.Head, info2.Head, info.Upper, info2.Upper)
+				}
+				if n := len(m.Tree().Nodes); n != nodes {
+					t.Fatalf("a failed %s left %d nodes, had %d", op, n, nodes)
+				}
+				if f := frozenLayers(t, root); len(f) != len(frozen) {
+					t.Fatalf("a failed %s changed the frozen layers: %v -> %v", op, frozen, f)
+				}
+				// And the operation works once the fault is gone.
+				if op == "checkpoint" {
+					_, err = m.Checkpoint(ctx, "f1", "ok")
+				} else {
+					_, err = m.Restore(ctx, "f1", base.Node.ID)
+				}
+				if err != nil {
+					t.Fatalf("%s after the fault: %v", op, err)
+				}
+			})
+		}
+	}
+}
+
+// TestInterruptedCheckpointIsRepairedAtStart simulates a crash between freezing a
+// sandbox's upper and recording the node: the next start must give the sandbox its
+// upper back, with every file.
+func TestInterruptedCheckpointIsRepairedAtStart(t *testing.T) {
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, "c1", "mkdir -p a/b && echo one > a/b/f && echo two > g && ln -s g link")
+	want := sh(t, m, "c1", manifest)
+	info, _ := m.Get("c1")
+	if err := m.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+
+	st, err := store.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Freeze(info.Upper); err != nil { // the crash happens right after this
+		t.Fatal(err)
+	}
+	st.Close()
+
+	m2 := open(t, root)
+	defer m2.Close()
+	if got := sh(t, m2, "c1", manifest); got != want {
+		t.Fatalf("after repair:\n%s\nwant:\n%s", got, want)
+	}
+	if st.IsFrozen(info.Upper) {
+		t.Fatalf("layer %d is still frozen after the repair", info.Upper)
+	}
+	if n := len(m2.Tree().Nodes); n != 0 {
+		t.Fatalf("the interrupted checkpoint left %d nodes", n)
+	}
+}
