@@ -120,20 +120,26 @@ func (b *Builder) prepare() *worker {
 }
 
 // Build makes a new state namespace with the detached overlay mount overlayFD as its
-// root and returns an nsfs fd for it. overlayFD is closed in every case.
+// root and returns an nsfs fd for it. On success overlayFD stays open and now refers to
+// the root of the attached overlay (the caller keeps it as the state's root, for
+// openat2 RESOLVE_IN_ROOT); on failure it is closed.
 func (b *Builder) Build(overlayFD int) (int, error) {
-	defer unix.Close(overlayFD)
 	w, ok := <-b.ready
 	if !ok {
+		unix.Close(overlayFD)
 		return -1, fmt.Errorf("namespace builder is closed")
 	}
 	res := make(chan result, 1)
 	w.jobs <- job{overlayFD: overlayFD, res: res}
 	r := <-res
 	if w.err != nil {
-		return -1, fmt.Errorf("prepare a mount namespace: %w", w.err)
+		r.err = fmt.Errorf("prepare a mount namespace: %w", w.err)
 	}
-	return r.fd, r.err
+	if r.err != nil {
+		unix.Close(overlayFD)
+		return -1, r.err
+	}
+	return r.fd, nil
 }
 
 // Close stops the builder and lets its ready workers exit.

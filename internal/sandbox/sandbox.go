@@ -34,14 +34,31 @@ type Sandbox struct {
 	baseNS   int // nsfs fd of the init's (base) mount namespace
 	builder  *mountns.Builder
 
-	mu      sync.Mutex // protects stateNS
-	stateNS int        // nsfs fd of the current state; -1 when none
+	mu    sync.Mutex // protects state
+	state State      // the current state; NS -1 when none
+}
+
+// State is one filesystem state of a sandbox: its mount namespace and an fd on the root
+// of its overlay (for path-confined file access with openat2 RESOLVE_IN_ROOT).
+type State struct{ NS, Root int }
+
+// None is the absence of a state.
+var None = State{-1, -1}
+
+// Close releases the state; once no process is left in it, its overlay is unmounted.
+func (st State) Close() {
+	if st.NS >= 0 {
+		unix.Close(st.NS)
+	}
+	if st.Root >= 0 {
+		unix.Close(st.Root)
+	}
 }
 
 // Start creates the cgroup and the init, and builds the base namespace. dir is the
 // sandbox's private directory in the store (init log, init root mount point).
 func Start(id, hostname, dir string) (_ *Sandbox, err error) {
-	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, stateNS: -1}
+	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, state: None}
 	defer func() {
 		if err != nil {
 			s.Destroy()
@@ -113,34 +130,30 @@ func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err e
 		return ovl, ns, err
 	}
 	s.mu.Lock()
-	old := s.stateNS
-	s.stateNS = nsfd
+	old := s.state
+	s.state = State{NS: nsfd, Root: mfd}
 	s.mu.Unlock()
-	if old >= 0 {
-		unix.Close(old)
-	}
+	old.Close()
 	return ovl, ns, nil
 }
 
-// TakeState detaches the current state namespace and hands it to the caller, who
-// closes it when convenient (closing unmounts; see DropState).
-func (s *Sandbox) TakeState() int {
+// TakeState detaches the current state and hands it to the caller, who closes it when
+// convenient (closing unmounts; see DropState).
+func (s *Sandbox) TakeState() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old := s.stateNS
-	s.stateNS = -1
+	old := s.state
+	s.state = None
 	return old
 }
 
-// PutState reinstalls a namespace taken with TakeState (undoing a failed switch).
-// Precondition: the sandbox has no state (TakeState or DropState ran since).
-func (s *Sandbox) PutState(ns int) {
+// PutState reinstalls a state taken with TakeState (undoing a failed switch).
+func (s *Sandbox) PutState(st State) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stateNS >= 0 {
-		unix.Close(s.stateNS)
-	}
-	s.stateNS = ns
+	old := s.state
+	s.state = st
+	s.mu.Unlock()
+	old.Close()
 }
 
 // OnlyInit reports whether init is the sandbox's only process, read from the cgroup
@@ -150,27 +163,29 @@ func (s *Sandbox) OnlyInit() bool {
 	return err == nil && len(pids) == 1
 }
 
-// DropState releases the current state namespace (unmounting its overlay once no
-// process is left in it). Precondition: KillAll has run, or processes keep it alive.
-func (s *Sandbox) DropState() {
-	s.mu.Lock()
-	old := s.stateNS
-	s.stateNS = -1
-	s.mu.Unlock()
-	if old >= 0 {
-		unix.Close(old)
-	}
-}
+// DropState releases the current state (its overlay is unmounted once no process is
+// left in it). Precondition: KillAll has run, or processes keep it alive.
+func (s *Sandbox) DropState() { s.TakeState().Close() }
 
 // StateNS returns a duplicate of the current state namespace fd (the caller closes
 // it), so that a concurrent SetState cannot close it under the caller.
 func (s *Sandbox) StateNS() (int, error) {
+	return s.dupState(func(st State) int { return st.NS })
+}
+
+// RootFD returns a duplicate of an fd on the root of the current state's overlay (the
+// caller closes it).
+func (s *Sandbox) RootFD() (int, error) {
+	return s.dupState(func(st State) int { return st.Root })
+}
+
+func (s *Sandbox) dupState(which func(State) int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stateNS < 0 {
+	if s.state.NS < 0 {
 		return -1, fmt.Errorf("sandbox %s has no filesystem mounted (a checkpoint or restore failed half-way; restore a node)", s.ID)
 	}
-	return unix.FcntlInt(uintptr(s.stateNS), unix.F_DUPFD_CLOEXEC, 0)
+	return unix.FcntlInt(uintptr(which(s.state)), unix.F_DUPFD_CLOEXEC, 0)
 }
 
 // KillAll kills every process but init and waits until init has reaped them.

@@ -10,9 +10,8 @@ import (
 
 	"deltabox/internal/errdefs"
 	"deltabox/internal/overlay"
+	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
-
-	"golang.org/x/sys/unix"
 )
 
 // NodeInfo is what the API shows of a node.
@@ -177,7 +176,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		return nil, err
 	}
 	n := store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: label, Sandbox: id}
-	newUpper, oldNS := s.rec.Upper, -1
+	newUpper, oldNS := s.rec.Upper, sandbox.None
 	// undo reverts whatever the steps below did, in reverse order.
 	undo := func() {}
 	if upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]) {
@@ -252,7 +251,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	if n.Own {
 		layer := n.Layer
 		go func() {
-			unix.Close(oldNS)
+			oldNS.Close()
 			m.st.Index.Apply(store.Op{After: func() { m.st.DropUpperDirs(layer) }})
 		}()
 		go m.measure(n.ID, m.st.LayerFrozen(layer))
@@ -325,7 +324,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		return nil, err
 	}
 	oldUpper, newUpper := s.rec.Upper, s.rec.Upper
-	oldNS := -1
+	oldNS := sandbox.None
 	if !(s.rec.Head == nodeID && upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0])) {
 		if err := m.fail("restore", 2); err != nil {
 			return nil, err
@@ -371,7 +370,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	if newUpper != oldUpper {
 		dir := m.st.LayerDir(oldUpper)
 		go func() {
-			unix.Close(oldNS)
+			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
 			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})
 		}()
