@@ -189,6 +189,14 @@ func (d *Daemon) Kill() {
 	d.log.Close()
 }
 
+// Pid returns the daemon's process id (0 when it is not running).
+func (d *Daemon) Pid() int {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
+
 // Log returns the daemon's log so far.
 func (d *Daemon) Log() string {
 	b, _ := os.ReadFile(filepath.Join(d.Root, "daemon.log"))
