@@ -18,6 +18,7 @@ import (
 
 	"deltabox/internal/api"
 	"deltabox/internal/client"
+	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/state"
 )
@@ -61,7 +62,7 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&socketPath, "socket", def, "daemon socket (env DELTABOX_SOCKET)")
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
 	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
-		treeCmd(), imageCmd(), syncCmd(), benchCmd())
+		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd())
 	return root
 }
 
@@ -80,11 +81,16 @@ func printJSON(v any) {
 
 func createCmd() *cobra.Command {
 	var o state.CreateOptions
+	var memory string
 	c := &cobra.Command{
-		Use:   "create [--image NAME] [--workdir DIR] [--name ID]",
+		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--pids 512] [--cpus 1.5]",
 		Short: "Create and start a sandbox; prints its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if o.MemoryMB, err = parseMemoryMB(memory); err != nil {
+				return err
+			}
 			in, err := cli().Create(ctx(), o)
 			if err != nil {
 				return err
@@ -101,6 +107,9 @@ func createCmd() *cobra.Command {
 	c.Flags().StringVar(&o.Workdir, "workdir", "/workspace", "working directory of commands")
 	c.Flags().StringVar(&o.ID, "name", "", "sandbox id (default: generated)")
 	c.Flags().StringVar(&o.Hostname, "hostname", "", "hostname (default: the id)")
+	c.Flags().StringVar(&memory, "memory", "", "memory limit, e.g. 512M, 2G, 1.5G (K/M/G/T are binary; a bare number is MiB; default 4G or half the host's RAM)")
+	c.Flags().Int64Var(&o.Pids, "pids", 0, "limit on processes and threads at once (default 1024)")
+	c.Flags().Float64Var(&o.CPUs, "cpus", 0, "CPU time per wall-clock time, e.g. 0.5 or 1.5 (default: all host CPUs, no throttling)")
 	return c
 }
 
@@ -168,15 +177,32 @@ func execCmd() *cobra.Command {
 				}
 				q.Stdin = string(b)
 			}
-			r, err := cli().Exec(ctx(), args[0], q)
+			if q.Session != "" && len(q.Argv) > 1 {
+				// exec --session S -- CODE...: the words are one line of shell code.
+				q.Argv = []string{strings.Join(q.Argv, " ")}
+			}
+			var r *sandbox.ExecResult
+			var err error
+			if jsonOut {
+				r, err = cli().Exec(ctx(), args[0], q)
+				if err == nil {
+					printJSON(r)
+				}
+			} else {
+				// Output is shown as it is produced.
+				r, err = cli().ExecStream(ctx(), args[0], q, func(stream, data string) {
+					if stream == "stderr" {
+						os.Stderr.WriteString(data)
+					} else {
+						os.Stdout.WriteString(data)
+					}
+				})
+			}
 			if err != nil {
 				return err
 			}
-			if jsonOut {
-				printJSON(r)
-			} else {
-				os.Stdout.WriteString(r.Stdout)
-				os.Stderr.WriteString(r.Stderr)
+			if r.SessionRestarted {
+				fmt.Fprintf(os.Stderr, "deltabox: session %s was ended by a checkpoint or restore and started again\n", r.Session)
 			}
 			if r.ExitCode != 0 {
 				if r.ExitCode < 0 {
@@ -192,6 +218,7 @@ func execCmd() *cobra.Command {
 	c.Flags().StringVarP(&q.Dir, "workdir", "w", "", "working directory (default: the sandbox's)")
 	c.Flags().IntVar(&q.OutputLimit, "output-limit", 0, "bytes kept per stream (default 1 MiB); the rest is dropped with a marker")
 	c.Flags().BoolVarP(&stdin, "interactive", "i", false, "send this command's stdin to the sandboxed command")
+	c.Flags().StringVarP(&q.Session, "session", "s", "", "run as code in this persistent session (\"main\": the default bash session)")
 	return c
 }
 

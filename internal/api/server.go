@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"deltabox/internal/errdefs"
@@ -36,6 +37,20 @@ type ExecRequest struct {
 	Stdin       string   `json:"stdin,omitempty"`
 	TimeoutMS   int64    `json:"timeout_ms,omitempty"`
 	OutputLimit int      `json:"output_limit,omitempty"`
+	// Session runs the command as code in a persistent session ("main": the default
+	// bash session, started on first use). argv is then one string of code (or words,
+	// joined with shell quoting).
+	Session string `json:"session,omitempty"`
+	// Stream answers with NDJSON events as output is produced (see docs/API.md).
+	Stream bool `json:"stream,omitempty"`
+}
+
+// StreamEvent is one line of a streamed exec answer.
+type StreamEvent struct {
+	Type   string              `json:"type"`             // stdout | stderr | result | error
+	Data   string              `json:"data,omitempty"`   // stdout, stderr
+	Result *sandbox.ExecResult `json:"result,omitempty"` // result
+	Error  *ErrorBody          `json:"error,omitempty"`  // error
 }
 
 // CheckpointRequest is the body of POST /v1/sandboxes/{id}/checkpoint.
@@ -75,6 +90,10 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("POST /v1/sandboxes/{id}/checkpoint", s.checkpoint)
 	h("POST /v1/sandboxes/{id}/restore", s.restore)
+	h("POST /v1/sandboxes/{id}/sessions", s.startSession)
+	h("GET /v1/sandboxes/{id}/sessions", s.listSessions)
+	h("GET /v1/sandboxes/{id}/sessions/{name}/logs", s.sessionLogs)
+	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.killSession)
 	h("GET /v1/tree", s.tree)
 	h("GET /v1/nodes/{id}", s.getNode)
 	h("DELETE /v1/nodes/{id}", s.removeNode)
@@ -202,15 +221,56 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("timeout_ms must be >= 0: %w", errdefs.ErrInvalid))
 		return
 	}
-	res, err := s.m.Exec(r.Context(), r.PathValue("id"), sandbox.ExecRequest{
+	req := sandbox.ExecRequest{
 		Argv: q.Argv, Env: q.Env, Dir: q.Dir, Stdin: []byte(q.Stdin),
 		Timeout: time.Duration(q.TimeoutMS) * time.Millisecond, OutputLimit: q.OutputLimit,
-	})
-	if err != nil {
-		writeErr(w, err)
+		Session: q.Session,
+	}
+	if !q.Stream && r.URL.Query().Get("stream") == "" {
+		res, err := s.m.Exec(r.Context(), r.PathValue("id"), req)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 200, res)
 		return
 	}
-	writeJSON(w, 200, res)
+	// Streaming: NDJSON, one event per line, flushed as output arrives. Errors found
+	// before anything was sent keep their status code; later ones become an event.
+	fl, _ := w.(http.Flusher)
+	var mu sync.Mutex
+	started := false
+	enc := json.NewEncoder(w)
+	emit := func(ev StreamEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(200)
+			started = true
+		}
+		enc.Encode(ev)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	req.OnOutput = func(stream string, data []byte) { emit(StreamEvent{Type: stream, Data: string(data)}) }
+	res, err := s.m.Exec(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		mu.Lock()
+		st := started
+		mu.Unlock()
+		if !st {
+			writeErr(w, err)
+			return
+		}
+		_, code := errdefs.HTTPStatus(err)
+		var eb ErrorBody
+		eb.Error.Code, eb.Error.Message = code, err.Error()
+		emit(StreamEvent{Type: "error", Error: &eb})
+		return
+	}
+	emit(StreamEvent{Type: "result", Result: res})
 }
 
 func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {

@@ -31,8 +31,12 @@ func SetRootFor(storeRoot, defaultStore string) {
 	Root = "/sys/fs/cgroup/unified/deltabox-" + hex.EncodeToString(h[:4])
 }
 
-// RemoveRoot removes this daemon's (empty) cgroup directory at shutdown.
-func RemoveRoot() { unix.Rmdir(Root) }
+// RemoveRoot removes this daemon's (empty) cgroup directories at shutdown (the v1
+// parents too).
+func RemoveRoot() {
+	unix.Rmdir(Root)
+	removeV1Roots()
+}
 
 // Group is one sandbox's cgroup.
 type Group struct{ Path string }

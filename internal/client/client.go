@@ -68,7 +68,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot reach the daemon on %s (is `deltabox daemon` running?): %w", c.Socket, err)
+		return transportError(ctx, c.Socket, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -160,3 +160,12 @@ func (c *Client) Images(ctx context.Context) ([]store.Image, error) {
 }
 
 func (c *Client) Sync(ctx context.Context) error { return c.do(ctx, "POST", "/sync", nil, nil) }
+
+// transportError tells a caller's own deadline or cancellation apart from a daemon
+// that cannot be reached.
+func transportError(ctx context.Context, socket string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("request to the daemon abandoned: %w", ctx.Err())
+	}
+	return fmt.Errorf("cannot reach the daemon on %s (is `deltabox daemon` running?): %w", socket, err)
+}

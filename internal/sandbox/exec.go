@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/sbinit"
 )
 
 // DefaultEnv is the environment every command starts with; ExecRequest.Env adds to it.
@@ -33,19 +35,28 @@ type ExecRequest struct {
 	Stdin       []byte
 	Timeout     time.Duration // 0: none
 	OutputLimit int           // per stream; 0: DefaultOutputLimit
+	// Session, if set, runs Argv as shell code in that session (see package session);
+	// the state manager handles it, Exec ignores it.
+	Session string
+	// OnOutput, if set, receives output as it is produced ("stdout" or "stderr").
+	// It may be called from two goroutines at once.
+	OnOutput func(stream string, data []byte)
 }
 
 // ExecResult is what a command did.
 type ExecResult struct {
-	ExitCode        int           `json:"exit_code"` // -1 when killed by a signal
-	Signal          int           `json:"signal,omitempty"`
-	Stdout          string        `json:"stdout"`
-	Stderr          string        `json:"stderr"`
-	StdoutTruncated bool          `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool          `json:"stderr_truncated,omitempty"`
-	TimedOut        bool          `json:"timed_out,omitempty"`
-	Duration        time.Duration `json:"-"`
-	DurationMS      float64       `json:"duration_ms"`
+	ExitCode        int    `json:"exit_code"` // -1 when killed by a signal
+	Signal          int    `json:"signal,omitempty"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	// Session calls: stdout holds the terminal's merged output.
+	Session          string        `json:"session,omitempty"`
+	SessionRestarted bool          `json:"session_restarted,omitempty"` // a checkpoint/restore had ended it
+	Duration         time.Duration `json:"-"`
+	DurationMS       float64       `json:"duration_ms"`
 }
 
 // drainGrace is how long output is still read after the command exits: a background
@@ -93,7 +104,7 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	}
 	env := append(append([]string{"HOSTNAME=" + s.Hostname}, DefaultEnv...), r.Env...)
 	start := time.Now()
-	p, err := s.init.Spawn(r.Argv, env, r.Dir, false,
+	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir},
 		[3]int{int(inR.Fd()), int(outW.Fd()), int(errW.Fd())}, ns)
 	if err != nil {
 		return nil, fmt.Errorf("start %q: %w", r.Argv[0], err)
@@ -107,6 +118,10 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		inW.Close()
 	}()
 	stdout, stderr := newCapture(limit), newCapture(limit)
+	if r.OnOutput != nil {
+		stdout.emit = func(b []byte) { r.OnOutput("stdout", b) }
+		stderr.emit = func(b []byte) { r.OnOutput("stderr", b) }
+	}
 	outDone := make(chan struct{}, 2)
 	go func() { stdout.readFrom(outR); outDone <- struct{}{} }()
 	go func() { stderr.readFrom(errR); outDone <- struct{}{} }()
@@ -131,7 +146,7 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		ws, ok = <-p.Exit
 	}
 	if !ok {
-		return nil, fmt.Errorf("the sandbox's init died while %q ran", r.Argv[0])
+		return nil, fmt.Errorf("while %q ran: %w", r.Argv[0], sbinit.ErrInitGone)
 	}
 	res.Duration = time.Since(start)
 	if res.TimedOut {
@@ -169,6 +184,7 @@ type capture struct {
 	buf     bytes.Buffer
 	limit   int
 	dropped int64
+	emit    func([]byte) // streaming: what is kept, as it arrives
 }
 
 func newCapture(limit int) *capture { return &capture{limit: limit} }
@@ -184,6 +200,9 @@ func (c *capture) readFrom(r io.Reader) {
 			}
 			if room > 0 {
 				c.buf.Write(b[:room])
+				if c.emit != nil {
+					c.emit(b[:room])
+				}
 			}
 			c.dropped += int64(n - room)
 		}

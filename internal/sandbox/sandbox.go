@@ -30,6 +30,7 @@ type Sandbox struct {
 	Hostname string
 	dir      string
 	cg       *cgroup.Group
+	lim      *cgroup.V1 // its limits (v1 controllers)
 	init     *sbinit.Client
 	baseNS   int // nsfs fd of the init's (base) mount namespace
 	builder  *mountns.Builder
@@ -55,9 +56,10 @@ func (st State) Close() {
 	}
 }
 
-// Start creates the cgroup and the init, and builds the base namespace. dir is the
-// sandbox's private directory in the store (init log, init root mount point).
-func Start(id, hostname, dir string) (_ *Sandbox, err error) {
+// Start creates the cgroups and the init, and builds the base namespace. dir is the
+// sandbox's private directory in the store (init log, init root mount point). Every
+// command the sandbox runs starts inside lim (zero fields: the defaults).
+func Start(id, hostname, dir string, lim cgroup.Limits) (_ *Sandbox, err error) {
 	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, state: None}
 	defer func() {
 		if err != nil {
@@ -67,6 +69,18 @@ func Start(id, hostname, dir string) (_ *Sandbox, err error) {
 	if s.cg, err = cgroup.Create(id); err != nil {
 		return nil, err
 	}
+	if s.lim, err = cgroup.CreateV1(id, lim); err != nil {
+		return nil, err
+	}
+	tasks, err := s.lim.OpenTasks()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, f := range tasks {
+			f.Close()
+		}
+	}()
 	root := filepath.Join(dir, "initroot")
 	if err = os.MkdirAll(root, 0o755); err != nil {
 		return nil, err
@@ -85,6 +99,8 @@ func Start(id, hostname, dir string) (_ *Sandbox, err error) {
 		Config:   sbinit.Config{ID: id, Hostname: hostname, Root: root},
 		CgroupFD: cgfd,
 		Log:      log,
+
+		CgroupTasks: tasks,
 	})
 	if err != nil {
 		return nil, err
@@ -203,6 +219,11 @@ func (s *Sandbox) Destroy() error {
 			errs = append(errs, err)
 		}
 	}
+	if s.lim != nil {
+		if err := s.lim.Destroy(5 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	s.DropState()
 	if s.builder != nil {
 		s.builder.Close()
@@ -218,8 +239,21 @@ func (s *Sandbox) Destroy() error {
 	return nil
 }
 
+// Alive reports whether the init still runs.
+func (s *Sandbox) Alive() bool {
+	select {
+	case <-s.init.Done():
+		return false
+	default:
+		return true
+	}
+}
+
 // Dead is closed when the init has exited.
 func (s *Sandbox) Dead() <-chan struct{} { return s.init.Done() }
 
 // Pids lists the sandbox's processes (host PIDs), init included.
 func (s *Sandbox) Pids() ([]int, error) { return s.cg.Pids() }
+
+// Usage is what the sandbox's commands use of their limits (init excluded).
+func (s *Sandbox) Usage() cgroup.Usage { return s.lim.Usage() }

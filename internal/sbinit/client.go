@@ -2,6 +2,7 @@ package sbinit
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// ErrInitGone: the sandbox's init has exited (killed from outside, or crashed).
+var ErrInitGone = errors.New("the sandbox's init is gone")
 
 // Client is the daemon's end of one init's control socket.
 //
@@ -33,6 +37,10 @@ type StartOptions struct {
 	Config   Config
 	CgroupFD int      // the sandbox's cgroup2 directory: init starts inside it
 	Log      *os.File // init's stdout and stderr
+	// CgroupTasks are the "tasks" files of the sandbox's v1 cgroups (its limits). Init
+	// stays outside them; its spawn thread joins them just before each fork, so every
+	// command starts inside the limits (see internal/cgroup/v1.go).
+	CgroupTasks []*os.File
 }
 
 // Start launches a sandbox init and waits for it to report ready.
@@ -43,10 +51,14 @@ func Start(o StartOptions) (*Client, error) {
 	}
 	child := os.NewFile(uintptr(fds[1]), "init-ctl")
 	defer child.Close()
+	o.Config.TaskFDs = nil
+	for i := range o.CgroupTasks {
+		o.Config.TaskFDs = append(o.Config.TaskFDs, ctlFD+1+i)
+	}
 	arg, _ := json.Marshal(o.Config)
 	cmd := exec.Command("/proc/self/exe", InitArg, string(arg))
 	cmd.Args[0] = "deltabox-init"
-	cmd.ExtraFiles = []*os.File{child}
+	cmd.ExtraFiles = append([]*os.File{child}, o.CgroupTasks...)
 	cmd.Stdout, cmd.Stderr = o.Log, o.Log
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -92,7 +104,7 @@ func (c *Client) Kill() {
 	c.proc.Kill()
 	c.mu.Lock()
 	if c.closed == nil {
-		c.closed = fmt.Errorf("sandbox init was stopped")
+		c.closed = fmt.Errorf("sandbox init was stopped: %w", ErrInitGone)
 		unix.Shutdown(c.fd, unix.SHUT_RDWR)
 	}
 	c.mu.Unlock()
@@ -137,7 +149,7 @@ func (c *Client) readLoop() {
 	}
 	c.mu.Lock()
 	if c.closed == nil {
-		c.closed = fmt.Errorf("sandbox init exited: %w", err)
+		c.closed = fmt.Errorf("%w (%v)", ErrInitGone, err)
 	}
 	for id, ch := range c.pending {
 		ch <- &Message{ID: id, Err: c.closed.Error()}
@@ -188,12 +200,22 @@ type Process struct {
 	Exit <-chan unix.WaitStatus // one value when init reaps it; closed without a value if init dies
 }
 
-// Spawn starts argv in the state mount namespace mntns with the given stdio. With
-// setsid the process leads a new session, else a new process group; either way its
-// PID is its group id, so Signal(pid, sig, true) reaches everything it started.
-func (c *Client) Spawn(argv, env []string, dir string, setsid bool, stdio [3]int, mntns int) (*Process, error) {
+// SpawnOptions says how a process starts.
+type SpawnOptions struct {
+	Argv []string
+	Env  []string
+	Dir  string
+	// Setsid makes the process lead a new session (else a new process group); either
+	// way its PID is its group id, so Signal(pid, sig, true) reaches what it started.
+	Setsid bool
+	// Ctty (with Setsid) makes stdin, a pty, the session's controlling terminal.
+	Ctty bool
+}
+
+// Spawn starts a process in the state mount namespace mntns with the given stdio.
+func (c *Client) Spawn(o SpawnOptions, stdio [3]int, mntns int) (*Process, error) {
 	exit := make(chan unix.WaitStatus, 1)
-	m := &Message{Op: "spawn", Argv: argv, Env: env, Dir: dir, Setsid: setsid}
+	m := &Message{Op: "spawn", Argv: o.Argv, Env: o.Env, Dir: o.Dir, Setsid: o.Setsid, Ctty: o.Ctty}
 	r, err := c.call(m, []int{stdio[0], stdio[1], stdio[2], mntns}, exit)
 	if err != nil {
 		return nil, err

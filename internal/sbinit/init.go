@@ -25,10 +25,16 @@ type Config struct {
 	// Root is an empty directory (on the host) that init mounts a tmpfs on and
 	// pivots into; it becomes the base mount namespace's root.
 	Root string `json:"root"`
+	// TaskFDs are fds (inherited) on the "tasks" files of the sandbox's v1 cgroups:
+	// each spawn thread writes "0" into them before it forks (StartOptions.CgroupTasks).
+	TaskFDs []int `json:"task_fds,omitempty"`
 }
 
 // ctlFD is the init's end of the control socketpair (ExtraFiles[0]).
 const ctlFD = 3
+
+// taskFDs are Config.TaskFDs: the v1 cgroups (limits) each spawned process starts in.
+var taskFDs []int
 
 // Main runs the init. It does not return.
 func Main(arg string) {
@@ -39,10 +45,24 @@ func Main(arg string) {
 	if os.Getpid() != 1 {
 		fatal("init must be PID 1 of a new PID namespace (got pid %d)", os.Getpid())
 	}
+	for _, fd := range cfg.TaskFDs {
+		unix.CloseOnExec(fd) // commands must not inherit them
+	}
+	taskFDs = cfg.TaskFDs
 	// Reap from the start: SIGCHLD must not be lost between setup and serve.
 	sigc := make(chan os.Signal, 16)
 	signal.Notify(sigc, unix.SIGCHLD)
-	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGPIPE)
+	// Ignored dispositions survive exec: a daemon started from a script in the
+	// background has SIGINT and SIGQUIT ignored, and so would every command of the
+	// sandbox (^C in a session would do nothing). Handling them here makes exec reset
+	// them to the default in every child. As PID 1 of its namespace, init receives only
+	// signals it handles, and drops these.
+	drop := make(chan os.Signal, 4)
+	signal.Notify(drop, unix.SIGINT, unix.SIGQUIT, unix.SIGTERM, unix.SIGHUP, unix.SIGPIPE, unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU)
+	go func() {
+		for range drop {
+		}
+	}()
 	if err := setupRoot(&cfg); err != nil {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
@@ -293,6 +313,17 @@ func spawn(m *Message, fds []int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		// Join the sandbox's limits, this thread only (v1 places threads; "0" is the
+		// writer): the child inherits them, init's other threads stay outside, so a
+		// command at its pids limit cannot stop init from making threads. While the
+		// thread is locked the Go runtime makes no threads from it (newm delegates
+		// to its template thread).
+		for _, fd := range taskFDs {
+			if _, err := unix.Write(fd, []byte("0")); err != nil {
+				ch <- result{0, fmt.Errorf("join the sandbox's cgroup (limits): %w", err)}
+				return
+			}
+		}
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			ch <- result{0, fmt.Errorf("unshare CLONE_FS: %w", err)}
 			return
@@ -318,7 +349,7 @@ func spawn(m *Message, fds []int) (int, error) {
 			Dir:   dir,
 			Env:   m.Env,
 			Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
-			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid},
+			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid, Setctty: m.Setsid && m.Ctty, Ctty: 0},
 		})
 		if err != nil {
 			err = fmt.Errorf("exec %s: %w", m.Argv[0], err)

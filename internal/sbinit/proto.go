@@ -41,6 +41,7 @@ type Message struct {
 	Env    []string `json:"env,omitempty"`
 	Dir    string   `json:"dir,omitempty"`
 	Setsid bool     `json:"setsid,omitempty"`
+	Ctty   bool     `json:"ctty,omitempty"` // with Setsid: stdin (a pty) becomes the controlling terminal
 
 	// signal / exit / spawn reply
 	Pid    int  `json:"pid,omitempty"`

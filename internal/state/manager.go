@@ -42,6 +42,8 @@ import (
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
+	"deltabox/internal/session"
 	"deltabox/internal/store"
 )
 
@@ -77,11 +79,18 @@ type sb struct {
 	err  error // why rt is nil (start failed after a daemon restart)
 	seq  uint64
 
-	mu      sync.Mutex
-	execs   int
-	removed bool
+	mu          sync.Mutex
+	execs       int
+	removed     bool
+	sessions    map[string]*session.Session
+	sessionOpts map[string]SessionOptions
+	ended       map[string]string // sessions a checkpoint/restore ended, and why
 
 	stats Stats
+}
+
+func newSB(r store.Sandbox) *sb {
+	return &sb{rec: r, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}}
 }
 
 // Stats counts what happened to a sandbox.
@@ -106,6 +115,11 @@ func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 		g := &cgroup.Group{Path: filepath.Join(cgroup.Root, id)}
 		if err := g.Destroy(5 * time.Second); err != nil {
 			log.Warn("stale sandbox cgroup", "id", id, "err", err)
+		}
+	}
+	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
+		if err := cgroup.OpenV1(id).Destroy(5 * time.Second); err != nil {
+			log.Warn("stale sandbox cgroup (v1)", "id", id, "err", err)
 		}
 	}
 	for _, r := range st.Sweep(nodes, sbs) {
@@ -139,7 +153,7 @@ func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 		}
 	}
 	for _, r := range sbs {
-		s := &sb{rec: r}
+		s := newSB(r)
 		m.sandboxes[r.ID] = s
 		if r.Upper > m.nextLayer {
 			m.nextLayer = r.Upper
@@ -170,6 +184,7 @@ func (m *Manager) Close() error {
 			s.rt.Destroy()
 			s.rt = nil
 		}
+		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()
 	}
 	return m.st.Close()
@@ -183,6 +198,11 @@ type CreateOptions struct {
 	Image    string `json:"image,omitempty"`
 	Workdir  string `json:"workdir,omitempty"`
 	Hostname string `json:"hostname,omitempty"`
+	// Limits (0: the default; see cgroup.DefaultLimits and docs/API.md). MemoryMB is
+	// in MiB.
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
 }
 
 // SandboxInfo is what the API shows of a sandbox.
@@ -193,6 +213,8 @@ type SandboxInfo struct {
 	Error   string `json:"error,omitempty"` // why broken
 	Stats   Stats  `json:"stats"`
 	Durable bool   `json:"durable"`
+	// Usage of the limits (store.Sandbox.Limits) by the sandbox's commands, when running.
+	Usage *cgroup.Usage `json:"usage,omitempty"`
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -228,6 +250,13 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	if o.Hostname == "" {
 		o.Hostname = o.ID
 	}
+	if o.MemoryMB > 1<<40 { // 1 EiB: far over any host's RAM (Check refuses it), and no overflow
+		o.MemoryMB = 1 << 40
+	}
+	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
+	if err := lim.Check(); err != nil {
+		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
+	}
 	m.mu.Lock()
 	if _, ok := m.sandboxes[o.ID]; ok {
 		m.mu.Unlock()
@@ -237,7 +266,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := &sb{rec: store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC()}}
+	s := newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC()})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -246,6 +275,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
 	if err == nil {
 		s.rec.Upper = upper
+		s.rec.Limits = lim.WithDefaults()
 		err = m.boot(s)
 	}
 	if err != nil {
@@ -280,7 +310,8 @@ func (m *Manager) boot(s *sb) error {
 	if err := m.st.ResetWork(s.rec.Upper); err != nil {
 		return fmt.Errorf("reset the upper's workdir: %w", err)
 	}
-	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir)
+	s.rec.Limits = s.rec.Limits.WithDefaults() // records older than limits
+	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits)
 	if err != nil {
 		return err
 	}
@@ -330,13 +361,21 @@ func (m *Manager) lockLive(s *sb) error {
 		s.opMu.Unlock()
 		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, err, errdefs.ErrConflict)
 	}
+	if !s.rt.Alive() {
+		s.opMu.Unlock()
+		return fmt.Errorf("sandbox %s is broken: its init died (killed from outside the daemon?); its files are intact: remove it with deltabox rm: %w", s.rec.ID, errdefs.ErrConflict)
+	}
 	return nil
 }
 
 func (m *Manager) info(s *sb) *SandboxInfo {
 	in := &SandboxInfo{Sandbox: s.rec, Status: "running", Durable: m.st.Index.Durable(s.seq)}
-	if s.rt != nil {
+	if s.rt != nil && !s.rt.Alive() {
+		in.Status, in.Error = "broken", "its init died (killed from outside the daemon?); remove it with deltabox rm"
+	} else if s.rt != nil {
 		in.InitPid = s.rt.InitPid()
+		u := s.rt.Usage()
+		in.Usage = &u
 	} else {
 		in.Status = "broken"
 		if s.err != nil {
@@ -399,6 +438,7 @@ func (m *Manager) Remove(id string) error {
 		derr = s.rt.Destroy()
 		s.rt = nil
 	}
+	m.endSessions(s, "sandbox removed")
 	m.mu.Lock()
 	delete(m.sandboxes, id)
 	m.mu.Unlock()
@@ -431,6 +471,15 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		return nil, err
 	}
 	rt := s.rt
+	var sess *session.Session
+	var restarted bool
+	if r.Session != "" {
+		var err error
+		if sess, restarted, err = m.sessionFor(s, r.Session); err != nil {
+			s.opMu.Unlock()
+			return nil, err
+		}
+	}
 	if r.Dir == "" {
 		r.Dir = s.rec.Workdir
 	} else if !filepath.IsAbs(r.Dir) {
@@ -446,8 +495,18 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		s.execs--
 		s.mu.Unlock()
 	}()
+	if sess != nil {
+		res, err := m.execSession(ctx, sess, r)
+		if res != nil {
+			res.Session, res.SessionRestarted = r.Session, restarted
+		}
+		return res, err
+	}
 	res, err := rt.Exec(ctx, r)
-	if err != nil {
+	if errors.Is(err, sbinit.ErrInitGone) {
+		return nil, fmt.Errorf("sandbox %s: %v; remove it with deltabox rm: %w", id, err, errdefs.ErrConflict)
+	}
+	if err != nil { // the command could not start: not found, bad directory
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
 	}
 	return res, nil

@@ -168,6 +168,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	if err != nil {
 		return nil, err
 	}
+	m.endSessions(s, "ended by a checkpoint (process state is not kept yet)")
 	res := &OpResult{Sandbox: id, Killed: killed}
 	tp := t0
 	res.phase("kill", &tp)
@@ -316,6 +317,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	if err != nil {
 		return nil, err
 	}
+	m.endSessions(s, "ended by a restore (process state is not kept yet)")
 	res := &OpResult{Sandbox: id, Killed: killed}
 	tp := t0
 	res.phase("kill", &tp)

@@ -31,6 +31,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
 )
 
@@ -61,6 +62,9 @@ type Sandbox struct {
 	Workdir  string    `json:"workdir"`
 	Hostname string    `json:"hostname"`
 	Created  time.Time `json:"created"`
+	// Limits are resolved at create time (no zero field) and applied again whenever the
+	// sandbox starts; zero fields in records older than limits mean the defaults.
+	Limits cgroup.Limits `json:"limits"`
 }
 
 // Image is an imported image.

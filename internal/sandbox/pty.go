@@ -1,0 +1,61 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/sbinit"
+)
+
+// Winsize is the terminal size sessions start with: wide enough that tools do not wrap
+// their output for an 80-column terminal.
+var Winsize = unix.Winsize{Row: 50, Col: 200}
+
+// OpenPTY opens a pseudo-terminal in the sandbox's own devpts instance (so the
+// sandbox's processes see it as /dev/pts/N) and returns the master and the slave.
+func (s *Sandbox) OpenPTY() (master, slave *os.File, err error) {
+	// The init's root is the base namespace's tmpfs, whose /dev/pts is the sandbox's
+	// devpts; /proc/PID/root reaches it from the daemon.
+	ptmx := "/proc/" + strconv.Itoa(s.InitPid()) + "/root/dev/pts/ptmx"
+	mfd, err := unix.Open(ptmx, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the sandbox's ptmx: %w", err)
+	}
+	if err := unix.IoctlSetPointerInt(mfd, unix.TIOCSPTLCK, 0); err != nil {
+		unix.Close(mfd)
+		return nil, nil, fmt.Errorf("unlock pty: %w", err)
+	}
+	// TIOCGPTPEER opens the slave from the master, with no path lookup.
+	sfd2, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(mfd), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+	if errno != 0 {
+		unix.Close(mfd)
+		return nil, nil, fmt.Errorf("open pty slave: %w", errno)
+	}
+	if err := unix.IoctlSetWinsize(mfd, unix.TIOCSWINSZ, &Winsize); err != nil {
+		unix.Close(mfd)
+		unix.Close(int(sfd2))
+		return nil, nil, fmt.Errorf("set window size: %w", err)
+	}
+	return os.NewFile(uintptr(mfd), "ptmx"), os.NewFile(sfd2, "pts"), nil
+}
+
+// SpawnSession starts a session leader whose stdio and controlling terminal is the
+// pty slave, in the current state.
+func (s *Sandbox) SpawnSession(argv, env []string, dir string, slave *os.File) (*sbinit.Process, error) {
+	ns, err := s.StateNS()
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(ns)
+	env = append(append([]string{"HOSTNAME=" + s.Hostname}, DefaultEnv...), env...)
+	fd := int(slave.Fd())
+	return s.init.Spawn(sbinit.SpawnOptions{Argv: argv, Env: env, Dir: dir, Setsid: true, Ctty: true}, [3]int{fd, fd, fd}, ns)
+}
+
+// Signal sends sig to a process (or its group) of the sandbox, by its PID there.
+func (s *Sandbox) Signal(pid int, sig unix.Signal, group bool) error {
+	return s.init.Signal(pid, sig, group)
+}

@@ -1,0 +1,452 @@
+// Package session keeps long-lived processes on a pseudo-terminal inside a sandbox: a
+// bash shell or a python interpreter whose state (cwd, variables, functions, aliases,
+// history; python globals) persists across calls, or any long-lived command.
+//
+// Protocol. A call's code is sent base64-encoded, in lines short enough for the
+// terminal's canonical-mode line buffer (4095 bytes), and the process answers with a
+// sentinel "\x1eDBX:<id>:<status>\x1e" after the code ran: bash prints it from
+// PROMPT_COMMAND, python from a small driver loop. Everything the terminal shows
+// between the last line sent and the sentinel is the call's output (stdout and stderr
+// merged, as on any terminal). A timeout types ^C, which the line discipline turns into
+// SIGINT for the foreground process group: the command is interrupted and the session
+// lives on.
+//
+// Concurrency: one call at a time per session (ErrBusy otherwise). One goroutine
+// (readLoop) owns reading the master; mu guards the buffer and the state it feeds.
+package session
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/sandbox"
+)
+
+// Kind is what runs in a session.
+type Kind string
+
+const (
+	Bash    Kind = "bash"
+	Python  Kind = "python"
+	Command Kind = "command" // any long-lived command; output is kept, calls are refused
+)
+
+// ErrBusy: a call is already running in the session.
+var ErrBusy = errors.New("session busy")
+
+// ErrNotCallable: the session runs a plain command, which has no call protocol.
+var ErrNotCallable = errors.New("not a shell or interpreter session")
+
+// logCap bounds what a command session keeps of its output (the tail).
+const logCap = 1 << 20
+
+// chunk is how much base64 goes on one line.
+const chunk = 3000
+
+// Info is what the API shows of a session.
+type Info struct {
+	Name    string    `json:"name"`
+	Kind    Kind      `json:"kind"`
+	Argv    []string  `json:"argv"`
+	Pid     int       `json:"pid"` // in the sandbox
+	Started time.Time `json:"started"`
+	Running bool      `json:"running"`
+	Busy    bool      `json:"busy"`
+	Exit    string    `json:"exit,omitempty"` // how it ended
+}
+
+// Session is one session.
+type Session struct {
+	name    string
+	kind    Kind
+	argv    []string
+	pid     int
+	started time.Time
+	rt      *sandbox.Sandbox
+	master  *os.File
+
+	mu     sync.Mutex // guards everything below
+	cond   *sync.Cond
+	buf    []byte // output not yet consumed by a call (command sessions: the tail)
+	dead   bool
+	exit   string
+	busy   bool
+	seq    int
+	closed bool
+}
+
+var pythonDriver = `
+import sys, base64, ast, traceback, termios, signal
+try:
+    a = termios.tcgetattr(0); a[3] &= ~termios.ECHO; termios.tcsetattr(0, termios.TCSANOW, a)
+except Exception:
+    pass
+g = {"__name__": "__main__", "__builtins__": __builtins__}
+buf = []
+def run(src):
+    tree = ast.parse(src, "<session>", "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, "<session>", "exec"), g)
+    if last is not None:
+        v = eval(compile(last, "<session>", "eval"), g)
+        if v is not None:
+            print(repr(v))
+def report():
+    # The traceback of the user's code only, without this driver's frames.
+    t, v, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_code.co_filename != "<session>":
+        tb = tb.tb_next
+    traceback.print_exception(t, v, tb)
+sys.stdout.write("\x1eDBX:ready:0\x1e"); sys.stdout.flush()
+while True:
+    try:
+        line = sys.stdin.readline()
+    except KeyboardInterrupt:
+        continue
+    if not line:
+        break
+    line = line.strip()
+    if line.startswith("C"):
+        buf.append(line[1:]); continue
+    if not line.startswith("R"):
+        continue
+    cid, rc = line[1:], 0
+    src = base64.b64decode("".join(buf)).decode(); buf = []
+    try:
+        run(src)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        report(); rc = 130
+    except BaseException:
+        report(); rc = 1
+    sys.stdout.flush(); sys.stderr.flush()
+    sys.stdout.write("\x1eDBX:%s:%d\x1e" % (cid, rc)); sys.stdout.flush()
+`
+
+// bashSetup turns the interactive shell into a call server. The leading space keeps
+// protocol lines out of history (HISTCONTROL=ignorespace).
+const bashSetup = ` stty -echo; HISTCONTROL=ignorespace; PS1=''; PS2=''; PROMPT_COMMAND='__db_rc=$?; printf "\036DBX:%s:%s\036" "$__db_id" "$__db_rc"'; __db_id=ready` + "\n"
+
+// Start starts a session in the sandbox's current state.
+func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir string, env []string) (*Session, error) {
+	switch kind {
+	case Bash:
+		argv = []string{"bash", "--norc", "--noprofile", "--noediting", "-i"}
+	case Python:
+		argv = []string{"python3", "-u", "-q", "-c", pythonDriver}
+	case Command:
+		if len(argv) == 0 {
+			return nil, fmt.Errorf("a command session needs a command")
+		}
+	default:
+		return nil, fmt.Errorf("unknown session kind %q (bash, python or command)", kind)
+	}
+	master, slave, err := rt.OpenPTY()
+	if err != nil {
+		return nil, err
+	}
+	// HISTCONTROL from the start, so that even the setup line stays out of history.
+	env = append([]string{"TERM=xterm", "HISTCONTROL=ignorespace"}, env...)
+	p, err := rt.SpawnSession(argv, env, dir, slave)
+	slave.Close()
+	if err != nil {
+		master.Close()
+		return nil, err
+	}
+	shown := argv
+	if kind == Python {
+		shown = []string{"python3"} // not the driver's source
+	}
+	s := &Session{name: name, kind: kind, argv: shown, pid: p.Pid, started: time.Now().UTC(), rt: rt, master: master}
+	s.cond = sync.NewCond(&s.mu)
+	go s.readLoop()
+	go func() {
+		ws, ok := <-p.Exit
+		s.mu.Lock()
+		s.dead = true
+		switch {
+		case !ok:
+			s.exit = "the sandbox's init is gone"
+		case ws.Signaled():
+			s.exit = "killed by " + ws.Signal().String()
+		default:
+			s.exit = "exited with status " + strconv.Itoa(ws.ExitStatus())
+		}
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}()
+	if kind == Bash {
+		if _, err := master.WriteString(bashSetup); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	if kind != Command {
+		// Wait for the ready sentinel, then drop what came before it.
+		if _, _, err := s.await(context.Background(), "ready", 10*time.Second, 0, nil); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("session %s did not come up: %w", name, err)
+		}
+	}
+	return s, nil
+}
+
+func (s *Session) readLoop() {
+	b := make([]byte, 32<<10)
+	for {
+		n, err := s.master.Read(b)
+		s.mu.Lock()
+		if n > 0 {
+			s.buf = append(s.buf, b[:n]...)
+			if s.kind == Command && len(s.buf) > logCap {
+				s.buf = append([]byte(nil), s.buf[len(s.buf)-logCap:]...)
+			}
+		}
+		if err != nil {
+			// EIO once every holder of the slave is gone.
+			s.dead = true
+			if s.exit == "" {
+				s.exit = "terminal closed"
+			}
+		}
+		s.cond.Broadcast()
+		s.mu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+var sentinelRE = regexp.MustCompile("\x1eDBX:([^:\x1e]*):(-?[0-9]+)\x1e")
+
+// Result is one call's outcome.
+type Result struct {
+	ExitCode  int
+	Output    string
+	Truncated bool
+	TimedOut  bool
+	Duration  time.Duration
+}
+
+// Run runs code in the session and waits for it. onOutput, if set, receives output as
+// it arrives. limit caps the kept output (0: 1 MiB).
+func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, limit int, onOutput func([]byte)) (*Result, error) {
+	if s.kind == Command {
+		return nil, fmt.Errorf("session %s runs %q: %w", s.name, s.argv, ErrNotCallable)
+	}
+	if limit <= 0 {
+		limit = sandbox.DefaultOutputLimit
+	}
+	s.mu.Lock()
+	if s.busy {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("session %s is running another call: %w", s.name, ErrBusy)
+	}
+	if s.dead {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("session %s has ended (%s)", s.name, s.exit)
+	}
+	s.busy = true
+	s.seq++
+	id := "c" + strconv.Itoa(s.seq)
+	s.buf = s.buf[:0]
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.busy = false
+		s.mu.Unlock()
+	}()
+
+	enc := base64.StdEncoding.EncodeToString([]byte(code))
+	var w bytes.Buffer
+	switch s.kind {
+	case Bash:
+		w.WriteString(" __db_b=\n")
+		for i := 0; i < len(enc); i += chunk {
+			fmt.Fprintf(&w, " __db_b+=%s\n", enc[i:min(i+chunk, len(enc))])
+		}
+		fmt.Fprintf(&w, ` __db_id=%s; __db_c=$(printf %%s "$__db_b" | base64 -d); history -s -- "$__db_c"; eval "$__db_c"`+"\n", id)
+	case Python:
+		for i := 0; i < len(enc); i += chunk {
+			fmt.Fprintf(&w, "C%s\n", enc[i:min(i+chunk, len(enc))])
+		}
+		fmt.Fprintf(&w, "R%s\n", id)
+	}
+	start := time.Now()
+	if _, err := s.master.Write(w.Bytes()); err != nil {
+		return nil, fmt.Errorf("write to session %s: %w", s.name, err)
+	}
+	out, rc, err := s.await(ctx, id, timeout, limit, onOutput)
+	res := &Result{ExitCode: rc, Duration: time.Since(start)}
+	if errors.Is(err, errTimeout) {
+		res.TimedOut = true
+		// Interrupt the command, not the session: ^C reaches the foreground group.
+		s.master.Write([]byte{0x03})
+		out2, rc2, err2 := s.await(context.Background(), id, 5*time.Second, limit, onOutput)
+		out = append(out, out2...)
+		res.ExitCode = rc2
+		if err2 != nil {
+			// It ignored SIGINT: kill the terminal's foreground group if it is not the
+			// session itself.
+			if pg, e := unix.IoctlGetInt(int(s.master.Fd()), unix.TIOCGPGRP); e == nil && pg > 1 {
+				unix.Kill(-pg, unix.SIGKILL)
+			}
+			out3, rc3, err3 := s.await(context.Background(), id, 5*time.Second, limit, onOutput)
+			out, res.ExitCode = append(out, out3...), rc3
+			if err3 != nil {
+				return nil, fmt.Errorf("session %s did not come back after its command timed out: %w", s.name, err3)
+			}
+		}
+		marker := fmt.Sprintf("\n[deltabox: command timed out after %v and was interrupted; the session lives on]\n", timeout)
+		out = append(out, marker...)
+		if onOutput != nil {
+			onOutput([]byte(marker))
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	res.Output = string(out)
+	if len(res.Output) > limit {
+		res.Output = res.Output[:limit] + fmt.Sprintf("\n[deltabox: output truncated at %d bytes; %d more bytes dropped]\n", limit, len(res.Output)-limit)
+		res.Truncated = true
+	}
+	return res, nil
+}
+
+var errTimeout = errors.New("timed out")
+
+// await collects output until the sentinel of call id and returns it (without
+// sentinels, with "\r\n" turned into "\n") and the status.
+func (s *Session) await(ctx context.Context, id string, timeout time.Duration, limit int, onOutput func([]byte)) ([]byte, int, error) {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	expired := false
+	go func() {
+		select {
+		case <-deadline:
+		case <-ctx.Done():
+		case <-stop:
+			return
+		}
+		s.mu.Lock()
+		expired = true
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}()
+	var out []byte
+	sent := 0
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		// Consume whole sentinels; keep a trailing partial one for the next read.
+		for {
+			loc := sentinelRE.FindSubmatchIndex(s.buf)
+			if loc == nil {
+				break
+			}
+			out = append(out, s.buf[:loc[0]]...)
+			sid := string(s.buf[loc[2]:loc[3]])
+			rc, _ := strconv.Atoi(string(s.buf[loc[4]:loc[5]]))
+			s.buf = s.buf[loc[1]:]
+			if sid == id {
+				s.flush(out, &sent, onOutput)
+				return clean(out), rc, nil
+			}
+		}
+		hold := bytes.IndexByte(s.buf, 0x1e)
+		if hold < 0 {
+			hold = len(s.buf)
+		}
+		out = append(out, s.buf[:hold]...)
+		s.buf = s.buf[hold:]
+		s.flush(out, &sent, onOutput)
+		if limit > 0 && len(out) > 2*limit {
+			// Bounded memory: Run keeps limit bytes and reports the truncation.
+			out = out[:2*limit]
+			sent = min(sent, len(out))
+		}
+		if s.dead {
+			return clean(out), -1, fmt.Errorf("session %s ended during the call (%s)", s.name, s.exit)
+		}
+		if expired {
+			if ctx.Err() != nil {
+				return clean(out), -1, ctx.Err()
+			}
+			return clean(out), -1, errTimeout
+		}
+		s.cond.Wait()
+	}
+}
+
+// flush hands output not yet streamed to onOutput. Precondition: mu held.
+func (s *Session) flush(out []byte, sent *int, onOutput func([]byte)) {
+	if onOutput == nil || len(out) <= *sent {
+		return
+	}
+	onOutput(clean(out[*sent:]))
+	*sent = len(out)
+}
+
+func clean(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n")) }
+
+// Logs returns what a session printed that no call consumed (for a command session:
+// the tail of its output, up to 1 MiB).
+func (s *Session) Logs() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]byte(nil), s.buf...)
+}
+
+// Info describes the session.
+func (s *Session) Info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Info{Name: s.name, Kind: s.kind, Argv: s.argv, Pid: s.pid, Started: s.started, Running: !s.dead, Busy: s.busy, Exit: s.exit}
+}
+
+// Alive reports whether the session's process still runs.
+func (s *Session) Alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.dead
+}
+
+// Close kills the session's process group and releases the terminal.
+func (s *Session) Close() { s.close(true) }
+
+// Release releases the terminal of a session whose processes are already gone (a
+// checkpoint ended them), without a round trip to the sandbox's init.
+func (s *Session) Release() { s.close(false) }
+
+func (s *Session) close(kill bool) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.mu.Unlock()
+	if kill {
+		s.rt.Signal(s.pid, unix.SIGKILL, true)
+	}
+	s.master.Close()
+}
