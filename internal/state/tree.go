@@ -288,7 +288,7 @@ func (m *Manager) measure(id, dir string) {
 	}
 	n.Bytes = b
 	cp := n.Node
-	n.seq = m.st.Index.Apply(store.Op{PutNode: &cp})
+	n.seq = m.st.Index.Apply(store.Op{PutNode: &cp, MetaOnly: true})
 }
 
 // Restore puts the sandbox on node's stack with a fresh upper. Until the process fast

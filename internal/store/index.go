@@ -48,7 +48,10 @@ type Op struct {
 	PutSandbox    *Sandbox
 	DeleteSandbox string
 	After         func() // runs after the transaction that holds the ops before it
-	seq           uint64
+	// MetaOnly marks a PutNode that changes no layer data (a size measured later),
+	// so the committer need not sync the store for it.
+	MetaOnly bool
+	seq      uint64
 }
 
 func openIndex(path string) (*Index, error) {
@@ -207,7 +210,7 @@ func (x *Index) commitTx(ops []Op) error {
 	}
 	needSync := false
 	for _, op := range ops {
-		if op.PutNode != nil && op.PutNode.Own {
+		if op.PutNode != nil && op.PutNode.Own && !op.MetaOnly {
 			needSync = true
 		}
 	}
