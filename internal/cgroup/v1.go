@@ -155,11 +155,11 @@ func (l Limits) Check() error {
 }
 
 // Usage is what a sandbox's processes use, read from its v1 cgroups. Zero when a
-// controller is missing.
+// controller is missing. (memory.failcnt is not reported: this kernel does not count
+// it for v1; the peak reaching the limit and oom_kills say the limit was hit.)
 type Usage struct {
 	MemoryBytes     int64 `json:"memory_bytes"`      // now (memory.usage_in_bytes)
 	MemoryPeakBytes int64 `json:"memory_peak_bytes"` // since the sandbox started
-	MemoryLimitHits int64 `json:"memory_limit_hits"` // charges that hit the limit (memory[.memsw].failcnt)
 	OOMKills        int64 `json:"oom_kills"`         // processes the limit OOM-killed
 	Pids            int64 `json:"pids"`              // processes and threads now (init excluded)
 	PidsPeak        int64 `json:"pids_peak"`
@@ -323,8 +323,6 @@ func (v *V1) Usage() Usage {
 	if d := v.dirs["memory"]; d != "" {
 		u.MemoryBytes = readInt(filepath.Join(d, "memory.usage_in_bytes"))
 		u.MemoryPeakBytes = readInt(filepath.Join(d, "memory.max_usage_in_bytes"))
-		// A charge fails on memory+swap (checked first) or on memory: count both.
-		u.MemoryLimitHits = readInt(filepath.Join(d, "memory.failcnt")) + readInt(filepath.Join(d, "memory.memsw.failcnt"))
 		u.OOMKills = readKey(filepath.Join(d, "memory.oom_control"), "oom_kill")
 	}
 	if d := v.dirs["pids"]; d != "" {
