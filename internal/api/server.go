@@ -99,6 +99,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("GET /v1/images", s.images)
 	h("POST /v1/sync", s.sync)
+	s.filesRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("no route %s %s (see docs/API.md): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
