@@ -299,6 +299,7 @@ func imageCmd() *cobra.Command {
 			return nil
 		},
 	})
+	c.AddCommand(imageImportCmd(), imageRmCmd())
 	return c
 }
 

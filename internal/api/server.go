@@ -98,6 +98,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("GET /v1/nodes/{id}", s.getNode)
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("GET /v1/images", s.images)
+	s.imageRoutes()
 	h("POST /v1/sync", s.sync)
 	s.filesRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {

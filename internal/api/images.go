@@ -1,0 +1,109 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/image"
+	"deltabox/internal/store"
+)
+
+// ImportRequest is the body of POST /v1/images.
+type ImportRequest struct {
+	Name        string `json:"name"`
+	Source      string `json:"source"` // a path on the daemon's host
+	AllowSetuid bool   `json:"allow_setuid,omitempty"`
+	MaxBytes    int64  `json:"max_bytes,omitempty"`   // 0: image.DefaultMaxBytes
+	MaxEntries  int64  `json:"max_entries,omitempty"` // 0: image.DefaultMaxEntries
+}
+
+// ErrorDetail is the inner object of an error body.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ImportEvent is one line of POST /v1/images?progress=1 (NDJSON): progress
+// ({"done":N,"total":M}), then exactly one of {"image":{...}} or {"error":{...}}.
+type ImportEvent struct {
+	Done  *int64       `json:"done,omitempty"`
+	Total *int64       `json:"total,omitempty"`
+	Image *store.Image `json:"image,omitempty"`
+	Error *ErrorDetail `json:"error,omitempty"`
+}
+
+func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
+	var q ImportRequest
+	if err := decode(r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if q.MaxBytes < 0 || q.MaxEntries < 0 {
+		writeErr(w, fmt.Errorf("max_bytes and max_entries must be >= 0: %w", errdefs.ErrInvalid))
+		return
+	}
+	if err := s.m.CheckImport(q.Name, q.Source); err != nil {
+		writeErr(w, err)
+		return
+	}
+	o := image.Options{AllowSetuid: q.AllowSetuid, MaxBytes: q.MaxBytes, MaxEntries: q.MaxEntries}
+	start := time.Now()
+	logResult := func(im *store.Image, err error) {
+		if err != nil {
+			s.log.Warn("image import failed", "name", q.Name, "source", q.Source, "err", err)
+		} else {
+			s.log.Info("image imported", "name", q.Name, "source", im.Source, "bytes", im.Bytes, "duration", time.Since(start))
+		}
+	}
+	if p := r.URL.Query().Get("progress"); p == "" || p == "0" || p == "false" {
+		im, err := s.m.ImportImage(r.Context(), q.Name, q.Source, o, nil)
+		logResult(im, err)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, 201, im)
+		return
+	}
+	// Streamed: the status (200) is sent before the outcome is known; the last line
+	// carries it.
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	fl, _ := w.(http.Flusher)
+	send := func(ev ImportEvent) {
+		enc.Encode(ev)
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	im, err := s.m.ImportImage(r.Context(), q.Name, q.Source, o, func(done, total int64) {
+		send(ImportEvent{Done: &done, Total: &total})
+	})
+	logResult(im, err)
+	if err != nil {
+		_, code := errdefs.HTTPStatus(err)
+		send(ImportEvent{Error: &ErrorDetail{Code: code, Message: err.Error()}})
+		return
+	}
+	send(ImportEvent{Image: im})
+}
+
+func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := s.m.RemoveImage(name); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.log.Info("image removed", "name", name)
+	writeJSON(w, 200, map[string]any{"removed": name})
+}
+
+// imageRoutes registers the image routes other than GET /v1/images.
+func (s *Server) imageRoutes() {
+	s.mux.HandleFunc("POST /v1/images", s.importImage)
+	s.mux.HandleFunc("DELETE /v1/images/{name}", s.removeImage)
+}
