@@ -1,0 +1,56 @@
+"""DeltaBox Python client: sandboxes for LLM agents whose files checkpoint and roll
+back in about a millisecond.
+
+Talks to the DeltaBox daemon over its unix socket (HTTP/1.1 + JSON); standard library
+only, Python 3.9+.
+
+    from deltabox import Sandbox
+
+    with Sandbox.create(image="default", workdir="/workspace") as sb:
+        sb.files.write("hello.py", "print('hi')\\n")
+        r = sb.run("python3 hello.py", timeout=30)
+        print(r.exit_code, r.stdout)
+        ckpt = sb.checkpoint(label="clean")
+        sb.run("rm hello.py")
+        sb.restore(ckpt)                  # hello.py is back
+        for child in ckpt.fork(count=2):  # two more sandboxes on that checkpoint
+            with child:
+                child.run("python3 hello.py").check()
+
+The daemon's socket is $DELTABOX_SOCKET, else /run/deltabox/deltabox.sock; or pass
+``Client(socket_path=...)`` as ``client=``.
+"""
+
+from ._http import DEFAULT_SOCKET
+from .client import Client, default_client
+from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
+                     NotFound, RequestTimeout, Unavailable)
+from .models import Checkpoint, FileInfo, Listing, Node, Result, Tree
+from .sandbox import Files, Session, Sessions, Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "Checkpoint",
+    "Client",
+    "CommandError",
+    "Conflict",
+    "DaemonUnreachable",
+    "DeltaBoxError",
+    "FileInfo",
+    "Files",
+    "InvalidRequest",
+    "Listing",
+    "Node",
+    "NotFound",
+    "RequestTimeout",
+    "Result",
+    "Sandbox",
+    "Session",
+    "Sessions",
+    "Tree",
+    "Unavailable",
+    "default_client",
+    "__version__",
+]

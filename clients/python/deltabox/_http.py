@@ -1,0 +1,255 @@
+"""HTTP/1.1 over the daemon's unix socket: a small keep-alive connection pool on
+http.client, JSON bodies, and the mapping of error answers to exceptions."""
+
+import http.client
+import json
+import os
+import socket
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import quote, urlencode
+
+from .errors import DaemonUnreachable, DeltaBoxError, RequestTimeout, from_answer
+
+DEFAULT_SOCKET = "/run/deltabox/deltabox.sock"
+API_PREFIX = "/v1"
+
+# Sentinel: use the transport's default timeout.
+DEFAULT = object()
+
+
+def socket_path_from_env(socket_path: Optional[str] = None) -> str:
+    """socket_path, else $DELTABOX_SOCKET, else the default socket."""
+    return socket_path or os.environ.get("DELTABOX_SOCKET") or DEFAULT_SOCKET
+
+
+def q(part: str) -> str:
+    """Quote one path segment (ids, names)."""
+    return quote(str(part), safe="")
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("deltabox", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(self.timeout)
+            s.connect(self.unix_path)
+        except BaseException:
+            s.close()
+            raise
+        self.sock = s
+
+    def set_timeout(self, timeout: Optional[float]) -> None:
+        self.timeout = timeout
+        if self.sock is not None:
+            self.sock.settimeout(timeout)
+
+
+# Errors that mean the peer closed a kept-alive connection.
+_DISCONNECTS = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                ConnectionAbortedError)
+
+
+class Transport:
+    """Sends requests to one daemon. Thread-safe: each request takes a connection of
+    its own from a pool of idle kept-alive ones (or opens one)."""
+
+    def __init__(self, socket_path: str, timeout: Optional[float] = 300.0,
+                 max_idle: int = 8) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.max_idle = max_idle
+        self._idle = []  # type: List[_UnixConnection]
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---- pool ----
+
+    def _acquire(self) -> Tuple[_UnixConnection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return _UnixConnection(self.socket_path, self.timeout), False
+
+    def _release(self, conn: _UnixConnection, resp: Optional[http.client.HTTPResponse]) -> None:
+        if resp is not None and resp.will_close:
+            conn.close()
+            return
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Closes the idle connections (requests in flight finish)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    # ---- requests ----
+
+    def url(self, path: str, query: Optional[Dict[str, Any]] = None) -> str:
+        u = API_PREFIX + path
+        if query:
+            u += "?" + urlencode([(k, v) for k, v in query.items() if v is not None])
+        return u
+
+    def _unreachable(self, err: BaseException) -> DaemonUnreachable:
+        p = self.socket_path
+        if isinstance(err, FileNotFoundError):
+            why = "no socket at %s" % p
+        elif isinstance(err, ConnectionRefusedError):
+            why = "%s refuses connections (a daemon that stopped left it behind?)" % p
+        elif isinstance(err, PermissionError):
+            return DaemonUnreachable(
+                "cannot open the DeltaBox daemon's socket %s: permission denied (it is "
+                "root-only, mode 0600: run as root)" % p)
+        else:
+            why = "%s: %s" % (p, err)
+        return DaemonUnreachable(
+            "cannot reach the DeltaBox daemon: %s. Start it with `deltabox daemon` (as "
+            "root), or point DELTABOX_SOCKET / Client(socket_path=...) at its socket."
+            % why)
+
+    def open(self, method: str, path: str, query: Optional[Dict[str, Any]] = None,
+             body: Optional[bytes] = None, content_type: Optional[str] = None,
+             timeout: Any = DEFAULT) -> Tuple[_UnixConnection, http.client.HTTPResponse]:
+        """Sends a request and returns the connection and its response (status < 300)
+        with the body unread; the caller reads it then calls finish(). Error answers
+        are raised as exceptions."""
+        if timeout is DEFAULT:
+            timeout = self.timeout
+        url = self.url(path, query)
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        for attempt in range(2):
+            conn, reused = self._acquire()
+            conn.set_timeout(timeout)
+            try:
+                conn.request(method, url, body=body, headers=headers)
+                resp = conn.getresponse()
+            except (FileNotFoundError, ConnectionRefusedError, PermissionError) as e:
+                conn.close()
+                raise self._unreachable(e) from None
+            except socket.timeout:
+                conn.close()
+                raise RequestTimeout(
+                    "the DeltaBox daemon on %s did not answer %s %s within %ss"
+                    % (self.socket_path, method, url, timeout)) from None
+            except _DISCONNECTS as e:
+                conn.close()
+                # A kept-alive connection the daemon had closed: the request never
+                # reached it, so sending it again on a new connection is safe.
+                if reused and attempt == 0:
+                    continue
+                raise DaemonUnreachable(
+                    "the DeltaBox daemon on %s hung up before answering %s %s (%s): did "
+                    "it stop? See its log." % (self.socket_path, method, url, e)) from None
+            except OSError as e:
+                conn.close()
+                raise self._unreachable(e) from None
+            except http.client.HTTPException as e:
+                conn.close()
+                raise DeltaBoxError("protocol", "bad HTTP answer from the DeltaBox daemon "
+                                    "to %s %s: %r" % (method, url, e)) from None
+            if resp.status >= 300:
+                try:
+                    data = self._read(conn, resp, method, url)
+                finally:
+                    self._release(conn, resp)
+                raise self._error(resp.status, data)
+            return conn, resp
+        raise AssertionError("unreachable")
+
+    def _read(self, conn: _UnixConnection, resp: http.client.HTTPResponse,
+              method: str, url: str) -> bytes:
+        try:
+            return resp.read()
+        except socket.timeout:
+            conn.close()
+            raise RequestTimeout("the DeltaBox daemon's answer to %s %s stalled" % (method, url)) from None
+        except (http.client.IncompleteRead,) + _DISCONNECTS as e:
+            conn.close()
+            raise DaemonUnreachable(
+                "the DeltaBox daemon on %s hung up in the middle of its answer to %s %s "
+                "(%s)" % (self.socket_path, method, url, e)) from None
+
+    @staticmethod
+    def _error(status: int, data: bytes) -> DeltaBoxError:
+        try:
+            e = json.loads(data.decode("utf-8"))["error"]
+            return from_answer(status, e.get("code"), e.get("message") or "")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            text = data.decode("utf-8", "replace").strip()
+            return from_answer(status, None, "the daemon answered %d: %s" % (status, text))
+
+    def request(self, method: str, path: str, query: Optional[Dict[str, Any]] = None,
+                body: Optional[bytes] = None, content_type: Optional[str] = None,
+                timeout: Any = DEFAULT) -> Tuple[bytes, http.client.HTTPResponse]:
+        """Sends a request and returns the whole body of a successful answer."""
+        conn, resp = self.open(method, path, query, body, content_type, timeout)
+        try:
+            data = self._read(conn, resp, method, path)
+        except BaseException:
+            conn.close()
+            raise
+        self._release(conn, resp)
+        return data, resp
+
+    def json(self, method: str, path: str, payload: Any = None,
+             query: Optional[Dict[str, Any]] = None, timeout: Any = DEFAULT) -> Any:
+        """Sends payload as JSON (None: no body) and decodes the JSON answer."""
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode("utf-8")
+        data, _ = self.request(method, path, query, body, None, timeout)
+        if not data:
+            return None
+        try:
+            return json.loads(data.decode("utf-8"))
+        except ValueError as e:
+            raise DeltaBoxError("protocol", "the daemon's answer to %s %s is not JSON (%s): %r"
+                                % (method, path, e, data[:200])) from None
+
+    def stream(self, method: str, path: str, payload: Any,
+               timeout: Any = DEFAULT) -> Iterator[Dict[str, Any]]:
+        """Sends payload as JSON and yields the events of an NDJSON answer. Closing the
+        generator early closes the connection (the daemon then ends the command)."""
+        body = json.dumps(payload).encode("utf-8")
+        conn, resp = self.open(method, path, None, body, None, timeout)
+        done = False
+        try:
+            while True:
+                try:
+                    line = resp.readline()
+                except socket.timeout:
+                    raise RequestTimeout("the DeltaBox daemon's stream for %s %s stalled"
+                                         % (method, path)) from None
+                except (http.client.IncompleteRead,) + _DISCONNECTS as e:
+                    raise DaemonUnreachable(
+                        "the DeltaBox daemon on %s hung up in the middle of a stream (%s)"
+                        % (self.socket_path, e)) from None
+                if not line:
+                    break
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    ev = json.loads(line.decode("utf-8"))
+                except ValueError:
+                    raise DeltaBoxError("protocol", "bad stream event from the daemon: %r"
+                                        % line[:200]) from None
+                yield ev
+            done = True
+        finally:
+            if done:
+                self._release(conn, resp)
+            else:
+                conn.close()

@@ -1,0 +1,121 @@
+"""Exceptions raised by the DeltaBox client.
+
+Every error the daemon answers becomes a :class:`DeltaBoxError` (or one of its
+subclasses) that carries the daemon's error ``code`` (``not_found``, ``conflict``,
+``invalid``, ``unavailable``, ``internal``), its ``message`` (which always says what to
+do) and the HTTP ``status``.
+"""
+
+from typing import Any, Optional
+
+
+class DeltaBoxError(Exception):
+    """An error answered by the daemon, or met on the way to it.
+
+    Attributes:
+        code: the daemon's error code (``not_found``, ``conflict``, ``invalid``,
+            ``unavailable``, ``internal``), or a client-side one (``unreachable``,
+            ``timeout``, ``command_failed``, ``protocol``).
+        message: what went wrong and what to do, as the daemon worded it.
+        status: the HTTP status of the answer, or None when there was no answer.
+    """
+
+    def __init__(self, code: str, message: str, status: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return "%s(code=%r, message=%r, status=%r)" % (
+            type(self).__name__, self.code, self.message, self.status)
+
+
+class InvalidRequest(DeltaBoxError):
+    """400 ``invalid``: malformed request, bad id, path or argument."""
+
+
+class NotFound(DeltaBoxError):
+    """404 ``not_found``: unknown sandbox, checkpoint (node), session, file or route."""
+
+
+class Conflict(DeltaBoxError):
+    """409 ``conflict``: busy (a command runs during checkpoint/restore), id already
+    used, a checkpoint a sandbox stands on, a session call already running."""
+
+
+class Unavailable(DeltaBoxError):
+    """503 ``unavailable``: the daemon's store is not set up (run scripts/setup.sh)."""
+
+
+class DaemonUnreachable(DeltaBoxError, ConnectionError):
+    """The daemon's socket is missing, refuses connections, cannot be opened, or the
+    daemon hung up before answering."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unreachable", message, None)
+
+
+class RequestTimeout(DeltaBoxError, TimeoutError):
+    """The daemon did not answer within the client's timeout. (A command's own
+    ``timeout=`` is not this: it returns a Result with ``timed_out`` set.)"""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("timeout", message, None)
+
+
+class CommandError(DeltaBoxError):
+    """Raised by :meth:`Result.check` when a command exited non-zero or timed out.
+
+    ``result`` is the :class:`~deltabox.Result`; ``exit_code``, ``stdout`` and
+    ``stderr`` are copied from it.
+    """
+
+    def __init__(self, result: Any, argv: Any = None) -> None:
+        self.result = result
+        self.argv = argv
+        self.exit_code = result.exit_code
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        what = "command %r" % (argv,) if argv is not None else "command"
+        if result.timed_out:
+            msg = "%s timed out" % what
+        else:
+            msg = "%s exited with status %d" % (what, result.exit_code)
+        tail = (result.stderr or result.stdout or "").strip()
+        if tail:
+            if len(tail) > 2000:
+                tail = "..." + tail[-2000:]
+            msg += ":\n" + tail
+        super().__init__("command_failed", msg, None)
+
+
+_BY_CODE = {
+    "invalid": InvalidRequest,
+    "not_found": NotFound,
+    "conflict": Conflict,
+    "unavailable": Unavailable,
+}
+
+_CODE_BY_STATUS = {
+    400: "invalid",
+    404: "not_found",
+    409: "conflict",
+    503: "unavailable",
+    500: "internal",
+}
+
+_STATUS_BY_CODE = {v: k for k, v in _CODE_BY_STATUS.items()}
+
+
+def from_answer(status: Optional[int], code: Optional[str], message: str) -> DeltaBoxError:
+    """The exception for an error answer (status and/or code known)."""
+    if not code:
+        code = _CODE_BY_STATUS.get(status or 0, "internal")
+    if status is None:
+        status = _STATUS_BY_CODE.get(code, 500)
+    cls = _BY_CODE.get(code, DeltaBoxError)
+    return cls(code, message, status)

@@ -1,0 +1,405 @@
+"""The values the client returns: Result, Checkpoint (a node of the snapshot tree),
+Tree, FileInfo and Listing."""
+
+import datetime as _dt
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+
+from .errors import CommandError, NotFound
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+    from .sandbox import Sandbox
+
+_TIME_RE = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+def parse_time(s: Any) -> Optional[_dt.datetime]:
+    """Parses the daemon's RFC 3339 times (nanoseconds, "Z") into an aware datetime;
+    None for empty or unparsable values. (datetime.fromisoformat of Python 3.9 takes
+    neither "Z" nor 9 fractional digits.)"""
+    if not isinstance(s, str) or not s:
+        return None
+    m = _TIME_RE.match(s)
+    if not m:
+        return None
+    y, mo, d, h, mi, sec, frac, tz = m.groups()
+    us = int((frac or "0")[:6].ljust(6, "0"))
+    if tz is None or tz == "Z":
+        tzinfo = _dt.timezone.utc
+    else:
+        sign = -1 if tz[0] == "-" else 1
+        hh, mm = int(tz[1:3]), int(tz[-2:])
+        tzinfo = _dt.timezone(sign * _dt.timedelta(hours=hh, minutes=mm))
+    try:
+        return _dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), us, tzinfo=tzinfo)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Result:
+    """What a command returned. Like subprocess.run, a non-zero exit code is not an
+    exception: call :meth:`check` for that.
+
+    Attributes:
+        exit_code: the command's status; -1 when it was killed by a signal
+            (``signal`` says which), e.g. on timeout.
+        stdout, stderr: its output, decoded as UTF-8 by the daemon (invalid bytes
+            become U+FFFD). In a session, stdout is the terminal's merged output and
+            stderr is empty.
+        duration: seconds the command took, measured by the daemon.
+        timed_out: the timeout was reached: a plain command's process group was
+            killed; a session's command was interrupted (^C) and the session lives on.
+        truncated: stdout or stderr went over the output limit and was cut (with a
+            visible marker at the end).
+        session_restarted: the session had been ended by a checkpoint or restore and
+            was started again for this call (its state is gone).
+    """
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+    session_restarted: bool = False
+    signal: Optional[int] = None
+    session: Optional[str] = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    argv: Optional[List[str]] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any], argv: Optional[List[str]] = None) -> "Result":
+        so, se = bool(d.get("stdout_truncated")), bool(d.get("stderr_truncated"))
+        return cls(
+            exit_code=int(d.get("exit_code", -1)),
+            stdout=d.get("stdout") or "",
+            stderr=d.get("stderr") or "",
+            duration=float(d.get("duration_ms") or 0.0) / 1000.0,
+            timed_out=bool(d.get("timed_out")),
+            truncated=so or se,
+            session_restarted=bool(d.get("session_restarted")),
+            signal=d.get("signal") or None,
+            session=d.get("session") or None,
+            stdout_truncated=so,
+            stderr_truncated=se,
+            argv=argv,
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and no timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    def check(self) -> "Result":
+        """Raises CommandError unless :attr:`ok`; returns self, so
+        ``sb.run("make").check().stdout`` reads well."""
+        if not self.ok:
+            raise CommandError(self, self.argv)
+        return self
+
+
+@dataclass
+class Checkpoint:
+    """A node of the snapshot tree: the files of a sandbox frozen at one moment.
+
+    ``sb.checkpoint()`` returns one; ``sb.restore(ckpt)`` rolls any sandbox back (or
+    over) to it; :meth:`fork` starts new sandboxes on it. Nodes from
+    :meth:`Client.tree` are Checkpoints too.
+
+    Attributes:
+        id: the node id (``n3fa9c2``).
+        label: the label given at checkpoint time ("" if none).
+        parent: the parent node, None for a node directly on its image.
+        created: when it was taken (aware datetime, UTC).
+        layer_bytes: apparent size of its own layer; -1 until the daemon measured it.
+        durable: its record has reached the disk (false for a few ms after a
+            checkpoint; ``client.sync()`` waits for it).
+        image: the image its stack starts from.
+        sandbox: the sandbox it was taken from.
+        children: ids of its child nodes, oldest first.
+        sandboxes: sandboxes standing on it now.
+        depth: layers in its stack (image excluded).
+        killed_processes, mounted, duration: set when this object is the answer of
+            a checkpoint: processes the checkpoint ended (until the process fast path
+            exists, every process of the sandbox but its init), whether a new layer
+            was mounted (False when nothing had changed), seconds inside the daemon.
+    """
+
+    id: str
+    label: str = ""
+    parent: Optional[str] = None
+    created: Optional[_dt.datetime] = None
+    layer_bytes: int = -1
+    durable: bool = False
+    image: str = ""
+    sandbox: Optional[str] = None
+    layer: int = 0
+    own_layer: bool = False
+    children: List[str] = field(default_factory=list)
+    sandboxes: List[str] = field(default_factory=list)
+    depth: int = 0
+    killed_processes: Optional[int] = None
+    mounted: Optional[bool] = None
+    duration: Optional[float] = None
+    _client: Optional["Client"] = field(default=None, repr=False, compare=False)
+    _workdir: Optional[str] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None,
+                 op: Optional[Dict[str, Any]] = None, workdir: Optional[str] = None) -> "Checkpoint":
+        c = cls(
+            id=d["id"],
+            label=d.get("label") or "",
+            parent=d.get("parent") or None,
+            created=parse_time(d.get("created")),
+            layer_bytes=int(d.get("layer_bytes", -1)),
+            durable=bool(d.get("durable")),
+            image=d.get("image") or "",
+            sandbox=d.get("sandbox") or None,
+            layer=int(d.get("layer") or 0),
+            own_layer=bool(d.get("own_layer")),
+            children=list(d.get("children") or []),
+            sandboxes=list(d.get("sandboxes") or []),
+            depth=int(d.get("depth") or 0),
+            _client=client,
+            _workdir=workdir,
+        )
+        if op is not None:
+            c.killed_processes = int(op.get("killed_processes") or 0)
+            c.mounted = bool(op.get("mounted"))
+            c.duration = float(op.get("duration_ms") or 0.0) / 1000.0
+        return c
+
+    def __str__(self) -> str:
+        return self.id
+
+    def _need_client(self) -> "Client":
+        if self._client is None:
+            from .client import default_client
+            self._client = default_client()
+        return self._client
+
+    def fork(self, count: int = 1, **create_kwargs: Any) -> List["Sandbox"]:
+        """Starts ``count`` new sandboxes, each standing on this checkpoint.
+
+        Each is created (``create_kwargs`` go to :meth:`Sandbox.create`; by default
+        the checkpoint's image and the workdir of the sandbox it came from, when
+        known) and then restored to this node. Nothing is copied: the new sandboxes
+        share the checkpoint's layers and each gets its own writable layer.
+
+        What is carried over is the FILES. Processes are not, until the process fast
+        path (branching) exists: a fork starts with no process but its init, like a
+        sandbox after any restore. If one creation or restore fails, the sandboxes
+        made so far are removed and the error is raised.
+        """
+        if count < 1:
+            raise ValueError("fork count must be >= 1, got %r" % (count,))
+        from .sandbox import Sandbox
+        client = self._need_client()
+        kw = dict(create_kwargs)
+        kw.setdefault("image", self.image or "default")
+        if "workdir" not in kw:
+            workdir = self._workdir
+            if workdir is None and self.sandbox:
+                # A node from the tree: take the workdir of the sandbox it came from,
+                # if that sandbox still exists.
+                try:
+                    workdir = Sandbox.connect(self.sandbox, client=client).workdir or None
+                except NotFound:
+                    workdir = None
+            if workdir is not None:
+                kw["workdir"] = workdir
+        kw.setdefault("client", client)
+        made = []  # type: List[Sandbox]
+        try:
+            for _ in range(count):
+                sb = Sandbox.create(**kw)
+                made.append(sb)
+                sb.restore(self)
+        except BaseException:
+            for sb in made:
+                try:
+                    sb.close()
+                except Exception:
+                    pass
+            raise
+        return made
+
+    def refresh(self) -> "Checkpoint":
+        """The node as the daemon sees it now (durable, layer_bytes, children...)."""
+        return self._need_client().checkpoint(self.id)
+
+    def remove(self) -> List[str]:
+        """Removes this node and its subtree; returns the removed ids. Conflict if a
+        sandbox stands on a node of the subtree."""
+        return self._need_client().remove_checkpoint(self.id)
+
+
+# A node of the tree is a Checkpoint.
+Node = Checkpoint
+
+
+@dataclass
+class Tree:
+    """The snapshot tree: every node (a :class:`Checkpoint`), oldest first.
+
+    Attributes:
+        nodes: id -> Checkpoint, in creation order.
+        roots: nodes directly on an image.
+        on_image: image -> sandboxes standing on the image with no node yet.
+        head: for ``sb.tree()``, the node that sandbox stands on (None: its image).
+        sandbox: for ``sb.tree()``, that sandbox's id.
+    """
+
+    nodes: Dict[str, Checkpoint] = field(default_factory=dict)
+    roots: List[str] = field(default_factory=list)
+    on_image: Dict[str, List[str]] = field(default_factory=dict)
+    head: Optional[str] = None
+    sandbox: Optional[str] = None
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None) -> "Tree":
+        nodes = {}  # type: Dict[str, Checkpoint]
+        for n in d.get("nodes") or []:
+            c = Checkpoint.from_api(n, client)
+            nodes[c.id] = c
+        return cls(nodes=nodes, roots=list(d.get("roots") or []),
+                   on_image={k: list(v or []) for k, v in (d.get("on_image") or {}).items()})
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Checkpoint]:
+        return iter(self.nodes.values())
+
+    def __contains__(self, node: Any) -> bool:
+        return str(node) in self.nodes
+
+    def __getitem__(self, node: Any) -> Checkpoint:
+        return self.nodes[str(node)]
+
+    def get(self, node: Any) -> Optional[Checkpoint]:
+        return self.nodes.get(str(node))
+
+    def children(self, node: Any) -> List[Checkpoint]:
+        """The child nodes of node, oldest first."""
+        return [self.nodes[c] for c in self.nodes[str(node)].children if c in self.nodes]
+
+    def path(self, node: Any) -> List[Checkpoint]:
+        """The nodes from the root down to node (included)."""
+        out = []  # type: List[Checkpoint]
+        cur = self.nodes.get(str(node))
+        while cur is not None:
+            out.append(cur)
+            cur = self.nodes.get(cur.parent) if cur.parent else None
+        out.reverse()
+        return out
+
+    def leaves(self) -> List[Checkpoint]:
+        """Nodes with no children."""
+        return [n for n in self.nodes.values() if not n.children]
+
+    def render(self) -> str:
+        """The tree as indented text, one node a line, grouped by image."""
+        lines = []  # type: List[str]
+
+        def walk(nid: str, prefix: str, last: bool) -> None:
+            n = self.nodes[nid]
+            desc = n.id
+            if n.label:
+                desc += " %r" % n.label
+            if n.sandboxes:
+                desc += " <- " + ", ".join(n.sandboxes)
+            if self.head == n.id:
+                desc += "  (head)"
+            lines.append(prefix + ("`-- " if last else "|-- ") + desc)
+            kids = [c for c in n.children if c in self.nodes]
+            for i, c in enumerate(kids):
+                walk(c, prefix + ("    " if last else "|   "), i == len(kids) - 1)
+
+        images = []  # type: List[str]
+        for r in self.roots:
+            im = self.nodes[r].image if r in self.nodes else ""
+            if im not in images:
+                images.append(im)
+        for im in self.on_image:
+            if im not in images:
+                images.append(im)
+        for im in images:
+            head = "image %s" % im
+            if self.on_image.get(im):
+                head += " <- " + ", ".join(self.on_image[im])
+            lines.append(head)
+            roots = [r for r in self.roots if r in self.nodes and self.nodes[r].image == im]
+            for i, r in enumerate(roots):
+                walk(r, "", i == len(roots) - 1)
+        return "\n".join(lines)
+
+
+@dataclass
+class FileInfo:
+    """A file, directory or other entry of a sandbox's filesystem.
+
+    ``mode`` is the permission bits (setuid/setgid/sticky included) as an int
+    (``oct(info.mode)``); ``permissions`` is how ls prints them; ``type`` is one of
+    file, dir, symlink, fifo, socket, char, block.
+    """
+
+    name: str
+    path: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    permissions: str = ""
+    uid: int = 0
+    gid: int = 0
+    mtime: Optional[_dt.datetime] = None
+    link_target: Optional[str] = None
+    mount_point: bool = False
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any]) -> "FileInfo":
+        return cls(
+            name=d.get("name") or "",
+            path=d.get("path") or "",
+            type=d.get("type") or "",
+            size=int(d.get("size") or 0),
+            mode=int(d.get("mode") or 0),
+            permissions=d.get("permissions") or "",
+            uid=int(d.get("uid") or 0),
+            gid=int(d.get("gid") or 0),
+            mtime=parse_time(d.get("mtime")),
+            link_target=d.get("link_target") or None,
+            mount_point=bool(d.get("mount_point")),
+        )
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.type == "symlink"
+
+
+class Listing(list):
+    """The entries of a directory (a list of FileInfo) with the listed ``path`` and
+    ``truncated`` (the entry limit was reached)."""
+
+    def __init__(self, entries: Any = (), path: str = "", truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.path = path
+        self.truncated = truncated
+
+    @property
+    def names(self) -> List[str]:
+        return [e.name for e in self]

@@ -1,0 +1,459 @@
+"""Sandbox, with its files and sessions."""
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional,
+                    Sequence, Union)
+
+from ._http import q
+from .errors import NotFound, from_answer
+from .models import Checkpoint, FileInfo, Listing, Result, Tree, parse_time
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+OnOutput = Callable[[str, str], None]
+Command = Union[str, Sequence[str]]
+
+# Extra seconds the client waits for an answer beyond a command's own timeout
+# (the daemon reads output for 200 ms more, then answers).
+_ANSWER_GRACE = 60.0
+
+
+def _client_or_default(client: Optional["Client"]) -> "Client":
+    if client is not None:
+        return client
+    from .client import default_client
+    return default_client()
+
+
+def _env_list(env: Union[Mapping[str, Any], Iterable[str], None]) -> Optional[List[str]]:
+    if not env:
+        return None
+    if isinstance(env, Mapping):
+        return ["%s=%s" % (k, v) for k, v in env.items()]
+    out = [str(e) for e in env]
+    for e in out:
+        if "=" not in e:
+            raise ValueError("env entries are KEY=VALUE strings (or pass a dict), got %r" % e)
+    return out
+
+
+def _timeout_ms(timeout: Optional[float]) -> Optional[int]:
+    if timeout is None:
+        return None
+    if timeout <= 0:
+        raise ValueError("timeout must be > 0 seconds (None: no timeout), got %r" % (timeout,))
+    return max(1, int(round(timeout * 1000)))
+
+
+def _mode(mode: Union[int, str, None]) -> Optional[str]:
+    if mode is None:
+        return None
+    if isinstance(mode, str):
+        int(mode, 8)  # raises ValueError unless octal
+        return mode
+    if not 0 <= mode <= 0o7777:
+        raise ValueError("mode is permission bits (0 to 0o7777), got %r" % (mode,))
+    return "%04o" % mode
+
+
+class Sandbox:
+    """A sandbox: an isolated Linux environment whose files can be checkpointed and
+    rolled back in about a millisecond.
+
+    Make one with :meth:`create` (or :meth:`connect` to an existing one). Use it as a
+    context manager to remove it at the end::
+
+        with Sandbox.create() as sb:
+            r = sb.run("echo hi")
+            ckpt = sb.checkpoint(label="clean")
+            ...
+            sb.restore(ckpt)
+    """
+
+    def __init__(self, id: str, client: Optional["Client"] = None,
+                 info: Optional[Dict[str, Any]] = None) -> None:
+        self.id = id
+        self.client = _client_or_default(client)
+        self._info = dict(info or {})
+        self._closed = False
+        self.files = Files(self)
+        self.sessions = Sessions(self)
+
+    # ---- life cycle ----
+
+    @classmethod
+    def create(cls, image: str = "default", workdir: str = "/workspace",
+               name: Optional[str] = None, memory_mb: Optional[int] = None,
+               pids: Optional[int] = None, cpus: Optional[float] = None,
+               hostname: Optional[str] = None, client: Optional["Client"] = None) -> "Sandbox":
+        """Creates and starts a sandbox.
+
+        Args:
+            image: the image to start from (``client.images()`` lists them).
+            workdir: the directory commands run in (created if missing).
+            name: the sandbox id, 1-63 of ``a-z 0-9 . _ -`` (default: generated).
+            memory_mb, pids, cpus: limits (None: the daemon's defaults).
+            hostname: default: the id.
+            client: default: a client of $DELTABOX_SOCKET or the default socket.
+        """
+        c = _client_or_default(client)
+        body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
+        for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
+                     ("pids", pids), ("cpus", cpus)):
+            if v is not None:
+                body[k] = v
+        info = c._t.json("POST", "/sandboxes", body)
+        return cls(info["id"], c, info)
+
+    @classmethod
+    def connect(cls, id: str, client: Optional["Client"] = None) -> "Sandbox":
+        """A handle on an existing sandbox (NotFound if there is none)."""
+        c = _client_or_default(client)
+        info = c._t.json("GET", "/sandboxes/" + q(id))
+        return cls(info["id"], c, info)
+
+    @classmethod
+    def list(cls, client: Optional["Client"] = None) -> List["Sandbox"]:
+        """Every sandbox of the daemon."""
+        return _client_or_default(client).sandboxes()
+
+    def remove(self) -> None:
+        """Removes the sandbox: kills its processes and deletes its writable layer.
+        The checkpoints it made stay in the tree. NotFound if it is already gone."""
+        self.client._t.json("DELETE", "/sandboxes/" + q(self.id))
+        self._closed = True
+
+    def close(self) -> None:
+        """Removes the sandbox if it still exists; safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.remove()
+        except NotFound:
+            self._closed = True
+
+    kill = close
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Sandbox(id=%r, image=%r)" % (self.id, self._info.get("image"))
+
+    # ---- state ----
+
+    def info(self) -> Dict[str, Any]:
+        """The daemon's current record of the sandbox (id, image, head, workdir,
+        status, limits, usage, stats...)."""
+        self._info = self.client._t.json("GET", "/sandboxes/" + q(self.id))
+        return self._info
+
+    @property
+    def image(self) -> str:
+        return self._info.get("image") or ""
+
+    @property
+    def workdir(self) -> str:
+        return self._info.get("workdir") or ""
+
+    @property
+    def head(self) -> Optional[str]:
+        """The node the sandbox stands on now (None: directly on its image)."""
+        return self.info().get("head") or None
+
+    @property
+    def status(self) -> str:
+        """``running``, or ``broken`` (see ``info()["error"]``)."""
+        return self.info().get("status") or ""
+
+    # ---- commands ----
+
+    def run(self, cmd: Command, timeout: Optional[float] = None,
+            session: Union[str, bool, None] = None,
+            env: Union[Mapping[str, Any], Iterable[str], None] = None,
+            cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None,
+            on_output: Optional[OnOutput] = None,
+            output_limit: Optional[int] = None) -> Result:
+        """Runs a command and returns its :class:`Result`; a non-zero exit code is not
+        an error (``.check()`` makes it one).
+
+        Args:
+            cmd: a string is a shell command line, run as ``bash -c cmd``; a list is
+                an argv, run as is (looked up in the sandbox's PATH). With
+                ``session``, the string is code for the session (bash or python).
+            timeout: seconds; a plain command's whole process group is then killed,
+                a session's command is interrupted (^C) and the session lives on.
+                Either way ``timed_out`` is set. None: no timeout.
+            session: run in a persistent session instead of a new process: ``"main"``
+                (or True) is the default bash session, started on first use; other
+                names are started with ``sb.sessions.start``. One call at a time per
+                session (Conflict otherwise).
+            env: extra environment, a dict or ``KEY=VALUE`` strings.
+            cwd: directory, absolute or relative to the workdir.
+            stdin: text given on the command's standard input.
+            on_output: ``on_output(stream, data)`` is called with each piece of output
+                as it is produced (``stream`` is ``"stdout"`` or ``"stderr"``), in
+                order. If it raises, the call is abandoned and the daemon kills the
+                command.
+            output_limit: cap in bytes of each of stdout and stderr (default 1 MiB).
+        """
+        if session is True:
+            session = "main"
+        elif session is False:
+            session = None
+        if isinstance(cmd, str):
+            argv = [cmd] if session else ["bash", "-c", cmd]
+        else:
+            argv = [str(a) for a in cmd]
+            if not argv:
+                raise ValueError("empty command")
+        body = {"argv": argv}  # type: Dict[str, Any]
+        e = _env_list(env)
+        if e:
+            body["env"] = e
+        if cwd:
+            body["dir"] = cwd
+        if stdin is not None:
+            body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
+        ms = _timeout_ms(timeout)
+        if ms is not None:
+            body["timeout_ms"] = ms
+        if output_limit:
+            body["output_limit"] = int(output_limit)
+        if session:
+            body["session"] = session
+        wait = None if timeout is None else timeout + _ANSWER_GRACE
+        path = "/sandboxes/%s/exec" % q(self.id)
+        if on_output is None:
+            return Result.from_api(self.client._t.json("POST", path, body, timeout=wait), argv)
+        body["stream"] = True
+        result = None
+        events = self.client._t.stream("POST", path, body, timeout=wait)
+        try:
+            for ev in events:
+                kind = ev.get("type")
+                if kind in ("stdout", "stderr"):
+                    on_output(kind, ev.get("data") or "")
+                elif kind == "result":
+                    result = Result.from_api(ev.get("result") or {}, argv)
+                elif kind == "error":
+                    err = (ev.get("error") or {}).get("error") or {}
+                    raise from_answer(None, err.get("code"), err.get("message") or "the command failed")
+        finally:
+            events.close()
+        if result is None:
+            raise from_answer(500, "internal", "the daemon ended the output stream without a result")
+        return result
+
+    # ---- checkpoints ----
+
+    def checkpoint(self, label: Optional[str] = None) -> Checkpoint:
+        """Freezes the sandbox's files into a new node of the tree and returns it.
+
+        Conflict while a command runs in the sandbox. Until the process fast path
+        exists, every process of the sandbox but its init is ended (sessions start
+        again on their next call, with ``session_restarted`` set)."""
+        body = {"label": label} if label else {}
+        d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body)
+        return Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
+
+    def restore(self, checkpoint: Union[Checkpoint, str]) -> "Sandbox":
+        """Rolls the sandbox's files back (or over) to a checkpoint: any node of the
+        tree, also one made by another sandbox. Uncommitted changes are discarded;
+        processes end as with a checkpoint. Returns the sandbox."""
+        node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
+        self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), {"node": node})
+        return self
+
+    def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
+        """Checkpoints this sandbox and starts ``count`` new sandboxes on that
+        checkpoint (files only, see :meth:`Checkpoint.fork`)."""
+        return self.checkpoint(label=label).fork(count, **create_kwargs)
+
+    def tree(self) -> Tree:
+        """The whole snapshot tree, with ``head`` set to the node this sandbox stands
+        on (``tree.path(tree.head)`` is its history)."""
+        head = self.head
+        t = self.client.tree()
+        t.head, t.sandbox = head, self.id
+        return t
+
+
+@dataclass
+class Session:
+    """A persistent session of a sandbox (a bash or python process on a terminal, or
+    a long-lived command)."""
+
+    name: str
+    kind: str = "bash"
+    argv: List[str] = field(default_factory=list)
+    pid: int = 0
+    started: Optional[_dt.datetime] = None
+    running: bool = False
+    busy: bool = False
+    exit: Optional[str] = None
+    _sandbox: Optional[Sandbox] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any], sb: Sandbox) -> "Session":
+        return cls(name=d.get("name") or "", kind=d.get("kind") or "bash",
+                   argv=list(d.get("argv") or []), pid=int(d.get("pid") or 0),
+                   started=parse_time(d.get("started")), running=bool(d.get("running")),
+                   busy=bool(d.get("busy")), exit=d.get("exit") or None, _sandbox=sb)
+
+    def run(self, code: str, timeout: Optional[float] = None,
+            on_output: Optional[OnOutput] = None) -> Result:
+        """Runs code in this session (``sb.run(code, session=name)``)."""
+        assert self._sandbox is not None
+        return self._sandbox.run(code, timeout=timeout, session=self.name, on_output=on_output)
+
+    def kill(self) -> None:
+        assert self._sandbox is not None
+        self._sandbox.sessions.kill(self.name)
+
+    def logs(self) -> str:
+        assert self._sandbox is not None
+        return self._sandbox.sessions.logs(self.name)
+
+
+class Sessions:
+    """``sb.sessions``: persistent bash and python sessions and long-lived commands."""
+
+    def __init__(self, sb: Sandbox) -> None:
+        self._sb = sb
+
+    def _path(self, *parts: str) -> str:
+        return "/sandboxes/%s/sessions" % q(self._sb.id) + "".join("/" + q(p) for p in parts)
+
+    def start(self, name: str, kind: Optional[str] = None, argv: Optional[Sequence[str]] = None,
+              cwd: Optional[str] = None,
+              env: Union[Mapping[str, Any], Iterable[str], None] = None) -> Session:
+        """Starts a session: ``kind="bash"`` (the default) or ``"python"`` keep their
+        state between calls; ``argv=[...]`` starts a long-lived command (a server)
+        whose output ``logs()`` returns. Conflict if a session of that name runs."""
+        body = {"name": name}  # type: Dict[str, Any]
+        if kind:
+            body["kind"] = kind
+        if argv is not None:
+            body["argv"] = [str(a) for a in argv]
+        if cwd:
+            body["dir"] = cwd
+        e = _env_list(env)
+        if e:
+            body["env"] = e
+        return Session.from_api(self._sb.client._t.json("POST", self._path(), body), self._sb)
+
+    def list(self) -> List[Session]:
+        """The sandbox's sessions; ended ones have ``running`` False and ``exit``."""
+        d = self._sb.client._t.json("GET", self._path())
+        return [Session.from_api(s, self._sb) for s in (d.get("sessions") or [])]
+
+    def get(self, name: str) -> Session:
+        for s in self.list():
+            if s.name == name:
+                return s
+        raise NotFound("not_found", "no session %r in sandbox %s" % (name, self._sb.id), 404)
+
+    def kill(self, name: str) -> None:
+        """Kills a session's process group."""
+        self._sb.client._t.json("DELETE", self._path(name))
+
+    def logs(self, name: str) -> str:
+        """Output of the session that no call consumed (a command session's output,
+        its last 1 MiB)."""
+        data, _ = self._sb.client._t.request("GET", self._path(name, "logs"))
+        return data.decode("utf-8", "replace")
+
+    def run(self, name: str, code: str, timeout: Optional[float] = None,
+            on_output: Optional[OnOutput] = None) -> Result:
+        """Runs code in session ``name``."""
+        return self._sb.run(code, timeout=timeout, session=name, on_output=on_output)
+
+
+class Files:
+    """``sb.files``: the sandbox's filesystem. Paths are absolute or relative to the
+    sandbox's workdir; no path can leave the sandbox."""
+
+    def __init__(self, sb: Sandbox) -> None:
+        self._sb = sb
+
+    def _path(self, sub: str = "") -> str:
+        return "/sandboxes/%s/files%s" % (q(self._sb.id), sub)
+
+    def read(self, path: str, offset: int = 0, length: Optional[int] = None) -> bytes:
+        """The content of a file (``length`` bytes from ``offset``; default: all)."""
+        query = {"path": path}  # type: Dict[str, Any]
+        if offset:
+            query["offset"] = int(offset)
+        if length:
+            query["length"] = int(length)
+        data, _ = self._sb.client._t.request("GET", self._path(), query)
+        return data
+
+    def read_text(self, path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.read(path).decode(encoding, errors)
+
+    def write(self, path: str, data: Union[bytes, bytearray, memoryview, str, Any],
+              mode: Union[int, str, None] = None, mkdir: bool = True) -> FileInfo:
+        """Replaces a file's content (atomically) and returns the file.
+
+        ``data`` is bytes, str (written as UTF-8) or a binary file object. ``mode``
+        (e.g. ``0o755``) sets the permission bits; otherwise an existing file keeps
+        its mode and a new one gets 0644. ``mkdir`` creates missing parent
+        directories."""
+        if isinstance(data, str):
+            body = data.encode("utf-8")
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            body = bytes(data)
+        elif hasattr(data, "read"):
+            body = data.read()
+            if isinstance(body, str):
+                body = body.encode("utf-8")
+        else:
+            raise TypeError("data must be bytes, str or a file object, not %s" % type(data).__name__)
+        query = {"path": path, "mode": _mode(mode), "mkdir": "1" if mkdir else None}
+        raw, _ = self._sb.client._t.request("PUT", self._path(), query, body,
+                                            "application/octet-stream")
+        return FileInfo.from_api(json.loads(raw.decode("utf-8")))
+
+    def list(self, path: str = ".", recursive: bool = False, depth: Optional[int] = None,
+             max_entries: Optional[int] = None) -> Listing:
+        """The entries of a directory (default: the workdir), a list of FileInfo
+        with ``.path`` and ``.truncated``. ``recursive`` descends ``depth`` levels
+        (daemon default 32); at most ``max_entries`` (default 10000)."""
+        query = {"path": path, "recursive": "1" if recursive else None,
+                 "depth": depth or None, "max_entries": max_entries or None}
+        d = self._sb.client._t.json("GET", self._path("/list"), query=query)
+        return Listing([FileInfo.from_api(e) for e in (d.get("entries") or [])],
+                       path=d.get("path") or "", truncated=bool(d.get("truncated")))
+
+    def stat(self, path: str) -> FileInfo:
+        """Describes a path without following a final symlink (NotFound if none)."""
+        return FileInfo.from_api(self._sb.client._t.json("GET", self._path("/stat"), query={"path": path}))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except NotFound as e:
+            if e.message.startswith("no route"):
+                raise
+            return False
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, or a directory (only when empty unless ``recursive``)."""
+        self._sb.client._t.json("DELETE", self._path(),
+                                query={"path": path, "recursive": "1" if recursive else None})
+
+    def mkdir(self, path: str, mode: Union[int, str, None] = None, parents: bool = True) -> bool:
+        """Creates a directory (and its parents, unless ``parents=False``); returns
+        False if it existed already."""
+        d = self._sb.client._t.json("POST", self._path("/mkdir"), query={
+            "path": path, "mode": _mode(mode), "parents": None if parents else "0"})
+        return bool(d.get("created"))

@@ -1,0 +1,756 @@
+"""Tests of the deltabox Python client (unittest, standard library only).
+
+The DaemonTest cases talk to a real daemon whose socket is $DELTABOX_SOCKET and are
+skipped when it is unset; the OfflineTest cases need no daemon. The project's
+`go test ./...` runs this file against a private daemon (tests/e2e/pyclient_test.go):
+
+    DELTABOX_SOCKET=/run/deltabox/deltabox.sock PYTHONPATH=clients/python \\
+        python3 -m unittest discover -s clients/python/tests -v
+
+The package is imported from the source tree (clients/python) unless
+DELTABOX_TEST_INSTALLED=1, which tests the installed one.
+"""
+
+import ast
+import base64
+import datetime
+import hashlib
+import http.server
+import os
+import re
+import socket
+import socketserver
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(HERE)
+if os.environ.get("DELTABOX_TEST_INSTALLED") != "1" and SRC not in sys.path:
+    sys.path.insert(0, SRC)
+
+import deltabox  # noqa: E402
+from deltabox import (Checkpoint, Client, CommandError, Conflict, DaemonUnreachable,  # noqa: E402
+                      DeltaBoxError, InvalidRequest, NotFound, Result, Sandbox, Tree)
+from deltabox.errors import from_answer  # noqa: E402
+from deltabox.models import parse_time  # noqa: E402
+
+SOCKET = os.environ.get("DELTABOX_SOCKET")
+NO_DAEMON = ("DELTABOX_SOCKET is not set: no daemon to test against (start `deltabox "
+             "daemon` and set DELTABOX_SOCKET to its socket, or run `go test ./tests/e2e "
+             "-run TestPythonClient`, which starts a private one)")
+
+
+def _sources():
+    """Every Python file of the client: the package, the build backend, the tests."""
+    out = [os.path.join(SRC, "_build_backend.py")]
+    for d in ("deltabox", "tests"):
+        for f in sorted(os.listdir(os.path.join(SRC, d))):
+            if f.endswith(".py"):
+                out.append(os.path.join(SRC, d, f))
+    return out
+
+
+class OfflineTest(unittest.TestCase):
+    """No daemon needed."""
+
+    def test_the_intended_package_is_tested(self):
+        from_src = os.path.abspath(deltabox.__file__).startswith(SRC + os.sep)
+        installed = os.environ.get("DELTABOX_TEST_INSTALLED") == "1"
+        self.assertNotEqual(from_src, installed, "DELTABOX_TEST_INSTALLED=%s but deltabox comes from %s"
+                            % (os.environ.get("DELTABOX_TEST_INSTALLED"), deltabox.__file__))
+
+    def test_sources_are_python39(self):
+        # Grammar of 3.9 (no match statements, no parenthesized context managers...),
+        # and no annotations or dataclass options that 3.9 rejects at import time.
+        bad_runtime = [
+            (re.compile(r"@dataclass\([^)]*\b(slots|kw_only)\s*="), "dataclass slots/kw_only (3.10+)"),
+            (re.compile(r"(:|->)\s*[\w.\[\], \"']+\s\|\s"), "X | Y annotation (3.10+)"),
+            (re.compile(r"\bzip\([^)]*strict\s*="), "zip(strict=) (3.10+)"),
+            (re.compile(r"^\s*import tomllib", re.M), "unguarded tomllib (3.11+)"),
+        ]
+        for path in _sources():
+            with open(path, encoding="utf-8") as f:
+                src = f.read()
+            ast.parse(src, filename=path, feature_version=(3, 9))
+            if os.path.basename(path) == "test_client.py":
+                continue  # this file names the patterns
+            for rx, what in bad_runtime:
+                for m in rx.finditer(src):
+                    line = src[:m.start()].count("\n") + 1
+                    if what.startswith("unguarded") and "try:" in src[max(0, m.start() - 40):m.start()]:
+                        continue
+                    self.fail("%s:%d: %s" % (path, line, what))
+
+    def test_unreachable_missing_socket(self):
+        with tempfile.TemporaryDirectory() as d:
+            c = Client(socket_path=os.path.join(d, "none.sock"))
+            with self.assertRaises(DaemonUnreachable) as cm:
+                c.health()
+            e = cm.exception
+            self.assertEqual(e.code, "unreachable")
+            self.assertIsNone(e.status)
+            self.assertIn("deltabox daemon", e.message)
+            self.assertIn("none.sock", e.message)
+            self.assertIsInstance(e, ConnectionError)
+            self.assertIsInstance(e, DeltaBoxError)
+            # Sandbox calls go through the same path.
+            with self.assertRaises(DaemonUnreachable):
+                Sandbox.create(client=c)
+
+    def test_unreachable_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "stale.sock")
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(p)  # bound, never listening: connections are refused
+            try:
+                with self.assertRaises(DaemonUnreachable) as cm:
+                    Client(socket_path=p).health()
+                self.assertIn("refuses connections", cm.exception.message)
+            finally:
+                s.close()
+
+    def test_env_socket(self):
+        old = os.environ.get("DELTABOX_SOCKET")
+        try:
+            os.environ["DELTABOX_SOCKET"] = "/tmp/x.sock"
+            self.assertEqual(Client().socket_path, "/tmp/x.sock")
+            self.assertEqual(Client("/a.sock").socket_path, "/a.sock")
+            del os.environ["DELTABOX_SOCKET"]
+            self.assertEqual(Client().socket_path, deltabox.DEFAULT_SOCKET)
+        finally:
+            if old is None:
+                os.environ.pop("DELTABOX_SOCKET", None)
+            else:
+                os.environ["DELTABOX_SOCKET"] = old
+
+    def test_error_mapping(self):
+        for status, code, cls in [(404, "not_found", NotFound), (409, "conflict", Conflict),
+                                  (400, "invalid", InvalidRequest),
+                                  (503, "unavailable", deltabox.Unavailable)]:
+            e = from_answer(status, code, "msg")
+            self.assertIs(type(e), cls)
+            self.assertEqual((e.code, e.status, e.message, str(e)), (code, status, "msg", "msg"))
+            e = from_answer(None, code, "m")  # a stream's error event has no status
+            self.assertEqual(e.status, status)
+            e = from_answer(status, None, "m")  # a body that is not the daemon's JSON
+            self.assertIs(type(e), cls)
+        e = from_answer(500, "internal", "boom")
+        self.assertIs(type(e), DeltaBoxError)
+
+    def test_result_check(self):
+        ok = Result(exit_code=0, stdout="x")
+        self.assertIs(ok.check(), ok)
+        self.assertTrue(ok.ok)
+        bad = Result(exit_code=2, stdout="", stderr="boom\n", argv=["bash", "-c", "f"])
+        self.assertFalse(bad.ok)
+        with self.assertRaises(CommandError) as cm:
+            bad.check()
+        e = cm.exception
+        self.assertEqual((e.exit_code, e.code, e.stderr), (2, "command_failed", "boom\n"))
+        self.assertIn("boom", str(e))
+        self.assertIs(e.result, bad)
+        with self.assertRaises(CommandError):
+            Result(exit_code=0, timed_out=True).check()
+        r = Result.from_api({"exit_code": -1, "signal": 9, "stdout": "a", "stderr": "b",
+                             "duration_ms": 1500, "timed_out": True, "stderr_truncated": True})
+        self.assertEqual((r.exit_code, r.signal, r.duration, r.timed_out, r.truncated),
+                         (-1, 9, 1.5, True, True))
+
+    def test_parse_time(self):
+        t = parse_time("2026-12-02T17:01:31.054110854Z")
+        self.assertEqual(t, datetime.datetime(2026, 12, 2, 17, 1, 31, 54110, tzinfo=datetime.timezone.utc))
+        t = parse_time("2026-12-02T19:01:31+02:00")
+        self.assertEqual(t, datetime.datetime(2026, 12, 2, 17, 1, 31, tzinfo=datetime.timezone.utc))
+        self.assertIsNone(parse_time(""))
+        self.assertIsNone(parse_time(None))
+        self.assertIsNone(parse_time("yesterday"))
+
+    def test_tree_model(self):
+        t = Tree.from_api({
+            "nodes": [
+                {"id": "n1", "image": "default", "label": "a", "children": ["n2", "n3"], "layer_bytes": 5},
+                {"id": "n2", "parent": "n1", "image": "default", "sandboxes": ["sb1"]},
+                {"id": "n3", "parent": "n1", "image": "default", "children": ["n4"]},
+                {"id": "n4", "parent": "n3", "image": "default"},
+            ],
+            "roots": ["n1"], "on_image": {"default": ["sb2"]}})
+        self.assertEqual(len(t), 4)
+        self.assertIn("n4", t)
+        self.assertEqual([n.id for n in t.path("n4")], ["n1", "n3", "n4"])
+        self.assertEqual([n.id for n in t.children("n1")], ["n2", "n3"])
+        self.assertEqual(sorted(n.id for n in t.leaves()), ["n2", "n4"])
+        self.assertIsInstance(t["n1"], Checkpoint)
+        self.assertEqual(t["n1"].layer_bytes, 5)
+        self.assertEqual(
+            t.render(),
+            "image default <- sb2\n`-- n1 'a'\n    |-- n2 <- sb1\n    `-- n3\n        `-- n4")
+
+    def test_keepalive_retry_after_server_closed(self):
+        # A server that closes each connection after answering without saying so:
+        # the pooled connection is dead, and the client must resend on a new one.
+        seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                seen.append(self.path)
+                body = b'{"ok": true, "api": "v1"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = True
+
+            def log_message(self, *a):
+                pass
+
+        class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "fake.sock")
+            srv = S(p, H)
+            th = threading.Thread(target=srv.serve_forever, daemon=True)
+            th.start()
+            try:
+                c = Client(socket_path=p, timeout=10)
+                for _ in range(3):
+                    self.assertEqual(c.health(), {"ok": True, "api": "v1"})
+                    time.sleep(0.05)  # let the server close its end
+                self.assertEqual(seen, ["/v1/health"] * 3)
+                c.close()
+            finally:
+                srv.shutdown()
+                srv.server_close()
+
+    def test_build_backend(self):
+        sys.path.insert(0, SRC)
+        try:
+            import _build_backend as bb
+        finally:
+            sys.path.remove(SRC)
+        project = bb.read_project()
+        self.assertEqual(project["name"], "deltabox")
+        self.assertEqual(project["version"], deltabox.__version__)
+        self.assertEqual(project["requires-python"], ">=3.9")
+        with open(os.path.join(SRC, "pyproject.toml"), encoding="utf-8") as f:
+            fallback = bb._read_project_fallback(f.read())
+        for k in ("name", "version", "description", "requires-python", "readme",
+                  "dependencies", "classifiers"):
+            self.assertEqual(fallback.get(k), project.get(k), k)
+        with tempfile.TemporaryDirectory() as d:
+            name = bb.build_wheel(d)
+            self.assertEqual(name, "deltabox-%s-py3-none-any.whl" % deltabox.__version__)
+            with zipfile.ZipFile(os.path.join(d, name)) as z:
+                names = z.namelist()
+                for want in ("deltabox/__init__.py", "deltabox/sandbox.py", "deltabox/py.typed"):
+                    self.assertIn(want, names)
+                self.assertFalse([n for n in names if "__pycache__" in n or n.startswith("tests/")])
+                di = "deltabox-%s.dist-info/" % deltabox.__version__
+                meta = z.read(di + "METADATA").decode()
+                self.assertIn("Name: deltabox\n", meta)
+                self.assertIn("Requires-Python: >=3.9\n", meta)
+                record = z.read(di + "RECORD").decode().splitlines()
+                self.assertEqual(len(record), len(names))
+                for line in record:
+                    path, digest, size = line.rsplit(",", 2)
+                    if path == di + "RECORD":
+                        continue
+                    data = z.read(path)
+                    want = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                    self.assertEqual((digest, int(size)), ("sha256=" + want, len(data)), path)
+            name = bb.build_editable(d)
+            with zipfile.ZipFile(os.path.join(d, name)) as z:
+                pth = [n for n in z.namelist() if n.endswith(".pth")]
+                self.assertEqual(len(pth), 1)
+                self.assertEqual(z.read(pth[0]).decode().strip(), SRC)
+
+
+@unittest.skipUnless(SOCKET, NO_DAEMON)
+class DaemonTest(unittest.TestCase):
+    """Against the real daemon on $DELTABOX_SOCKET."""
+
+    client = None  # type: Client
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = Client(SOCKET, timeout=120)
+        cls.client.health()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+
+    def sandbox(self, **kw):
+        sb = Sandbox.create(client=self.client, **kw)
+        self.addCleanup(sb.close)
+        return sb
+
+    def sh(self, sb, cmd, **kw):
+        """Runs cmd and requires success; returns stdout."""
+        kw.setdefault("timeout", 60)
+        return sb.run(cmd, **kw).check().stdout
+
+    def files_or_skip(self, sb):
+        try:
+            sb.files.stat(".")
+        except NotFound as e:
+            if e.message.startswith("no route"):
+                self.skipTest("this daemon has no files API (GET .../files/stat answered: %s)" % e.message)
+            raise
+
+    # ---- sandboxes and commands ----
+
+    def test_create_connect_list(self):
+        name = "py-%d-%d" % (os.getpid(), int(time.time() * 1000) % 10**6)
+        sb = self.sandbox(name=name, workdir="/srv/app", memory_mb=512, pids=200)
+        self.assertEqual(sb.id, name)
+        self.assertEqual((sb.image, sb.workdir), ("default", "/srv/app"))
+        self.assertEqual(self.sh(sb, "pwd"), "/srv/app\n")
+        info = sb.info()
+        self.assertEqual(info["status"], "running")
+        self.assertEqual(info["limits"]["memory_bytes"], 512 << 20)
+        self.assertEqual(info["limits"]["pids"], 200)
+        self.assertIsNone(sb.head)
+        other = Sandbox.connect(name, client=self.client)
+        self.assertEqual(other.id, name)
+        self.assertIn(name, [s.id for s in Sandbox.list(client=self.client)])
+        self.assertIn(name, [s.id for s in self.client.sandboxes()])
+        self.assertEqual(self.client.health()["api"], "v1")
+        self.assertIn("default", [im["name"] for im in self.client.images()])
+
+    def test_run_exit_codes_and_stderr(self):
+        sb = self.sandbox()
+        r = sb.run("echo out; echo err >&2; exit 3", timeout=30)
+        self.assertEqual((r.exit_code, r.stdout, r.stderr), (3, "out\n", "err\n"))
+        self.assertFalse(r.timed_out or r.truncated or r.session_restarted)
+        self.assertGreater(r.duration, 0)
+        self.assertLess(r.duration, 30)
+        self.assertFalse(r.ok)
+        with self.assertRaises(CommandError) as cm:
+            r.check()
+        self.assertEqual(cm.exception.exit_code, 3)
+        self.assertIn("err", str(cm.exception))
+        # A list is an argv, with no shell in between.
+        self.assertEqual(self.sh(sb, ["printf", "%s|", "a b", "$HOME"]), "a b|$HOME|")
+        self.assertEqual(sb.run(["false"]).exit_code, 1)
+        # A command that does not exist is a result (bash says so), not an exception.
+        r = sb.run("no-such-command-xyz")
+        self.assertEqual(r.exit_code, 127)
+        self.assertIn("not found", r.stderr)
+
+    def test_run_env_cwd_stdin(self):
+        sb = self.sandbox()
+        out = self.sh(sb, 'echo "$FOO $BAR"; pwd; cat', env={"FOO": "bar", "BAR": 2},
+                      cwd="/tmp", stdin="piped in\n")
+        self.assertEqual(out, "bar 2\n/tmp\npiped in\n")
+        self.assertEqual(self.sh(sb, "echo $X", env=["X=list"]), "list\n")
+        self.assertEqual(self.sh(sb, "pwd"), "/workspace\n")
+        self.assertEqual(self.sh(sb, "cat", stdin=b"bytes"), "bytes")
+
+    def test_output_limit(self):
+        sb = self.sandbox()
+        r = sb.run("head -c 100000 /dev/zero | tr '\\0' x", output_limit=1000)
+        self.assertTrue(r.truncated and r.stdout_truncated)
+        self.assertIn("truncated", r.stdout)
+
+    def test_timeout(self):
+        sb = self.sandbox()
+        start = time.monotonic()
+        r = sb.run("echo before; sleep 30", timeout=1)
+        took = time.monotonic() - start
+        self.assertTrue(r.timed_out)
+        self.assertEqual(r.exit_code, -1)
+        self.assertEqual(r.signal, 9)
+        self.assertIn("before", r.stdout)
+        self.assertIn("timed out", r.stderr)
+        self.assertLess(took, 10)
+        with self.assertRaises(CommandError):
+            r.check()
+        with self.assertRaises(ValueError):
+            sb.run("true", timeout=0)
+
+    def test_streaming_callback_order(self):
+        sb = self.sandbox()
+        events = []
+        start = time.monotonic()
+        first = []
+
+        def on_output(stream, data):
+            if not first:
+                first.append(time.monotonic() - start)
+            events.append((stream, data))
+
+        cmd = "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.4; done"
+        r = sb.run(cmd, on_output=on_output, timeout=30)
+        total = time.monotonic() - start
+        self.assertEqual(r.exit_code, 0)
+        self.assertEqual("".join(d for s, d in events if s == "stdout"), r.stdout)
+        self.assertEqual("".join(d for s, d in events if s == "stderr"), r.stderr)
+        self.assertEqual(r.stdout, "out1\nout2\nout3\n")
+        self.assertEqual(r.stderr, "err1\nerr2\nerr3\n")
+        # Each iteration's output comes before the next one's.
+        flat = "".join(d for _, d in events)
+        for i in (1, 2):
+            for a in ("out%d" % i, "err%d" % i):
+                for b in ("out%d" % (i + 1), "err%d" % (i + 1)):
+                    self.assertLess(flat.index(a), flat.index(b), flat)
+        # ... and as it is produced, not at the end.
+        self.assertLess(first[0], total - 0.5, "first output after %.2fs of %.2fs" % (first[0], total))
+
+        # In a session too.
+        got = []
+        r = sb.run("echo first; sleep 1; echo second", session="main",
+                   on_output=lambda s, d: got.append((time.monotonic(), d)))
+        self.assertEqual(r.stdout, "first\nsecond\n")
+        self.assertEqual("".join(d for _, d in got), "first\nsecond\n")
+        self.assertGreater(got[-1][0] - got[0][0], 0.5)
+
+    def test_streaming_callback_error_abandons_command(self):
+        sb = self.sandbox()
+
+        class Stop(Exception):
+            pass
+
+        def on_output(stream, data):
+            raise Stop()
+
+        start = time.monotonic()
+        with self.assertRaises(Stop):
+            sb.run("echo go; sleep 30; touch /tmp/not-killed", on_output=on_output)
+        self.assertLess(time.monotonic() - start, 10)
+        # The client and the sandbox go on; the abandoned command was killed.
+        self.assertEqual(self.sh(sb, "echo ok"), "ok\n")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if "sleep 30" not in self.sh(sb, "ps -eo args"):
+                break
+            time.sleep(0.1)
+        else:
+            self.fail("the abandoned command still runs")
+
+    def test_concurrent_runs_share_a_client(self):
+        sb = self.sandbox()
+        results = {}
+
+        def run(i):
+            results[i] = sb.run("sleep 1; echo %d" % i, timeout=30)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.monotonic() - start
+        self.assertEqual({i: r.stdout for i, r in results.items()}, {i: "%d\n" % i for i in range(4)})
+        self.assertLess(took, 3.5, "4 one-second commands took %.1fs: not in parallel" % took)
+
+    # ---- sessions ----
+
+    def test_bash_session_keeps_state(self):
+        sb = self.sandbox()
+        self.sh(sb, "mkdir -p /tmp/w && cd /tmp/w; export A=1; B=2; f() { echo fn$1; }", session="main")
+        for i in range(3):
+            self.assertEqual(self.sh(sb, "echo $(pwd) $A $B; f %d" % i, session=True),
+                             "/tmp/w 1 2\nfn%d\n" % i)
+        r = sb.run("(exit 7)", session="main")
+        self.assertEqual((r.exit_code, r.session), (7, "main"))
+        # A timeout interrupts the command, not the session.
+        r = sb.run("sleep 100", session="main", timeout=0.5)
+        self.assertTrue(r.timed_out)
+        self.assertIn("timed out", r.stdout)
+        self.assertEqual(self.sh(sb, "echo $B", session="main"), "2\n")
+        self.assertIn("main", [s.name for s in sb.sessions.list()])
+
+    def test_python_session(self):
+        sb = self.sandbox()
+        s = sb.sessions.start("py", kind="python")
+        self.assertEqual((s.name, s.kind, s.running), ("py", "python", True))
+        self.assertEqual(s.run("import os\nx = 21\npid = os.getpid()").exit_code, 0)
+        self.assertEqual(s.run("x * 2").stdout, "42\n")
+        self.assertEqual(sb.run("x * 2, pid == os.getpid()", session="py").stdout, "(42, True)\n")
+        r = sb.sessions.run("py", "1/0")
+        self.assertEqual(r.exit_code, 1)
+        self.assertIn("ZeroDivisionError", r.stdout)
+        self.assertEqual(s.run("x").stdout, "21\n")
+        with self.assertRaises(Conflict) as cm:
+            sb.sessions.start("py", kind="python")
+        self.assertEqual(cm.exception.status, 409)
+        with self.assertRaises(NotFound):
+            sb.run("1", session="nope")
+
+    def test_command_session_logs_and_kill(self):
+        sb = self.sandbox()
+        s = sb.sessions.start("srv", argv=["bash", "-c", "echo hello-from-srv; exec sleep 1000"])
+        self.assertEqual(s.kind, "command")
+        deadline = time.monotonic() + 15
+        while "hello-from-srv" not in sb.sessions.logs("srv"):
+            self.assertLess(time.monotonic(), deadline, "no output in the session's logs")
+            time.sleep(0.1)
+        self.assertIn("hello-from-srv", s.logs())
+        self.assertTrue(sb.sessions.get("srv").running)
+        with self.assertRaises(InvalidRequest):
+            sb.run("echo", session="srv")  # a command session takes no calls
+        s.kill()
+        deadline = time.monotonic() + 15
+        while [x for x in sb.sessions.list() if x.name == "srv" and x.running]:
+            self.assertLess(time.monotonic(), deadline, "the session still runs after kill")
+            time.sleep(0.1)
+        self.assertNotIn("sleep 1000", self.sh(sb, "ps -eo args"))
+
+    # ---- checkpoints, restore, tree, fork ----
+
+    def test_checkpoint_restore_roundtrip(self):
+        sb = self.sandbox()
+        self.sh(sb, "mkdir -p d && echo v1 > d/f && echo keep > k")
+        c1 = sb.checkpoint(label="v1")
+        self.assertIsInstance(c1, Checkpoint)
+        self.assertEqual((c1.label, c1.sandbox, c1.image, c1.parent), ("v1", sb.id, "default", None))
+        self.assertIsInstance(c1.created, datetime.datetime)
+        self.assertIsInstance(c1.killed_processes, int)
+        self.assertTrue(c1.mounted)
+        self.assertGreaterEqual(c1.duration, 0)
+        self.assertEqual(sb.head, c1.id)
+        self.sh(sb, "echo v2 > d/f; rm k; touch new")
+        c2 = sb.checkpoint(label="v2")
+        self.assertEqual(c2.parent, c1.id)
+        self.assertIs(sb.restore(c1), sb)
+        self.assertEqual(self.sh(sb, "cat d/f k; ls"), "v1\nkeep\nd\nk\n")
+        self.assertEqual(sb.head, c1.id)
+        sb.restore(c2.id)  # an id works too
+        self.assertEqual(self.sh(sb, "cat d/f; ls"), "v2\nd\nnew\n")
+        # Uncommitted changes are discarded by a restore.
+        self.sh(sb, "echo scratch > d/f")
+        sb.restore(c2)
+        self.assertEqual(self.sh(sb, "cat d/f"), "v2\n")
+        # The node as the daemon keeps it; durable once synced.
+        self.client.sync()
+        n = c1.refresh()
+        self.assertEqual((n.id, n.label, n.durable), (c1.id, "v1", True))
+        self.assertIn(c2.id, n.children)
+        self.assertEqual(self.client.checkpoint(c2.id).parent, c1.id)
+
+    def test_session_restarted_after_checkpoint(self):
+        sb = self.sandbox()
+        self.sh(sb, "X=1", session="main")
+        sb.checkpoint()
+        r = sb.run("echo ${X:-unset}", session="main")
+        self.assertTrue(r.session_restarted)
+        self.assertEqual(r.stdout, "unset\n")
+
+    def test_tree(self):
+        sb = self.sandbox()
+        self.sh(sb, "echo 1 > f")
+        c1 = sb.checkpoint(label="root-%s" % sb.id)
+        self.sh(sb, "echo 2 > f")
+        c2 = sb.checkpoint(label="left")
+        sb.restore(c1)
+        self.sh(sb, "echo 3 > f")
+        c3 = sb.checkpoint(label="right")
+        t = sb.tree()
+        self.assertIsInstance(t, Tree)
+        self.assertEqual((t.head, t.sandbox), (c3.id, sb.id))
+        for c in (c1, c2, c3):
+            self.assertIn(c.id, t)
+            self.assertEqual(t[c.id].label, c.label)
+        self.assertIn(c1.id, t.roots)
+        self.assertEqual([n.id for n in t.children(c1)], [c2.id, c3.id])
+        self.assertEqual(t[c2.id].parent, c1.id)
+        self.assertEqual([n.id for n in t.path(c3)], [c1.id, c3.id])
+        self.assertEqual(t[c3.id].sandboxes, [sb.id])
+        self.assertEqual(t[c2.id].sandboxes, [])
+        self.assertIn(c2.id, [n.id for n in t.leaves()])
+        text = t.render()
+        self.assertIn("'left'", text)
+        self.assertIn("%s 'right' <- %s  (head)" % (c3.id, sb.id), text)
+        self.assertIn(c1.id, self.client.tree())
+        # Removing: a subtree nobody stands on goes; one a sandbox stands in is refused.
+        self.assertEqual(c2.remove(), [c2.id])
+        self.assertNotIn(c2.id, self.client.tree())
+        with self.assertRaises(Conflict) as cm:
+            c1.remove()
+        self.assertIn(sb.id, cm.exception.message)
+
+    def test_fork(self):
+        sb = self.sandbox(workdir="/srv/w")
+        self.sh(sb, "echo base > f; mkdir -p sub && echo deep > sub/g")
+        ckpt = sb.checkpoint(label="fork-me")
+        kids = ckpt.fork(count=2)
+        for k in kids:
+            self.addCleanup(k.close)
+        self.assertEqual(len(kids), 2)
+        ids = {k.id for k in kids}
+        self.assertEqual(len(ids), 2)
+        self.assertNotIn(sb.id, ids)
+        for i, k in enumerate(kids):
+            self.assertEqual(k.head, ckpt.id)
+            self.assertEqual(k.workdir, "/srv/w")
+            self.assertEqual(self.sh(k, "pwd; cat f sub/g"), "/srv/w\nbase\ndeep\n")
+            self.sh(k, "echo kid%d > f" % i)
+        # Each fork has its own writable layer.
+        self.assertEqual([self.sh(k, "cat f") for k in kids], ["kid0\n", "kid1\n"])
+        self.assertEqual(self.sh(sb, "cat f"), "base\n")
+        self.assertEqual(sorted(self.client.tree()[ckpt.id].sandboxes), sorted(ids | {sb.id}))
+        # sb.fork checkpoints first.
+        self.sh(sb, "echo later > f")
+        (k3,) = sb.fork(count=1, label="later")
+        self.addCleanup(k3.close)
+        self.assertEqual(self.sh(k3, "cat f"), "later\n")
+        # A node from the tree forks the same way (workdir from its sandbox).
+        (k4,) = self.client.tree()[ckpt.id].fork()
+        self.addCleanup(k4.close)
+        self.assertEqual(self.sh(k4, "pwd; cat f"), "/srv/w\nbase\n")
+        with self.assertRaises(ValueError):
+            ckpt.fork(count=0)
+        for k in kids:
+            k.close()
+            with self.assertRaises(NotFound):
+                Sandbox.connect(k.id, client=self.client)
+
+    # ---- errors ----
+
+    def test_typed_errors(self):
+        with self.assertRaises(NotFound) as cm:
+            Sandbox.connect("no-such-sandbox-xyz", client=self.client)
+        e = cm.exception
+        self.assertEqual((e.code, e.status), ("not_found", 404))
+        self.assertIn("no-such-sandbox-xyz", e.message)
+        with self.assertRaises(InvalidRequest) as cm:
+            Sandbox.create(name="Bad Name!", client=self.client)
+        self.assertEqual((cm.exception.code, cm.exception.status), ("invalid", 400))
+        sb = self.sandbox()
+        with self.assertRaises(Conflict) as cm:
+            Sandbox.create(name=sb.id, client=self.client)
+        self.assertEqual((cm.exception.code, cm.exception.status), ("conflict", 409))
+        with self.assertRaises(NotFound):
+            sb.restore("nnosuchnode")
+        with self.assertRaises(NotFound):
+            self.client.checkpoint("nnosuchnode")
+        with self.assertRaises(DeltaBoxError):  # the base class catches them all
+            Sandbox.connect("no-such-sandbox-xyz", client=self.client).run("true")
+
+    def test_conflict_checkpoint_while_running(self):
+        sb = self.sandbox()
+        before = sb.checkpoint(label="before")
+        started = threading.Event()
+        out = {}
+
+        def run():
+            try:
+                out["result"] = sb.run("echo started; sleep 3; echo done", timeout=60,
+                                       on_output=lambda s, d: started.set())
+            except BaseException as e:  # reported by the main thread
+                out["error"] = e
+                started.set()
+
+        th = threading.Thread(target=run)
+        th.start()
+        try:
+            self.assertTrue(started.wait(30), "the command did not start")
+            self.assertNotIn("error", out)
+            with self.assertRaises(Conflict) as cm:
+                sb.checkpoint(label="busy")
+            e = cm.exception
+            self.assertEqual((e.code, e.status), ("conflict", 409))
+            self.assertTrue(e.message)
+            with self.assertRaises(Conflict):
+                sb.restore(before)
+        finally:
+            th.join(60)
+        self.assertNotIn("error", out)
+        self.assertEqual(out["result"].stdout, "started\ndone\n")
+        sb.checkpoint(label="idle")  # fine once the command ended
+
+    # ---- context managers ----
+
+    def test_context_manager_removes(self):
+        with Sandbox.create(client=self.client) as sb:
+            sid = sb.id
+            self.assertEqual(self.sh(sb, "echo in"), "in\n")
+        with self.assertRaises(NotFound):
+            Sandbox.connect(sid, client=self.client)
+        self.assertNotIn(sid, [s.id for s in self.client.sandboxes()])
+        sb.close()  # twice is fine
+        with self.assertRaises(NotFound):
+            sb.remove()
+        # Also when the block raises.
+        with self.assertRaises(KeyError):
+            with Sandbox.create(client=self.client) as sb2:
+                sid2 = sb2.id
+                raise KeyError("boom")
+        with self.assertRaises(NotFound):
+            Sandbox.connect(sid2, client=self.client)
+        # A client as a context manager closes its connections; it stays usable.
+        with Client(SOCKET) as c:
+            self.assertTrue(c.health()["ok"])
+        self.assertTrue(c.health()["ok"])
+        c.close()
+
+    # ---- files ----
+
+    def test_files(self):
+        sb = self.sandbox()
+        self.files_or_skip(sb)
+        f = sb.files
+        info = f.write("a/b/c.txt", "héllo\n")
+        self.assertEqual((info.name, info.path, info.type, info.size), ("c.txt", "/workspace/a/b/c.txt", "file", 7))
+        self.assertEqual(info.mode, 0o644)
+        self.assertEqual(f.read("a/b/c.txt"), "héllo\n".encode())
+        self.assertEqual(f.read_text("/workspace/a/b/c.txt"), "héllo\n")
+        self.assertEqual(f.read("a/b/c.txt", offset=1, length=3), "héllo\n".encode()[1:4])
+        blob = bytes(range(256)) * 1000
+        f.write("bin", blob)
+        self.assertEqual(f.read("bin"), blob)
+        self.assertEqual(self.sh(sb, "sha256sum bin | cut -d' ' -f1"), hashlib.sha256(blob).hexdigest() + "\n")
+        # Written files are seen by commands, and the other way round.
+        self.assertEqual(self.sh(sb, "cat a/b/c.txt"), "héllo\n")
+        self.sh(sb, "echo from-cmd > cmd.txt")
+        self.assertEqual(f.read_text("cmd.txt"), "from-cmd\n")
+        # Modes.
+        f.write("run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+        st = f.stat("run.sh")
+        self.assertEqual((st.mode, st.permissions, st.is_file), (0o755, "-rwxr-xr-x", True))
+        self.assertEqual(self.sh(sb, "./run.sh"), "ran\n")
+        # Listing.
+        self.assertEqual(f.list().names, ["a", "bin", "cmd.txt", "run.sh"])
+        self.assertEqual(f.list(".").path, "/workspace")
+        rec = f.list("a", recursive=True)
+        self.assertEqual([e.path for e in rec], ["/workspace/a/b", "/workspace/a/b/c.txt"])
+        self.assertTrue(rec[0].is_dir)
+        self.assertFalse(rec.truncated)
+        # mkdir, exists, remove.
+        self.assertTrue(f.mkdir("x/y"))
+        self.assertFalse(f.mkdir("x/y"))
+        self.assertTrue(f.stat("x/y").is_dir)
+        self.assertTrue(f.exists("x/y"))
+        self.assertFalse(f.exists("nope"))
+        with self.assertRaises(Conflict):
+            f.remove("x")  # not empty
+        f.remove("x", recursive=True)
+        self.assertFalse(f.exists("x"))
+        f.remove("bin")
+        with self.assertRaises(NotFound):
+            f.read("bin")
+        with self.assertRaises(NotFound):
+            f.write("missing/dir/f", "x", mkdir=False)
+        with self.assertRaises(InvalidRequest) as cm:
+            f.read("../../../etc/passwd")
+        self.assertIn("sandbox", cm.exception.message)  # the message says why
+        # Files roll back with checkpoint/restore.
+        ck = sb.checkpoint()
+        f.write("a/b/c.txt", "changed")
+        f.write("added", "new")
+        sb.restore(ck)
+        self.assertEqual(f.read_text("a/b/c.txt"), "héllo\n")
+        self.assertFalse(f.exists("added"))
+
+
+if __name__ == "__main__":
+    unittest.main()
