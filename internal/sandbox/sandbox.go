@@ -109,7 +109,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits) (_ *Sandbox, err error) 
 	if err != nil {
 		return nil, fmt.Errorf("open the init's mount namespace: %w", err)
 	}
-	if s.builder, err = mountns.NewBuilder(s.baseNS, 1); err != nil {
+	if s.builder, err = mountns.NewBuilder(s.baseNS, 2); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -151,6 +151,20 @@ func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err e
 	s.mu.Unlock()
 	old.Close()
 	return ovl, ns, nil
+}
+
+// BuildState mounts spec and builds its namespace without installing it (a state
+// prepared ahead of time; PutState installs it).
+func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
+	mfd, err := overlay.Mount(spec)
+	if err != nil {
+		return None, err
+	}
+	nsfd, err := s.builder.Build(mfd)
+	if err != nil {
+		return None, err
+	}
+	return State{NS: nsfd, Root: mfd}, nil
 }
 
 // TakeState detaches the current state and hands it to the caller, who closes it when

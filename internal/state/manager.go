@@ -65,6 +65,10 @@ type Manager struct {
 	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
 	// to prove that every failure leaves the sandbox as it was.
 	FailStep func(op string, step int) error
+
+	// noPrepare turns off the prepared next state (DELTABOX_NO_PREPARE=1), to measure
+	// or debug the plain path.
+	noPrepare bool
 }
 
 type node struct {
@@ -78,6 +82,9 @@ type sb struct {
 	rt   *sandbox.Sandbox
 	err  error // why rt is nil (start failed after a daemon restart)
 	seq  uint64
+
+	prepMu sync.Mutex // guards next (see prepare.go)
+	next   *prepared
 
 	mu          sync.Mutex
 	execs       int
@@ -105,7 +112,7 @@ type Stats struct {
 // head with its upper (files survive a daemon restart; processes do not).
 func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{})}
+		uppers: make(chan uint64, 4), stop: make(chan struct{}), noPrepare: os.Getenv("DELTABOX_NO_PREPARE") == "1"}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()
 	if err != nil {
@@ -180,6 +187,7 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	for _, s := range all {
 		s.opMu.Lock()
+		m.discardNext(s)
 		if s.rt != nil {
 			s.rt.Destroy()
 			s.rt = nil
@@ -321,6 +329,7 @@ func (m *Manager) boot(s *sb) error {
 	}
 	s.rt = rt
 	s.err = nil
+	m.prepareNext(s)
 	return nil
 }
 
@@ -433,6 +442,7 @@ func (m *Manager) Remove(id string) error {
 	}
 	s.removed = true
 	s.mu.Unlock()
+	m.discardNext(s)
 	var derr error
 	if s.rt != nil {
 		derr = s.rt.Destroy()

@@ -30,6 +30,8 @@ type OpResult struct {
 	Killed     int       `json:"killed_processes"` // processes ended (no process state yet)
 	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
 	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+	// Prepared: the checkpoint used the next state mounted ahead of time.
+	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.
 	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
 }
@@ -190,13 +192,24 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		m.mu.Unlock()
 	} else {
 		n.Layer, n.Own, n.Bytes = s.rec.Upper, true, -1
+		// The next state, mounted ahead of time (prepare.go), if it fits.
+		p := m.takeNext(s, oldSpec.Lowers)
+		res.Prepared = p != nil
 		if err := m.fail("checkpoint", 2); err != nil {
+			if p != nil {
+				m.putNext(s, p)
+			}
 			return nil, err
 		}
-		if newUpper, err = m.freshUpper(oldSpec.Upper); err != nil {
-			return nil, err
+		if p != nil {
+			newUpper = p.newUpper
+			undo = func() { m.putNext(s, p) }
+		} else {
+			if newUpper, err = m.freshUpper(oldSpec.Upper); err != nil {
+				return nil, err
+			}
+			undo = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
 		}
-		undo = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
 		res.phase("upper", &tp)
 		err = m.fail("checkpoint", 3)
 		if err == nil {
@@ -210,20 +223,29 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 			if err := m.st.Unfreeze(n.Layer); err != nil {
 				m.log.Error("undo freeze", "layer", n.Layer, "err", err)
 			}
-			store.RemoveAll(m.st.LayerDir(newUpper))
+			if p != nil {
+				m.discard(p, false) // its lower, frozen/, is gone with the unfreeze
+			} else {
+				store.RemoveAll(m.st.LayerDir(newUpper))
+			}
 		}
 		res.phase("freeze", &tp)
-		spec := overlay.Spec{
-			Lowers: append([]string{m.st.LayerFrozen(n.Layer)}, oldSpec.Lowers...),
-			Upper:  m.st.LayerDiff(newUpper),
-			Work:   m.st.LayerWork(newUpper),
-		}
 		// The old namespace keeps the old overlay, whose upper is now the empty diff/
 		// (not the frozen layer), until after the answer: see store.Freeze.
 		oldNS = s.rt.TakeState()
 		err = m.fail("checkpoint", 4)
 		if err == nil {
-			err = m.setState(s, res, spec)
+			if p != nil {
+				// The root's mode and owner may have changed since the preparation.
+				matchRoot(m.st.LayerDiff(newUpper), m.st.LayerFrozen(n.Layer))
+				s.rt.PutState(p.state)
+			} else {
+				err = m.setState(s, res, overlay.Spec{
+					Lowers: append([]string{m.st.LayerFrozen(n.Layer)}, oldSpec.Lowers...),
+					Upper:  m.st.LayerDiff(newUpper),
+					Work:   m.st.LayerWork(newUpper),
+				})
+			}
 		}
 		if err != nil {
 			s.rt.PutState(oldNS)
@@ -235,7 +257,10 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	}
 	if err := m.fail("checkpoint", 5); err != nil {
 		if res.Mounted {
-			s.rt.DropState() // the new stack goes before its lower is unfrozen
+			cur := s.rt.TakeState()
+			if !res.Prepared {
+				cur.Close() // the new stack goes before its lower is unfrozen
+			} // else cur is p.state, which undo releases
 			s.rt.PutState(oldNS)
 			undo()
 		}
@@ -260,6 +285,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	s.mu.Lock()
 	s.stats.Checkpoints++
 	s.mu.Unlock()
+	m.prepareNext(s)
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(n.ID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
@@ -318,6 +344,10 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		return nil, err
 	}
 	m.endSessions(s, "ended by a restore (process state is not kept yet)")
+	// The upper is about to be discarded, and with it what was prepared on it; a new
+	// preparation follows whatever happens.
+	m.discardNext(s)
+	defer m.prepareNext(s)
 	res := &OpResult{Sandbox: id, Killed: killed}
 	tp := t0
 	res.phase("kill", &tp)
@@ -384,6 +414,20 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	res.Node = m.nodeInfo(nodeID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
 	return res, nil
+}
+
+// matchRoot gives upper's root directory the mode and owner of top's.
+func matchRoot(upper, top string) {
+	var a, b syscall.Stat_t
+	if syscall.Stat(upper, &a) != nil || syscall.Stat(top, &b) != nil {
+		return
+	}
+	if a.Mode&0o7777 != b.Mode&0o7777 {
+		os.Chmod(upper, os.FileMode(b.Mode&0o7777))
+	}
+	if a.Uid != b.Uid || a.Gid != b.Gid {
+		os.Chown(upper, int(b.Uid), int(b.Gid))
+	}
 }
 
 // ---- tree ----

@@ -32,8 +32,9 @@ func (s *Store) IsFrozen(id uint64) bool {
 	return err == nil
 }
 
-// Freeze moves layer id's upper content into frozen/. The root directory's mode,
-// owner and xattrs are copied first. On failure it moves back what it moved.
+// Freeze moves layer id's upper content into frozen/ (made here, or beforehand by
+// PrepareFrozen). The root directory's mode, owner and xattrs are copied first. On
+// failure it moves back what it moved.
 // Precondition: nothing writes to the layer (the sandbox's processes are stopped).
 func (s *Store) Freeze(id uint64) error {
 	diff, frozen := s.LayerDiff(id), s.LayerFrozen(id)
@@ -41,21 +42,44 @@ func (s *Store) Freeze(id uint64) error {
 	if err := unix.Lstat(diff, &st); err != nil {
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
-	if err := unix.Mkdir(frozen, st.Mode&0o7777); err != nil {
+	made := false
+	if err := unix.Mkdir(frozen, st.Mode&0o7777); err == nil {
+		made = true
+	} else if !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
 	if err := copyRootAttrs(diff, frozen, &st); err != nil {
-		unix.Rmdir(frozen)
+		if made {
+			unix.Rmdir(frozen)
+		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
 	if err := moveEntries(diff, frozen); err != nil {
-		if uerr := moveEntries(frozen, diff); uerr == nil {
+		if uerr := moveEntries(frozen, diff); uerr == nil && made {
 			unix.Rmdir(frozen)
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
 	return nil
 }
+
+// PrepareFrozen makes layer id's (empty) frozen/ directory ahead of its checkpoint, so
+// that the next state's overlay, which lists it as a lower, can be mounted before the
+// checkpoint is asked for (see state's prepared next state).
+func (s *Store) PrepareFrozen(id uint64) error {
+	diff, frozen := s.LayerDiff(id), s.LayerFrozen(id)
+	var st unix.Stat_t
+	if err := unix.Lstat(diff, &st); err != nil {
+		return err
+	}
+	if err := unix.Mkdir(frozen, st.Mode&0o7777); err != nil {
+		return err
+	}
+	return copyRootAttrs(diff, frozen, &st)
+}
+
+// DropPreparedFrozen removes an unused (empty) frozen/ of a layer that is still an upper.
+func (s *Store) DropPreparedFrozen(id uint64) error { return unix.Rmdir(s.LayerFrozen(id)) }
 
 // Unfreeze undoes Freeze (a failed checkpoint, or the startup repair of one that a
 // crash interrupted): entries go back to diff/ and frozen/ is removed.
@@ -124,6 +148,16 @@ func copyRootAttrs(from, to string, st *unix.Stat_t) error {
 	}
 	if err := unix.Chmod(to, st.Mode&0o7777); err != nil { // mkdir applied the umask
 		return err
+	}
+	// Drop what the target has and the source no longer has (a prepared frozen/ was
+	// made from an earlier state of the root).
+	tbuf := make([]byte, 4096)
+	if tn, err := unix.Llistxattr(to, tbuf); err == nil {
+		for _, name := range splitNul(tbuf[:tn]) {
+			if _, err := unix.Lgetxattr(from, name, nil); errors.Is(err, unix.ENODATA) {
+				unix.Lremovexattr(to, name)
+			}
+		}
 	}
 	buf := make([]byte, 4096)
 	n, err := unix.Llistxattr(from, buf)
