@@ -12,6 +12,7 @@ import (
 
 	"deltabox/internal/api"
 	"deltabox/internal/cgroup"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/state"
 	"deltabox/internal/store"
 )
@@ -26,6 +27,8 @@ func daemonCmd() *cobra.Command {
 			if os.Geteuid() != 0 {
 				return fmt.Errorf("the daemon must run as root (it mounts, makes namespaces and ptraces)")
 			}
+			// Whatever the daemon inherited must not leak into sandboxes.
+			sbinit.CloseOnExecFrom(3)
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 			cgroup.SetRootFor(root, store.DefaultRoot)
 			st, err := store.Open(root)

@@ -21,7 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"deltabox/internal/testutil"
+	"deltabox/internal/testutil/skip"
 )
 
 // The tests really seize, inject into and fork processes, so they need root (or
@@ -61,19 +61,19 @@ func TestMain(m *testing.M) {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	testutil.Require(t, os.Geteuid() == 0, "needs root (ptrace of other processes, clone3 set_tid)")
+	skip.Require(t, os.Geteuid() == 0, "needs root (ptrace of other processes, clone3 set_tid)")
 }
 
 func requireHelper(t *testing.T) {
 	t.Helper()
 	requireRoot(t)
-	testutil.Require(t, helperErr == nil, "C helper unavailable: %v", helperErr)
+	skip.Require(t, helperErr == nil, "C helper unavailable: %v", helperErr)
 }
 
 func requirePython(t *testing.T) {
 	t.Helper()
 	requireRoot(t)
-	testutil.Require(t, pythonPath != "", "python3 not found")
+	skip.Require(t, pythonPath != "", "python3 not found")
 }
 
 // proc is a subject process talking line by line on pipes.

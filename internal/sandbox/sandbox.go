@@ -218,8 +218,24 @@ func (s *Sandbox) dupState(which func(State) int) (int, error) {
 	return unix.FcntlInt(uintptr(which(s.state)), unix.F_DUPFD_CLOEXEC, 0)
 }
 
-// KillAll kills every process but init and waits until init has reaped them.
-func (s *Sandbox) KillAll() (int, error) { return s.init.KillAll() }
+// KillAll kills every process but init and keep (PIDs in the sandbox), and waits until
+// init has reaped them.
+func (s *Sandbox) KillAll(keep ...int) (int, error) { return s.init.KillAll(keep...) }
+
+// Watch returns a channel that receives the wait status of pid (in the sandbox) when
+// init reaps it.
+func (s *Sandbox) Watch(pid int) <-chan unix.WaitStatus { return s.init.Watch(pid) }
+
+// Unwatch drops a Watch.
+func (s *Sandbox) Unwatch(pid int) { s.init.Unwatch(pid) }
+
+// HoldFD asks init to keep a duplicate of fd and returns its number in init, so that a
+// process of the sandbox can open it as /proc/1/fd/N (an injected setns needs the
+// namespace fd inside the sandbox). Release with ReleaseFD.
+func (s *Sandbox) HoldFD(fd int) (int, error) { return s.init.Hold(fd) }
+
+// ReleaseFD closes a held fd in init.
+func (s *Sandbox) ReleaseFD(n int) error { return s.init.Release(n) }
 
 // Destroy kills everything and releases every resource; safe to call more than once
 // and on a half-started sandbox. Errors are joined, cleanup goes on regardless.

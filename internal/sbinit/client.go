@@ -223,15 +223,53 @@ func (c *Client) Spawn(o SpawnOptions, stdio [3]int, mntns int) (*Process, error
 	return &Process{Pid: r.Pid, Exit: exit}, nil
 }
 
+// Watch returns a channel that receives pid's wait status when init reaps it (pid in
+// the sandbox). Register before the process can exit: a process the daemon did not
+// spawn (a fork made by injection) is watched from before its clone.
+func (c *Client) Watch(pid int) <-chan unix.WaitStatus {
+	ch := make(chan unix.WaitStatus, 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed != nil {
+		close(ch)
+		return ch
+	}
+	c.exits[pid] = ch
+	return ch
+}
+
+// Unwatch drops a Watch that will not be needed (the clone failed).
+func (c *Client) Unwatch(pid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.exits, pid)
+}
+
+// Hold makes init keep a duplicate of fd; it returns the fd's number in init.
+func (c *Client) Hold(fd int) (int, error) {
+	r, err := c.call(&Message{Op: "hold"}, []int{fd}, nil)
+	if err != nil {
+		return -1, err
+	}
+	return r.Count, nil
+}
+
+// Release closes an fd kept by Hold.
+func (c *Client) Release(n int) error {
+	_, err := c.call(&Message{Op: "release", Pid: n}, nil, nil)
+	return err
+}
+
 // Signal sends sig to pid (or its process group) inside the sandbox.
 func (c *Client) Signal(pid int, sig unix.Signal, group bool) error {
 	_, err := c.call(&Message{Op: "signal", Pid: pid, Sig: int(sig), Group: group}, nil, nil)
 	return err
 }
 
-// KillAll kills every process of the sandbox but init and waits until all are reaped.
-func (c *Client) KillAll() (int, error) {
-	r, err := c.call(&Message{Op: "killall"}, nil, nil)
+// KillAll kills every process of the sandbox but init and keep (PIDs in the sandbox),
+// and waits until all are reaped.
+func (c *Client) KillAll(keep ...int) (int, error) {
+	r, err := c.call(&Message{Op: "killall", Keep: keep}, nil, nil)
 	if err != nil {
 		return 0, err
 	}

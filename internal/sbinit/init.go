@@ -1,6 +1,7 @@
 package sbinit
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,9 +9,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,6 +48,9 @@ func Main(arg string) {
 	if os.Getpid() != 1 {
 		fatal("init must be PID 1 of a new PID namespace (got pid %d)", os.Getpid())
 	}
+	// Nothing init holds may reach the sandbox's processes: not the control socket
+	// (a process holding it could command init), not what the daemon inherited.
+	CloseOnExecFrom(3)
 	for _, fd := range cfg.TaskFDs {
 		unix.CloseOnExec(fd) // commands must not inherit them
 	}
@@ -67,12 +73,25 @@ func Main(arg string) {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
-	s := &server{fd: ctlFD}
+	s := &server{fd: ctlFD, held: map[int]bool{}}
 	go s.reapLoop(sigc)
 	if err := s.send(&Message{Op: "ready"}, nil); err != nil {
 		fatal("ready: %v", err)
 	}
 	s.serve()
+}
+
+// CloseOnExecFrom marks every open fd >= from close-on-exec.
+func CloseOnExecFrom(from int) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= from {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 func fatal(f string, a ...any) {
@@ -198,6 +217,7 @@ func loopbackUp() error {
 // always sent after the reply that names its pid.
 type server struct {
 	fd     int
+	held   map[int]bool // fds kept for the daemon (hold/release); serve's goroutine only
 	sendMu sync.Mutex
 	reapMu sync.Mutex
 }
@@ -273,13 +293,35 @@ func (s *server) serve() {
 			}
 		case "killall":
 			s.reapMu.Lock()
-			// kill(-1) from a PID namespace's init reaches every process of the namespace
-			// but init itself.
-			if err := unix.Kill(-1, unix.SIGKILL); err != nil && err != unix.ESRCH {
-				reply.Err = err.Error()
+			if len(m.Keep) == 0 {
+				// kill(-1) from a PID namespace's init reaches every process of the
+				// namespace but init itself.
+				if err := unix.Kill(-1, unix.SIGKILL); err != nil && err != unix.ESRCH {
+					reply.Err = err.Error()
+				}
+				reply.Count = s.reap(true)
+			} else {
+				n, err := s.killAllBut(m.Keep)
+				reply.Count = n
+				if err != nil {
+					reply.Err = err.Error()
+				}
 			}
-			reply.Count = s.reap(true)
 			s.reapMu.Unlock()
+		case "hold":
+			// Keep the fd; processes of the sandbox reach it as /proc/1/fd/N.
+			if len(fds) != 1 {
+				reply.Err = "hold needs one fd"
+			} else {
+				reply.Count = fds[0]
+				s.held[fds[0]] = true
+				fds = nil
+			}
+		case "release":
+			if s.held[m.Pid] {
+				unix.Close(m.Pid)
+				delete(s.held, m.Pid)
+			}
 		case "ping":
 		default:
 			reply.Err = fmt.Sprintf("unknown op %q", m.Op)
@@ -287,6 +329,53 @@ func (s *server) serve() {
 		closeAll(fds)
 		s.send(reply, nil)
 	}
+}
+
+// killAllBut kills every process of the namespace except init and keep (templates and
+// live sessions on the fast path), and reaps them. Precondition: reapMu held.
+func (s *server) killAllBut(keep []int) (int, error) {
+	spare := map[int]bool{1: true}
+	for _, p := range keep {
+		spare[p] = true
+	}
+	killed := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return killed, err
+		}
+		left := 0
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || spare[pid] {
+				continue
+			}
+			// A zombie waiting for us counts as gone once reaped below.
+			if b, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && zombie(b) {
+				left++
+				continue
+			}
+			if unix.Kill(pid, unix.SIGKILL) == nil {
+				killed++
+				left++
+			}
+		}
+		s.reap(false)
+		if left == 0 {
+			return killed, nil
+		}
+		if time.Now().After(deadline) {
+			return killed, fmt.Errorf("%d processes did not die within 10s", left)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// zombie reports whether a /proc/PID/stat line is a zombie's.
+func zombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 func closeAll(fds []int) {

@@ -44,11 +44,12 @@ type Message struct {
 	Ctty   bool     `json:"ctty,omitempty"` // with Setsid: stdin (a pty) becomes the controlling terminal
 
 	// signal / exit / spawn reply
-	Pid    int  `json:"pid,omitempty"`
-	Sig    int  `json:"sig,omitempty"`
-	Group  bool `json:"group,omitempty"`
-	Status int  `json:"status,omitempty"` // wait status as returned by wait4
-	Count  int  `json:"count,omitempty"`
+	Pid    int   `json:"pid,omitempty"`
+	Sig    int   `json:"sig,omitempty"`
+	Group  bool  `json:"group,omitempty"`
+	Status int   `json:"status,omitempty"` // wait status as returned by wait4
+	Count  int   `json:"count,omitempty"`
+	Keep   []int `json:"keep,omitempty"` // killall: PIDs (in the sandbox) to spare
 
 	Err string `json:"err,omitempty"`
 }

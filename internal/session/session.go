@@ -83,6 +83,8 @@ type Session struct {
 	busy   bool
 	seq    int
 	closed bool
+	gen    int      // process generation: Rebind after a restore starts a new one
+	slave  *os.File // held by NewDetached until Rebind
 }
 
 var pythonDriver = `
@@ -140,6 +142,21 @@ while True:
 // protocol lines out of history (HISTCONTROL=ignorespace).
 const bashSetup = ` stty -echo; HISTCONTROL=ignorespace; PS1=''; PS2=''; PROMPT_COMMAND='__db_rc=$?; printf "\036DBX:%s:%s\036" "$__db_id" "$__db_rc"'; __db_id=ready` + "\n"
 
+// NewDetached makes a session with a fresh terminal and no process yet, for a process
+// restored from a template after the original session was killed (Rebind attaches it).
+func NewDetached(rt *sandbox.Sandbox, name string, kind Kind, argv []string) (*Session, error) {
+	master, slave, err := rt.OpenPTY()
+	if err != nil {
+		return nil, err
+	}
+	// The slave stays open here until the restored process has opened it by path
+	// (PtsPath): with no slave open, reads on the master fail with EIO.
+	s := &Session{name: name, kind: kind, argv: argv, started: time.Now().UTC(), rt: rt, master: master, slave: slave, dead: true, exit: "not started"}
+	s.cond = sync.NewCond(&s.mu)
+	go s.readLoop()
+	return s, nil
+}
+
 // Start starts a session in the sandbox's current state.
 func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir string, env []string) (*Session, error) {
 	switch kind {
@@ -173,21 +190,7 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 	s := &Session{name: name, kind: kind, argv: shown, pid: p.Pid, started: time.Now().UTC(), rt: rt, master: master}
 	s.cond = sync.NewCond(&s.mu)
 	go s.readLoop()
-	go func() {
-		ws, ok := <-p.Exit
-		s.mu.Lock()
-		s.dead = true
-		switch {
-		case !ok:
-			s.exit = "the sandbox's init is gone"
-		case ws.Signaled():
-			s.exit = "killed by " + ws.Signal().String()
-		default:
-			s.exit = "exited with status " + strconv.Itoa(ws.ExitStatus())
-		}
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	}()
+	s.watch(p.Exit, 0)
 	if kind == Bash {
 		if _, err := master.WriteString(bashSetup); err != nil {
 			s.Close()
@@ -202,6 +205,69 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 		}
 	}
 	return s, nil
+}
+
+// watch marks the session ended when its process (generation gen) exits; a later
+// generation (Rebind) is not affected by an earlier process's exit.
+func (s *Session) watch(exit <-chan unix.WaitStatus, gen int) {
+	go func() {
+		ws, ok := <-exit
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.gen != gen {
+			return
+		}
+		s.dead = true
+		switch {
+		case !ok:
+			s.exit = "the sandbox's init is gone"
+		case ws.Signaled():
+			s.exit = "killed by " + ws.Signal().String()
+		default:
+			s.exit = "exited with status " + strconv.Itoa(ws.ExitStatus())
+		}
+		s.cond.Broadcast()
+	}()
+}
+
+// Rebind attaches the session to a process restored from a template (same PID, same
+// terminal): the session runs again, with nothing buffered and no call in flight.
+func (s *Session) Rebind(pid int, exit <-chan unix.WaitStatus) {
+	s.mu.Lock()
+	s.gen++
+	s.pid, s.dead, s.exit, s.busy = pid, false, "", false
+	s.buf = s.buf[:0]
+	gen := s.gen
+	slave := s.slave
+	s.slave = nil
+	s.mu.Unlock()
+	if slave != nil {
+		slave.Close()
+	}
+	s.watch(exit, gen)
+}
+
+// Pid is the session process's PID in the sandbox.
+func (s *Session) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pid
+}
+
+// Kind is what runs in the session.
+func (s *Session) Kind() Kind { return s.kind }
+
+// Master is the terminal's master side (termios and window size are read and set
+// there).
+func (s *Session) Master() *os.File { return s.master }
+
+// PtsPath is the terminal's slave as the sandbox names it (/dev/pts/N).
+func (s *Session) PtsPath() (string, error) {
+	n, err := unix.IoctlGetUint32(int(s.master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		return "", err
+	}
+	return "/dev/pts/" + strconv.Itoa(int(n)), nil
 }
 
 func (s *Session) readLoop() {
@@ -446,7 +512,7 @@ func (s *Session) close(kill bool) {
 	s.closed = true
 	s.mu.Unlock()
 	if kill {
-		s.rt.Signal(s.pid, unix.SIGKILL, true)
+		s.rt.Signal(s.Pid(), unix.SIGKILL, true)
 	}
 	s.master.Close()
 }

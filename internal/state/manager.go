@@ -41,6 +41,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
+	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/session"
@@ -58,6 +59,8 @@ type Manager struct {
 	nodes     map[string]*node
 	sandboxes map[string]*sb
 	nextLayer uint64
+
+	templates map[string][]*procTemplate // node id -> its process templates (fastpath.go)
 
 	uppers chan uint64   // empty layers made ahead of time (fillUppers)
 	stop   chan struct{} // closed by Close
@@ -86,6 +89,8 @@ type sb struct {
 	prepMu sync.Mutex // guards next (see prepare.go)
 	next   *prepared
 
+	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
+
 	mu          sync.Mutex
 	execs       int
 	removed     bool
@@ -105,13 +110,17 @@ type Stats struct {
 	Checkpoints int `json:"checkpoints"`
 	Restores    int `json:"restores"`
 	Execs       int `json:"execs"`
+	// Per path: checkpoints that forked process templates, restores that forked them
+	// back (the others carried files only).
+	ProcessCheckpoints int `json:"process_checkpoints"`
+	ProcessRestores    int `json:"process_restores"`
 }
 
 // New opens the manager on an opened store: loads the index, sweeps orphans, kills
 // what a previous daemon left running, and restarts every sandbox of the index on its
 // head with its upper (files survive a daemon restart; processes do not).
 func New(st *store.Store, log *slog.Logger) (*Manager, error) {
-	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{},
+	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
 		uppers: make(chan uint64, 4), stop: make(chan struct{}), noPrepare: os.Getenv("DELTABOX_NO_PREPARE") == "1"}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()
@@ -191,6 +200,10 @@ func (m *Manager) Close() error {
 		if s.rt != nil {
 			s.rt.Destroy()
 			s.rt = nil
+		}
+		if s.tracer != nil {
+			s.tracer.Close()
+			s.tracer = nil
 		}
 		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()
@@ -449,6 +462,11 @@ func (m *Manager) Remove(id string) error {
 		s.rt = nil
 	}
 	m.endSessions(s, "sandbox removed")
+	if s.tracer != nil {
+		s.tracer.Close()
+		s.tracer = nil
+	}
+	m.dropSandboxTemplates(id)
 	m.mu.Lock()
 	delete(m.sandboxes, id)
 	m.mu.Unlock()

@@ -155,6 +155,25 @@ func (m *Manager) endSessions(s *sb, why string) {
 	}
 }
 
+// endSessionsExcept ends the sessions that have no template in ts (their processes were
+// killed); the others wait to be rebound to their restored process. Precondition: s.opMu.
+func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, why string) {
+	keep := map[string]bool{}
+	for _, t := range ts {
+		keep[t.session] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, sess := range s.sessions {
+		if keep[name] {
+			continue
+		}
+		sess.Release()
+		s.ended[name] = why
+		delete(s.sessions, name)
+	}
+}
+
 // sessionFor returns the session a call goes to, starting the default session or
 // restarting an ended bash/python one. Precondition: s.opMu held.
 func (m *Manager) sessionFor(s *sb, name string) (*session.Session, bool, error) {

@@ -30,6 +30,10 @@ type OpResult struct {
 	Killed     int       `json:"killed_processes"` // processes ended (no process state yet)
 	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
 	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+	// Processes is how many session processes were checkpointed (templates forked) or
+	// restored from templates; ProcessErrors says which could not be (they were ended).
+	Processes     int      `json:"processes"`
+	ProcessErrors []string `json:"process_errors,omitempty"`
 	// Prepared: the checkpoint used the next state mounted ahead of time.
 	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.
@@ -78,13 +82,14 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock() }, nil
 }
 
-// killAll ends every process but init; it skips the round trip to init when the
-// cgroup shows init alone.
-func killAll(s *sb) (int, error) {
-	if s.rt.OnlyInit() {
+// killAll ends every process but init and keep (sandbox PIDs: live sessions being
+// checkpointed, templates); it skips the round trip to init when the cgroup shows init
+// alone. (Counting is not enough otherwise: keep may name templates that died.)
+func killAll(s *sb, keep []int) (int, error) {
+	if pids, err := s.rt.Pids(); err == nil && len(pids) == 1 {
 		return 0, nil
 	}
-	n, err := s.rt.KillAll()
+	n, err := s.rt.KillAll(keep...)
 	if err != nil {
 		return 0, fmt.Errorf("end the sandbox's processes: %w", err)
 	}
@@ -166,11 +171,18 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	if err := m.fail("checkpoint", 1); err != nil {
 		return nil, err
 	}
-	killed, err := killAll(s)
+	// Sessions carry their process state (fastpath.go); checked before anything changes.
+	live, err := m.inspectSessions(s)
 	if err != nil {
 		return nil, err
 	}
-	m.endSessions(s, "ended by a checkpoint (process state is not kept yet)")
+	killed, err := killAll(s, m.keepPids(s, live))
+	if err != nil {
+		return nil, err
+	}
+	if !fastPathOn() {
+		m.endSessions(s, "ended by a checkpoint (DELTABOX_FASTPATH=0: process state is not kept)")
+	}
 	res := &OpResult{Sandbox: id, Killed: killed}
 	tp := t0
 	res.phase("kill", &tp)
@@ -266,10 +278,20 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		}
 		return nil, err
 	}
+	// Process state: each session forks into a template and moves onto the new state.
+	tps, perr := m.forkTemplates(s, live)
+	if perr != nil {
+		res.ProcessErrors = append(res.ProcessErrors, perr.Error())
+	}
+	res.Processes = len(tps)
+	res.phase("processes", &tp)
 	m.mu.Lock()
 	n.ID = m.newNodeID()
 	nd := &node{Node: n}
 	m.nodes[n.ID] = nd
+	if len(tps) > 0 {
+		m.templates[n.ID] = tps
+	}
 	s.rec.Head, s.rec.Upper = n.ID, newUpper
 	seq := m.st.Index.Apply(store.Op{PutNode: &n}, store.Op{PutSandbox: &s.rec})
 	nd.seq, s.seq = seq, seq
@@ -284,6 +306,9 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	}
 	s.mu.Lock()
 	s.stats.Checkpoints++
+	if len(tps) > 0 {
+		s.stats.ProcessCheckpoints++
+	}
 	s.mu.Unlock()
 	m.prepareNext(s)
 	res.phase("publish", &tp)
@@ -339,18 +364,26 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	if err := m.fail("restore", 1); err != nil {
 		return nil, err
 	}
-	killed, err := killAll(s)
+	// The node's process templates, if this sandbox made them; a gone one refuses the
+	// restore before anything changes.
+	res := &OpResult{Sandbox: id}
+	tp := t0
+	tps, err := m.templatesFor(s, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	m.endSessions(s, "ended by a restore (process state is not kept yet)")
+	res.phase("templates", &tp)
+	res.Killed, err = killAll(s, m.keepPids(s, nil))
+	if err != nil {
+		return nil, err
+	}
+	m.endSessionsExcept(s, tps, "ended by a restore to "+nodeID+", where it had no process state")
+	res.phase("kill", &tp)
 	// The upper is about to be discarded, and with it what was prepared on it; a new
 	// preparation follows whatever happens.
 	m.discardNext(s)
 	defer m.prepareNext(s)
-	res := &OpResult{Sandbox: id, Killed: killed}
-	tp := t0
-	res.phase("kill", &tp)
+	res.phase("discard", &tp)
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
 		return nil, err
@@ -395,6 +428,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		}
 		return nil, err
 	}
+	res.ProcessErrors = m.restoreTemplates(s, tps)
+	res.Processes = len(tps) - len(res.ProcessErrors)
+	res.phase("processes", &tp)
 	m.mu.Lock()
 	s.rec.Head, s.rec.Image, s.rec.Upper = nodeID, image, newUpper
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
@@ -409,6 +445,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	}
 	s.mu.Lock()
 	s.stats.Restores++
+	if res.Processes > 0 {
+		s.stats.ProcessRestores++
+	}
 	s.mu.Unlock()
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(nodeID)
@@ -544,6 +583,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	}
 	var ops []store.Op
 	var dirs []string
+	m.dropTemplatesLocked(sub)
 	for _, n := range sub {
 		if m.nodes[n].Own {
 			dirs = append(dirs, m.st.LayerDir(m.nodes[n].Layer))

@@ -19,20 +19,14 @@ import (
 
 	"deltabox/internal/client"
 	"deltabox/internal/store"
+	"deltabox/internal/testutil/skip"
 )
 
 // Require skips t with reason unless ok; under CI=true it fails instead, so that CI
 // cannot pass with privileged tests silently skipped.
 func Require(t testing.TB, ok bool, reason string, args ...any) {
 	t.Helper()
-	if ok {
-		return
-	}
-	msg := fmt.Sprintf(reason, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("cannot run (and CI=true forbids skipping): %s", msg)
-	}
-	t.Skip(msg)
+	skip.Require(t, ok, reason, args...)
 }
 
 // MainRoot is the store that scripts/setup.sh prepares.

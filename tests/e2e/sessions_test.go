@@ -180,16 +180,20 @@ func TestStreamingDeliversOutputBeforeTheEnd(t *testing.T) {
 	}
 }
 
-// TestCheckpointRestoreWithSessions: checkpoint and restore work with sessions present;
-// until the process fast path they end the sessions, which start again on the next call
-// and say so; they answer 409 while a session call runs.
+// TestCheckpointRestoreWithSessions: checkpoint and restore carry the sessions' process
+// state (the fast path): after a checkpoint the session goes on as it was; a restore
+// brings back its variables and cwd with the same PID; they answer 409 while a session
+// call runs.
 func TestCheckpointRestoreWithSessions(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	dbxCreate(t, d, "cr")
-	sessRun(t, d, "cr", "main", "echo v1 > f")
+	pid := sessRun(t, d, "cr", "main", "echo v1 > f; V=one; cd /tmp; echo $$")
 	n1 := dbxCheckpoint(t, d, "cr", "one")
-	r, err := d.C.Run(dbxCtx(t), "cr", "main", "cat f; echo v2 > f", time.Minute)
-	if err != nil || !r.SessionRestarted || r.Stdout != "v1\n" {
+	if n1.Processes != 1 || len(n1.ProcessErrors) > 0 {
+		t.Fatalf("checkpoint took %d processes (%v), want the session's", n1.Processes, n1.ProcessErrors)
+	}
+	r, err := d.C.Run(dbxCtx(t), "cr", "main", "cat /workspace/f; echo v2 > /workspace/f; echo $V $$ $(pwd); V=two; cd /", time.Minute)
+	if err != nil || r.SessionRestarted || r.Stdout != "v1\none "+strings.TrimSpace(pid)+" /tmp\n" {
 		t.Fatalf("after a checkpoint: %+v %v", r, err)
 	}
 	done := make(chan error, 1)
@@ -204,8 +208,11 @@ func TestCheckpointRestoreWithSessions(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	dbxRestore(t, d, "cr", n1.Node.ID)
-	if out := sessRun(t, d, "cr", "main", "cat f"); out != "v1\n" {
+	res := dbxRestore(t, d, "cr", n1.Node.ID)
+	if res.Processes != 1 {
+		t.Fatalf("restore brought back %d processes (%v)", res.Processes, res.ProcessErrors)
+	}
+	if out := sessRun(t, d, "cr", "main", "cat /workspace/f; echo $V $$ $(pwd)"); out != "v1\none "+strings.TrimSpace(pid)+" /tmp\n" {
 		t.Fatalf("after restore: %q", out)
 	}
 }

@@ -537,13 +537,18 @@ class DaemonTest(unittest.TestCase):
         self.assertIn(c2.id, n.children)
         self.assertEqual(self.client.checkpoint(c2.id).parent, c1.id)
 
-    def test_session_restarted_after_checkpoint(self):
+    def test_session_state_follows_checkpoint_and_restore(self):
+        # The process fast path: a session's process state is part of the checkpoint.
         sb = self.sandbox()
         self.sh(sb, "X=1", session="main")
-        sb.checkpoint()
+        c = sb.checkpoint()
+        r = sb.run("echo ${X:-unset}; X=2", session="main")
+        self.assertFalse(r.session_restarted)
+        self.assertEqual(r.stdout, "1\n")
+        sb.restore(c)
         r = sb.run("echo ${X:-unset}", session="main")
-        self.assertTrue(r.session_restarted)
-        self.assertEqual(r.stdout, "unset\n")
+        self.assertFalse(r.session_restarted)
+        self.assertEqual(r.stdout, "1\n")
 
     def test_tree(self):
         sb = self.sandbox()

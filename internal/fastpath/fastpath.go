@@ -1,0 +1,405 @@
+// Package fastpath checkpoints and restores a sandbox's live processes by template fork
+// (DeltaCR's fast path), with the injected syscalls of package remote.
+//
+// At a checkpoint each process forks by injection (clone3 with CLONE_PARENT, so the
+// child is, like the process, a child of the sandbox's init). The *child* becomes the
+// template: it leaves the process's session (injected setsid, so that the session id
+// dies with the live process at a restore) and is left in a SIGSTOP group stop, never to
+// run an instruction of its own. The original goes on live, moved onto the new state: an
+// injected setns into the new mount namespace, chdir back to its cwd, and every file or
+// directory fd reopened there at the same offset and flags, so that it shares no open
+// file description with its template and nothing it writes reaches a frozen layer. It
+// keeps its PID.
+//
+// At a restore the live process has been killed and reaped; the template forks again
+// with clone3 set_tid = the live PID, and the child is moved onto the restored state the
+// same way, takes a session of its own with the sandbox's terminal as controlling
+// terminal and foreground group, and has its pending terminal input flushed.
+//
+// Eligibility (Inspect) is checked before anything changes: one thread, no children,
+// and only file descriptors this package knows how to treat (regular files and
+// directories: reopened; the session's terminal: shared by design; /dev/null and the
+// other stateless character devices: kept). Anything else (pipes, sockets, eventfd,
+// inotify, deleted files, writable shared file mappings...) makes the process ineligible
+// with a reason that names it. Interval timers, POSIX timers, pending signals and file
+// locks are not carried yet (the fast-path issue lists them).
+package fastpath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/remote"
+)
+
+// FD is one file descriptor of a process and its treatment.
+type FD struct {
+	Num   int
+	Kind  string // "file", "dir", "pty", "dev"
+	Path  string // as the process sees it
+	Flags int    // open flags (fdinfo)
+	Pos   int64
+}
+
+// Proc is what a checkpoint records of a process.
+type Proc struct {
+	HostPid int // in the daemon's PID namespace
+	Pid     int // in the sandbox's
+	Cwd     string
+	FDs     []FD
+}
+
+// Ineligible is returned by Inspect when the fast path cannot take a process.
+type Ineligible struct {
+	Pid    int
+	Reason string
+}
+
+func (e *Ineligible) Error() string {
+	return fmt.Sprintf("process %d cannot be checkpointed with its state: %s", e.Pid, e.Reason)
+}
+
+// statelessDevs are character devices a process may hold across a checkpoint: reading or
+// writing them carries no state that fork would share.
+var statelessDevs = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true,
+	"/dev/random": true, "/dev/urandom": true, "/dev/tty": true}
+
+// Inspect reads what the fast path needs about hostPid and checks eligibility.
+func Inspect(hostPid int) (*Proc, error) {
+	base := "/proc/" + strconv.Itoa(hostPid)
+	p := &Proc{HostPid: hostPid}
+	status, err := os.ReadFile(base + "/status")
+	if err != nil {
+		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[0] == "NSpid:" {
+			p.Pid, _ = strconv.Atoi(f[len(f)-1])
+		}
+		if len(f) == 2 && f[0] == "Threads:" && f[1] != "1" {
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("it has %s threads (fork copies only one; set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1)", f[1])}
+		}
+	}
+	if ch, _ := os.ReadFile(fmt.Sprintf("%s/task/%d/children", base, hostPid)); len(bytes.TrimSpace(ch)) > 0 {
+		return nil, &Ineligible{p.Pid, "it has child processes (" + strings.TrimSpace(string(ch)) + "), which a fork cannot take along"}
+	}
+	if p.Cwd, err = os.Readlink(base + "/cwd"); err != nil {
+		return nil, err
+	}
+	if strings.HasSuffix(p.Cwd, " (deleted)") {
+		return nil, &Ineligible{p.Pid, "its working directory was deleted"}
+	}
+	if err := sharedWritableMappings(base, p.Pid); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(base + "/fd")
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		target, err := os.Readlink(base + "/fd/" + e.Name())
+		if err != nil {
+			continue // closed meanwhile
+		}
+		fd := FD{Num: n, Path: target}
+		switch {
+		case strings.HasPrefix(target, "/dev/pts/"):
+			fd.Kind = "pty"
+		case statelessDevs[target]:
+			fd.Kind = "dev"
+		case strings.HasSuffix(target, " (deleted)"):
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
+		case strings.HasPrefix(target, "/"):
+			var st unix.Stat_t
+			if err := unix.Stat(base+"/fd/"+e.Name(), &st); err != nil {
+				continue
+			}
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFREG:
+				fd.Kind = "file"
+			case unix.S_IFDIR:
+				fd.Kind = "dir"
+			default:
+				return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, a special file", n, target)}
+			}
+			if fd.Flags, fd.Pos, err = fdinfo(base, n); err != nil {
+				return nil, err
+			}
+		default: // pipe:[..], socket:[..], anon_inode:[eventfd] ...
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target)}
+		}
+		p.FDs = append(p.FDs, fd)
+	}
+	sort.Slice(p.FDs, func(i, j int) bool { return p.FDs[i].Num < p.FDs[j].Num })
+	return p, nil
+}
+
+func fdinfo(base string, n int) (flags int, pos int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("%s/fdinfo/%d", base, n))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		switch f[0] {
+		case "pos:":
+			pos, _ = strconv.ParseInt(f[1], 10, 64)
+		case "flags:":
+			v, _ := strconv.ParseInt(f[1], 8, 64)
+			flags = int(v)
+		}
+	}
+	return flags, pos, nil
+}
+
+// sharedWritableMappings refuses MAP_SHARED writable file mappings, which a fork would
+// share with the template (remapping them is the fast-path issue's next step).
+func sharedWritableMappings(base string, pid int) error {
+	b, err := os.ReadFile(base + "/maps")
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 6 && len(f[1]) == 4 && f[1][1] == 'w' && f[1][3] == 's' && strings.HasPrefix(f[5], "/") && !strings.HasPrefix(f[5], "/dev/zero") {
+			return &Ineligible{pid, "it has a writable shared mapping of " + f[5]}
+		}
+	}
+	return nil
+}
+
+// Template is a frozen fork of a process.
+type Template struct {
+	Proc            // the process as it was at the checkpoint
+	HostPid int     // the template's own PID (host)
+	SelfPid int     // the template's own PID in the sandbox
+	sc      uintptr // a syscall instruction in it (it never leaves its stop in a syscall)
+}
+
+// Alive reports whether the template still exists and is stopped (it may have been
+// killed from inside the sandbox; that node's process state is then gone).
+func (t *Template) Alive() bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(t.HostPid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
+}
+
+// Kill kills the template.
+func (t *Template) Kill() { unix.Kill(t.HostPid, unix.SIGKILL) }
+
+// Checkpoint forks p's process into a template and moves the process onto the state
+// whose mount namespace it can open at nsPath (a path inside the sandbox, such as
+// /proc/1/fd/N of an fd init holds). On error nothing was moved, or the error says the
+// process was killed.
+func Checkpoint(tr *remote.Tracer, p *Proc, nsPath string) (*Template, error) {
+	t, err := tr.Seize(p.HostPid)
+	if err != nil {
+		return nil, fmt.Errorf("seize %d: %w", p.Pid, err)
+	}
+	var child *remote.Tracee
+	err = tr.Do(func() error {
+		var err error
+		if child, err = t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}); err != nil {
+			return fmt.Errorf("fork the template: %w", err)
+		}
+		if _, err := child.Setsid(); err != nil {
+			return fmt.Errorf("template setsid: %w", err)
+		}
+		return move(t, p, nsPath)
+	})
+	if err != nil {
+		if child != nil {
+			child.Kill()
+		}
+		t.Detach()
+		return nil, err
+	}
+	tmpl := &Template{Proc: *p, HostPid: child.Pid(), SelfPid: nsPid(child.Pid()), sc: child.SyscallAddr()}
+	if err := child.DetachStopped(); err != nil {
+		t.Detach()
+		return nil, fmt.Errorf("park the template: %w", err)
+	}
+	if err := t.Detach(); err != nil {
+		tmpl.Kill()
+		return nil, fmt.Errorf("resume %d: %w", p.Pid, err)
+	}
+	return tmpl, nil
+}
+
+// Restore forks the template into a new live process with the PID the process had
+// (which must be free: the old one killed and reaped), moves it onto the state at
+// nsPath and gives it ptyPath (in the sandbox) as its terminal in place of the one it
+// had. It returns the new process's host PID.
+func Restore(tr *remote.Tracer, tmpl *Template, nsPath, ptyPath string) (int, error) {
+	t, err := tr.Seize(tmpl.HostPid)
+	if err != nil {
+		return 0, fmt.Errorf("seize the template: %w", err)
+	}
+	if tmpl.sc != 0 {
+		t.UseSyscallAddr(tmpl.sc)
+	}
+	var child *remote.Tracee
+	err = tr.Do(func() error {
+		var err error
+		child, err = t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{tmpl.Pid}})
+		if err != nil {
+			return fmt.Errorf("fork the template with pid %d: %w", tmpl.Pid, err)
+		}
+		if err := move(child, &tmpl.Proc, nsPath); err != nil {
+			return err
+		}
+		if _, err := child.Setsid(); err != nil {
+			return fmt.Errorf("setsid: %w", err)
+		}
+		return terminal(child, &tmpl.Proc, ptyPath)
+	})
+	if err != nil {
+		if child != nil {
+			child.Kill()
+		}
+		t.DetachStopped()
+		return 0, err
+	}
+	if err := t.DetachStopped(); err != nil {
+		child.Kill()
+		return 0, fmt.Errorf("park the template again: %w", err)
+	}
+	host := child.Pid()
+	if err := child.Detach(); err != nil {
+		return 0, fmt.Errorf("resume the restored process: %w", err)
+	}
+	return host, nil
+}
+
+// move puts the tracee onto the state at nsPath: setns, chdir, files and directories
+// reopened at the same offset and flags. Precondition: on tr's thread (inside Do).
+func move(t *remote.Tracee, p *Proc, nsPath string) error {
+	fd, err := t.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the new state's namespace: %w", err)
+	}
+	if err := t.Setns(fd, unix.CLONE_NEWNS); err != nil {
+		t.Close(fd)
+		return fmt.Errorf("setns: %w", err)
+	}
+	t.Close(fd)
+	if err := t.Chdir(p.Cwd); err != nil {
+		return fmt.Errorf("chdir %s: %w", p.Cwd, err)
+	}
+	for _, f := range p.FDs {
+		if f.Kind != "file" && f.Kind != "dir" {
+			continue
+		}
+		flags := f.Flags &^ (unix.O_CREAT | unix.O_TRUNC | unix.O_EXCL)
+		nfd, err := t.Open(f.Path, flags, 0)
+		if err != nil {
+			return fmt.Errorf("reopen fd %d (%s): %w", f.Num, f.Path, err)
+		}
+		if f.Kind == "file" && f.Pos != 0 {
+			if _, err := t.Lseek(nfd, f.Pos, 0); err != nil {
+				t.Close(nfd)
+				return fmt.Errorf("seek fd %d (%s): %w", f.Num, f.Path, err)
+			}
+		}
+		if err := t.Dup3(nfd, f.Num, f.Flags&unix.O_CLOEXEC); err != nil {
+			t.Close(nfd)
+			return fmt.Errorf("dup3 fd %d: %w", f.Num, err)
+		}
+		t.Close(nfd)
+	}
+	return nil
+}
+
+// terminal gives the (new session leader) tracee ptyPath in place of every terminal fd
+// it had, makes it the controlling terminal and the tracee's group the foreground, and
+// flushes input typed before the restore. Precondition: inside Do, after setsid.
+func terminal(t *remote.Tracee, p *Proc, ptyPath string) error {
+	var ptys []FD
+	for _, f := range p.FDs {
+		if f.Kind == "pty" {
+			ptys = append(ptys, f)
+		}
+	}
+	if len(ptys) == 0 {
+		return nil
+	}
+	pfd, err := t.Open(ptyPath, unix.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", ptyPath, err)
+	}
+	defer t.Close(pfd)
+	for _, f := range ptys {
+		if err := t.Dup3(pfd, f.Num, f.Flags&unix.O_CLOEXEC); err != nil {
+			return fmt.Errorf("dup3 the terminal to fd %d: %w", f.Num, err)
+		}
+	}
+	if _, err := t.Ioctl(pfd, unix.TIOCSCTTY, 1); err != nil {
+		return fmt.Errorf("TIOCSCTTY: %w", err)
+	}
+	pgrp := make([]byte, 4)
+	binary.LittleEndian.PutUint32(pgrp, uint32(p.Pid))
+	addr, err := t.Scratch(pgrp)
+	if err != nil {
+		return err
+	}
+	if _, err := t.Ioctl(pfd, unix.TIOCSPGRP, addr); err != nil {
+		return fmt.Errorf("tcsetpgrp: %w", err)
+	}
+	if _, err := t.Ioctl(pfd, unix.TCFLSH, unix.TCIFLUSH); err != nil {
+		return fmt.Errorf("flush terminal input: %w", err)
+	}
+	return nil
+}
+
+// nsPid is the PID in its innermost namespace of the process hostPid (0 if gone).
+func nsPid(hostPid int) int {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(hostPid), "status"))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[0] == "NSpid:" {
+			n, _ := strconv.Atoi(f[len(f)-1])
+			return n
+		}
+	}
+	return 0
+}
+
+// HostPid finds the host PID of the sandbox process nsPid among the host PIDs given
+// (the sandbox's cgroup), from /proc/PID/status NSpid.
+func HostPid(hostPids []int, nsPid int) (int, error) {
+	for _, h := range hostPids {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(h), "status"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 2 && f[0] == "NSpid:" && f[len(f)-1] == strconv.Itoa(nsPid) {
+				return h, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process %d in the sandbox", nsPid)
+}

@@ -1,0 +1,179 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// fpStoppedPids lists the sandbox's processes that are in a stop (templates), as host
+// PIDs, with their user CPU time (ticks).
+func fpStoppedPids(t *testing.T, d *testutil.Daemon, id string) map[int]string {
+	t.Helper()
+	info, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := dbxCgroupDir(t, info.InitPid)
+	out := map[int]string{}
+	for _, p := range dbxReadPids(filepath.Join(dir, "cgroup.procs")) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		f := strings.Fields(string(b[i+2:]))
+		if f[0] == "T" || f[0] == "t" {
+			// utime only: the injected clone3 and setsid run in the template's kernel
+			// context (stime), but not one instruction of its own code (utime).
+			out[p] = f[11]
+		}
+	}
+	return out
+}
+
+// TestFastPathRestoresProcessState: a bash session (variables, functions, aliases, cwd,
+// exported environment, history) and a python session (a dict of 10^5 objects, a
+// generator mid-iteration, a file mid-read, a random.Random state) are checkpointed at
+// several states and restored to nodes in random order, 100 times; every restore gives
+// back exactly what was recorded at that checkpoint, with the same PIDs, and templates
+// never run.
+func TestFastPathRestoresProcessState(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "fp")
+	if _, err := d.C.StartSession(dbxCtx(t), "fp", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	bashPid := strings.TrimSpace(sessRun(t, d, "fp", "main", "echo $$"))
+	pyPid := strings.TrimSpace(sessRun(t, d, "fp", "py", "import os; os.getpid()"))
+	sessRun(t, d, "fp", "py", `import random
+d = {i: str(i) for i in range(10**5)}
+def gen():
+    i = 0
+    while True:
+        yield i
+        i += 1
+g = gen()
+open('/workspace/lines.txt', 'w').write(''.join('line%d\n' % i for i in range(1000)))
+fin = open('/workspace/lines.txt')
+rng = random.Random(7)
+step = 0`)
+	bashProbe := `echo "$V|$(f)|$(pwd)|$EXP|$(alias a)|$(history | tail -1 | cut -c8-)|$$"`
+	pyProbe := `(step, len(d), d[step], next(g), fin.readline().strip(), rng.random(), os.getpid())`
+	type rec struct{ node, bash, py string }
+	var recs []rec
+	for i := 0; i < 6; i++ {
+		sessRun(t, d, "fp", "main", fmt.Sprintf(`mkdir -p /tmp/d%d && cd /tmp/d%d; V=v%d; f() { echo f%d; }; alias a='echo a%d'; export EXP=e%d; echo marker%d`, i, i, i, i, i, i, i))
+		sessRun(t, d, "fp", "py", fmt.Sprintf("step = %d\nd[step] = 'changed%d'\nfor _ in range(%d): next(g); fin.readline(); rng.random()", i, i, i+1))
+		op := dbxCheckpoint(t, d, "fp", fmt.Sprintf("s%d", i))
+		if op.Processes != 2 {
+			t.Fatalf("checkpoint %d took %d processes: %v", i, op.Processes, op.ProcessErrors)
+		}
+		// What the sessions show now, without changing them (probes advance g, fin and
+		// rng, so they are taken right after a restore only).
+		recs = append(recs, rec{node: op.Node.ID})
+	}
+	// Record each node's state by restoring to it once.
+	for i := range recs {
+		dbxRestore(t, d, "fp", recs[i].node)
+		recs[i].bash = sessRun(t, d, "fp", "main", bashProbe)
+		recs[i].py = sessRun(t, d, "fp", "py", pyProbe)
+		if !strings.Contains(recs[i].bash, fmt.Sprintf("v%d|f%d|/tmp/d%d|e%d|alias a='echo a%d'|", i, i, i, i, i)) || !strings.HasSuffix(recs[i].bash, "|"+bashPid+"\n") {
+			t.Fatalf("node %d bash state: %q", i, recs[i].bash)
+		}
+		if !strings.HasPrefix(recs[i].py, fmt.Sprintf("(%d, 100000, 'changed%d', %d, 'line%d'", i, i, (i+1)*(i+2)/2, (i+1)*(i+2)/2)) || !strings.HasSuffix(recs[i].py, ", "+pyPid+")\n") {
+			t.Fatalf("node %d python state: %q", i, recs[i].py)
+		}
+	}
+	templates := fpStoppedPids(t, d, "fp")
+	if len(templates) != 12 {
+		t.Fatalf("%d stopped templates, want 12 (2 sessions x 6 nodes)", len(templates))
+	}
+	rng := rand.New(rand.NewSource(1))
+	for k := 0; k < 100; k++ {
+		i := rng.Intn(len(recs))
+		// Change everything first, as an agent would.
+		sessRun(t, d, "fp", "main", "V=dirty; cd /; unset -f f; export EXP=dirty")
+		sessRun(t, d, "fp", "py", "d.clear(); step = -1")
+		res := dbxRestore(t, d, "fp", recs[i].node)
+		if res.Processes != 2 {
+			t.Fatalf("restore %d to node %d: %d processes %v", k, i, res.Processes, res.ProcessErrors)
+		}
+		if b := sessRun(t, d, "fp", "main", bashProbe); b != recs[i].bash {
+			t.Fatalf("restore %d to node %d: bash %q, recorded %q", k, i, b, recs[i].bash)
+		}
+		if p := sessRun(t, d, "fp", "py", pyProbe); p != recs[i].py {
+			t.Fatalf("restore %d to node %d: python %q, recorded %q", k, i, p, recs[i].py)
+		}
+	}
+	// Templates never ran: same set, still stopped, no CPU time added.
+	if after := fpStoppedPids(t, d, "fp"); fmt.Sprint(after) != fmt.Sprint(templates) {
+		t.Fatalf("templates changed: before %v after %v", templates, after)
+	}
+	info, _ := d.C.Get(dbxCtx(t), "fp")
+	if info.Stats.ProcessRestores < 106 || info.Stats.ProcessCheckpoints != 6 {
+		t.Fatalf("path counts: %+v", info.Stats)
+	}
+}
+
+// TestFastPathIneligibleProcessChangesNothing: a session holding a pipe cannot be
+// checkpointed with its state: the checkpoint fails naming the process and the reason,
+// and nothing changes.
+func TestFastPathIneligibleProcessChangesNothing(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "in")
+	sessRun(t, d, "in", "main", "echo a > f; V=kept; exec 7< <(echo hi)")
+	before, _ := d.C.Tree(dbxCtx(t))
+	_, err := d.C.Checkpoint(dbxCtx(t), "in", "x")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "fd 7 is pipe:") || !strings.Contains(err.Error(), "session main") {
+		t.Fatalf("checkpoint of an ineligible session: %v", err)
+	}
+	after, _ := d.C.Tree(dbxCtx(t))
+	if len(after.Nodes) != len(before.Nodes) {
+		t.Fatalf("a refused checkpoint made a node")
+	}
+	if out := sessRun(t, d, "in", "main", "echo $V; cat f"); out != "kept\na\n" {
+		t.Fatalf("session after a refused checkpoint: %q", out)
+	}
+	sessRun(t, d, "in", "main", "exec 7<&-")
+	dbxCheckpoint(t, d, "in", "ok")
+}
+
+// TestFastPathKilledTemplateRefusesRestore: killing a template from inside the sandbox
+// makes a later restore of its node fail with a clear error, never a wrong state; other
+// nodes still restore.
+func TestFastPathKilledTemplateRefusesRestore(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "kt")
+	sessRun(t, d, "kt", "main", "V=one")
+	n1 := dbxCheckpoint(t, d, "kt", "one")
+	sessRun(t, d, "kt", "main", "V=two")
+	n2 := dbxCheckpoint(t, d, "kt", "two")
+	// The oldest stopped bash in the sandbox is n1's template; kill it from inside.
+	sessRun(t, d, "kt", "main", `for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat); [ "$s" = T ] && echo ${p#/proc/}; done | sort -n | head -1 | xargs kill -9`)
+	time.Sleep(100 * time.Millisecond)
+	_, err := d.C.Restore(dbxCtx(t), "kt", n1.Node.ID)
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "template") || !strings.Contains(err.Error(), "gone") {
+		t.Fatalf("restore to a node whose template died: %v", err)
+	}
+	if out := sessRun(t, d, "kt", "main", "echo $V"); out != "two\n" {
+		t.Fatalf("a refused restore changed the session: %q", out)
+	}
+	if res := dbxRestore(t, d, "kt", n2.Node.ID); res.Processes != 1 {
+		t.Fatalf("restore to n2: %d processes: %v", res.Processes, res.ProcessErrors)
+	}
+	if out := sessRun(t, d, "kt", "main", "echo $V"); out != "two\n" {
+		t.Fatalf("restore to n2: %q", out)
+	}
+}
