@@ -100,6 +100,7 @@ The sandbox, its nodes and the host copies are removed at the end, even on failu
 	fl.IntVar(&o.BaselineKeep, "baseline-keep", o.BaselineKeep, "snapshots each copy baseline keeps (older ones are deleted, untimed)")
 	fl.BoolVar(&noBaselines, "no-baselines", false, "skip the copy baselines")
 	fl.StringVar(&o.Image, "image", o.Image, "image of the bench's sandbox")
+	fl.StringArrayVar(&o.Notes, "note", nil, "a note to record in the results (repeatable), e.g. where the daemon runs")
 	fl.StringVar(&o.HostDir, "host-dir", "", "directory for the baselines' copies, on the store's filesystem (default: tmp/bench-fs-PID in the state directory, env DELTABOX_ROOT)")
 	return c
 }

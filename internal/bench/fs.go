@@ -46,6 +46,7 @@ type FSOptions struct {
 	HostDir      string `json:"host_dir"` // baseline copies; must be on the store's reflink filesystem
 	Socket       string `json:"socket"`
 
+	Notes   []string  `json:"-"` // context the bench cannot see (where the daemon runs, ...)
 	Command string    `json:"-"` // the command line, recorded in the output
 	Log     io.Writer `json:"-"` // progress (nil: none)
 }
@@ -149,6 +150,7 @@ func RunFS(ctx context.Context, c *client.Client, o FSOptions) (*File, error) {
 		{System: "deltabox", Op: "restore", Stat: "p50_ms", MaxMS: 1.5},
 	}
 	f.Description = fsDescription(o)
+	f.Notes = append(f.Notes, o.Notes...)
 	if err := c.Health(ctx); err != nil {
 		return f, err
 	}
@@ -524,6 +526,7 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 	execT := func(s sample) float64 { return s.exec }
 	exec2 := func(s sample) float64 { return s.exec2 }
 	daemon := func(s sample) float64 { return s.daemon }
+	overhead := func(s sample) float64 { return s.wall - s.daemon }
 	const (
 		ckCall = "client.Checkpoint(ctx, sandbox, label): POST /v1/sandboxes/{id}/checkpoint"
 		rsCall = "client.Restore(ctx, sandbox, node): POST /v1/sandboxes/{id}/restore"
@@ -538,6 +541,7 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 			"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "phases_p50_us": phasesP50(r.ckpts),
 			"mounted": mounted(r.ckpts), "chain": chain, "branch": branch, "files_changed_before_each": r.o.Changes,
 		}
+		row.Info["client_minus_daemon_p50_ms"] = us(Summarize(pick(r.ckpts, overhead)).P50)
 		rows = append(rows, row)
 		row = Summarize(pick(r.ckpts, withExec)).Row("deltabox", "checkpoint+exec", r.mb, ckCall, exCall)
 		row.Layers = LayerDist(depths(r.ckpts))
@@ -554,6 +558,7 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 			"distinct_nodes": distinct, "candidate_nodes": pool, "mounted": mounted(r.rests),
 			"dirty_upper": r.dirtyRests, "marker_checks_failed": r.ws.MarkerFailures,
 		}
+		row.Info["client_minus_daemon_p50_ms"] = us(Summarize(pick(r.rests, overhead)).P50)
 		rows = append(rows, row)
 		row = Summarize(pick(r.rests, withExec)).Row("deltabox", "restore+exec", r.mb, rsCall, exCall)
 		row.Layers = LayerDist(depths(r.rests))
