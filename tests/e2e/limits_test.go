@@ -331,8 +331,10 @@ func TestLimitsCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("slow usage: %+v", *in.Usage)
-	if in.Usage.CPUThrottled < 5 || in.Usage.CPUThrottledNS < int64(200*time.Millisecond) || in.Usage.CPUNanos < int64(0.5e9) {
-		t.Errorf("usage %+v: want >= 5 throttled periods, >= 200ms throttled and >= 0.5s of CPU", *in.Usage)
+	// How long the throttling lasted depends on how much CPU the rest of the machine
+	// leaves (on a busy host the quota is rarely reached): that it happened is the point.
+	if in.Usage.CPUThrottled < 3 || in.Usage.CPUThrottledNS < int64(50*time.Millisecond) || in.Usage.CPUNanos < int64(0.5e9) {
+		t.Errorf("usage %+v: want >= 3 throttled periods, >= 50ms throttled and >= 0.5s of CPU", *in.Usage)
 	}
 
 	// Unthrottled gets a whole CPU, unless the host is so busy that a host process
