@@ -1,7 +1,6 @@
 package sbinit
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -332,7 +331,9 @@ func (s *server) serve() {
 }
 
 // killAllBut kills every process of the namespace except init and keep (templates and
-// live sessions on the fast path), and reaps them. Precondition: reapMu held.
+// live sessions on the fast path), and reaps them. It waits on pidfds (woken when a
+// process exits) rather than polling /proc on a timer: a restore waits for this.
+// Precondition: reapMu held.
 func (s *server) killAllBut(keep []int) (int, error) {
 	spare := map[int]bool{1: true}
 	for _, p := range keep {
@@ -345,37 +346,46 @@ func (s *server) killAllBut(keep []int) (int, error) {
 		if err != nil {
 			return killed, err
 		}
-		left := 0
+		var pfds []unix.PollFd
 		for _, e := range ents {
 			pid, err := strconv.Atoi(e.Name())
 			if err != nil || spare[pid] {
 				continue
 			}
-			// A zombie waiting for us counts as gone once reaped below.
-			if b, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && zombie(b) {
-				left++
-				continue
+			fd, err := unix.PidfdOpen(pid, 0)
+			if err != nil {
+				continue // gone
 			}
 			if unix.Kill(pid, unix.SIGKILL) == nil {
 				killed++
-				left++
 			}
+			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
-		s.reap(false)
-		if left == 0 {
+		if len(pfds) == 0 {
 			return killed, nil
 		}
-		if time.Now().After(deadline) {
-			return killed, fmt.Errorf("%d processes did not die within 10s", left)
+		// A pidfd polls readable once its process has exited (a zombie).
+		for _, pf := range pfds {
+			for {
+				one := []unix.PollFd{pf}
+				n, err := unix.Poll(one, int(time.Until(deadline).Milliseconds()))
+				if err == unix.EINTR {
+					continue
+				}
+				if n == 0 || err != nil {
+					break
+				}
+				break
+			}
+			unix.Close(int(pf.Fd))
 		}
-		time.Sleep(200 * time.Microsecond)
+		// Reap them (the sandbox's processes are init's children, or become so when
+		// their parent dies), then look again for any that were forked meanwhile.
+		s.reap(false)
+		if time.Now().After(deadline) {
+			return killed, fmt.Errorf("processes did not die within 10s")
+		}
 	}
-}
-
-// zombie reports whether a /proc/PID/stat line is a zombie's.
-func zombie(stat []byte) bool {
-	i := bytes.LastIndexByte(stat, ')')
-	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 func closeAll(fds []int) {
