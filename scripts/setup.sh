@@ -549,6 +549,74 @@ step_image() {
 	probe "default image" ok "$img"
 }
 
+# ==== Step 4b: the tree-search workload ====================================================
+# The evaluation's workload (workload/, examples/): CPython's own json package and its own
+# test suite, as a standalone project "jsonlib" that sandboxes get as a git repository. The
+# package comes from the default image's libpython3.X-stdlib, the tests (test/test_json) from
+# Debian's libpython3.X-testsuite of the same version, fetched with apt-get download (the
+# candidate version if the archive no longer has the image's). workload/prepare.py renames the
+# imports so the tests exercise the copy, and writes tree/ and manifest.json (written last);
+# the directory is built as .new-NAME and renamed into place. Nothing here touches the image.
+WORKLOAD_NAME=jsonlib
+
+step_workload() {
+	STEP=workload
+	local dir="$ROOT/workloads/$WORKLOAD_NAME" stage="$ROOT/workloads/.new-$WORKLOAD_NAME"
+	if [[ -f $dir/manifest.json ]]; then
+		say "workload present: $dir"
+		probe "workload $WORKLOAD_NAME" ok "$dir"
+		return
+	fi
+	local rootfs="$ROOT/images/default/rootfs"
+	if [[ $MODE == check ]] || [[ ! -f $ROOT/images/default/image.json ]]; then
+		say "workload missing: $dir"
+		probe "workload $WORKLOAD_NAME" MISSING "$dir/manifest.json"
+		return
+	fi
+	local pkg ver
+	read -r pkg ver < <(dpkg-query --admindir="$rootfs/var/lib/dpkg" -W -f='${db:Status-Status} ${Package} ${Version}\n' \
+		'libpython3.*-stdlib' 2>/dev/null | awk '$1 == "installed" { print $2, $3; exit }') || true
+	[[ -n ${pkg:-} && -n ${ver:-} ]] || die "no libpython3.X-stdlib in the default image ($rootfs)" \
+		"rebuild the image: rm -rf $ROOT/images/default and re-run"
+	local pyver=${pkg#libpython}
+	pyver=${pyver%-stdlib}
+	local tpkg="libpython$pyver-testsuite" t log="$stage/build.log" got="$ver"
+	t=$(now_ms)
+	rm -rf "$stage"
+	mkdir -p "$stage/deb"
+	workload_fetch() { (cd "$stage/deb" && apt-get download -q -o APT::Sandbox::User=root "$@") >>"$log" 2>&1; }
+	if ! workload_fetch "$tpkg=$ver"; then
+		apt-get update -qq >>"$log" 2>&1 || true
+		if ! workload_fetch "$tpkg=$ver"; then
+			workload_fetch "$tpkg" || die "apt-get download $tpkg failed (see $log)" \
+				"check the apt sources; apt-cache policy $tpkg must show a candidate"
+			got=$(dpkg-deb -f "$stage"/deb/"$tpkg"_*.deb Version)
+			say "the archive no longer has $tpkg $ver: using $got"
+		fi
+	fi
+	local deb
+	deb=$(echo "$stage"/deb/"$tpkg"_*.deb)
+	dpkg-deb -x "$deb" "$stage/deb/x"
+	local py=python3
+	[[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
+	"$py" "$SCRIPT_DIR/../workload/prepare.py" \
+		--json-src "$rootfs/usr/lib/python$pyver/json" \
+		--tests-src "$stage/deb/x/usr/lib/python$pyver/test/test_json" \
+		--license "$rootfs/usr/share/doc/$pkg/copyright" \
+		--dest "$stage/out" \
+		--meta "python=$pyver" \
+		--meta "json_from=$pkg $ver (the default image's /usr/lib/python$pyver/json)" \
+		--meta "tests_from=$tpkg $got (test/test_json)" \
+		--meta "testsuite_deb_sha256=$(sha256sum "$deb" | cut -d' ' -f1)" \
+		>>"$log" 2>&1 || { tail -n 5 "$log" >&2; die "workload/prepare.py failed (see $log)" \
+		"a different upstream version? compare its rewrite rules with the files"; }
+	mkdir -p "$ROOT/workloads"
+	mv "$stage/out" "$dir"
+	rm -rf "$stage"
+	say "prepared workload $WORKLOAD_NAME in $(secs_since "$t") s: $dir (json from $pkg $ver, tests from $tpkg $got)"
+	probe "workload $WORKLOAD_NAME" ok "$dir"
+}
+
 # ==== Step 5: Go ===========================================================================
 # The toolchain is preinstalled on this machine kind in /usr/local/go; nothing to install.
 step_go() {
@@ -567,6 +635,7 @@ step_criu
 step_store
 step_probes
 step_image
+step_workload
 step_go
 
 STEP=setup
