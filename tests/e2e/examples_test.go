@@ -99,6 +99,9 @@ func TestExamples(t *testing.T) {
 	// lower wherever the session's memory of the path is lost.
 	t.Run("mcts-fastpath-off", func(t *testing.T) {
 		t.Setenv("DELTABOX_FASTPATH", "0") // read by the daemon started here
+		// A subtest's store is tests/TestExamples/NAME-x: remove the parent once empty
+		// (registered first, so it runs after the store's own cleanup).
+		t.Cleanup(func() { os.Remove(filepath.Join(testutil.MainRoot(), "tests", "TestExamples")) })
 		d0 := testutil.StartDaemon(t)
 		env0 := exWith(env, "DELTABOX_SOCKET", d0.Socket)
 		start := time.Now()
