@@ -133,7 +133,8 @@ step = 0`)
 func TestFastPathIneligibleProcessChangesNothing(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	dbxCreate(t, d, "in")
-	sessRun(t, d, "in", "main", "echo a > f; V=kept; exec 7< <(echo hi)")
+	// The process substitution's child is waited for, so that the pipe is the only reason.
+	sessRun(t, d, "in", "main", "echo a > f; V=kept; exec 7< <(echo hi); wait $!")
 	before, _ := d.C.Tree(dbxCtx(t))
 	_, err := d.C.Checkpoint(dbxCtx(t), "in", "x")
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "fd 7 is pipe:") || !strings.Contains(err.Error(), "session main") {

@@ -333,8 +333,8 @@ func TestLimitsCPU(t *testing.T) {
 	t.Logf("slow usage: %+v", *in.Usage)
 	// How long the throttling lasted depends on how much CPU the rest of the machine
 	// leaves (on a busy host the quota is rarely reached): that it happened is the point.
-	if in.Usage.CPUThrottled < 3 || in.Usage.CPUThrottledNS < int64(50*time.Millisecond) || in.Usage.CPUNanos < int64(0.5e9) {
-		t.Errorf("usage %+v: want >= 3 throttled periods, >= 50ms throttled and >= 0.5s of CPU", *in.Usage)
+	if in.Usage.CPUThrottled < 3 || in.Usage.CPUThrottledNS <= 0 || in.Usage.CPUNanos < int64(0.5e9) {
+		t.Errorf("usage %+v: want >= 3 throttled periods and >= 0.5s of CPU", *in.Usage)
 	}
 
 	// Unthrottled gets a whole CPU, unless the host is so busy that a host process
