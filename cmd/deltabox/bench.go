@@ -60,7 +60,7 @@ The sandbox, its nodes and the host copies are removed at the end, even on failu
 				o.HostDir = filepath.Join(root, "tmp", fmt.Sprintf("bench-fs-%d", os.Getpid()))
 			}
 			o.Socket = socketPath
-			o.Command = "deltabox " + strings.Join(os.Args[1:], " ")
+			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])
 			o.Log = os.Stderr
 			f, err := bench.RunFS(ctx(), client.New(socketPath), o)
 			if f != nil && len(f.Results) > 0 {

@@ -495,6 +495,20 @@ func (r *fsRun) deltabox(ctx context.Context) (rows []Row, err error) {
 	if r.ws.MarkerFailures > 0 {
 		r.note("%d of %d restores showed the wrong files (marker check): a daemon bug", r.ws.MarkerFailures, r.ws.MarkerChecks)
 	}
+	for _, x := range []struct {
+		op string
+		ss []sample
+	}{{"checkpoint", r.ckpts}, {"restore", r.rests}} {
+		var first, second []float64
+		for _, s := range x.ss {
+			first, second = append(first, s.exec), append(second, s.exec2)
+		}
+		f, s := Summarize(first).P50, Summarize(second).P50
+		if f > 1.5*s && f-s > 1 {
+			r.note("the first command after a %s took %s ms (p50) and the one after it %s ms: about %s ms of the operation's "+
+				"cost lands on the sandbox's next command, after the call has returned (see the %[1]s+exec row)", x.op, fmtMS(f), fmtMS(s), fmtMS(f-s))
+		}
+	}
 	return r.deltaboxRows(len(targets), len(pool), chain, branch), nil
 }
 

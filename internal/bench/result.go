@@ -227,3 +227,16 @@ func ReadFile(path string) (*File, error) {
 	}
 	return &f, nil
 }
+
+// ShellJoin quotes args so that a recorded command line can be pasted into a shell.
+func ShellJoin(args []string) string {
+	var out []string
+	for _, a := range args {
+		if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=.,/:+@%") == "" {
+			out = append(out, a)
+		} else {
+			out = append(out, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
+		}
+	}
+	return strings.Join(out, " ")
+}

@@ -79,3 +79,11 @@ func TestReportMarkdown(t *testing.T) {
 		}
 	}
 }
+
+func TestShellJoin(t *testing.T) {
+	got := ShellJoin([]string{"bench", "fs", "--sizes", "10,1024", "--note", "it's a b", ""})
+	want := `bench fs --sizes 10,1024 --note 'it'\''s a b' ''`
+	if got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}
