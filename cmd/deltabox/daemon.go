@@ -29,7 +29,11 @@ func daemonCmd() *cobra.Command {
 			}
 			// Whatever the daemon inherited must not leak into sandboxes.
 			sbinit.CloseOnExecFrom(3)
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+			level := slog.LevelInfo
+			if os.Getenv("DELTABOX_DEBUG") == "1" {
+				level = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			cgroup.SetRootFor(root, store.DefaultRoot)
 			st, err := store.Open(root)
 			if err != nil {

@@ -76,7 +76,8 @@ type Manager struct {
 
 type node struct {
 	store.Node
-	seq uint64 // index sequence of its last write (durability)
+	seq      uint64 // index sequence of its last write (durability)
+	removing bool   // RemoveNode is taking it out: make no warm state of it
 }
 
 type sb struct {
@@ -86,8 +87,10 @@ type sb struct {
 	err  error // why rt is nil (start failed after a daemon restart)
 	seq  uint64
 
-	prepMu sync.Mutex // guards next (see prepare.go)
-	next   *prepared
+	prepMu     sync.Mutex // guards next (prepare.go), warm and warmClosed (warm.go)
+	next       *prepared
+	warm       map[string]*warmState
+	warmClosed bool
 
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 
@@ -102,7 +105,7 @@ type sb struct {
 }
 
 func newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}}
+	return &sb{rec: r, warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}}
 }
 
 // Stats counts what happened to a sandbox.
@@ -197,6 +200,7 @@ func (m *Manager) Close() error {
 	for _, s := range all {
 		s.opMu.Lock()
 		m.discardNext(s)
+		m.closeWarm(s)
 		if s.rt != nil {
 			s.rt.Destroy()
 			s.rt = nil
@@ -456,6 +460,7 @@ func (m *Manager) Remove(id string) error {
 	s.removed = true
 	s.mu.Unlock()
 	m.discardNext(s)
+	m.closeWarm(s)
 	var derr error
 	if s.rt != nil {
 		derr = s.rt.Destroy()

@@ -34,6 +34,8 @@ type OpResult struct {
 	// restored from templates; ProcessErrors says which could not be (they were ended).
 	Processes     int      `json:"processes"`
 	ProcessErrors []string `json:"process_errors,omitempty"`
+	// Warm: the restore installed a state of the node mounted ahead of time (warm.go).
+	Warm bool `json:"warm,omitempty"`
 	// Prepared: the checkpoint used the next state mounted ahead of time.
 	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.
@@ -311,6 +313,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	}
 	s.mu.Unlock()
 	m.prepareNext(s)
+	m.warmNode(s, n.ID)
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(n.ID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
@@ -398,7 +401,11 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		if err != nil {
 			return nil, err
 		}
-		if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
+		// A warm state of the node (warm.go) replaces the mount.
+		w := m.takeWarm(s, nodeID, spec.Lowers)
+		if w != nil {
+			newUpper, res.Warm = w.upper, true
+		} else if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
 			return nil, err
 		}
 		spec.Upper, spec.Work = m.st.LayerDiff(newUpper), m.st.LayerWork(newUpper)
@@ -410,12 +417,20 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		err = m.fail("restore", 3)
 		if err == nil {
 			if err = m.fail("restore", 4); err == nil {
-				err = m.setState(s, res, spec)
+				if w != nil {
+					s.rt.PutState(w.state)
+				} else {
+					err = m.setState(s, res, spec)
+				}
 			}
 		}
 		if err != nil {
 			s.rt.PutState(oldNS)
-			store.RemoveAll(m.st.LayerDir(newUpper))
+			if w != nil {
+				m.dropWarm(w)
+			} else {
+				store.RemoveAll(m.st.LayerDir(newUpper))
+			}
 			return nil, fmt.Errorf("restore: mount the node's state: %w", err)
 		}
 		res.Mounted = true
@@ -423,7 +438,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	}
 	if err := m.fail("restore", 5); err != nil {
 		if res.Mounted {
+			cur := s.rt.TakeState()
 			s.rt.PutState(oldNS)
+			cur.Close()
 			store.RemoveAll(m.st.LayerDir(newUpper))
 		}
 		return nil, err
@@ -449,6 +466,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 		s.stats.ProcessRestores++
 	}
 	s.mu.Unlock()
+	m.warmNode(s, nodeID) // for the next restore to this node
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(nodeID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
@@ -581,6 +599,14 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 			return nil, fmt.Errorf("node %s cannot be removed: sandbox %s stands %s; restore that sandbox to another node or remove it first: %w", id, sbs[0], where, errdefs.ErrConflict)
 		}
 	}
+	// Warm states of these nodes mount their layers: release them before the layers go
+	// (marked first, so that none is made meanwhile; prepMu is not taken under mu).
+	for _, n := range sub {
+		m.nodes[n].removing = true
+	}
+	m.mu.Unlock()
+	m.dropWarmNodes(sub)
+	m.mu.Lock()
 	var ops []store.Op
 	var dirs []string
 	m.dropTemplatesLocked(sub)
