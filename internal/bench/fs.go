@@ -126,7 +126,7 @@ func (r *fsRun) logf(format string, a ...any) {
 }
 
 func (r *fsRun) note(format string, a ...any) {
-	r.f.Notes = append(r.f.Notes, fmt.Sprintf("%d MB: ", r.mb)+fmt.Sprintf(format, a...))
+	r.f.Notes = append(r.f.Notes, mbCell(r.mb)+": "+fmt.Sprintf(format, a...))
 }
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
@@ -505,8 +505,9 @@ func (r *fsRun) deltabox(ctx context.Context) (rows []Row, err error) {
 		}
 		f, s := Summarize(first).P50, Summarize(second).P50
 		if f > 1.5*s && f-s > 1 {
-			r.note("the first command after a %s took %s ms (p50) and the one after it %s ms: about %s ms of the operation's "+
-				"cost lands on the sandbox's next command, after the call has returned (see the %[1]s+exec row)", x.op, fmtMS(f), fmtMS(s), fmtMS(f-s))
+			r.note("the first command after a %[1]s took %[2]s ms (p50), the next one %[3]s ms: the sandbox runs its first command "+
+				"%[4]s ms slower after the call has returned (work left running in the background, or caches of the new mount still cold); "+
+				"the %[1]s+exec row includes it", x.op, fmtMS(f), fmtMS(s), fmtMS(f-s))
 		}
 	}
 	return r.deltaboxRows(len(targets), len(pool), chain, branch), nil
