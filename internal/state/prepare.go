@@ -2,6 +2,7 @@ package state
 
 import (
 	"strings"
+	"time"
 
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
@@ -36,6 +37,20 @@ type prepared struct {
 
 func stackKey(lowers []string) string { return strings.Join(lowers, "\x00") }
 
+// answerDelay lets an operation's answer reach the client before the background work it
+// started (mounts of the next and warm states: about a millisecond of CPU each) competes
+// with it for this machine's two cores. Measured without it: 0.8-1 ms between the
+// daemon's and the client's view of a checkpoint, against 0.5 ms for a restore.
+const answerDelay = 300 * time.Microsecond
+
+// afterAnswer runs f in the background once the answer has had time to go out.
+func afterAnswer(f func()) {
+	go func() {
+		time.Sleep(answerDelay)
+		f()
+	}()
+}
+
 // prepareNext starts preparing s's next checkpoint state. Precondition: s.opMu held
 // (it reads s.rec and s.rt).
 func (m *Manager) prepareNext(s *sb) {
@@ -43,7 +58,7 @@ func (m *Manager) prepareNext(s *sb) {
 		return
 	}
 	rt, rec := s.rt, s.rec
-	go func() {
+	afterAnswer(func() {
 		s.prepMu.Lock()
 		defer s.prepMu.Unlock()
 		if s.next != nil {
@@ -76,7 +91,7 @@ func (m *Manager) prepareNext(s *sb) {
 			return
 		}
 		s.next = &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, state: st}
-	}()
+	})
 }
 
 // takeNext returns s's prepared next state if it fits the sandbox's current position

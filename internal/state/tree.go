@@ -300,11 +300,11 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	m.mu.Unlock()
 	if n.Own {
 		layer := n.Layer
-		go func() {
+		afterAnswer(func() {
 			oldNS.Close()
 			m.st.Index.Apply(store.Op{After: func() { m.st.DropUpperDirs(layer) }})
-		}()
-		go m.measure(n.ID, m.st.LayerFrozen(layer))
+		})
+		afterAnswer(func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
 	}
 	s.mu.Lock()
 	s.stats.Checkpoints++
@@ -454,11 +454,11 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	m.mu.Unlock()
 	if newUpper != oldUpper {
 		dir := m.st.LayerDir(oldUpper)
-		go func() {
+		afterAnswer(func() {
 			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
 			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})
-		}()
+		})
 	}
 	s.mu.Lock()
 	s.stats.Restores++

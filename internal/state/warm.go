@@ -46,7 +46,7 @@ func (m *Manager) warmNode(s *sb, node string) {
 		return
 	}
 	rt := s.rt
-	go func() {
+	afterAnswer(func() {
 		s.prepMu.Lock()
 		defer s.prepMu.Unlock()
 		if s.warmClosed || s.warm[node] != nil {
@@ -80,7 +80,7 @@ func (m *Manager) warmNode(s *sb, node string) {
 			m.evictOldestLocked(s)
 		}
 		s.warm[node] = &warmState{node: node, upper: upper, stack: stackKey(spec.Lowers), state: st, made: time.Now()}
-	}()
+	})
 }
 
 // takeWarm returns node's warm state if it matches the stack about to be mounted.
