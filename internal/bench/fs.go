@@ -94,6 +94,7 @@ type sample struct {
 	phases                              map[string]int64
 	depth                               int
 	mounted                             bool
+	fast                                bool // restore: installed a warm state; checkpoint: used the prepared next state
 }
 
 type treeNode struct {
@@ -213,7 +214,10 @@ func fsDescription(o FSOptions) string {
 	b.WriteString("`deltabox` rows are the wall time of the Go client call (`client.Checkpoint`, `client.Restore`) on the daemon's unix " +
 		"socket: what a user of the API waits for; the sandbox can run its next command when the call returns. The `+exec` rows add the " +
 		"first command after it (`client.Exec` of `true`), timed in the same samples, to show that the sandbox is usable at once. " +
-		"`layers` is the depth of the mounted stack (frozen layers under the fresh upper, image excluded).\n\n")
+		"`layers` is the depth of the mounted stack (frozen layers under the fresh upper, image excluded). The daemon may mount states " +
+		"ahead of time, in the background (a prepared next state for a checkpoint, warm states of nodes for a restore); its answers say " +
+		"when an operation used one, counted in the details (`prepared`, `warm`), and the background work competes with the sandbox's " +
+		"next command, which the `+exec` rows and the settled second command (`second_exec`) show.\n\n")
 	fmt.Fprintf(&b, "Baselines run in the same invocation on a host copy of the same workspace (same script and seed, checksum compared), on "+
 		"the store's filesystem, with the same %d-file changes before every operation: `cp-reflink` snapshots with `cp --reflink=auto -a` "+
 		"(reflinked extents on XFS), `copytree` with `cp -a --reflink=never` (a full copy of the data; GNU cp rather than Python's "+
@@ -296,7 +300,7 @@ func (r *fsRun) checkpoint(ctx context.Context, label string) (treeNode, error) 
 	exec2 := ms(time.Since(t2))
 	r.dirty = false
 	r.ckpts = append(r.ckpts, sample{wall: ms(t1.Sub(t0)), withExec: ms(t2.Sub(t0)), exec: ms(t2.Sub(t1)), exec2: exec2,
-		daemon: res.DurationMS, phases: res.PhasesUS, depth: res.Node.Depth, mounted: res.Mounted})
+		daemon: res.DurationMS, phases: res.PhasesUS, depth: res.Node.Depth, mounted: res.Mounted, fast: res.Prepared})
 	return treeNode{id: res.Node.ID, label: label, depth: res.Node.Depth}, nil
 }
 
@@ -324,7 +328,7 @@ func (r *fsRun) restore(ctx context.Context, n treeNode) error {
 		depth = res.Node.Depth
 	}
 	r.rests = append(r.rests, sample{wall: ms(t1.Sub(t0)), withExec: ms(t2.Sub(t0)), exec: ms(t2.Sub(t1)), exec2: exec2,
-		daemon: res.DurationMS, phases: res.PhasesUS, depth: depth, mounted: res.Mounted})
+		daemon: res.DurationMS, phases: res.PhasesUS, depth: depth, mounted: res.Mounted, fast: res.Warm})
 	// Untimed: the sandbox must now show the node's files.
 	r.ws.MarkerChecks++
 	out, err := r.c.Exec(ctx, r.sb, api.ExecRequest{Argv: []string{"cat", "/workspace/.bench/marker"}})
@@ -510,6 +514,20 @@ func (r *fsRun) deltabox(ctx context.Context) (rows []Row, err error) {
 				"the %[1]s+exec row includes it", x.op, fmtMS(f), fmtMS(s), fmtMS(f-s))
 		}
 	}
+	var warm, prepared int
+	for _, s := range r.rests {
+		if s.fast {
+			warm++
+		}
+	}
+	for _, s := range r.ckpts {
+		if s.fast {
+			prepared++
+		}
+	}
+	r.note("%d of %d restores installed a state the daemon had mounted ahead of time (warm), %d of %d checkpoints used a prepared "+
+		"next state (from the daemon's answers; the tree had %d nodes); the mounting these save is done in the background",
+		warm, len(r.rests), prepared, len(r.ckpts), r.ws.TreeNodes)
 	return r.deltaboxRows(len(targets), len(pool), chain, branch), nil
 }
 
@@ -536,6 +554,14 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 		}
 		return n
 	}
+	fast := func(ss []sample) (n int) {
+		for _, s := range ss {
+			if s.fast {
+				n++
+			}
+		}
+		return n
+	}
 	wall := func(s sample) float64 { return s.wall }
 	withExec := func(s sample) float64 { return s.withExec }
 	execT := func(s sample) float64 { return s.exec }
@@ -557,6 +583,8 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 			"mounted": mounted(r.ckpts), "chain": chain, "branch": branch, "files_changed_before_each": r.o.Changes,
 		}
 		row.Info["client_minus_daemon_p50_ms"] = us(Summarize(pick(r.ckpts, overhead)).P50)
+		// The daemon's answer says whether the next state was mounted ahead of time.
+		row.Info["prepared"] = fast(r.ckpts)
 		rows = append(rows, row)
 		row = Summarize(pick(r.ckpts, withExec)).Row("deltabox", "checkpoint+exec", r.mb, ckCall, exCall)
 		row.Layers = LayerDist(depths(r.ckpts))
@@ -574,6 +602,8 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 			"dirty_upper": r.dirtyRests, "marker_checks_failed": r.ws.MarkerFailures,
 		}
 		row.Info["client_minus_daemon_p50_ms"] = us(Summarize(pick(r.rests, overhead)).P50)
+		// The daemon's answer says whether the node's state was mounted ahead of time.
+		row.Info["warm"] = fast(r.rests)
 		rows = append(rows, row)
 		row = Summarize(pick(r.rests, withExec)).Row("deltabox", "restore+exec", r.mb, rsCall, exCall)
 		row.Layers = LayerDist(depths(r.rests))
