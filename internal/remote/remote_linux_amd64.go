@@ -770,18 +770,6 @@ func (t *Tracee) requeue() (stop bool, lost, err error) {
 	return stop, lost, nil
 }
 
-// injectOK injects a syscall whose failure is an error.
-func (t *Tracee) injectOK(nr uintptr, args ...uintptr) error {
-	_, errno, err := t.inject(nr, args, nil)
-	if err != nil {
-		return err
-	}
-	if errno != 0 {
-		return errno
-	}
-	return nil
-}
-
 // selfPid returns the tracee's pid in its own PID namespace (the last NSpid entry).
 func (t *Tracee) selfPid() (int, error) {
 	if t.nsPid != 0 {
@@ -1128,12 +1116,6 @@ func (t *Tracee) allocArena(data []byte) (uintptr, error) {
 	}
 	s.arenaCur += n
 	return addr, nil
-}
-
-func putLE64(b []byte, v uint64) {
-	for i := 0; i < 8; i++ {
-		b[i] = byte(v >> (8 * i))
-	}
 }
 
 // ---- /proc ----

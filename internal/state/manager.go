@@ -238,6 +238,8 @@ type SandboxInfo struct {
 	Error   string `json:"error,omitempty"` // why broken
 	Stats   Stats  `json:"stats"`
 	Durable bool   `json:"durable"`
+	// WarmStates is how many nodes' states are kept mounted for fast restores (warm.go).
+	WarmStates int `json:"warm_states"`
 	// Usage of the limits (store.Sandbox.Limits) by the sandbox's commands, when running.
 	Usage *cgroup.Usage `json:"usage,omitempty"`
 }
@@ -411,6 +413,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	s.mu.Lock()
 	in.Stats = s.stats
 	s.mu.Unlock()
+	in.WarmStates = m.warmCount(s)
 	return in
 }
 
@@ -600,5 +603,3 @@ func (m *Manager) fail(op string, step int) error {
 	}
 	return nil
 }
-
-var errBusy = errors.New("busy")
