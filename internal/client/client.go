@@ -76,11 +76,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return err
 	}
 	if resp.StatusCode >= 300 {
-		var eb api.ErrorBody
-		if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
-			return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-		}
-		return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, b)}
+		return errorFrom(resp, b)
 	}
 	if out != nil {
 		return json.Unmarshal(b, out)
@@ -168,4 +164,13 @@ func transportError(ctx context.Context, socket string, err error) error {
 		return fmt.Errorf("request to the daemon abandoned: %w", ctx.Err())
 	}
 	return fmt.Errorf("cannot reach the daemon on %s (is `deltabox daemon` running?): %w", socket, err)
+}
+
+// errorFrom turns a daemon's error answer (status >= 300, body read) into an *Error.
+func errorFrom(resp *http.Response, body []byte) *Error {
+	var eb api.ErrorBody
+	if json.Unmarshal(body, &eb) == nil && eb.Error.Message != "" {
+		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, body)}
 }

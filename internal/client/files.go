@@ -38,11 +38,7 @@ func (c *Client) fileReq(ctx context.Context, method, id, sub string, q url.Valu
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	var eb api.ErrorBody
-	if json.Unmarshal(b, &eb) == nil && eb.Error.Message != "" {
-		return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-	}
-	return nil, &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, b)}
+	return nil, errorFrom(resp, b)
 }
 
 func (c *Client) fileJSON(ctx context.Context, method, id, sub string, q url.Values, body io.Reader, out any) error {

@@ -41,11 +41,7 @@ func (c *Client) ImportImage(ctx context.Context, q api.ImportRequest, progress 
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		body, _ := io.ReadAll(resp.Body)
-		var eb api.ErrorBody
-		if json.Unmarshal(body, &eb) == nil && eb.Error.Message != "" {
-			return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-		}
-		return nil, &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, body)}
+		return nil, errorFrom(resp, body)
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {

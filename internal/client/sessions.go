@@ -35,11 +35,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, r api.ExecRequest, o
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		body, _ := io.ReadAll(resp.Body)
-		var eb api.ErrorBody
-		if json.Unmarshal(body, &eb) == nil && eb.Error.Message != "" {
-			return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-		}
-		return nil, &Error{Status: resp.StatusCode, Message: string(body)}
+		return nil, errorFrom(resp, body)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 64<<20)
@@ -113,9 +109,7 @@ func (c *Client) SessionLogs(ctx context.Context, id, name string) (string, erro
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if resp.StatusCode >= 300 {
-		var eb api.ErrorBody
-		json.Unmarshal(b, &eb)
-		return "", &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		return "", errorFrom(resp, b)
 	}
 	return string(b), err
 }

@@ -24,6 +24,11 @@ var DefaultEnv = []string{
 	"OMP_NUM_THREADS=1",
 }
 
+// env is the environment of a command: HOSTNAME and DefaultEnv, then extra (later wins).
+func (s *Sandbox) env(extra []string) []string {
+	return append(append([]string{"HOSTNAME=" + s.Hostname}, DefaultEnv...), extra...)
+}
+
 // DefaultOutputLimit caps each of stdout and stderr unless the request says otherwise.
 const DefaultOutputLimit = 1 << 20
 
@@ -102,7 +107,7 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	if err != nil {
 		return nil, err
 	}
-	env := append(append([]string{"HOSTNAME=" + s.Hostname}, DefaultEnv...), r.Env...)
+	env := s.env(r.Env)
 	start := time.Now()
 	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir},
 		[3]int{int(inR.Fd()), int(outW.Fd()), int(errW.Fd())}, ns)

@@ -50,7 +50,7 @@ func (s *Sandbox) SpawnSession(argv, env []string, dir string, slave *os.File) (
 		return nil, err
 	}
 	defer unix.Close(ns)
-	env = append(append([]string{"HOSTNAME=" + s.Hostname}, DefaultEnv...), env...)
+	env = s.env(env)
 	fd := int(slave.Fd())
 	return s.init.Spawn(sbinit.SpawnOptions{Argv: argv, Env: env, Dir: dir, Setsid: true, Ctty: true}, [3]int{fd, fd, fd}, ns)
 }
