@@ -489,10 +489,27 @@ func matchRoot(upper, top string) {
 
 // ---- tree ----
 
+// nodeInfo describes one node. It is on every checkpoint's and restore's answer, so it
+// looks only for that node's children and sandboxes instead of indexing the whole tree
+// (Tree does that once for all nodes).
 func (m *Manager) nodeInfo(id string) *NodeInfo {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.nodeInfoLocked(id, m.childIndex(), m.standing())
+	ch, st := map[string][]string{}, map[string][]string{}
+	for _, n := range m.nodes {
+		if n.Parent == id {
+			ch[id] = append(ch[id], n.ID)
+		}
+	}
+	c := ch[id]
+	sort.Slice(c, func(i, j int) bool { return m.nodes[c[i]].Created.Before(m.nodes[c[j]].Created) })
+	for _, s := range m.sandboxes {
+		if s.rec.Head == id {
+			st[id] = append(st[id], s.rec.ID)
+		}
+	}
+	sort.Strings(st[id])
+	return m.nodeInfoLocked(id, ch, st)
 }
 
 // childIndex maps node id to its children. Precondition: mu held.
