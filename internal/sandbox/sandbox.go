@@ -34,6 +34,8 @@ type Sandbox struct {
 	init     *sbinit.Client
 	baseNS   int // nsfs fd of the init's (base) mount namespace
 	builder  *mountns.Builder
+	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
+	builderClosed bool
 
 	mu    sync.Mutex // protects state
 	state State      // the current state; NS -1 when none
@@ -255,9 +257,11 @@ func (s *Sandbox) Destroy() error {
 		}
 	}
 	s.DropState()
-	if s.builder != nil {
+	if s.builder != nil && !s.builderClosed {
+		// The builder stays set: background work that raced the destruction gets
+		// "builder is closed" from it instead of a nil pointer.
 		s.builder.Close()
-		s.builder = nil
+		s.builderClosed = true
 	}
 	if s.baseNS >= 0 {
 		unix.Close(s.baseNS)

@@ -61,6 +61,9 @@ func (m *Manager) prepareNext(s *sb) {
 	afterAnswer(func() {
 		s.prepMu.Lock()
 		defer s.prepMu.Unlock()
+		if s.warmClosed { // the sandbox is being removed or the daemon stops
+			return
+		}
 		if s.next != nil {
 			if s.next.upper == rec.Upper {
 				return

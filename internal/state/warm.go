@@ -124,11 +124,13 @@ func (m *Manager) dropWarm(w *warmState) {
 	}()
 }
 
-// closeWarm drops every warm state of s, for good (sandbox removed or daemon stopping).
+// closeWarm drops every warm state and the prepared next state of s, for good, and stops
+// new ones being made (sandbox removed or daemon stopping).
 func (m *Manager) closeWarm(s *sb) {
 	s.prepMu.Lock()
 	defer s.prepMu.Unlock()
 	s.warmClosed = true
+	m.discardLocked(s) // a prepared next state made after discardNext
 	for n, w := range s.warm {
 		delete(s.warm, n)
 		m.dropWarm(w)
