@@ -66,6 +66,10 @@ func Markdown(files []*File, names []string) string {
 	return b.String()
 }
 
+// sectionWriters add a bench's own tables and figures to its section (after its
+// results, before its notes), keyed by File.Bench. Benches register in init.
+var sectionWriters = map[string]func(b *strings.Builder, f *File){}
+
 func writeSection(b *strings.Builder, f *File, name string) {
 	fmt.Fprintf(b, "\n## %s\n\n", f.Bench)
 	m := f.Machine
@@ -197,6 +201,9 @@ func writeSection(b *strings.Builder, f *File, name string) {
 	if len(details) > 0 {
 		b.WriteString("\n### Details\n\n")
 		b.WriteString(strings.Join(details, "\n") + "\n")
+	}
+	if w := sectionWriters[f.Bench]; w != nil {
+		w(b, f)
 	}
 	if len(f.Notes) > 0 {
 		b.WriteString("\n### Notes\n\n")

@@ -32,6 +32,9 @@ type File struct {
 	Targets     []Target       `json:"targets,omitempty"`
 	// Workspaces describes the workspaces of a filesystem bench (one per size).
 	Workspaces []Workspace `json:"workspaces,omitempty"`
+	// MCTS holds the rows of `bench mcts` (end-to-end tree search), which are not
+	// latency distributions.
+	MCTS []MCTSRow `json:"mcts,omitempty"`
 	Notes      []string    `json:"notes,omitempty"`
 }
 
@@ -54,6 +57,22 @@ type Row struct {
 	Commands []string `json:"commands"`
 	// Info holds row-specific details (daemon-side time, phases, counts).
 	Info map[string]any `json:"info,omitempty"`
+}
+
+// MCTSRow is one system's run of the same search trajectory in `bench mcts`.
+type MCTSRow struct {
+	System string  `json:"system"`
+	ThinkS float64 `json:"think_s"`
+	TotalS float64 `json:"total_s"`
+	// StateS is the time spent in state management (checkpoints, rollbacks, replays).
+	StateS float64 `json:"state_s"`
+	// OverheadFrac = (total - think - the same commands' time in an isolated run) / total.
+	OverheadFrac float64 `json:"overhead_frac"`
+	// ScoresMatch says every node reached the score it has in the reference run.
+	ScoresMatch bool `json:"scores_match"`
+	// Commands are the exact commands or API calls the system used for state management.
+	Commands []string       `json:"commands"`
+	Info     map[string]any `json:"info,omitempty"`
 }
 
 // Layers summarises stack depths.
