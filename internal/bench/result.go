@@ -34,8 +34,8 @@ type File struct {
 	Workspaces []Workspace `json:"workspaces,omitempty"`
 	// MCTS holds the rows of `bench mcts` (end-to-end tree search), which are not
 	// latency distributions.
-	MCTS []MCTSRow `json:"mcts,omitempty"`
-	Notes      []string    `json:"notes,omitempty"`
+	MCTS  []MCTSRow `json:"mcts,omitempty"`
+	Notes []string  `json:"notes,omitempty"`
 }
 
 // Row is one measured operation of one system.
