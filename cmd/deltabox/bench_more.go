@@ -18,15 +18,3 @@ func notBuilt(use, short, issue string) *cobra.Command {
 		},
 	}
 }
-
-func benchLatencyCmd() *cobra.Command {
-	return notBuilt("latency", "Time checkpoints and restores of files and processes beside CRIU", "issue 4")
-}
-
-func benchMCTSCmd() *cobra.Command {
-	return notBuilt("mcts", "Run one tree search with DeltaBox and with its baselines", "issue 5")
-}
-
-func benchScaleCmd() *cobra.Command {
-	return notBuilt("scale", "Restore latency against tree depth, workspace size and session RSS", "issue 5")
-}
