@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,17 +59,39 @@ func (g *Group) Open() (int, error) {
 	return unix.Open(g.Path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
-// Pids lists the processes in the group (host PIDs).
+// Pids lists the processes in the group (host PIDs). It reads cgroup.procs with raw
+// open/read/close: checkpoints and restores call it on their critical path, and
+// os.ReadFile makes 9 syscalls for a kernfs file (the runtime poller registers it),
+// each 10-50 us on a vCPU that was idle a moment before.
 func (g *Group) Pids() ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(g.Path, "cgroup.procs"))
+	p := g.Path + "/cgroup.procs"
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	defer unix.Close(fd)
+	var b []byte
+	buf := make([]byte, 512)
+	for {
+		n, err := unix.Read(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: p, Err: err}
+		}
+		if n <= 0 {
+			break
+		}
+		b = append(b, buf[:n]...)
 	}
 	var out []int
 	for _, f := range strings.Fields(string(b)) {
-		var p int
-		fmt.Sscan(f, &p)
-		out = append(out, p)
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: bad pid %q", p, f)
+		}
+		out = append(out, pid)
 	}
 	return out, nil
 }

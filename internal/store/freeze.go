@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,27 +36,47 @@ func (s *Store) IsFrozen(id uint64) bool {
 // Freeze moves layer id's upper content into frozen/ (made here, or beforehand by
 // PrepareFrozen). The root directory's mode, owner and xattrs are copied first. On
 // failure it moves back what it moved.
+//
+// It works on directory fds with raw syscalls (about 12 in the usual case of a
+// prepared frozen/ and two top-level entries): Freeze is on the checkpoint's critical
+// path, where every syscall costs 10-50 us on a vCPU that was idle a moment before
+// (measured: the first read of a small /proc file after 50 ms idle takes ~120 us,
+// the next one ~12 us), and os.ReadDir alone makes 8 syscalls per directory.
 // Precondition: nothing writes to the layer (the sandbox's processes are stopped).
 func (s *Store) Freeze(id uint64) error {
 	diff, frozen := s.LayerDiff(id), s.LayerFrozen(id)
+	dfd, err := openDir(diff)
+	if err != nil {
+		return fmt.Errorf("freeze layer %d: %w", id, err)
+	}
+	defer unix.Close(dfd)
 	var st unix.Stat_t
-	if err := unix.Lstat(diff, &st); err != nil {
+	if err := unix.Fstat(dfd, &st); err != nil {
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
 	made := false
-	if err := unix.Mkdir(frozen, st.Mode&0o7777); err == nil {
-		made = true
-	} else if !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("freeze layer %d: %w", id, err)
+	ffd, err := openDir(frozen)
+	if errors.Is(err, unix.ENOENT) {
+		if err = unix.Mkdir(frozen, st.Mode&0o7777); err == nil {
+			made = true
+			ffd, err = openDir(frozen)
+		}
 	}
-	if err := copyRootAttrs(diff, frozen, &st); err != nil {
+	if err != nil {
 		if made {
 			unix.Rmdir(frozen)
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
-	if err := moveEntries(diff, frozen); err != nil {
-		if uerr := moveEntries(frozen, diff); uerr == nil && made {
+	defer unix.Close(ffd)
+	if err := copyRootAttrs(dfd, ffd, &st); err != nil {
+		if made {
+			unix.Rmdir(frozen)
+		}
+		return fmt.Errorf("freeze layer %d: %w", id, err)
+	}
+	if moved, err := moveEntries(dfd, ffd); err != nil {
+		if _, uerr := moveNames(ffd, dfd, moved); uerr == nil && made {
 			unix.Rmdir(frozen)
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
@@ -75,7 +96,17 @@ func (s *Store) PrepareFrozen(id uint64) error {
 	if err := unix.Mkdir(frozen, st.Mode&0o7777); err != nil {
 		return err
 	}
-	return copyRootAttrs(diff, frozen, &st)
+	dfd, err := openDir(diff)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	ffd, err := openDir(frozen)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ffd)
+	return copyRootAttrs(dfd, ffd, &st)
 }
 
 // DropPreparedFrozen removes an unused (empty) frozen/ of a layer that is still an upper.
@@ -85,7 +116,18 @@ func (s *Store) DropPreparedFrozen(id uint64) error { return unix.Rmdir(s.LayerF
 // crash interrupted): entries go back to diff/ and frozen/ is removed.
 func (s *Store) Unfreeze(id uint64) error {
 	diff, frozen := s.LayerDiff(id), s.LayerFrozen(id)
-	if err := moveEntries(frozen, diff); err != nil {
+	dfd, err := openDir(diff)
+	if err != nil {
+		return fmt.Errorf("unfreeze layer %d: %w", id, err)
+	}
+	defer unix.Close(dfd)
+	ffd, err := openDir(frozen)
+	if err != nil {
+		return fmt.Errorf("unfreeze layer %d: %w", id, err)
+	}
+	_, err = moveEntries(ffd, dfd)
+	unix.Close(ffd)
+	if err != nil {
 		return fmt.Errorf("unfreeze layer %d: %w", id, err)
 	}
 	if err := os.Remove(frozen); err != nil {
@@ -113,67 +155,108 @@ func (s *Store) ResetWork(id uint64) error {
 	return os.Mkdir(w, 0o700)
 }
 
-func moveEntries(from, to string) error {
-	f, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	ffd, err := unix.Open(from, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(ffd)
-	tfd, err := unix.Open(to, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(tfd)
-	for _, n := range names {
-		// RENAME_NOREPLACE: never clobber; a name present on both sides is a bug.
-		if err := unix.Renameat2(ffd, n, tfd, n, unix.RENAME_NOREPLACE); err != nil {
-			return fmt.Errorf("move %s: %w", n, err)
+// openDir opens a directory (never following a symlink) for the fd-based calls below.
+func openDir(p string) (int, error) {
+	for {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			return fd, err
 		}
 	}
-	return nil
 }
 
-func copyRootAttrs(from, to string, st *unix.Stat_t) error {
-	if err := unix.Lchown(to, int(st.Uid), int(st.Gid)); err != nil {
+// dirNames lists up to max entries (all if max < 0) of the directory open at fd, from
+// its current offset, with getdents64 ("." and ".." left out).
+func dirNames(fd, max int) ([]string, error) {
+	var names []string
+	buf := make([]byte, 8192)
+	for max < 0 || len(names) < max {
+		n, err := unix.Getdents(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			break
+		}
+		want := -1
+		if max >= 0 {
+			want = max - len(names)
+		}
+		_, _, names = unix.ParseDirent(buf[:n], want, names)
+	}
+	return names, nil
+}
+
+// moveEntries renames every entry of the directory at from into the one at to, and
+// returns the names it moved (all of them, or those before a failure).
+func moveEntries(from, to int) ([]string, error) {
+	if _, err := unix.Seek(from, 0, 0); err != nil {
+		return nil, err
+	}
+	names, err := dirNames(from, -1)
+	if err != nil {
+		return nil, err
+	}
+	return moveNames(from, to, names)
+}
+
+// moveNames renames names from the directory at from into the one at to.
+func moveNames(from, to int, names []string) ([]string, error) {
+	for i, n := range names {
+		// RENAME_NOREPLACE: never clobber; a name present on both sides is a bug.
+		if err := unix.Renameat2(from, n, to, n, unix.RENAME_NOREPLACE); err != nil {
+			return names[:i], fmt.Errorf("move %s: %w", n, err)
+		}
+	}
+	return names, nil
+}
+
+// copyRootAttrs gives the directory at to the owner, mode and xattrs st and the
+// directory at from have, touching only what differs in owner and mode.
+func copyRootAttrs(from, to int, st *unix.Stat_t) error {
+	var cur unix.Stat_t
+	if err := unix.Fstat(to, &cur); err != nil {
 		return err
 	}
-	if err := unix.Chmod(to, st.Mode&0o7777); err != nil { // mkdir applied the umask
-		return err
+	if cur.Uid != st.Uid || cur.Gid != st.Gid {
+		if err := unix.Fchown(to, int(st.Uid), int(st.Gid)); err != nil {
+			return err
+		}
 	}
-	// Drop what the target has and the source no longer has (a prepared frozen/ was
-	// made from an earlier state of the root).
-	tbuf := make([]byte, 4096)
-	if tn, err := unix.Llistxattr(to, tbuf); err == nil {
-		for _, name := range splitNul(tbuf[:tn]) {
-			if _, err := unix.Lgetxattr(from, name, nil); errors.Is(err, unix.ENODATA) {
-				unix.Lremovexattr(to, name)
-			}
+	if cur.Mode&0o7777 != st.Mode&0o7777 { // mkdir applied the umask
+		if err := unix.Fchmod(to, st.Mode&0o7777); err != nil {
+			return err
 		}
 	}
 	buf := make([]byte, 4096)
-	n, err := unix.Llistxattr(from, buf)
+	n, err := unix.Flistxattr(from, buf)
 	if errors.Is(err, unix.ENOTSUP) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	names := splitNul(buf[:n])
+	// Drop what the target has and the source no longer has (a prepared frozen/ was
+	// made from an earlier state of the root).
+	tbuf := make([]byte, 4096)
+	if tn, err := unix.Flistxattr(to, tbuf); err == nil {
+		for _, name := range splitNul(tbuf[:tn]) {
+			if !slices.Contains(names, name) {
+				unix.Fremovexattr(to, name)
+			}
+		}
+	}
 	val := make([]byte, 64<<10)
-	for _, name := range splitNul(buf[:n]) {
-		vn, err := unix.Lgetxattr(from, name, val)
+	for _, name := range names {
+		vn, err := unix.Fgetxattr(from, name, val)
 		if err != nil {
 			return fmt.Errorf("read xattr %s: %w", name, err)
 		}
-		if err := unix.Lsetxattr(to, name, val[:vn], 0); err != nil {
+		if err := unix.Fsetxattr(to, name, val[:vn], 0); err != nil {
 			return fmt.Errorf("copy xattr %s: %w", name, err)
 		}
 	}
