@@ -212,8 +212,7 @@ class Agent:
         cmds.append(rec)
         tr, rec = self._tests(sb)
         cmds.append(rec)
-        state = 1.0 if remembered == new_path else 0.0
-        score = min(tr.passed, self.tests_total) + self.state_points * state
+        state, score = node_score(tr.passed, self.tests_total, self.state_points, remembered, new_path)
         return Step(new_path, edit.id, tr, self.tests_total, state, restarted, remembered, score,
                     tr.passed >= self.tests_total and tr.counted == self.tests_total, cmds)
 
@@ -231,15 +230,30 @@ class Agent:
                 "print('AGENT-STATE ' + ' '.join(_applied))\n" % edit.id)
         with self.timers.time("session"):
             r = _session_run(sb, code)
-        remembered = []  # type: List[str]
-        for line in r.stdout.splitlines():
-            if line.startswith("AGENT-STATE"):
-                remembered = line.split()[1:]
+        remembered = parse_remembered(r.stdout)
         if r.exit_code != 0 or not remembered:
             raise RuntimeError("the agent's python session failed: %r" % (r.stdout,))
         return remembered, bool(r.session_restarted), {
             "kind": "session", "session": SESSION, "session_kind": "python", "code": code,
             "state_changing": True}
+
+
+def parse_remembered(stdout: str) -> List[str]:
+    """The session's memory as the agent's session code prints it (its last
+    ``AGENT-STATE`` line)."""
+    remembered = []  # type: List[str]
+    for line in stdout.splitlines():
+        if line.startswith("AGENT-STATE"):
+            remembered = line.split()[1:]
+    return remembered
+
+
+def node_score(tests_passed: int, tests_total: int, state_points: float,
+               remembered: Sequence[str], path: Sequence[str]) -> tuple:
+    """(state, score) of a node: state is 1 when the session remembers exactly the
+    node's path; score = tests passed (at most tests_total) + state_points x state."""
+    state = 1.0 if list(remembered) == list(path) else 0.0
+    return state, min(tests_passed, tests_total) + state_points * state
 
 
 def _session_run(sb, code: str):

@@ -175,6 +175,8 @@ class MCTS:
             len(target.untried), ms))
 
     def run(self, root_step: Step) -> dict:
+        import time
+        t0 = time.perf_counter()
         self.start(root_step)
         iterations = self.rollbacks + 1
         it = 0
@@ -199,8 +201,12 @@ class MCTS:
                 if self.stop_on_fix and self.first_fix is not None:
                     break
             it += 1
+        search_s = time.perf_counter() - t0
         best = max(self.nodes, key=lambda n: (n.step.score, -n.idx))
         return {
+            # wall time of the search: the root's checkpoint, every expansion (think,
+            # commands, checkpoint) and rollback; not the setup or the root's tests
+            "search_seconds": round(search_s, 4),
             "expansions": self.n_expanded, "rollbacks": self.n_rollbacks,
             "planned": {"expansions": self.expansions, "rollbacks": self.rollbacks},
             "extra_rollbacks": extra, "nodes": len(self.nodes),

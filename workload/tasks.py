@@ -247,12 +247,18 @@ def run_tests(sb, modules: Sequence[str]) -> Tuple[TestRun, dict]:
     parsed result and the command's record."""
     argv = test_argv(modules)
     r = sb.run(argv, cwd=REPO, env=TEST_ENV, timeout=TEST_TIMEOUT)
+    return test_result(r), {"kind": "exec", "argv": argv, "cwd": REPO, "env": dict(TEST_ENV),
+                            "state_changing": False}
+
+
+def test_result(r) -> TestRun:
+    """The TestRun of a finished test command (a client Result): what run_tests
+    returns, also for a recorded test command replayed elsewhere."""
     tr = parse_unittest(r.stderr + "\n" + r.stdout)
     tr.timed_out, tr.exit_code, tr.duration = r.timed_out, r.exit_code, r.duration
     if tr.ran == 0 and not r.timed_out and r.exit_code != 0:
         tr.errors = 1  # nothing ran: the suite could not even be loaded
-    return tr, {"kind": "exec", "argv": argv, "cwd": REPO, "env": dict(TEST_ENV),
-                "state_changing": False}
+    return tr
 
 
 def locate(wl: Workload, m: Mutation) -> int:
