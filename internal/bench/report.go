@@ -13,12 +13,20 @@ import (
 // Report reads every *.json bench file in dir and returns docs/BENCHMARKS.md. It only
 // relies on the File shape, so every bench that writes Rows gets its tables.
 func Report(dir string) (string, error) {
-	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	files, names, err := readResults(dir)
 	if err != nil {
 		return "", err
 	}
+	return Markdown(files, names), nil
+}
+
+func readResults(dir string) ([]*File, []string, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, nil, err
+	}
 	if len(paths) == 0 {
-		return "", fmt.Errorf("no *.json bench results in %s (run deltabox bench fs --json %s/fs.json)", dir, dir)
+		return nil, nil, fmt.Errorf("no *.json bench results in %s (run deltabox bench fs --json %s/fs.json)", dir, dir)
 	}
 	sort.Strings(paths)
 	var files []*File
@@ -26,24 +34,37 @@ func Report(dir string) (string, error) {
 	for _, p := range paths {
 		f, err := ReadFile(p)
 		if err != nil {
-			return "", err
+			return nil, nil, err
 		}
 		files = append(files, f)
 		names = append(names, filepath.ToSlash(p))
 	}
-	return Markdown(files, names), nil
+	return files, names, nil
 }
 
-// WriteReport writes Report(dir) to out.
+// WriteReport writes Report(dir) to out, and the figures it links to into the plots
+// directory next to out.
 func WriteReport(dir, out string) error {
-	md, err := Report(dir)
+	files, names, err := readResults(dir)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+	plots := filepath.Join(filepath.Dir(out), PlotsDir)
+	if err := os.MkdirAll(plots, 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(out, []byte(md), 0o644)
+	for i, f := range files {
+		for _, fg := range Figures(f, names[i]) {
+			svg, err := fg.SVG()
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(plots, fg.File), svg, 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(out, []byte(Markdown(files, names)), 0o644)
 }
 
 // Markdown renders files (names[i] is where files[i] came from).
@@ -204,6 +225,12 @@ func writeSection(b *strings.Builder, f *File, name string) {
 	}
 	if w := sectionWriters[f.Bench]; w != nil {
 		w(b, f)
+	}
+	if figs := Figures(f, name); len(figs) > 0 {
+		b.WriteString("\n### Figures\n")
+		for _, fg := range figs {
+			fmt.Fprintf(b, "\n![%s](%s/%s)\n\n*%s: %s.*\n", fg.Title, PlotsDir, fg.File, fg.Title, fg.Caption)
+		}
 	}
 	if len(f.Notes) > 0 {
 		b.WriteString("\n### Notes\n\n")
