@@ -8,12 +8,14 @@ import (
 	"io"
 	mrand "math/rand"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"deltabox/internal/api"
 	"deltabox/internal/client"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 )
 
@@ -160,6 +162,7 @@ type scaleRun struct {
 	// cleanup holds what the run created, removed at the end in reverse order.
 	sandboxes []string
 	roots     []string
+	created   map[string]bool // every sandbox the run created
 }
 
 func (r *scaleRun) logf(format string, a ...any) {
@@ -195,7 +198,7 @@ func RunScale(ctx context.Context, c *client.Client, o ScaleOptions) (f *File, e
 	if err := c.Health(ctx); err != nil {
 		return f, err
 	}
-	r := &scaleRun{c: c, o: o, f: f, start: start, rng: mrand.New(mrand.NewSource(o.Seed))}
+	r := &scaleRun{c: c, o: o, f: f, start: start, rng: mrand.New(mrand.NewSource(o.Seed)), created: map[string]bool{}}
 	defer func() {
 		err = errors.Join(err, r.cleanup())
 		f.Finished = time.Now().UTC()
@@ -236,9 +239,9 @@ func scaleDescription(o ScaleOptions) string {
 		"%d times: restore to the chain's node of depth d (`restore` rows), then checkpoint there (`checkpoint` rows: the new node "+
 		"has depth d+1), so that the next restore comes from the new child with a dirty upper. The daemon keeps warm states (the "+
 		"node's stack mounted ahead of time, per sandbox, bounded by its DELTABOX_WARM_MAX); its answers say which restores "+
-		"installed one (`warm` in the details). `restore-cold` rows restore into sandboxes that have never mounted the node (a new "+
-		"sandbox per %d cold samples, restoring every depth point once, in shuffled order): the daemon mounts the whole stack.\n",
-		maxInts(o.Depths), o.Samples, len(o.Depths))
+		"installed one (`warm` in the details). `restore-cold` rows restore into sandboxes that have never mounted the node (%d new "+
+		"sandboxes, each restoring every depth point once, in shuffled order): the daemon mounts the whole stack.\n",
+		maxInts(o.Depths), o.Samples, o.ColdSamples)
 	fmt.Fprintf(&b, "- **ws**: per size, a new sandbox writes the workspace (about %d small text files, at most half the bytes, and %d "+
 		"large files of random bytes, seed %d, as `bench fs` does), checkpoints it (the node `base`, depth 1) and syncs the store; then "+
 		"%d times: restore to `base`, checkpoint. `restore-cold`: %d new sandboxes restore `base` once each.\n",
@@ -280,10 +283,12 @@ func maxInts(v []int) int {
 
 func (r *scaleRun) create(ctx context.Context, prefix string, memoryMB int64) (*scaleSandbox, error) {
 	name := prefix + "-" + randHex(3)
+	// Named for the cleanup first: an interrupted call may still have created it.
+	r.sandboxes = append(r.sandboxes, name)
+	r.created[name] = true
 	if _, err := r.c.Create(ctx, state.CreateOptions{ID: name, Image: r.o.Image, Workdir: "/workspace", MemoryMB: memoryMB}); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	r.sandboxes = append(r.sandboxes, name)
 	return &scaleSandbox{c: r.c, name: name}, nil
 }
 
@@ -296,7 +301,7 @@ func (r *scaleRun) remove(ctx context.Context, s *scaleSandbox) error {
 			break
 		}
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("remove sandbox %s: %w", s.name, err)
 	}
 	return nil
@@ -317,7 +322,9 @@ func (r *scaleRun) removeTree(ctx context.Context, root string) error {
 	return nil
 }
 
-// cleanup removes every sandbox, then every tree, the run still holds.
+// cleanup removes every sandbox, then every tree, the run still holds. A tree whose
+// root's answer never arrived (an interrupted call) is found by the sandbox that
+// took it.
 func (r *scaleRun) cleanup() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -327,6 +334,21 @@ func (r *scaleRun) cleanup() error {
 		if err := r.remove(ctx, &scaleSandbox{name: s}); err != nil {
 			errs = append(errs, fmt.Errorf("cleanup: %w", err))
 		}
+	}
+	if tr, err := r.c.Tree(ctx); err == nil {
+		ours := map[string]bool{}
+		for _, n := range tr.Nodes {
+			if r.created[n.Sandbox] {
+				ours[n.ID] = true
+			}
+		}
+		for _, n := range tr.Nodes {
+			if ours[n.ID] && !ours[n.Parent] && !slices.Contains(r.roots, n.ID) {
+				r.roots = append(r.roots, n.ID)
+			}
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("cleanup: list the tree: %w", err))
 	}
 	for len(r.roots) > 0 {
 		if err := r.removeTree(ctx, r.roots[len(r.roots)-1]); err != nil {
@@ -814,4 +836,68 @@ func FormatScaleTable(rows []Row) string {
 			layersString(r.Layers), ahead)
 	}
 	return b.String()
+}
+
+func init() { sectionWriters["scale"] = writeScaleSummary }
+
+// writeScaleSummary adds one compact table per dimension to the scale section:
+// p50 / p99 of each op at each point, and how many restores found a warm state.
+func writeScaleSummary(b *strings.Builder, f *File) {
+	type key struct{ system, op string }
+	rows := map[key]Row{}
+	var points []ScalePoint
+	seen := map[ScalePoint]bool{}
+	for _, r := range f.Results {
+		p, ok := ParseScaleSystem(r.System)
+		if !ok {
+			continue
+		}
+		rows[key{r.System, r.Op}] = r
+		if !seen[p] {
+			seen[p] = true
+			points = append(points, p)
+		}
+	}
+	cellOf := func(system, op string) string {
+		r, ok := rows[key{system, op}]
+		if !ok {
+			return "-"
+		}
+		return fmtMS(r.P50) + " / " + fmtMS(r.P99)
+	}
+	for _, d := range []struct{ dim, title, col string }{
+		{"depth", "By tree depth", "Depth"},
+		{"ws", "By workspace size", "Workspace"},
+		{"rss", "By python session heap", "Heap"},
+	} {
+		var ps []ScalePoint
+		for _, p := range points {
+			if p.Dim == d.dim {
+				ps = append(ps, p)
+			}
+		}
+		if len(ps) == 0 {
+			continue
+		}
+		fmt.Fprintf(b, "\n### %s\n\np50 / p99 in ms (n per row in the results above); `layers` of the restored node.\n\n", d.title)
+		fmt.Fprintf(b, "| %s | Layers | restore | warm | restore+exec | restore-cold | restore-cold+exec | checkpoint | checkpoint+exec |\n", d.col)
+		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, p := range ps {
+			s := p.system()
+			x := strconv.Itoa(p.X)
+			if p.Dim != "depth" {
+				x = mbCell(p.X)
+			}
+			rs := rows[key{s, "restore"}]
+			warm := "-"
+			if v, ok := rs.Info["warm"]; ok {
+				warm = fmt.Sprintf("%v/%d", compact(v), rs.N)
+			}
+			if v, ok := rs.Info["session_vmrss_mb"]; ok {
+				x += fmt.Sprintf(" (VmRSS %s MiB)", compact(v))
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x, layersString(rs.Layers), cellOf(s, "restore"), warm,
+				cellOf(s, "restore+exec"), cellOf(s, "restore-cold"), cellOf(s, "restore-cold+exec"), cellOf(s, "checkpoint"), cellOf(s, "checkpoint+exec"))
+		}
+	}
 }
