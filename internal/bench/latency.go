@@ -766,10 +766,15 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 		e := Summarize(latPick(r.rests, call))
 		row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
 		rows = append(rows, row)
-		r.f.Notes = append(r.f.Notes, fmt.Sprintf("%d of %d deltabox restores were served by a process template (the answer's `processes` = 1, "+
-			"no `process_errors`), %d fell back to files only; the daemon's counters agree: stats.process_restores %d of stats.restores %d "+
-			"over the same restores. %d restores installed a warm state, %d of %d checkpoints used a prepared next state.",
-			r.hits, len(r.rests), r.fallbacks, r.statsEnd.ProcessRestores-r.statsBefore.ProcessRestores, r.statsEnd.Restores-r.statsBefore.Restores,
+		pr, rr := r.statsEnd.ProcessRestores-r.statsBefore.ProcessRestores, r.statsEnd.Restores-r.statsBefore.Restores
+		agree := "agree"
+		if pr != r.hits || rr != len(r.rests) {
+			agree = "do not agree"
+		}
+		r.f.Notes = append(r.f.Notes, fmt.Sprintf("template hits: %d of %d deltabox restores were served by a process template (the answer's "+
+			"`processes` = 1, no `process_errors`), %d fell back to files only; the daemon's per-sandbox counters %s: stats.process_restores "+
+			"%d of stats.restores %d over the same restores. %d restores installed a warm state, %d of %d checkpoints used a prepared next state.",
+			r.hits, len(r.rests), r.fallbacks, agree, pr, rr,
 			count(r.rests, func(s latSample) bool { return s.fast }), count(r.ckpts, func(s latSample) bool { return s.fast }), len(r.ckpts)))
 	}
 	return rows
@@ -1024,10 +1029,13 @@ func (r *latRun) criuBaseline(ctx context.Context) ([]Row, error) {
 		r.f.Notes = append(r.f.Notes, fmt.Sprintf("criu: %d restores did not bring back the dumped heap", fails))
 	}
 	const ping = `host call "label_" on the process's unix socket (it answers)`
-	rc := latBaselineRow(SysCRIU, "checkpoint", 0, ck, dumpCmd, ping)
+	// Same workload size as the other rows, but CRIU checkpoints the process only.
+	rc := latBaselineRow(SysCRIU, "checkpoint", o.WorkspaceMB, ck, dumpCmd, ping)
+	rc.Info["files"] = "not checkpointed (process only)"
 	rc.Info["image_mb"] = us(float64(imageBytes) / (1 << 20))
 	rc.Info["images_on"] = fsType(dir)
-	rr := latBaselineRow(SysCRIU, "restore", 0, rs, "kill(PID, SIGKILL) and wait4 (the live process holds the restored PID)", restoreCmd, ping)
+	rr := latBaselineRow(SysCRIU, "restore", o.WorkspaceMB, rs, "kill(PID, SIGKILL) and wait4 (the live process holds the restored PID)", restoreCmd, ping)
+	rr.Info["files"] = "not restored (process only)"
 	rr.Info["images_kept"] = len(kept)
 	rr.Info["state_checks_failed"] = fails
 	return []Row{rc, rr}, nil
