@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"time"
 
@@ -30,14 +29,7 @@ type Client struct {
 
 // New returns a client for the daemon on socket.
 func New(socket string) *Client {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-		MaxIdleConnsPerHost: 16,
-	}
-	return &Client{Socket: socket, hc: &http.Client{Transport: tr}}
+	return &Client{Socket: socket, hc: &http.Client{Transport: &unixTransport{socket: socket}}}
 }
 
 // Error is an error answered by the daemon. errors.Is(err, errdefs.ErrNotFound) etc. work.
