@@ -332,8 +332,10 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if e := c.Remove(cctx, sb); e != nil {
-			err = errors.Join(err, fmt.Errorf("cleanup: remove sandbox %s: %w", sb, e))
+		if r.ws.Sandbox != "" {
+			if e := c.Remove(cctx, sb); e != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup: remove sandbox %s: %w", sb, e))
+			}
 		}
 		if r.base != nil {
 			if _, e := c.RemoveNode(cctx, r.base.id); e != nil {
@@ -386,10 +388,10 @@ func latencyDescription(o LatencyOptions) string {
 		"template are counted from each restore's answer (`processes`, `process_errors`) and from the daemon's per-sandbox counters " +
 		"(`stats.process_restores` of `stats.restores`).\n\n")
 	fmt.Fprintf(&b, "Baselines, in the same run, each build a chain of %d checkpoints and restore %d times to random nodes of it "+
-		"(fewer samples: each takes up to seconds), with the same steps between operations. `criu`: a python3 on the host (own "+
+		"(fewer samples: each takes up to seconds), with the same steps between operations (for `criu`, the heap step only). `criu`: a python3 on the host (own "+
 		"session, stdio on /dev/null, an abstract unix socket for calls; the same exec/eval loop as the session and the same heap "+
-		"code), `criu dump --leave-running` and `criu restore -d` with images on tmpfs (the last %d image sets kept); process only, "+
-		"no files. `copytree+replay`: the same workspace generated on the host (checksum compared) on the store's reflink "+
+		"code), `criu dump --leave-running` and `criu restore -d` with images on tmpfs (the last %d image sets kept; a restore first kills "+
+		"the live process, which holds the PID); process only, no files. `copytree+replay`: the same workspace generated on the host (checksum compared) on the store's reflink "+
 		"filesystem; a checkpoint is `cp -a --reflink=auto` of the workspace; a restore copies the node's snapshot back, starts a "+
 		"fresh python3 and replays the node's commands from the root (the heap's first command and every step on the path). "+
 		"`fs-only+replay`: a second DeltaBox sandbox that starts from the root node (its files only) and ends its python session "+
