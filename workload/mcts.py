@@ -177,6 +177,8 @@ class MCTS:
     def run(self, root_step: Step) -> dict:
         import time
         t0 = time.perf_counter()
+        timers = self.agent.timers
+        before = {k: (timers.total[k], timers.count[k]) for k in timers.total}
         self.start(root_step)
         iterations = self.rollbacks + 1
         it = 0
@@ -202,11 +204,18 @@ class MCTS:
                     break
             it += 1
         search_s = time.perf_counter() - t0
+        search_timers = {}
+        for k, v in timers.total.items():
+            s0, c0 = before.get(k, (0.0, 0))
+            if timers.count[k] > c0:
+                search_timers[k] = {"seconds": round(v - s0, 4), "count": timers.count[k] - c0}
         best = max(self.nodes, key=lambda n: (n.step.score, -n.idx))
         return {
             # wall time of the search: the root's checkpoint, every expansion (think,
-            # commands, checkpoint) and rollback; not the setup or the root's tests
+            # commands, checkpoint) and rollback; not the setup or the root's tests;
+            # and the agent's timers over that time alone
             "search_seconds": round(search_s, 4),
+            "search_timers": search_timers,
             "expansions": self.n_expanded, "rollbacks": self.n_rollbacks,
             "planned": {"expansions": self.expansions, "rollbacks": self.rollbacks},
             "extra_rollbacks": extra, "nodes": len(self.nodes),
