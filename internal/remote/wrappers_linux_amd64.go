@@ -427,3 +427,280 @@ func (s *scratch) inherit() scratch {
 	}
 	return c
 }
+
+// ---- POSIX timers and clocks ----
+//
+// fork does not copy POSIX timers (timer_create) into the child: a forked child that
+// must have them re-creates them with these, after PR_TIMER_CREATE_RESTORE_IDS (Linux
+// 6.16+) so that they get their old ids.
+
+// Sigevent is what timer_create reads of a struct sigevent: the value carried by the
+// signal (si_value), the signal, how to notify (SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD,
+// optionally | SIGEV_THREAD_ID) and, with SIGEV_THREAD_ID, the thread (a tid in the
+// tracee's PID namespace).
+type Sigevent struct {
+	Value  uint64
+	Signo  int32
+	Notify int32
+	Tid    int32
+}
+
+// sigev_notify values (asm-generic/siginfo.h; golang.org/x/sys/unix has none).
+const (
+	SigevSignal   = 0 // SIGEV_SIGNAL: the signal goes to the process
+	SigevNone     = 1 // SIGEV_NONE: no notification
+	SigevThread   = 2 // SIGEV_THREAD: to the kernel, like SIGEV_SIGNAL (libc uses SIGEV_THREAD_ID)
+	SigevThreadID = 4 // SIGEV_THREAD_ID: or'ed in, the signal goes to thread Tid
+)
+
+// sigeventSize is sizeof(struct sigevent) on x86-64 (SIGEV_MAX_SIZE).
+const sigeventSize = 64
+
+func (e *Sigevent) bytes() []byte {
+	b := make([]byte, sigeventSize)
+	binary.LittleEndian.PutUint64(b[0:], e.Value)
+	binary.LittleEndian.PutUint32(b[8:], uint32(e.Signo))
+	binary.LittleEndian.PutUint32(b[12:], uint32(e.Notify))
+	binary.LittleEndian.PutUint32(b[16:], uint32(e.Tid))
+	return b
+}
+
+// TimerCreate is timer_create(clock, &ev, &id) in the tracee; it returns the new timer's
+// id. want is written into the id argument first: the kernel reads it as the id to give
+// the timer while prctl(PR_TIMER_CREATE_RESTORE_IDS, PR_TIMER_CREATE_RESTORE_IDS_ON) is in
+// effect in the tracee (EBUSY if that id is taken), and ignores it otherwise.
+func (t *Tracee) TimerCreate(clock int32, ev Sigevent, want int32) (int32, error) {
+	r, err := t.call(fmt.Sprintf("timer_create(%d)", clock), func() (uintptr, error) {
+		ea, err := t.data(ev.bytes())
+		if err != nil {
+			return 0, err
+		}
+		var idb [4]byte
+		binary.LittleEndian.PutUint32(idb[:], uint32(want))
+		ia, err := t.data(idb[:])
+		if err != nil {
+			return 0, err
+		}
+		if _, err := t.sys(unix.SYS_TIMER_CREATE, uintptr(int64(clock)), ea, ia); err != nil {
+			return 0, err
+		}
+		if err := t.readMem(ia, idb[:]); err != nil {
+			return 0, t.failed("read the timer id", err)
+		}
+		return uintptr(binary.LittleEndian.Uint32(idb[:])), nil
+	})
+	return int32(r), err
+}
+
+// TimerSettime is timer_settime(id, flags, &v, &old) in the tracee (flags: 0 or
+// TIMER_ABSTIME); it returns the old setting.
+func (t *Tracee) TimerSettime(id int32, flags int, v unix.ItimerSpec) (unix.ItimerSpec, error) {
+	var old unix.ItimerSpec
+	_, err := t.call(fmt.Sprintf("timer_settime(%d)", id), func() (uintptr, error) {
+		nv, err := t.data(bytesOf(&v))
+		if err != nil {
+			return 0, err
+		}
+		ov, err := t.data(bytesOf(&old))
+		if err != nil {
+			return 0, err
+		}
+		if _, err := t.sys(unix.SYS_TIMER_SETTIME, uintptr(id), uintptr(flags), nv, ov); err != nil {
+			return 0, err
+		}
+		if err := t.readMem(ov, bytesOf(&old)); err != nil {
+			return 0, t.failed("read old itimerspec", err)
+		}
+		return 0, nil
+	})
+	return old, err
+}
+
+// TimerGettime is timer_gettime(id, &v) in the tracee: the time to the next expiry (0:
+// disarmed) and the interval.
+func (t *Tracee) TimerGettime(id int32) (unix.ItimerSpec, error) {
+	var v unix.ItimerSpec
+	_, err := t.call(fmt.Sprintf("timer_gettime(%d)", id), func() (uintptr, error) {
+		a, err := t.data(bytesOf(&v))
+		if err != nil {
+			return 0, err
+		}
+		if _, err := t.sys(unix.SYS_TIMER_GETTIME, uintptr(id), a); err != nil {
+			return 0, err
+		}
+		if err := t.readMem(a, bytesOf(&v)); err != nil {
+			return 0, t.failed("read itimerspec", err)
+		}
+		return 0, nil
+	})
+	return v, err
+}
+
+// TimerDelete is timer_delete(id) in the tracee.
+func (t *Tracee) TimerDelete(id int32) error {
+	_, err := t.call(fmt.Sprintf("timer_delete(%d)", id), func() (uintptr, error) {
+		return t.sys(unix.SYS_TIMER_DELETE, uintptr(id))
+	})
+	return err
+}
+
+// ClockGettime is clock_gettime(clock) made by the tracee (as the raw syscall: its own
+// CPU-time clocks and its time namespace apply).
+func (t *Tracee) ClockGettime(clock int32) (unix.Timespec, error) {
+	var ts unix.Timespec
+	_, err := t.call(fmt.Sprintf("clock_gettime(%d)", clock), func() (uintptr, error) {
+		a, err := t.data(bytesOf(&ts))
+		if err != nil {
+			return 0, err
+		}
+		if _, err := t.sys(unix.SYS_CLOCK_GETTIME, uintptr(int64(clock)), a); err != nil {
+			return 0, err
+		}
+		if err := t.readMem(a, bytesOf(&ts)); err != nil {
+			return 0, t.failed("read timespec", err)
+		}
+		return 0, nil
+	})
+	return ts, err
+}
+
+// ---- pending signals ----
+//
+// fork clears the child's pending signals (both its own queue and its process's); a
+// forked child that must have them gets them queued again with QueueSignals, from what
+// PendingSignals read in the parent.
+
+// Siginfo is a kernel siginfo_t (128 bytes), kept whole so that a signal can be queued
+// again exactly as it was (sender, si_code, value, timer id...).
+type Siginfo [128]byte
+
+// Signo is si_signo.
+func (s *Siginfo) Signo() int { return int(int32(le32(s[0:]))) }
+
+// Code is si_code (SI_USER 0, SI_QUEUE -1, SI_TIMER -2, SI_TKILL -6, SI_KERNEL 0x80...).
+func (s *Siginfo) Code() int { return int(int32(le32(s[8:]))) }
+
+// TimerID is si_timerid of an SI_TIMER signal.
+func (s *Siginfo) TimerID() int32 { return int32(le32(s[16:])) }
+
+// PendingSignal is a signal pending in a process: queued for its thread (Shared false:
+// tgkill, SIGEV_THREAD_ID timers, faults) or for the whole process (Shared: kill, most
+// timers).
+type PendingSignal struct {
+	Info   Siginfo
+	Shared bool
+}
+
+// ptracePeeksiginfoShared is PTRACE_PEEKSIGINFO_SHARED: read the process's queue, not
+// the thread's.
+const ptracePeeksiginfoShared = 1
+
+// PendingSignals reads the signals queued for the tracee without dequeuing them
+// (PTRACE_PEEKSIGINFO): its thread's queue, then its process's, each in queue order.
+// Signals pending without a queue entry (a standard signal sent when RLIMIT_SIGPENDING
+// was exhausted) are not listed: /proc/PID/status SigPnd and ShdPnd show them. Signals
+// this package took from the tracee while injecting are not queued either: HeldSignals.
+func (t *Tracee) PendingSignals() ([]PendingSignal, error) {
+	var out []PendingSignal
+	err := t.tr.Do(func() error {
+		if err := t.usable(); err != nil {
+			return err
+		}
+		for _, shared := range []bool{false, true} {
+			var buf [32]Siginfo
+			for off := uint64(0); ; {
+				// struct ptrace_peeksiginfo_args { u64 off; u32 flags; s32 nr; }
+				var args [16]byte
+				binary.LittleEndian.PutUint64(args[0:], off)
+				if shared {
+					binary.LittleEndian.PutUint32(args[8:], ptracePeeksiginfoShared)
+				}
+				binary.LittleEndian.PutUint32(args[12:], uint32(len(buf)))
+				n, _, e := unix.RawSyscall6(unix.SYS_PTRACE, unix.PTRACE_PEEKSIGINFO, uintptr(t.pid),
+					uintptr(unsafe.Pointer(&args)), uintptr(unsafe.Pointer(&buf)), 0, 0)
+				if e != 0 {
+					return fmt.Errorf("remote: PTRACE_PEEKSIGINFO in pid %d: %w", t.pid, e)
+				}
+				for i := 0; i < int(n); i++ {
+					out = append(out, PendingSignal{Info: buf[i], Shared: shared})
+				}
+				if int(n) < len(buf) {
+					break
+				}
+				off += uint64(n)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// HeldSignals returns the signals this package took from the tracee while injecting
+// (it dequeued them at a signal-delivery-stop), in arrival order. They are pending for
+// the tracee's own code: Restore and Detach queue them again.
+func (t *Tracee) HeldSignals() []Siginfo {
+	var out []Siginfo
+	t.tr.Do(func() error {
+		for i := range t.held {
+			out = append(out, Siginfo(t.held[i]))
+		}
+		return nil
+	})
+	return out
+}
+
+// QueueSignals makes sigs pending in the tracee, in order, each with its siginfo as
+// given: rt_tgsigqueueinfo(self, self, ...) for a thread's signal, rt_sigqueueinfo(self,
+// ...) for a process's (a process may queue any si_code to itself). It runs with every
+// signal blocked (PTRACE_SETSIGMASK, the tracee's own mask put back afterwards), so
+// that a signal the tracee does not block is not taken again by the injection that
+// follows; call it last before Detach. SIGKILL and SIGSTOP are refused.
+func (t *Tracee) QueueSignals(sigs []PendingSignal) error {
+	if len(sigs) == 0 {
+		return nil
+	}
+	for i := range sigs {
+		if s := unix.Signal(sigs[i].Info.Signo()); s == unix.SIGKILL || s == unix.SIGSTOP || s <= 0 || s > 64 {
+			return fmt.Errorf("remote: cannot queue signal %d", s)
+		}
+	}
+	_, err := t.call("queue signals", func() (uintptr, error) {
+		self, err := t.selfPid()
+		if err != nil {
+			return 0, t.failed("find the tracee's pid", err)
+		}
+		var old uint64
+		if err := t.sigmask(unix.PTRACE_GETSIGMASK, &old); err != nil {
+			return 0, t.failed("get signal mask", err)
+		}
+		all := uint64(blockAll)
+		if err := t.sigmask(unix.PTRACE_SETSIGMASK, &all); err != nil {
+			return 0, t.failed("block signals", err)
+		}
+		var qerr error
+		for i := range sigs {
+			a, err := t.data(sigs[i].Info[:])
+			if err != nil {
+				return 0, err
+			}
+			sig := uintptr(sigs[i].Info.Signo())
+			if sigs[i].Shared {
+				_, qerr = t.sys(unix.SYS_RT_SIGQUEUEINFO, uintptr(self), sig, a)
+			} else {
+				_, qerr = t.sys(unix.SYS_RT_TGSIGQUEUEINFO, uintptr(self), uintptr(self), sig, a)
+			}
+			if qerr != nil {
+				if _, ok := qerr.(unix.Errno); !ok {
+					return 0, qerr
+				}
+				qerr = fmt.Errorf("queue %s: %w", unix.SignalName(unix.Signal(sig)), qerr)
+				break
+			}
+		}
+		if err := t.sigmask(unix.PTRACE_SETSIGMASK, &old); err != nil {
+			return 0, t.failed("restore signal mask", err)
+		}
+		return 0, qerr
+	})
+	return err
+}
