@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/bench"
+	"deltabox/internal/testutil"
+)
+
+// TestBenchMCTSShort runs `deltabox bench mcts --short` against a private daemon: the
+// search with DeltaBox, then its replays (isolated reference, copytree+replay,
+// fs-only+replay, the fs-only negative control, git-reset+replay, criu+copytree). Every
+// system's node scores must equal the isolated reference's, the negative control's
+// must not, and nothing may be left behind in the daemon.
+func TestBenchMCTSShort(t *testing.T) {
+	_, err := exec.LookPath("python3")
+	testutil.Require(t, err == nil, "needs python3 for the search and the replays: %v", err)
+	workloads := filepath.Join(testutil.MainRoot(), "workloads")
+	_, err = os.Stat(filepath.Join(workloads, "jsonlib", "manifest.json"))
+	testutil.Require(t, err == nil, "the jsonlib workload is not prepared (run scripts/setup.sh): %v", err)
+	criu := bench.DefaultMCTSOptions().CRIU
+	_, err = os.Stat(criu)
+	testutil.Require(t, err == nil, "needs CRIU for criu+copytree (scripts/setup.sh builds it): %v", err)
+	repo := exRepo(t)
+	d := testutil.StartDaemon(t)
+
+	out := filepath.Join(t.TempDir(), "mcts.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testutil.Binary(t), "--socket", d.Socket, "bench", "mcts", "--short",
+		"--json", out, "--repo", repo, "--criu", criu)
+	cmd.Dir = repo
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "PYTHONPATH" || k == "PYTHONHOME" || strings.HasPrefix(k, "DELTABOX_") {
+			continue
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	cmd.Env = append(cmd.Env, "DELTABOX_WORKLOADS="+workloads)
+	shmBefore, _ := filepath.Glob("/dev/shm/deltabox-bench-criu-*")
+	start := time.Now()
+	b, err := cmd.CombinedOutput()
+	t.Logf("deltabox bench mcts --short (%.1fs):\n%s", time.Since(start).Seconds(), b)
+	if err != nil {
+		t.Fatalf("bench mcts: %v; the daemon's log:\n%s", err, d.Log())
+	}
+	f, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Bench != "mcts" || f.Description == "" {
+		t.Errorf("bench %q, description %d bytes", f.Bench, len(f.Description))
+	}
+	want := append([]string{bench.MCTSDeltaBox}, bench.MCTSBaselines...)
+	got := map[string]bench.MCTSRow{}
+	for _, r := range f.MCTS {
+		if r.ThinkS != 0 {
+			t.Errorf("row %s at %v s think in short mode", r.System, r.ThinkS)
+		}
+		got[r.System] = r
+	}
+	for _, sys := range want {
+		r, ok := got[sys]
+		if !ok {
+			t.Errorf("no %s row", sys)
+			continue
+		}
+		if _, failed := r.Info["error"]; failed {
+			t.Errorf("%s failed: %v", sys, r.Info["error"])
+			continue
+		}
+		if r.TotalS <= 0 || r.StateS <= 0 || len(r.Commands) == 0 {
+			t.Errorf("%s: total %v s, state %v s, %d commands", sys, r.TotalS, r.StateS, len(r.Commands))
+		}
+		if n, _ := r.Info["nodes_scored"].(float64); n != 7 {
+			t.Errorf("%s scored %v nodes, want 7 (root + 6 expansions)", sys, r.Info["nodes_scored"])
+		}
+		if sys == bench.MCTSNegative {
+			if r.ScoresMatch {
+				t.Errorf("the negative control (fs-only, no replay) matches the reference: the score does not see the session's memory")
+			}
+		} else if !r.ScoresMatch {
+			t.Errorf("%s: scores differ from the isolated reference: %v", sys, r.Info)
+		}
+	}
+	if len(f.MCTS) != len(want) {
+		t.Errorf("%d rows, want %d", len(f.MCTS), len(want))
+	}
+	md := bench.Markdown([]*bench.File{f}, []string{"mcts.json"})
+	if !strings.Contains(md, "### Targets") || !strings.Contains(md, "| fs-only | 0 |") {
+		t.Errorf("the report lacks the mcts tables:\n%s", md)
+	}
+
+	// The search and the replays remove their sandboxes and checkpoints.
+	sbs, err := d.C.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) != 0 {
+		t.Errorf("%d sandboxes left behind", len(sbs))
+	}
+	tree, err := d.C.Tree(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tree.Nodes) != 0 {
+		t.Errorf("%d checkpoints left behind", len(tree.Nodes))
+	}
+	shmAfter, _ := filepath.Glob("/dev/shm/deltabox-bench-criu-*")
+	for _, p := range shmAfter {
+		if !slices.Contains(shmBefore, p) {
+			t.Errorf("CRIU images left behind: %s", p)
+		}
+	}
+}
