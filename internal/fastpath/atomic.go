@@ -1,0 +1,281 @@
+package fastpath
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/remote"
+)
+
+// Checkpoint and Restore above do a whole process at once. The state manager makes a
+// checkpoint or a restore of files and processes one atomic step, so it needs them in
+// phases that can each be undone until the step is published:
+//
+//	checkpoint: Hold (seize, inspect) -> Fork (the template) -> ... files ... ->
+//	            Move (onto the new state) -> Release (resume);
+//	            undo: MoveBack, kill the template, Release: the process is exactly as it
+//	            was (same open file descriptions, namespace and cwd), and it ran no
+//	            instruction of its own in between.
+//	restore:    SeizeTemplate -> ... kill the live process ... -> Revive (fork with its
+//	            PID, moved, terminal) -> Commit (resume); undo: Abort (kill the revived
+//	            child, the template stays as it was).
+
+// Held is a live process seized for a checkpoint. From Hold to Release it executes only
+// injected syscalls, none of its own code.
+type Held struct {
+	P    *Proc
+	Tmpl *Template // set by Fork
+
+	tr     *remote.Tracer
+	t      *remote.Tracee
+	moved  bool // Move started: MoveBack has something to undo
+	killed bool // MoveBack failed and killed it
+}
+
+// Hold seizes the process hostPid and inspects it while it is stopped (so that what is
+// inspected is what is forked). An ineligible process is let go untouched and the error
+// is an *Ineligible.
+func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
+	t, err := tr.Seize(hostPid)
+	if err != nil {
+		return nil, fmt.Errorf("seize %d: %w", hostPid, err)
+	}
+	p, err := Inspect(hostPid)
+	if err != nil {
+		if derr := t.Detach(); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return nil, err
+	}
+	return &Held{P: p, tr: tr, t: t}, nil
+}
+
+// Fork forks the held process into its template: the child calls setsid (so the live
+// PID's session can end with the live process) and is parked in a SIGSTOP group stop.
+// The template is on the state the process is on (nothing has moved yet). On error no
+// template exists.
+func (h *Held) Fork() (*Template, error) {
+	var child *remote.Tracee
+	err := h.tr.Do(func() error {
+		var err error
+		if child, err = h.t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}); err != nil {
+			return fmt.Errorf("fork the template of %d: %w", h.P.Pid, err)
+		}
+		if _, err := child.Setsid(); err != nil {
+			return fmt.Errorf("template setsid: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		if child != nil {
+			child.Kill()
+		}
+		return nil, err
+	}
+	tmpl := &Template{Proc: *h.P, HostPid: child.Pid(), SelfPid: nsPid(child.Pid()), sc: child.SyscallAddr()}
+	if err := child.DetachStopped(); err != nil {
+		tmpl.Kill()
+		return nil, fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
+	}
+	h.Tmpl = tmpl
+	return tmpl, nil
+}
+
+// Move puts the held process onto the state whose namespace it can open at nsPath
+// (setns, chdir, every file and directory fd reopened at the same offset and flags), so
+// that it shares no open file description with its template. On error it is moved
+// back (MoveBack) before Move returns, or killed if even that fails (the error says so).
+func (h *Held) Move(nsPath string) error {
+	h.moved = true
+	err := h.tr.Do(func() error { return move(h.t, h.P, nsPath) })
+	if err == nil {
+		return nil
+	}
+	if berr := h.MoveBack(); berr != nil {
+		return fmt.Errorf("move %d: %w; moving it back: %v", h.P.Pid, err, berr)
+	}
+	return fmt.Errorf("move %d: %w", h.P.Pid, err)
+}
+
+// MoveBack undoes Move exactly: the process re-enters its template's mount namespace
+// and working directory (the ones it had: the template forked before the move and never
+// ran), and takes back, with pidfd_getfd, the very open file descriptions it shared
+// with the template, at the same fd numbers. If that fails the process is killed: it is
+// never left half-moved. Precondition: the template is alive (it is killed after).
+func (h *Held) MoveBack() error {
+	if !h.moved {
+		return nil
+	}
+	if h.Tmpl == nil {
+		h.t.Kill()
+		return fmt.Errorf("process %d was moved without a template to move back from: killed", h.P.Pid)
+	}
+	base := "/proc/" + strconv.Itoa(h.Tmpl.SelfPid)
+	err := h.tr.Do(func() error {
+		ns, err := h.t.Open(base+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open the template's namespace: %w", err)
+		}
+		err = h.t.Setns(ns, unix.CLONE_NEWNS)
+		h.t.Close(ns)
+		if err != nil {
+			return fmt.Errorf("setns back: %w", err)
+		}
+		if err := h.t.Chdir(base + "/cwd"); err != nil {
+			return fmt.Errorf("chdir back: %w", err)
+		}
+		var files []FD
+		for _, f := range h.P.FDs {
+			if f.Kind == "file" || f.Kind == "dir" {
+				files = append(files, f)
+			}
+		}
+		if len(files) == 0 {
+			return nil
+		}
+		pfd, err := h.t.Syscall(unix.SYS_PIDFD_OPEN, uintptr(h.Tmpl.SelfPid), 0)
+		if err != nil {
+			return fmt.Errorf("pidfd_open of the template: %w", err)
+		}
+		defer h.t.Close(int(pfd))
+		for _, f := range files {
+			nfd, err := h.t.Syscall(unix.SYS_PIDFD_GETFD, pfd, uintptr(f.Num), 0)
+			if err != nil {
+				return fmt.Errorf("take back fd %d: %w", f.Num, err)
+			}
+			err = h.t.Dup3(int(nfd), f.Num, f.Flags&unix.O_CLOEXEC)
+			h.t.Close(int(nfd))
+			if err != nil {
+				return fmt.Errorf("dup3 fd %d back: %w", f.Num, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		h.t.Kill()
+		return fmt.Errorf("%w: process %d killed rather than left half-moved", err, h.P.Pid)
+	}
+	h.moved = false
+	return nil
+}
+
+// Release lets the held process go (registers and scratch memory restored): it resumes
+// where it was, on whatever state it was moved to.
+func (h *Held) Release() error {
+	if h.killed {
+		return fmt.Errorf("process %d was killed", h.P.Pid)
+	}
+	return h.t.Detach()
+}
+
+// Killed reports whether Undo had to kill the process.
+func (h *Held) Killed() bool { return h.killed }
+
+// Undo moves the held process back (MoveBack) and kills its template, leaving it seized:
+// Release then lets it run exactly as it was. If it could not be moved back it was
+// killed, and Undo says so.
+func (h *Held) Undo() error {
+	err := h.MoveBack()
+	if err != nil {
+		h.killed = true
+	}
+	if h.Tmpl != nil {
+		h.Tmpl.Kill()
+		h.Tmpl = nil
+	}
+	return err
+}
+
+// Abort is Undo then Release.
+func (h *Held) Abort() error {
+	if err := h.Undo(); err != nil {
+		return err
+	}
+	return h.Release()
+}
+
+// Revival is a template seized for a restore.
+type Revival struct {
+	Tmpl    *Template
+	tr      *remote.Tracer
+	tt      *remote.Tracee // the template, while seized
+	child   *remote.Tracee // the revived process, until Commit
+	HostPid int            // the revived process's host PID
+}
+
+// SeizeTemplate seizes tmpl (it stays in its stop and runs nothing): this checks, before
+// anything irreversible, that the template is there and can be forked.
+func SeizeTemplate(tr *remote.Tracer, tmpl *Template) (*Revival, error) {
+	if !tmpl.Alive() {
+		return nil, fmt.Errorf("the template (pid %d) is gone", tmpl.Pid)
+	}
+	t, err := tr.Seize(tmpl.HostPid)
+	if err != nil {
+		return nil, fmt.Errorf("seize the template: %w", err)
+	}
+	if tmpl.sc != 0 {
+		t.UseSyscallAddr(tmpl.sc)
+	}
+	return &Revival{Tmpl: tmpl, tr: tr, tt: t}, nil
+}
+
+// Revive forks the template into a process with the PID the live process had (which
+// must be free: killed and reaped), moves it onto the state at nsPath and gives it
+// ptyPath as its session's controlling terminal. The process stays stopped (traced)
+// until Commit; the template is parked again. On error the child is killed and the
+// template parked as it was.
+func (r *Revival) Revive(nsPath, ptyPath string) error {
+	var child *remote.Tracee
+	err := r.tr.Do(func() error {
+		var err error
+		child, err = r.tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{r.Tmpl.Pid}})
+		if err != nil {
+			return fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
+		}
+		if err := move(child, &r.Tmpl.Proc, nsPath); err != nil {
+			return err
+		}
+		if _, err := child.Setsid(); err != nil {
+			return fmt.Errorf("setsid: %w", err)
+		}
+		return terminal(child, &r.Tmpl.Proc, ptyPath)
+	})
+	perr := r.tt.DetachStopped()
+	r.tt = nil
+	if err == nil && perr != nil {
+		err = fmt.Errorf("park the template again: %w", perr)
+	}
+	if err != nil {
+		if child != nil {
+			child.Kill()
+		}
+		return err
+	}
+	r.child, r.HostPid = child, child.Pid()
+	return nil
+}
+
+// Commit lets the revived process run.
+func (r *Revival) Commit() error {
+	if r.child == nil {
+		return errors.New("nothing revived")
+	}
+	err := r.child.Detach()
+	r.child = nil
+	return err
+}
+
+// Abort kills the revived process, if any, and parks the template as it was.
+func (r *Revival) Abort() {
+	if r.child != nil {
+		r.child.Kill()
+		r.child = nil
+	}
+	if r.tt != nil {
+		r.tt.DetachStopped()
+		r.tt = nil
+	}
+}
