@@ -1,6 +1,7 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -22,6 +23,18 @@ import (
 // restart (which ends every process), carries its files only and ends the sessions.
 // Processes not in a session (background jobs an exec left behind) are ended at a
 // checkpoint, as before. DELTABOX_FASTPATH=0 turns the fast path off.
+//
+// Atomicity. A checkpoint seizes the session processes before anything changes and
+// keeps them seized (they run none of their own code) until it is published: the
+// templates fork from them first, on the old state; the files part follows; then the
+// processes move onto the new state. A failure at any step moves back the ones already
+// moved (fastpath.Held.MoveBack: the same namespace, cwd and open file descriptions as
+// before), kills the templates made and undoes the files part: the sandbox is exactly as
+// it was. A restore does everything that can be checked or prepared before it kills the
+// live processes (templates seized, sessions' terminals found, the node's state mounted),
+// because clone3 set_tid needs the live PID free: once a live process is killed it cannot
+// be kept aside while its replacement is tried. See Restore for what a failure after that
+// point leaves.
 
 // procTemplate is one session's frozen process at a node.
 type procTemplate struct {
@@ -34,62 +47,150 @@ type procTemplate struct {
 	winsize *unix.Winsize
 }
 
-// liveSession is a session process about to be checkpointed.
-type liveSession struct {
+// heldSession is a session process seized for a checkpoint.
+type heldSession struct {
 	name string
 	sess *session.Session
-	proc *fastpath.Proc
+	h    *fastpath.Held
+	pt   *procTemplate // its template, once forked
 }
 
 func fastPathOn() bool { return os.Getenv("DELTABOX_FASTPATH") != "0" }
 
-// inspectSessions checks that every running session can be checkpointed with its state,
-// before anything changes. Precondition: s.opMu held, no exec running.
-func (m *Manager) inspectSessions(s *sb) ([]liveSession, error) {
+// liveSessions returns the running sessions of s, sorted by name.
+func liveSessions(s *sb) ([]string, map[string]*session.Session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var names []string
+	sess := map[string]*session.Session{}
+	for name, ss := range s.sessions {
+		if ss.Alive() {
+			names = append(names, name)
+			sess[name] = ss
+		}
+	}
+	sort.Strings(names)
+	return names, sess
+}
+
+// holdSessions seizes every running session's process and checks, while it is stopped,
+// that it can be checkpointed with its state. On error every process already seized is
+// let go untouched. Precondition: s.opMu held, no exec running.
+func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 	if !fastPathOn() {
 		return nil, nil
 	}
-	s.mu.Lock()
-	var names []string
-	for name, sess := range s.sessions {
-		if sess.Alive() {
-			names = append(names, name)
-		}
-	}
-	sess := map[string]*session.Session{}
-	for _, n := range names {
-		sess[n] = s.sessions[n]
-	}
-	s.mu.Unlock()
+	names, sess := liveSessions(s)
 	if len(names) == 0 {
 		return nil, nil
 	}
-	sort.Strings(names)
 	hostPids, err := s.rt.Pids()
 	if err != nil {
 		return nil, err
 	}
-	var out []liveSession
+	tr := m.tracer(s)
+	var out []*heldSession
 	for _, n := range names {
 		host, err := fastpath.HostPid(hostPids, sess[n].Pid())
-		if err != nil {
-			return nil, fmt.Errorf("session %s: %w", n, err)
+		if err == nil {
+			var h *fastpath.Held
+			if h, err = fastpath.Hold(tr, host); err == nil {
+				out = append(out, &heldSession{name: n, sess: sess[n], h: h})
+				continue
+			}
 		}
-		p, err := fastpath.Inspect(host)
-		if err != nil {
+		m.abortHeld(out)
+		var in *fastpath.Ineligible
+		if errors.As(err, &in) {
 			return nil, fmt.Errorf("session %s: %v; end it (deltabox session kill) or wait for the durable path: %w", n, err, errdefs.ErrConflict)
 		}
-		out = append(out, liveSession{name: n, sess: sess[n], proc: p})
+		return nil, fmt.Errorf("session %s: %w", n, err)
 	}
 	return out, nil
 }
 
-// keepPids are the sandbox PIDs a kill must spare: the live sessions being checkpointed
-// and every template of this sandbox.
-func (m *Manager) keepPids(s *sb, live []liveSession) []int {
+// forkHeld forks every held process into its template (on the state it is on: nothing
+// has moved). On error the caller aborts the held processes, which kills the templates.
+func (m *Manager) forkHeld(held []*heldSession, sandbox string) error {
+	for _, l := range held {
+		t, err := l.h.Fork()
+		if err != nil {
+			return fmt.Errorf("session %s: %w", l.name, err)
+		}
+		pt := &procTemplate{session: l.name, kind: l.sess.Kind(), argv: l.sess.Info().Argv, sandbox: sandbox, tmpl: t}
+		if tio, err := unix.IoctlGetTermios(int(l.sess.Master().Fd()), unix.TCGETS); err == nil {
+			pt.termios = tio
+		}
+		if ws, err := unix.IoctlGetWinsize(int(l.sess.Master().Fd()), unix.TIOCGWINSZ); err == nil {
+			pt.winsize = ws
+		}
+		l.pt = pt
+	}
+	return nil
+}
+
+// moveHeld moves every held process onto the state at nsPath. afterFirst runs once the
+// first has moved (the fault-injection point that proves a partial move is undone). On
+// error the caller aborts the held processes, which moves back the ones moved.
+func (m *Manager) moveHeld(held []*heldSession, nsPath string, afterFirst func() error) error {
+	for i, l := range held {
+		if err := l.h.Move(nsPath); err != nil {
+			return fmt.Errorf("session %s: %w", l.name, err)
+		}
+		if i == 0 {
+			if err := afterFirst(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(held) == 0 {
+		return afterFirst()
+	}
+	return nil
+}
+
+// undoHeld moves back the held processes moved so far and kills their templates, in
+// reverse order; they stay seized (releaseHeld lets them run). A process that cannot be
+// put back exactly is killed by fastpath (never left half-moved); its session then
+// ends, and the error names it.
+func (m *Manager) undoHeld(held []*heldSession) []error {
+	var errs []error
+	for i := len(held) - 1; i >= 0; i-- {
+		if err := held[i].h.Undo(); err != nil {
+			errs = append(errs, fmt.Errorf("session %s: %w", held[i].name, err))
+		}
+	}
+	return errs
+}
+
+// abortHeld is undoHeld then releaseHeld.
+func (m *Manager) abortHeld(held []*heldSession) []error {
+	return append(m.undoHeld(held), m.releaseHeld(held)...)
+}
+
+// releaseHeld lets every held process run on the state it was moved to.
+func (m *Manager) releaseHeld(held []*heldSession) []error {
+	var errs []error
+	for _, l := range held {
+		if l.h.Killed() {
+			continue // Undo said so already
+		}
+		if err := l.h.Release(); err != nil {
+			errs = append(errs, fmt.Errorf("session %s: %w", l.name, err))
+		}
+	}
+	return errs
+}
+
+// keepPids are the sandbox PIDs a kill must spare: the live sessions being checkpointed,
+// their new templates, and every template of this sandbox.
+func (m *Manager) keepPids(s *sb, held []*heldSession) []int {
 	var keep []int
-	for _, l := range live {
-		keep = append(keep, l.proc.Pid)
+	for _, l := range held {
+		keep = append(keep, l.h.P.Pid)
+		if l.pt != nil {
+			keep = append(keep, l.pt.tmpl.SelfPid)
+		}
 	}
 	m.mu.Lock()
 	for _, ts := range m.templates {
@@ -103,7 +204,7 @@ func (m *Manager) keepPids(s *sb, live []liveSession) []int {
 	return keep
 }
 
-// tracer returns the sandbox's ptrace owner thread.
+// tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.
 func (m *Manager) tracer(s *sb) *remote.Tracer {
 	if s.tracer == nil {
 		s.tracer = remote.NewTracer()
@@ -111,14 +212,9 @@ func (m *Manager) tracer(s *sb) *remote.Tracer {
 	return s.tracer
 }
 
-// holdState makes the sandbox's current state namespace reachable from inside it, for
-// injected setns: init keeps an fd on it, at /proc/1/fd/N.
-func (m *Manager) holdState(s *sb) (string, func(), error) {
-	ns, err := s.rt.StateNS()
-	if err != nil {
-		return "", nil, err
-	}
-	defer unix.Close(ns)
+// holdNS makes a state namespace (an nsfs fd of the daemon) reachable from inside the
+// sandbox, for injected setns: init keeps a duplicate, at /proc/1/fd/N.
+func (m *Manager) holdNS(s *sb, ns int) (string, func(), error) {
 	n, err := s.rt.HoldFD(ns)
 	if err != nil {
 		return "", nil, err
@@ -126,40 +222,14 @@ func (m *Manager) holdState(s *sb) (string, func(), error) {
 	return "/proc/1/fd/" + strconv.Itoa(n), func() { s.rt.ReleaseFD(n) }, nil
 }
 
-// forkTemplates forks every live session into a template and moves it onto the
-// sandbox's current state. On failure the templates made are killed and every session
-// is ended (never left half-moved); the error says so. Precondition: s.opMu held, the
-// new state installed.
-func (m *Manager) forkTemplates(s *sb, live []liveSession) ([]*procTemplate, error) {
-	if len(live) == 0 {
-		return nil, nil
-	}
-	nsPath, release, err := m.holdState(s)
+// holdState is holdNS of the sandbox's current state.
+func (m *Manager) holdState(s *sb) (string, func(), error) {
+	ns, err := s.rt.StateNS()
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	defer release()
-	tr := m.tracer(s)
-	var out []*procTemplate
-	for _, l := range live {
-		t, err := fastpath.Checkpoint(tr, l.proc, nsPath)
-		if err != nil {
-			for _, o := range out {
-				o.tmpl.Kill()
-			}
-			m.endSessions(s, "ended: its process could not be checkpointed: "+err.Error())
-			return nil, fmt.Errorf("session %s: %w", l.name, err)
-		}
-		pt := &procTemplate{session: l.name, kind: l.sess.Kind(), argv: l.sess.Info().Argv, sandbox: s.rec.ID, tmpl: t}
-		if tio, err := unix.IoctlGetTermios(int(l.sess.Master().Fd()), unix.TCGETS); err == nil {
-			pt.termios = tio
-		}
-		if ws, err := unix.IoctlGetWinsize(int(l.sess.Master().Fd()), unix.TIOCGWINSZ); err == nil {
-			pt.winsize = ws
-		}
-		out = append(out, pt)
-	}
-	return out, nil
+	defer unix.Close(ns)
+	return m.holdNS(s, ns)
 }
 
 // templatesFor returns node's templates usable in sandbox s, and an error if one of them
@@ -184,63 +254,165 @@ func (m *Manager) templatesFor(s *sb, node string) ([]*procTemplate, error) {
 	return ts, nil
 }
 
-// restoreTemplates forks every template into the session it belongs to, on the
-// sandbox's current state. A session that cannot be restored is ended and named in the
-// returned errors. Precondition: s.opMu held, the live processes killed and reaped.
-func (m *Manager) restoreTemplates(s *sb, ts []*procTemplate) []string {
+// nodeHasTemplatesElsewhere reports whether node has templates in another sandbox than
+// s (a restore into s then carries files only: a fork cannot cross PID namespaces).
+func (m *Manager) nodeHasTemplatesElsewhere(s *sb, node string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, t := range m.templates[node] {
+		if t.sandbox != s.rec.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// revival is one template being brought back into its session at a restore.
+type revival struct {
+	pt      *procTemplate
+	sess    *session.Session
+	old     *session.Session // a dead session of that name that sess replaces
+	created bool             // sess was made for this restore (NewDetached)
+	pts     string
+	// peer holds the terminal's slave open from before the kill until the session is
+	// rebound: when the last holder of a slave goes (the killed live process, if no
+	// template holds that terminal), reads on the master fail with EIO and the session
+	// stops reading it for good.
+	peer int
+	r    *fastpath.Revival
+	exit <-chan unix.WaitStatus
+}
+
+// prepareRevivals does, before the live processes are killed, everything a restore of
+// the templates ts can check or prepare: each template seized (present and stopped),
+// its session found or made with a terminal. On error everything is let go as it was.
+// Precondition: s.opMu held.
+func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error) {
 	if len(ts) == 0 {
-		return nil
+		return nil, nil
 	}
-	var errs []string
-	nsPath, release, err := m.holdState(s)
-	if err != nil {
-		return []string{err.Error()}
-	}
-	defer release()
 	tr := m.tracer(s)
+	var out []*revival
 	for _, t := range ts {
+		rv := &revival{pt: t, peer: -1}
 		s.mu.Lock()
-		sess := s.sessions[t.session]
+		rv.sess = s.sessions[t.session]
 		s.mu.Unlock()
-		if sess == nil {
-			var err error
-			if sess, err = session.NewDetached(s.rt, t.session, t.kind, t.argv); err != nil {
-				errs = append(errs, fmt.Sprintf("session %s: %v", t.session, err))
-				continue
-			}
-			s.mu.Lock()
-			s.sessions[t.session] = sess
-			delete(s.ended, t.session)
-			s.mu.Unlock()
+		var err error
+		if rv.sess != nil && !rv.sess.Alive() {
+			// Its process is gone and so, maybe, its terminal's reader: a new one.
+			rv.old, rv.sess = rv.sess, nil
 		}
-		pts, err := sess.PtsPath()
+		if rv.sess == nil {
+			rv.sess, err = session.NewDetached(s.rt, t.session, t.kind, t.argv)
+			rv.created = err == nil
+		}
 		if err == nil {
-			exit := s.rt.Watch(t.tmpl.Pid)
-			if _, err = fastpath.Restore(tr, t.tmpl, nsPath, pts); err != nil {
-				s.rt.Unwatch(t.tmpl.Pid)
-			} else {
-				master := int(sess.Master().Fd())
-				if t.termios != nil {
-					unix.IoctlSetTermios(master, unix.TCSETS, t.termios)
-				}
-				if t.winsize != nil {
-					unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, t.winsize)
-				}
-				sess.Rebind(t.tmpl.Pid, exit)
-				continue
+			rv.pts, err = rv.sess.PtsPath()
+		}
+		if err == nil {
+			r, _, errno := unix.Syscall(unix.SYS_IOCTL, rv.sess.Master().Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+			if rv.peer = int(r); errno != 0 {
+				rv.peer, err = -1, fmt.Errorf("open the terminal's slave: %w", errno)
 			}
 		}
-		errs = append(errs, fmt.Sprintf("session %s: %v", t.session, err))
+		if err == nil {
+			rv.r, err = fastpath.SeizeTemplate(tr, t.tmpl)
+		}
+		if err != nil {
+			out = append(out, rv)
+			m.abortRevivals(s, out)
+			return nil, fmt.Errorf("session %s: %v: %w", t.session, err, errdefs.ErrConflict)
+		}
+		out = append(out, rv)
+	}
+	return out, nil
+}
+
+// reviveAll forks every template into its session's PID on the state at nsPath; the new
+// processes stay stopped until commitRevivals. afterFirst runs once the first is made.
+// On error the caller aborts (abortRevivals).
+func (m *Manager) reviveAll(s *sb, rvs []*revival, nsPath string, afterFirst func() error) error {
+	for i, rv := range rvs {
+		rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
+		if err := rv.r.Revive(nsPath, rv.pts); err != nil {
+			return fmt.Errorf("session %s: %w", rv.pt.session, err)
+		}
+		if i == 0 {
+			if err := afterFirst(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(rvs) == 0 {
+		return afterFirst()
+	}
+	return nil
+}
+
+// abortRevivals kills what reviveAll made, parks the templates as they were, and drops
+// the sessions made for the restore.
+func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
+	for i := len(rvs) - 1; i >= 0; i-- {
+		rv := rvs[i]
+		if rv.r != nil {
+			rv.r.Abort()
+		}
+		if rv.exit != nil {
+			s.rt.Unwatch(rv.pt.tmpl.Pid)
+		}
+		if rv.created {
+			rv.sess.Release()
+		}
+		if rv.peer >= 0 {
+			unix.Close(rv.peer)
+		}
+	}
+}
+
+// commitRevivals lets the revived processes run and binds each session to its process,
+// with the checkpoint's termios and window size. It returns the sessions that could not
+// be resumed (they are ended).
+func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
+	var errs []string
+	for _, rv := range rvs {
+		t := rv.pt
+		if rv.old != nil {
+			rv.old.Release()
+		}
+		err := rv.r.Commit()
+		if err == nil {
+			master := int(rv.sess.Master().Fd())
+			if t.termios != nil {
+				unix.IoctlSetTermios(master, unix.TCSETS, t.termios)
+			}
+			if t.winsize != nil {
+				unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, t.winsize)
+			}
+			rv.sess.Rebind(t.tmpl.Pid, rv.exit)
+		}
+		unix.Close(rv.peer) // the process holds the slave now (or is gone)
+		rv.peer = -1
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("session %s: %v", t.session, err))
+			s.mu.Lock()
+			if s.sessions[t.session] == rv.sess {
+				delete(s.sessions, t.session)
+			}
+			s.ended[t.session] = "ended: its restored process could not be resumed: " + err.Error()
+			s.mu.Unlock()
+			rv.sess.Release()
+			continue
+		}
 		s.mu.Lock()
-		delete(s.sessions, t.session)
-		s.ended[t.session] = "ended: its process could not be restored: " + err.Error()
+		s.sessions[t.session] = rv.sess
+		delete(s.ended, t.session)
 		s.mu.Unlock()
-		sess.Release()
 	}
 	return errs
 }
 
-// dropTemplates kills the templates of nodes (removed nodes).
+// dropTemplatesLocked kills the templates of nodes (removed nodes). Precondition: m.mu.
 func (m *Manager) dropTemplatesLocked(nodes []string) {
 	for _, n := range nodes {
 		for _, t := range m.templates[n] {

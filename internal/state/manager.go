@@ -93,6 +93,7 @@ type sb struct {
 	warmClosed bool
 
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
+	tmplMu sync.Mutex     // held by whoever seizes this sandbox's templates
 
 	mu          sync.Mutex
 	execs       int
@@ -113,10 +114,13 @@ type Stats struct {
 	Checkpoints int `json:"checkpoints"`
 	Restores    int `json:"restores"`
 	Execs       int `json:"execs"`
-	// Per path: checkpoints that forked process templates, restores that forked them
-	// back (the others carried files only).
+	// Checkpoints that forked process templates and restores that forked them back (the
+	// same as checkpoint_paths.process and restore_paths.process).
 	ProcessCheckpoints int `json:"process_checkpoints"`
 	ProcessRestores    int `json:"process_restores"`
+	// Per path, with the reasons for the files-only one (stats.go).
+	CheckpointPaths PathCounts `json:"checkpoint_paths"`
+	RestorePaths    PathCounts `json:"restore_paths"`
 }
 
 // New opens the manager on an opened store: loads the index, sweeps orphans, kills

@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
@@ -157,45 +159,94 @@ func (m *Manager) fillUppers() {
 	}
 }
 
-// Checkpoint freezes the sandbox's upper into a new node and puts a fresh upper on top.
-// Until the process fast path exists, every process but init is ended first.
+// Checkpoint makes a node of the sandbox's files and session processes, as one atomic
+// step: it either completes or leaves the sandbox exactly as it was, with no node made.
 //
-// Steps (FailStep numbers): 1 end processes, 2 take a fresh upper, 3 freeze the upper
-// (store.Freeze), 4 mount the new stack, 5 publish. A failure at any step puts the
-// sandbox back on its previous mount and upper, untouched, with no node made.
-func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, error) {
+// Steps (FailStep numbers; a failure at step k undoes steps 1..k-1 in reverse):
+//  1. seize the sessions' processes and check them while stopped (an ineligible one
+//     refuses the checkpoint with 409); from here to step 8 they run none of their code;
+//  2. fork each into its template, on the current state (nothing has moved yet);
+//  3. end the other processes (background jobs an exec left: no node carries them, and
+//     every checkpoint that gets this far ends them, whether it completes or not);
+//  4. take a fresh upper (the next state prepared ahead of time, if it fits);
+//  5. freeze the upper (store.Freeze);
+//  6. mount the new stack and install it;
+//  7. move the live processes onto it (the injected failure comes after the first one
+//     moved, so that a partial move is undone too);
+//  8. publish: the node and its templates are recorded and the processes resume.
+//
+// Undo, in this order: processes moved back onto the old state with their own open file
+// descriptions, namespace and cwd (fastpath.Held.MoveBack), templates killed; old
+// namespace reinstalled, upper unfrozen; then the processes resume where they were.
+func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult, err error) {
 	t0 := time.Now()
 	s, unlock, err := m.beginOp(id, "checkpoint")
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	var refused string // why a refusal was one (counts)
+	defer func() {
+		if err != nil {
+			m.countFailed(s, "checkpoint", refused)
+		}
+	}()
+	res := &OpResult{Sandbox: id}
+	tp := t0
 	if err := m.fail("checkpoint", 1); err != nil {
 		return nil, err
 	}
-	// Sessions carry their process state (fastpath.go); checked before anything changes.
-	live, err := m.inspectSessions(s)
+	held, err := m.holdSessions(s)
 	if err != nil {
+		var in *fastpath.Ineligible
+		if errors.As(err, &in) {
+			refused = "ineligible"
+		}
 		return nil, err
 	}
-	killed, err := killAll(s, m.keepPids(s, live))
-	if err != nil {
+	res.phase("seize", &tp)
+	// undoProcs undoes steps 1, 2 and 7 but leaves the processes seized; letGo resumes
+	// them, once the files are back.
+	undoProcs := func() {
+		for _, e := range m.undoHeld(held) {
+			m.log.Error("checkpoint undo: a session's process could not be put back and was killed", "sandbox", id, "err", e)
+		}
+	}
+	letGo := func() {
+		for _, e := range m.releaseHeld(held) {
+			m.log.Error("checkpoint undo: resume a session's process", "sandbox", id, "err", e)
+		}
+	}
+	undoFiles := func() {}
+	abort := func(err error) (*OpResult, error) {
+		undoProcs()
+		undoFiles()
+		letGo()
 		return nil, err
+	}
+	if err := m.fail("checkpoint", 2); err != nil {
+		return abort(err)
+	}
+	if err := m.forkHeld(held, id); err != nil {
+		return abort(err)
+	}
+	res.phase("fork", &tp)
+	if err := m.fail("checkpoint", 3); err != nil {
+		return abort(err)
+	}
+	if res.Killed, err = killAll(s, m.keepPids(s, held)); err != nil {
+		return abort(err)
 	}
 	if !fastPathOn() {
 		m.endSessions(s, "ended by a checkpoint (DELTABOX_FASTPATH=0: process state is not kept)")
 	}
-	res := &OpResult{Sandbox: id, Killed: killed}
-	tp := t0
 	res.phase("kill", &tp)
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
-		return nil, err
+		return abort(err)
 	}
 	n := store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: label, Sandbox: id}
 	newUpper, oldNS := s.rec.Upper, sandbox.None
-	// undo reverts whatever the steps below did, in reverse order.
-	undo := func() {}
 	if upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]) {
 		// Nothing changed: the node shares its parent's top layer and the sandbox
 		// keeps its mount, which already shows exactly this state.
@@ -209,31 +260,30 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		// The next state, mounted ahead of time (prepare.go), if it fits.
 		p := m.takeNext(s, oldSpec.Lowers)
 		res.Prepared = p != nil
-		if err := m.fail("checkpoint", 2); err != nil {
+		if err := m.fail("checkpoint", 4); err != nil {
 			if p != nil {
 				m.putNext(s, p)
 			}
-			return nil, err
+			return abort(err)
 		}
 		if p != nil {
 			newUpper = p.newUpper
-			undo = func() { m.putNext(s, p) }
+			undoFiles = func() { m.putNext(s, p) }
 		} else {
 			if newUpper, err = m.freshUpper(oldSpec.Upper); err != nil {
-				return nil, err
+				return abort(err)
 			}
-			undo = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
+			undoFiles = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
 		}
 		res.phase("upper", &tp)
-		err = m.fail("checkpoint", 3)
+		err = m.fail("checkpoint", 5)
 		if err == nil {
 			err = m.st.Freeze(n.Layer)
 		}
 		if err != nil {
-			undo()
-			return nil, err
+			return abort(err)
 		}
-		undo = func() {
+		undoFiles = func() {
 			if err := m.st.Unfreeze(n.Layer); err != nil {
 				m.log.Error("undo freeze", "layer", n.Layer, "err", err)
 			}
@@ -247,7 +297,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		// The old namespace keeps the old overlay, whose upper is now the empty diff/
 		// (not the frozen layer), until after the answer: see store.Freeze.
 		oldNS = s.rt.TakeState()
-		err = m.fail("checkpoint", 4)
+		err = m.fail("checkpoint", 6)
 		if err == nil {
 			if p != nil {
 				// The root's mode and owner may have changed since the preparation.
@@ -263,30 +313,50 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		}
 		if err != nil {
 			s.rt.PutState(oldNS)
-			undo()
-			return nil, fmt.Errorf("checkpoint: mount the new state: %w", err)
+			return abort(fmt.Errorf("checkpoint: mount the new state: %w", err))
 		}
 		res.Mounted = true
-		res.phase("mount", &tp)
-	}
-	if err := m.fail("checkpoint", 5); err != nil {
-		if res.Mounted {
+		unfreeze := undoFiles
+		undoFiles = func() {
 			cur := s.rt.TakeState()
 			if !res.Prepared {
 				cur.Close() // the new stack goes before its lower is unfrozen
-			} // else cur is p.state, which undo releases
+			} // else cur is p.state, which unfreeze releases
 			s.rt.PutState(oldNS)
-			undo()
+			unfreeze()
 		}
-		return nil, err
+		res.phase("mount", &tp)
 	}
-	// Process state: each session forks into a template and moves onto the new state.
-	tps, perr := m.forkTemplates(s, live)
-	if perr != nil {
-		res.ProcessErrors = append(res.ProcessErrors, perr.Error())
+	// The live processes move onto the sandbox's current state (the new one, or the same
+	// one when nothing changed: they still reopen their files, to share no open file
+	// description with their templates).
+	failMove := func() error { return m.fail("checkpoint", 7) }
+	if len(held) > 0 {
+		nsPath, release, err := m.holdState(s)
+		if err != nil {
+			return abort(err)
+		}
+		err = m.moveHeld(held, nsPath, failMove)
+		release()
+		if err != nil {
+			return abort(err)
+		}
+	} else if err := failMove(); err != nil {
+		return abort(err)
+	}
+	res.phase("move", &tp)
+	if err := m.fail("checkpoint", 8); err != nil {
+		return abort(err)
+	}
+	// Publish.
+	var tps []*procTemplate
+	for _, l := range held {
+		tps = append(tps, l.pt)
+	}
+	for _, e := range m.releaseHeld(held) {
+		res.ProcessErrors = append(res.ProcessErrors, e.Error())
 	}
 	res.Processes = len(tps)
-	res.phase("processes", &tp)
 	m.mu.Lock()
 	n.ID = m.newNodeID()
 	nd := &node{Node: n}
@@ -306,12 +376,14 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 		})
 		afterAnswer(func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
 	}
-	s.mu.Lock()
-	s.stats.Checkpoints++
-	if len(tps) > 0 {
-		s.stats.ProcessCheckpoints++
+	switch {
+	case len(tps) > 0:
+		m.countPath(s, "checkpoint", pathProcess)
+	case !fastPathOn():
+		m.countPath(s, "checkpoint", pathFastPathOff)
+	default:
+		m.countPath(s, "checkpoint", pathNoSessions)
 	}
-	s.mu.Unlock()
 	m.prepareNext(s)
 	m.warmNode(s, n.ID)
 	res.phase("publish", &tp)
@@ -345,9 +417,34 @@ func (m *Manager) measure(id, dir string) {
 	n.seq = m.st.Index.Apply(store.Op{PutNode: &cp, MetaOnly: true})
 }
 
-// Restore puts the sandbox on node's stack with a fresh upper. Until the process fast
-// path exists, every process but init is ended.
-func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, error) {
+// Restore puts the sandbox on node's files and, when this sandbox made the node while
+// sessions ran, brings back their processes from the node's templates (same PIDs, same
+// terminals), as atomically as the PID constraint allows.
+//
+// Steps (FailStep numbers):
+//  1. check the node's templates and seize them (a gone one refuses with 409), find or
+//     make each one's session and terminal;
+//  2. take an upper (a warm state of the node, or a fresh one);
+//  3. mount the node's stack, without installing it;
+//  4. end the sandbox's processes, templates excepted;
+//  5. install the node's state;
+//  6. fork each template into its session's PID, on that state (the injected failure
+//     comes after the first); the new processes stay stopped;
+//  7. publish: the processes resume, the sandbox's record changes.
+//
+// A failure at steps 1-4 leaves the sandbox exactly as it was: nothing irreversible
+// happened, every check and every mount was done before the kill. From step 4 on the
+// live processes are gone, and they cannot be brought back: clone3 set_tid needs each
+// live PID free before its replacement can be forked, so a live process can be neither
+// kept aside (stopped, with its PID) while the replacement is tried, nor restarted as it
+// was. A failure at steps 5-7 kills what was forked, reinstalls the old state (files
+// exactly as they were: the old upper is untouched until publish) and ends the sessions
+// whose processes the kill took: their next call starts them afresh
+// (session_restarted), and the error says so. Doing better would take a snapshot fork
+// of every live process before the kill, a clone3 per session on every restore, which
+// these failures (resource exhaustion, a template killed in the microseconds between its
+// seizure and its fork) do not justify.
+func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, err error) {
 	t0 := time.Now()
 	s, unlock, err := m.beginOp(id, "restore")
 	if err != nil {
@@ -364,90 +461,133 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 	if !ok {
 		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", nodeID, errdefs.ErrNotFound)
 	}
+	var refused string
+	defer func() {
+		if err != nil {
+			m.countFailed(s, "restore", refused)
+		}
+	}()
+	res := &OpResult{Sandbox: id}
+	tp := t0
 	if err := m.fail("restore", 1); err != nil {
 		return nil, err
 	}
 	// The node's process templates, if this sandbox made them; a gone one refuses the
-	// restore before anything changes.
-	res := &OpResult{Sandbox: id}
-	tp := t0
+	// restore before anything changes. tmplMu: whoever seizes templates holds it.
 	tps, err := m.templatesFor(s, nodeID)
+	if err != nil {
+		refused = "template_gone"
+		return nil, err
+	}
+	s.tmplMu.Lock()
+	defer s.tmplMu.Unlock()
+	rvs, err := m.prepareRevivals(s, tps)
 	if err != nil {
 		return nil, err
 	}
 	res.phase("templates", &tp)
-	res.Killed, err = killAll(s, m.keepPids(s, nil))
-	if err != nil {
+	dropNew := func() {}
+	abort := func(err error) (*OpResult, error) {
+		dropNew()
+		m.abortRevivals(s, rvs)
 		return nil, err
 	}
-	m.endSessionsExcept(s, tps, "ended by a restore to "+nodeID+", where it had no process state")
-	res.phase("kill", &tp)
-	// The upper is about to be discarded, and with it what was prepared on it; a new
-	// preparation follows whatever happens.
-	m.discardNext(s)
-	defer m.prepareNext(s)
-	res.phase("discard", &tp)
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
-		return nil, err
+		return abort(err)
 	}
 	oldUpper, newUpper := s.rec.Upper, s.rec.Upper
-	oldNS := sandbox.None
-	if !(s.rec.Head == nodeID && upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0])) {
+	newState := sandbox.None
+	mount := !(s.rec.Head == nodeID && upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]))
+	if mount {
 		if err := m.fail("restore", 2); err != nil {
-			return nil, err
+			return abort(err)
 		}
 		spec, err := m.spec(image, nodeID, 0)
 		if err != nil {
-			return nil, err
+			return abort(err)
 		}
 		// A warm state of the node (warm.go) replaces the mount.
 		w := m.takeWarm(s, nodeID, spec.Lowers)
 		if w != nil {
 			newUpper, res.Warm = w.upper, true
+			dropNew = func() { m.dropWarm(w) }
 		} else if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
-			return nil, err
+			return abort(err)
+		} else {
+			dropNew = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
 		}
 		spec.Upper, spec.Work = m.st.LayerDiff(newUpper), m.st.LayerWork(newUpper)
 		res.phase("upper", &tp)
-		// The old state's upper is discarded, never frozen, so the old namespace may
-		// outlive the switch: it is closed after the answer (its unmount costs an RCU
-		// grace period) and put back as it was if the switch fails.
-		oldNS = s.rt.TakeState()
-		err = m.fail("restore", 3)
-		if err == nil {
-			if err = m.fail("restore", 4); err == nil {
-				if w != nil {
-					s.rt.PutState(w.state)
-				} else {
-					err = m.setState(s, res, spec)
-				}
-			}
+		if err := m.fail("restore", 3); err != nil {
+			return abort(err)
 		}
-		if err != nil {
-			s.rt.PutState(oldNS)
-			if w != nil {
-				m.dropWarm(w)
-			} else {
+		if w != nil {
+			newState = w.state
+		} else {
+			if newState, err = s.rt.BuildState(spec); err != nil {
+				return abort(fmt.Errorf("restore: mount the node's state: %w", err))
+			}
+			st := newState
+			dropNew = func() {
+				st.Close()
 				store.RemoveAll(m.st.LayerDir(newUpper))
 			}
-			return nil, fmt.Errorf("restore: mount the node's state: %w", err)
 		}
-		res.Mounted = true
 		res.phase("mount", &tp)
 	}
-	if err := m.fail("restore", 5); err != nil {
-		if res.Mounted {
-			cur := s.rt.TakeState()
-			s.rt.PutState(oldNS)
-			cur.Close()
-			store.RemoveAll(m.st.LayerDir(newUpper))
-		}
-		return nil, err
+	if err := m.fail("restore", 4); err != nil {
+		return abort(err)
 	}
-	res.ProcessErrors = m.restoreTemplates(s, tps)
-	res.Processes = len(tps) - len(res.ProcessErrors)
+	// The upper is about to be discarded, and with it what was prepared on it; a new
+	// preparation follows whatever happens.
+	m.discardNext(s)
+	defer m.prepareNext(s)
+	if res.Killed, err = killAll(s, m.keepPids(s, nil)); err != nil {
+		return abort(err)
+	}
+	res.phase("kill", &tp)
+	// The live processes are gone: a failure from here on ends their sessions.
+	oldNS, installed := sandbox.None, false
+	late := func(err error) (*OpResult, error) {
+		if installed {
+			s.rt.TakeState() // newState, which dropNew releases
+			s.rt.PutState(oldNS)
+		}
+		abort(nil)
+		m.endSessions(s, "ended: a restore to "+nodeID+" failed after its process was ended: "+err.Error())
+		return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
+	}
+	if err := m.fail("restore", 5); err != nil {
+		return late(err)
+	}
+	if mount {
+		oldNS = s.rt.TakeState()
+		s.rt.PutState(newState)
+		installed = true
+	}
+	failRevive := func() error { return m.fail("restore", 6) }
+	if len(rvs) > 0 {
+		nsPath, release, err := m.holdState(s)
+		if err != nil {
+			return late(err)
+		}
+		err = m.reviveAll(s, rvs, nsPath, failRevive)
+		release()
+		if err != nil {
+			return late(err)
+		}
+	} else if err := failRevive(); err != nil {
+		return late(err)
+	}
 	res.phase("processes", &tp)
+	if err := m.fail("restore", 7); err != nil {
+		return late(err)
+	}
+	// Publish.
+	res.ProcessErrors = m.commitRevivals(s, rvs)
+	res.Processes = len(rvs) - len(res.ProcessErrors)
+	m.endSessionsExcept(s, tps, "ended by a restore to "+nodeID+", where it had no process state")
 	m.mu.Lock()
 	s.rec.Head, s.rec.Image, s.rec.Upper = nodeID, image, newUpper
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
@@ -460,12 +600,16 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})
 		})
 	}
-	s.mu.Lock()
-	s.stats.Restores++
-	if res.Processes > 0 {
-		s.stats.ProcessRestores++
+	switch {
+	case res.Processes > 0:
+		m.countPath(s, "restore", pathProcess)
+	case !fastPathOn():
+		m.countPath(s, "restore", pathFastPathOff)
+	case m.nodeHasTemplatesElsewhere(s, nodeID):
+		m.countPath(s, "restore", pathOtherSandbox)
+	default:
+		m.countPath(s, "restore", pathNoTemplates)
 	}
-	s.mu.Unlock()
 	m.warmNode(s, nodeID) // for the next restore to this node
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(nodeID)

@@ -1,0 +1,222 @@
+package state_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/cgroup"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// call runs code in a session of sandbox id and returns its output; it fails the test
+// unless the call succeeds with status 0.
+func call(t *testing.T, m *state.Manager, id, sess, code string) string {
+	t.Helper()
+	r := callRes(t, m, id, sess, code)
+	if r.ExitCode != 0 {
+		t.Fatalf("%s: %q: exit %d: %s", sess, code, r.ExitCode, r.Stdout)
+	}
+	return r.Stdout
+}
+
+func callRes(t *testing.T, m *state.Manager, id, sess, code string) *sandbox.ExecResult {
+	t.Helper()
+	r, err := m.Exec(context.Background(), id, sandbox.ExecRequest{Argv: []string{code}, Session: sess, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("%s: %q: %v", sess, code, err)
+	}
+	return r
+}
+
+// sandboxProcs lists the host PIDs in sandbox id's cgroup with their state letter.
+func sandboxProcs(t *testing.T, id string) map[int]byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(cgroup.Root, id, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]byte{}
+	for _, f := range strings.Fields(string(b)) {
+		p, _ := strconv.Atoi(f)
+		st, err := os.ReadFile("/proc/" + f + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(st, ')')
+		out[p] = st[i+2]
+	}
+	return out
+}
+
+// stopped counts the sandbox's processes in a stop (its templates).
+func stopped(t *testing.T, id string) int {
+	n := 0
+	for _, st := range sandboxProcs(t, id) {
+		if st == 'T' || st == 't' {
+			n++
+		}
+	}
+	return n
+}
+
+// settle waits until f returns "" (up to 3 s) and returns its last answer.
+func settle(f func() string) string {
+	var s string
+	for i := 0; i < 300; i++ {
+		if s = f(); s == "" {
+			return ""
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return s
+}
+
+// What the bash and the python sessions show of their state, without changing it: the
+// mount namespace tells which state a process is on.
+const (
+	bashProbe = `echo "$V|$PWD|$$|$(alias a)|$(readlink /proc/$$/ns/mnt /proc/$$/cwd)"`
+	pyProbe   = `(x, os.getpid(), os.getcwd(), os.readlink('/proc/self/ns/mnt'))`
+)
+
+// TestFailureAtEveryStepKeepsProcesses injects a failure at every step of a checkpoint
+// and of a restore of a sandbox with a bash and a python session (a file mid-read and
+// one mid-write), and checks what each failure leaves: the same node and upper, the same
+// files, no node made, no frozen layer made, no template leaked (stopped processes in
+// the sandbox's cgroup), and the sessions alive with the same PIDs and state. A restore
+// that fails after the live processes were killed (steps 5-7: their PIDs must be free
+// for the templates' fork) leaves the files exactly as they were and ends the sessions,
+// which start afresh on their next call (documented in Manager.Restore).
+func TestFailureAtEveryStepKeepsProcesses(t *testing.T) {
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "fp"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	setup := func() {
+		call(t, m, id, "main", `mkdir -p /tmp/w && cd /tmp/w && V=base; alias a='echo a'`)
+		call(t, m, id, "py", `import os
+open('/workspace/lines.txt', 'w').write(''.join('line%d\n' % i for i in range(1000)))
+fin = open('/workspace/lines.txt')
+fout = open('/workspace/out.txt', 'w')
+x = 'base'`)
+	}
+	setup()
+	base, err := m.Checkpoint(ctx, id, "base")
+	if err != nil || base.Processes != 2 {
+		t.Fatalf("base checkpoint: %v %+v", err, base)
+	}
+	steps := map[string]int{"checkpoint": 8, "restore": 7}
+	for _, op := range []string{"checkpoint", "restore"} {
+		for step := 1; step <= steps[op]; step++ {
+			t.Run(fmt.Sprintf("%s-step%d", op, step), func(t *testing.T) {
+				late := op == "restore" && step >= 5
+				// Changes in the files and in both processes, so that the operation has
+				// real work to do and a wrong undo shows.
+				tag := fmt.Sprintf("%s%d", op, step)
+				call(t, m, id, "main", fmt.Sprintf("V=%s; cd /tmp; echo %s >> /workspace/a.txt; rm -f /workspace/gone", tag, tag))
+				call(t, m, id, "py", fmt.Sprintf("x = %q; fin.readline(); fout.write(%q); fout.flush()", tag, tag))
+				before := sh(t, m, id, manifest)
+				bash0 := call(t, m, id, "main", bashProbe)
+				py0 := call(t, m, id, "py", pyProbe)
+				line0 := call(t, m, id, "py", "print(fin.readline().strip())")
+				info, _ := m.Get(id)
+				nodes := len(m.Tree().Nodes)
+				frozen := frozenLayers(t, root)
+				templates := stopped(t, id)
+				m.FailStep = func(o string, k int) error {
+					if o == op && k == step {
+						return fmt.Errorf("injected failure at %s step %d", o, k)
+					}
+					return nil
+				}
+				if op == "checkpoint" {
+					_, err = m.Checkpoint(ctx, id, "x")
+				} else {
+					_, err = m.Restore(ctx, id, base.Node.ID)
+				}
+				m.FailStep = nil
+				if err == nil || !strings.Contains(err.Error(), "injected") {
+					t.Fatalf("%s with a failure at step %d: err = %v, want the injected failure", op, step, err)
+				}
+				if after := sh(t, m, id, manifest); after != before {
+					t.Fatalf("files changed by a failed %s:\nbefore:\n%s\nafter:\n%s", op, before, after)
+				}
+				info2, _ := m.Get(id)
+				if info2.Head != info.Head || info2.Upper != info.Upper {
+					t.Fatalf("position changed: head %s->%s upper %d->%d", info.Head, info2.Head, info.Upper, info2.Upper)
+				}
+				if n := len(m.Tree().Nodes); n != nodes {
+					t.Fatalf("a failed %s left %d nodes, had %d", op, n, nodes)
+				}
+				if f := frozenLayers(t, root); len(f) != len(frozen) {
+					t.Fatalf("a failed %s changed the frozen layers: %v -> %v", op, frozen, f)
+				}
+				if got := settle(func() string {
+					if n := stopped(t, id); n != templates {
+						return fmt.Sprintf("%d stopped processes, had %d: %v", n, templates, sandboxProcs(t, id))
+					}
+					return ""
+				}); got != "" {
+					t.Fatalf("a failed %s leaked or lost templates: %s", op, got)
+				}
+				if late {
+					r := callRes(t, m, id, "main", bashProbe)
+					if !r.SessionRestarted || strings.HasPrefix(r.Stdout, tag+"|") {
+						t.Fatalf("bash after a restore failing at step %d: restarted %v, %q", step, r.SessionRestarted, r.Stdout)
+					}
+					setup()
+				} else {
+					if b := call(t, m, id, "main", bashProbe); b != bash0 {
+						t.Fatalf("bash after a failed %s: %q, was %q", op, b, bash0)
+					}
+					if p := call(t, m, id, "py", pyProbe); p != py0 {
+						t.Fatalf("python after a failed %s: %q, was %q", op, p, py0)
+					}
+					// The file mid-read goes on from where it was, and the one mid-write
+					// still writes into the sandbox's upper.
+					want := fmt.Sprintf("line%d", atoi(strings.TrimPrefix(strings.TrimSpace(line0), "line"))+1)
+					if l := strings.TrimSpace(call(t, m, id, "py", "print(fin.readline().strip())")); l != want {
+						t.Fatalf("fin after a failed %s: %q, want %q", op, l, want)
+					}
+					call(t, m, id, "py", "fout.write('+'); fout.flush()")
+					if out := sh(t, m, id, "cat /workspace/out.txt"); !strings.HasSuffix(out, tag+"+") {
+						t.Fatalf("fout after a failed %s: out.txt is %q", op, out)
+					}
+				}
+				// And the operation works once the fault is gone.
+				var res *state.OpResult
+				if op == "checkpoint" {
+					res, err = m.Checkpoint(ctx, id, "ok")
+				} else {
+					res, err = m.Restore(ctx, id, base.Node.ID)
+				}
+				if err != nil || res.Processes != 2 {
+					t.Fatalf("%s after the fault: %v %+v", op, err, res)
+				}
+			})
+		}
+	}
+	info, _ := m.Get(id)
+	c, r := info.Stats.CheckpointPaths, info.Stats.RestorePaths
+	if c.Failed != 8 || r.Failed != 7 || c.Process != 9 || r.Process != 7 {
+		t.Fatalf("counts: checkpoints %+v restores %+v", c, r)
+	}
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+func itoa(n int) string { return strconv.Itoa(n) }
