@@ -45,6 +45,7 @@ type procTemplate struct {
 	tmpl    *fastpath.Template
 	termios *unix.Termios
 	winsize *unix.Winsize
+	parked  bool // on its node's read-only view (views.go); under the sandbox's tmplMu
 }
 
 // heldSession is a session process seized for a checkpoint.

@@ -93,7 +93,7 @@ type sb struct {
 	warmClosed bool
 
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
-	tmplMu sync.Mutex     // held by whoever seizes this sandbox's templates
+	tmplMu sync.Mutex     // held by whoever seizes this sandbox's templates (restore, parking)
 
 	mu          sync.Mutex
 	execs       int

@@ -386,6 +386,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 	}
 	m.prepareNext(s)
 	m.warmNode(s, n.ID)
+	m.parkTemplates(s, n.ID, tps)
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(n.ID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
@@ -473,7 +474,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		return nil, err
 	}
 	// The node's process templates, if this sandbox made them; a gone one refuses the
-	// restore before anything changes. tmplMu: whoever seizes templates holds it.
+	// restore before anything changes. tmplMu keeps background parking off them.
 	tps, err := m.templatesFor(s, nodeID)
 	if err != nil {
 		refused = "template_gone"

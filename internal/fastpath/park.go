@@ -1,0 +1,78 @@
+package fastpath
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/remote"
+)
+
+// Park moves a template onto a read-only view of its node's layers, whose mount
+// namespace it can open at nsPath: injected setns and chdir to its working directory,
+// and every file or directory fd reopened there read-only at the same offset. Until then
+// the template sits in the namespace of the state it was forked on, whose read-write
+// overlay has, since the checkpoint, a frozen layer's directory as its upper; parked, it
+// keeps no read-write mount alive (its private file mappings still pin the files they
+// map, as any mapping does).
+//
+// Restore never uses a template's own file descriptors (Revive reopens each from the
+// recorded Proc on the restored state and dup3s it over), but it needs their numbers
+// taken: a reopen that lands on a free number equal to a later fd's would make that
+// dup3 fail. So they are replaced, not closed. The terminal and device fds are kept.
+//
+// The template stays in its SIGSTOP stop and runs none of its code. If Park fails half
+// way the template is still a valid template (each fd is either the old one or its
+// read-only replacement) and stays where it is.
+func Park(tr *remote.Tracer, tmpl *Template, nsPath string) error {
+	t, err := tr.Seize(tmpl.HostPid)
+	if err != nil {
+		return fmt.Errorf("seize the template: %w", err)
+	}
+	if tmpl.sc != 0 {
+		t.UseSyscallAddr(tmpl.sc)
+	}
+	err = tr.Do(func() error {
+		fd, err := t.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open the read-only view's namespace: %w", err)
+		}
+		err = t.Setns(fd, unix.CLONE_NEWNS)
+		t.Close(fd)
+		if err != nil {
+			return fmt.Errorf("setns: %w", err)
+		}
+		if err := t.Chdir(tmpl.Cwd); err != nil {
+			return fmt.Errorf("chdir %s: %w", tmpl.Cwd, err)
+		}
+		for _, f := range tmpl.FDs {
+			if f.Kind != "file" && f.Kind != "dir" {
+				continue
+			}
+			flags := unix.O_RDONLY
+			if f.Kind == "dir" {
+				flags |= unix.O_DIRECTORY
+			}
+			nfd, err := t.Open(f.Path, flags, 0)
+			if err != nil {
+				return fmt.Errorf("reopen fd %d (%s) read-only: %w", f.Num, f.Path, err)
+			}
+			if f.Kind == "file" && f.Pos != 0 {
+				if _, err := t.Lseek(nfd, f.Pos, 0); err != nil {
+					t.Close(nfd)
+					return fmt.Errorf("seek fd %d: %w", f.Num, err)
+				}
+			}
+			err = t.Dup3(nfd, f.Num, f.Flags&unix.O_CLOEXEC)
+			t.Close(nfd)
+			if err != nil {
+				return fmt.Errorf("dup3 fd %d: %w", f.Num, err)
+			}
+		}
+		return nil
+	})
+	if derr := t.DetachStopped(); err == nil && derr != nil {
+		err = fmt.Errorf("park the template again: %w", derr)
+	}
+	return err
+}

@@ -1,0 +1,79 @@
+package state
+
+import (
+	"strconv"
+
+	"deltabox/internal/fastpath"
+	"deltabox/internal/overlay"
+	"deltabox/internal/remote"
+	"deltabox/internal/sandbox"
+)
+
+// Templates parked on a read-only view. A template is forked on the state its process
+// was on; after the checkpoint that state's read-write overlay has the now frozen
+// layer's directory as its upper, and a template left there would keep that overlay
+// mounted in its namespace for the node's lifetime. So once the checkpoint has answered,
+// the node's templates are moved (fastpath.Park) onto a read-only view of the node's
+// layers: an overlay of the node's lowers without an upper, in a mount namespace of its
+// own, built once per node with the sandbox's namespace builder. The daemon closes its
+// fds on the view as soon as the templates are in it: the templates' namespace keeps it
+// alive, and it goes with the last of them.
+//
+// Parking runs in the background, without opMu (an exec need not wait for it); it takes
+// s.tmplMu per template, which a restore holds while it forks from templates, so a
+// template is never seized by both.
+
+// parkTemplates parks node's templates tps of sandbox s, after the answer. Precondition:
+// s.opMu held (it reads s.rt and the tracer).
+func (m *Manager) parkTemplates(s *sb, node string, tps []*procTemplate) {
+	if len(tps) == 0 || s.rt == nil {
+		return
+	}
+	rt, tr := s.rt, m.tracer(s)
+	m.mu.Lock()
+	n := m.nodes[node]
+	var image string
+	if n != nil {
+		image = n.Image
+	}
+	m.mu.Unlock()
+	if n == nil {
+		return
+	}
+	afterAnswer(func() {
+		if err := m.park(s, rt, tr, image, node, tps); err != nil {
+			m.log.Debug("park templates", "sandbox", s.rec.ID, "node", node, "err", err)
+		}
+	})
+}
+
+func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, node string, tps []*procTemplate) error {
+	spec, err := m.spec(image, node, 0)
+	if err != nil {
+		return err
+	}
+	view, err := rt.BuildState(overlay.Spec{Lowers: spec.Lowers})
+	if err != nil {
+		return err
+	}
+	defer view.Close() // the parked templates keep the namespace
+	n, err := rt.HoldFD(view.NS)
+	if err != nil {
+		return err
+	}
+	defer rt.ReleaseFD(n)
+	nsPath := "/proc/1/fd/" + strconv.Itoa(n)
+	var first error
+	for _, t := range tps {
+		s.tmplMu.Lock()
+		if t.tmpl.Alive() && !t.parked {
+			err = fastpath.Park(tr, t.tmpl, nsPath)
+			t.parked = err == nil
+		}
+		s.tmplMu.Unlock()
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
