@@ -26,6 +26,11 @@ func treeCmd() *cobra.Command {
 				return nil
 			}
 			printTree(t)
+			sbs, err := cli().List(ctx())
+			if err != nil {
+				return err
+			}
+			printSandboxPaths(t, sbs)
 			return nil
 		},
 	}
@@ -82,6 +87,9 @@ func printTree(t *state.Tree) {
 		if !n.Durable {
 			line += "  (not yet durable)"
 		}
+		if tp := n.Templates; tp != nil && tp.Processes > 0 {
+			line += fmt.Sprintf("  [%s: %s private]", strings.Join(tp.Sessions, ","), humanBytes(tp.PrivateDirty))
+		}
 		if len(n.Sandboxes) > 0 {
 			line += "  <- " + strings.Join(n.Sandboxes, ", ")
 		}
@@ -104,4 +112,51 @@ func printTree(t *state.Tree) {
 			walk(r, "", i == len(roots)-1)
 		}
 	}
+}
+
+// printSandboxPaths prints, per sandbox, its checkpoints and restores per path and what
+// its process templates cost, then the daemon's total.
+func printSandboxPaths(t *state.Tree, sbs []*state.SandboxInfo) {
+	if len(sbs) == 0 {
+		return
+	}
+	fmt.Println()
+	for _, sb := range sbs {
+		st := sb.Stats
+		fmt.Printf("%s  checkpoints %s  restores %s\n", sb.ID, pathCounts(st.CheckpointPaths), pathCounts(st.RestorePaths))
+		if tp := sb.Templates; tp != nil && tp.Processes > 0 {
+			fmt.Printf("%s  templates %d: private dirty %s, PSS %s\n", strings.Repeat(" ", len(sb.ID)), tp.Processes, humanBytes(tp.PrivateDirty), humanBytes(tp.Pss))
+		}
+	}
+	if tp := t.Templates; tp != nil && tp.Processes > 0 {
+		fmt.Printf("templates (all sandboxes): %d, private dirty %s, PSS %s\n", tp.Processes, humanBytes(tp.PrivateDirty), humanBytes(tp.Pss))
+	}
+}
+
+// pathCounts is "N (process P, files only F: why...)[, failed X]".
+func pathCounts(c state.PathCounts) string {
+	s := fmt.Sprintf("%d (process %d, files only %d", c.Process+c.FilesOnly, c.Process, c.FilesOnly)
+	var why []string
+	for _, r := range []struct {
+		n    int
+		what string
+	}{{c.FastPathOff, "fast path off"}, {c.NoSessions, "no process state"}, {c.OtherSandbox, "other sandbox"}} {
+		if r.n > 0 {
+			why = append(why, fmt.Sprintf("%s %d", r.what, r.n))
+		}
+	}
+	if len(why) > 0 {
+		s += ": " + strings.Join(why, ", ")
+	}
+	s += ")"
+	if c.Failed > 0 {
+		s += fmt.Sprintf(", failed %d", c.Failed)
+		if c.Ineligible > 0 {
+			s += fmt.Sprintf(" (ineligible %d)", c.Ineligible)
+		}
+		if c.TemplateGone > 0 {
+			s += fmt.Sprintf(" (template gone %d)", c.TemplateGone)
+		}
+	}
+	return s
 }

@@ -192,8 +192,10 @@ func scalePlot(lines scaleLines, dim string) (*plot.Plot, vg.Length, vg.Length, 
 	case "rss":
 		p.X.Label.Text = "heap of the python session"
 	}
-	p.Legend.Top, p.Legend.Left = true, true
-	p.Legend.TextStyle.Font.Size = vg.Points(10)
+	leg := &legendIn{plot.NewLegend()}
+	leg.Top, leg.Left = true, true
+	leg.TextStyle.Font.Size = vg.Points(10)
+	leg.XOffs, leg.YOffs = vg.Points(6), -vg.Points(4)
 	p.Add(plotter.NewGrid())
 	var xs []int
 	seen := map[int]bool{}
@@ -236,12 +238,13 @@ func scalePlot(lines scaleLines, dim string) (*plot.Plot, vg.Length, vg.Length, 
 				sc.Shape = draw.RingGlyph{}
 			}
 			p.Add(l, sc)
-			p.Legend.Add(s.name+" "+stat, l, sc)
+			leg.Add(s.name+" "+stat, l, sc)
 		}
 	}
 	if len(xs) == 0 {
 		return nil, 0, 0, fmt.Errorf("no rows")
 	}
+	p.Add(leg)
 	sort.Ints(xs)
 	var ticks []plot.Tick
 	for _, x := range xs {
@@ -258,16 +261,26 @@ func scalePlot(lines scaleLines, dim string) (*plot.Plot, vg.Length, vg.Length, 
 	} else {
 		p.X.Min, p.X.Max = 0, float64(xs[len(xs)-1])*1.04
 	}
-	// Room above the lines for the legend (top left).
+	// The top third of the plot is left to the legend (top left).
 	if hi > 20*lo && lo > 0 {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = logTicks{}
-		p.Y.Min, p.Y.Max = lo/1.5, hi*10
+		// gonum centres the label at the arithmetic mean of the range, high up on a log
+		// axis: a short one keeps the plot from shrinking under it.
+		p.Y.Label.Text = "ms, log scale"
+		p.Y.Min = lo / 1.5
+		p.Y.Max = hi * math.Pow(hi/p.Y.Min, 0.35/0.65)
 	} else {
 		p.Y.Min, p.Y.Max = 0, hi*1.7
 	}
 	return p, 7 * vg.Inch, 5 * vg.Inch, nil
 }
+
+// legendIn draws a legend inside the data area (a plot's own legend is placed
+// against the whole plot, over the axes' padding).
+type legendIn struct{ plot.Legend }
+
+func (l *legendIn) Plot(c draw.Canvas, _ *plot.Plot) { l.Draw(c) }
 
 // logTicks labels 1-2-5 steps of each decade over at most three decades, else
 // the powers of ten.

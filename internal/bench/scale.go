@@ -914,7 +914,9 @@ func writeScaleSummary(b *strings.Builder, f *File) {
 			}
 			execs := "-"
 			if re, ok := rows[key{s, "restore+exec"}]; ok && re.Info["exec_p50_ms"] != nil {
-				execs = fmt.Sprintf("%s, then %s", compact(re.Info["exec_p50_ms"]), compact(re.Info["second_exec_p50_ms"]))
+				e, _ := re.Info["exec_p50_ms"].(float64)
+				e2, _ := re.Info["second_exec_p50_ms"].(float64)
+				execs = fmtMS(e) + ", then " + fmtMS(e2)
 			}
 			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x, layersString(rs.Layers), cellOf(s, "restore"), warm,
 				cellOf(s, "restore+exec"), execs, cellOf(s, "restore-cold"), cellOf(s, "restore-cold+exec"), cellOf(s, "checkpoint"), cellOf(s, "checkpoint+exec"))

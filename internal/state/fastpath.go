@@ -103,7 +103,7 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 		m.abortHeld(out)
 		var in *fastpath.Ineligible
 		if errors.As(err, &in) {
-			return nil, fmt.Errorf("session %s: %v; end it (deltabox session kill) or wait for the durable path: %w", n, err, errdefs.ErrConflict)
+			return nil, fmt.Errorf("session %s: %w; end it (deltabox session kill) or wait for the durable path: %w", n, err, errdefs.ErrConflict)
 		}
 		return nil, fmt.Errorf("session %s: %w", n, err)
 	}

@@ -220,3 +220,47 @@ x = 'base'`)
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestTemplateMemory: a node's template costs what its live process no longer shares
+// with it. Right after the checkpoint they share every page; once the live process has
+// written 32 MiB of its heap, those pages' originals belong to the template alone, and
+// its private dirty memory has grown by that much. The node, the sandbox and the tree
+// show it.
+func TestTemplateMemory(t *testing.T) {
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "mem"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	call(t, m, id, "py", "a = bytearray(32 << 20)")
+	r, err := m.Checkpoint(ctx, id, "")
+	if err != nil || r.Processes != 1 {
+		t.Fatalf("checkpoint: %v %+v", err, r)
+	}
+	n0, err := m.Node(r.Node.ID)
+	if err != nil || n0.Templates == nil || n0.Templates.Processes != 1 || fmt.Sprint(n0.Templates.Sessions) != "[py]" {
+		t.Fatalf("node's templates: %v %+v", err, n0)
+	}
+	call(t, m, id, "py", "for i in range(0, len(a), 4096): a[i] = 1")
+	n1, _ := m.Node(r.Node.ID)
+	grew := n1.Templates.PrivateDirty - n0.Templates.PrivateDirty
+	if grew < 30<<20 {
+		t.Fatalf("the template's private dirty memory grew by %d bytes after the live process wrote 32 MiB: before %+v after %+v", grew, n0.Templates.Memory, n1.Templates.Memory)
+	}
+	t.Logf("template of py: before %+v, after the live process wrote 32 MiB %+v", n0.Templates.Memory, n1.Templates.Memory)
+	if n1.Templates.Pss < n1.Templates.PrivateDirty || n1.Templates.Rss < n1.Templates.Pss {
+		t.Fatalf("template memory: %+v", n1.Templates.Memory)
+	}
+	info, _ := m.Get(id)
+	tree := m.Tree()
+	if info.Templates == nil || info.Templates.Processes != 1 || info.Templates.PrivateDirty < n1.Templates.PrivateDirty-(1<<20) ||
+		tree.Templates.Processes != 1 || tree.Templates.PrivateDirty < 30<<20 {
+		t.Fatalf("totals: sandbox %+v tree %+v", info.Templates, tree.Templates)
+	}
+}

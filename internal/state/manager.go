@@ -246,6 +246,8 @@ type SandboxInfo struct {
 	WarmStates int `json:"warm_states"`
 	// Usage of the limits (store.Sandbox.Limits) by the sandbox's commands, when running.
 	Usage *cgroup.Usage `json:"usage,omitempty"`
+	// Templates totals the sandbox's process templates (every node's) and their memory.
+	Templates *TemplateInfo `json:"templates,omitempty"`
 }
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -428,8 +430,11 @@ func (m *Manager) Get(id string) (*SandboxInfo, error) {
 		return nil, err
 	}
 	s.opMu.Lock()
-	defer s.opMu.Unlock()
-	return m.info(s), nil
+	in := m.info(s)
+	s.opMu.Unlock()
+	_, perSandbox, _ := m.templateCosts(nil, id)
+	in.Templates = perSandbox[id]
+	return in, nil
 }
 
 // List returns every sandbox, sorted by creation time.
@@ -441,10 +446,13 @@ func (m *Manager) List() []*SandboxInfo {
 	}
 	m.mu.Unlock()
 	var out []*SandboxInfo
+	_, perSandbox, _ := m.templateCosts(nil, "")
 	for _, s := range all {
 		s.opMu.Lock()
-		out = append(out, m.info(s))
+		in := m.info(s)
 		s.opMu.Unlock()
+		in.Templates = perSandbox[in.ID]
+		out = append(out, in)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out

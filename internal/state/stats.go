@@ -1,5 +1,11 @@
 package state
 
+import (
+	"sort"
+
+	"deltabox/internal/fastpath"
+)
+
 // PathCounts counts a sandbox's checkpoints or restores per path: files and processes
 // (the fast path: templates forked at a checkpoint, forked back at a restore) or files
 // only, with the reason, and the operations that failed or were refused.
@@ -81,4 +87,60 @@ func (m *Manager) countFailed(s *sb, op, why string) {
 	case "template_gone":
 		c.TemplateGone++
 	}
+}
+
+// TemplateInfo is what a node's process templates cost (fastpath.Memory explains the
+// figures); a sandbox's and the tree's totals have the same shape.
+type TemplateInfo struct {
+	Processes int `json:"processes"`
+	fastpath.Memory
+	Sessions []string `json:"sessions,omitempty"` // a node's: the sessions they belong to
+}
+
+// templateCosts reads the memory of the templates of the nodes given (all if nil) and,
+// if sandbox is not empty, of that sandbox only, per node and per sandbox. It reads /proc outside m.mu (smaps_rollup walks page tables:
+// about 0.1 ms per template of a python with 50 MB of heap).
+func (m *Manager) templateCosts(nodes []string, sandbox string) (perNode, perSandbox map[string]*TemplateInfo, total *TemplateInfo) {
+	type one struct {
+		node, sandbox, session string
+		host                   int
+	}
+	var all []one
+	m.mu.Lock()
+	if nodes == nil {
+		for n := range m.templates {
+			nodes = append(nodes, n)
+		}
+	}
+	for _, n := range nodes {
+		for _, t := range m.templates[n] {
+			if sandbox != "" && t.sandbox != sandbox {
+				continue
+			}
+			all = append(all, one{n, t.sandbox, t.session, t.tmpl.HostPid})
+		}
+	}
+	m.mu.Unlock()
+	perNode, perSandbox, total = map[string]*TemplateInfo{}, map[string]*TemplateInfo{}, &TemplateInfo{}
+	for _, o := range all {
+		mem, err := fastpath.ReadMemory(o.host)
+		if err != nil {
+			continue // gone
+		}
+		for _, ti := range []*TemplateInfo{get(perNode, o.node), get(perSandbox, o.sandbox), total} {
+			ti.Processes++
+			ti.Add(mem)
+		}
+		pn := perNode[o.node]
+		pn.Sessions = append(pn.Sessions, o.session)
+		sort.Strings(pn.Sessions)
+	}
+	return perNode, perSandbox, total
+}
+
+func get(m map[string]*TemplateInfo, k string) *TemplateInfo {
+	if m[k] == nil {
+		m[k] = &TemplateInfo{}
+	}
+	return m[k]
 }

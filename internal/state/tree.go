@@ -23,6 +23,9 @@ type NodeInfo struct {
 	Children  []string `json:"children,omitempty"`  // sorted by creation
 	Sandboxes []string `json:"sandboxes,omitempty"` // sandboxes standing on it
 	Depth     int      `json:"depth"`               // layers in its stack (image excluded)
+	// Templates: the node's process templates and their memory (GET /v1/tree and
+	// /v1/nodes/ID only; not in checkpoint and restore answers).
+	Templates *TemplateInfo `json:"templates,omitempty"`
 }
 
 // OpResult reports one checkpoint or restore.
@@ -703,16 +706,21 @@ type Tree struct {
 	// their image with no node yet, per image.
 	Roots   []string            `json:"roots"`
 	OnImage map[string][]string `json:"on_image,omitempty"`
+	// Templates totals every process template of the daemon and its memory.
+	Templates *TemplateInfo `json:"templates"`
 }
 
 // Tree returns every node.
 func (m *Manager) Tree() *Tree {
+	perNode, _, total := m.templateCosts(nil, "")
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ch, st := m.childIndex(), m.standing()
-	t := &Tree{Roots: ch[""], OnImage: map[string][]string{}}
+	t := &Tree{Roots: ch[""], OnImage: map[string][]string{}, Templates: total}
 	for id := range m.nodes {
-		t.Nodes = append(t.Nodes, m.nodeInfoLocked(id, ch, st))
+		in := m.nodeInfoLocked(id, ch, st)
+		in.Templates = perNode[id]
+		t.Nodes = append(t.Nodes, in)
 	}
 	sort.Slice(t.Nodes, func(i, j int) bool { return t.Nodes[i].Created.Before(t.Nodes[j].Created) })
 	for _, s := range m.sandboxes {
@@ -726,6 +734,8 @@ func (m *Manager) Tree() *Tree {
 // Node returns one node.
 func (m *Manager) Node(id string) (*NodeInfo, error) {
 	if n := m.nodeInfo(id); n != nil {
+		perNode, _, _ := m.templateCosts([]string{id}, "")
+		n.Templates = perNode[id]
 		return n, nil
 	}
 	return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", id, errdefs.ErrNotFound)
