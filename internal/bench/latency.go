@@ -386,7 +386,7 @@ func latencyDescription(o LatencyOptions) string {
 		"sandbox can run its next exec. The `+exec` rows add that next exec, a call into the restored or checkpointed python session " +
 		"(`client.Run`: `POST /v1/sandboxes/{id}/exec` with `session: py`), timed in the same samples. Restores served by a process " +
 		"template are counted from each restore's answer (`processes`, `process_errors`) and from the daemon's per-sandbox counters " +
-		"(`stats.process_restores` of `stats.restores`).\n\n")
+		"(`stats.restore_paths`: process, files_only, failed).\n\n")
 	fmt.Fprintf(&b, "Baselines, in the same run, each build a chain of %d checkpoints and restore %d times to random nodes of it "+
 		"(fewer samples: each takes up to seconds), with the same steps between operations (for `criu`, the heap step only). `criu`: a python3 on the host (own "+
 		"session, stdio on /dev/null, an abstract unix socket for calls; the same exec/eval loop as the session and the same heap "+
@@ -738,7 +738,8 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 			"client_minus_daemon_p50_ms": us(Summarize(latPick(r.ckpts, overhead)).P50),
 			"prepared":                   count(r.ckpts, func(s latSample) bool { return s.fast }),
 			"chain":                      r.o.Chain, "branch": len(r.ckpts) - r.o.Chain,
-			"python_rss_mb": r.pythonRSSKB / 1024, "heap_step_p50_ms": heap,
+			"daemon_checkpoint_paths": latPathDelta(r.statsBefore.CheckpointPaths, r.statsEnd.CheckpointPaths),
+			"python_rss_mb":           r.pythonRSSKB / 1024, "heap_step_p50_ms": heap,
 		}
 		rows = append(rows, row)
 		row = Summarize(latPick(r.ckpts, withCall)).Row(SysDeltaBox, "checkpoint+exec", r.o.WorkspaceMB, latCkCall, latPingCall)
@@ -756,10 +757,9 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 			"client_minus_daemon_p50_ms": us(Summarize(latPick(r.rests, overhead)).P50),
 			"warm":                       count(r.rests, func(s latSample) bool { return s.fast }),
 			"template_restores":          r.hits, "files_only_restores": r.fallbacks,
-			"template_hit_rate":             us(float64(r.hits) / float64(len(r.rests))),
-			"daemon_stats_restores":         r.statsEnd.Restores - r.statsBefore.Restores,
-			"daemon_stats_process_restores": r.statsEnd.ProcessRestores - r.statsBefore.ProcessRestores,
-			"distinct_nodes":                distinct, "tree_nodes": fmt.Sprintf("%d-%d", minPool, maxPool), "leaves_removed": removed,
+			"template_hit_rate":    us(float64(r.hits) / float64(len(r.rests))),
+			"daemon_restore_paths": latPathDelta(r.statsBefore.RestorePaths, r.statsEnd.RestorePaths),
+			"distinct_nodes":       distinct, "tree_nodes": fmt.Sprintf("%d-%d", minPool, maxPool), "leaves_removed": removed,
 			"state_checks_failed": r.stateFails,
 		}
 		rows = append(rows, row)
@@ -768,18 +768,24 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 		e := Summarize(latPick(r.rests, call))
 		row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
 		rows = append(rows, row)
-		pr, rr := r.statsEnd.ProcessRestores-r.statsBefore.ProcessRestores, r.statsEnd.Restores-r.statsBefore.Restores
+		rp := latPathDelta(r.statsBefore.RestorePaths, r.statsEnd.RestorePaths)
 		agree := "agree"
-		if pr != r.hits || rr != len(r.rests) {
+		if rp["process"] != r.hits || rp["files_only"] != r.fallbacks {
 			agree = "do not agree"
 		}
 		r.f.Notes = append(r.f.Notes, fmt.Sprintf("template hits: %d of %d deltabox restores were served by a process template (the answer's "+
-			"`processes` = 1, no `process_errors`), %d fell back to files only; the daemon's per-sandbox counters %s: stats.process_restores "+
-			"%d of stats.restores %d over the same restores. %d restores installed a warm state, %d of %d checkpoints used a prepared next state.",
-			r.hits, len(r.rests), r.fallbacks, agree, pr, rr,
+			"`processes` = 1, no `process_errors`), %d fell back to files only; the daemon's per-path counters %s: stats.restore_paths "+
+			"process %d, files_only %d, failed %d over the same restores. %d restores installed a warm state, %d of %d checkpoints used a prepared next state.",
+			r.hits, len(r.rests), r.fallbacks, agree, rp["process"], rp["files_only"], rp["failed"],
 			count(r.rests, func(s latSample) bool { return s.fast }), count(r.ckpts, func(s latSample) bool { return s.fast }), len(r.ckpts)))
 	}
 	return rows
+}
+
+// latPathDelta is what the daemon's per-path counters of a sandbox counted between two
+// readings.
+func latPathDelta(a, b state.PathCounts) map[string]int {
+	return map[string]int{"process": b.Process - a.Process, "files_only": b.FilesOnly - a.FilesOnly, "failed": b.Failed - a.Failed}
 }
 
 // ---- host python processes (criu, copytree+replay) ----
@@ -1207,6 +1213,10 @@ func (r *latRun) fsOnlyBaseline(ctx context.Context) (rows []Row, err error) {
 	if _, err := startReplay(nil); err != nil {
 		return nil, err
 	}
+	var before, after state.Stats
+	if info, err := c.Get(ctx, sb); err == nil {
+		before = info.Stats
+	}
 	head := &latNode{label: "init"}
 	var nodes []*latNode
 	var ck, rs []latSample
@@ -1278,15 +1288,19 @@ func (r *latRun) fsOnlyBaseline(ctx context.Context) (rows []Row, err error) {
 	if fails > 0 {
 		r.f.Notes = append(r.f.Notes, fmt.Sprintf("fs-only+replay: %d replays did not rebuild the node's heap or files", fails))
 	}
+	if info, err := c.Get(ctx, sb); err == nil {
+		after = info.Stats
+	}
 	const (
 		start  = `client.StartSession(ctx, sandbox, {name: "py", kind: "python"}): POST /v1/sandboxes/{id}/sessions`
 		replay = `client.Run(ctx, sandbox, "py", CODE) for the heap's first command, then bench_step(...) for each step on the node's path: POST /v1/sandboxes/{id}/exec {session: "py"} (the last answer ends the interval)`
 	)
 	rc := latBaselineRow(SysFSOnly, "checkpoint", o.WorkspaceMB, ck, `client.KillSession(ctx, sandbox, "py"): DELETE /v1/sandboxes/{id}/sessions/py`, latCkCall, start, replay)
 	rc.Info["replayed_steps"] = latReplayed(ck)
+	rc.Info["daemon_checkpoint_paths"] = latPathDelta(before.CheckpointPaths, after.CheckpointPaths)
 	rr := latBaselineRow(SysFSOnly, "restore", o.WorkspaceMB, rs, latRsCall, start, replay)
 	rr.Info["replayed_steps"] = latReplayed(rs)
-	rr.Info["template_restores"] = 0
+	rr.Info["daemon_restore_paths"] = latPathDelta(before.RestorePaths, after.RestorePaths)
 	rr.Info["state_checks_failed"] = fails
 	return []Row{rc, rr}, nil
 }

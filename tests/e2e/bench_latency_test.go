@@ -71,6 +71,14 @@ func TestBenchLatencyTiny(t *testing.T) {
 	if rs.Info["template_restores"] != float64(4) || rs.Info["state_checks_failed"] != float64(0) {
 		t.Errorf("deltabox restore info: %v", rs.Info)
 	}
+	// The daemon's per-path counters: every deltabox restore forked its template back,
+	// every fs-only one carried files only.
+	if p, _ := rs.Info["daemon_restore_paths"].(map[string]any); p["process"] != float64(4) || p["files_only"] != float64(0) {
+		t.Errorf("deltabox restore paths: %v", rs.Info["daemon_restore_paths"])
+	}
+	if p, _ := got["fs-only+replay restore"].Info["daemon_restore_paths"].(map[string]any); p["process"] != float64(0) || p["files_only"] != float64(2) {
+		t.Errorf("fs-only restore paths: %v", got["fs-only+replay restore"].Info["daemon_restore_paths"])
+	}
 	if _, ok := rs.Info["criu_restore_p50_over_deltabox_restore_p50"]; !ok {
 		t.Errorf("no CRIU ratio in %v", rs.Info)
 	}
