@@ -1,9 +1,18 @@
 package fastpath
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/remote"
 )
 
 // Memory is what a process costs, from /proc/PID/smaps_rollup (bytes).
@@ -55,4 +64,114 @@ func ReadMemory(hostPid int) (Memory, error) {
 		}
 	}
 	return m, nil
+}
+
+// Run is a range of pages [Addr, Addr+Len).
+type Run struct{ Addr, Len uintptr }
+
+const pageSize = 4096
+
+// TouchedWritable lists the pages of hostPid's private writable mappings that are
+// present or swapped (pagemap), coalesced into runs: the pages it wrote (or read from
+// the zero page) and still has. For a template, they are the pages its live process is
+// likely to write again after a restore, each of which costs a copy-on-write fault.
+func TouchedWritable(hostPid int) ([]Run, error) {
+	base := "/proc/" + strconv.Itoa(hostPid)
+	maps, err := os.ReadFile(base + "/maps")
+	if err != nil {
+		return nil, err
+	}
+	pm, err := os.Open(base + "/pagemap")
+	if err != nil {
+		return nil, err
+	}
+	defer pm.Close()
+	var runs []Run
+	buf := make([]byte, 8*512)
+	sc := bufio.NewScanner(bytes.NewReader(maps))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 || f[1] != "rw-p" {
+			continue
+		}
+		if len(f) >= 6 && (f[5] == "[vvar]" || f[5] == "[vdso]" || f[5] == "[vsyscall]" || f[5] == "[vvar_vclock]") {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		var cur *Run
+		for a := start; a < end; {
+			n := min((end-a)/pageSize, uint64(len(buf)/8))
+			got, err := pm.ReadAt(buf[:n*8], int64(a/pageSize*8))
+			if err != nil && got == 0 {
+				break
+			}
+			for i := 0; i < got/8; i++ {
+				e := binary.LittleEndian.Uint64(buf[i*8:])
+				addr := uintptr(a) + uintptr(i)*pageSize
+				if e&(1<<63|1<<62) != 0 {
+					if cur != nil && cur.Addr+cur.Len == addr {
+						cur.Len += pageSize
+					} else {
+						runs = append(runs, Run{addr, pageSize})
+						cur = &runs[len(runs)-1]
+					}
+				}
+			}
+			a += uint64(got/8) * pageSize
+		}
+	}
+	return runs, nil
+}
+
+// ErrWarmStopped: Warm returned because stop was closed or budget said no.
+var ErrWarmStopped = errors.New("warm-up stopped")
+
+// Warm pre-faults runs of the process hostPid for writing: MADV_POPULATE_WRITE (Linux
+// 5.14+; process_madvise refuses it) injected chunk bytes at a time, so that the
+// copy-on-write faults its next command would take happen now. The process is seized
+// for the whole warm-up (it runs none of its code meanwhile; it is meant to be idle)
+// and let go when Warm returns. Between chunks Warm returns ErrWarmStopped as soon as
+// stop is closed or budget() is false. It returns the bytes populated.
+func Warm(tr *remote.Tracer, hostPid int, runs []Run, chunk uintptr, stop <-chan struct{}, budget func() bool) (uintptr, error) {
+	if chunk < pageSize {
+		chunk = pageSize
+	}
+	t, err := tr.Seize(hostPid)
+	if err != nil {
+		return 0, fmt.Errorf("seize %d: %w", hostPid, err)
+	}
+	var done uintptr
+	for _, r := range runs {
+		for off := uintptr(0); off < r.Len; off += chunk {
+			select {
+			case <-stop:
+				err = ErrWarmStopped
+			default:
+				if budget != nil && !budget() {
+					err = ErrWarmStopped
+				}
+			}
+			if err == nil {
+				n := min(chunk, r.Len-off)
+				if err = t.Madvise(r.Addr+off, n, unix.MADV_POPULATE_WRITE); err == nil {
+					done += n
+				}
+			}
+			if err != nil {
+				if derr := t.Detach(); derr != nil {
+					err = errors.Join(err, derr)
+				}
+				return done, err
+			}
+		}
+	}
+	return done, t.Detach()
 }

@@ -264,3 +264,59 @@ func TestTemplateMemory(t *testing.T) {
 		t.Fatalf("totals: sandbox %+v tree %+v", info.Templates, tree.Templates)
 	}
 }
+
+// TestWarmRestoredProcess (DELTABOX_WARM_PROC=1): after a restore, while its session is
+// idle, the restored python's heap pages are copied ahead of its next write (the
+// template's private dirty memory grows by the heap as the live process stops sharing
+// it); and a command that arrives during the warm-up runs untraced from its first
+// instruction to its last.
+func TestWarmRestoredProcess(t *testing.T) {
+	t.Setenv("DELTABOX_WARM_PROC", "1")
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "warm"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	call(t, m, id, "py", "a = bytearray(24 << 20)")
+	n, err := m.Checkpoint(ctx, id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Restore(ctx, id, n.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := settle(func() string {
+		if in, _ := m.Get(id); in.Stats.WarmedBytes < 24<<20 {
+			return fmt.Sprintf("warmed %d bytes", in.Stats.WarmedBytes)
+		}
+		return ""
+	}); got != "" {
+		t.Fatalf("no warm-up after a restore: %s", got)
+	}
+	if ni, _ := m.Node(n.Node.ID); ni.Templates == nil || ni.Templates.PrivateDirty < 24<<20 {
+		t.Fatalf("the restored process still shares its heap with the template after the warm-up: %+v", ni.Templates)
+	}
+	// A command right after the restore: the warm-up lets go of the process first, and
+	// stops (at most a chunk done, not the whole heap).
+	in0, _ := m.Get(id)
+	if _, err := m.Restore(ctx, id, n.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	out := call(t, m, id, "py", `import time
+seen, t0 = set(), time.time()
+while time.time() - t0 < 0.2:
+    seen.add(open('/proc/self/status').read().split('TracerPid:')[1].split()[0])
+print(sorted(seen), len(a))`)
+	if strings.TrimSpace(out) != "['0'] 25165824" {
+		t.Fatalf("a command during the warm-up saw tracers: %q", out)
+	}
+	if in1, _ := m.Get(id); in1.Stats.WarmedBytes-in0.Stats.WarmedBytes >= 8<<20 {
+		t.Fatalf("the warm-up went on for %d bytes after a command arrived", in1.Stats.WarmedBytes-in0.Stats.WarmedBytes)
+	}
+}

@@ -101,6 +101,7 @@ type sb struct {
 	sessions    map[string]*session.Session
 	sessionOpts map[string]SessionOptions
 	ended       map[string]string // sessions a checkpoint/restore ended, and why
+	warming     *procWarm         // the running warm-up of restored processes (procwarm.go)
 
 	stats Stats
 }
@@ -121,6 +122,8 @@ type Stats struct {
 	// Per path, with the reasons for the files-only one (stats.go).
 	CheckpointPaths PathCounts `json:"checkpoint_paths"`
 	RestorePaths    PathCounts `json:"restore_paths"`
+	// WarmedBytes is how much restored processes' memory was pre-faulted (procwarm.go).
+	WarmedBytes int64 `json:"warmed_bytes,omitempty"`
 }
 
 // New opens the manager on an opened store: loads the index, sweeps orphans, kills
@@ -203,6 +206,7 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	for _, s := range all {
 		s.opMu.Lock()
+		m.stopProcWarm(s)
 		m.discardNext(s)
 		m.closeWarm(s)
 		if s.rt != nil {
@@ -481,6 +485,7 @@ func (m *Manager) Remove(id string) error {
 		derr = s.rt.Destroy()
 		s.rt = nil
 	}
+	m.stopProcWarm(s)
 	m.endSessions(s, "sandbox removed")
 	if s.tracer != nil {
 		s.tracer.Close()
@@ -537,6 +542,8 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	s.execs++
 	s.stats.Execs++
 	s.mu.Unlock()
+	// A warm-up of restored processes lets go of its process before any command runs.
+	m.stopProcWarm(s)
 	s.opMu.Unlock()
 	defer func() {
 		s.mu.Lock()

@@ -85,6 +85,8 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 		s.opMu.Unlock()
 		return nil, nil, fmt.Errorf("sandbox %s is running %d command(s); %s after they finish (or time out): %w", id, busy, what, errdefs.ErrConflict)
 	}
+	// A warm-up of restored processes (procwarm.go) lets go of its process first.
+	m.stopProcWarm(s)
 	m.treeMu.RLock()
 	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock() }, nil
 }
@@ -615,6 +617,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		m.countPath(s, "restore", pathNoTemplates)
 	}
 	m.warmNode(s, nodeID) // for the next restore to this node
+	m.startProcWarm(s, rvs)
 	res.phase("publish", &tp)
 	res.Node = m.nodeInfo(nodeID)
 	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000

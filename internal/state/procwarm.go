@@ -1,0 +1,104 @@
+package state
+
+import (
+	"errors"
+	"os"
+	"time"
+
+	"deltabox/internal/fastpath"
+)
+
+// Async warm-up of restored processes. A process revived from a template shares every
+// private page with it, copy-on-write: the first write to each page after a restore
+// faults and copies it (a python touching 50 MB of its heap takes 12800 such faults).
+// When the restore has answered and while the session waits for its next call, the
+// manager pre-faults, by injected MADV_POPULATE_WRITE in chunks of warmChunk bytes, the
+// pages the template has present in its private writable mappings (the pages the
+// process had written before the checkpoint: the likeliest to be written again).
+//
+// It never runs while a command runs: it starts only when no exec or file operation is
+// registered, checks that again before every chunk, and every exec, checkpoint and
+// restore stops it first (stopProcWarm), which returns once the process has been let go
+// (at most one chunk later). It also stops when the sandbox's memory use passes 3/4 of
+// its limit: the copies are charged to the sandbox, and pre-faulting must not be what
+// OOM-kills it. DELTABOX_WARM_PROC=1 turns it on (off by default: see DESIGN.md for
+// the measurement).
+
+const warmChunk = 1 << 20
+
+func warmProcOn() bool { return os.Getenv("DELTABOX_WARM_PROC") == "1" }
+
+// procWarm is one running warm-up.
+type procWarm struct {
+	stop chan struct{} // closed to stop it
+	done chan struct{} // closed once its process is let go
+}
+
+// startProcWarm warms the processes a restore revived, after the answer. Precondition:
+// s.opMu held, the revived processes committed.
+func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
+	if !warmProcOn() || len(rvs) == 0 || s.rt == nil {
+		return
+	}
+	type target struct{ tmpl, live int }
+	var ts []target
+	for _, rv := range rvs {
+		if rv.r != nil && rv.r.HostPid != 0 {
+			ts = append(ts, target{rv.pt.tmpl.HostPid, rv.r.HostPid})
+		}
+	}
+	tr, rt, limit, id := m.tracer(s), s.rt, s.rec.Limits.MemoryBytes, s.rec.ID
+	w := &procWarm{stop: make(chan struct{}), done: make(chan struct{})}
+	s.mu.Lock()
+	s.warming = w
+	s.mu.Unlock()
+	idle := func() bool {
+		s.mu.Lock()
+		busy := s.execs > 0
+		s.mu.Unlock()
+		if busy {
+			return false
+		}
+		return limit <= 0 || rt.Usage().MemoryBytes < limit/4*3
+	}
+	go func() {
+		defer close(w.done)
+		select {
+		case <-time.After(answerDelay):
+		case <-w.stop:
+			return
+		}
+		t0 := time.Now()
+		var total uintptr
+		for _, t := range ts {
+			if !idle() {
+				break
+			}
+			runs, err := fastpath.TouchedWritable(t.tmpl)
+			if err != nil {
+				continue
+			}
+			n, err := fastpath.Warm(tr, t.live, runs, warmChunk, w.stop, idle)
+			total += n
+			if errors.Is(err, fastpath.ErrWarmStopped) {
+				break
+			}
+		}
+		s.mu.Lock()
+		s.stats.WarmedBytes += int64(total)
+		s.mu.Unlock()
+		m.log.Debug("warmed restored processes", "sandbox", id, "bytes", total, "took", time.Since(t0))
+	}()
+}
+
+// stopProcWarm stops s's warm-up, if any, and returns once its process is let go.
+func (m *Manager) stopProcWarm(s *sb) {
+	s.mu.Lock()
+	w := s.warming
+	s.warming = nil
+	s.mu.Unlock()
+	if w != nil {
+		close(w.stop)
+		<-w.done
+	}
+}
