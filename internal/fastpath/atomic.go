@@ -58,11 +58,19 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 // The template is on the state the process is on (nothing has moved yet). On error no
 // template exists.
 func (h *Held) Fork() (*Template, error) {
+	tmpl := &Template{Proc: *h.P}
 	var child *remote.Tracee
 	err := h.tr.Do(func() error {
+		// What fork will not copy (timers.go, signals.go) is read around it.
+		if err := recordLive(h.t, tmpl); err != nil {
+			return fmt.Errorf("process %d: %w", h.P.Pid, err)
+		}
 		var err error
 		if child, err = h.t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}); err != nil {
 			return fmt.Errorf("fork the template of %d: %w", h.P.Pid, err)
+		}
+		if err := recordForked(h.t, tmpl); err != nil {
+			return fmt.Errorf("process %d: %w", h.P.Pid, err)
 		}
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("template setsid: %w", err)
@@ -75,7 +83,7 @@ func (h *Held) Fork() (*Template, error) {
 		}
 		return nil, err
 	}
-	tmpl := &Template{Proc: *h.P, HostPid: child.Pid(), SelfPid: nsPid(child.Pid()), sc: child.SyscallAddr()}
+	tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), nsPid(child.Pid()), child.SyscallAddr()
 	if err := child.DetachStopped(); err != nil {
 		tmpl.Kill()
 		return nil, fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
@@ -126,6 +134,10 @@ func (h *Held) MoveBack() error {
 		}
 		if err := h.t.Chdir(base + "/cwd"); err != nil {
 			return fmt.Errorf("chdir back: %w", err)
+		}
+		// Shared mappings: the files the template still maps (mappings.go).
+		if err := remapBack(h.t, h.P.Maps, h.Tmpl.SelfPid); err != nil {
+			return fmt.Errorf("map back: %w", err)
 		}
 		var files []FD
 		for _, f := range h.P.FDs {
@@ -241,7 +253,11 @@ func (r *Revival) Revive(nsPath, ptyPath string) error {
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("setsid: %w", err)
 		}
-		return terminal(child, &r.Tmpl.Proc, ptyPath)
+		if err := terminal(child, &r.Tmpl.Proc, ptyPath); err != nil {
+			return err
+		}
+		// Timers and pending signals, last: Commit only lets it run.
+		return giveBack(child, r.Tmpl)
 	})
 	perr := r.tt.DetachStopped()
 	r.tt = nil

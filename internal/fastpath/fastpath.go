@@ -6,23 +6,31 @@
 // template: it leaves the process's session (injected setsid, so that the session id
 // dies with the live process at a restore) and is left in a SIGSTOP group stop, never to
 // run an instruction of its own. The original goes on live, moved onto the new state: an
-// injected setns into the new mount namespace, chdir back to its cwd, and every file or
+// injected setns into the new mount namespace, chdir back to its cwd, every file or
 // directory fd reopened there at the same offset and flags, so that it shares no open
-// file description with its template and nothing it writes reaches a frozen layer. It
-// keeps its PID.
+// file description with its template and nothing it writes reaches a frozen layer, and
+// every shared file mapping that can write mapped again from the new state (mappings.go).
+// It keeps its PID.
 //
 // At a restore the live process has been killed and reaped; the template forks again
 // with clone3 set_tid = the live PID, and the child is moved onto the restored state the
 // same way, takes a session of its own with the sandbox's terminal as controlling
 // terminal and foreground group, and has its pending terminal input flushed.
 //
+// What fork does not copy is recorded at the checkpoint and given back to each restored
+// child: interval and POSIX timers with the time they had left (timers.go) and pending
+// signals with their siginfo (signals.go).
+//
 // Eligibility (Inspect) is checked before anything changes: one thread, no children,
-// and only file descriptors this package knows how to treat (regular files and
-// directories: reopened; the session's terminal: shared by design; /dev/null and the
-// other stateless character devices: kept). Anything else (pipes, sockets, eventfd,
-// inotify, deleted files, writable shared file mappings...) makes the process ineligible
-// with a reason that names it. Interval timers, POSIX timers, pending signals and file
-// locks are not carried yet (the fast-path issue lists them).
+// only file descriptors this package knows how to treat (regular files and directories:
+// reopened; the session's terminal: shared by design; /dev/null and the other stateless
+// character devices: kept), only shared mappings it can map again from a file of the new
+// state (writable shared anonymous memory, SysV shm, memfds, deleted files and devices
+// are refused), and only POSIX timers it can re-create (not on another process's CPU
+// clock or an fd's clock, not signalling another thread; kernels before 6.16 cannot
+// restore timer ids). Anything else (pipes, sockets, eventfd, inotify, deleted files...)
+// makes the process ineligible with a reason that names it. File locks are not carried
+// yet (the fast-path issue lists them).
 package fastpath
 
 import (
@@ -55,6 +63,8 @@ type Proc struct {
 	Pid     int // in the sandbox's
 	Cwd     string
 	FDs     []FD
+	Maps    []Mapping    // shared file mappings that can write: mapped again on each state
+	Timers  []PosixTimer // POSIX timers (their setting is recorded at the fork: Template)
 }
 
 // Ineligible is returned by Inspect when the fast path cannot take a process.
@@ -98,7 +108,10 @@ func Inspect(hostPid int) (*Proc, error) {
 	if strings.HasSuffix(p.Cwd, " (deleted)") {
 		return nil, &Ineligible{p.Pid, "its working directory was deleted"}
 	}
-	if err := sharedWritableMappings(base, p.Pid); err != nil {
+	if p.Maps, err = sharedMappings(base, p.Pid); err != nil {
+		return nil, err
+	}
+	if p.Timers, err = posixTimers(base, hostPid, p.Pid); err != nil {
 		return nil, err
 	}
 	ents, err := os.ReadDir(base + "/fd")
@@ -168,28 +181,18 @@ func fdinfo(base string, n int) (flags int, pos int64, err error) {
 	return flags, pos, nil
 }
 
-// sharedWritableMappings refuses MAP_SHARED writable file mappings, which a fork would
-// share with the template (remapping them is the fast-path issue's next step).
-func sharedWritableMappings(base string, pid int) error {
-	b, err := os.ReadFile(base + "/maps")
-	if err != nil {
-		return err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 6 && len(f[1]) == 4 && f[1][1] == 'w' && f[1][3] == 's' && strings.HasPrefix(f[5], "/") && !strings.HasPrefix(f[5], "/dev/zero") {
-			return &Ineligible{pid, "it has a writable shared mapping of " + f[5]}
-		}
-	}
-	return nil
-}
-
 // Template is a frozen fork of a process.
 type Template struct {
 	Proc            // the process as it was at the checkpoint
 	HostPid int     // the template's own PID (host)
 	SelfPid int     // the template's own PID in the sandbox
 	sc      uintptr // a syscall instruction in it (it never leaves its stop in a syscall)
+
+	// What fork did not copy into the template, recorded from the live process at the
+	// checkpoint and given back to each restored child.
+	// (Proc.Timers, copied, hold the POSIX timers' settings.)
+	Itimers [3]unix.Itimerval      // ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF: left, interval
+	Signals []remote.PendingSignal // pending signals, but the POSIX timers' own
 }
 
 // Alive reports whether the template still exists and is stopped (it may have been
@@ -215,16 +218,32 @@ func Checkpoint(tr *remote.Tracer, p *Proc, nsPath string) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seize %d: %w", p.Pid, err)
 	}
+	tmpl := &Template{Proc: *p}
+	base := "/proc/" + strconv.Itoa(p.HostPid)
 	var child *remote.Tracee
 	err = tr.Do(func() error {
+		// Mappings and timers again, now that the process is stopped: it may have made
+		// some since Inspect.
 		var err error
+		if tmpl.Maps, err = sharedMappings(base, p.Pid); err != nil {
+			return err
+		}
+		if tmpl.Timers, err = posixTimers(base, p.HostPid, p.Pid); err != nil {
+			return err
+		}
+		if err := recordLive(t, tmpl); err != nil {
+			return err
+		}
 		if child, err = t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}); err != nil {
 			return fmt.Errorf("fork the template: %w", err)
+		}
+		if err := recordForked(t, tmpl); err != nil {
+			return err
 		}
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("template setsid: %w", err)
 		}
-		return move(t, p, nsPath)
+		return move(t, &tmpl.Proc, nsPath)
 	})
 	if err != nil {
 		if child != nil {
@@ -233,7 +252,7 @@ func Checkpoint(tr *remote.Tracer, p *Proc, nsPath string) (*Template, error) {
 		t.Detach()
 		return nil, err
 	}
-	tmpl := &Template{Proc: *p, HostPid: child.Pid(), SelfPid: nsPid(child.Pid()), sc: child.SyscallAddr()}
+	tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), nsPid(child.Pid()), child.SyscallAddr()
 	if err := child.DetachStopped(); err != nil {
 		t.Detach()
 		return nil, fmt.Errorf("park the template: %w", err)
@@ -270,7 +289,10 @@ func Restore(tr *remote.Tracer, tmpl *Template, nsPath, ptyPath string) (int, er
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("setsid: %w", err)
 		}
-		return terminal(child, &tmpl.Proc, ptyPath)
+		if err := terminal(child, &tmpl.Proc, ptyPath); err != nil {
+			return err
+		}
+		return giveBack(child, tmpl)
 	})
 	if err != nil {
 		if child != nil {
@@ -290,8 +312,44 @@ func Restore(tr *remote.Tracer, tmpl *Template, nsPath, ptyPath string) (int, er
 	return host, nil
 }
 
+// recordLive records from the live process t, stopped since it was inspected, what its
+// template will not get from fork: the time its interval and POSIX timers have left.
+// Precondition: inside Do, right before the clone3 that forks the template; tmpl.Proc is
+// what Inspect found while t was stopped.
+func recordLive(t *remote.Tracee, tmpl *Template) error {
+	tmpl.Timers = append([]PosixTimer(nil), tmpl.Timers...) // filled in: not Inspect's
+	return recordTimers(t, tmpl)
+}
+
+// recordForked records the signals pending for the live process t when its template
+// forked. Precondition: inside Do, right after that clone3, before t runs or another
+// syscall is injected into it.
+func recordForked(t *remote.Tracee, tmpl *Template) error {
+	var err error
+	tmpl.Signals, err = pendingSignals(t, "/proc/"+strconv.Itoa(tmpl.Proc.HostPid), tmpl.Timers)
+	if err != nil {
+		return fmt.Errorf("read pending signals: %w", err)
+	}
+	return nil
+}
+
+// giveBack gives the child c, forked from tmpl for a restore and moved onto its state,
+// what fork did not copy: its timers re-armed and its pending signals queued again.
+// Precondition: inside Do, last before c resumes (a deliverable signal queued here must
+// not be taken by a later injection).
+func giveBack(c *remote.Tracee, tmpl *Template) error {
+	if err := rearm(c, tmpl); err != nil {
+		return err
+	}
+	if err := c.QueueSignals(tmpl.Signals); err != nil {
+		return fmt.Errorf("pending signals: %w", err)
+	}
+	return nil
+}
+
 // move puts the tracee onto the state at nsPath: setns, chdir, files and directories
-// reopened at the same offset and flags. Precondition: on tr's thread (inside Do).
+// reopened at the same offset and flags, shared mappings that can write mapped again from
+// the state's files. Precondition: on tr's thread (inside Do).
 func move(t *remote.Tracee, p *Proc, nsPath string) error {
 	fd, err := t.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -325,6 +383,11 @@ func move(t *remote.Tracee, p *Proc, nsPath string) error {
 			return fmt.Errorf("dup3 fd %d: %w", f.Num, err)
 		}
 		t.Close(nfd)
+	}
+	for _, m := range p.Maps {
+		if err := remap(t, m); err != nil {
+			return err
+		}
 	}
 	return nil
 }

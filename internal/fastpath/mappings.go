@@ -1,0 +1,232 @@
+package fastpath
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/remote"
+)
+
+// Shared file mappings. fork(2) copies a MAP_SHARED mapping as the same shared mapping:
+// the child's pages are the parent's, in the page cache of the same file. A live
+// process and its template would share them, and since the file is the one the
+// checkpoint froze (its inode was renamed into the node's layer), whatever the live
+// process writes through the mapping afterwards would change a frozen layer and the
+// template's memory. So after the move onto the new state (setns), the live process
+// maps the file again over the same range: an open of the same path on the new stack
+// with O_RDWR copies the file up into the new upper (a reflink, after the kernel wrote
+// back the mapping's dirty pages), mmap(MAP_SHARED|MAP_FIXED) at the same address,
+// length, protection and file offset replaces the old mapping, and the fd is closed. The
+// template keeps the old mapping: it never runs, so nothing writes through it. At a
+// restore the new child (which inherits the template's mapping of the frozen file) is
+// remapped the same way onto the restored state: it sees the checkpoint's contents and
+// writes into the restored state's upper.
+//
+// Which shared mappings are remapped: those that can write their file, now (PROT_WRITE)
+// or after an mprotect (VM_MAYWRITE, "mw" in /proc/PID/smaps: the file was opened for
+// writing). A read-only shared mapping of a file opened read-only can never write: it
+// changes no layer and shares nothing writable with the template, and both see the frozen
+// file, whose contents are the checkpoint's. What it does not see is a later write to
+// that path in the new state, which copies the file up into a new inode; that is
+// overlayfs's documented behaviour for any read-only shared mapping of a lower file, and
+// remapping would not change it (an O_RDONLY open on the new stack resolves to the same
+// frozen file): only a forced copy-up would, which would give the mapping a write
+// permission it did not have, and put the file into every checkpoint's layer. So those
+// are kept as they are.
+//
+// Refused (the process is ineligible, with the mapping named): writable shared mappings
+// of anything that cannot be opened again by path on the new state: shared anonymous
+// memory (MAP_SHARED|MAP_ANONYMOUS, shown as /dev/zero (deleted)), SysV shared memory,
+// memfds, deleted files and devices. fork shares each of those with the template, and
+// there is no file on the new state to map instead.
+
+// Mapping is a shared file mapping that can write its file: remapped onto each state.
+type Mapping struct {
+	Start, End uint64
+	Prot       int   // PROT_READ|PROT_WRITE|PROT_EXEC as mapped now
+	Offset     int64 // in the file
+	Path       string
+}
+
+func (m Mapping) String() string {
+	return fmt.Sprintf("%s (%x-%x)", m.Path, m.Start, m.End)
+}
+
+// mapsLine is one line of /proc/PID/maps.
+type mapsLine struct {
+	start, end uint64
+	perms      string
+	offset     int64
+	path       string // may contain spaces; " (deleted)" suffix for deleted files
+}
+
+// parseMaps parses /proc/PID/maps.
+func parseMaps(b []byte) []mapsLine {
+	var out []mapsLine
+	for _, l := range strings.Split(string(b), "\n") {
+		var f [5]string
+		rest := l
+		ok := true
+		for i := range f {
+			rest = strings.TrimLeft(rest, " ")
+			j := strings.IndexByte(rest, ' ')
+			if j < 0 {
+				if i < 4 {
+					ok = false
+					break
+				}
+				j = len(rest)
+			}
+			f[i], rest = rest[:j], rest[j:]
+		}
+		if !ok || len(f[1]) != 4 {
+			continue
+		}
+		lo, hi, found := strings.Cut(f[0], "-")
+		if !found {
+			continue
+		}
+		var m mapsLine
+		var err1, err2, err3 error
+		m.start, err1 = strconv.ParseUint(lo, 16, 64)
+		m.end, err2 = strconv.ParseUint(hi, 16, 64)
+		m.offset, err3 = strconv.ParseInt(f[2], 16, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue
+		}
+		m.perms = f[1]
+		m.path = strings.TrimLeft(rest, " ")
+		out = append(out, m)
+	}
+	return out
+}
+
+// mayWrite reads the VM_MAYWRITE flag ("mw" in VmFlags) of the mappings of /proc/PID/smaps,
+// by start address. smaps walks page tables, so it is read only when a read-only shared
+// mapping needs the answer.
+func mayWrite(base string) (map[uint64]bool, error) {
+	b, err := os.ReadFile(base + "/smaps")
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint64]bool{}
+	var cur uint64
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			if lo, _, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
+				if v, err := strconv.ParseUint(lo, 16, 64); err == nil {
+					cur = v
+				}
+				continue
+			}
+			if f[0] == "VmFlags:" {
+				for _, fl := range f[1:] {
+					if fl == "mw" {
+						out[cur] = true
+					}
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// sharedMappings returns the shared mappings of process base (/proc/PID) that can write
+// their file, or an *Ineligible naming one that cannot be remapped.
+func sharedMappings(base string, pid int) ([]Mapping, error) {
+	b, err := os.ReadFile(base + "/maps")
+	if err != nil {
+		return nil, err
+	}
+	var out []Mapping
+	var mw map[uint64]bool
+	for _, m := range parseMaps(b) {
+		if m.perms[3] != 's' {
+			continue
+		}
+		if m.perms[1] != 'w' {
+			if mw == nil {
+				if mw, err = mayWrite(base); err != nil {
+					return nil, err
+				}
+			}
+			if !mw[m.start] {
+				continue // can never write: kept (see above)
+			}
+		}
+		what := fmt.Sprintf("a writable shared mapping (%x-%x) of %s", m.start, m.end, m.path)
+		switch {
+		case strings.HasPrefix(m.path, "/dev/zero (deleted)"):
+			return nil, &Ineligible{pid, fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end)}
+		case strings.HasPrefix(m.path, "/SYSV"):
+			return nil, &Ineligible{pid, fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
+		case strings.HasPrefix(m.path, "/memfd:"):
+			return nil, &Ineligible{pid, what + ": a memfd, which fork shares with the template and no state holds"}
+		case strings.HasSuffix(m.path, " (deleted)"):
+			return nil, &Ineligible{pid, what + ": the file was deleted, so it cannot be mapped again from the new state"}
+		case !strings.HasPrefix(m.path, "/"):
+			return nil, &Ineligible{pid, what + ", which is not a file"}
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("%s/map_files/%x-%x", base, m.start, m.end), &st); err != nil {
+			return nil, fmt.Errorf("stat the mapping %x-%x of process %d: %w", m.start, m.end, pid, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return nil, &Ineligible{pid, what + ": not a regular file (a device?), which fork shares with the template"}
+		}
+		prot := 0
+		if m.perms[0] == 'r' {
+			prot |= unix.PROT_READ
+		}
+		if m.perms[1] == 'w' {
+			prot |= unix.PROT_WRITE
+		}
+		if m.perms[2] == 'x' {
+			prot |= unix.PROT_EXEC
+		}
+		out = append(out, Mapping{Start: m.start, End: m.end, Prot: prot, Offset: m.offset, Path: m.path})
+	}
+	return out, nil
+}
+
+// remap maps m's file again, as found on the tracee's current state, over m's range.
+// Precondition: on the tracer's thread (inside Do), after the setns onto the state.
+func remap(t *remote.Tracee, m Mapping) error {
+	return mapAt(t, m, m.Path)
+}
+
+// remapBack undoes remap for a move that is undone: the live process maps again the
+// very file it mapped before, which its template (forked before the move, never run)
+// still maps, opened through the template's /proc/PID/map_files. Precondition: inside
+// Do, the tracee back on the template's state; tmplPid is the template's pid as the
+// tracee sees it.
+func remapBack(t *remote.Tracee, maps []Mapping, tmplPid int) error {
+	for _, m := range maps {
+		if err := mapAt(t, m, fmt.Sprintf("/proc/%d/map_files/%x-%x", tmplPid, m.Start, m.End)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mapAt opens path read-write in the tracee and maps it shared over m's range, at m's
+// protection and offset.
+func mapAt(t *remote.Tracee, m Mapping, path string) error {
+	fd, err := t.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the mapped file %s (%s): %w", m, path, err)
+	}
+	defer t.Close(fd)
+	a, err := t.Mmap(uintptr(m.Start), uintptr(m.End-m.Start), m.Prot, unix.MAP_SHARED|unix.MAP_FIXED, fd, m.Offset)
+	if err != nil {
+		return fmt.Errorf("map %s again: %w", m, err)
+	}
+	if uint64(a) != m.Start {
+		return fmt.Errorf("map %s again: mapped at %#x", m, a)
+	}
+	return nil
+}
