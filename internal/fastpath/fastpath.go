@@ -65,6 +65,7 @@ type Proc struct {
 	FDs     []FD
 	Maps    []Mapping    // shared file mappings that can write: mapped again on each state
 	Timers  []PosixTimer // POSIX timers (their setting is recorded at the fork: Template)
+	pending [2]uint64    // SigPnd, ShdPnd: signals pending for the thread, the process
 }
 
 // Ineligible is returned by Inspect when the fast path cannot take a process.
@@ -98,6 +99,7 @@ func Inspect(hostPid int) (*Proc, error) {
 		if len(f) == 2 && f[0] == "Threads:" && f[1] != "1" {
 			return nil, &Ineligible{p.Pid, fmt.Sprintf("it has %s threads (fork copies only one; set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1)", f[1])}
 		}
+		parsePending(f, &p.pending)
 	}
 	if ch, _ := os.ReadFile(fmt.Sprintf("%s/task/%d/children", base, hostPid)); len(bytes.TrimSpace(ch)) > 0 {
 		return nil, &Ineligible{p.Pid, "it has child processes (" + strings.TrimSpace(string(ch)) + "), which a fork cannot take along"}
@@ -231,6 +233,9 @@ func Checkpoint(tr *remote.Tracer, p *Proc, nsPath string) (*Template, error) {
 		if tmpl.Timers, err = posixTimers(base, p.HostPid, p.Pid); err != nil {
 			return err
 		}
+		if tmpl.pending, err = readPending(base); err != nil {
+			return err
+		}
 		if err := recordLive(t, tmpl); err != nil {
 			return err
 		}
@@ -323,10 +328,10 @@ func recordLive(t *remote.Tracee, tmpl *Template) error {
 
 // recordForked records the signals pending for the live process t when its template
 // forked. Precondition: inside Do, right after that clone3, before t runs or another
-// syscall is injected into it.
+// syscall is injected into it; tmpl.Proc is what Inspect found while t was stopped.
 func recordForked(t *remote.Tracee, tmpl *Template) error {
 	var err error
-	tmpl.Signals, err = pendingSignals(t, "/proc/"+strconv.Itoa(tmpl.Proc.HostPid), tmpl.Timers)
+	tmpl.Signals, err = pendingSignals(t, tmpl.pending, tmpl.Timers)
 	if err != nil {
 		return fmt.Errorf("read pending signals: %w", err)
 	}

@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -38,9 +37,10 @@ import (
 const siTimer = -2
 
 // pendingSignals returns the signals pending for the stopped process at its fork, and
-// marks in timers those whose own signal is among them. base is its /proc/PID.
-// Precondition: inside Do, t stopped since the fork.
-func pendingSignals(t *remote.Tracee, base string, timers []PosixTimer) ([]remote.PendingSignal, error) {
+// marks in timers those whose own signal is among them. masks are its SigPnd and ShdPnd
+// (read while it was stopped: a standard signal pending without a queue entry shows
+// only there). Precondition: inside Do, t stopped since the fork.
+func pendingSignals(t *remote.Tracee, masks [2]uint64, timers []PosixTimer) ([]remote.PendingSignal, error) {
 	var out []remote.PendingSignal
 	for _, si := range t.HeldSignals() {
 		out = append(out, remote.PendingSignal{Info: si})
@@ -73,23 +73,7 @@ func pendingSignals(t *remote.Tracee, base string, timers []PosixTimer) ([]remot
 		}
 		out = append(out, s)
 	}
-	b, err := os.ReadFile(base + "/status")
-	if err != nil {
-		return nil, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 2 || (f[0] != "SigPnd:" && f[0] != "ShdPnd:") {
-			continue
-		}
-		mask, err := strconv.ParseUint(f[1], 16, 64)
-		if err != nil {
-			return nil, fmt.Errorf("bad %s line %q", base+"/status", l)
-		}
-		q := 0
-		if f[0] == "ShdPnd:" {
-			q = 1
-		}
+	for q, mask := range masks {
 		for sig := 1; sig <= 64; sig++ {
 			if mask&(1<<(sig-1)) != 0 && seen[q]&(1<<(sig-1)) == 0 {
 				out = append(out, remote.PendingSignal{Info: bare(sig), Shared: q == 1})
@@ -103,6 +87,36 @@ func pendingSignals(t *remote.Tracee, base string, timers []PosixTimer) ([]remot
 		}
 	}
 	return keep, nil
+}
+
+// parsePending reads a SigPnd or ShdPnd line of /proc/PID/status (split in fields) into
+// masks [thread, process].
+func parsePending(f []string, masks *[2]uint64) {
+	if len(f) != 2 || (f[0] != "SigPnd:" && f[0] != "ShdPnd:") {
+		return
+	}
+	v, err := strconv.ParseUint(f[1], 16, 64)
+	if err != nil {
+		return
+	}
+	if f[0] == "SigPnd:" {
+		masks[0] = v
+	} else {
+		masks[1] = v
+	}
+}
+
+// readPending reads the pending-signal masks of process base (/proc/PID).
+func readPending(base string) ([2]uint64, error) {
+	var masks [2]uint64
+	b, err := os.ReadFile(base + "/status")
+	if err != nil {
+		return masks, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		parsePending(strings.Fields(l), &masks)
+	}
+	return masks, nil
 }
 
 // timerOf returns the index in timers of the timer whose signal si is, or -1.
