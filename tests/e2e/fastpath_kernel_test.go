@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math/rand"
@@ -16,7 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/client"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
+	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
 
@@ -365,4 +368,39 @@ func TestFastPathKcmpNoSharedFiles(t *testing.T) {
 		t.Fatalf("restored mapping holds %q", got)
 	}
 	check("the restored process", live(), false)
+}
+
+// TestFastPathPythonMmap: a python session's mmap of a file (MAP_SHARED, writable) no
+// longer refuses a checkpoint: after a restore it shows the checkpoint's bytes and writes
+// through it reach the restored state's file. An anonymous mmap (shared anonymous memory,
+// which fork would share with the template) still refuses it, naming it, and nothing
+// changes.
+func TestFastPathPythonMmap(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "pm")
+	if _, err := d.C.StartSession(dbxCtx(t), "pm", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, "pm", "py", "import mmap\nopen('/workspace/m.bin', 'wb').write(b'abc' + bytes(4093))\nf = open('/workspace/m.bin', 'r+b')\nm = mmap.mmap(f.fileno(), 0)\nanon = mmap.mmap(-1, 4096)")
+	_, err := d.C.Checkpoint(dbxCtx(t), "pm", "refused")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "shared anonymous memory") || !strings.Contains(err.Error(), "session py") {
+		t.Fatalf("checkpoint with a shared anonymous mapping: %v", err)
+	}
+	sessRun(t, d, "pm", "py", "anon.close()")
+	op := dbxCheckpoint(t, d, "pm", "abc")
+	if op.Processes != 1 {
+		t.Fatalf("checkpoint took %d processes: %v", op.Processes, op.ProcessErrors)
+	}
+	sessRun(t, d, "pm", "py", "m[:3] = b'xyz'")
+	if b, _ := d.C.ReadFile(dbxCtx(t), "pm", "/workspace/m.bin"); !bytes.HasPrefix(b, []byte("xyz")) {
+		t.Fatalf("write through the live mapping after the checkpoint: file starts %q", b[:3])
+	}
+	dbxRestore(t, d, "pm", op.Node.ID)
+	if out := sessRun(t, d, "pm", "py", "bytes(m[:3])"); out != "b'abc'\n" {
+		t.Fatalf("restored mapping: %q", out)
+	}
+	sessRun(t, d, "pm", "py", "m[:3] = b'def'; m.flush()")
+	if b, _ := d.C.ReadFile(dbxCtx(t), "pm", "/workspace/m.bin"); !bytes.HasPrefix(b, []byte("def")) {
+		t.Fatalf("write through the restored mapping: file starts %q", b[:3])
+	}
 }
