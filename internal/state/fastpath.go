@@ -1,11 +1,13 @@
 package state
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"sort"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -248,11 +250,29 @@ func (m *Manager) templatesFor(s *sb, node string) ([]*procTemplate, error) {
 	}
 	m.mu.Unlock()
 	for _, t := range ts {
-		if !t.tmpl.Alive() {
+		if !templateAlive(t.tmpl) {
 			return nil, fmt.Errorf("the process template of session %s at node %s (pid %d) is gone (killed from inside the sandbox?): that node's process state is lost; restore another node, or remove this one: %w", t.session, node, t.tmpl.Pid, errdefs.ErrConflict)
 		}
 	}
 	return ts, nil
+}
+
+// templateAlive reports whether a template is there. A template just let go
+// (DetachStopped, after a restore forked from it or parking moved it) runs in the kernel
+// until it takes its SIGSTOP, and is not yet seen stopped; on a loaded machine that can
+// last many milliseconds. So it waits up to a second for a template that still exists
+// to be back in its stop, and calls gone only one that has exited (or never stops).
+func templateAlive(t *fastpath.Template) bool {
+	deadline := time.Now().Add(time.Second)
+	for !t.Alive() {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(t.HostPid) + "/stat")
+		i := bytes.LastIndexByte(b, ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X' || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return true
 }
 
 // nodeHasTemplatesElsewhere reports whether node has templates in another sandbox than

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"deltabox/internal/fastpath"
@@ -52,7 +54,17 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 	if err != nil {
 		return err
 	}
-	view, err := rt.BuildState(overlay.Spec{Lowers: spec.Lowers})
+	lowers := spec.Lowers
+	if len(lowers) == 1 {
+		// A node on its bare image (nothing changed before its checkpoint): overlayfs
+		// wants two lowers without an upper, so an empty directory goes under the image.
+		empty := filepath.Join(m.st.Root, "tmp", "empty-lower")
+		if err := os.MkdirAll(empty, 0o755); err != nil {
+			return err
+		}
+		lowers = append(lowers[:1:1], empty)
+	}
+	view, err := rt.BuildState(overlay.Spec{Lowers: lowers})
 	if err != nil {
 		return err
 	}
@@ -66,7 +78,7 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 	var first error
 	for _, t := range tps {
 		s.tmplMu.Lock()
-		if t.tmpl.Alive() && !t.parked {
+		if !t.parked && templateAlive(t.tmpl) {
 			err = fastpath.Park(tr, t.tmpl, nsPath)
 			t.parked = err == nil
 		}
