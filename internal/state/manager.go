@@ -436,7 +436,7 @@ func (m *Manager) Get(id string) (*SandboxInfo, error) {
 	s.opMu.Lock()
 	in := m.info(s)
 	s.opMu.Unlock()
-	_, perSandbox, _ := m.templateCosts(nil, id)
+	_, perSandbox, _ := m.templateCosts(nil, id, time.Second)
 	in.Templates = perSandbox[id]
 	return in, nil
 }
@@ -450,7 +450,7 @@ func (m *Manager) List() []*SandboxInfo {
 	}
 	m.mu.Unlock()
 	var out []*SandboxInfo
-	_, perSandbox, _ := m.templateCosts(nil, "")
+	_, perSandbox, _ := m.templateCosts(nil, "", time.Second)
 	for _, s := range all {
 		s.opMu.Lock()
 		in := m.info(s)

@@ -2,6 +2,8 @@ package state
 
 import (
 	"sort"
+	"sync"
+	"time"
 
 	"deltabox/internal/fastpath"
 )
@@ -98,9 +100,11 @@ type TemplateInfo struct {
 }
 
 // templateCosts reads the memory of the templates of the nodes given (all if nil) and,
-// if sandbox is not empty, of that sandbox only, per node and per sandbox. It reads /proc outside m.mu (smaps_rollup walks page tables:
-// about 0.1 ms per template of a python with 50 MB of heap).
-func (m *Manager) templateCosts(nodes []string, sandbox string) (perNode, perSandbox map[string]*TemplateInfo, total *TemplateInfo) {
+// if sandbox is not empty, of that sandbox only, per node and per sandbox. It reads /proc
+// outside m.mu: smaps_rollup walks the page tables, 0.1-2 ms per template of a python
+// with 50 MB of heap, so figures younger than maxAge are taken from a cache (sandbox
+// info, which clients may poll, passes a second; the tree and node answers 0).
+func (m *Manager) templateCosts(nodes []string, sandbox string, maxAge time.Duration) (perNode, perSandbox map[string]*TemplateInfo, total *TemplateInfo) {
 	type one struct {
 		node, sandbox, session string
 		host                   int
@@ -123,7 +127,7 @@ func (m *Manager) templateCosts(nodes []string, sandbox string) (perNode, perSan
 	m.mu.Unlock()
 	perNode, perSandbox, total = map[string]*TemplateInfo{}, map[string]*TemplateInfo{}, &TemplateInfo{}
 	for _, o := range all {
-		mem, err := fastpath.ReadMemory(o.host)
+		mem, err := templateMemory(o.host, maxAge)
 		if err != nil {
 			continue // gone
 		}
@@ -143,4 +147,37 @@ func get(m map[string]*TemplateInfo, k string) *TemplateInfo {
 		m[k] = &TemplateInfo{}
 	}
 	return m[k]
+}
+
+// memCache keeps the last smaps_rollup figures of each template (by host PID).
+var memCache struct {
+	sync.Mutex
+	m map[int]memEntry
+}
+
+type memEntry struct {
+	at  time.Time
+	mem fastpath.Memory
+}
+
+func templateMemory(host int, maxAge time.Duration) (fastpath.Memory, error) {
+	now := time.Now()
+	memCache.Lock()
+	e, ok := memCache.m[host]
+	memCache.Unlock()
+	if ok && now.Sub(e.at) < maxAge {
+		return e.mem, nil
+	}
+	mem, err := fastpath.ReadMemory(host)
+	memCache.Lock()
+	defer memCache.Unlock()
+	if memCache.m == nil || len(memCache.m) > 4096 {
+		memCache.m = map[int]memEntry{} // forget the dead, wholesale
+	}
+	if err != nil {
+		delete(memCache.m, host)
+		return mem, err
+	}
+	memCache.m[host] = memEntry{now, mem}
+	return mem, nil
 }

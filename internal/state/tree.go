@@ -715,7 +715,7 @@ type Tree struct {
 
 // Tree returns every node.
 func (m *Manager) Tree() *Tree {
-	perNode, _, total := m.templateCosts(nil, "")
+	perNode, _, total := m.templateCosts(nil, "", 0)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ch, st := m.childIndex(), m.standing()
@@ -737,7 +737,7 @@ func (m *Manager) Tree() *Tree {
 // Node returns one node.
 func (m *Manager) Node(id string) (*NodeInfo, error) {
 	if n := m.nodeInfo(id); n != nil {
-		perNode, _, _ := m.templateCosts([]string{id}, "")
+		perNode, _, _ := m.templateCosts([]string{id}, "", 0)
 		n.Templates = perNode[id]
 		return n, nil
 	}
