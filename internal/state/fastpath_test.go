@@ -320,3 +320,29 @@ print(sorted(seen), len(a))`)
 		t.Fatalf("the warm-up went on for %d bytes after a command arrived", in1.Stats.WarmedBytes-in0.Stats.WarmedBytes)
 	}
 }
+
+// TestCountsFastPathOff: with DELTABOX_FASTPATH=0 a checkpoint and a restore with a
+// session running carry files only, and are counted as such.
+func TestCountsFastPathOff(t *testing.T) {
+	t.Setenv("DELTABOX_FASTPATH", "0")
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "off"}); err != nil {
+		t.Fatal(err)
+	}
+	call(t, m, "off", "main", "V=1")
+	r, err := m.Checkpoint(ctx, "off", "")
+	if err != nil || r.Processes != 0 {
+		t.Fatalf("checkpoint: %v %+v", err, r)
+	}
+	if r, err := m.Restore(ctx, "off", r.Node.ID); err != nil || r.Processes != 0 {
+		t.Fatalf("restore: %v %+v", err, r)
+	}
+	info, _ := m.Get("off")
+	want := state.PathCounts{FilesOnly: 1, FastPathOff: 1}
+	if info.Stats.CheckpointPaths != want || info.Stats.RestorePaths != want || info.Stats.ProcessCheckpoints != 0 {
+		t.Fatalf("counts: %+v", info.Stats)
+	}
+}
