@@ -190,18 +190,21 @@ func TestMCTSVerdicts(t *testing.T) {
 func TestMCTSReport(t *testing.T) {
 	f := &File{Bench: "mcts", MCTS: []MCTSRow{
 		{System: MCTSDeltaBox, ThinkS: 2, TotalS: 210, StateS: 1.2, OverheadFrac: 0.01, ScoresMatch: true,
-			Commands: []string{"POST checkpoint"}, Info: map[string]any{"think_total_s": 200.0, "isolated_commands_s": 8.0, "checkpoint_n": 101.0, "checkpoint_mean_ms": 8.5, "command": "python3 examples/mcts.py"}},
+			Commands: []string{"POST checkpoint"}, Info: map[string]any{"think_total_s": 200.0, "isolated_commands_s": 8.0, "own_commands_s": 9.0, "checkpoint_n": 101.0, "checkpoint_mean_ms": 8.5, "command": "python3 examples/mcts.py"}},
 		{System: MCTSCopytree, ThinkS: 2, TotalS: 215, StateS: 6, ScoresMatch: true, Commands: []string{"cp | x"},
-			Info: map[string]any{"replay_n": 49.0, "replay_mean_ms": 30.0, "session_rebuilds_after_rollback": 49.0}},
+			Info: map[string]any{"replay_n": 49.0, "replay_mean_ms": 30.0, "session_rebuilds_after_rollback": 49.0, "isolated_commands_s": 8.0, "own_commands_s": 7.5,
+				"checkpoint_mean_ms": 25.0, "rollback_mean_ms": 40.0, "workspace_entries": 132.0, "workspace_bytes": 2048.0}},
 		{System: MCTSCRIUCopy, ThinkS: 2, Info: map[string]any{"error": "no CRIU"}},
 	}}
 	md := Markdown([]*File{f}, []string{"bench-results/mcts.json"})
 	for _, want := range []string{
 		"### Targets", "| deltabox overhead <= 3% at 2 s think | 1.00% | met |",
-		"| deltabox | 2 | 210.00 | 200.00 | 1.200 | 8.00 | - | 1.00% | true |",
+		"| deltabox | 2 | 210.00 | 200.00 | 1.200 | 8.00 | 9.00 | 1.00% | 0.57% | true |",
+		"The same commands took 7.50 to 9.00 s in the rows' runs, 8.00 s in the reference run: on this machine their time varies by up to 1.00 s between runs (other work, caches), which alone moves `Overhead` by up to 0.5 points at 2 s think (DeltaBox's total there: 210.0 s).",
 		"| criu+copytree | 2 | failed: no CRIU |",
-		"| copytree+replay | 2 | - | - | - | - | 49 | 30.00 | 49 / - |",
+		"| copytree+replay | 2 | - | 25.00 | - | 40.00 | 49 | 30.00 | 49 / - |",
 		"- copytree+replay:\n  - cp | x",
+		"Per operation at 2 s think: a DeltaBox checkpoint took 8.5 ms and a rollback - ms (mean, files and the python session's process); copytree+replay's checkpoint took 25.0 ms, its rollback 40.0 ms plus 30.0 ms to rebuild the session, on a workspace of 132 entries and 2 KiB.",
 		"command `python3 examples/mcts.py`",
 	} {
 		if !strings.Contains(md, want) {
