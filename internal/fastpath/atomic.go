@@ -1,9 +1,12 @@
 package fastpath
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -209,6 +212,23 @@ func (h *Held) Abort() error {
 	return h.Release()
 }
 
+// WaitStopped reports whether the template is there, waiting up to d for it to be back in
+// its stop. A template just let go (DetachStopped, after a fork from it or Park) runs in
+// the kernel until it takes its SIGSTOP, and is not seen stopped meanwhile (Alive is
+// false): on a loaded machine that lasts milliseconds. One that has exited is gone at once.
+func (t *Template) WaitStopped(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !t.Alive() {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(t.HostPid) + "/stat")
+		i := bytes.LastIndexByte(b, ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X' || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return true
+}
+
 // Revival is a template seized for a restore.
 type Revival struct {
 	Tmpl    *Template
@@ -221,7 +241,7 @@ type Revival struct {
 // SeizeTemplate seizes tmpl (it stays in its stop and runs nothing): this checks, before
 // anything irreversible, that the template is there and can be forked.
 func SeizeTemplate(tr *remote.Tracer, tmpl *Template) (*Revival, error) {
-	if !tmpl.Alive() {
+	if !tmpl.WaitStopped(time.Second) {
 		return nil, fmt.Errorf("the template (pid %d) is gone", tmpl.Pid)
 	}
 	t, err := tr.Seize(tmpl.HostPid)

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -257,23 +256,9 @@ func (m *Manager) templatesFor(s *sb, node string) ([]*procTemplate, error) {
 	return ts, nil
 }
 
-// templateAlive reports whether a template is there. A template just let go
-// (DetachStopped, after a restore forked from it or parking moved it) runs in the kernel
-// until it takes its SIGSTOP, and is not yet seen stopped; on a loaded machine that can
-// last many milliseconds. So it waits up to a second for a template that still exists
-// to be back in its stop, and calls gone only one that has exited (or never stops).
-func templateAlive(t *fastpath.Template) bool {
-	deadline := time.Now().Add(time.Second)
-	for !t.Alive() {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(t.HostPid) + "/stat")
-		i := bytes.LastIndexByte(b, ')')
-		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X' || time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
-	return true
-}
+// templateAlive reports whether a template is there (fastpath.Template.WaitStopped: a
+// template just let go is on its way back into its stop, not gone).
+func templateAlive(t *fastpath.Template) bool { return t.WaitStopped(time.Second) }
 
 // nodeHasTemplatesElsewhere reports whether node has templates in another sandbox than
 // s (a restore into s then carries files only: a fork cannot cross PID namespaces).

@@ -479,14 +479,15 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		return nil, err
 	}
 	// The node's process templates, if this sandbox made them; a gone one refuses the
-	// restore before anything changes. tmplMu keeps background parking off them.
+	// restore before anything changes. tmplMu keeps background parking off them (taken
+	// first: a template parking lets go is briefly not seen stopped).
+	s.tmplMu.Lock()
+	defer s.tmplMu.Unlock()
 	tps, err := m.templatesFor(s, nodeID)
 	if err != nil {
 		refused = "template_gone"
 		return nil, err
 	}
-	s.tmplMu.Lock()
-	defer s.tmplMu.Unlock()
 	rvs, err := m.prepareRevivals(s, tps)
 	if err != nil {
 		return nil, err
