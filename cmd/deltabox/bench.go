@@ -63,24 +63,7 @@ The sandbox, its nodes and the host copies are removed at the end, even on failu
 			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])
 			o.Log = os.Stderr
 			f, err := bench.RunFS(ctx(), client.New(socketPath), o)
-			if f != nil && len(f.Results) > 0 {
-				fmt.Print(bench.FormatTable(f.Results))
-				fmt.Print(bench.FormatTargets(f))
-				for _, n := range f.Notes {
-					fmt.Println("note:", n)
-				}
-				fmt.Printf("took %.0f s\n", f.DurationS)
-			}
-			if err != nil {
-				return err
-			}
-			if out != "" {
-				if err := bench.WriteFile(out, f); err != nil {
-					return err
-				}
-				fmt.Fprintln(os.Stderr, "wrote", out)
-			}
-			return nil
+			return finishBench(f, err, out, func() string { return bench.FormatTable(f.Results) + bench.FormatTargets(f) })
 		},
 	}
 	fl := c.Flags()
@@ -122,4 +105,26 @@ func benchReportCmd() *cobra.Command {
 	c.Flags().StringVar(&dir, "dir", "bench-results", "directory of *.json bench results")
 	c.Flags().StringVar(&out, "out", "docs/BENCHMARKS.md", "markdown file to write")
 	return c
+}
+
+// finishBench prints a bench's table (when it has results, even after a failure: what
+// was measured is shown), its notes and duration, then writes the JSON to out.
+func finishBench(f *bench.File, err error, out string, table func() string) error {
+	if f != nil && len(f.Results) > 0 {
+		fmt.Print(table())
+		for _, n := range f.Notes {
+			fmt.Println("note:", n)
+		}
+		fmt.Printf("took %.0f s\n", f.DurationS)
+	}
+	if err != nil {
+		return err
+	}
+	if out != "" {
+		if err := bench.WriteFile(out, f); err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "wrote", out)
+	}
+	return nil
 }

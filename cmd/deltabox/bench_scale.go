@@ -52,23 +52,7 @@ failure.`,
 			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])
 			o.Log = os.Stderr
 			f, err := bench.RunScale(ctx(), client.New(socketPath), o)
-			if f != nil && len(f.Results) > 0 {
-				fmt.Print(bench.FormatScaleTable(f.Results))
-				for _, n := range f.Notes {
-					fmt.Println("note:", n)
-				}
-				fmt.Printf("took %.0f s\n", f.DurationS)
-			}
-			if err != nil {
-				return err
-			}
-			if out != "" {
-				if err := bench.WriteFile(out, f); err != nil {
-					return err
-				}
-				fmt.Fprintln(os.Stderr, "wrote", out)
-			}
-			return nil
+			return finishBench(f, err, out, func() string { return bench.FormatScaleTable(f.Results) })
 		},
 	}
 	fl := c.Flags()
