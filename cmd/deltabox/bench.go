@@ -53,11 +53,7 @@ The sandbox, its nodes and the host copies are removed at the end, even on failu
 			}
 			o.Baselines = !noBaselines
 			if o.HostDir == "" {
-				root := os.Getenv("DELTABOX_ROOT")
-				if root == "" {
-					root = store.DefaultRoot
-				}
-				o.HostDir = filepath.Join(root, "tmp", fmt.Sprintf("bench-fs-%d", os.Getpid()))
+				o.HostDir = benchHostDir("bench-fs")
 			}
 			o.Socket = socketPath
 			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])
@@ -127,4 +123,14 @@ func finishBench(f *bench.File, err error, out string, table func() string) erro
 		fmt.Fprintln(os.Stderr, "wrote", out)
 	}
 	return nil
+}
+
+// benchHostDir is where a bench's host-side copies go by default: the store's tmp/
+// (DELTABOX_ROOT or the default state directory), so that cp --reflink can share extents.
+func benchHostDir(name string) string {
+	root := os.Getenv("DELTABOX_ROOT")
+	if root == "" {
+		root = store.DefaultRoot
+	}
+	return filepath.Join(root, "tmp", fmt.Sprintf("%s-%d", name, os.Getpid()))
 }

@@ -1,16 +1,13 @@
 package main
 
 import (
-	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"deltabox/internal/bench"
 	"deltabox/internal/client"
-	"deltabox/internal/store"
 )
 
 func benchLatencyCmd() *cobra.Command {
@@ -42,11 +39,7 @@ processes are removed at the end, even on failure.`,
 				return err
 			}
 			if o.HostDir == "" {
-				root := os.Getenv("DELTABOX_ROOT")
-				if root == "" {
-					root = store.DefaultRoot
-				}
-				o.HostDir = filepath.Join(root, "tmp", fmt.Sprintf("bench-latency-%d", os.Getpid()))
+				o.HostDir = benchHostDir("bench-latency")
 			}
 			o.Socket = socketPath
 			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])

@@ -532,13 +532,6 @@ func (r *fsRun) deltabox(ctx context.Context) (rows []Row, err error) {
 }
 
 func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
-	pick := func(ss []sample, f func(sample) float64) []float64 {
-		out := make([]float64, len(ss))
-		for i, s := range ss {
-			out[i] = f(s)
-		}
-		return out
-	}
 	depths := func(ss []sample) []int {
 		out := make([]int, len(ss))
 		for i, s := range ss {
@@ -616,17 +609,7 @@ func (r *fsRun) deltaboxRows(distinct, pool, chain, branch int) []Row {
 
 // phasesP50 is the median of each daemon phase, in microseconds.
 func phasesP50(ss []sample) map[string]float64 {
-	by := map[string][]float64{}
-	for _, s := range ss {
-		for k, v := range s.phases {
-			by[k] = append(by[k], float64(v))
-		}
-	}
-	out := map[string]float64{}
-	for k, v := range by {
-		out[k] = Summarize(v).P50
-	}
-	return out
+	return phaseMedians(ss, func(s sample) map[string]int64 { return s.phases })
 }
 
 // ---- baselines ----

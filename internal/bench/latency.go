@@ -684,26 +684,8 @@ const (
 	latPingCall = `client.Run(ctx, sandbox, "py", "label_"): POST /v1/sandboxes/{id}/exec {session: "py"}`
 )
 
-func latPick(ss []latSample, f func(latSample) float64) []float64 {
-	out := make([]float64, len(ss))
-	for i, s := range ss {
-		out[i] = f(s)
-	}
-	return out
-}
-
 func latPhases(ss []latSample) map[string]float64 {
-	by := map[string][]float64{}
-	for _, s := range ss {
-		for k, v := range s.phases {
-			by[k] = append(by[k], float64(v))
-		}
-	}
-	out := map[string]float64{}
-	for k, v := range by {
-		out[k] = Summarize(v).P50
-	}
-	return out
+	return phaseMedians(ss, func(s latSample) map[string]int64 { return s.phases })
 }
 
 func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
@@ -730,31 +712,31 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 	var rows []Row
 	heap := us(Summarize(r.heapMS).P50)
 	if len(r.ckpts) > 0 {
-		d := Summarize(latPick(r.ckpts, daemon))
-		row := Summarize(latPick(r.ckpts, op)).Row(SysDeltaBox, "checkpoint", r.o.WorkspaceMB, latCkCall)
+		d := Summarize(pick(r.ckpts, daemon))
+		row := Summarize(pick(r.ckpts, op)).Row(SysDeltaBox, "checkpoint", r.o.WorkspaceMB, latCkCall)
 		row.Layers = depths(r.ckpts)
 		row.Info = map[string]any{
 			"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(r.ckpts),
-			"client_minus_daemon_p50_ms": us(Summarize(latPick(r.ckpts, overhead)).P50),
+			"client_minus_daemon_p50_ms": us(Summarize(pick(r.ckpts, overhead)).P50),
 			"prepared":                   count(r.ckpts, func(s latSample) bool { return s.fast }),
 			"chain":                      r.o.Chain, "branch": len(r.ckpts) - r.o.Chain,
 			"daemon_checkpoint_paths": latPathDelta(r.statsBefore.CheckpointPaths, r.statsEnd.CheckpointPaths),
 			"python_rss_mb":           r.pythonRSSKB / 1024, "heap_step_p50_ms": heap,
 		}
 		rows = append(rows, row)
-		row = Summarize(latPick(r.ckpts, withCall)).Row(SysDeltaBox, "checkpoint+exec", r.o.WorkspaceMB, latCkCall, latPingCall)
+		row = Summarize(pick(r.ckpts, withCall)).Row(SysDeltaBox, "checkpoint+exec", r.o.WorkspaceMB, latCkCall, latPingCall)
 		row.Layers = depths(r.ckpts)
-		e := Summarize(latPick(r.ckpts, call))
+		e := Summarize(pick(r.ckpts, call))
 		row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
 		rows = append(rows, row)
 	}
 	if len(r.rests) > 0 {
-		d := Summarize(latPick(r.rests, daemon))
-		row := Summarize(latPick(r.rests, op)).Row(SysDeltaBox, "restore", r.o.WorkspaceMB, latRsCall)
+		d := Summarize(pick(r.rests, daemon))
+		row := Summarize(pick(r.rests, op)).Row(SysDeltaBox, "restore", r.o.WorkspaceMB, latRsCall)
 		row.Layers = depths(r.rests)
 		row.Info = map[string]any{
 			"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(r.rests),
-			"client_minus_daemon_p50_ms": us(Summarize(latPick(r.rests, overhead)).P50),
+			"client_minus_daemon_p50_ms": us(Summarize(pick(r.rests, overhead)).P50),
 			"warm":                       count(r.rests, func(s latSample) bool { return s.fast }),
 			"template_restores":          r.hits, "files_only_restores": r.fallbacks,
 			"template_hit_rate":    us(float64(r.hits) / float64(len(r.rests))),
@@ -763,9 +745,9 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 			"state_checks_failed": r.stateFails,
 		}
 		rows = append(rows, row)
-		row = Summarize(latPick(r.rests, withCall)).Row(SysDeltaBox, "restore+exec", r.o.WorkspaceMB, latRsCall, latPingCall)
+		row = Summarize(pick(r.rests, withCall)).Row(SysDeltaBox, "restore+exec", r.o.WorkspaceMB, latRsCall, latPingCall)
 		row.Layers = depths(r.rests)
-		e := Summarize(latPick(r.rests, call))
+		e := Summarize(pick(r.rests, call))
 		row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
 		rows = append(rows, row)
 		rp := latPathDelta(r.statsBefore.RestorePaths, r.statsEnd.RestorePaths)
@@ -922,7 +904,7 @@ func latReplayed(ss []latSample) *Layers {
 }
 
 func latBaselineRow(system, op string, mb int, ss []latSample, commands ...string) Row {
-	row := Summarize(latPick(ss, func(s latSample) float64 { return s.op })).Row(system, op, mb, commands...)
+	row := Summarize(pick(ss, func(s latSample) float64 { return s.op })).Row(system, op, mb, commands...)
 	row.Info = map[string]any{"parts_p50_ms": latPartsP50(ss)}
 	return row
 }

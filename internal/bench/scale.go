@@ -779,14 +779,6 @@ func (r *scaleRun) rss(ctx context.Context, mb int) error {
 func wallOf(s opSample) float64     { return s.wall }
 func withExecOf(s opSample) float64 { return s.withExec }
 
-func pick(ss []opSample, f func(opSample) float64) []float64 {
-	out := make([]float64, len(ss))
-	for i, s := range ss {
-		out[i] = f(s)
-	}
-	return out
-}
-
 func countFast(ss []opSample) (n int) {
 	for _, s := range ss {
 		if s.fast {
@@ -802,21 +794,14 @@ func scaleRows(p ScalePoint, op string, ss []opSample, call string) []Row {
 		return nil
 	}
 	var depths []int
-	phases := map[string][]float64{}
 	mounted := 0
 	for _, s := range ss {
 		depths = append(depths, s.depth)
-		for k, v := range s.phases {
-			phases[k] = append(phases[k], float64(v))
-		}
 		if s.mounted {
 			mounted++
 		}
 	}
-	ph := map[string]float64{}
-	for k, v := range phases {
-		ph[k] = Summarize(v).P50
-	}
+	ph := phaseMedians(ss, func(s opSample) map[string]int64 { return s.phases })
 	d := Summarize(pick(ss, func(s opSample) float64 { return s.daemon }))
 	row := Summarize(pick(ss, wallOf)).Row(p.system(), op, 0, call)
 	row.Layers = LayerDist(depths)

@@ -81,3 +81,27 @@ func LayerDist(depths []int) *Layers {
 	d := Summarize(xs)
 	return &Layers{Min: int(d.Min), P50: int(d.P50), Mean: math.Round(d.Mean*10) / 10, Max: int(d.Max)}
 }
+
+// pick is one statistic of each sample.
+func pick[S any](ss []S, f func(S) float64) []float64 {
+	out := make([]float64, len(ss))
+	for i, s := range ss {
+		out[i] = f(s)
+	}
+	return out
+}
+
+// phaseMedians is the median of each daemon phase (microseconds) over the samples.
+func phaseMedians[S any](ss []S, phases func(S) map[string]int64) map[string]float64 {
+	by := map[string][]float64{}
+	for _, s := range ss {
+		for k, v := range phases(s) {
+			by[k] = append(by[k], float64(v))
+		}
+	}
+	out := map[string]float64{}
+	for k, v := range by {
+		out[k] = Summarize(v).P50
+	}
+	return out
+}
