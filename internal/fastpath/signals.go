@@ -1,9 +1,7 @@
 package fastpath
 
 import (
-	"os"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -104,19 +102,6 @@ func parsePending(f []string, masks *[2]uint64) {
 	} else {
 		masks[1] = v
 	}
-}
-
-// readPending reads the pending-signal masks of process base (/proc/PID).
-func readPending(base string) ([2]uint64, error) {
-	var masks [2]uint64
-	b, err := os.ReadFile(base + "/status")
-	if err != nil {
-		return masks, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		parsePending(strings.Fields(l), &masks)
-	}
-	return masks, nil
 }
 
 // timerOf returns the index in timers of the timer whose signal si is, or -1.

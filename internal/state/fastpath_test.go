@@ -219,7 +219,6 @@ x = 'base'`)
 }
 
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // TestTemplateMemory: a node's template costs what its live process no longer shares
 // with it. Right after the checkpoint they share every page; once the live process has
