@@ -39,21 +39,26 @@ type Held struct {
 }
 
 // Hold seizes the process hostPid and inspects it while it is stopped (so that what is
-// inspected is what is forked). An ineligible process is let go untouched and the error
-// is an *Ineligible.
+// inspected is what is forked), in one hand-off to the tracer's thread. An ineligible
+// process is let go untouched and the error is an *Ineligible.
 func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
-	t, err := tr.Seize(hostPid)
-	if err != nil {
-		return nil, fmt.Errorf("seize %d: %w", hostPid, err)
-	}
-	p, err := Inspect(hostPid)
-	if err != nil {
-		if derr := t.Detach(); derr != nil {
-			err = errors.Join(err, derr)
+	var h *Held
+	err := tr.Do(func() error {
+		t, err := tr.Seize(hostPid)
+		if err != nil {
+			return fmt.Errorf("seize %d: %w", hostPid, err)
 		}
-		return nil, err
-	}
-	return &Held{P: p, tr: tr, t: t}, nil
+		p, err := inspect(hostPid, probeMayWrite(t))
+		if err != nil {
+			if derr := t.Detach(); derr != nil {
+				err = errors.Join(err, derr)
+			}
+			return err
+		}
+		h = &Held{P: p, tr: tr, t: t}
+		return nil
+	})
+	return h, err
 }
 
 // Fork forks the held process into its template: the child calls setsid (so the live
@@ -78,6 +83,12 @@ func (h *Held) Fork() (*Template, error) {
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("template setsid: %w", err)
 		}
+		tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), nsPid(child.Pid()), child.SyscallAddr()
+		if err := child.DetachStopped(); err != nil {
+			child = nil // no longer traced (or gone): killed by pid
+			tmpl.Kill()
+			return fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
+		}
 		return nil
 	})
 	if err != nil {
@@ -85,11 +96,6 @@ func (h *Held) Fork() (*Template, error) {
 			child.Kill()
 		}
 		return nil, err
-	}
-	tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), nsPid(child.Pid()), child.SyscallAddr()
-	if err := child.DetachStopped(); err != nil {
-		tmpl.Kill()
-		return nil, fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
 	}
 	h.Tmpl = tmpl
 	return tmpl, nil
@@ -263,27 +269,14 @@ func (r *Revival) Revive(nsPath, ptyPath string) error {
 	var child *remote.Tracee
 	err := r.tr.Do(func() error {
 		var err error
-		child, err = r.tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{r.Tmpl.Pid}})
-		if err != nil {
-			return fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
+		child, err = r.fork(nsPath, ptyPath)
+		// The template goes back into its stop in the same hand-off.
+		if perr := r.tt.DetachStopped(); err == nil && perr != nil {
+			err = fmt.Errorf("park the template again: %w", perr)
 		}
-		if err := move(child, &r.Tmpl.Proc, nsPath); err != nil {
-			return err
-		}
-		if _, err := child.Setsid(); err != nil {
-			return fmt.Errorf("setsid: %w", err)
-		}
-		if err := terminal(child, &r.Tmpl.Proc, ptyPath); err != nil {
-			return err
-		}
-		// Timers and pending signals, last: Commit only lets it run.
-		return giveBack(child, r.Tmpl)
+		return err
 	})
-	perr := r.tt.DetachStopped()
 	r.tt = nil
-	if err == nil && perr != nil {
-		err = fmt.Errorf("park the template again: %w", perr)
-	}
 	if err != nil {
 		if child != nil {
 			child.Kill()
@@ -292,6 +285,26 @@ func (r *Revival) Revive(nsPath, ptyPath string) error {
 	}
 	r.child, r.HostPid = child, child.Pid()
 	return nil
+}
+
+// fork is Revive's work on the tracer's thread; the child, if made, is returned with
+// the error. Precondition: inside Do.
+func (r *Revival) fork(nsPath, ptyPath string) (*remote.Tracee, error) {
+	child, err := r.tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{r.Tmpl.Pid}})
+	if err != nil {
+		return nil, fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
+	}
+	if err := move(child, &r.Tmpl.Proc, nsPath); err != nil {
+		return child, err
+	}
+	if _, err := child.Setsid(); err != nil {
+		return child, fmt.Errorf("setsid: %w", err)
+	}
+	if err := terminal(child, &r.Tmpl.Proc, ptyPath); err != nil {
+		return child, err
+	}
+	// Timers and pending signals, last: Commit only lets it run.
+	return child, giveBack(child, r.Tmpl)
 }
 
 // Commit lets the revived process run.

@@ -83,8 +83,14 @@ func (e *Ineligible) Error() string {
 var statelessDevs = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true,
 	"/dev/random": true, "/dev/urandom": true, "/dev/tty": true}
 
-// Inspect reads what the fast path needs about hostPid and checks eligibility.
+// Inspect reads what the fast path needs about hostPid and checks eligibility. It learns
+// whether a read-only shared mapping may become writable from /proc/PID/smaps; Hold,
+// which has the process stopped, asks the kernel directly instead (probeMayWrite).
 func Inspect(hostPid int) (*Proc, error) {
+	return inspect(hostPid, smapsMayWrite("/proc/"+strconv.Itoa(hostPid)))
+}
+
+func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 	base := "/proc/" + strconv.Itoa(hostPid)
 	p := &Proc{HostPid: hostPid}
 	status, err := os.ReadFile(base + "/status")
@@ -110,7 +116,7 @@ func Inspect(hostPid int) (*Proc, error) {
 	if strings.HasSuffix(p.Cwd, " (deleted)") {
 		return nil, &Ineligible{p.Pid, "its working directory was deleted"}
 	}
-	if p.Maps, err = sharedMappings(base, p.Pid); err != nil {
+	if p.Maps, err = sharedMappings(base, p.Pid, mayWrite); err != nil {
 		return nil, err
 	}
 	if p.Timers, err = posixTimers(base, hostPid, p.Pid); err != nil {
@@ -346,6 +352,32 @@ func nsPid(hostPid int) int {
 		}
 	}
 	return 0
+}
+
+// IsHostPid reports whether host (a host PID) is the process pid of the PID namespace
+// of initHost (a host PID): its NSpid ends in pid and its PID namespace is initHost's.
+// Two reads instead of HostPid's scan; a PID reused by another sandbox's process fails
+// the namespace check.
+func IsHostPid(host, pid, initHost int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(host) + "/status")
+	if err != nil {
+		return false
+	}
+	i := bytes.Index(b, []byte("\nNSpid:"))
+	if i < 0 {
+		return false
+	}
+	line := b[i+1:]
+	if j := bytes.IndexByte(line, '\n'); j >= 0 {
+		line = line[:j]
+	}
+	f := strings.Fields(string(line))
+	if len(f) < 3 || f[len(f)-1] != strconv.Itoa(pid) {
+		return false
+	}
+	a, err1 := os.Readlink("/proc/" + strconv.Itoa(host) + "/ns/pid")
+	c, err2 := os.Readlink("/proc/" + strconv.Itoa(initHost) + "/ns/pid")
+	return err1 == nil && err2 == nil && a == c
 }
 
 // HostPid finds the host PID of the sandbox process nsPid among the host PIDs given

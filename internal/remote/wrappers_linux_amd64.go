@@ -270,6 +270,12 @@ func (t *Tracee) Munmap(addr, length uintptr) error {
 	return err
 }
 
+// Mprotect is mprotect(addr, length, prot) in the tracee.
+func (t *Tracee) Mprotect(addr, length uintptr, prot int) error {
+	_, err := t.call("mprotect", func() (uintptr, error) { return t.sys(unix.SYS_MPROTECT, addr, length, uintptr(prot)) })
+	return err
+}
+
 // Signal is kill(pid, sig) made by the tracee (pid in the tracee's PID namespace). A signal
 // the tracee sends to itself is taken and delivered after Detach like any other.
 func (t *Tracee) Signal(pid int, sig unix.Signal) error {

@@ -86,14 +86,10 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
-	hostPids, err := s.rt.Pids()
-	if err != nil {
-		return nil, err
-	}
 	tr := m.tracer(s)
 	var out []*heldSession
 	for _, n := range names {
-		host, err := fastpath.HostPid(hostPids, sess[n].Pid())
+		host, err := m.hostPid(s, sess[n].Pid())
 		if err == nil {
 			var h *fastpath.Held
 			if h, err = fastpath.Hold(tr, host); err == nil {
@@ -109,6 +105,27 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 		return nil, fmt.Errorf("session %s: %w", n, err)
 	}
 	return out, nil
+}
+
+// hostPid returns the host PID of the sandbox process pid: the cached one if it still
+// is that process, else found among the sandbox's cgroup. Precondition: s.opMu held.
+func (m *Manager) hostPid(s *sb, pid int) (int, error) {
+	if h, ok := s.hostPids[pid]; ok && fastpath.IsHostPid(h, pid, s.rt.InitPid()) {
+		return h, nil
+	}
+	hostPids, err := s.rt.Pids()
+	if err != nil {
+		return 0, err
+	}
+	h, err := fastpath.HostPid(hostPids, pid)
+	if err != nil {
+		return 0, err
+	}
+	if s.hostPids == nil {
+		s.hostPids = map[int]int{}
+	}
+	s.hostPids[pid] = h
+	return h, nil
 }
 
 // forkHeld forks every held process into its template (on the state it is on: nothing
@@ -184,14 +201,17 @@ func (m *Manager) releaseHeld(held []*heldSession) []error {
 	return errs
 }
 
-// keepPids are the sandbox PIDs a kill must spare: the live sessions being checkpointed,
-// their new templates, and every template of this sandbox.
-func (m *Manager) keepPids(s *sb, held []*heldSession) []int {
-	var keep []int
+// keepPids are the processes a kill must spare: the live sessions being checkpointed,
+// their new templates, and every template of this sandbox; as sandbox PIDs (for init)
+// and as host PIDs, with init's (to see from the cgroup that there is nothing to kill).
+func (m *Manager) keepPids(s *sb, held []*heldSession) (keep []int, host map[int]bool) {
+	host = map[int]bool{s.rt.InitPid(): true}
 	for _, l := range held {
 		keep = append(keep, l.h.P.Pid)
+		host[l.h.P.HostPid] = true
 		if l.pt != nil {
 			keep = append(keep, l.pt.tmpl.SelfPid)
+			host[l.pt.tmpl.HostPid] = true
 		}
 	}
 	m.mu.Lock()
@@ -199,11 +219,12 @@ func (m *Manager) keepPids(s *sb, held []*heldSession) []int {
 		for _, t := range ts {
 			if t.sandbox == s.rec.ID {
 				keep = append(keep, t.tmpl.SelfPid)
+				host[t.tmpl.HostPid] = true
 			}
 		}
 	}
 	m.mu.Unlock()
-	return keep
+	return keep, host
 }
 
 // tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.
@@ -396,6 +417,10 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 				unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, t.winsize)
 			}
 			rv.sess.Rebind(t.tmpl.Pid, rv.exit)
+			if s.hostPids == nil {
+				s.hostPids = map[int]int{}
+			}
+			s.hostPids[t.tmpl.Pid] = rv.r.HostPid
 		}
 		unix.Close(rv.peer) // the process holds the slave now (or is gone)
 		rv.peer = -1

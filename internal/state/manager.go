@@ -93,6 +93,10 @@ type sb struct {
 	warmClosed bool
 
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
+	// hostPids caches each session process's host PID (by sandbox PID), checked at each
+	// use (fastpath.HostPidHint): finding it among the cgroup's PIDs reads one
+	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
+	hostPids map[int]int
 	tmplMu sync.Mutex     // held by whoever seizes this sandbox's templates (restore, parking)
 
 	mu          sync.Mutex

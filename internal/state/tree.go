@@ -92,11 +92,21 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 }
 
 // killAll ends every process but init and keep (sandbox PIDs: live sessions being
-// checkpointed, templates); it skips the round trip to init when the cgroup shows init
-// alone. (Counting is not enough otherwise: keep may name templates that died.)
-func killAll(s *sb, keep []int) (int, error) {
-	if pids, err := s.rt.Pids(); err == nil && len(pids) == 1 {
-		return 0, nil
+// checkpointed, templates); it skips the round trip to init (and init's walk of /proc)
+// when the cgroup holds only keepHost (host PIDs of the same processes, and init's).
+// (Counting is not enough: keep may name templates that died.)
+func killAll(s *sb, keep []int, keepHost map[int]bool) (int, error) {
+	if pids, err := s.rt.Pids(); err == nil {
+		only := true
+		for _, p := range pids {
+			if !keepHost[p] {
+				only = false
+				break
+			}
+		}
+		if only {
+			return 0, nil
+		}
 	}
 	n, err := s.rt.KillAll(keep...)
 	if err != nil {
@@ -239,7 +249,8 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 	if err := m.fail("checkpoint", 3); err != nil {
 		return abort(err)
 	}
-	if res.Killed, err = killAll(s, m.keepPids(s, held)); err != nil {
+	keep, keepHost := m.keepPids(s, held)
+	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
 		return abort(err)
 	}
 	if !fastPathOn() {
@@ -550,7 +561,8 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	// preparation follows whatever happens.
 	m.discardNext(s)
 	defer m.prepareNext(s)
-	if res.Killed, err = killAll(s, m.keepPids(s, nil)); err != nil {
+	keep, keepHost := m.keepPids(s, nil)
+	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
 		return abort(err)
 	}
 	res.phase("kill", &tp)
