@@ -113,7 +113,9 @@ func TestSharedMappings(t *testing.T) {
 		}
 		return b
 	}
-	classify := func() ([]Mapping, error) { return sharedMappings("/proc/self", os.Getpid(), smapsMayWrite("/proc/self")) }
+	classify := func() ([]Mapping, error) {
+		return sharedMappings("/proc/self", os.Getpid(), smapsMayWrite("/proc/self"))
+	}
 
 	rw := mapFile(unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE, 4096)
 	roMayWrite := mapFile(unix.O_RDWR, unix.PROT_READ, 0)

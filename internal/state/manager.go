@@ -97,7 +97,7 @@ type sb struct {
 	// use (fastpath.HostPidHint): finding it among the cgroup's PIDs reads one
 	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
 	hostPids map[int]int
-	tmplMu sync.Mutex     // held by whoever seizes this sandbox's templates (restore, parking)
+	tmplMu   sync.Mutex // held by whoever seizes this sandbox's templates (restore, parking)
 
 	mu          sync.Mutex
 	execs       int
