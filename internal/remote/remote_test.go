@@ -1428,3 +1428,73 @@ func TestTraceeKilled(t *testing.T) {
 		t.Errorf("other tracee: %q", l)
 	}
 }
+
+// TestHoldMM: the holder shares the tracee's address space (same mm: kcmp KCMP_VM),
+// never runs (stopped, no CPU time), keeps the memory when the tracee is killed (its
+// RSS stays), and is in a session and group of its own, so that the tracee's PID is
+// free once the tracee is reaped, holder alive.
+func TestHoldMM(t *testing.T) {
+	requirePython(t)
+	p := startPython(t)
+	answer(t, p.ask("add 1"))
+	tr := newTracer(t)
+	tc, err := tr.Seize(p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, pid, err := tc.HoldMM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != pid { // same PID namespace as the test
+		t.Errorf("holder host pid %d, pid %d: want equal here", host, pid)
+	}
+	if parentOf(host) != os.Getpid() {
+		t.Errorf("holder's parent %d, want the tracee's parent %d (CLONE_PARENT)", parentOf(host), os.Getpid())
+	}
+	if r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(p.pid), uintptr(host), 1 /* KCMP_VM */, 0, 0, 0); errno != 0 || r != 0 {
+		t.Errorf("kcmp(KCMP_VM) of tracee and holder: %d %v, want 0 (same address space)", r, errno)
+	}
+	waitState(t, host, "T")
+	// pgrp and session are fields 5 and 6 of stat: the holder's own, so that the
+	// tracee's PID, which names its group and session, is free once it is reaped.
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", host)); err == nil {
+		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+2:]))
+		if f[2] != strconv.Itoa(host) || f[3] != strconv.Itoa(host) {
+			t.Errorf("holder %d in group %s, session %s: want its own (the tracee's PID must not stay taken)", host, f[2], f[3])
+		}
+	}
+	if err := tc.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	// The tracee still works (its registers and scratch were put back).
+	if _, n, _, _ := answer(t, p.ask("add 2")); n != 3 {
+		t.Errorf("tracee after HoldMM: n=%d, want 3", n)
+	}
+	rss := func(pid int) int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				n, _ := strconv.Atoi(f[1])
+				return n
+			}
+		}
+		return -1
+	}
+	before := rss(host)
+	p.kill() // kill and reap
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", p.pid)); err == nil {
+		t.Errorf("the tracee's pid %d is still taken after it was reaped", p.pid)
+	}
+	if after := rss(host); after < before/2 || before < 1000 {
+		t.Errorf("holder RSS %d kB after the tracee died (was %d): the memory was torn down", after, before)
+	}
+	if procState(host) != 'T' || cpuTicks(host) != 0 {
+		t.Errorf("holder state %c, %d CPU ticks: want stopped, never run", procState(host), cpuTicks(host))
+	}
+	unix.Kill(host, unix.SIGKILL)
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(host, &ws, 0, nil); err != nil || !ws.Signaled() {
+		t.Errorf("holder: wait %v, status %v", err, ws)
+	}
+}

@@ -128,6 +128,51 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 	return h, nil
 }
 
+// endLive kills the live session processes of s for a restore, each after giving its
+// address space to a holder (remote.HoldMM: a stopped CLONE_VM sibling that never runs):
+// the process's exit then skips exit_mmap (1.3-2 ms of freeing for a 63 MB python on
+// these VMs, on the restore's critical path: clone3 set_tid waits for the PID), and the
+// holder, killed after the answer, frees the memory off that path. It returns the
+// holders (sandbox and host PIDs), which the restore's kill must spare, and how many
+// processes it killed. A process that
+// cannot be given a holder is simply left to the kill (the holder is an optimisation:
+// the process is being ended either way). Precondition: s.opMu held, step 4 of Restore.
+func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed int) {
+	if !fastPathOn() {
+		return nil, nil, 0
+	}
+	names, sess := liveSessions(s)
+	if len(names) == 0 {
+		return nil, nil, 0
+	}
+	tr := m.tracer(s)
+	hosts = map[int]bool{}
+	tr.Do(func() error {
+		for _, n := range names {
+			host, err := m.hostPid(s, sess[n].Pid())
+			if err != nil {
+				continue
+			}
+			t, err := tr.Seize(host)
+			if err != nil {
+				continue
+			}
+			hh, hp, err := t.HoldMM()
+			if err != nil {
+				m.log.Warn("restore: no memory holder for a session's process; its exit frees its memory on the critical path", "sandbox", s.rec.ID, "session", n, "err", err)
+			} else {
+				pids = append(pids, hp)
+				hosts[hh] = true
+			}
+			if t.Kill() == nil { // as its tracer; init reaps it (the kill that follows waits for that)
+				killed++
+			}
+		}
+		return nil
+	})
+	return pids, hosts, killed
+}
+
 // forkHeld forks every held process into its template (on the state it is on: nothing
 // has moved). On error the caller aborts the held processes, which kills the templates.
 func (m *Manager) forkHeld(held []*heldSession, sandbox string) error {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
@@ -562,9 +564,20 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	m.discardNext(s)
 	defer m.prepareNext(s)
 	keep, keepHost := m.keepPids(s, nil)
+	holders, holderHosts, ended := m.endLive(s)
+	if len(holders) > 0 {
+		keep = append(keep, holders...)
+		keepHost = nil // the processes endLive killed must be reaped: ask init
+		afterAnswer(func() {
+			for h := range holderHosts {
+				unix.Kill(h, unix.SIGKILL) // init reaps it
+			}
+		})
+	}
 	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
 		return abort(err)
 	}
+	res.Killed += ended
 	res.phase("kill", &tp)
 	// The live processes are gone: a failure from here on ends their sessions.
 	oldNS, installed := sandbox.None, false
