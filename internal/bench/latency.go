@@ -32,6 +32,11 @@ import (
 const (
 	SysDeltaBox = "deltabox"
 	SysCRIU     = "criu"
+	// SysForkFloor is a reference, not a baseline: os.fork() of the bench's own python
+	// session process, timed inside it, at the same moments (same RSS, same mappings,
+	// same fork lineage). A template fork is that kernel work plus the injection around
+	// it: no fork-based restore or checkpoint of this process can take less.
+	SysForkFloor = "kernel-fork"
 	SysCopytree = "copytree+replay"
 	SysFSOnly   = "fs-only+replay"
 )
@@ -129,6 +134,17 @@ def bench_init(seed, chunks, chunk):
     H = [random.Random(seed * 7919 + i).randbytes(chunk) for i in range(chunks)]
     label_ = "init"
     return bench_digest()
+def bench_fork():
+    # the kernel's fork of this process (the floor of a template fork), and the
+    # child's exit and reap
+    import os, time
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    t1 = time.perf_counter()
+    os.waitpid(pid, 0)
+    return "%.4f %.4f" % ((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 def bench_step(rnd, label, n):
     # rewrites n random chunks (n MiB of the heap), deterministically for rnd
     global label_
@@ -250,6 +266,7 @@ type latRun struct {
 	files                 *fsRun // file change steps in the deltabox sandbox (reused from bench fs)
 	base                  *latNode
 	ckpts, rests          []latSample
+	forks                 []latSample // bench_fork in the session (SysForkFloor)
 	heapMS                []float64
 	stateFails            int
 	pythonRSSKB           int
@@ -399,6 +416,10 @@ func latencyDescription(o LatencyOptions) string {
 		"again and replays the path's commands; its checkpoint must also start the session again and replay, to go on. Every "+
 		"baseline interval ends when the python process answers a call (the last replayed step, or `label_`); restored state is "+
 		"checked untimed (CRC, label, marker file).", o.BaselineCheckpoints, o.BaselineRestores, o.CRIUKeep)
+	b.WriteString("\n\n`kernel-fork` is a reference, not a baseline: after each branch checkpoint the session itself times an " +
+		"`os.fork()` (the child exits at once; `bench_fork`), so the same process, with the same memory, mappings and fork " +
+		"lineage, at the same moments. A template fork is that kernel work (page tables copied, anon_vma chains cloned) plus " +
+		"the injection around it: it is the floor under every deltabox row.")
 	return b.String()
 }
 
@@ -630,6 +651,13 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 		}
 		pool = append(pool, m)
 		head = m
+		// The kernel's fork of the same process now (untimed in the rows above).
+		if out, err := r.run(ctx, sb, "bench_fork()"); err == nil {
+			var f, w float64
+			if _, err := fmt.Sscan(latPyStr(out), &f, &w); err == nil {
+				r.forks = append(r.forks, latSample{op: f, parts: map[string]float64{"exit_and_reap": w}})
+			}
+		}
 		if len(pool) > maxPool {
 			maxPool = len(pool)
 		}
@@ -760,6 +788,11 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 			"process %d, files_only %d, failed %d over the same restores. %d restores installed a warm state, %d of %d checkpoints used a prepared next state.",
 			r.hits, len(r.rests), r.fallbacks, agree, rp["process"], rp["files_only"], rp["failed"],
 			count(r.rests, func(s latSample) bool { return s.fast }), count(r.ckpts, func(s latSample) bool { return s.fast }), len(r.ckpts)))
+	}
+	if len(r.forks) > 0 {
+		row := latBaselineRow(SysForkFloor, "fork", r.o.WorkspaceMB, r.forks, "python: os.fork() in the bench's session, timed in the process (bench_fork)")
+		row.Info["python_rss_mb"] = r.pythonRSSKB / 1024
+		rows = append(rows, row)
 	}
 	return rows
 }
