@@ -37,8 +37,8 @@ const (
 	// same fork lineage). A template fork is that kernel work plus the injection around
 	// it: no fork-based restore or checkpoint of this process can take less.
 	SysForkFloor = "kernel-fork"
-	SysCopytree = "copytree+replay"
-	SysFSOnly   = "fs-only+replay"
+	SysCopytree  = "copytree+replay"
+	SysFSOnly    = "fs-only+replay"
 )
 
 // LatencyBaselines are the baselines `bench latency` runs by default.
