@@ -53,6 +53,7 @@ func TestBenchLatencyTiny(t *testing.T) {
 		"deltabox checkpoint": 7, "deltabox checkpoint+exec": 7, "deltabox restore": 4, "deltabox restore+exec": 4,
 		"criu checkpoint": 2, "criu restore": 2, "copytree+replay checkpoint": 2, "copytree+replay restore": 2,
 		"fs-only+replay checkpoint": 2, "fs-only+replay restore": 2,
+		"kernel-fork fork": 4, // one per branch checkpoint
 	}
 	for k, n := range want {
 		r, ok := got[k]
@@ -78,6 +79,11 @@ func TestBenchLatencyTiny(t *testing.T) {
 	}
 	if p, _ := got["fs-only+replay restore"].Info["daemon_restore_paths"].(map[string]any); p["process"] != float64(0) || p["files_only"] != float64(2) {
 		t.Errorf("fs-only restore paths: %v", got["fs-only+replay restore"].Info["daemon_restore_paths"])
+	}
+	// The reference fork is the session's own, timed in the process: it is below the
+	// template restore, which contains one fork.
+	if kf := got["kernel-fork fork"]; kf.P50 >= rs.P50 {
+		t.Errorf("kernel-fork p50 %v >= deltabox restore p50 %v: the reference is not the floor it claims to be", kf.P50, rs.P50)
 	}
 	if _, ok := rs.Info["criu_restore_p50_over_deltabox_restore_p50"]; !ok {
 		t.Errorf("no CRIU ratio in %v", rs.Info)
