@@ -137,7 +137,9 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 		}
 		fd := FD{Num: n, Path: target}
 		switch {
-		case strings.HasPrefix(target, "/dev/pts/"):
+		case strings.HasPrefix(target, "/dev/pts/") || isPtySlave(base+"/fd/"+e.Name()):
+			// By path, or by device: a terminal opened through a state namespace that has
+			// since been torn down reads as "/N" (its devpts mount is detached).
 			fd.Kind = "pty"
 		case statelessDevs[target]:
 			fd.Kind = "dev"
@@ -166,6 +168,17 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 	}
 	sort.Slice(p.FDs, func(i, j int) bool { return p.FDs[i].Num < p.FDs[j].Num })
 	return p, nil
+}
+
+// isPtySlave reports whether the fd at path (/proc/PID/fd/N) is a pseudo-terminal slave:
+// a character device of the UNIX98 pty majors (136-143, Documentation/admin-guide/devices.txt).
+func isPtySlave(path string) bool {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return false
+	}
+	major := unix.Major(uint64(st.Rdev))
+	return major >= 136 && major <= 143
 }
 
 func fdinfo(base string, n int) (flags int, pos int64, err error) {

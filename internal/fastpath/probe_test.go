@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/remote"
 	"deltabox/internal/testutil/skip"
 )
@@ -126,4 +128,35 @@ func vmFlags(smaps []byte) string {
 		}
 	}
 	return strings.Join(out, "|")
+}
+
+// TestIsPtySlave: a terminal is recognised by its device, not only by its path (one
+// opened through a torn-down state namespace reads as "/N").
+func TestIsPtySlave(t *testing.T) {
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no /dev/ptmx: %v", err)
+	}
+	defer m.Close()
+	sfd, err := unix.IoctlRetInt(int(m.Fd()), unix.TIOCGPTPEER)
+	if err != nil {
+		// TIOCGPTPEER needs the slave unlocked first.
+		unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0)
+		if sfd, err = unix.IoctlRetInt(int(m.Fd()), unix.TIOCGPTPEER); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer unix.Close(sfd)
+	self := "/proc/self/fd/"
+	if !isPtySlave(self + strconv.Itoa(sfd)) {
+		t.Errorf("a pty slave (fd %d) not recognised", sfd)
+	}
+	n, _ := os.Open("/dev/null")
+	defer n.Close()
+	if isPtySlave(self + strconv.Itoa(int(n.Fd()))) {
+		t.Error("/dev/null taken for a pty slave")
+	}
+	if isPtySlave(self + strconv.Itoa(int(m.Fd()))) {
+		t.Error("the pty master taken for a slave")
+	}
 }
