@@ -133,17 +133,17 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 // the process's exit then skips exit_mmap (1.3-2 ms of freeing for a 63 MB python on
 // these VMs, on the restore's critical path: clone3 set_tid waits for the PID), and the
 // holder, killed after the answer, frees the memory off that path. It returns the
-// holders (sandbox and host PIDs), which the restore's kill must spare, and the host
-// PIDs of the processes it killed. A process that
+// holders (sandbox and host PIDs), which the restore's kill must spare, and how many
+// processes it killed. A process that
 // cannot be given a holder is simply left to the kill (the holder is an optimisation:
 // the process is being ended either way). Precondition: s.opMu held, step 4 of Restore.
-func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed []int) {
+func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed int) {
 	if !fastPathOn() {
-		return nil, nil, nil
+		return nil, nil, 0
 	}
 	names, sess := liveSessions(s)
 	if len(names) == 0 {
-		return nil, nil, nil
+		return nil, nil, 0
 	}
 	tr := m.tracer(s)
 	hosts = map[int]bool{}
@@ -164,31 +164,13 @@ func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed []int) 
 				pids = append(pids, hp)
 				hosts[hh] = true
 			}
-			if t.Kill() == nil { // as its tracer; init reaps it (waitReaped)
-				killed = append(killed, host)
+			if t.Kill() == nil { // as its tracer; init reaps it (the kill that follows waits for that)
+				killed++
 			}
 		}
 		return nil
 	})
 	return pids, hosts, killed
-}
-
-// waitReaped waits until init has reaped the processes hosts (killed by endLive; init
-// reaps its children on SIGCHLD), up to d: their /proc entries stay while they are
-// zombies. It reports whether all were reaped; if not, the caller asks init (KillAll
-// reaps before it answers). Cheaper than that round trip, which also walks init's /proc.
-func waitReaped(hosts []int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for _, h := range hosts {
-		p := "/proc/" + strconv.Itoa(h)
-		for unix.Access(p, unix.F_OK) == nil {
-			if time.Now().After(deadline) {
-				return false
-			}
-			time.Sleep(20 * time.Microsecond)
-		}
-	}
-	return true
 }
 
 // forkHeld forks every held process into its template (on the state it is on: nothing

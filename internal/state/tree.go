@@ -569,22 +569,17 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	holders, holderHosts, ended := m.endLive(s)
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
-		for h := range holderHosts {
-			keepHost[h] = true
-		}
+		keepHost = nil // the processes endLive killed must be reaped: ask init
 		afterAnswer(func() {
 			for h := range holderHosts {
 				unix.Kill(h, unix.SIGKILL) // init reaps it
 			}
 		})
 	}
-	if !waitReaped(ended, 50*time.Millisecond) {
-		keepHost = nil // not reaped yet: ask init, which reaps before it answers
-	}
 	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
 		return abort(err)
 	}
-	res.Killed += len(ended)
+	res.Killed += ended
 	res.phase("kill", &tp)
 	// The live processes are gone: a failure from here on ends their sessions.
 	oldNS, installed := sandbox.None, false
