@@ -30,10 +30,8 @@ func (t *Tracee) call(name string, fn func() (uintptr, error)) (uintptr, error) 
 		ret, err = fn()
 		return err
 	})
-	if err != nil {
-		if _, ok := err.(unix.Errno); ok {
-			return ret, fmt.Errorf("remote %s in pid %d: %w", name, t.pid, err)
-		}
+	if _, ok := err.(unix.Errno); ok {
+		return ret, fmt.Errorf("remote %s in pid %d: %w", name, t.pid, err)
 	}
 	return ret, err
 }
