@@ -447,14 +447,17 @@ func (m *Manager) measure(id, dir string) {
 //     make each one's session and terminal;
 //  2. take an upper (a warm state of the node, or a fresh one);
 //  3. mount the node's stack, without installing it;
-//  4. end the sandbox's processes, templates excepted;
+//  4. end the sandbox's processes, templates excepted (each session process first hands
+//     its memory to a holder, endLive, so that its exit is quick);
 //  5. install the node's state;
 //  6. fork each template into its session's PID, on that state (the injected failure
 //     comes after the first); the new processes stay stopped;
 //  7. publish: the processes resume, the sandbox's record changes.
 //
-// A failure at steps 1-4 leaves the sandbox exactly as it was: nothing irreversible
-// happened, every check and every mount was done before the kill. From step 4 on the
+// A failure at steps 1-4 (the injected one comes before the kill) leaves the sandbox
+// exactly as it was: nothing irreversible happened, every check and every mount was done
+// before the kill. If the kill itself fails once the session processes are ended, the
+// restore fails as at steps 5-7. From step 4 on the
 // live processes are gone, and they cannot be brought back: clone3 set_tid needs each
 // live PID free before its replacement can be forked, so a live process can be neither
 // kept aside (stopped, with its PID) while the replacement is tried, nor restarted as it
@@ -565,6 +568,17 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	// preparation follows whatever happens.
 	m.discardNext(s)
 	defer m.prepareNext(s)
+	// From endLive on, the live processes are gone: a failure ends their sessions.
+	oldNS, installed := sandbox.None, false
+	late := func(err error) (*OpResult, error) {
+		if installed {
+			s.rt.TakeState() // newState, which dropNew releases
+			s.rt.PutState(oldNS)
+		}
+		abort(nil)
+		m.endSessions(s, "ended: a restore to "+nodeID+" failed after its process was ended: "+err.Error())
+		return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
+	}
 	keep, keepHost := m.keepPids(s, nil)
 	holders, holderHosts, ended := m.endLive(s)
 	if len(holders) > 0 {
@@ -577,21 +591,13 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		})
 	}
 	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
+		if ended > 0 {
+			return late(err)
+		}
 		return abort(err)
 	}
 	res.Killed += ended
 	res.phase("kill", &tp)
-	// The live processes are gone: a failure from here on ends their sessions.
-	oldNS, installed := sandbox.None, false
-	late := func(err error) (*OpResult, error) {
-		if installed {
-			s.rt.TakeState() // newState, which dropNew releases
-			s.rt.PutState(oldNS)
-		}
-		abort(nil)
-		m.endSessions(s, "ended: a restore to "+nodeID+" failed after its process was ended: "+err.Error())
-		return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
-	}
 	if err := m.fail("restore", 5); err != nil {
 		return late(err)
 	}
