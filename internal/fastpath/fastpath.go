@@ -353,18 +353,12 @@ func terminal(t *remote.Tracee, p *Proc, ptyPath string) error {
 
 // nsPid is the PID in its innermost namespace of the process hostPid (0 if gone).
 func nsPid(hostPid int) int {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(hostPid), "status"))
-	if err != nil {
+	f := nsPids(hostPid)
+	if len(f) == 0 {
 		return 0
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 2 && f[0] == "NSpid:" {
-			n, _ := strconv.Atoi(f[len(f)-1])
-			return n
-		}
-	}
-	return 0
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
 }
 
 // IsHostPid reports whether host (a host PID) is the process pid of the PID namespace
@@ -372,20 +366,8 @@ func nsPid(hostPid int) int {
 // Two reads instead of HostPid's scan; a PID reused by another sandbox's process fails
 // the namespace check.
 func IsHostPid(host, pid, initHost int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(host) + "/status")
-	if err != nil {
-		return false
-	}
-	i := bytes.Index(b, []byte("\nNSpid:"))
-	if i < 0 {
-		return false
-	}
-	line := b[i+1:]
-	if j := bytes.IndexByte(line, '\n'); j >= 0 {
-		line = line[:j]
-	}
-	f := strings.Fields(string(line))
-	if len(f) < 3 || f[len(f)-1] != strconv.Itoa(pid) {
+	f := nsPids(host)
+	if len(f) < 2 || f[len(f)-1] != strconv.Itoa(pid) {
 		return false
 	}
 	a, err1 := os.Readlink("/proc/" + strconv.Itoa(host) + "/ns/pid")
@@ -393,19 +375,28 @@ func IsHostPid(host, pid, initHost int) bool {
 	return err1 == nil && err2 == nil && a == c
 }
 
+// nsPids returns the NSpid fields of /proc/hostPid/status (its PID in each namespace,
+// outermost first), or nil if the process is gone.
+func nsPids(hostPid int) []string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(hostPid), "status"))
+	if err != nil {
+		return nil
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "NSpid:" {
+			return f[1:]
+		}
+	}
+	return nil
+}
+
 // HostPid finds the host PID of the sandbox process nsPid among the host PIDs given
 // (the sandbox's cgroup), from /proc/PID/status NSpid.
 func HostPid(hostPids []int, nsPid int) (int, error) {
+	want := strconv.Itoa(nsPid)
 	for _, h := range hostPids {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(h), "status"))
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			f := strings.Fields(l)
-			if len(f) >= 2 && f[0] == "NSpid:" && f[len(f)-1] == strconv.Itoa(nsPid) {
-				return h, nil
-			}
+		if f := nsPids(h); len(f) > 0 && f[len(f)-1] == want {
+			return h, nil
 		}
 	}
 	return 0, fmt.Errorf("no process %d in the sandbox", nsPid)
