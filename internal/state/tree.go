@@ -581,9 +581,14 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	}
 	keep, keepHost := m.keepPids(s, nil)
 	holders, holderHosts, ended := m.endLive(s)
+	if ended > 0 {
+		// The processes endLive killed must be reaped before their PIDs are reused, and
+		// init's exit messages for them must come before the revived processes' watchers
+		// (same PIDs) are set: KillAll answers after both, so ask init.
+		keepHost = nil
+	}
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
-		keepHost = nil // the processes endLive killed must be reaped: ask init
 		afterAnswer(func() {
 			for h := range holderHosts {
 				unix.Kill(h, unix.SIGKILL) // init reaps it
