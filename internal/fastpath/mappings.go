@@ -29,7 +29,8 @@ import (
 //
 // Which shared mappings are remapped: those that can write their file, now (PROT_WRITE)
 // or after an mprotect (VM_MAYWRITE, "mw" in /proc/PID/smaps: the file was opened for
-// writing; asked of the kernel by an injected mprotect, probeMayWrite). A read-only shared mapping of a file opened read-only can never write: it
+// writing; asked of the kernel by an injected mprotect, probeMayWrite). A read-only
+// shared mapping of a file opened read-only can never write: it
 // changes no layer and shares nothing writable with the template, and both see the frozen
 // file, whose contents are the checkpoint's. What it does not see is a later write to
 // that path in the new state, which copies the file up into a new inode; that is

@@ -342,10 +342,11 @@ func (t *Tracee) Clone3(a CloneArgs) (*Tracee, error) {
 // HoldMM makes the tracee clone a holder of its address space: a child made with
 // CLONE_VM|CLONE_PARENT (so a sibling, reaped by the tracee's parent) that never runs an
 // instruction: it is caught at its first stop, leaves the tracee's session and group
-// (an injected setsid), and is left, untraced, in a SIGSTOP group stop. While the holder lives, the tracee's memory is not torn down when the tracee
-// exits: its exit no longer waits for exit_mmap (zap and free every page: 1.3-2 ms for a
-// 63 MB python on these VMs, 35 us/MB), which is what a restore waits for before the
-// tracee's PID is free. Killing the holder later does that work then, off the critical
+// (an injected setsid), and is left, untraced, in a SIGSTOP group stop. While the
+// holder lives, the tracee's memory is not torn down when the tracee exits: its exit
+// no longer waits for exit_mmap (zap and free every page: 1.3-2 ms for a 63 MB python
+// on these VMs, 35 us/MB), which is what a restore waits for before the tracee's PID is
+// free. Killing the holder later does that work then, off the critical
 // path. hostPid is the holder's PID in the tracer's namespace, pid the one in the
 // tracee's (clone3's return value).
 //

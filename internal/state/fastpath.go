@@ -121,9 +121,6 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if s.hostPids == nil {
-		s.hostPids = map[int]int{}
-	}
 	s.hostPids[pid] = h
 	return h, nil
 }
@@ -133,11 +130,11 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 // the process's exit then skips exit_mmap (1.3-2 ms of freeing for a 63 MB python on
 // these VMs, on the restore's critical path: clone3 set_tid waits for the PID), and the
 // holder, killed after the answer, frees the memory off that path. It returns the
-// holders (sandbox and host PIDs), which the restore's kill must spare, and how many
-// processes it killed. A process that
-// cannot be given a holder is simply left to the kill (the holder is an optimisation:
-// the process is being ended either way). Precondition: s.opMu held, step 4 of Restore.
-func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed int) {
+// holders' sandbox PIDs (the restore's kill must spare them) and host PIDs (to kill
+// them after the answer), and how many processes it killed. A process that cannot be
+// given a holder is killed all the same (the holder is an optimisation: the process is
+// being ended either way). Precondition: s.opMu held, step 4 of Restore.
+func (m *Manager) endLive(s *sb) (pids, hosts []int, killed int) {
 	if !fastPathOn() {
 		return nil, nil, 0
 	}
@@ -146,7 +143,6 @@ func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed int) {
 		return nil, nil, 0
 	}
 	tr := m.tracer(s)
-	hosts = map[int]bool{}
 	tr.Do(func() error {
 		for _, n := range names {
 			host, err := m.hostPid(s, sess[n].Pid())
@@ -162,7 +158,7 @@ func (m *Manager) endLive(s *sb) (pids []int, hosts map[int]bool, killed int) {
 				m.log.Warn("restore: no memory holder for a session's process; its exit frees its memory on the critical path", "sandbox", s.rec.ID, "session", n, "err", err)
 			} else {
 				pids = append(pids, hp)
-				hosts[hh] = true
+				hosts = append(hosts, hh)
 			}
 			if t.Kill() == nil { // as its tracer; init reaps it (the kill that follows waits for that)
 				killed++
@@ -462,9 +458,6 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 				unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, t.winsize)
 			}
 			rv.sess.Rebind(t.tmpl.Pid, rv.exit)
-			if s.hostPids == nil {
-				s.hostPids = map[int]int{}
-			}
 			s.hostPids[t.tmpl.Pid] = rv.r.HostPid
 		}
 		unix.Close(rv.peer) // the process holds the slave now (or is gone)

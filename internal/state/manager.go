@@ -94,7 +94,7 @@ type sb struct {
 
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 	// hostPids caches each session process's host PID (by sandbox PID), checked at each
-	// use (fastpath.HostPidHint): finding it among the cgroup's PIDs reads one
+	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
 	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
 	hostPids map[int]int
 	tmplMu   sync.Mutex // held by whoever seizes this sandbox's templates (restore, parking)
@@ -111,7 +111,7 @@ type sb struct {
 }
 
 func newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}}
+	return &sb{rec: r, warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
 }
 
 // Stats counts what happened to a sandbox.

@@ -457,11 +457,12 @@ func (m *Manager) measure(id, dir string) {
 // A failure at steps 1-4 (the injected one comes before the kill) leaves the sandbox
 // exactly as it was: nothing irreversible happened, every check and every mount was done
 // before the kill. If the kill itself fails once the session processes are ended, the
-// restore fails as at steps 5-7. From step 4 on the
-// live processes are gone, and they cannot be brought back: clone3 set_tid needs each
-// live PID free before its replacement can be forked, so a live process can be neither
-// kept aside (stopped, with its PID) while the replacement is tried, nor restarted as it
-// was. A failure at steps 5-7 kills what was forked, reinstalls the old state (files
+// restore fails as at steps 5-7.
+//
+// From step 4 on the live processes are gone, and they cannot be brought back: clone3
+// set_tid needs each live PID free before its replacement can be forked, so a live
+// process can be neither kept aside (stopped, with its PID) while the replacement is
+// tried, nor restarted as it was. A failure at steps 5-7 kills what was forked, reinstalls the old state (files
 // exactly as they were: the old upper is untouched until publish) and ends the sessions
 // whose processes the kill took: their next call starts them afresh
 // (session_restarted), and the error says so. Doing better would take a snapshot fork
@@ -590,7 +591,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
 		afterAnswer(func() {
-			for h := range holderHosts {
+			for _, h := range holderHosts {
 				unix.Kill(h, unix.SIGKILL) // init reaps it
 			}
 		})
