@@ -21,7 +21,7 @@
 // child: interval and POSIX timers with the time they had left (timers.go) and pending
 // signals with their siginfo (signals.go).
 //
-// Eligibility (Inspect) is checked before anything changes: one thread, no children,
+// Eligibility (inspect, in Hold) is checked before anything changes: one thread, no children,
 // only file descriptors this package knows how to treat (regular files and directories:
 // reopened; the session's terminal: shared by design; /dev/null and the other stateless
 // character devices: kept), only shared mappings it can map again from a file of the new
@@ -68,7 +68,7 @@ type Proc struct {
 	pending [2]uint64    // SigPnd, ShdPnd: signals pending for the thread, the process
 }
 
-// Ineligible is returned by Inspect when the fast path cannot take a process.
+// Ineligible is returned by Hold when the fast path cannot take a process.
 type Ineligible struct {
 	Pid    int
 	Reason string
@@ -83,13 +83,9 @@ func (e *Ineligible) Error() string {
 var statelessDevs = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true,
 	"/dev/random": true, "/dev/urandom": true, "/dev/tty": true}
 
-// Inspect reads what the fast path needs about hostPid and checks eligibility. It learns
-// whether a read-only shared mapping may become writable from /proc/PID/smaps; Hold,
-// which has the process stopped, asks the kernel directly instead (probeMayWrite).
-func Inspect(hostPid int) (*Proc, error) {
-	return inspect(hostPid, smapsMayWrite("/proc/"+strconv.Itoa(hostPid)))
-}
-
+// inspect reads what the fast path needs about hostPid and checks eligibility; mayWrite
+// answers whether a read-only shared mapping may become writable (Hold, which has the
+// process stopped, asks the kernel: probeMayWrite).
 func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 	base := "/proc/" + strconv.Itoa(hostPid)
 	p := &Proc{HostPid: hostPid}
@@ -233,15 +229,15 @@ func (t *Template) Kill() { unix.Kill(t.HostPid, unix.SIGKILL) }
 // recordLive records from the live process t, stopped since it was inspected, what its
 // template will not get from fork: the time its interval and POSIX timers have left.
 // Precondition: inside Do, right before the clone3 that forks the template; tmpl.Proc is
-// what Inspect found while t was stopped.
+// what inspect found while t was stopped.
 func recordLive(t *remote.Tracee, tmpl *Template) error {
-	tmpl.Timers = append([]PosixTimer(nil), tmpl.Timers...) // filled in: not Inspect's
+	tmpl.Timers = append([]PosixTimer(nil), tmpl.Timers...) // filled in: not inspect's
 	return recordTimers(t, tmpl)
 }
 
 // recordForked records the signals pending for the live process t when its template
 // forked. Precondition: inside Do, right after that clone3, before t runs or another
-// syscall is injected into it; tmpl.Proc is what Inspect found while t was stopped.
+// syscall is injected into it; tmpl.Proc is what inspect found while t was stopped.
 func recordForked(t *remote.Tracee, tmpl *Template) error {
 	var err error
 	tmpl.Signals, err = pendingSignals(t, tmpl.pending, tmpl.Timers)

@@ -161,7 +161,7 @@ func parseSmapsMayWrite(b []byte) map[uint64]bool {
 // kernel merges it back into the same VMA), before the tracee runs. One injected syscall
 // (two when the answer is yes) instead of the smaps walk. If the mapping cannot be put
 // back, the tracee is killed: never left with a write permission it did not have.
-// Precondition: inside Do, t seized and stopped since Inspect.
+// Precondition: inside Do, t seized and stopped since it was inspected.
 func probeMayWrite(t *remote.Tracee) mayWriteFunc {
 	return func(start, end uint64, prot int) (bool, error) {
 		err := t.Mprotect(uintptr(start), uintptr(end-start), prot|unix.PROT_WRITE)
