@@ -95,26 +95,31 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 
 // killAll ends every process but init and keep (sandbox PIDs: live sessions being
 // checkpointed, templates); it skips the round trip to init (and init's walk of /proc)
-// when the cgroup holds only keepHost (host PIDs of the same processes, and init's).
-// (Counting is not enough: keep may name templates that died.)
+// when the cgroup holds only keepHost (host PIDs of the same processes, and init's; nil:
+// always ask init). (Counting is not enough: keep may name templates that died.)
 func killAll(s *sb, keep []int, keepHost map[int]bool) (int, error) {
-	if pids, err := s.rt.Pids(); err == nil {
-		only := true
-		for _, p := range pids {
-			if !keepHost[p] {
-				only = false
-				break
-			}
-		}
-		if only {
-			return 0, nil
-		}
+	if keepHost != nil && onlyKept(s, keepHost) {
+		return 0, nil
 	}
 	n, err := s.rt.KillAll(keep...)
 	if err != nil {
 		return 0, fmt.Errorf("end the sandbox's processes: %w", err)
 	}
 	return n, nil
+}
+
+// onlyKept reports whether every process in s's cgroup is in keep (host PIDs).
+func onlyKept(s *sb, keep map[int]bool) bool {
+	pids, err := s.rt.Pids()
+	if err != nil {
+		return false
+	}
+	for _, p := range pids {
+		if !keep[p] {
+			return false
+		}
+	}
+	return true
 }
 
 // upperUnchanged reports whether upper holds no change relative to top, the root
