@@ -652,12 +652,15 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 		pool = append(pool, m)
 		head = m
 		// The kernel's fork of the same process now (untimed in the rows above).
-		if out, err := r.run(ctx, sb, "bench_fork()"); err == nil {
-			var f, w float64
-			if _, err := fmt.Sscan(latPyStr(out), &f, &w); err == nil {
-				r.forks = append(r.forks, latSample{op: f, parts: map[string]float64{"exit_and_reap": w}})
-			}
+		out, err := r.run(ctx, sb, "bench_fork()")
+		if err != nil {
+			return nil, fmt.Errorf("time the session's fork: %w", err)
 		}
+		var f, w float64
+		if _, err := fmt.Sscan(latPyStr(out), &f, &w); err != nil {
+			return nil, fmt.Errorf("time the session's fork: %q: %w", out, err)
+		}
+		r.forks = append(r.forks, latSample{op: f, parts: map[string]float64{"exit_and_reap": w}})
 		if len(pool) > maxPool {
 			maxPool = len(pool)
 		}
