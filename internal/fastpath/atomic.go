@@ -294,13 +294,16 @@ func (r *Revival) fork(nsPath, ptyPath string) (*remote.Tracee, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
 	}
-	if err := move(child, &r.Tmpl.Proc, nsPath); err != nil {
+	// Moved onto the state, a new session, the terminal: one batch.
+	var b remote.Batch
+	maps := moveCalls(&b, &r.Tmpl.Proc, nsPath)
+	b.Add("setsid", unix.SYS_SETSID)
+	terminalCalls(&b, &r.Tmpl.Proc, ptyPath)
+	res, err := child.RunBatch(&b)
+	if err != nil {
 		return child, err
 	}
-	if _, err := child.Setsid(); err != nil {
-		return child, fmt.Errorf("setsid: %w", err)
-	}
-	if err := terminal(child, &r.Tmpl.Proc, ptyPath); err != nil {
+	if err := checkMaps(res, maps, r.Tmpl.Maps); err != nil {
 		return child, err
 	}
 	// Timers and pending signals, last: Commit only lets it run.

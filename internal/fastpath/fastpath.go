@@ -263,53 +263,49 @@ func giveBack(c *remote.Tracee, tmpl *Template) error {
 
 // move puts the tracee onto the state at nsPath: setns, chdir, files and directories
 // reopened at the same offset and flags, shared mappings that can write mapped again from
-// the state's files. Precondition: on tr's thread (inside Do).
+// the state's files. The calls run as one batch (one hand-off, not one per call).
+// Precondition: on tr's thread (inside Do).
 func move(t *remote.Tracee, p *Proc, nsPath string) error {
-	fd, err := t.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	var b remote.Batch
+	maps := moveCalls(&b, p, nsPath)
+	res, err := t.RunBatch(&b)
 	if err != nil {
-		return fmt.Errorf("open the new state's namespace: %w", err)
+		return err
 	}
-	if err := t.Setns(fd, unix.CLONE_NEWNS); err != nil {
-		t.Close(fd)
-		return fmt.Errorf("setns: %w", err)
-	}
-	t.Close(fd)
-	if err := t.Chdir(p.Cwd); err != nil {
-		return fmt.Errorf("chdir %s: %w", p.Cwd, err)
-	}
+	return checkMaps(res, maps, p.Maps)
+}
+
+// moveCalls appends move's calls to b and returns the mmaps' results (checked by
+// checkMaps once b has run).
+func moveCalls(b *remote.Batch, p *Proc, nsPath string) []remote.Ref {
+	ns := b.Add("open the new state's namespace", unix.SYS_OPENAT, unix.AT_FDCWD, nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	b.Add("setns", unix.SYS_SETNS, ns, unix.CLONE_NEWNS)
+	b.Close("close the namespace fd", ns)
+	b.Add("chdir "+p.Cwd, unix.SYS_CHDIR, p.Cwd)
 	for _, f := range p.FDs {
 		if f.Kind != "file" && f.Kind != "dir" {
 			continue
 		}
 		flags := f.Flags &^ (unix.O_CREAT | unix.O_TRUNC | unix.O_EXCL)
-		nfd, err := t.Open(f.Path, flags, 0)
-		if err != nil {
-			return fmt.Errorf("reopen fd %d (%s): %w", f.Num, f.Path, err)
-		}
+		nfd := b.Add(fmt.Sprintf("reopen fd %d (%s)", f.Num, f.Path), unix.SYS_OPENAT, unix.AT_FDCWD, f.Path, flags, 0)
 		if f.Kind == "file" && f.Pos != 0 {
-			if _, err := t.Lseek(nfd, f.Pos, 0); err != nil {
-				t.Close(nfd)
-				return fmt.Errorf("seek fd %d (%s): %w", f.Num, f.Path, err)
-			}
+			b.Add(fmt.Sprintf("seek fd %d (%s)", f.Num, f.Path), unix.SYS_LSEEK, nfd, f.Pos, 0)
 		}
-		if err := t.Dup3(nfd, f.Num, f.Flags&unix.O_CLOEXEC); err != nil {
-			t.Close(nfd)
-			return fmt.Errorf("dup3 fd %d: %w", f.Num, err)
-		}
-		t.Close(nfd)
+		b.Add(fmt.Sprintf("dup3 fd %d", f.Num), unix.SYS_DUP3, nfd, f.Num, f.Flags&unix.O_CLOEXEC)
+		b.Close("close", nfd)
 	}
+	var maps []remote.Ref
 	for _, m := range p.Maps {
-		if err := remap(t, m); err != nil {
-			return err
-		}
+		maps = append(maps, mapCalls(b, m, m.Path))
 	}
-	return nil
+	return maps
 }
 
-// terminal gives the (new session leader) tracee ptyPath in place of every terminal fd
-// it had, makes it the controlling terminal and the tracee's group the foreground, and
-// flushes input typed before the restore. Precondition: inside Do, after setsid.
-func terminal(t *remote.Tracee, p *Proc, ptyPath string) error {
+// terminalCalls appends the calls that give the (new session leader) tracee ptyPath in
+// place of every terminal fd it had, make it the controlling terminal and the tracee's
+// group the foreground, and flush input typed before the restore. Precondition: after
+// setsid (earlier in b, or already run).
+func terminalCalls(b *remote.Batch, p *Proc, ptyPath string) {
 	var ptys []FD
 	for _, f := range p.FDs {
 		if f.Kind == "pty" {
@@ -317,34 +313,18 @@ func terminal(t *remote.Tracee, p *Proc, ptyPath string) error {
 		}
 	}
 	if len(ptys) == 0 {
-		return nil
+		return
 	}
-	pfd, err := t.Open(ptyPath, unix.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", ptyPath, err)
-	}
-	defer t.Close(pfd)
+	pfd := b.Add("open "+ptyPath, unix.SYS_OPENAT, unix.AT_FDCWD, ptyPath, unix.O_RDWR|unix.O_NOCTTY, 0)
 	for _, f := range ptys {
-		if err := t.Dup3(pfd, f.Num, f.Flags&unix.O_CLOEXEC); err != nil {
-			return fmt.Errorf("dup3 the terminal to fd %d: %w", f.Num, err)
-		}
+		b.Add(fmt.Sprintf("dup3 the terminal to fd %d", f.Num), unix.SYS_DUP3, pfd, f.Num, f.Flags&unix.O_CLOEXEC)
 	}
-	if _, err := t.Ioctl(pfd, unix.TIOCSCTTY, 1); err != nil {
-		return fmt.Errorf("TIOCSCTTY: %w", err)
-	}
+	b.Add("TIOCSCTTY", unix.SYS_IOCTL, pfd, unix.TIOCSCTTY, 1)
 	pgrp := make([]byte, 4)
 	binary.LittleEndian.PutUint32(pgrp, uint32(p.Pid))
-	addr, err := t.Scratch(pgrp)
-	if err != nil {
-		return err
-	}
-	if _, err := t.Ioctl(pfd, unix.TIOCSPGRP, addr); err != nil {
-		return fmt.Errorf("tcsetpgrp: %w", err)
-	}
-	if _, err := t.Ioctl(pfd, unix.TCFLSH, unix.TCIFLUSH); err != nil {
-		return fmt.Errorf("flush terminal input: %w", err)
-	}
-	return nil
+	b.Add("tcsetpgrp", unix.SYS_IOCTL, pfd, unix.TIOCSPGRP, pgrp)
+	b.Add("flush terminal input", unix.SYS_IOCTL, pfd, unix.TCFLSH, unix.TCIFLUSH)
+	b.Close("close the terminal fd", pfd)
 }
 
 // nsPid is the PID in its innermost namespace of the process hostPid (0 if gone).

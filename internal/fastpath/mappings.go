@@ -236,40 +236,43 @@ func sharedMappings(base string, pid int, mayWrite mayWriteFunc) ([]Mapping, err
 	return out, nil
 }
 
-// remap maps m's file again, as found on the tracee's current state, over m's range.
-// Precondition: on the tracer's thread (inside Do), after the setns onto the state.
-func remap(t *remote.Tracee, m Mapping) error {
-	return mapAt(t, m, m.Path)
+// mapCalls appends to b the calls that map path (m's file, as the tracee's current state
+// has it) shared over m's range, at m's protection and offset; the mmap's result is to be
+// checked with checkMaps. Precondition: after the setns onto the state.
+func mapCalls(b *remote.Batch, m Mapping, path string) remote.Ref {
+	fd := b.Add(fmt.Sprintf("open the mapped file %s (%s)", m, path), unix.SYS_OPENAT, unix.AT_FDCWD, path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	r := b.Add(fmt.Sprintf("map %s again", m), unix.SYS_MMAP, m.Start, m.End-m.Start, m.Prot, unix.MAP_SHARED|unix.MAP_FIXED, fd, m.Offset)
+	b.Close("close the mapped file", fd)
+	return r
 }
 
-// remapBack undoes remap for a move that is undone: the live process maps again the
-// very file it mapped before, which its template (forked before the move, never run)
-// still maps, opened through the template's /proc/PID/map_files. Precondition: inside
-// Do, the tracee back on the template's state; tmplPid is the template's pid as the
-// tracee sees it.
-func remapBack(t *remote.Tracee, maps []Mapping, tmplPid int) error {
-	for _, m := range maps {
-		if err := mapAt(t, m, fmt.Sprintf("/proc/%d/map_files/%x-%x", tmplPid, m.Start, m.End)); err != nil {
-			return err
+// checkMaps checks that each mmap of a batch (refs, for maps) mapped at the address asked.
+func checkMaps(res []uintptr, refs []remote.Ref, maps []Mapping) error {
+	for i, r := range refs {
+		if uint64(res[r]) != maps[i].Start {
+			return fmt.Errorf("map %s again: mapped at %#x", maps[i], res[r])
 		}
 	}
 	return nil
 }
 
-// mapAt opens path read-write in the tracee and maps it shared over m's range, at m's
-// protection and offset.
-func mapAt(t *remote.Tracee, m Mapping, path string) error {
-	fd, err := t.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+// remapBack undoes move's remapping for a move that is undone: the live process maps again the
+// very file it mapped before, which its template (forked before the move, never run)
+// still maps, opened through the template's /proc/PID/map_files. Precondition: inside
+// Do, the tracee back on the template's state; tmplPid is the template's pid as the
+// tracee sees it.
+func remapBack(t *remote.Tracee, maps []Mapping, tmplPid int) error {
+	if len(maps) == 0 {
+		return nil
+	}
+	var b remote.Batch
+	var refs []remote.Ref
+	for _, m := range maps {
+		refs = append(refs, mapCalls(&b, m, fmt.Sprintf("/proc/%d/map_files/%x-%x", tmplPid, m.Start, m.End)))
+	}
+	res, err := t.RunBatch(&b)
 	if err != nil {
-		return fmt.Errorf("open the mapped file %s (%s): %w", m, path, err)
+		return err
 	}
-	defer t.Close(fd)
-	a, err := t.Mmap(uintptr(m.Start), uintptr(m.End-m.Start), m.Prot, unix.MAP_SHARED|unix.MAP_FIXED, fd, m.Offset)
-	if err != nil {
-		return fmt.Errorf("map %s again: %w", m, err)
-	}
-	if uint64(a) != m.Start {
-		return fmt.Errorf("map %s again: mapped at %#x", m, a)
-	}
-	return nil
+	return checkMaps(res, refs, maps)
 }
