@@ -83,7 +83,9 @@ func (h *Held) Fork() (*Template, error) {
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("template setsid: %w", err)
 		}
-		tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), nsPid(child.Pid()), child.SyscallAddr()
+		// SelfPid is the template's PID as the live process sees it (MoveBack opens its
+		// /proc entries from there; the sandbox's PID namespace).
+		tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), child.ClonedAs(), child.SyscallAddr()
 		if err := child.DetachStopped(); err != nil {
 			child = nil // no longer traced (or gone): killed by pid
 			tmpl.Kill()

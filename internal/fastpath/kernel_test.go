@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,3 +186,76 @@ func TestSharedMappings(t *testing.T) {
 }
 
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// TestQuerySharedAgreesWithMaps: the PROCMAP_QUERY walk finds exactly the shared
+// mappings the maps text lists, with the same range, permissions, offset and name
+// (a file, shared anonymous memory, a memfd, a deleted file).
+func TestQuerySharedAgreesWithMaps(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "data")
+	if err := os.WriteFile(file, make([]byte, 3*4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(file, unix.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maps [][]byte
+	for _, m := range []struct {
+		fd   int
+		off  int64
+		prot int
+	}{{fd, 4096, unix.PROT_READ | unix.PROT_WRITE}, {fd, 0, unix.PROT_READ}, {fd, 8192, unix.PROT_READ | unix.PROT_EXEC}, {-1, 0, unix.PROT_READ | unix.PROT_WRITE}} {
+		flags := unix.MAP_SHARED
+		if m.fd < 0 {
+			flags |= unix.MAP_ANONYMOUS
+		}
+		b, err := unix.Mmap(m.fd, m.off, 4096, m.prot, flags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps = append(maps, b)
+	}
+	unix.Close(fd)
+	gone := filepath.Join(dir, "gone")
+	os.WriteFile(gone, make([]byte, 4096), 0o644)
+	gfd, _ := unix.Open(gone, unix.O_RDWR, 0)
+	gb, err := unix.Mmap(gfd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	unix.Close(gfd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(gone)
+	maps = append(maps, gb)
+	defer func() {
+		for _, b := range maps {
+			unix.Munmap(b)
+		}
+	}()
+
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := queryShared(int(f.Fd()))
+	if err != nil {
+		t.Fatalf("PROCMAP_QUERY: %v (Linux 6.11 or later has it)", err)
+	}
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []mapsLine
+	for _, m := range parseMaps(b) {
+		if m.perms[3] == 's' {
+			want = append(want, m)
+		}
+	}
+	if len(want) < len(maps) {
+		t.Fatalf("maps lists %d shared mappings, the test made %d", len(want), len(maps))
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("PROCMAP_QUERY:\n%v\nmaps text:\n%v", got, want)
+	}
+}

@@ -183,15 +183,12 @@ func probeMayWrite(t *remote.Tracee) mayWriteFunc {
 // their file, or an *Ineligible naming one that cannot be remapped. mayWrite answers for
 // the read-only ones.
 func sharedMappings(base string, pid int, mayWrite mayWriteFunc) ([]Mapping, error) {
-	b, err := os.ReadFile(base + "/maps")
+	shared, err := sharedMapsLines(base)
 	if err != nil {
 		return nil, err
 	}
 	var out []Mapping
-	for _, m := range parseMaps(b) {
-		if m.perms[3] != 's' {
-			continue
-		}
+	for _, m := range shared {
 		prot := 0
 		if m.perms[0] == 'r' {
 			prot |= unix.PROT_READ

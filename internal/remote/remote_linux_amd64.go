@@ -69,6 +69,7 @@ type Tracee struct {
 	saved      unix.PtraceRegs // the registers to restore
 	wasStopped bool            // a group stop was in effect when seized
 	startStack uintptr         // mm->start_stack
+	clonedAs   int             // a Clone3 child: its pid as the tracee that forked it sees it
 
 	// Touched only on the tracer's thread.
 	state    traceeState
@@ -82,6 +83,10 @@ type Tracee struct {
 
 // Pid returns the tracee's pid in the tracer's PID namespace.
 func (t *Tracee) Pid() int { return t.pid }
+
+// ClonedAs returns, for a Clone3 child, its pid as the tracee that forked it sees it
+// (clone3's return value there: no /proc read), and 0 for a seized process.
+func (t *Tracee) ClonedAs() int { return t.clonedAs }
 
 // Regs returns the registers the tracee had when seized (for a Clone3 child: its
 // parent's), which Restore and Detach put back.

@@ -932,6 +932,9 @@ func TestForkPython(t *testing.T) {
 		t.Logf("clone3 %+v: %v, child %d", args, d, child.Pid())
 		fmt.Fprintln(in, "add 2")
 		cpid, cn, _, csum := answer(t, nextLine(t, lines))
+		if cpid != child.ClonedAs() {
+			t.Errorf("child's getpid %d, ClonedAs %d", cpid, child.ClonedAs())
+		}
 		ppid, pn, _, psum := answer(t, p.ask("add 2"))
 		if cpid != child.Pid() || ppid != p.pid {
 			t.Errorf("answers from pids %d and %d, want %d and %d", cpid, ppid, child.Pid(), p.pid)

@@ -447,6 +447,7 @@ func (t *Tracee) clone3(a CloneArgs) (*Tracee, uintptr, error) {
 		// arena included, so its Restore must undo them as well.
 		exitKill: t.exitKill,
 		scr:      t.scr.inherit(),
+		clonedAs: int(ret),
 	}
 	t.tr.tracees[childPid] = c
 	// An auto-attached child of a seized tracee starts in a PTRACE_EVENT_STOP.
