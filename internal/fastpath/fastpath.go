@@ -327,16 +327,6 @@ func terminalCalls(b *remote.Batch, p *Proc, ptyPath string) {
 	b.Close("close the terminal fd", pfd)
 }
 
-// nsPid is the PID in its innermost namespace of the process hostPid (0 if gone).
-func nsPid(hostPid int) int {
-	f := nsPids(hostPid)
-	if len(f) == 0 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[len(f)-1])
-	return n
-}
-
 // IsHostPid reports whether host (a host PID) is the process pid of the PID namespace
 // of initHost (a host PID): its NSpid ends in pid and its PID namespace is initHost's.
 // Two reads instead of HostPid's scan; a PID reused by another sandbox's process fails
