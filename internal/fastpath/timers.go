@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -235,19 +236,28 @@ func timerRefused(tm PosixTimer, target, hostPid, pid int) string {
 // recordTimers asks the stopped process how long each of its timers has left.
 // Precondition: inside Do.
 func recordTimers(t *remote.Tracee, tmpl *Template) error {
+	// One batch: getitimer of each kind, timer_gettime of each POSIX timer.
+	var b remote.Batch
+	var its []*remote.Out
 	for which := range itimerKinds {
-		v, err := t.Getitimer(which)
-		if err != nil {
-			return fmt.Errorf("getitimer(%s): %w", itimerKinds[which], err)
-		}
-		tmpl.Itimers[which] = v
+		o := b.Out(int(unsafe.Sizeof(unix.Itimerval{})))
+		b.Add(fmt.Sprintf("getitimer(%s)", itimerKinds[which]), unix.SYS_GETITIMER, which, o)
+		its = append(its, o)
 	}
+	var ts []*remote.Out
 	for i := range tmpl.Timers {
-		v, err := t.TimerGettime(tmpl.Timers[i].ID)
-		if err != nil {
-			return fmt.Errorf("timer_gettime(%d): %w", tmpl.Timers[i].ID, err)
-		}
-		tmpl.Timers[i].Setting = v
+		o := b.Out(int(unsafe.Sizeof(unix.ItimerSpec{})))
+		b.Add(fmt.Sprintf("timer_gettime(%d)", tmpl.Timers[i].ID), unix.SYS_TIMER_GETTIME, tmpl.Timers[i].ID, o)
+		ts = append(ts, o)
+	}
+	if _, err := t.RunBatch(&b); err != nil {
+		return err
+	}
+	for which, o := range its {
+		tmpl.Itimers[which] = *(*unix.Itimerval)(unsafe.Pointer(&o.Bytes()[0]))
+	}
+	for i, o := range ts {
+		tmpl.Timers[i].Setting = *(*unix.ItimerSpec)(unsafe.Pointer(&o.Bytes()[0]))
 	}
 	return nil
 }

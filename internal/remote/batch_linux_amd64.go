@@ -46,14 +46,15 @@ type Ref int
 
 // Add appends syscall nr under name (which errors quote). An argument is an integer
 // (int, int32, int64, uint32, uint64, uintptr), a Ref, a string (passed as the address
-// of a NUL-terminated copy in scratch memory) or a []byte (the address of a copy).
+// of a NUL-terminated copy in scratch memory), a []byte (the address of a copy) or an
+// *Out (the address of an output buffer).
 func (b *Batch) Add(name string, nr uintptr, args ...any) Ref {
 	if len(args) > 6 {
 		panic(fmt.Sprintf("remote: batch call %s: %d arguments, at most 6", name, len(args)))
 	}
 	for _, a := range args {
 		switch a := a.(type) {
-		case int, int32, int64, uint32, uint64, uintptr, string, []byte:
+		case int, int32, int64, uint32, uint64, uintptr, string, []byte, *Out:
 		case Ref:
 			if int(a) < 0 || int(a) >= len(b.calls) {
 				panic(fmt.Sprintf("remote: batch call %s: Ref %d is not an earlier call", name, a))
@@ -73,6 +74,20 @@ func (b *Batch) Close(name string, fd Ref) {
 	c := b.Add(name, unix.SYS_CLOSE, fd)
 	b.closes = append(b.closes, batchClose{open: int(fd), close: int(c)})
 }
+
+// Out is an output buffer of a Batch: a call given it as an argument gets the address of
+// its bytes in scratch memory, and Bytes holds what the calls wrote there once RunBatch
+// has returned.
+type Out struct {
+	b    []byte
+	addr uintptr
+}
+
+// Out returns an output buffer of n zero bytes.
+func (b *Batch) Out(n int) *Out { return &Out{b: make([]byte, n)} }
+
+// Bytes returns the buffer's contents (after RunBatch).
+func (o *Out) Bytes() []byte { return o.b }
 
 // Len is the number of calls.
 func (b *Batch) Len() int { return len(b.calls) }
@@ -135,6 +150,7 @@ func (t *Tracee) runBatch(b *Batch) ([]uintptr, error) {
 		return nil, t.failed("set PTRACE_O_EXITKILL", err)
 	}
 	// Pointer arguments and the result slots go into scratch memory.
+	var outs []*Out
 	args := make([][]operand, n)
 	for i, c := range b.calls {
 		args[i] = make([]operand, len(c.args))
@@ -148,6 +164,17 @@ func (t *Tracee) runBatch(b *Batch) ([]uintptr, error) {
 				data = append([]byte(a), 0)
 			case []byte:
 				data = a
+			case *Out:
+				if a.addr == 0 {
+					addr, err := t.alloc(a.b)
+					if err != nil {
+						return nil, t.failed("scratch memory", err)
+					}
+					a.addr = addr
+					outs = append(outs, a)
+				}
+				args[i][k] = operand{val: uint64(a.addr)}
+				continue
 			default:
 				args[i][k] = operand{val: toUint64(a)}
 				continue
@@ -184,6 +211,12 @@ func (t *Tracee) runBatch(b *Batch) ([]uintptr, error) {
 	raw, err := t.readSlots(slots, n)
 	if err != nil {
 		return nil, t.failed("read the batch's results", err)
+	}
+	for _, o := range outs {
+		if err := t.readMem(o.addr, o.b); err != nil {
+			return nil, t.failed("read the batch's output", err)
+		}
+		o.addr = 0 // the scratch memory is released on return
 	}
 	if failedAt < 0 {
 		return raw, nil

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -229,5 +230,34 @@ func TestBatchSignal(t *testing.T) {
 	}
 	if _, _, usr1, _ := answer(t, p.ask("get")); usr1 != 1 {
 		t.Errorf("usr1 handler ran %d times, want 1", usr1)
+	}
+}
+
+// TestBatchOut: output buffers get what the calls wrote (getitimer of an armed timer,
+// read back after the batch).
+func TestBatchOut(t *testing.T) {
+	requirePython(t)
+	p := startPython(t)
+	tr := newTracer(t)
+	waitBlocked(t, p.pid, unix.SYS_READ)
+	tc, err := tr.Seize(p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := unix.Itimerval{Value: unix.Timeval{Sec: 100}, Interval: unix.Timeval{Sec: 7}}
+	var b Batch
+	b.Add("setitimer", unix.SYS_SETITIMER, unix.ITIMER_VIRTUAL, bytesOf(&set), 0)
+	o := b.Out(int(unsafe.Sizeof(unix.Itimerval{})))
+	b.Add("getitimer", unix.SYS_GETITIMER, unix.ITIMER_VIRTUAL, o)
+	b.Add("disarm", unix.SYS_SETITIMER, unix.ITIMER_VIRTUAL, bytesOf(&unix.Itimerval{}), 0)
+	if _, err := tc.RunBatch(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := *(*unix.Itimerval)(unsafe.Pointer(&o.Bytes()[0]))
+	if got.Interval.Sec != 7 || got.Value.Sec < 99 || got.Value.Sec > 100 {
+		t.Errorf("getitimer in the batch read %+v; want about %+v", got, set)
+	}
+	if err := tc.Detach(); err != nil {
+		t.Fatal(err)
 	}
 }
