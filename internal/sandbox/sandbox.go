@@ -43,18 +43,42 @@ type Sandbox struct {
 
 // State is one filesystem state of a sandbox: its mount namespace and an fd on the root
 // of its overlay (for path-confined file access with openat2 RESOLVE_IN_ROOT).
-type State struct{ NS, Root int }
+type State struct {
+	NS, Root int
+	held     *heldNS // init's duplicate of NS, if any (InitPath)
+}
+
+// heldNS is a state's namespace fd kept by init as fd n, so that a process of the
+// sandbox can open it (an injected setns onto the state).
+type heldNS struct {
+	n    int
+	init *sbinit.Client
+}
 
 // None is the absence of a state.
-var None = State{-1, -1}
+var None = State{NS: -1, Root: -1}
+
+// InitPath is where a process of the sandbox opens the state's namespace (init's
+// duplicate, /proc/1/fd/N), or "" when init holds none.
+func (st State) InitPath() string {
+	if st.held == nil {
+		return ""
+	}
+	return "/proc/1/fd/" + strconv.Itoa(st.held.n)
+}
 
 // Close releases the state; once no process is left in it, its overlay is unmounted.
+// init's duplicate is released in the background (a round trip to init that no caller
+// needs to wait for).
 func (st State) Close() {
 	if st.NS >= 0 {
 		unix.Close(st.NS)
 	}
 	if st.Root >= 0 {
 		unix.Close(st.Root)
+	}
+	if h := st.held; h != nil {
+		go h.init.Release(h.n)
 	}
 }
 
@@ -156,7 +180,9 @@ func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err e
 }
 
 // BuildState mounts spec and builds its namespace without installing it (a state
-// prepared ahead of time; PutState installs it).
+// prepared ahead of time; PutState installs it). init is given a duplicate of the
+// namespace (InitPath), so that processes can be moved onto the state without a round
+// trip to init then; a state init could not take is still a state (InitPath "").
 func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 	mfd, err := overlay.Mount(spec)
 	if err != nil {
@@ -166,7 +192,18 @@ func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 	if err != nil {
 		return None, err
 	}
-	return State{NS: nsfd, Root: mfd}, nil
+	st := State{NS: nsfd, Root: mfd}
+	if n, err := s.init.Hold(nsfd); err == nil {
+		st.held = &heldNS{n: n, init: s.init}
+	}
+	return st, nil
+}
+
+// StateInitPath is InitPath of the current state.
+func (s *Sandbox) StateInitPath() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.InitPath()
 }
 
 // TakeState detaches the current state and hands it to the caller, who closes it when

@@ -286,8 +286,12 @@ func (m *Manager) holdNS(s *sb, ns int) (string, func(), error) {
 	return "/proc/1/fd/" + strconv.Itoa(n), func() { s.rt.ReleaseFD(n) }, nil
 }
 
-// holdState is holdNS of the sandbox's current state.
+// holdState is holdNS of the sandbox's current state, or nothing to do when init holds
+// it already (a state built ahead, prepared or warm: sandbox.BuildState).
 func (m *Manager) holdState(s *sb) (string, func(), error) {
+	if p := s.rt.StateInitPath(); p != "" {
+		return p, func() {}, nil
+	}
 	ns, err := s.rt.StateNS()
 	if err != nil {
 		return "", nil, err
