@@ -3,6 +3,7 @@ package remote
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -16,17 +17,21 @@ import (
 // chdir, the terminal's open, dup3s and ioctls) took 0.8 ms of a restore in the daemon.
 // A Batch is compiled into a short machine-code sequence (per call: load the argument
 // registers, syscall, store the result, stop at the first failure) that is written over
-// the tracee's text at the page of its syscall instruction, run with one PTRACE_CONT up
-// to an int3, and replaced at once by the original bytes: one round trip for the lot.
+// the first page of the tracee's vDSO, run with one PTRACE_CONT up to an int3, and
+// replaced at once by the original bytes: one round trip for the lot.
 //
 // What holds for a single injection holds here: none of the tracee's own code runs (the
 // program ends in int3, and its text is put back before anything else happens), a
 // signal that arrives meanwhile is held and re-queued by Restore, a call interrupted by
 // one is restarted by the kernel's own restart logic (the program is real code at a real
 // address, so rip-2 is its syscall instruction), and registers are restored by Restore
-// or Detach. The text page is written through /proc/PID/mem (FOLL_FORCE, as a debugger
-// sets a breakpoint): the tracee gets a private copy of that page, byte-identical to the
-// original once the batch is done.
+// or Detach. The page is written through /proc/PID/mem (FOLL_FORCE, as a debugger sets
+// a breakpoint): the tracee gets a private copy of it, byte-identical to the original
+// once the batch is done. The vDSO rather than the libc's text: a private page gives its
+// mapping an anon_vma, and fork copies the page tables of such a mapping instead of
+// leaving the child to fault them in: 2 PTEs for the vDSO, a few hundred for libc's
+// resident text, on every later fork of the process (checkpoints, restores). Without a
+// vDSO (moved, unmapped) the page of the syscall instruction is used.
 type Batch struct {
 	calls  []batchCall
 	closes []batchClose
@@ -190,12 +195,12 @@ func (t *Tracee) runBatch(b *Batch) ([]uintptr, error) {
 	if err != nil {
 		return nil, t.failed("scratch memory", err)
 	}
-	page := sc &^ (pageSize - 1)
 	mem, err := unix.Open("/proc/"+strconv.Itoa(t.pid)+"/mem", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, t.failed("open /proc/PID/mem", err)
 	}
 	defer unix.Close(mem)
+	page := t.batchPage(mem, sc)
 	failedAt, errno := -1, unix.Errno(0)
 	for first := 0; first < n && failedAt < 0; {
 		code, next := compileBatch(b.calls, args, first, uint64(slots))
@@ -230,6 +235,41 @@ func (t *Tracee) runBatch(b *Batch) ([]uintptr, error) {
 		}
 	}
 	return raw[:failedAt], &BatchError{Index: failedAt, Name: b.calls[failedAt].name, Errno: errno}
+}
+
+// batchPage returns the page a batch's code is written to: the vDSO's first page (its
+// address from the auxiliary vector, AT_SYSINFO_EHDR, checked to hold the vDSO's ELF
+// header), else the page of the syscall instruction sc. Cached; a Clone3 child inherits
+// it with the address space.
+func (t *Tracee) batchPage(mem int, sc uintptr) uintptr {
+	if t.codePage != 0 {
+		return t.codePage
+	}
+	t.codePage = sc &^ (pageSize - 1)
+	if v := vdsoBase(t.pid); v != 0 {
+		var magic [4]byte
+		if n, err := unix.Pread(mem, magic[:], int64(v)); err == nil && n == 4 && string(magic[:]) == "\x7fELF" {
+			t.codePage = v
+		}
+	}
+	return t.codePage
+}
+
+// vdsoBase returns AT_SYSINFO_EHDR from /proc/PID/auxv (0 if none).
+func vdsoBase(pid int) uintptr {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/auxv")
+	if err != nil {
+		return 0
+	}
+	for i := 0; i+16 <= len(b); i += 16 {
+		switch binary.LittleEndian.Uint64(b[i:]) {
+		case 0: // AT_NULL
+			return 0
+		case 33: // AT_SYSINFO_EHDR
+			return uintptr(binary.LittleEndian.Uint64(b[i+8:]))
+		}
+	}
+	return 0
 }
 
 func (t *Tracee) readSlots(addr uintptr, n int) ([]uintptr, error) {
@@ -307,6 +347,14 @@ func (t *Tracee) runToTrap(entry, done uintptr) (unix.PtraceRegs, error) {
 		var si siginfo
 		if err := t.getSiginfo(&si); err != nil {
 			return regs, fmt.Errorf("get siginfo of %v: %w", ws.StopSignal(), err)
+		}
+		switch ws.StopSignal() {
+		case unix.SIGSEGV, unix.SIGBUS, unix.SIGILL, unix.SIGFPE:
+			// A fault of the program itself (the page not executable after all): not the
+			// tracee's signal, and not one to deliver to it.
+			if si.code() > 0 && unix.PtraceGetRegs(t.pid, &regs) == nil && uintptr(regs.Rip) >= entry && uintptr(regs.Rip) < done+2 {
+				return regs, fmt.Errorf("the batch's code faulted (%v at %#x)", ws.StopSignal(), regs.Rip)
+			}
 		}
 		if ws.StopSignal() == unix.SIGTRAP && si.code() == siKernel {
 			if err := unix.PtraceGetRegs(t.pid, &regs); err != nil {

@@ -16,9 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// textAround reads the page of the tracee's syscall instruction (where a batch's code
-// goes) through /proc/PID/mem.
-func textAround(t *testing.T, pid int, sc uintptr) []byte {
+// textAround reads the page at addr (where a batch's code goes) through /proc/PID/mem.
+func textAround(t *testing.T, pid int, addr uintptr) []byte {
 	t.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
@@ -26,7 +25,7 @@ func textAround(t *testing.T, pid int, sc uintptr) []byte {
 	}
 	defer f.Close()
 	b := make([]byte, pageSize)
-	if _, err := f.ReadAt(b, int64(sc&^(pageSize-1))); err != nil {
+	if _, err := f.ReadAt(b, int64(addr&^(pageSize-1))); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -47,7 +46,7 @@ func fdList(t *testing.T, pid int) string {
 
 // TestBatch runs open, lseek, dup3 and close (the later calls taking the open's result)
 // and a getpid in one batch in a python blocked in read; the fd is there at its offset,
-// the text page the code was written over is byte-identical afterwards, and the python
+// the code went to the vDSO's page, which is byte-identical afterwards, and the python
 // goes on as before.
 func TestBatch(t *testing.T) {
 	requirePython(t)
@@ -69,18 +68,11 @@ func TestBatch(t *testing.T) {
 	b.Add("dup3", unix.SYS_DUP3, fd, 77, unix.O_CLOEXEC)
 	b.Close("close", fd)
 	b.Add("getpid", unix.SYS_GETPID)
-	var sc uintptr
-	var before []byte
-	tr.Do(func() error {
-		sc, err = tc.syscallAddr()
-		if err == nil {
-			before = textAround(t, p.pid, sc)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	vdso := vdsoBase(p.pid)
+	if vdso == 0 {
+		t.Fatal("no AT_SYSINFO_EHDR in the python's auxv")
 	}
+	before := textAround(t, p.pid, vdso)
 	res, err := tc.RunBatch(&b)
 	if err != nil {
 		t.Fatal(err)
@@ -88,8 +80,11 @@ func TestBatch(t *testing.T) {
 	if len(res) != 5 || res[1] != 5 || res[2] != 77 || res[3] != 0 || int(res[4]) != p.pid {
 		t.Errorf("results %v; want [fd 5 77 0 %d]", res, p.pid)
 	}
-	if after := textAround(t, p.pid, sc); !bytes.Equal(before, after) {
-		t.Errorf("the text page differs after the batch")
+	if tc.codePage != vdso {
+		t.Errorf("the batch's code went to %#x, not the vDSO at %#x", tc.codePage, vdso)
+	}
+	if after := textAround(t, p.pid, vdso); !bytes.Equal(before, after) {
+		t.Errorf("the vDSO page differs after the batch")
 	}
 	pos, flags := fdinfo(t, p.pid, 77)
 	if pos != 5 || flags&unix.O_CLOEXEC == 0 {
@@ -259,5 +254,40 @@ func TestBatchOut(t *testing.T) {
 	}
 	if err := tc.Detach(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBatchFault: code that cannot run where it was written (a page without execute
+// permission) fails the batch with an error, and the fault is not delivered to the
+// tracee, which goes on as before with that page put back.
+func TestBatchFault(t *testing.T) {
+	requirePython(t)
+	p := startPython(t)
+	answer(t, p.ask("add 1"))
+	tr := newTracer(t)
+	waitBlocked(t, p.pid, unix.SYS_READ)
+	tc, err := tr.Seize(p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := tc.startStack &^ (pageSize - 1) // argv and environment: rw-, not executable
+	before := textAround(t, p.pid, page)
+	tc.codePage = page
+	var b Batch
+	b.Add("getpid", unix.SYS_GETPID)
+	if _, err := tc.RunBatch(&b); err == nil || !strings.Contains(err.Error(), "faulted") {
+		t.Fatalf("RunBatch from a non-executable page: %v, want a fault", err)
+	}
+	if len(tc.held) != 0 {
+		t.Errorf("%d signals held for the tracee, want none (the fault was ours)", len(tc.held))
+	}
+	if after := textAround(t, p.pid, page); !bytes.Equal(before, after) {
+		t.Errorf("the page differs after the failed batch")
+	}
+	if err := tc.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if _, n, _, _ := answer(t, p.ask("add 1")); n != 2 {
+		t.Errorf("n = %d, want 2", n)
 	}
 }

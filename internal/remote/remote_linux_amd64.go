@@ -74,6 +74,7 @@ type Tracee struct {
 	// Touched only on the tracer's thread.
 	state    traceeState
 	sc       uintptr // address of a 0f 05 (syscall) instruction, 0 until found
+	codePage uintptr // where a Batch's code is written, 0 until needed (batchPage)
 	nsPid    int     // the tracee's pid in its own PID namespace, 0 until needed
 	exitKill bool    // PTRACE_O_EXITKILL is set
 	regsDirt bool    // registers differ from saved

@@ -442,6 +442,7 @@ func (t *Tracee) clone3(a CloneArgs) (*Tracee, uintptr, error) {
 		saved:      t.saved,
 		startStack: t.startStack,
 		sc:         t.sc,
+		codePage:   t.codePage,
 		// The child inherits the parent's ptrace options, PTRACE_O_EXITKILL included (the
 		// parent is dirty while injecting), and a copy of its memory: scratch data and
 		// arena included, so its Restore must undo them as well.
