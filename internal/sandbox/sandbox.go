@@ -261,6 +261,10 @@ func (s *Sandbox) dupState(which func(State) int) (int, error) {
 // init has reaped them.
 func (s *Sandbox) KillAll(keep ...int) (int, error) { return s.init.KillAll(keep...) }
 
+// Reap asks init to reap pids (in the sandbox), processes the caller killed, once they
+// have exited; their exits reach Watch before it returns.
+func (s *Sandbox) Reap(pids ...int) (int, error) { return s.init.Reap(pids...) }
+
 // Watch returns a channel that receives the wait status of pid (in the sandbox) when
 // init reaps it.
 func (s *Sandbox) Watch(pid int) <-chan unix.WaitStatus { return s.init.Watch(pid) }

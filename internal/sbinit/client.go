@@ -266,6 +266,17 @@ func (c *Client) Signal(pid int, sig unix.Signal, group bool) error {
 	return err
 }
 
+// Reap asks init to reap pids, its children, which were sent SIGKILL (waiting up to 10 s
+// for them to exit), reporting their exits (Watch) before it answers. It returns how
+// many it reaped.
+func (c *Client) Reap(pids ...int) (int, error) {
+	r, err := c.call(&Message{Op: "reap", Keep: pids}, nil, nil)
+	if r == nil {
+		return 0, err
+	}
+	return r.Count, err
+}
+
 // KillAll kills every process of the sandbox but init and keep (PIDs in the sandbox),
 // and waits until all are reaped.
 func (c *Client) KillAll(keep ...int) (int, error) {

@@ -307,6 +307,17 @@ func (s *server) serve() {
 				}
 			}
 			s.reapMu.Unlock()
+		case "reap":
+			// The daemon killed these children of init and found nothing else to kill:
+			// reap just them (and report their exits, before this reply), without
+			// KillAll's scans of /proc.
+			s.reapMu.Lock()
+			n, err := s.reapPids(m.Keep)
+			reply.Count = n
+			if err != nil {
+				reply.Err = err.Error()
+			}
+			s.reapMu.Unlock()
 		case "hold":
 			// Keep the fd; processes of the sandbox reach it as /proc/1/fd/N.
 			if len(fds) != 1 {
@@ -386,6 +397,46 @@ func (s *server) killAllBut(keep []int) (int, error) {
 			return killed, fmt.Errorf("processes did not die within 10s")
 		}
 	}
+}
+
+// reapPids waits (up to 10 s in all) for each of pids, children of init that were sent
+// SIGKILL, to exit, reaps it and reports its exit. One already reaped is skipped.
+// Precondition: reapMu held.
+func (s *server) reapPids(pids []int) (int, error) {
+	n := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // reaped already
+		}
+		one := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			k, err := unix.Poll(one, int(max(time.Until(deadline).Milliseconds(), 0)))
+			if err == unix.EINTR {
+				continue
+			}
+			if k == 0 || err != nil {
+				unix.Close(fd)
+				return n, fmt.Errorf("process %d did not exit within 10s", pid)
+			}
+			break
+		}
+		unix.Close(fd)
+		var ws unix.WaitStatus
+		for {
+			got, err := unix.Wait4(pid, &ws, unix.WALL|unix.WNOHANG, nil)
+			if err == unix.EINTR {
+				continue
+			}
+			if err == nil && got == pid {
+				n++
+				s.send(&Message{Op: "exit", Pid: pid, Status: int(ws)}, nil)
+			}
+			break
+		}
+	}
+	return n, nil
 }
 
 func closeAll(fds []int) {

@@ -49,7 +49,7 @@ type Message struct {
 	Group  bool  `json:"group,omitempty"`
 	Status int   `json:"status,omitempty"` // wait status as returned by wait4
 	Count  int   `json:"count,omitempty"`
-	Keep   []int `json:"keep,omitempty"` // killall: PIDs (in the sandbox) to spare
+	Keep   []int `json:"keep,omitempty"` // killall: PIDs (in the sandbox) to spare; reap: the PIDs to reap
 
 	Err string `json:"err,omitempty"`
 }

@@ -131,16 +131,17 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 // these VMs, on the restore's critical path: clone3 set_tid waits for the PID), and the
 // holder, killed after the answer, frees the memory off that path. It returns the
 // holders' sandbox PIDs (the restore's kill must spare them) and host PIDs (to kill
-// them after the answer), and how many processes it killed. A process that cannot be
-// given a holder is killed all the same (the holder is an optimisation: the process is
-// being ended either way). Precondition: s.opMu held, step 4 of Restore.
-func (m *Manager) endLive(s *sb) (pids, hosts []int, killed int) {
+// them after the answer), and the sandbox and host PIDs of the processes it killed (init
+// must reap them). A process that cannot be given a holder is killed all the same (the
+// holder is an optimisation: the process is being ended either way). Precondition:
+// s.opMu held, step 4 of Restore.
+func (m *Manager) endLive(s *sb) (pids, hosts, killed, killedHosts []int) {
 	if !fastPathOn() {
-		return nil, nil, 0
+		return nil, nil, nil, nil
 	}
 	names, sess := liveSessions(s)
 	if len(names) == 0 {
-		return nil, nil, 0
+		return nil, nil, nil, nil
 	}
 	tr := m.tracer(s)
 	tr.Do(func() error {
@@ -161,12 +162,13 @@ func (m *Manager) endLive(s *sb) (pids, hosts []int, killed int) {
 				hosts = append(hosts, hh)
 			}
 			if t.Kill() == nil { // as its tracer; init reaps it (the kill that follows waits for that)
-				killed++
+				killed = append(killed, sess[n].Pid())
+				killedHosts = append(killedHosts, host)
 			}
 		}
 		return nil
 	})
-	return pids, hosts, killed
+	return pids, hosts, killed, killedHosts
 }
 
 // forkHeld forks every held process into its template (on the state it is on: nothing

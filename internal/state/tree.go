@@ -586,13 +586,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
 	}
 	keep, keepHost := m.keepPids(s, nil)
-	holders, holderHosts, ended := m.endLive(s)
-	if ended > 0 {
-		// The processes endLive killed must be reaped before their PIDs are reused, and
-		// init's exit messages for them must come before the revived processes' watchers
-		// (same PIDs) are set: KillAll answers after both, so ask init.
-		keepHost = nil
-	}
+	holders, holderHosts, ended, endedHosts := m.endLive(s)
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
 		afterAnswer(func() {
@@ -601,13 +595,30 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 			}
 		})
 	}
-	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
-		if ended > 0 {
-			return late(err)
+	if len(ended) > 0 {
+		// The processes endLive killed must be reaped before their PIDs are reused, and
+		// init's exit messages for them must come before the revived processes' watchers
+		// (same PIDs) are set: init answers after both. When nothing else is left to
+		// kill, init is asked to reap just them (no scan of /proc: 0.1-0.2 ms).
+		for _, h := range append(holderHosts, endedHosts...) {
+			keepHost[h] = true
 		}
+		res.Killed = len(ended)
+		if onlyKept(s, keepHost) {
+			if _, err := s.rt.Reap(ended...); err != nil {
+				return late(fmt.Errorf("reap the sandbox's ended processes: %w", err))
+			}
+		} else {
+			// KillAll may count the ended ones again (zombies not yet reaped).
+			n, err := killAll(s, keep, nil)
+			if err != nil {
+				return late(err)
+			}
+			res.Killed = max(res.Killed, n)
+		}
+	} else if res.Killed, err = killAll(s, keep, keepHost); err != nil {
 		return abort(err)
 	}
-	res.Killed += ended
 	res.phase("kill", &tp)
 	if err := m.fail("restore", 5); err != nil {
 		return late(err)
