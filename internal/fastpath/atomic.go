@@ -66,7 +66,7 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 // The template is on the state the process is on (nothing has moved yet). On error no
 // template exists.
 func (h *Held) Fork() (*Template, error) {
-	tmpl := &Template{Proc: *h.P}
+	tmpl := &Template{Proc: *h.P, tr: h.tr}
 	var child *remote.Tracee
 	err := h.tr.Do(func() error {
 		// What fork will not copy (timers.go, signals.go) is read around it.
@@ -246,20 +246,38 @@ type Revival struct {
 	HostPid int            // the revived process's host PID
 }
 
-// SeizeTemplate seizes tmpl (it stays in its stop and runs nothing): this checks, before
+// SeizeTemplate seizes tmpl, or takes it from tr if tr holds it already (parked, or used
+// by an earlier restore): it stays in its stop and runs nothing. This checks, before
 // anything irreversible, that the template is there and can be forked.
 func SeizeTemplate(tr *remote.Tracer, tmpl *Template) (*Revival, error) {
 	if !tmpl.WaitStopped(time.Second) {
+		tr.Forget(tmpl.HostPid) // a zombie while traced: collect it
 		return nil, fmt.Errorf("the template (pid %d) is gone", tmpl.Pid)
 	}
-	t, err := tr.Seize(tmpl.HostPid)
+	t, err := holdTemplate(tr, tmpl)
 	if err != nil {
-		return nil, fmt.Errorf("seize the template: %w", err)
-	}
-	if tmpl.sc != 0 {
-		t.UseSyscallAddr(tmpl.sc)
+		return nil, err
 	}
 	return &Revival{Tmpl: tmpl, tr: tr, tt: t}, nil
+}
+
+// holdTemplate returns tmpl seized by tr: the tracee tr holds, or a new seizure.
+func holdTemplate(tr *remote.Tracer, tmpl *Template) (*remote.Tracee, error) {
+	var t *remote.Tracee
+	err := tr.Do(func() error {
+		if t = tr.Attached(tmpl.HostPid); t != nil {
+			return nil
+		}
+		var err error
+		if t, err = tr.Seize(tmpl.HostPid); err != nil {
+			return fmt.Errorf("seize the template: %w", err)
+		}
+		if tmpl.sc != 0 {
+			t.UseSyscallAddr(tmpl.sc)
+		}
+		return nil
+	})
+	return t, err
 }
 
 // Revive forks the template into a process with the PID the live process had (which
@@ -272,9 +290,9 @@ func (r *Revival) Revive(nsPath, ptyPath string) error {
 	err := r.tr.Do(func() error {
 		var err error
 		child, err = r.fork(nsPath, ptyPath)
-		// The template goes back into its stop in the same hand-off.
-		if perr := r.tt.DetachStopped(); err == nil && perr != nil {
-			err = fmt.Errorf("park the template again: %w", perr)
+		// The template is put back as it was in the same hand-off, still held.
+		if perr := r.tt.Restore(); err == nil && perr != nil {
+			err = fmt.Errorf("put the template back: %w", perr)
 		}
 		return err
 	})
@@ -329,7 +347,7 @@ func (r *Revival) Abort() {
 		r.child = nil
 	}
 	if r.tt != nil {
-		r.tt.DetachStopped()
+		r.tt.Restore() // still held, as it was
 		r.tt = nil
 	}
 }

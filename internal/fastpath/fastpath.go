@@ -205,6 +205,13 @@ type Template struct {
 	SelfPid int     // the template's own PID in the sandbox
 	sc      uintptr // a syscall instruction in it (it never leaves its stop in a syscall)
 
+	// tr is the Tracer that forked the template. Once parked or used by a restore, the
+	// template stays seized by it, in a ptrace-stop: a SIGCONT from inside the sandbox
+	// (kill -CONT -1) resumes a process in a SIGSTOP group stop, not one in a ptrace-stop,
+	// and a template must never run. Its group stop stays in effect underneath, so if the
+	// daemon dies the kernel's detach leaves it stopped.
+	tr *remote.Tracer
+
 	// What fork did not copy into the template, recorded from the live process at the
 	// checkpoint and given back to each restored child.
 	// (Proc.Timers, copied, hold the POSIX timers' settings.)
@@ -223,8 +230,13 @@ func (t *Template) Alive() bool {
 	return i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
 }
 
-// Kill kills the template.
-func (t *Template) Kill() { unix.Kill(t.HostPid, unix.SIGKILL) }
+// Kill kills the template; the Tracer holding it, if any, collects it in the background.
+func (t *Template) Kill() {
+	unix.Kill(t.HostPid, unix.SIGKILL)
+	if t.tr != nil {
+		go t.tr.Forget(t.HostPid)
+	}
+}
 
 // recordLive records from the live process t, stopped since it was inspected, what its
 // template will not get from fork: the time its interval and POSIX timers have left.

@@ -21,16 +21,14 @@ import (
 // taken: a reopen that lands on a free number equal to a later fd's would make that
 // dup3 fail. So they are replaced, not closed. The terminal and device fds are kept.
 //
-// The template stays in its SIGSTOP stop and runs none of its code. If Park fails half
-// way the template is still a valid template (each fd is either the old one or its
-// read-only replacement) and stays where it is.
+// The template stays in its SIGSTOP stop and runs none of its code; from here on tr
+// holds it seized (Template.tr says why). If Park fails half way the template is still
+// a valid template (each fd is either the old one or its read-only replacement) and
+// stays where it is.
 func Park(tr *remote.Tracer, tmpl *Template, nsPath string) error {
-	t, err := tr.Seize(tmpl.HostPid)
+	t, err := holdTemplate(tr, tmpl)
 	if err != nil {
-		return fmt.Errorf("seize the template: %w", err)
-	}
-	if tmpl.sc != 0 {
-		t.UseSyscallAddr(tmpl.sc)
+		return err
 	}
 	err = tr.Do(func() error {
 		fd, err := t.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -71,8 +69,9 @@ func Park(tr *remote.Tracer, tmpl *Template, nsPath string) error {
 		}
 		return nil
 	})
-	if derr := t.DetachStopped(); err == nil && derr != nil {
-		err = fmt.Errorf("park the template again: %w", derr)
+	// Put back as it was (registers, scratch memory) and kept seized (Template.tr).
+	if rerr := t.Restore(); err == nil && rerr != nil {
+		err = fmt.Errorf("put the template back: %w", rerr)
 	}
 	return err
 }

@@ -104,6 +104,22 @@ func (tr *Tracer) Do(fn func() error) error {
 	return r.err
 }
 
+// Attached returns the tracee pid if this Tracer holds it (seized, not yet detached or
+// gone), else nil. Inside Do.
+func (tr *Tracer) Attached(pid int) *Tracee { return tr.tracees[pid] }
+
+// Forget kills pid if this Tracer holds it and waits until it is gone (a traced process
+// that exits stays a zombie until its tracer has waited for it; its parent reaps it
+// after that). A process the Tracer does not hold is left alone.
+func (tr *Tracer) Forget(pid int) {
+	tr.Do(func() error {
+		if t := tr.tracees[pid]; t != nil {
+			t.killNow()
+		}
+		return nil
+	})
+}
+
 // Close detaches every tracee still attached (restoring it first; one that cannot be
 // restored is killed), then ends the thread. Calls after Close return ErrClosed. Close
 // must not be called from inside Do.

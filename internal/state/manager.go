@@ -213,13 +213,15 @@ func (m *Manager) Close() error {
 		m.stopProcWarm(s)
 		m.discardNext(s)
 		m.closeWarm(s)
-		if s.rt != nil {
-			s.rt.Destroy()
-			s.rt = nil
-		}
+		// The tracer first: a template it holds that dies stays a zombie until the tracer
+		// has waited for it, and init's exit waits for every process of its namespace.
 		if s.tracer != nil {
 			s.tracer.Close()
 			s.tracer = nil
+		}
+		if s.rt != nil {
+			s.rt.Destroy()
+			s.rt = nil
 		}
 		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()
@@ -484,17 +486,18 @@ func (m *Manager) Remove(id string) error {
 	s.mu.Unlock()
 	m.discardNext(s)
 	m.closeWarm(s)
+	m.stopProcWarm(s)
+	// The tracer before the sandbox (see Close).
+	if s.tracer != nil {
+		s.tracer.Close()
+		s.tracer = nil
+	}
 	var derr error
 	if s.rt != nil {
 		derr = s.rt.Destroy()
 		s.rt = nil
 	}
-	m.stopProcWarm(s)
 	m.endSessions(s, "sandbox removed")
-	if s.tracer != nil {
-		s.tracer.Close()
-		s.tracer = nil
-	}
 	m.dropSandboxTemplates(id)
 	m.mu.Lock()
 	delete(m.sandboxes, id)

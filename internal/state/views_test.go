@@ -93,7 +93,7 @@ func TestTemplatesParkedOnReadOnlyView(t *testing.T) {
 					return fmt.Sprintf("process %d (%c) sees a read-write overlay on %s with upper %s, not the sandbox's upper %s", pid, st, o.point, o.upper, myUpper)
 				}
 			}
-			if st != 'T' {
+			if st != 'T' && st != 't' {
 				continue
 			}
 			templates++

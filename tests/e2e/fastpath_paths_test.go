@@ -35,7 +35,7 @@ func TestFastPathCountsPerPath(t *testing.T) {
 	sessRun(t, d, "c1", "main", "exec 7<&-")
 	n2 := dbxCheckpoint(t, d, "c1", "two") // c1: process
 	// Kill n1's template (the oldest stopped bash) from inside: restoring n1 is refused.
-	sessRun(t, d, "c1", "main", `for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat); [ "$s" = T ] && echo ${p#/proc/}; done | sort -n | head -1 | xargs kill -9`)
+	sessRun(t, d, "c1", "main", `for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat); [ "$s" = T -o "$s" = t ] && echo ${p#/proc/}; done | sort -n | head -1 | xargs kill -9`)
 	time.Sleep(100 * time.Millisecond)
 	if _, err := d.C.Restore(ctx, "c1", n1.Node.ID); err == nil { // c1: template gone
 		t.Fatal("restore to a node whose template died succeeded")

@@ -174,7 +174,7 @@ func TestFastPathKilledTemplateRefusesRestore(t *testing.T) {
 	sessRun(t, d, "kt", "main", "V=two")
 	n2 := dbxCheckpoint(t, d, "kt", "two")
 	// The oldest stopped bash in the sandbox is n1's template; kill it from inside.
-	sessRun(t, d, "kt", "main", `for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat); [ "$s" = T ] && echo ${p#/proc/}; done | sort -n | head -1 | xargs kill -9`)
+	sessRun(t, d, "kt", "main", `for p in /proc/[0-9]*; do s=$(cut -d' ' -f3 $p/stat); [ "$s" = T -o "$s" = t ] && echo ${p#/proc/}; done | sort -n | head -1 | xargs kill -9`)
 	time.Sleep(100 * time.Millisecond)
 	_, err := d.C.Restore(dbxCtx(t), "kt", n1.Node.ID)
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "template") || !strings.Contains(err.Error(), "gone") {
@@ -188,5 +188,51 @@ func TestFastPathKilledTemplateRefusesRestore(t *testing.T) {
 	}
 	if out := sessRun(t, d, "kt", "main", "echo $V"); out != "two\n" {
 		t.Fatalf("restore to n2: %q", out)
+	}
+}
+
+// TestFastPathTemplateIgnoresSIGCONT: a SIGCONT sent from inside the sandbox to every
+// process (kill -CONT -1) does not resume a template once it is parked (held in a
+// ptrace-stop, where SIGCONT does not reach): it runs no instruction of its own (user CPU
+// time unchanged, still stopped), and its node restores exactly.
+func TestFastPathTemplateIgnoresSIGCONT(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "sc")
+	sessRun(t, d, "sc", "main", "V=one")
+	n1 := dbxCheckpoint(t, d, "sc", "one")
+	sessRun(t, d, "sc", "main", "V=two")
+	before := fpStoppedPids(t, d, "sc")
+	if len(before) != 1 {
+		t.Fatalf("%d stopped processes after one checkpoint, want 1 template", len(before))
+	}
+	var tmpl int
+	for p := range before {
+		tmpl = p
+	}
+	// Parking (in the background after the checkpoint) leaves it held by the daemon.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(tmpl) + "/status")
+		if i := bytes.Index(b, []byte("TracerPid:")); i >= 0 {
+			if f := strings.Fields(string(b[i+len("TracerPid:"):])); len(f) > 0 && f[0] != "0" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the template (pid %d) was not parked (held by the daemon) within 10 s", tmpl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sessRun(t, d, "sc", "main", "kill -CONT -1")
+	time.Sleep(200 * time.Millisecond)
+	after := fpStoppedPids(t, d, "sc")
+	if after[tmpl] != before[tmpl] {
+		t.Fatalf("after kill -CONT -1 the template is %v (user ticks %q before), want still stopped, no user time", after, before[tmpl])
+	}
+	if res := dbxRestore(t, d, "sc", n1.Node.ID); res.Processes != 1 {
+		t.Fatalf("restore to n1: %d processes: %v", res.Processes, res.ProcessErrors)
+	}
+	if out := sessRun(t, d, "sc", "main", "echo $V"); out != "one\n" {
+		t.Fatalf("restore to n1 after kill -CONT -1: %q", out)
 	}
 }
