@@ -39,11 +39,13 @@ func writeLatencyReading(b *strings.Builder, f *File) {
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", op, fmtMS(r.P50), fmtMS(fork.P50), fmtMS(r.P50-fork.P50), phasesCell(r.Info["phases_p50_us"]))
 	}
-	b.WriteString("\nCheckpoint `fork` is the template's clone3 (the kernel fork) with the timer and signal reads around it; `seize` " +
-		"is PTRACE_SEIZE and the inspection of the stopped process (/proc reads, one injected mprotect per read-only shared mapping); " +
-		"`move` is the injected setns, chdir and reopens onto the new state. Restore `processes` is the template's clone3 with the " +
-		"PID of the live process, the move onto the restored state and the terminal; `kill` ends the live process after handing its " +
-		"memory to a holder (its exit skips the page freeing) and lets init reap it.\n")
+	b.WriteString("\nCheckpoint `fork` is the template's clone3 (the kernel fork) with the timer and signal reads around it (one " +
+		"batch of injected calls), the template's setsid and its parking; `seize` is PTRACE_SEIZE and the inspection of the stopped " +
+		"process (/proc reads, PROCMAP_QUERY for its shared mappings, one injected mprotect per read-only one); `move` is one batch " +
+		"(setns, chdir, reopens) onto the new state. Restore `templates` takes the node's templates (held by the tracer once parked) " +
+		"and their terminals; `processes` is the template's clone3 with the PID of the live process, then one batch: the move onto " +
+		"the restored state, setsid and the terminal; `kill` ends the live process after handing its memory to a holder (its exit " +
+		"skips the page freeing) and has init reap it.\n")
 }
 
 func phasesCell(v any) string {
