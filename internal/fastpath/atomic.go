@@ -86,9 +86,10 @@ func (h *Held) Fork() (*Template, error) {
 		// SelfPid is the template's PID as the live process sees it (MoveBack opens its
 		// /proc entries from there; the sandbox's PID namespace).
 		tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), child.ClonedAs(), child.SyscallAddr()
-		if err := child.DetachStopped(); err != nil {
-			child = nil // no longer traced (or gone): killed by pid
-			tmpl.Kill()
+		// Kept seized from birth (Template.tr says why), SIGSTOP queued for a detach.
+		if err := child.KeepStopped(); err != nil {
+			child.Kill()
+			child = nil
 			return fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
 		}
 		return nil

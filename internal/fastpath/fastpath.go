@@ -205,11 +205,11 @@ type Template struct {
 	SelfPid int     // the template's own PID in the sandbox
 	sc      uintptr // a syscall instruction in it (it never leaves its stop in a syscall)
 
-	// tr is the Tracer that forked the template. Once parked or used by a restore, the
-	// template stays seized by it, in a ptrace-stop: a SIGCONT from inside the sandbox
-	// (kill -CONT -1) resumes a process in a SIGSTOP group stop, not one in a ptrace-stop,
-	// and a template must never run. Its group stop stays in effect underneath, so if the
-	// daemon dies the kernel's detach leaves it stopped.
+	// tr is the Tracer that forked the template, which keeps it seized for its whole
+	// life, in a ptrace-stop: a SIGCONT from inside the sandbox (kill -CONT -1) resumes a
+	// process in a SIGSTOP group stop, not one in a ptrace-stop, and a template must
+	// never run. A SIGSTOP is kept queued (remote.Tracee.KeepStopped), so that a detach
+	// (the daemon's death included) leaves it stopped.
 	tr *remote.Tracer
 
 	// What fork did not copy into the template, recorded from the live process at the

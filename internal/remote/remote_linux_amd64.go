@@ -475,6 +475,29 @@ func (t *Tracee) DetachStopped() error {
 	return t.tr.Do(func() error { return t.detach(true) })
 }
 
+// KeepStopped restores the tracee (Restore) and keeps it attached, in its ptrace-stop,
+// with SIGSTOP queued: a template's parking. A ptrace-stop is not ended by SIGCONT, as a
+// group stop is; and if the tracee is ever detached (by DetachStopped, Close, or the
+// tracer's exit) it takes the SIGSTOP before it runs an instruction of its own.
+func (t *Tracee) KeepStopped() error {
+	return t.tr.Do(func() error {
+		if err := t.usable(); err != nil {
+			return err
+		}
+		lost, err := t.restore()
+		if err != nil {
+			return t.failed("restore", err)
+		}
+		if err := unix.Kill(t.pid, unix.SIGSTOP); err != nil {
+			return t.failed("queue SIGSTOP", err)
+		}
+		if lost != nil {
+			return fmt.Errorf("remote: pid %d: %w", t.pid, lost)
+		}
+		return nil
+	})
+}
+
 func (t *Tracee) detach(stopped bool) error {
 	if err := t.usable(); err != nil {
 		return err
