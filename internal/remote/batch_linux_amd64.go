@@ -114,16 +114,10 @@ func (e *BatchError) Unwrap() error { return e.Errno }
 // as refused are refused here too.
 func (t *Tracee) RunBatch(b *Batch) ([]uintptr, error) {
 	var res []uintptr
-	err := t.tr.Do(func() error {
-		if err := t.usable(); err != nil {
-			return err
-		}
-		t.initScratch()
-		m := t.scr.mark()
-		defer t.scr.release(m)
+	_, err := t.call("batch", func() (uintptr, error) {
 		var err error
 		res, err = t.runBatch(b)
-		return err
+		return 0, err
 	})
 	return res, err
 }
@@ -327,15 +321,9 @@ func (t *Tracee) runToTrap(entry, done uintptr) (unix.PtraceRegs, error) {
 		if stops == maxStepStops {
 			return regs, fmt.Errorf("%d stops without reaching the end of the batch", stops)
 		}
-		if err := ptrace(unix.PTRACE_CONT, t.pid, 0, 0); err != nil {
-			return regs, fmt.Errorf("continue: %w", err)
-		}
-		ws, err := t.wait()
+		ws, err := t.resume(unix.PTRACE_CONT)
 		if err != nil {
-			return regs, fmt.Errorf("wait: %w", err)
-		}
-		if !ws.Stopped() {
-			return regs, fmt.Errorf("tracee %s", describe(ws))
+			return regs, err
 		}
 		switch ev := int(ws) >> 16; ev {
 		case 0:

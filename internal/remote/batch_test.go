@@ -31,6 +31,18 @@ func textAround(t *testing.T, pid int, addr uintptr) []byte {
 	return b
 }
 
+// seizeBlocked seizes the python p once it is blocked reading its input.
+func seizeBlocked(t *testing.T, p *proc) *Tracee {
+	t.Helper()
+	tr := newTracer(t)
+	waitBlocked(t, p.pid, unix.SYS_READ)
+	tc, err := tr.Seize(p.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tc
+}
+
 func fdList(t *testing.T, pid int) string {
 	t.Helper()
 	es, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
@@ -56,12 +68,7 @@ func TestBatch(t *testing.T) {
 	if err := os.WriteFile(file, []byte("0123456789"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tr := newTracer(t)
-	waitBlocked(t, p.pid, unix.SYS_READ)
-	tc, err := tr.Seize(p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tc := seizeBlocked(t, p)
 	var b Batch
 	fd := b.Add("open", unix.SYS_OPENAT, unix.AT_FDCWD, file, unix.O_RDONLY, 0)
 	b.Add("lseek", unix.SYS_LSEEK, fd, 5, 0)
@@ -149,12 +156,7 @@ func TestBatchFailure(t *testing.T) {
 func TestBatchPages(t *testing.T) {
 	requirePython(t)
 	p := startPython(t)
-	tr := newTracer(t)
-	waitBlocked(t, p.pid, unix.SYS_READ)
-	tc, err := tr.Seize(p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tc := seizeBlocked(t, p)
 	var b Batch
 	fd := b.Add("open", unix.SYS_OPENAT, unix.AT_FDCWD, "/", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	for i := 0; i < 200; i++ {
@@ -195,12 +197,7 @@ func TestBatchPages(t *testing.T) {
 func TestBatchSignal(t *testing.T) {
 	requirePython(t)
 	p := startPython(t)
-	tr := newTracer(t)
-	waitBlocked(t, p.pid, unix.SYS_READ)
-	tc, err := tr.Seize(p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tc := seizeBlocked(t, p)
 	ts := unix.NsecToTimespec((200 * time.Millisecond).Nanoseconds())
 	var b Batch
 	b.Add("ppoll", unix.SYS_PPOLL, 0, 0, bytesOf(&ts), 0, 0)
@@ -233,12 +230,7 @@ func TestBatchSignal(t *testing.T) {
 func TestBatchOut(t *testing.T) {
 	requirePython(t)
 	p := startPython(t)
-	tr := newTracer(t)
-	waitBlocked(t, p.pid, unix.SYS_READ)
-	tc, err := tr.Seize(p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tc := seizeBlocked(t, p)
 	set := unix.Itimerval{Value: unix.Timeval{Sec: 100}, Interval: unix.Timeval{Sec: 7}}
 	var b Batch
 	b.Add("setitimer", unix.SYS_SETITIMER, unix.ITIMER_VIRTUAL, bytesOf(&set), 0)
@@ -264,12 +256,7 @@ func TestBatchFault(t *testing.T) {
 	requirePython(t)
 	p := startPython(t)
 	answer(t, p.ask("add 1"))
-	tr := newTracer(t)
-	waitBlocked(t, p.pid, unix.SYS_READ)
-	tc, err := tr.Seize(p.pid)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tc := seizeBlocked(t, p)
 	page := tc.startStack &^ (pageSize - 1) // argv and environment: rw-, not executable
 	before := textAround(t, p.pid, page)
 	tc.codePage = page

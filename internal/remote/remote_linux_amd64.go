@@ -666,15 +666,9 @@ func (t *Tracee) step(onFork func(int) error) (unix.PtraceRegs, error) {
 		if stops == maxStepStops {
 			return regs, fmt.Errorf("%d stops without executing the syscall instruction", stops)
 		}
-		if err := ptrace(unix.PTRACE_SINGLESTEP, t.pid, 0, 0); err != nil {
-			return regs, fmt.Errorf("single-step: %w", err)
-		}
-		ws, err := t.wait()
+		ws, err := t.resume(unix.PTRACE_SINGLESTEP)
 		if err != nil {
-			return regs, fmt.Errorf("wait: %w", err)
-		}
-		if !ws.Stopped() {
-			return regs, fmt.Errorf("tracee %s", describe(ws))
+			return regs, err
 		}
 		switch ev := int(ws) >> 16; ev {
 		case 0:
@@ -717,6 +711,22 @@ func (t *Tracee) step(onFork func(int) error) (unix.PtraceRegs, error) {
 		}
 		t.hold(&si)
 	}
+}
+
+// resume restarts the stopped tracee with req (PTRACE_SINGLESTEP or PTRACE_CONT, no
+// signal) and waits for its next stop; an exit is an error.
+func (t *Tracee) resume(req int) (unix.WaitStatus, error) {
+	if err := ptrace(req, t.pid, 0, 0); err != nil {
+		return 0, fmt.Errorf("resume (ptrace request %d): %w", req, err)
+	}
+	ws, err := t.wait()
+	if err != nil {
+		return 0, fmt.Errorf("wait: %w", err)
+	}
+	if !ws.Stopped() {
+		return ws, fmt.Errorf("tracee %s", describe(ws))
+	}
+	return ws, nil
 }
 
 // raisedByInjection reports whether the signal was raised by the injected syscall
