@@ -69,12 +69,15 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 		return err
 	}
 	defer view.Close() // the parked templates keep the namespace
-	n, err := rt.HoldFD(view.NS)
-	if err != nil {
-		return err
+	nsPath := view.InitPath() // init holds it (BuildState), unless it could not
+	if nsPath == "" {
+		n, err := rt.HoldFD(view.NS)
+		if err != nil {
+			return err
+		}
+		defer rt.ReleaseFD(n)
+		nsPath = "/proc/1/fd/" + strconv.Itoa(n)
 	}
-	defer rt.ReleaseFD(n)
-	nsPath := "/proc/1/fd/" + strconv.Itoa(n)
 	var first error
 	for _, t := range tps {
 		s.tmplMu.Lock()
