@@ -247,9 +247,10 @@ type Revival struct {
 	HostPid int            // the revived process's host PID
 }
 
-// SeizeTemplate seizes tmpl, or takes it from tr if tr holds it already (parked, or used
-// by an earlier restore): it stays in its stop and runs nothing. This checks, before
-// anything irreversible, that the template is there and can be forked.
+// SeizeTemplate takes tmpl from tr, which holds it from its fork on (it is seized again
+// only if tr let it go: a Tracer closed and made anew): it stays in its stop and runs
+// nothing. This checks, before anything irreversible, that the template is there and can
+// be forked.
 func SeizeTemplate(tr *remote.Tracer, tmpl *Template) (*Revival, error) {
 	if !tmpl.WaitStopped(time.Second) {
 		tr.Forget(tmpl.HostPid) // a zombie while traced: collect it
