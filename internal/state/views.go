@@ -68,7 +68,7 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 	if err != nil {
 		return err
 	}
-	defer view.Close() // the parked templates keep the namespace
+	defer view.Close()        // the parked templates keep the namespace
 	nsPath := view.InitPath() // init holds it (BuildState), unless it could not
 	if nsPath == "" {
 		n, err := rt.HoldFD(view.NS)
