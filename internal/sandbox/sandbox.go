@@ -199,11 +199,38 @@ func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 	return st, nil
 }
 
-// StateInitPath is InitPath of the current state.
-func (s *Sandbox) StateInitPath() string {
+// NSPath returns where a process of the sandbox opens st's namespace (an injected setns
+// onto it): init's duplicate made by BuildState, else one made now, which release drops
+// (a no-op for BuildState's, released with the state).
+func (s *Sandbox) NSPath(st State) (path string, release func(), err error) {
+	if p := st.InitPath(); p != "" {
+		return p, func() {}, nil
+	}
+	return s.holdNS(st.NS)
+}
+
+// StateNSPath is NSPath of the current state.
+func (s *Sandbox) StateNSPath() (path string, release func(), err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.state.InitPath()
+	p := s.state.InitPath()
+	s.mu.Unlock()
+	if p != "" {
+		return p, func() {}, nil
+	}
+	ns, err := s.StateNS()
+	if err != nil {
+		return "", nil, err
+	}
+	defer unix.Close(ns)
+	return s.holdNS(ns)
+}
+
+func (s *Sandbox) holdNS(ns int) (string, func(), error) {
+	n, err := s.init.Hold(ns)
+	if err != nil {
+		return "", nil, err
+	}
+	return "/proc/1/fd/" + strconv.Itoa(n), func() { s.init.Release(n) }, nil
 }
 
 // TakeState detaches the current state and hands it to the caller, who closes it when
@@ -271,14 +298,6 @@ func (s *Sandbox) Watch(pid int) <-chan unix.WaitStatus { return s.init.Watch(pi
 
 // Unwatch drops a Watch.
 func (s *Sandbox) Unwatch(pid int) { s.init.Unwatch(pid) }
-
-// HoldFD asks init to keep a duplicate of fd and returns its number in init, so that a
-// process of the sandbox can open it as /proc/1/fd/N (an injected setns needs the
-// namespace fd inside the sandbox). Release with ReleaseFD.
-func (s *Sandbox) HoldFD(fd int) (int, error) { return s.init.Hold(fd) }
-
-// ReleaseFD closes a held fd in init.
-func (s *Sandbox) ReleaseFD(n int) error { return s.init.Release(n) }
 
 // Destroy kills everything and releases every resource; safe to call more than once
 // and on a half-started sandbox. Errors are joined, cleanup goes on regardless.

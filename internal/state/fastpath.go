@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"sort"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -276,30 +275,6 @@ func (m *Manager) tracer(s *sb) *remote.Tracer {
 		s.tracer = remote.NewTracer()
 	}
 	return s.tracer
-}
-
-// holdNS makes a state namespace (an nsfs fd of the daemon) reachable from inside the
-// sandbox, for injected setns: init keeps a duplicate, at /proc/1/fd/N.
-func (m *Manager) holdNS(s *sb, ns int) (string, func(), error) {
-	n, err := s.rt.HoldFD(ns)
-	if err != nil {
-		return "", nil, err
-	}
-	return "/proc/1/fd/" + strconv.Itoa(n), func() { s.rt.ReleaseFD(n) }, nil
-}
-
-// holdState is holdNS of the sandbox's current state, or nothing to do when init holds
-// it already (a state built ahead, prepared or warm: sandbox.BuildState).
-func (m *Manager) holdState(s *sb) (string, func(), error) {
-	if p := s.rt.StateInitPath(); p != "" {
-		return p, func() {}, nil
-	}
-	ns, err := s.rt.StateNS()
-	if err != nil {
-		return "", nil, err
-	}
-	defer unix.Close(ns)
-	return m.holdNS(s, ns)
 }
 
 // templatesFor returns node's templates usable in sandbox s, and an error if one of them

@@ -355,7 +355,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 	// description with their templates).
 	failMove := func() error { return m.fail("checkpoint", 7) }
 	if len(held) > 0 {
-		nsPath, release, err := m.holdState(s)
+		nsPath, release, err := s.rt.StateNSPath()
 		if err != nil {
 			return abort(err)
 		}
@@ -630,7 +630,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	}
 	failRevive := func() error { return m.fail("restore", 6) }
 	if len(rvs) > 0 {
-		nsPath, release, err := m.holdState(s)
+		nsPath, release, err := s.rt.StateNSPath()
 		if err != nil {
 			return late(err)
 		}

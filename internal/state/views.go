@@ -3,7 +3,6 @@ package state
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
@@ -68,16 +67,12 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 	if err != nil {
 		return err
 	}
-	defer view.Close()        // the parked templates keep the namespace
-	nsPath := view.InitPath() // init holds it (BuildState), unless it could not
-	if nsPath == "" {
-		n, err := rt.HoldFD(view.NS)
-		if err != nil {
-			return err
-		}
-		defer rt.ReleaseFD(n)
-		nsPath = "/proc/1/fd/" + strconv.Itoa(n)
+	defer view.Close() // the parked templates keep the namespace
+	nsPath, release, err := rt.NSPath(view)
+	if err != nil {
+		return err
 	}
+	defer release()
 	var first error
 	for _, t := range tps {
 		s.tmplMu.Lock()
