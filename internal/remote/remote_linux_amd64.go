@@ -481,20 +481,14 @@ func (t *Tracee) DetachStopped() error {
 // tracer's exit) it takes the SIGSTOP before it runs an instruction of its own.
 func (t *Tracee) KeepStopped() error {
 	return t.tr.Do(func() error {
-		if err := t.usable(); err != nil {
+		err := t.Restore() // an error with the tracee still usable: a signal was lost
+		if uerr := t.usable(); uerr != nil {
 			return err
 		}
-		lost, err := t.restore()
-		if err != nil {
-			return t.failed("restore", err)
+		if kerr := unix.Kill(t.pid, unix.SIGSTOP); kerr != nil {
+			return t.failed("queue SIGSTOP", kerr)
 		}
-		if err := unix.Kill(t.pid, unix.SIGSTOP); err != nil {
-			return t.failed("queue SIGSTOP", err)
-		}
-		if lost != nil {
-			return fmt.Errorf("remote: pid %d: %w", t.pid, lost)
-		}
-		return nil
+		return err
 	})
 }
 
