@@ -325,12 +325,10 @@ func (t *Tracee) runToTrap(entry, done uintptr) (unix.PtraceRegs, error) {
 		if err != nil {
 			return regs, err
 		}
-		switch ev := int(ws) >> 16; ev {
-		case 0:
-		case unix.PTRACE_EVENT_STOP:
+		if ev, err := t.event(ws, nil); err != nil {
+			return regs, err
+		} else if ev {
 			continue
-		default:
-			return regs, fmt.Errorf("unexpected stop in a batch (%s)", describe(ws))
 		}
 		var si siginfo
 		if err := t.getSiginfo(&si); err != nil {
@@ -352,10 +350,7 @@ func (t *Tracee) runToTrap(entry, done uintptr) (unix.PtraceRegs, error) {
 				return regs, nil
 			}
 		}
-		if t.raisedByInjection(&si) {
-			continue
-		}
-		t.hold(&si)
+		t.take(&si)
 	}
 }
 

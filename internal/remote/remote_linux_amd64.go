@@ -664,24 +664,10 @@ func (t *Tracee) step(onFork func(int) error) (unix.PtraceRegs, error) {
 		if err != nil {
 			return regs, err
 		}
-		switch ev := int(ws) >> 16; ev {
-		case 0:
-		case unix.PTRACE_EVENT_STOP:
+		if ev, err := t.event(ws, onFork); err != nil {
+			return regs, err
+		} else if ev {
 			continue
-		case unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_VFORK:
-			msg, err := unix.PtraceGetEventMsg(t.pid)
-			if err != nil {
-				return regs, fmt.Errorf("get event message: %w", err)
-			}
-			if onFork == nil {
-				return regs, fmt.Errorf("unexpected fork event (child %d)", msg)
-			}
-			if err := onFork(int(msg)); err != nil {
-				return regs, err
-			}
-			continue
-		default:
-			return regs, fmt.Errorf("unexpected stop (%s)", describe(ws))
 		}
 		sig := ws.StopSignal()
 		if sig == unix.SIGTRAP {
@@ -700,10 +686,37 @@ func (t *Tracee) step(onFork func(int) error) (unix.PtraceRegs, error) {
 		if err := t.getSiginfo(&si); err != nil {
 			return regs, fmt.Errorf("get siginfo of %v: %w", sig, err)
 		}
-		if t.raisedByInjection(&si) {
-			continue
+		t.take(&si)
+	}
+}
+
+// event handles a stop that is not a signal-delivery-stop, and reports whether ws was
+// one: a group-stop report or an interrupt's trap (PTRACE_EVENT_STOP) is ignored, a
+// fork event's child goes to onFork (an error without one), any other event is an error.
+func (t *Tracee) event(ws unix.WaitStatus, onFork func(int) error) (bool, error) {
+	switch ev := int(ws) >> 16; ev {
+	case 0:
+		return false, nil
+	case unix.PTRACE_EVENT_STOP:
+		return true, nil
+	case unix.PTRACE_EVENT_FORK, unix.PTRACE_EVENT_CLONE, unix.PTRACE_EVENT_VFORK:
+		msg, err := unix.PtraceGetEventMsg(t.pid)
+		if err != nil {
+			return true, fmt.Errorf("get event message: %w", err)
 		}
-		t.hold(&si)
+		if onFork == nil {
+			return true, fmt.Errorf("unexpected fork event (child %d)", msg)
+		}
+		return true, onFork(int(msg))
+	}
+	return true, fmt.Errorf("unexpected stop (%s)", describe(ws))
+}
+
+// take keeps a signal the tracee dequeued during an injection (held, re-queued by
+// Restore), unless the injection raised it against the tracee itself.
+func (t *Tracee) take(si *siginfo) {
+	if !t.raisedByInjection(si) {
+		t.hold(si)
 	}
 }
 
