@@ -53,6 +53,8 @@ type Manager struct {
 	st  *store.Store
 	log *slog.Logger
 
+	bg *background // after-answer work waits for running operations (background.go)
+
 	treeMu sync.RWMutex
 
 	mu        sync.Mutex
@@ -87,9 +89,20 @@ type sb struct {
 	err  error // why rt is nil (start failed after a daemon restart)
 	seq  uint64
 
-	prepMu     sync.Mutex // guards next (prepare.go), warm and warmClosed (warm.go)
-	next       *prepared
+	// buildMu serialises the background builds of the next and warm states (one at a
+	// time per sandbox, so that a layer's frozen/ is prepared by one of them at once).
+	// It is held for the whole build, about a millisecond of mounts; prepMu only around
+	// the reads and writes of what it guards, so that a restore arriving during a build
+	// need not wait for it (it did: ~1 ms of every MCTS rollback that follows a
+	// checkpoint). Lock order: m.treeMu -> buildMu -> prepMu -> m.mu.
+	buildMu sync.Mutex
+	prepMu  sync.Mutex // guards next, nextGen (prepare.go), warm, building and warmClosed (warm.go)
+	next    *prepared
+	// nextGen moves at every checkpoint and restore: a build asked for before it is stale.
+	nextGen    uint64
 	warm       map[string]*warmState
+	building   string        // the node whose warm state is being built, if any
+	buildDone  chan struct{} // closed when that build is over
 	warmClosed bool
 
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
@@ -134,7 +147,7 @@ type Stats struct {
 // what a previous daemon left running, and restarts every sandbox of the index on its
 // head with its upper (files survive a daemon restart; processes do not).
 func New(st *store.Store, log *slog.Logger) (*Manager, error) {
-	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
+	m := &Manager{st: st, log: log, bg: newBackground(), nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
 		uppers: make(chan uint64, 4), stop: make(chan struct{}), noPrepare: os.Getenv("DELTABOX_NO_PREPARE") == "1"}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()

@@ -2,7 +2,6 @@ package state
 
 import (
 	"strings"
-	"time"
 
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
@@ -25,9 +24,14 @@ import (
 // only, by rename, before the first lookup; nothing is ever changed in it afterwards.
 // The model test (tests/e2e) compares every restored state with an independent mirror.
 //
-// Concurrency: prepMu serialises preparing, taking and discarding s.next. Preparation
-// runs without opMu (an exec need not wait for it); what it was made for is recorded in
-// the prepared value and checked when it is taken.
+// Concurrency: builds run one at a time under buildMu, without opMu (an exec need not
+// wait for them) and without prepMu (a restore need not either). nextGen, read when a
+// build is asked for, is moved by every checkpoint (takeNext) and restore (discardNext):
+// a build that finds it moved, before it starts or when it is done, is stale and drops
+// its result, so no build runs beside a freeze of the layer it prepares. A checkpoint
+// waits for a build in flight (takeNext takes buildMu): the state being made is the one
+// it needs, and it is cheaper to finish than to make again. What a prepared state was
+// made for is recorded in it and checked when it is taken.
 type prepared struct {
 	upper    uint64 // the upper it freezes
 	stack    string // the lowers it sits on (a key: spec lowers joined)
@@ -37,20 +41,6 @@ type prepared struct {
 
 func stackKey(lowers []string) string { return strings.Join(lowers, "\x00") }
 
-// answerDelay lets an operation's answer reach the client before the background work it
-// started (mounts of the next and warm states: about a millisecond of CPU each) competes
-// with it for this machine's two cores. Measured without it: 0.8-1 ms between the
-// daemon's and the client's view of a checkpoint, against 0.5 ms for a restore.
-const answerDelay = 300 * time.Microsecond
-
-// afterAnswer runs f in the background once the answer has had time to go out.
-func afterAnswer(f func()) {
-	go func() {
-		time.Sleep(answerDelay)
-		f()
-	}()
-}
-
 // prepareNext starts preparing s's next checkpoint state. Precondition: s.opMu held
 // (it reads s.rec and s.rt).
 func (m *Manager) prepareNext(s *sb) {
@@ -58,50 +48,79 @@ func (m *Manager) prepareNext(s *sb) {
 		return
 	}
 	rt, rec := s.rt, s.rec
-	afterAnswer(func() {
+	s.prepMu.Lock()
+	gen := s.nextGen
+	s.prepMu.Unlock()
+	m.afterAnswer(func() {
+		s.buildMu.Lock()
+		defer s.buildMu.Unlock()
 		s.prepMu.Lock()
-		defer s.prepMu.Unlock()
-		if s.warmClosed { // the sandbox is being removed or the daemon stops
+		// Closed (the sandbox is being removed or the daemon stops), or rec is no longer
+		// the sandbox's position: a checkpoint or restore began since this was asked for,
+		// and this build would race with its freeze of rec.Upper.
+		if s.warmClosed || s.nextGen != gen {
+			s.prepMu.Unlock()
 			return
 		}
 		if s.next != nil {
 			if s.next.upper == rec.Upper {
+				s.prepMu.Unlock()
 				return
 			}
 			m.discardLocked(s)
 		}
-		spec, err := m.spec(rec.Image, rec.Head, rec.Upper)
-		if err != nil {
+		s.prepMu.Unlock()
+		p := m.buildNext(rt, rec)
+		if p == nil {
 			return
 		}
-		lowers := append([]string{m.st.LayerFrozen(rec.Upper)}, spec.Lowers...)
-		if len(lowers) > overlay.MaxLowers {
+		s.prepMu.Lock()
+		defer s.prepMu.Unlock()
+		if s.warmClosed || s.nextGen != gen {
+			m.discard(p, true)
 			return
 		}
-		newUpper, err := m.freshUpper(spec.Upper)
-		if err != nil {
-			return
-		}
-		if err := m.st.PrepareFrozen(rec.Upper); err != nil {
-			store.RemoveAll(m.st.LayerDir(newUpper))
-			return
-		}
-		st, err := rt.BuildState(overlay.Spec{Lowers: lowers, Upper: m.st.LayerDiff(newUpper), Work: m.st.LayerWork(newUpper)})
-		if err != nil {
-			m.st.DropPreparedFrozen(rec.Upper)
-			store.RemoveAll(m.st.LayerDir(newUpper))
-			m.log.Debug("prepare next state", "sandbox", rec.ID, "err", err)
-			return
-		}
-		s.next = &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, state: st}
+		s.next = p
 	})
+}
+
+// buildNext mounts the next checkpoint state of a sandbox at rec (nil if it cannot).
+// Precondition: s.buildMu held.
+func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
+	spec, err := m.spec(rec.Image, rec.Head, rec.Upper)
+	if err != nil {
+		return nil
+	}
+	lowers := append([]string{m.st.LayerFrozen(rec.Upper)}, spec.Lowers...)
+	if len(lowers) > overlay.MaxLowers {
+		return nil
+	}
+	newUpper, err := m.freshUpper(spec.Upper)
+	if err != nil {
+		return nil
+	}
+	if err := m.st.PrepareFrozen(rec.Upper); err != nil {
+		store.RemoveAll(m.st.LayerDir(newUpper))
+		return nil
+	}
+	st, err := rt.BuildState(overlay.Spec{Lowers: lowers, Upper: m.st.LayerDiff(newUpper), Work: m.st.LayerWork(newUpper)})
+	if err != nil {
+		m.st.DropPreparedFrozen(rec.Upper)
+		store.RemoveAll(m.st.LayerDir(newUpper))
+		m.log.Debug("prepare next state", "sandbox", rec.ID, "err", err)
+		return nil
+	}
+	return &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, state: st}
 }
 
 // takeNext returns s's prepared next state if it fits the sandbox's current position
 // (upper and lowers), and discards it otherwise. Precondition: s.opMu held.
 func (m *Manager) takeNext(s *sb, lowers []string) *prepared {
+	s.buildMu.Lock() // a build in flight is this checkpoint's state: wait for it
+	defer s.buildMu.Unlock()
 	s.prepMu.Lock()
 	defer s.prepMu.Unlock()
+	s.nextGen++ // builds asked for before this checkpoint are stale
 	p := s.next
 	s.next = nil
 	if p != nil && (p.upper != s.rec.Upper || p.stack != stackKey(lowers)) {
@@ -123,10 +142,12 @@ func (m *Manager) putNext(s *sb, p *prepared) {
 	m.discard(p, false) // cannot happen (see prepareNext); keep the frozen/ of s.next
 }
 
-// discardNext drops s's prepared state, if any.
+// discardNext drops s's prepared state, if any, and makes builds asked for so far drop
+// theirs (it does not wait for one in flight).
 func (m *Manager) discardNext(s *sb) {
 	s.prepMu.Lock()
 	defer s.prepMu.Unlock()
+	s.nextGen++
 	m.discardLocked(s)
 }
 

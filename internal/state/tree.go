@@ -89,8 +89,9 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 	}
 	// A warm-up of restored processes (procwarm.go) lets go of its process first.
 	m.stopProcWarm(s)
+	end := m.bg.begin()
 	m.treeMu.RLock()
-	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock() }, nil
+	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end() }, nil
 }
 
 // killAll ends every process but init and keep (sandbox PIDs: live sessions being
@@ -361,7 +362,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 		}
 		// init lets go of the namespace fd after the answer: a round trip to init
 		// (0.2-0.3 ms) that nothing here waits for.
-		defer afterAnswer(release)
+		defer m.afterAnswer(release)
 		err = m.moveHeld(held, nsPath, failMove)
 		if err != nil {
 			return abort(err)
@@ -395,11 +396,11 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 	m.mu.Unlock()
 	if n.Own {
 		layer := n.Layer
-		afterAnswer(func() {
+		m.afterAnswer(func() {
 			oldNS.Close()
 			m.st.Index.Apply(store.Op{After: func() { m.st.DropUpperDirs(layer) }})
 		})
-		afterAnswer(func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
+		m.afterAnswer(func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
 	}
 	switch {
 	case len(tps) > 0:
@@ -589,11 +590,15 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	holders, holderHosts, ended, endedHosts := m.endLive(s)
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
-		afterAnswer(func() {
+		// Not gated like afterAnswer's work: a holder left until the next operation
+		// would be in that operation's way (the sandbox would hold more than its kept
+		// processes, and init's kill-all would free the memory on its critical path).
+		go func() {
+			time.Sleep(holderDelay)
 			for _, h := range holderHosts {
 				unix.Kill(h, unix.SIGKILL) // init reaps it
 			}
-		})
+		}()
 	}
 	if len(ended) > 0 {
 		// The processes endLive killed must be reaped before their PIDs are reused, and
@@ -634,7 +639,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		if err != nil {
 			return late(err)
 		}
-		defer afterAnswer(release) // as at a checkpoint
+		defer m.afterAnswer(release) // as at a checkpoint
 		err = m.reviveAll(s, rvs, nsPath, failRevive)
 		if err != nil {
 			return late(err)
@@ -656,7 +661,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	m.mu.Unlock()
 	if newUpper != oldUpper {
 		dir := m.st.LayerDir(oldUpper)
-		afterAnswer(func() {
+		m.afterAnswer(func() {
 			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
 			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})

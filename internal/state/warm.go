@@ -20,8 +20,9 @@ import (
 // empty and unused until installed. Bounded by DELTABOX_WARM_MAX per sandbox (default
 // 256; 0 turns them off), least recently made first out.
 //
-// Concurrency: warm states are guarded by sb.prepMu, like the prepared next state;
-// lock order m.treeMu -> m.mu, and prepMu -> m.mu (never m.mu -> prepMu).
+// Concurrency: warm states are guarded by sb.prepMu and built under sb.buildMu, like the
+// prepared next state (prepare.go); lock order m.treeMu -> buildMu -> prepMu -> m.mu
+// (never m.mu -> prepMu).
 
 type warmState struct {
 	node  string
@@ -46,10 +47,12 @@ func (m *Manager) warmNode(s *sb, node string) {
 		return
 	}
 	rt := s.rt
-	afterAnswer(func() {
+	m.afterAnswer(func() {
+		s.buildMu.Lock()
+		defer s.buildMu.Unlock()
 		s.prepMu.Lock()
-		defer s.prepMu.Unlock()
 		if s.warmClosed || s.warm[node] != nil {
+			s.prepMu.Unlock()
 			return
 		}
 		m.mu.Lock()
@@ -61,31 +64,61 @@ func (m *Manager) warmNode(s *sb, node string) {
 		}
 		m.mu.Unlock()
 		if removing {
+			s.prepMu.Unlock()
 			return
 		}
-		spec, err := m.spec(image, node, 0)
-		if err != nil {
+		done := make(chan struct{})
+		s.building, s.buildDone = node, done
+		s.prepMu.Unlock()
+		w := m.buildWarm(rt, image, node)
+		s.prepMu.Lock()
+		defer s.prepMu.Unlock()
+		defer close(done)
+		s.building, s.buildDone = "", nil
+		if w == nil {
 			return
 		}
-		upper, err := m.freshUpper(spec.Lowers[0])
-		if err != nil {
-			return
-		}
-		st, err := rt.BuildState(overlay.Spec{Lowers: spec.Lowers, Upper: m.st.LayerDiff(upper), Work: m.st.LayerWork(upper)})
-		if err != nil {
-			store.RemoveAll(m.st.LayerDir(upper))
+		if s.warmClosed || s.warm[node] != nil {
+			m.dropWarm(w)
 			return
 		}
 		for len(s.warm) >= max {
 			m.evictOldestLocked(s)
 		}
-		s.warm[node] = &warmState{node: node, upper: upper, stack: stackKey(spec.Lowers), state: st, made: time.Now()}
+		s.warm[node] = w
 	})
+}
+
+// buildWarm mounts a warm state of node (nil if it cannot). Precondition: s.buildMu
+// held, node marked neither removed nor removing when it was taken (dropWarmNodes waits
+// for buildMu).
+func (m *Manager) buildWarm(rt *sandbox.Sandbox, image, node string) *warmState {
+	spec, err := m.spec(image, node, 0)
+	if err != nil {
+		return nil
+	}
+	upper, err := m.freshUpper(spec.Lowers[0])
+	if err != nil {
+		return nil
+	}
+	st, err := rt.BuildState(overlay.Spec{Lowers: spec.Lowers, Upper: m.st.LayerDiff(upper), Work: m.st.LayerWork(upper)})
+	if err != nil {
+		store.RemoveAll(m.st.LayerDir(upper))
+		return nil
+	}
+	return &warmState{node: node, upper: upper, stack: stackKey(spec.Lowers), state: st, made: time.Now()}
 }
 
 // takeWarm returns node's warm state if it matches the stack about to be mounted.
 func (m *Manager) takeWarm(s *sb, node string, lowers []string) *warmState {
 	s.prepMu.Lock()
+	if s.warm[node] == nil && s.building == node {
+		// Being built: it is nearer done than a mount made here would be.
+		done := s.buildDone
+		s.prepMu.Unlock()
+		<-done
+		s.prepMu.Lock()
+	}
 	defer s.prepMu.Unlock()
 	w := s.warm[node]
 	if w == nil {
@@ -127,6 +160,8 @@ func (m *Manager) dropWarm(w *warmState) {
 // closeWarm drops every warm state and the prepared next state of s, for good, and stops
 // new ones being made (sandbox removed or daemon stopping).
 func (m *Manager) closeWarm(s *sb) {
+	s.buildMu.Lock() // a build in flight uses s.rt, which goes next
+	defer s.buildMu.Unlock()
 	s.prepMu.Lock()
 	defer s.prepMu.Unlock()
 	s.warmClosed = true
@@ -147,6 +182,7 @@ func (m *Manager) dropWarmNodes(nodes []string) {
 	}
 	m.mu.Unlock()
 	for _, s := range all {
+		s.buildMu.Lock() // a build in flight may be of one of these nodes
 		s.prepMu.Lock()
 		for _, n := range nodes {
 			if w := s.warm[n]; w != nil {
@@ -156,6 +192,7 @@ func (m *Manager) dropWarmNodes(nodes []string) {
 			}
 		}
 		s.prepMu.Unlock()
+		s.buildMu.Unlock()
 	}
 }
 
