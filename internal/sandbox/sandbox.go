@@ -53,6 +53,10 @@ type State struct {
 type heldNS struct {
 	n    int
 	init *sbinit.Client
+	// once: copies of a State share this, and a second release could close the fd
+	// number init has since given to another state's hold (a move would then open the
+	// wrong namespace).
+	once sync.Once
 }
 
 // None is the absence of a state.
@@ -78,7 +82,7 @@ func (st State) Close() {
 		unix.Close(st.Root)
 	}
 	if h := st.held; h != nil {
-		go h.init.Release(h.n)
+		h.once.Do(func() { go h.init.Release(h.n) })
 	}
 }
 
