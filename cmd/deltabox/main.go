@@ -84,7 +84,7 @@ func createCmd() *cobra.Command {
 	var o state.CreateOptions
 	var memory string
 	c := &cobra.Command{
-		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--pids 512] [--cpus 1.5]",
+		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--pids 512] [--cpus 1.5] [--warm-processes]",
 		Short: "Create and start a sandbox; prints its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -110,6 +110,7 @@ func createCmd() *cobra.Command {
 	c.Flags().StringVar(&o.Hostname, "hostname", "", "hostname (default: the id)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit, e.g. 512M, 2G, 1.5G (K/M/G/T are binary; a bare number is MiB; default 4G or half the host's RAM)")
 	c.Flags().Int64Var(&o.Pids, "pids", 0, "limit on processes and threads at once (default 1024)")
+	c.Flags().BoolVar(&o.WarmProcesses, "warm-processes", false, "after each restore, pre-fault the pages the restored processes had written while their sessions wait (see docs/DESIGN.md)")
 	c.Flags().Float64Var(&o.CPUs, "cpus", 0, "CPU time per wall-clock time, e.g. 0.5 or 1.5 (default: all host CPUs, no throttling)")
 	return c
 }

@@ -25,7 +25,8 @@ import (
 // sandbox's memory use passes 3/4 of its limit: the copies are charged to the sandbox,
 // and pre-faulting must not be what OOM-kills it.
 //
-// DELTABOX_WARM_PROC=1 turns it on; it is off by default. Measured (DESIGN.md): after a
+// It is off by default: on for a sandbox created with WarmProcesses, or for all with
+// DELTABOX_WARM_PROC=1 in the daemon's environment. `deltabox bench warm` measures it. Measured (DESIGN.md): after a
 // pause, the first command that rewrites a 50 MB heap takes 1.4 ms instead of 60-80 ms;
 // but when the next command writes little, the copies are made for nothing and the next
 // restore's kill frees them: 4-6 ms more on that restore, the latency that matters most.
@@ -43,7 +44,7 @@ type procWarm struct {
 // startProcWarm warms the processes a restore revived, after the answer. Precondition:
 // s.opMu held, the revived processes committed.
 func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
-	if !warmProcOn() || len(rvs) == 0 || s.rt == nil {
+	if !(s.rec.WarmProcesses || warmProcOn()) || len(rvs) == 0 || s.rt == nil {
 		return
 	}
 	type target struct{ tmpl, live int }

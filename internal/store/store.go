@@ -64,6 +64,9 @@ type Sandbox struct {
 	// Limits are resolved at create time (no zero field) and applied again whenever the
 	// sandbox starts; zero fields in records older than limits mean the defaults.
 	Limits cgroup.Limits `json:"limits"`
+	// WarmProcesses turns on the async warm-up of processes after a restore
+	// (state/procwarm.go) for this sandbox.
+	WarmProcesses bool `json:"warm_processes,omitempty"`
 }
 
 // Image is an imported image.

@@ -88,7 +88,8 @@ class Sandbox:
     def create(cls, image: str = "default", workdir: str = "/workspace",
                name: Optional[str] = None, memory_mb: Optional[int] = None,
                pids: Optional[int] = None, cpus: Optional[float] = None,
-               hostname: Optional[str] = None, client: Optional["Client"] = None) -> "Sandbox":
+               hostname: Optional[str] = None, warm_processes: bool = False,
+               client: Optional["Client"] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -97,6 +98,9 @@ class Sandbox:
             name: the sandbox id, 1-63 of ``a-z 0-9 . _ -`` (default: generated).
             memory_mb, pids, cpus: limits (None: the daemon's defaults).
             hostname: default: the id.
+            warm_processes: after each restore, pre-fault in the background the
+                pages the restored processes had written (faster first command
+                after a pause, slower next restore; see docs/DESIGN.md).
             client: default: a client of $DELTABOX_SOCKET or the default socket.
         """
         c = _client_or_default(client)
@@ -105,6 +109,8 @@ class Sandbox:
                      ("pids", pids), ("cpus", cpus)):
             if v is not None:
                 body[k] = v
+        if warm_processes:
+            body["warm_processes"] = True
         info = c._t.json("POST", "/sandboxes", body)
         return cls(info["id"], c, info)
 
@@ -254,19 +260,24 @@ class Sandbox:
     # ---- checkpoints ----
 
     def checkpoint(self, label: Optional[str] = None) -> Checkpoint:
-        """Freezes the sandbox's files into a new node of the tree and returns it.
+        """Freezes the sandbox's files and its bash and python sessions' processes
+        into a new node of the tree, in one atomic step, and returns it.
 
-        Conflict while a command runs in the sandbox. Until the process fast path
-        exists, every process of the sandbox but its init is ended (sessions start
-        again on their next call, with ``session_restarted`` set)."""
+        Conflict while a command runs in the sandbox, and Conflict naming the session
+        and the reason when a session's process cannot be checkpointed with its state
+        (a pipe, a socket, threads, child processes...; nothing is changed). Other
+        processes (background jobs a command left) are ended."""
         body = {"label": label} if label else {}
         d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body)
         return Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
 
     def restore(self, checkpoint: Union[Checkpoint, str]) -> "Sandbox":
-        """Rolls the sandbox's files back (or over) to a checkpoint: any node of the
-        tree, also one made by another sandbox. Uncommitted changes are discarded;
-        processes end as with a checkpoint. Returns the sandbox."""
+        """Rolls the sandbox back (or over) to a checkpoint, files and sessions
+        together: the node's sessions come back from their templates with the same
+        PIDs and terminals, and uncommitted changes are discarded. Any node of the
+        tree works; one made by another sandbox (or before a daemon restart) brings
+        back its files only, and sessions start again on their next call. Conflict if
+        a template of the node is gone (nothing is changed). Returns the sandbox."""
         node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
         self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), {"node": node})
         return self
