@@ -67,10 +67,10 @@ type warmRun struct {
 	o     WarmOptions
 	f     *File
 	start time.Time
-	s     map[string]map[string][]float64 // system -> op -> client ms
-	cmd   map[string]map[string][]float64 // system -> op -> the command's own duration (session)
-	kill  map[string][]float64            // system -> kill phase of restore-after-pause (ms)
-	bytes map[string]int64                // system -> bytes warmed
+	s     map[string]map[string][]float64          // system -> op -> client ms
+	cmd   map[string]map[string][]float64          // system -> op -> the command's own duration (session)
+	ph    map[string]map[string][]map[string]int64 // system -> op -> the daemon's phases of each restore
+	bytes map[string]int64                         // system -> bytes warmed
 }
 
 func (r *warmRun) logf(format string, a ...any) {
@@ -94,7 +94,7 @@ func RunWarm(ctx context.Context, c *client.Client, o WarmOptions) (f *File, err
 	json.Unmarshal(settings, &f.Settings)
 	f.Description = warmDescription(o)
 	r := &warmRun{c: c, o: o, f: f, start: start, s: map[string]map[string][]float64{}, cmd: map[string]map[string][]float64{},
-		kill: map[string][]float64{}, bytes: map[string]int64{}}
+		bytes: map[string]int64{}, ph: map[string]map[string][]map[string]int64{}}
 	defer func() {
 		f.Finished = time.Now().UTC()
 		f.DurationS = float64(int(time.Since(start).Seconds()*10)) / 10
@@ -206,11 +206,12 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 	}
 	pause := time.Duration(o.PauseMS) * time.Millisecond
 	for i := 0; i < o.Samples; i++ {
-		d, _, err := restore()
+		d, res, err := restore()
 		if err != nil {
 			return err
 		}
 		r.add(sys, WarmOpRestore, d, -1)
+		r.phases(sys, WarmOpRestore, res)
 		d, cmd, err := run(warmTouch, "0")
 		if err != nil {
 			return err
@@ -244,7 +245,7 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 			return err
 		}
 		r.add(sys, WarmOpNextRestore, d, -1)
-		r.kill[sys] = append(r.kill[sys], float64(res.PhasesUS["kill"])/1000)
+		r.phases(sys, WarmOpNextRestore, res)
 	}
 	after, err := r.c.Get(ctx, id)
 	if err != nil {
@@ -252,6 +253,13 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 	}
 	r.bytes[sys] += after.Stats.WarmedBytes - before.Stats.WarmedBytes
 	return nil
+}
+
+func (r *warmRun) phases(sys, op string, res *state.OpResult) {
+	if r.ph[sys] == nil {
+		r.ph[sys] = map[string][]map[string]int64{}
+	}
+	r.ph[sys][op] = append(r.ph[sys][op], res.PhasesUS)
 }
 
 func (r *warmRun) rows() []Row {
@@ -274,11 +282,11 @@ func (r *warmRun) rows() []Row {
 			if c := r.cmd[sys][op]; len(c) > 0 {
 				row.Info["command_p50_ms"] = Summarize(c).P50
 			}
-			if op == WarmOpNextRestore && len(r.kill[sys]) > 0 {
-				row.Info["kill_phase_p50_ms"] = Summarize(r.kill[sys]).P50
-			}
 			if op == WarmOpRestore {
 				row.Info["warmed_mib"] = r.bytes[sys] >> 20
+			}
+			if ph := r.ph[sys][op]; len(ph) > 0 {
+				row.Info["phases_p50_us"] = phaseMedians(ph, func(m map[string]int64) map[string]int64 { return m })
 			}
 			rows = append(rows, row)
 		}
