@@ -325,6 +325,10 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(self.client.health()["api"], "v1")
         self.assertIn("default", [im["name"] for im in self.client.images()])
 
+    def test_warm_processes_option(self):
+        self.assertTrue(self.sandbox(warm_processes=True).info().get("warm_processes"))
+        self.assertFalse(self.sandbox().info().get("warm_processes", False))
+
     def test_run_exit_codes_and_stderr(self):
         sb = self.sandbox()
         r = sb.run("echo out; echo err >&2; exit 3", timeout=30)
