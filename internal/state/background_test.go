@@ -6,12 +6,14 @@ import (
 )
 
 // Work queued by afterAnswer starts only once no operation runs, and then runs.
-func TestAfterAnswerWaitsForOperations(t *testing.T) {
-	m := &Manager{bg: newBackground()}
-	end1 := m.bg.begin()
-	end2 := m.bg.begin()
+func TestBackgroundWaitsForOperations(t *testing.T) {
+	defer func(d time.Duration) { maxGateWait = d }(maxGateWait)
+	maxGateWait = time.Minute
+	b := newBackground()
+	end1 := b.begin()
+	end2 := b.begin()
 	ran := make(chan struct{})
-	m.afterAnswer(func() { close(ran) })
+	b.after(func() { close(ran) })
 	select {
 	case <-ran:
 		t.Fatal("background work started while two operations ran")
@@ -33,11 +35,11 @@ func TestAfterAnswerWaitsForOperations(t *testing.T) {
 }
 
 // With no operation running, the work starts after answerDelay, not before.
-func TestAfterAnswerDelay(t *testing.T) {
-	m := &Manager{bg: newBackground()}
+func TestBackgroundDelay(t *testing.T) {
+	b := newBackground()
 	t0 := time.Now()
 	ran := make(chan time.Duration, 1)
-	m.afterAnswer(func() { ran <- time.Since(t0) })
+	b.after(func() { ran <- time.Since(t0) })
 	select {
 	case d := <-ran:
 		if d < answerDelay {
@@ -45,5 +47,38 @@ func TestAfterAnswerDelay(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("background work did not start")
+	}
+}
+
+// Operations back to back, with no gap for the work to slip into, keep it waiting at most
+// maxGateWait.
+func TestBackgroundWaitIsBounded(t *testing.T) {
+	b := newBackground()
+	stop := make(chan struct{})
+	defer close(stop)
+	end := b.begin()
+	go func() {
+		for {
+			select {
+			case <-stop:
+				end()
+				return
+			default:
+			}
+			next := b.begin() // the next operation begins before this one ends
+			end()
+			end = next
+		}
+	}()
+	t0 := time.Now()
+	ran := make(chan time.Duration, 1)
+	b.after(func() { ran <- time.Since(t0) })
+	select {
+	case d := <-ran:
+		if d > answerDelay+maxGateWait+time.Second {
+			t.Fatalf("ran after %v", d)
+		}
+	case <-time.After(answerDelay + maxGateWait + 5*time.Second):
+		t.Fatal("operations back to back starved the background work")
 	}
 }

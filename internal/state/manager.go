@@ -53,8 +53,6 @@ type Manager struct {
 	st  *store.Store
 	log *slog.Logger
 
-	bg *background // after-answer work waits for running operations (background.go)
-
 	treeMu sync.RWMutex
 
 	mu        sync.Mutex
@@ -105,6 +103,8 @@ type sb struct {
 	buildDone  chan struct{} // closed when that build is over
 	warmClosed bool
 
+	bg *background // after-answer work waits for this sandbox's operations (background.go)
+
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 	// hostPids caches each session process's host PID (by sandbox PID), checked at each
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
@@ -124,7 +124,7 @@ type sb struct {
 }
 
 func newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
+	return &sb{rec: r, bg: newBackground(), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
 }
 
 // Stats counts what happened to a sandbox.
@@ -147,7 +147,7 @@ type Stats struct {
 // what a previous daemon left running, and restarts every sandbox of the index on its
 // head with its upper (files survive a daemon restart; processes do not).
 func New(st *store.Store, log *slog.Logger) (*Manager, error) {
-	m := &Manager{st: st, log: log, bg: newBackground(), nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
+	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
 		uppers: make(chan uint64, 4), stop: make(chan struct{}), noPrepare: os.Getenv("DELTABOX_NO_PREPARE") == "1"}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()

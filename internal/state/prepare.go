@@ -51,7 +51,7 @@ func (m *Manager) prepareNext(s *sb) {
 	s.prepMu.Lock()
 	gen := s.nextGen
 	s.prepMu.Unlock()
-	m.afterAnswer(func() {
+	m.afterAnswer(s, func() {
 		s.buildMu.Lock()
 		defer s.buildMu.Unlock()
 		s.prepMu.Lock()

@@ -89,7 +89,7 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 	}
 	// A warm-up of restored processes (procwarm.go) lets go of its process first.
 	m.stopProcWarm(s)
-	end := m.bg.begin()
+	end := s.bg.begin()
 	m.treeMu.RLock()
 	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end() }, nil
 }
@@ -362,7 +362,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 		}
 		// init lets go of the namespace fd after the answer: a round trip to init
 		// (0.2-0.3 ms) that nothing here waits for.
-		defer m.afterAnswer(release)
+		defer m.afterAnswer(s, release)
 		err = m.moveHeld(held, nsPath, failMove)
 		if err != nil {
 			return abort(err)
@@ -396,11 +396,11 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 	m.mu.Unlock()
 	if n.Own {
 		layer := n.Layer
-		m.afterAnswer(func() {
+		m.afterAnswer(s, func() {
 			oldNS.Close()
 			m.st.Index.Apply(store.Op{After: func() { m.st.DropUpperDirs(layer) }})
 		})
-		m.afterAnswer(func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
+		m.afterAnswer(s, func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
 	}
 	switch {
 	case len(tps) > 0:
@@ -639,7 +639,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		if err != nil {
 			return late(err)
 		}
-		defer m.afterAnswer(release) // as at a checkpoint
+		defer m.afterAnswer(s, release) // as at a checkpoint
 		err = m.reviveAll(s, rvs, nsPath, failRevive)
 		if err != nil {
 			return late(err)
@@ -661,7 +661,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	m.mu.Unlock()
 	if newUpper != oldUpper {
 		dir := m.st.LayerDir(oldUpper)
-		m.afterAnswer(func() {
+		m.afterAnswer(s, func() {
 			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
 			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})

@@ -41,7 +41,7 @@ func (m *Manager) parkTemplates(s *sb, node string, tps []*procTemplate) {
 	if n == nil {
 		return
 	}
-	m.afterAnswer(func() {
+	m.afterAnswer(s, func() {
 		if err := m.park(s, rt, tr, image, node, tps); err != nil {
 			m.log.Debug("park templates", "sandbox", s.rec.ID, "node", node, "err", err)
 		}

@@ -47,7 +47,7 @@ func (m *Manager) warmNode(s *sb, node string) {
 		return
 	}
 	rt := s.rt
-	m.afterAnswer(func() {
+	m.afterAnswer(s, func() {
 		s.buildMu.Lock()
 		defer s.buildMu.Unlock()
 		s.prepMu.Lock()
