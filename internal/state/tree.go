@@ -245,6 +245,8 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 		undoProcs()
 		undoFiles()
 		letGo()
+		// takeNext made earlier builds stale; the position is the old one again.
+		m.prepareNext(s)
 		return nil, err
 	}
 	if err := m.fail("checkpoint", 2); err != nil {
