@@ -97,17 +97,7 @@ func TestBenchLatencyTiny(t *testing.T) {
 		t.Errorf("workspaces: %+v", ws)
 	}
 	// Nothing left behind.
-	tr, err := d.C.Tree(dbxCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := d.C.List(dbxCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(tr.Nodes) != 0 || len(l) != 0 {
-		t.Errorf("bench latency left %d nodes and %d sandboxes behind", len(tr.Nodes), len(l))
-	}
+	benchLeftovers(t, d, "latency")
 	if _, err := os.Stat(hostDir); !os.IsNotExist(err) {
 		t.Errorf("host directory left behind: %v", err)
 	}

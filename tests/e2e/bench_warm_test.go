@@ -56,15 +56,5 @@ func TestBenchWarmTiny(t *testing.T) {
 	if w, _ := got[bench.SysWarmOn+" "+bench.WarmOpRestore].Info["warmed_mib"].(float64); w < 1 {
 		t.Errorf("the sandbox with warm_processes warmed %v MiB, want some of its 8 MiB heap", w)
 	}
-	tr, err := d.C.Tree(dbxCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := d.C.List(dbxCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(tr.Nodes) != 0 || len(l) != 0 {
-		t.Errorf("bench warm left %d nodes and %d sandboxes behind", len(tr.Nodes), len(l))
-	}
+	benchLeftovers(t, d, "warm")
 }
