@@ -229,6 +229,66 @@ class OfflineTest(unittest.TestCase):
                 srv.shutdown()
                 srv.server_close()
 
+    def test_raw_answers(self):
+        # The client's own HTTP/1.1 reading: chunked bodies (with an extension and a
+        # trailer), a body ended by the connection, an error answer in chunks, a 1xx
+        # answer skipped, and a daemon that hangs up in the middle of an answer.
+        err = b'{"error": {"code": "not_found", "message": "no x"}}'
+        answers = {
+            "/v1/chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           b"4;x=y\r\n{\"a\"\r\n6\r\n: [1]}\r\n0\r\nX-T: 1\r\n\r\n",
+            "/v1/close": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"b\": 2}",
+            "/v1/error": b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"%x\r\n%s\r\n0\r\n\r\n" % (len(err), err),
+            "/v1/continue": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\n"
+                            b"Content-Length: 8\r\n\r\n{\"c\": 3}",
+            "/v1/half": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"d\"",
+        }
+
+        class H(socketserver.StreamRequestHandler):
+            def handle(self):
+                while True:
+                    line = self.rfile.readline()
+                    if not line:
+                        return
+                    path = line.split()[1].decode()
+                    n = 0
+                    while True:
+                        h = self.rfile.readline()
+                        if h in (b"\r\n", b""):
+                            break
+                        if h.lower().startswith(b"content-length:"):
+                            n = int(h.split(b":")[1])
+                    self.rfile.read(n)
+                    self.wfile.write(answers[path])
+                    self.wfile.flush()
+                    if path in ("/v1/close", "/v1/half"):
+                        return
+
+        class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True
+
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "raw.sock")
+            srv = S(p, H)
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            try:
+                t = Client(socket_path=p, timeout=10)._t
+                for _ in range(2):  # the second time on the kept-alive connection
+                    self.assertEqual(t.json("GET", "/chunked"), {"a": [1]})
+                self.assertEqual(t.json("POST", "/close", {"x": 1}), {"b": 2})
+                with self.assertRaises(NotFound) as cm:
+                    t.json("GET", "/error")
+                self.assertEqual(cm.exception.message, "no x")
+                self.assertEqual(t.json("POST", "/continue"), {"c": 3})
+                with self.assertRaises(DaemonUnreachable) as cm:
+                    t.json("GET", "/half")
+                self.assertIn("middle of its answer", str(cm.exception))
+                t.close()
+            finally:
+                srv.shutdown()
+                srv.server_close()
+
     def test_build_backend(self):
         sys.path.insert(0, SRC)
         try:
