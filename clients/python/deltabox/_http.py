@@ -89,7 +89,9 @@ class Answer:
 
 
 class _RawConn:
-    """A kept-alive unix socket to the daemon, reading answers with its own buffer."""
+    """A kept-alive unix socket to the daemon, reading answers with its own buffer (a
+    bytearray: appending and dropping from the front are amortised O(1) in CPython, so
+    a 16 MB file is read in linear time)."""
 
     __slots__ = ("sock", "buf", "got_any")
 
@@ -101,7 +103,7 @@ class _RawConn:
         except BaseException:
             s.close()
             raise
-        self.sock, self.buf, self.got_any = s, b"", False
+        self.sock, self.buf, self.got_any = s, bytearray(), False
 
     def close(self) -> None:
         self.sock.close()
@@ -117,7 +119,8 @@ class _RawConn:
         while True:
             i = self.buf.find(b"\r\n")
             if i >= 0:
-                line, self.buf = self.buf[:i], self.buf[i + 2:]
+                line = bytes(self.buf[:i])
+                del self.buf[:i + 2]
                 return line
             if len(self.buf) > _MAX_HEAD:
                 raise _BadAnswer("a line longer than %d bytes" % _MAX_HEAD)
@@ -126,7 +129,8 @@ class _RawConn:
     def _exactly(self, n: int) -> bytes:
         while len(self.buf) < n:
             self._more()
-        out, self.buf = self.buf[:n], self.buf[n:]
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
         return out
 
     def roundtrip(self, req: bytes, method: str) -> Tuple[Answer, bytes, bool]:
@@ -184,7 +188,7 @@ class _RawConn:
                     self._more()
             except _Closed:
                 pass
-            body, self.buf, keep = self.buf, b"", False
+            body, self.buf, keep = bytes(self.buf), bytearray(), False
         return Answer(status, headers), body, keep
 
 
