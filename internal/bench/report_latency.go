@@ -45,7 +45,12 @@ func writeLatencyReading(b *strings.Builder, f *File) {
 		"(setns, chdir, reopens) onto the new state. Restore `templates` takes the node's templates (held by the tracer once parked) " +
 		"and their terminals; `processes` is the template's clone3 with the PID of the live process, then one batch: the move onto " +
 		"the restored state, setsid and the terminal; `kill` ends the live process after handing its memory to a holder (its exit " +
-		"skips the page freeing) and has init reap it.\n")
+		"skips the page freeing)")
+	if m, _ := rows[SysDeltaBox+" restore"].Info["phases_p50_us"].(map[string]any); m["reap"] != nil {
+		b.WriteString(", and `reap` has init reap it (and kill anything else the sandbox runs).\n")
+	} else { // results from before restores timed the reap apart
+		b.WriteString(" and has init reap it.\n")
+	}
 }
 
 func phasesCell(v any) string {

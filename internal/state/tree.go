@@ -590,6 +590,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	}
 	keep, keepHost := m.keepPids(s, nil)
 	holders, holderHosts, ended, endedHosts := m.endLive(s)
+	res.phase("kill", &tp) // the session processes: seized, memory handed over, killed
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
 		// Not gated like afterAnswer's work: a holder left until the next operation
@@ -626,7 +627,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	} else if res.Killed, err = killAll(s, keep, keepHost); err != nil {
 		return abort(err)
 	}
-	res.phase("kill", &tp)
+	res.phase("reap", &tp) // init reaps them (and kills anything else)
 	if err := m.fail("restore", 5); err != nil {
 		return late(err)
 	}
