@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"deltabox/internal/api"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -188,6 +189,31 @@ func TestFastPathKilledTemplateRefusesRestore(t *testing.T) {
 	}
 	if out := sessRun(t, d, "kt", "main", "echo $V"); out != "two\n" {
 		t.Fatalf("restore to n2: %q", out)
+	}
+}
+
+// TestFastPathRestoreEndsBackgroundJobs: a process an exec left running (not a session's)
+// is ended by a restore that brings the session back from its template, and counted.
+func TestFastPathRestoreEndsBackgroundJobs(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "bg")
+	sessRun(t, d, "bg", "main", "V=one")
+	n1 := dbxCheckpoint(t, d, "bg", "one")
+	sessRun(t, d, "bg", "main", "V=two")
+	r := dbxExec(t, d, "bg", api.ExecRequest{Argv: []string{"bash", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"}})
+	pid := strings.TrimSpace(r.Stdout)
+	if r.ExitCode != 0 || pid == "" {
+		t.Fatalf("start a background job: %+v", r)
+	}
+	if out := sessRun(t, d, "bg", "main", "kill -0 "+pid+" && echo alive"); out != "alive\n" {
+		t.Fatalf("the background job is not running: %q", out)
+	}
+	res := dbxRestore(t, d, "bg", n1.Node.ID)
+	if res.Processes != 1 || res.Killed < 2 {
+		t.Fatalf("restore: %d processes, %d killed (want the session back, the session and the job killed): %v", res.Processes, res.Killed, res.ProcessErrors)
+	}
+	if out := sessRun(t, d, "bg", "main", "echo $V; kill -0 "+pid+" 2>/dev/null && echo alive || echo gone"); out != "one\ngone\n" {
+		t.Fatalf("after the restore: %q", out)
 	}
 }
 
