@@ -84,9 +84,6 @@ class Answer:
     def __init__(self, status: int, headers: Dict[str, str]) -> None:
         self.status, self.headers = status, headers
 
-    def getheader(self, name: str, default: Optional[str] = None) -> Optional[str]:
-        return self.headers.get(name.lower(), default)
-
 
 class _RawConn:
     """A kept-alive unix socket to the daemon, reading answers with its own buffer (a
@@ -208,21 +205,30 @@ class Transport:
 
     # ---- pool ----
 
-    def _acquire(self) -> Tuple[_UnixConnection, bool]:
+    def _take(self, pool: List[Any]) -> Any:
+        """An idle connection of pool (self._idle or self._raw_idle), or None."""
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
+            return pool.pop() if pool else None
+
+    def _put(self, pool: List[Any], conn: Any) -> None:
+        """Keeps conn in pool for the next request, or closes it."""
+        with self._lock:
+            if not self._closed and len(pool) < self.max_idle:
+                pool.append(conn)
+                return
+        conn.close()
+
+    def _acquire(self) -> Tuple[_UnixConnection, bool]:
+        conn = self._take(self._idle)
+        if conn is not None:
+            return conn, True
         return _UnixConnection(self.socket_path, self.timeout), False
 
     def _release(self, conn: _UnixConnection, resp: Optional[http.client.HTTPResponse]) -> None:
         if resp is not None and resp.will_close:
             conn.close()
             return
-        with self._lock:
-            if not self._closed and len(self._idle) < self.max_idle:
-                self._idle.append(conn)
-                return
-        conn.close()
+        self._put(self._idle, conn)
 
     def close(self) -> None:
         """Closes the idle connections (requests in flight finish)."""
@@ -348,10 +354,8 @@ class Transport:
             head.append("Content-Length: 0")
         req = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
         for attempt in range(2):
-            reused = False
-            with self._lock:
-                if self._raw_idle:
-                    conn, reused = self._raw_idle.pop(), True
+            conn = self._take(self._raw_idle)
+            reused = conn is not None
             try:
                 if not reused:
                     conn = _RawConn(self.socket_path, timeout)
@@ -395,11 +399,8 @@ class Transport:
                 conn.close()
                 raise
             if keep:
-                with self._lock:
-                    if not self._closed and len(self._raw_idle) < self.max_idle:
-                        self._raw_idle.append(conn)
-                        conn = None
-            if conn is not None:
+                self._put(self._raw_idle, conn)
+            else:
                 conn.close()
             if ans.status >= 300:
                 raise self._error(ans.status, data)

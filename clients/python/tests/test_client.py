@@ -54,6 +54,30 @@ def _sources():
     return out
 
 
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class _FakeDaemon:
+    """A server on a unix socket in a temporary directory, serving handler in threads,
+    for the transport's tests: `with _FakeDaemon(H) as path: ...`."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    def __enter__(self):
+        self.dir = tempfile.TemporaryDirectory()
+        path = os.path.join(self.dir.name, "fake.sock")
+        self.srv = _UnixServer(path, self.handler)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        return path
+
+    def __exit__(self, *exc):
+        self.srv.shutdown()
+        self.srv.server_close()
+        self.dir.cleanup()
+
 class OfflineTest(unittest.TestCase):
     """No daemon needed."""
 
@@ -210,24 +234,13 @@ class OfflineTest(unittest.TestCase):
             def log_message(self, *a):
                 pass
 
-        class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-            daemon_threads = True
-
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "fake.sock")
-            srv = S(p, H)
-            th = threading.Thread(target=srv.serve_forever, daemon=True)
-            th.start()
-            try:
-                c = Client(socket_path=p, timeout=10)
-                for _ in range(3):
-                    self.assertEqual(c.health(), {"ok": True, "api": "v1"})
-                    time.sleep(0.05)  # let the server close its end
-                self.assertEqual(seen, ["/v1/health"] * 3)
-                c.close()
-            finally:
-                srv.shutdown()
-                srv.server_close()
+        with _FakeDaemon(H) as p:
+            c = Client(socket_path=p, timeout=10)
+            for _ in range(3):
+                self.assertEqual(c.health(), {"ok": True, "api": "v1"})
+                time.sleep(0.05)  # let the server close its end
+            self.assertEqual(seen, ["/v1/health"] * 3)
+            c.close()
 
     def test_raw_answers(self):
         # The client's own HTTP/1.1 reading: chunked bodies (with an extension and a
@@ -265,29 +278,19 @@ class OfflineTest(unittest.TestCase):
                     if path in ("/v1/close", "/v1/half"):
                         return
 
-        class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-            daemon_threads = True
-
-        with tempfile.TemporaryDirectory() as d:
-            p = os.path.join(d, "raw.sock")
-            srv = S(p, H)
-            threading.Thread(target=srv.serve_forever, daemon=True).start()
-            try:
-                t = Client(socket_path=p, timeout=10)._t
-                for _ in range(2):  # the second time on the kept-alive connection
-                    self.assertEqual(t.json("GET", "/chunked"), {"a": [1]})
-                self.assertEqual(t.json("POST", "/close", {"x": 1}), {"b": 2})
-                with self.assertRaises(NotFound) as cm:
-                    t.json("GET", "/error")
-                self.assertEqual(cm.exception.message, "no x")
-                self.assertEqual(t.json("POST", "/continue"), {"c": 3})
-                with self.assertRaises(DaemonUnreachable) as cm:
-                    t.json("GET", "/half")
-                self.assertIn("middle of its answer", str(cm.exception))
-                t.close()
-            finally:
-                srv.shutdown()
-                srv.server_close()
+        with _FakeDaemon(H) as p:
+            t = Client(socket_path=p, timeout=10)._t
+            for _ in range(2):  # the second time on the kept-alive connection
+                self.assertEqual(t.json("GET", "/chunked"), {"a": [1]})
+            self.assertEqual(t.json("POST", "/close", {"x": 1}), {"b": 2})
+            with self.assertRaises(NotFound) as cm:
+                t.json("GET", "/error")
+            self.assertEqual(cm.exception.message, "no x")
+            self.assertEqual(t.json("POST", "/continue"), {"c": 3})
+            with self.assertRaises(DaemonUnreachable) as cm:
+                t.json("GET", "/half")
+            self.assertIn("middle of its answer", str(cm.exception))
+            t.close()
 
     def test_build_backend(self):
         sys.path.insert(0, SRC)
