@@ -160,6 +160,7 @@ func (h *Held) MoveBack() error {
 		if len(files) == 0 {
 			return nil
 		}
+
 		pfd, err := h.t.Syscall(unix.SYS_PIDFD_OPEN, uintptr(h.Tmpl.SelfPid), 0)
 		if err != nil {
 			return fmt.Errorf("pidfd_open of the template: %w", err)
@@ -174,6 +175,15 @@ func (h *Held) MoveBack() error {
 			h.t.Close(int(nfd))
 			if err != nil {
 				return fmt.Errorf("dup3 fd %d back: %w", f.Num, err)
+			}
+		}
+		// The template's descriptions carry their flock and OFD locks (and dups share
+		// them as before); the POSIX locks, which the move's dup3s dropped, are set
+		// again once every fd is back (locks.go).
+		var b remote.Batch
+		if lockCalls(&b, h.P, true); b.Len() > 0 {
+			if _, err := h.t.RunBatch(&b); err != nil {
+				return err
 			}
 		}
 		return nil
@@ -321,6 +331,7 @@ func (r *Revival) fork(nsPath, ptyPath string) (*remote.Tracee, error) {
 	maps := moveCalls(&b, &r.Tmpl.Proc, nsPath)
 	b.Add("setsid", unix.SYS_SETSID)
 	terminalCalls(&b, &r.Tmpl.Proc, ptyPath)
+	lockCalls(&b, &r.Tmpl.Proc, false)
 	res, err := child.RunBatch(&b)
 	if err != nil {
 		return child, err

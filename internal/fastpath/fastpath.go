@@ -29,8 +29,9 @@
 // are refused), and only POSIX timers it can re-create (not on another process's CPU
 // clock or an fd's clock, not signalling another thread; kernels before 6.16 cannot
 // restore timer ids). Anything else (pipes, sockets, eventfd, inotify, deleted files...)
-// makes the process ineligible with a reason that names it. File locks are not carried
-// yet (the fast-path issue lists them).
+// makes the process ineligible with a reason that names it. File locks (flock, POSIX,
+// OFD) are set again on the reopened files; leases make the process ineligible
+// (locks.go).
 package fastpath
 
 import (
@@ -55,6 +56,11 @@ type FD struct {
 	Path  string // as the process sees it
 	Flags int    // open flags (fdinfo)
 	Pos   int64
+	Locks []Lock // file locks held through it (locks.go); none on a Dup
+	// Dup: the fd shares its open file description with the lower fd DupOf (locks.go),
+	// and is made again as a dup of it.
+	Dup   bool
+	DupOf int
 }
 
 // Proc is what a checkpoint records of a process.
@@ -122,18 +128,23 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	var nums []int // in numeric order, not ReadDir's by name: a dup is found after its original
 	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			nums = append(nums, n)
 		}
-		target, err := os.Readlink(base + "/fd/" + e.Name())
+	}
+	sort.Ints(nums)
+	for _, n := range nums {
+		name := strconv.Itoa(n)
+		target, err := os.Readlink(base + "/fd/" + name)
 		if err != nil {
 			continue // closed meanwhile
 		}
 		fd := FD{Num: n, Path: target}
+		var locks [][]string // fdinfo "lock:" lines
 		switch {
-		case strings.HasPrefix(target, "/dev/pts/") || isPtySlave(base+"/fd/"+e.Name()):
+		case strings.HasPrefix(target, "/dev/pts/") || isPtySlave(base+"/fd/"+name):
 			// By path, or by device: a terminal opened through a state namespace that has
 			// since been torn down reads as "/N" (its devpts mount is detached).
 			fd.Kind = "pty"
@@ -143,7 +154,7 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
 		case strings.HasPrefix(target, "/"):
 			var st unix.Stat_t
-			if err := unix.Stat(base+"/fd/"+e.Name(), &st); err != nil {
+			if err := unix.Stat(base+"/fd/"+name, &st); err != nil {
 				continue
 			}
 			switch st.Mode & unix.S_IFMT {
@@ -154,15 +165,34 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 			default:
 				return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, a special file", n, target)}
 			}
-			if fd.Flags, fd.Pos, err = fdinfo(base, n); err != nil {
+			if fd.Flags, fd.Pos, locks, err = fdinfo(base, n); err != nil {
 				return nil, err
+			}
+			for _, o := range p.FDs { // the lower fds: ents is in numeric order
+				if !o.Dup && o.Path == target && (o.Kind == "file" || o.Kind == "dir") && sameFile(hostPid, o.Num, n) {
+					fd.Dup, fd.DupOf, locks = true, o.Num, nil
+					break
+				}
+			}
+			for _, l := range locks {
+				lk, err := parseLock(l)
+				if err != nil {
+					return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds %v", n, target, err)}
+				}
+				fd.Locks = append(fd.Locks, lk)
 			}
 		default: // pipe:[..], socket:[..], anon_inode:[eventfd] ...
 			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target)}
 		}
+		if fd.Kind == "pty" || fd.Kind == "dev" {
+			// Kept, not reopened: a lock through it would stay with the template's
+			// description (flock) or be lost by the restored child (POSIX).
+			if _, _, locks, err = fdinfo(base, n); err == nil && len(locks) > 0 {
+				return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+			}
+		}
 		p.FDs = append(p.FDs, fd)
 	}
-	sort.Slice(p.FDs, func(i, j int) bool { return p.FDs[i].Num < p.FDs[j].Num })
 	return p, nil
 }
 
@@ -177,13 +207,18 @@ func isPtySlave(path string) bool {
 	return major >= 136 && major <= 143
 }
 
-func fdinfo(base string, n int) (flags int, pos int64, err error) {
+// fdinfo reads fd n's open flags, offset and the fields of its "lock:" lines.
+func fdinfo(base string, n int) (flags int, pos int64, locks [][]string, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("%s/fdinfo/%d", base, n))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
+		if len(f) > 1 && f[0] == "lock:" {
+			locks = append(locks, f[1:])
+			continue
+		}
 		if len(f) != 2 {
 			continue
 		}
@@ -195,7 +230,7 @@ func fdinfo(base string, n int) (flags int, pos int64, err error) {
 			flags = int(v)
 		}
 	}
-	return flags, pos, nil
+	return flags, pos, locks, nil
 }
 
 // Template is a frozen fork of a process.
@@ -280,6 +315,7 @@ func giveBack(c *remote.Tracee, tmpl *Template) error {
 func move(t *remote.Tracee, p *Proc, nsPath string) error {
 	var b remote.Batch
 	maps := moveCalls(&b, p, nsPath)
+	lockCalls(&b, p, false)
 	res, err := t.RunBatch(&b)
 	if err != nil {
 		return err
@@ -296,6 +332,10 @@ func moveCalls(b *remote.Batch, p *Proc, nsPath string) []remote.Ref {
 	b.Add("chdir "+p.Cwd, unix.SYS_CHDIR, p.Cwd)
 	for _, f := range p.FDs {
 		if f.Kind != "file" && f.Kind != "dir" {
+			continue
+		}
+		if f.Dup { // DupOf, lower, has been reopened: share its description again
+			b.Add(fmt.Sprintf("dup3 fd %d to fd %d", f.DupOf, f.Num), unix.SYS_DUP3, f.DupOf, f.Num, f.Flags&unix.O_CLOEXEC)
 			continue
 		}
 		flags := f.Flags &^ (unix.O_CREAT | unix.O_TRUNC | unix.O_EXCL)

@@ -259,3 +259,39 @@ func TestQuerySharedAgreesWithMaps(t *testing.T) {
 		t.Errorf("PROCMAP_QUERY:\n%v\nmaps text:\n%v", got, want)
 	}
 }
+
+// TestParseLock parses fdinfo "lock:" lines as this kernel prints them (flock, a POSIX
+// range, an OFD lock to the end of the file) and refuses what cannot be set again.
+func TestParseLock(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want Lock
+		err  string
+	}{
+		{"1: FLOCK  ADVISORY  READ 32000 fe:00:9978123 0 EOF", Lock{Kind: "flock", Start: 0, End: -1}, ""},
+		{"1: POSIX  ADVISORY  WRITE 32000 fe:00:9978124 5 14", Lock{Kind: "posix", Write: true, Start: 5, End: 14}, ""},
+		{"2: POSIX  ADVISORY  READ 32000 fe:00:9978124 50 EOF", Lock{Kind: "posix", Start: 50, End: -1}, ""},
+		{"1: OFDLCK ADVISORY  WRITE -1 fe:00:9978125 0 EOF", Lock{Kind: "ofd", Write: true, End: -1}, ""},
+		{"1: LEASE  ACTIVE    READ 4242 fe:00:12 0 EOF", Lock{}, "a lease (LEASE ACTIVE READ)"},
+		{"1: DELEG  ACTIVE    READ 4242 fe:00:12 0 EOF", Lock{}, "a lease"},
+		{"1: ACCESS ADVISORY  READ 4242 fe:00:12 0 EOF", Lock{}, "a lock of kind ACCESS"},
+		{"1: POSIX  ADVISORY  WRITE 32000 fe:00:9978124", Lock{}, "unreadable lock"},
+	} {
+		got, err := parseLock(strings.Fields(c.line))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: err %v, want one containing %q", c.line, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%q: %+v %v, want %+v", c.line, got, err, c.want)
+		}
+	}
+	if b := flockBytes(Lock{Kind: "posix", Write: true, Start: 5, End: 14}); len(b) != 32 || b[0] != 1 || b[8] != 5 || b[16] != 10 {
+		t.Errorf("struct flock for bytes 5-14 (F_WRLCK, len 10): % x", b)
+	}
+	if b := flockBytes(Lock{Kind: "ofd", Start: 20, End: -1}); b[0] != 0 || b[8] != 20 || b[16] != 0 {
+		t.Errorf("struct flock from 20 to the end (F_RDLCK, len 0): % x", b)
+	}
+}

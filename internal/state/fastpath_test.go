@@ -113,7 +113,27 @@ func TestFailureAtEveryStepKeepsProcesses(t *testing.T) {
 open('/workspace/lines.txt', 'w').write(''.join('line%d\n' % i for i in range(1000)))
 fin = open('/workspace/lines.txt')
 fout = open('/workspace/out.txt', 'w')
+import fcntl
+flk = open('/workspace/lock.txt', 'w')
+fcntl.lockf(flk, fcntl.LOCK_EX)
 x = 'base'`)
+	}
+	// The python session's POSIX lock on lock.txt, tried from another process: a move
+	// drops it (its dup3 closes the old fd), so a checkpoint that fails after the move
+	// must set it again (MoveBack).
+	locked := func(t *testing.T, what string) {
+		t.Helper()
+		out := sh(t, m, id, `python3 -c "
+import fcntl
+f = open('/workspace/lock.txt', 'a')
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print('free')
+except OSError:
+    print('held')"`)
+		if strings.TrimSpace(out) != "held" {
+			t.Fatalf("%s: lock.txt is %s, want held by the python session", what, strings.TrimSpace(out))
+		}
 	}
 	setup()
 	base, err := m.Checkpoint(ctx, id, "base")
@@ -193,6 +213,7 @@ x = 'base'`)
 					if l := strings.TrimSpace(call(t, m, id, "py", "print(fin.readline().strip())")); l != want {
 						t.Fatalf("fin after a failed %s: %q, want %q", op, l, want)
 					}
+					locked(t, "after a failed "+op)
 					call(t, m, id, "py", "fout.write('+'); fout.flush()")
 					if out := sh(t, m, id, "cat /workspace/out.txt"); !strings.HasSuffix(out, tag+"+") {
 						t.Fatalf("fout after a failed %s: out.txt is %q", op, out)
@@ -208,6 +229,7 @@ x = 'base'`)
 				if err != nil || res.Processes != 2 {
 					t.Fatalf("%s after the fault: %v %+v", op, err, res)
 				}
+				locked(t, op+" after the fault")
 			})
 		}
 	}

@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"deltabox/internal/api"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// lockProbe tries, from another process of the sandbox, every lock the python session of
+// TestFastPathFileLocks may hold, without blocking, and says which are held: a flock on
+// lk-a, a POSIX lock on bytes 5-14 of lk-b (byte 12 inside it, byte 20 outside), an OFD
+// lock on lk-c from byte 20 to the end (byte 30 inside, byte 10 outside).
+const lockProbe = `
+import fcntl, struct
+def fl(start, n):
+    return struct.pack('hhxxxxqqixxxx', fcntl.F_WRLCK, 0, start, n, 0)
+out = []
+def probe(name, f):
+    try:
+        f()
+        out.append(name + '=free')
+    except OSError:
+        out.append(name + '=held')
+a = open('/workspace/lk-a', 'r+')
+b = open('/workspace/lk-b', 'r+')
+c = open('/workspace/lk-c', 'r+')
+probe('a', lambda: fcntl.flock(a, fcntl.LOCK_EX | fcntl.LOCK_NB))
+probe('b12', lambda: fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 12))
+probe('b20', lambda: fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 20))
+probe('c30', lambda: fcntl.fcntl(c, fcntl.F_OFD_SETLK, fl(30, 1)))
+probe('c10', lambda: fcntl.fcntl(c, fcntl.F_OFD_SETLK, fl(10, 1)))
+print(' '.join(out))
+`
+
+// TestFastPathFileLocks: a python session's flock, POSIX (lockf, a byte range) and OFD
+// locks are held by the live process after a checkpoint (its files were reopened on the
+// new state, which a fork and a reopen alone would have left unlocked) and by the process
+// a restore makes, each node with the locks it had: another process finds exactly those
+// held, with the same ranges. Once the restored process unlocks, nothing else holds them
+// (no template keeps a lock on the restored state's files). Two fds that share an open
+// file description (os.dup) still share it, and its offset, after a checkpoint and after
+// a restore. A lease makes the checkpoint fail, naming it, and changes nothing.
+func TestFastPathFileLocks(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "lk")
+	if _, err := d.C.StartSession(dbxCtx(t), "lk", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	probe := func(what, want string) {
+		t.Helper()
+		res := dbxExec(t, d, "lk", api.ExecRequest{Argv: []string{"python3", "-c", lockProbe}})
+		if got := strings.TrimSpace(res.Stdout); res.ExitCode != 0 || got != want {
+			t.Fatalf("%s: locks %q (exit %d, %s), want %q", what, got, res.ExitCode, res.Stderr, want)
+		}
+	}
+	// shared checks that fds d1 and d2 share their offset: a write through d1 moves d2's.
+	shared := func(what string) {
+		t.Helper()
+		if out := sessRun(t, d, "lk", "py", "os.write(d1, b'xyz'); print(os.lseek(d1, 0, 1) == os.lseek(d2, 0, 1), os.lseek(d2, 0, 1) > 0)"); out != "True True\n" {
+			t.Fatalf("%s: dup'd fds share their offset: %q", what, out)
+		}
+	}
+	sessRun(t, d, "lk", "py", `import fcntl, os, struct
+for n in 'abcd':
+    open('/workspace/lk-' + n, 'w').write('x' * 100)
+fa = open('/workspace/lk-a', 'r+'); fcntl.flock(fa, fcntl.LOCK_EX)
+fb = open('/workspace/lk-b', 'r+'); fcntl.lockf(fb, fcntl.LOCK_EX, 10, 5)
+fc = open('/workspace/lk-c', 'r+'); fcntl.fcntl(fc, fcntl.F_OFD_SETLK, struct.pack('hhxxxxqqixxxx', fcntl.F_WRLCK, 0, 20, 0, 0))
+d1 = os.open('/workspace/lk-d', os.O_WRONLY); d2 = os.dup(d1)`)
+	all := "a=held b12=held b20=free c30=held c10=free"
+	probe("before any checkpoint", all)
+
+	locked := dbxCheckpoint(t, d, "lk", "locked")
+	if locked.Processes != 1 {
+		t.Fatalf("checkpoint took %d processes: %v", locked.Processes, locked.ProcessErrors)
+	}
+	probe("after the checkpoint", all)
+	shared("after the checkpoint")
+
+	sessRun(t, d, "lk", "py", "fcntl.flock(fa, fcntl.LOCK_UN)")
+	noA := "a=free b12=held b20=free c30=held c10=free"
+	probe("after unlocking lk-a", noA)
+	unlockedA := dbxCheckpoint(t, d, "lk", "a-unlocked")
+
+	dbxRestore(t, d, "lk", locked.Node.ID)
+	probe("restored to the node with every lock", all)
+	shared("after the restore")
+	dbxRestore(t, d, "lk", unlockedA.Node.ID)
+	probe("restored to the node without lk-a's lock", noA)
+	dbxRestore(t, d, "lk", locked.Node.ID)
+	probe("restored to the node with every lock again", all)
+	sessRun(t, d, "lk", "py", `fcntl.flock(fa, fcntl.LOCK_UN)
+fcntl.lockf(fb, fcntl.LOCK_UN, 10, 5)
+fcntl.fcntl(fc, fcntl.F_OFD_SETLK, struct.pack('hhxxxxqqixxxx', fcntl.F_UNLCK, 0, 20, 0, 0))`)
+	probe("the restored process unlocked everything", "a=free b12=free b20=free c30=free c10=free")
+
+	// A lease: fork would share it with the template, and nothing sets it again.
+	sessRun(t, d, "lk", "py", "open('/workspace/lk-e', 'w').close(); fe = open('/workspace/lk-e'); fcntl.fcntl(fe, fcntl.F_SETLEASE, fcntl.F_RDLCK)")
+	before, _ := d.C.Tree(dbxCtx(t))
+	_, err := d.C.Checkpoint(dbxCtx(t), "lk", "lease")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "lease") || !strings.Contains(err.Error(), "lk-e") || !strings.Contains(err.Error(), "session py") {
+		t.Fatalf("checkpoint with a lease: %v", err)
+	}
+	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
+		t.Fatalf("a refused checkpoint made a node")
+	}
+	if out := sessRun(t, d, "lk", "py", "print(fcntl.fcntl(fe, fcntl.F_GETLEASE) == fcntl.F_RDLCK)"); out != "True\n" {
+		t.Fatalf("the lease after a refused checkpoint: %q", out)
+	}
+	sessRun(t, d, "lk", "py", "fcntl.fcntl(fe, fcntl.F_SETLEASE, fcntl.F_UNLCK)")
+	dbxCheckpoint(t, d, "lk", "no-lease")
+}
