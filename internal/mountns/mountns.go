@@ -20,6 +20,8 @@ import (
 	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	_ "deltabox/internal/mainthread" // the main thread is never discarded (see there)
 )
 
 // hostProc is an fd on the host's /proc, opened before any thread changes namespace:

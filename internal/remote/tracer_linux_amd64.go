@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	_ "deltabox/internal/mainthread" // the main thread is never discarded (see there)
 )
 
 // Tracer owns one OS thread that makes every ptrace call for its tracees. Linux binds a

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	_ "deltabox/internal/mainthread" // the main thread is never discarded (see there)
 )
 
 // InitArg is os.Args[1] of the re-executed binary when it is to run as a sandbox's init.

@@ -90,7 +90,7 @@ func TestTemplatesParkedOnReadOnlyView(t *testing.T) {
 		for pid, st := range procs {
 			for _, o := range overlays(t, pid) {
 				if o.upper != "" && o.upper != myUpper {
-					return fmt.Sprintf("process %d (%c) sees a read-write overlay on %s with upper %s, not the sandbox's upper %s", pid, st, o.point, o.upper, myUpper)
+					return fmt.Sprintf("process %d (%c, %s) sees a read-write overlay on %s with upper %s, not the sandbox's upper %s", pid, st, procDesc(pid), o.point, o.upper, myUpper)
 				}
 			}
 			if st != 'T' && st != 't' {
@@ -128,4 +128,21 @@ func TestTemplatesParkedOnReadOnlyView(t *testing.T) {
 	if got != "" {
 		t.Fatal(got)
 	}
+}
+
+// procDesc describes host process pid for a failure message: its command line, parent
+// and PIDs.
+func procDesc(pid int) string {
+	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	var ppid, nspid string
+	for _, l := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			ppid = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(l, "NSpid:"); ok {
+			nspid = strings.Join(strings.Fields(v), "/")
+		}
+	}
+	return fmt.Sprintf("%q ppid %s nspid %s", strings.ReplaceAll(string(cmd), "\x00", " "), ppid, nspid)
 }
