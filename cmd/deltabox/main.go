@@ -225,13 +225,13 @@ func execCmd() *cobra.Command {
 }
 
 func checkpointCmd() *cobra.Command {
-	var label string
+	var q api.CheckpointRequest
 	c := &cobra.Command{
-		Use:   "checkpoint SANDBOX [--label L]",
+		Use:   "checkpoint SANDBOX [--label L] [--end-background]",
 		Short: "Checkpoint a sandbox; prints the new node's id",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := cli().Checkpoint(ctx(), args[0], label)
+			r, err := cli().CheckpointWith(ctx(), args[0], q)
 			if err != nil {
 				return err
 			}
@@ -243,7 +243,8 @@ func checkpointCmd() *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVar(&label, "label", "", "a label for the node")
+	c.Flags().StringVar(&q.Label, "label", "", "a label for the node")
+	c.Flags().BoolVar(&q.EndBackground, "end-background", false, "end the processes outside sessions that cannot be checkpointed with their state (a pipe, a socket, children...) instead of refusing")
 	return c
 }
 

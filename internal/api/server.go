@@ -56,6 +56,9 @@ type StreamEvent struct {
 // CheckpointRequest is the body of POST /v1/sandboxes/{id}/checkpoint.
 type CheckpointRequest struct {
 	Label string `json:"label,omitempty"`
+	// EndBackground: end the processes outside the sessions that cannot be checkpointed
+	// with their state, instead of refusing the checkpoint (409).
+	EndBackground bool `json:"end_background,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
@@ -281,7 +284,7 @@ func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	res, err := s.m.Checkpoint(r.Context(), r.PathValue("id"), q.Label)
+	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground})
 	if err != nil {
 		writeErr(w, err)
 		return

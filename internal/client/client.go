@@ -114,8 +114,13 @@ func (c *Client) Sh(ctx context.Context, id, script string, timeout time.Duratio
 }
 
 func (c *Client) Checkpoint(ctx context.Context, id, label string) (*state.OpResult, error) {
+	return c.CheckpointWith(ctx, id, api.CheckpointRequest{Label: label})
+}
+
+// CheckpointWith checkpoints with every option of the request.
+func (c *Client) CheckpointWith(ctx context.Context, id string, q api.CheckpointRequest) (*state.OpResult, error) {
 	var out state.OpResult
-	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/checkpoint", api.CheckpointRequest{Label: label}, &out)
+	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/checkpoint", q, &out)
 }
 
 func (c *Client) Restore(ctx context.Context, id, node string) (*state.OpResult, error) {

@@ -364,3 +364,13 @@ func (r *Revival) Abort() {
 		r.tt = nil
 	}
 }
+
+// HasTerminal reports whether the held process has a terminal among its fds.
+func (h *Held) HasTerminal() bool {
+	for _, f := range h.P.FDs {
+		if f.Kind == "pty" {
+			return true
+		}
+	}
+	return false
+}

@@ -85,9 +85,21 @@ func (e *Ineligible) Error() string {
 }
 
 // statelessDevs are character devices a process may hold across a checkpoint: reading or
-// writing them carries no state that fork would share.
-var statelessDevs = map[string]bool{"/dev/null": true, "/dev/zero": true, "/dev/full": true,
-	"/dev/random": true, "/dev/urandom": true, "/dev/tty": true}
+// writing them carries no state that fork would share. By device number (major, minor:
+// Documentation/admin-guide/devices.txt), not path: an fd opened on a state whose
+// namespace has since been torn down reads as "/null" (its /dev clone is detached).
+var statelessDevs = map[[2]uint32]string{{1, 3}: "/dev/null", {1, 5}: "/dev/zero", {1, 7}: "/dev/full",
+	{1, 8}: "/dev/random", {1, 9}: "/dev/urandom", {5, 0}: "/dev/tty"}
+
+// statelessDev reports whether the fd at path (/proc/PID/fd/N) is one of statelessDevs.
+func statelessDev(path string) bool {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return false
+	}
+	_, ok := statelessDevs[[2]uint32{unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))}]
+	return ok
+}
 
 // inspect reads what the fast path needs about hostPid and checks eligibility; mayWrite
 // answers whether a read-only shared mapping may become writable (Hold, which has the
@@ -148,7 +160,7 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 			// By path, or by device: a terminal opened through a state namespace that has
 			// since been torn down reads as "/N" (its devpts mount is detached).
 			fd.Kind = "pty"
-		case statelessDevs[target]:
+		case statelessDev(base + "/fd/" + name):
 			fd.Kind = "dev"
 		case strings.HasSuffix(target, " (deleted)"):
 			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
@@ -418,4 +430,49 @@ func HostPid(hostPids []int, nsPid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no process %d in the sandbox", nsPid)
+}
+
+// Other reports whether hostPid is a process a checkpoint may take: it exists, is not a
+// zombie, and is not traced by this process (the daemon's templates and memory holders
+// are: /proc's TracerPid is the tracing thread's TID).
+func Other(hostPid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "State:":
+			if f[1] == "Z" || f[1] == "X" {
+				return false
+			}
+		case "TracerPid:":
+			if f[1] != "0" {
+				if _, err := os.Stat("/proc/self/task/" + f[1]); err == nil {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// Exists reports whether hostPid is a live (not zombie) process.
+func Exists(hostPid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/stat")
+	i := bytes.LastIndexByte(b, ')')
+	return err == nil && i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+}
+
+// Comm returns hostPid's command name, or "?".
+func Comm(hostPid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/comm")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
 }

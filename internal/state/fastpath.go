@@ -21,8 +21,10 @@ import (
 // again with the same PIDs. Templates live in the sandbox that made them (a fork cannot
 // leave its PID namespace), so restoring a node into another sandbox, or after a daemon
 // restart (which ends every process), carries its files only and ends the sessions.
-// Processes not in a session (background jobs an exec left behind) are ended at a
-// checkpoint, as before. DELTABOX_FASTPATH=0 turns the fast path off.
+// Processes outside sessions (background jobs an exec left behind) are checkpointed the
+// same way (holdOthers), with no terminal; one that cannot be refuses the checkpoint, or
+// with CheckpointOptions.EndBackground is ended as before. DELTABOX_FASTPATH=0 turns the
+// fast path off.
 //
 // Atomicity. A checkpoint seizes the session processes before anything changes and
 // keeps them seized (they run none of their own code) until it is published: the
@@ -36,9 +38,11 @@ import (
 // be kept aside while its replacement is tried. See Restore for what a failure after that
 // point leaves.
 
-// procTemplate is one session's frozen process at a node.
+// procTemplate is one frozen process at a node: a session's, or (session "") one outside
+// the sessions.
 type procTemplate struct {
 	session string
+	what    string // "session NAME" or "process PID (COMM)", for messages
 	kind    session.Kind
 	argv    []string
 	sandbox string
@@ -48,9 +52,11 @@ type procTemplate struct {
 	parked  bool // on its node's read-only view (views.go); under the sandbox's tmplMu
 }
 
-// heldSession is a session process seized for a checkpoint.
+// heldSession is a process seized for a checkpoint: a session's, or (name "", sess nil)
+// one outside the sessions.
 type heldSession struct {
 	name string
+	what string // "session NAME" or "process PID (COMM)", for messages
 	sess *session.Session
 	h    *fastpath.Held
 	pt   *procTemplate // its template, once forked
@@ -92,7 +98,7 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 		if err == nil {
 			var h *fastpath.Held
 			if h, err = fastpath.Hold(tr, host); err == nil {
-				out = append(out, &heldSession{name: n, sess: sess[n], h: h})
+				out = append(out, &heldSession{name: n, what: "session " + n, sess: sess[n], h: h})
 				continue
 			}
 		}
@@ -102,6 +108,70 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 			return nil, fmt.Errorf("session %s: %w; end it (deltabox session kill) or wait for the durable path: %w", n, err, errdefs.ErrConflict)
 		}
 		return nil, fmt.Errorf("session %s: %w", n, err)
+	}
+	return out, nil
+}
+
+// holdOthers seizes, after the sessions' (held), every other process of the sandbox
+// but init: background jobs an exec left behind, checkpointed with their state like
+// the sessions' processes (the fast-path issue's "every process but its init"). Not
+// taken: zombies, and what the daemon already traces (templates, memory holders). A
+// process the fast path cannot take (fastpath.Ineligible: a pipe, a socket, children,
+// a session's terminal...) refuses the checkpoint with 409 naming it, or, with
+// endBackground, is left to the checkpoint's kill (step 3) as before. On error the
+// processes held here are let go untouched (the caller lets held go). Precondition:
+// s.opMu held, no exec running.
+func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) ([]*heldSession, error) {
+	if !fastPathOn() {
+		return nil, nil
+	}
+	known := map[int]bool{s.rt.InitPid(): true}
+	for _, l := range held {
+		known[l.h.P.HostPid] = true
+	}
+	m.mu.Lock()
+	for _, ts := range m.templates {
+		for _, t := range ts {
+			if t.sandbox == s.rec.ID {
+				known[t.tmpl.HostPid] = true
+			}
+		}
+	}
+	m.mu.Unlock()
+	pids, err := s.rt.Pids()
+	if err != nil {
+		return nil, fmt.Errorf("list the sandbox's processes: %w", err)
+	}
+	tr := m.tracer(s)
+	var out []*heldSession
+	for _, host := range pids {
+		if known[host] || !fastpath.Other(host) {
+			continue
+		}
+		h, err := fastpath.Hold(tr, host)
+		if err == nil && h.HasTerminal() {
+			// Restored, it could not be given the session's terminal without taking
+			// the session's controlling terminal and foreground group.
+			err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}
+			h.Abort()
+		}
+		if err == nil {
+			what := fmt.Sprintf("process %d (%s)", h.P.Pid, fastpath.Comm(host))
+			out = append(out, &heldSession{what: what, h: h})
+			continue
+		}
+		if !fastpath.Exists(host) {
+			continue // it ended meanwhile
+		}
+		var in *fastpath.Ineligible
+		if errors.As(err, &in) && endBackground {
+			continue // the kill at step 3 ends it
+		}
+		m.abortHeld(out)
+		if errors.As(err, &in) {
+			return nil, fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
+		}
+		return nil, fmt.Errorf("process %s (host pid %d), outside the sessions: %w", fastpath.Comm(host), host, err)
 	}
 	return out, nil
 }
@@ -176,16 +246,20 @@ func (m *Manager) forkHeld(held []*heldSession, sandbox string) error {
 	for _, l := range held {
 		t, err := l.h.Fork()
 		if err != nil {
-			return fmt.Errorf("session %s: %w", l.name, err)
+			return fmt.Errorf("%s: %w", l.what, err)
 		}
-		pt := &procTemplate{session: l.name, kind: l.sess.Kind(), argv: l.sess.Info().Argv, sandbox: sandbox, tmpl: t}
+		pt := &procTemplate{session: l.name, what: l.what, sandbox: sandbox, tmpl: t}
+		l.pt = pt
+		if l.sess == nil {
+			continue // no terminal of its own
+		}
+		pt.kind, pt.argv = l.sess.Kind(), l.sess.Info().Argv
 		if tio, err := unix.IoctlGetTermios(int(l.sess.Master().Fd()), unix.TCGETS); err == nil {
 			pt.termios = tio
 		}
 		if ws, err := unix.IoctlGetWinsize(int(l.sess.Master().Fd()), unix.TIOCGWINSZ); err == nil {
 			pt.winsize = ws
 		}
-		l.pt = pt
 	}
 	return nil
 }
@@ -196,7 +270,7 @@ func (m *Manager) forkHeld(held []*heldSession, sandbox string) error {
 func (m *Manager) moveHeld(held []*heldSession, nsPath string, afterFirst func() error) error {
 	for i, l := range held {
 		if err := l.h.Move(nsPath); err != nil {
-			return fmt.Errorf("session %s: %w", l.name, err)
+			return fmt.Errorf("%s: %w", l.what, err)
 		}
 		if i == 0 {
 			if err := afterFirst(); err != nil {
@@ -218,7 +292,7 @@ func (m *Manager) undoHeld(held []*heldSession) []error {
 	var errs []error
 	for i := len(held) - 1; i >= 0; i-- {
 		if err := held[i].h.Undo(); err != nil {
-			errs = append(errs, fmt.Errorf("session %s: %w", held[i].name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", held[i].what, err))
 		}
 	}
 	return errs
@@ -237,7 +311,7 @@ func (m *Manager) releaseHeld(held []*heldSession) []error {
 			continue // Undo said so already
 		}
 		if err := l.h.Release(); err != nil {
-			errs = append(errs, fmt.Errorf("session %s: %w", l.name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", l.what, err))
 		}
 	}
 	return errs
@@ -293,7 +367,7 @@ func (m *Manager) templatesFor(s *sb, node string) ([]*procTemplate, error) {
 	m.mu.Unlock()
 	for _, t := range ts {
 		if !templateAlive(t.tmpl) {
-			return nil, fmt.Errorf("the process template of session %s at node %s (pid %d) is gone (killed from inside the sandbox?): that node's process state is lost; restore another node, or remove this one: %w", t.session, node, t.tmpl.Pid, errdefs.ErrConflict)
+			return nil, fmt.Errorf("the process template of %s at node %s (pid %d) is gone (killed from inside the sandbox?): that node's process state is lost; restore another node, or remove this one: %w", t.what, node, t.tmpl.Pid, errdefs.ErrConflict)
 		}
 	}
 	return ts, nil
@@ -344,6 +418,16 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 	var out []*revival
 	for _, t := range ts {
 		rv := &revival{pt: t, peer: -1}
+		if t.session == "" { // outside the sessions: no terminal to find
+			r, err := fastpath.SeizeTemplate(tr, t.tmpl)
+			if err != nil {
+				m.abortRevivals(s, out)
+				return nil, fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict)
+			}
+			rv.r = r
+			out = append(out, rv)
+			continue
+		}
 		s.mu.Lock()
 		rv.sess = s.sessions[t.session]
 		s.mu.Unlock()
@@ -371,7 +455,7 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 		if err != nil {
 			out = append(out, rv)
 			m.abortRevivals(s, out)
-			return nil, fmt.Errorf("session %s: %v: %w", t.session, err, errdefs.ErrConflict)
+			return nil, fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict)
 		}
 		out = append(out, rv)
 	}
@@ -383,9 +467,11 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 // On error the caller aborts (abortRevivals).
 func (m *Manager) reviveAll(s *sb, rvs []*revival, nsPath string, afterFirst func() error) error {
 	for i, rv := range rvs {
-		rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
+		if rv.sess != nil {
+			rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
+		}
 		if err := rv.r.Revive(nsPath, rv.pts); err != nil {
-			return fmt.Errorf("session %s: %w", rv.pt.session, err)
+			return fmt.Errorf("%s: %w", rv.pt.what, err)
 		}
 		if i == 0 {
 			if err := afterFirst(); err != nil {
@@ -426,6 +512,12 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 	var errs []string
 	for _, rv := range rvs {
 		t := rv.pt
+		if rv.sess == nil { // outside the sessions: it only resumes
+			if err := rv.r.Commit(); err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", t.what, err))
+			}
+			continue
+		}
 		if rv.old != nil {
 			rv.old.Release()
 		}
@@ -444,7 +536,7 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 		unix.Close(rv.peer) // the process holds the slave now (or is gone)
 		rv.peer = -1
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("session %s: %v", t.session, err))
+			errs = append(errs, fmt.Sprintf("%s: %v", t.what, err))
 			s.mu.Lock()
 			if s.sessions[t.session] == rv.sess {
 				delete(s.sessions, t.session)

@@ -140,6 +140,10 @@ except OSError:
 	if err != nil || base.Processes != 2 {
 		t.Fatalf("base checkpoint: %v %+v", err, base)
 	}
+	// A process outside the sessions, which checkpoints take along too (holdOthers);
+	// the restores to base end it.
+	bg := strings.TrimSpace(sh(t, m, id, "cd /workspace; sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
+	bgNS := func() string { return sh(t, m, id, "readlink /proc/"+bg+"/ns/mnt") }
 	steps := map[string]int{"checkpoint": 8, "restore": 7}
 	for _, op := range []string{"checkpoint", "restore"} {
 		for step := 1; step <= steps[op]; step++ {
@@ -158,6 +162,10 @@ except OSError:
 				nodes := len(m.Tree().Nodes)
 				frozen := frozenLayers(t, root)
 				templates := stopped(t, id)
+				var bg0 string
+				if op == "checkpoint" {
+					bg0 = bgNS()
+				}
 				m.FailStep = func(o string, k int) error {
 					if o == op && k == step {
 						return fmt.Errorf("injected failure at %s step %d", o, k)
@@ -214,6 +222,11 @@ except OSError:
 						t.Fatalf("fin after a failed %s: %q, want %q", op, l, want)
 					}
 					locked(t, "after a failed "+op)
+					if op == "checkpoint" {
+						if ns := bgNS(); ns != bg0 {
+							t.Fatalf("the background process after a failed checkpoint: namespace %s, was %s", ns, bg0)
+						}
+					}
 					call(t, m, id, "py", "fout.write('+'); fout.flush()")
 					if out := sh(t, m, id, "cat /workspace/out.txt"); !strings.HasSuffix(out, tag+"+") {
 						t.Fatalf("fout after a failed %s: out.txt is %q", op, out)
@@ -226,10 +239,17 @@ except OSError:
 				} else {
 					res, err = m.Restore(ctx, id, base.Node.ID)
 				}
-				if err != nil || res.Processes != 2 {
-					t.Fatalf("%s after the fault: %v %+v", op, err, res)
+				want := 2 // base's sessions
+				if op == "checkpoint" {
+					want = 3 // and the background process
+				}
+				if err != nil || res.Processes != want {
+					t.Fatalf("%s after the fault: %v %+v, want %d processes", op, err, res, want)
 				}
 				locked(t, op+" after the fault")
+				if op == "checkpoint" && res.Killed != 0 {
+					t.Fatalf("the checkpoint after the fault killed %d processes, want the background one kept", res.Killed)
+				}
 			})
 		}
 	}

@@ -50,8 +50,9 @@ func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
 	type target struct{ tmpl, live int }
 	var ts []target
 	for _, rv := range rvs {
-		// A command session's process is never idle: it is not warmed.
-		if rv.r != nil && rv.r.HostPid != 0 && rv.pt.kind != session.Command {
+		// A command session's process is never idle, nor is one outside the sessions
+		// known to be: they are not warmed.
+		if rv.r != nil && rv.r.HostPid != 0 && rv.sess != nil && rv.pt.kind != session.Command {
 			ts = append(ts, target{rv.pt.tmpl.HostPid, rv.r.HostPid})
 		}
 	}

@@ -182,15 +182,31 @@ func (m *Manager) fillUppers() {
 	}
 }
 
-// Checkpoint makes a node of the sandbox's files and session processes, as one atomic
-// step: it either completes or leaves the sandbox exactly as it was, with no node made.
+// CheckpointOptions are a checkpoint's options.
+type CheckpointOptions struct {
+	Label string
+	// EndBackground ends the processes outside the sessions that cannot be checkpointed
+	// with their state (a pipe, a socket, children...) instead of refusing the
+	// checkpoint; the others are still checkpointed.
+	EndBackground bool
+}
+
+// Checkpoint is CheckpointWith the label and no other option.
+func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, error) {
+	return m.CheckpointWith(ctx, id, CheckpointOptions{Label: label})
+}
+
+// CheckpointWith makes a node of the sandbox's files and processes, as one atomic step:
+// it either completes or leaves the sandbox exactly as it was, with no node made.
 //
 // Steps (FailStep numbers; a failure at step k undoes steps 1..k-1 in reverse):
-//  1. seize the sessions' processes and check them while stopped (an ineligible one
-//     refuses the checkpoint with 409); from here to step 8 they run none of their code;
+//  1. seize the sessions' processes, then every other process but init (holdOthers),
+//     and check them while stopped (an ineligible one refuses the checkpoint with 409);
+//     from here to step 8 they run none of their code;
 //  2. fork each into its template, on the current state (nothing has moved yet);
-//  3. end the other processes (background jobs an exec left: no node carries them, and
-//     every checkpoint that gets this far ends them, whether it completes or not);
+//  3. end what was not seized (with EndBackground, the processes outside the sessions
+//     that could not be; no node carries them, and every checkpoint that gets this far
+//     ends them, whether it completes or not);
 //  4. take a fresh upper (the next state prepared ahead of time, if it fits);
 //  5. freeze the upper (store.Freeze);
 //  6. mount the new stack and install it;
@@ -201,7 +217,8 @@ func (m *Manager) fillUppers() {
 // Undo, in this order: processes moved back onto the old state with their own open file
 // descriptions, namespace and cwd (fastpath.Held.MoveBack), templates killed; old
 // namespace reinstalled, upper unfrozen; then the processes resume where they were.
-func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult, err error) {
+func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
+	label := o.Label
 	t0 := time.Now()
 	s, unlock, err := m.beginOp(id, "checkpoint")
 	if err != nil {
@@ -220,6 +237,13 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (_ *OpResult
 		return nil, err
 	}
 	held, err := m.holdSessions(s)
+	if err == nil {
+		var others []*heldSession
+		if others, err = m.holdOthers(s, held, o.EndBackground); err != nil {
+			m.abortHeld(held)
+		}
+		held = append(held, others...)
+	}
 	if err != nil {
 		var in *fastpath.Ineligible
 		if errors.As(err, &in) {

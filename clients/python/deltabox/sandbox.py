@@ -259,15 +259,20 @@ class Sandbox:
 
     # ---- checkpoints ----
 
-    def checkpoint(self, label: Optional[str] = None) -> Checkpoint:
-        """Freezes the sandbox's files and its bash and python sessions' processes
-        into a new node of the tree, in one atomic step, and returns it.
+    def checkpoint(self, label: Optional[str] = None, end_background: bool = False) -> Checkpoint:
+        """Freezes the sandbox's files and its processes (its bash and python sessions',
+        and background jobs a command left) into a new node of the tree, in one atomic
+        step, and returns it.
 
         Conflict while a command runs in the sandbox, and Conflict naming the session
-        and the reason when a session's process cannot be checkpointed with its state
-        (a pipe, a socket, threads, child processes...; nothing is changed). Other
-        processes (background jobs a command left) are ended."""
-        body = {"label": label} if label else {}
+        or process and the reason when a process cannot be checkpointed with its state
+        (a pipe, a socket, threads, child processes...; nothing is changed). With
+        ``end_background=True`` such processes outside the sessions are ended instead."""
+        body = {}  # type: Dict[str, Any]
+        if label:
+            body["label"] = label
+        if end_background:
+            body["end_background"] = True
         d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body)
         return Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
 

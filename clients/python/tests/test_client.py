@@ -604,6 +604,24 @@ class DaemonTest(unittest.TestCase):
         self.assertIn(c2.id, n.children)
         self.assertEqual(self.client.checkpoint(c2.id).parent, c1.id)
 
+    def test_background_process_refuses_or_ends(self):
+        # A background job holding a pipe cannot be checkpointed with its state: Conflict
+        # naming it, and nothing changes; end_background=True ends it instead.
+        sb = self.sandbox()
+        self.sh(sb, "nohup python3 -c 'import os, time; r, w = os.pipe(); "
+                    "open(\"/workspace/pp\", \"w\").write(str(os.getpid())); time.sleep(1000)' "
+                    "</dev/null >/dev/null 2>&1 & "
+                    "for i in $(seq 500); do [ -s /workspace/pp ] && exit 0; sleep 0.01; done; exit 1")
+        pid = self.sh(sb, "cat /workspace/pp").strip()
+        with self.assertRaises(Conflict) as cm:
+            sb.checkpoint(label="refused")
+        self.assertIn("process " + pid, str(cm.exception))
+        self.assertIn("end_background", str(cm.exception))
+        self.assertEqual(sb.run("kill -0 " + pid).exit_code, 0)
+        c = sb.checkpoint(label="ended", end_background=True)
+        self.assertEqual(c.killed_processes, 1)
+        self.assertNotEqual(sb.run("kill -0 " + pid).exit_code, 0)
+
     def test_session_state_follows_checkpoint_and_restore(self):
         # The process fast path: a session's process state is part of the checkpoint.
         sb = self.sandbox()

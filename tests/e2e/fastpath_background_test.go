@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"deltabox/internal/api"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/testutil"
+)
+
+// bgCounter is a process an exec leaves running: on each SIGUSR1 it counts, in its
+// memory, and appends "PID COUNT" to /workspace/bg.out. It is not in a session.
+const bgCounter = `
+import os, signal
+n = 0
+def bump(sig, frame):
+    global n
+    n += 1
+    with open('/workspace/bg.out', 'a') as f:
+        f.write('%d %d\n' % (os.getpid(), n))
+signal.signal(signal.SIGUSR1, bump)
+open('/workspace/bg.pid', 'w').write(str(os.getpid()))
+while True:
+    signal.pause()
+`
+
+// TestFastPathBackgroundProcess: a process outside the sessions (a background job an
+// exec left, its fds on /dev/null) is checkpointed with its state: after a restore it
+// runs again with its PID and the count it had in memory at that node, beside the
+// node's files; the restore to a later node brings that node's count. A background
+// process the fast path cannot take (it holds a pipe) refuses the checkpoint with 409
+// naming it, and nothing changes; with end_background the checkpoint ends it and still
+// keeps the counter.
+func TestFastPathBackgroundProcess(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "bp")
+	if r := dbxExec(t, d, "bp", api.ExecRequest{Argv: []string{"bash", "-c", `nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
+for i in $(seq 500); do [ -s /workspace/bg.pid ] && exit 0; sleep 0.01; done; exit 1`, "sh", bgCounter}}); r.ExitCode != 0 {
+		t.Fatalf("start the counter: %+v", r)
+	}
+	pid := strings.TrimSpace(dbxSh(t, d, "bp", "cat /workspace/bg.pid"))
+	// bump signals the counter and waits for its line.
+	bump := func(lines int) {
+		t.Helper()
+		dbxSh(t, d, "bp", fmt.Sprintf(`kill -USR1 %s; for i in $(seq 500); do [ "$(wc -l < /workspace/bg.out)" = %d ] && exit 0; sleep 0.01; done; cat /workspace/bg.out; exit 1`, pid, lines))
+	}
+	out := func(what, want string) {
+		t.Helper()
+		if got := dbxSh(t, d, "bp", "cat /workspace/bg.out"); got != want {
+			t.Fatalf("%s: bg.out %q, want %q", what, got, want)
+		}
+	}
+	line := func(n int) string { return fmt.Sprintf("%s %d\n", pid, n) }
+
+	bump(1)
+	a := dbxCheckpoint(t, d, "bp", "one")
+	if a.Processes != 1 || a.Killed != 0 {
+		t.Fatalf("checkpoint A: %d processes, %d killed, want the background counter kept: %v", a.Processes, a.Killed, a.ProcessErrors)
+	}
+	bump(2)
+	bump(3)
+	b := dbxCheckpoint(t, d, "bp", "three")
+	bump(4)
+
+	if r := dbxRestore(t, d, "bp", a.Node.ID); r.Processes != 1 {
+		t.Fatalf("restore A: %d processes: %v", r.Processes, r.ProcessErrors)
+	}
+	out("restored to A", line(1))
+	bump(2) // the restored process counted 1, as at A, and has the same PID
+	out("a signal after restoring A", line(1)+line(2))
+
+	dbxRestore(t, d, "bp", b.Node.ID)
+	bump(4)
+	out("a signal after restoring B", line(1)+line(2)+line(3)+line(4))
+
+	// One that holds a pipe cannot be taken.
+	dbxSh(t, d, "bp", `nohup python3 -c "import os, time; r, w = os.pipe(); open('/workspace/pipe.pid', 'w').write(str(os.getpid())); time.sleep(1000)" </dev/null >/dev/null 2>&1 &
+for i in $(seq 500); do [ -s /workspace/pipe.pid ] && exit 0; sleep 0.01; done; exit 1`)
+	pp := strings.TrimSpace(dbxSh(t, d, "bp", "cat /workspace/pipe.pid"))
+	before, _ := d.C.Tree(dbxCtx(t))
+	_, err := d.C.Checkpoint(dbxCtx(t), "bp", "refused")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "process "+pp) || !strings.Contains(err.Error(), "pipe:") ||
+		!strings.Contains(err.Error(), "outside the sessions") || !strings.Contains(err.Error(), "end_background") {
+		t.Fatalf("checkpoint with a background process holding a pipe: %v", err)
+	}
+	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
+		t.Fatalf("a refused checkpoint made a node")
+	}
+	dbxSh(t, d, "bp", "kill -0 "+pp+" && kill -0 "+pid)
+	bump(5) // the counter was let go as it was
+
+	c, err := d.C.CheckpointWith(dbxCtx(t), "bp", api.CheckpointRequest{Label: "ended", EndBackground: true})
+	if err != nil || c.Processes != 1 || c.Killed != 1 {
+		t.Fatalf("checkpoint with end_background: %v %+v", err, c)
+	}
+	if r := dbxExec(t, d, "bp", api.ExecRequest{Argv: []string{"bash", "-c", "kill -0 " + pp}}); r.ExitCode == 0 {
+		t.Fatalf("end_background left process %s running", pp)
+	}
+	bump(6)
+	dbxRestore(t, d, "bp", c.Node.ID)
+	bump(6)
+	out("restored to the node end_background made", line(1)+line(2)+line(3)+line(4)+line(5)+line(6))
+}
