@@ -135,6 +135,9 @@ func (m *Manager) templateCosts(nodes []string, sandbox string, maxAge time.Dura
 			ti.Processes++
 			ti.Add(mem)
 		}
+		if o.session == "" {
+			continue // a process outside the sessions: counted, not named
+		}
 		pn := perNode[o.node]
 		pn.Sessions = append(pn.Sessions, o.session)
 		sort.Strings(pn.Sessions)
