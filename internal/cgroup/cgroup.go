@@ -71,7 +71,7 @@ func (g *Group) Pids() ([]int, error) {
 	}
 	defer unix.Close(fd)
 	var b []byte
-	buf := make([]byte, 512)
+	buf := make([]byte, 8192) // a sandbox with ~1000 processes (templates) in one read
 	for {
 		n, err := unix.Read(fd, buf)
 		if err == unix.EINTR {

@@ -432,13 +432,20 @@ func HostPid(hostPids []int, nsPid int) (int, error) {
 	return 0, fmt.Errorf("no process %d in the sandbox", nsPid)
 }
 
-// Other reports whether hostPid is a process a checkpoint may take: it exists, is not a
+// What Other finds.
+const (
+	Takeable = iota // a process a checkpoint may take
+	Zombie          // gone, or a zombie
+	Traced          // traced by this process
+)
+
+// Other says whether hostPid is a process a checkpoint may take: it exists, is not a
 // zombie, and is not traced by this process (the daemon's templates and memory holders
 // are: /proc's TracerPid is the tracing thread's TID).
-func Other(hostPid int) bool {
+func Other(hostPid int) int {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
 	if err != nil {
-		return false
+		return Zombie
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
@@ -448,17 +455,17 @@ func Other(hostPid int) bool {
 		switch f[0] {
 		case "State:":
 			if f[1] == "Z" || f[1] == "X" {
-				return false
+				return Zombie
 			}
 		case "TracerPid:":
 			if f[1] != "0" {
 				if _, err := os.Stat("/proc/self/task/" + f[1]); err == nil {
-					return false
+					return Traced
 				}
 			}
 		}
 	}
-	return true
+	return Takeable
 }
 
 // Exists reports whether hostPid is a live (not zombie) process.

@@ -206,7 +206,8 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 //  2. fork each into its template, on the current state (nothing has moved yet);
 //  3. end what was not seized (with EndBackground, the processes outside the sessions
 //     that could not be; no node carries them, and every checkpoint that gets this far
-//     ends them, whether it completes or not);
+//     ends them, whether it completes or not); nothing to do, and no read of the cgroup,
+//     when step 1 saw every process seized, a template or a zombie (holdOthers);
 //  4. take a fresh upper (the next state prepared ahead of time, if it fits);
 //  5. freeze the upper (store.Freeze);
 //  6. mount the new stack and install it;
@@ -237,9 +238,10 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		return nil, err
 	}
 	held, err := m.holdSessions(s)
+	settled := false // nothing for step 3 to end (holdOthers)
 	if err == nil {
 		var others []*heldSession
-		if others, err = m.holdOthers(s, held, o.EndBackground); err != nil {
+		if others, settled, err = m.holdOthers(s, held, o.EndBackground); err != nil {
 			m.abortHeld(held)
 		}
 		held = append(held, others...)
@@ -283,9 +285,11 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 	if err := m.fail("checkpoint", 3); err != nil {
 		return abort(err)
 	}
-	keep, keepHost := m.keepPids(s, held)
-	if res.Killed, err = killAll(s, keep, keepHost); err != nil {
-		return abort(err)
+	if !settled {
+		keep, keepHost := m.keepPids(s, held)
+		if res.Killed, err = killAll(s, keep, keepHost); err != nil {
+			return abort(err)
+		}
 	}
 	if !fastPathOn() {
 		m.endSessions(s, "ended by a checkpoint (DELTABOX_FASTPATH=0: process state is not kept)")
