@@ -88,7 +88,11 @@ func printTree(t *state.Tree) {
 			line += "  (not yet durable)"
 		}
 		if tp := n.Templates; tp != nil && tp.Processes > 0 {
-			line += fmt.Sprintf("  [%s: %s private]", strings.Join(tp.Sessions, ","), humanBytes(tp.PrivateDirty))
+			who := append([]string(nil), tp.Sessions...)
+			if n := tp.Processes - len(tp.Sessions); n > 0 {
+				who = append(who, fmt.Sprintf("%d background", n)) // processes outside sessions
+			}
+			line += fmt.Sprintf("  [%s: %s private]", strings.Join(who, ","), humanBytes(tp.PrivateDirty))
 		}
 		if len(n.Sandboxes) > 0 {
 			line += "  <- " + strings.Join(n.Sandboxes, ", ")
