@@ -93,13 +93,14 @@ func SizeName(mb int) string {
 }
 
 // ScalePoint is where a scale row was measured, parsed from its system name
-// (deltabox-depth100, deltabox-ws4GB, deltabox-rss10MB).
+// (deltabox-depth100, deltabox-ws4gb, deltabox-rss10mb: the fast-path issue's names;
+// files written before 2026-12-03 say ws4GB, rss10MB, which parse too).
 type ScalePoint struct {
 	Dim string // depth, ws or rss
 	X   int    // layers, or MiB
 }
 
-var scaleSystemRE = regexp.MustCompile(`^deltabox-(depth|ws|rss)(\d+)(MB|GB)?$`)
+var scaleSystemRE = regexp.MustCompile(`^deltabox-(depth|ws|rss)(\d+)(MB|GB|mb|gb)?$`)
 
 // ParseScaleSystem parses a scale row's system name.
 func ParseScaleSystem(system string) (ScalePoint, bool) {
@@ -111,7 +112,7 @@ func ParseScaleSystem(system string) (ScalePoint, bool) {
 	if err != nil {
 		return ScalePoint{}, false
 	}
-	if m[3] == "GB" {
+	if m[3] == "GB" || m[3] == "gb" {
 		x *= 1024
 	}
 	return ScalePoint{Dim: m[1], X: x}, true
@@ -121,7 +122,7 @@ func (p ScalePoint) system() string {
 	if p.Dim == "depth" {
 		return "deltabox-depth" + strconv.Itoa(p.X)
 	}
-	return "deltabox-" + p.Dim + SizeName(p.X)
+	return "deltabox-" + p.Dim + strings.ToLower(SizeName(p.X))
 }
 
 // opSample is one timed operation.

@@ -12,11 +12,11 @@ func TestScaleSystemNames(t *testing.T) {
 	}{
 		{ScalePoint{"depth", 1}, "deltabox-depth1"},
 		{ScalePoint{"depth", 400}, "deltabox-depth400"},
-		{ScalePoint{"ws", 10}, "deltabox-ws10MB"},
-		{ScalePoint{"ws", 1024}, "deltabox-ws1GB"},
-		{ScalePoint{"ws", 4096}, "deltabox-ws4GB"},
-		{ScalePoint{"rss", 1536}, "deltabox-rss1536MB"},
-		{ScalePoint{"rss", 2048}, "deltabox-rss2GB"},
+		{ScalePoint{"ws", 10}, "deltabox-ws10mb"},
+		{ScalePoint{"ws", 1024}, "deltabox-ws1gb"},
+		{ScalePoint{"ws", 4096}, "deltabox-ws4gb"},
+		{ScalePoint{"rss", 1536}, "deltabox-rss1536mb"},
+		{ScalePoint{"rss", 2048}, "deltabox-rss2gb"},
 	} {
 		if got := c.p.system(); got != c.name {
 			t.Errorf("%+v: got %q, want %q", c.p, got, c.name)
@@ -25,6 +25,9 @@ func TestScaleSystemNames(t *testing.T) {
 		if !ok || p != c.p {
 			t.Errorf("parse %q: got %+v %v, want %+v", c.name, p, ok, c.p)
 		}
+	}
+	if p, ok := ParseScaleSystem("deltabox-ws4GB"); !ok || p != (ScalePoint{"ws", 4096}) { // files before 2026-12-03
+		t.Errorf("parse deltabox-ws4GB: got %+v %v", p, ok)
 	}
 	for _, bad := range []string{"deltabox", "deltabox-depth10MB", "deltabox-ws10", "cp-reflink", "deltabox-rssMB", "deltabox-ws10KB"} {
 		if p, ok := ParseScaleSystem(bad); ok {
@@ -75,7 +78,7 @@ func TestScaleRows(t *testing.T) {
 	if e.Op != "restore+exec" || e.P50 != 30 || len(e.Commands) != 2 || e.Commands[0] != scaleRsCall || e.Commands[1] != scaleExCall {
 		t.Fatalf("restore+exec row: %+v", e)
 	}
-	if rows := scaleRows(ScalePoint{"rss", 10}, "checkpoint", ss, scaleCkCall); rows[0].Info["prepared"] != 25 || rows[0].System != "deltabox-rss10MB" {
+	if rows := scaleRows(ScalePoint{"rss", 10}, "checkpoint", ss, scaleCkCall); rows[0].Info["prepared"] != 25 || rows[0].System != "deltabox-rss10mb" {
 		t.Fatalf("checkpoint row: %+v", rows[0])
 	}
 	if scaleRows(ScalePoint{"ws", 10}, "restore", nil, scaleRsCall) != nil {

@@ -55,10 +55,10 @@ func TestBenchScaleTiny(t *testing.T) {
 		got[r.System+" "+r.Op] = r
 	}
 	want := map[string]int{}
-	for _, s := range []string{"deltabox-depth1", "deltabox-depth5", "deltabox-ws10MB"} {
+	for _, s := range []string{"deltabox-depth1", "deltabox-depth5", "deltabox-ws10mb"} {
 		want[s+" restore-cold"], want[s+" restore-cold+exec"] = 2, 2
 	}
-	for _, s := range []string{"deltabox-depth1", "deltabox-depth5", "deltabox-ws10MB", "deltabox-rss10MB"} {
+	for _, s := range []string{"deltabox-depth1", "deltabox-depth5", "deltabox-ws10mb", "deltabox-rss10mb"} {
 		for _, op := range []string{"checkpoint", "checkpoint+exec", "restore", "restore+exec"} {
 			want[s+" "+op] = 5
 		}
@@ -85,7 +85,7 @@ func TestBenchScaleTiny(t *testing.T) {
 	if w := got["deltabox-depth5 restore-cold"].Info["warm"]; w != float64(0) {
 		t.Errorf("cold restores found warm states: %v", w)
 	}
-	if v, _ := got["deltabox-rss10MB restore"].Info["session_vmrss_mb"].(float64); v < 10 {
+	if v, _ := got["deltabox-rss10mb restore"].Info["session_vmrss_mb"].(float64); v < 10 {
 		t.Errorf("the python session held %v MiB", v)
 	}
 	for _, n := range f.Notes {
