@@ -221,12 +221,45 @@ func RunScale(ctx context.Context, c *client.Client, o ScaleOptions) (f *File, e
 			return f, fmt.Errorf("workspace %s: %w", SizeName(mb), err)
 		}
 	}
+	if n := workspaceTargetNote(f.Results); n != "" {
+		f.Notes = append(f.Notes, n)
+	}
 	for _, mb := range o.RSSMB {
 		if err := r.rss(ctx, mb); err != nil {
 			return f, fmt.Errorf("rss %s: %w", SizeName(mb), err)
 		}
 	}
 	return f, nil
+}
+
+// workspaceTargetNote checks the evaluation issue's target on the workspace rows: the
+// restore p50 at the largest workspace within 1.5x of the smallest's (the issue names
+// 4 GB and 10 MB). "" with fewer than two workspace sizes.
+func workspaceTargetNote(rows []Row) string {
+	var lo, hi *Row
+	var loMB, hiMB int
+	for i, r := range rows {
+		p, ok := ParseScaleSystem(r.System)
+		if !ok || p.Dim != "ws" || r.Op != "restore" {
+			continue
+		}
+		if lo == nil || p.X < loMB {
+			lo, loMB = &rows[i], p.X
+		}
+		if hi == nil || p.X > hiMB {
+			hi, hiMB = &rows[i], p.X
+		}
+	}
+	if lo == nil || loMB == hiMB || lo.P50 <= 0 {
+		return ""
+	}
+	ratio := hi.P50 / lo.P50
+	verdict := "met"
+	if ratio > 1.5 {
+		verdict = "MISSED"
+	}
+	return fmt.Sprintf("target restore p50 at the largest workspace (%s) within 1.5x of the smallest's (%s): %s (%.3f vs %.3f ms: %.2fx)",
+		strings.ToLower(SizeName(hiMB)), strings.ToLower(SizeName(loMB)), verdict, hi.P50, lo.P50, ratio)
 }
 
 func scaleDescription(o ScaleOptions) string {

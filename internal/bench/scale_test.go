@@ -85,3 +85,25 @@ func TestScaleRows(t *testing.T) {
 		t.Fatal("rows of no samples")
 	}
 }
+
+// TestWorkspaceTargetNote checks the 1.5x target between the largest and the smallest
+// workspace's restore p50, met and missed, and says nothing with one size.
+func TestWorkspaceTargetNote(t *testing.T) {
+	rows := []Row{
+		{System: "deltabox-ws10mb", Op: "restore", P50: 0.3},
+		{System: "deltabox-ws10mb", Op: "checkpoint", P50: 9},
+		{System: "deltabox-ws4gb", Op: "restore", P50: 0.42},
+		{System: "deltabox-ws1gb", Op: "restore", P50: 5},
+		{System: "deltabox-rss2gb", Op: "restore", P50: 50},
+	}
+	if got, want := workspaceTargetNote(rows), "target restore p50 at the largest workspace (4gb) within 1.5x of the smallest's (10mb): met (0.420 vs 0.300 ms: 1.40x)"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	rows[2].P50 = 0.46
+	if got := workspaceTargetNote(rows); !strings.Contains(got, "MISSED (0.460 vs 0.300 ms: 1.53x)") {
+		t.Errorf("missed: %q", got)
+	}
+	if got := workspaceTargetNote(rows[:2]); got != "" {
+		t.Errorf("one size: %q", got)
+	}
+}
