@@ -177,11 +177,12 @@ func (h *Held) MoveBack() error {
 				return fmt.Errorf("dup3 fd %d back: %w", f.Num, err)
 			}
 		}
-		// The template's descriptions carry their flock and OFD locks (and dups share
-		// them as before); the POSIX locks, which the move's dup3s dropped, are set
-		// again once every fd is back (locks.go).
+		// Every lock is set again once every fd is back (locks.go): the POSIX ones,
+		// which the move's dup3s dropped, and the flock and OFD ones, which the move
+		// released from these very descriptions (again on a description that kept one
+		// is a no-op).
 		var b remote.Batch
-		if lockCalls(&b, h.P, true); b.Len() > 0 {
+		if lockCalls(&b, h.P, false); b.Len() > 0 {
 			if _, err := h.t.RunBatch(&b); err != nil {
 				return err
 			}

@@ -88,8 +88,9 @@ func (e *Ineligible) Error() string {
 // writing them carries no state that fork would share. By device number (major, minor:
 // Documentation/admin-guide/devices.txt), not path: an fd opened on a state whose
 // namespace has since been torn down reads as "/null" (its /dev clone is detached).
+// (/dev/tty, 5:0, is not one: it is the controlling terminal, a "pty" fd.)
 var statelessDevs = map[[2]uint32]string{{1, 3}: "/dev/null", {1, 5}: "/dev/zero", {1, 7}: "/dev/full",
-	{1, 8}: "/dev/random", {1, 9}: "/dev/urandom", {5, 0}: "/dev/tty"}
+	{1, 8}: "/dev/random", {1, 9}: "/dev/urandom"}
 
 // statelessDev reports whether the fd at path (/proc/PID/fd/N) is one of statelessDevs.
 func statelessDev(path string) bool {
@@ -181,7 +182,14 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 				return nil, err
 			}
 			for _, o := range p.FDs { // the lower fds: ents is in numeric order
-				if !o.Dup && o.Path == target && (o.Kind == "file" || o.Kind == "dir") && sameFile(hostPid, o.Num, n) {
+				if o.Dup || o.Path != target || (o.Kind != "file" && o.Kind != "dir") {
+					continue
+				}
+				same, err := sameFile(hostPid, o.Num, hostPid, n)
+				if err != nil {
+					return nil, &Ineligible{p.Pid, fmt.Sprintf("fds %d and %d are both %s, and whether they share an open file description cannot be told (%v)", o.Num, n, target, err)}
+				}
+				if same {
 					fd.Dup, fd.DupOf, locks = true, o.Num, nil
 					break
 				}
@@ -209,14 +217,15 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 }
 
 // isPtySlave reports whether the fd at path (/proc/PID/fd/N) is a pseudo-terminal slave:
-// a character device of the UNIX98 pty majors (136-143, Documentation/admin-guide/devices.txt).
+// a character device of the UNIX98 pty majors (136-143, Documentation/admin-guide/devices.txt),
+// or /dev/tty (5:0), which is the process's controlling terminal.
 func isPtySlave(path string) bool {
 	var st unix.Stat_t
 	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
 		return false
 	}
-	major := unix.Major(uint64(st.Rdev))
-	return major >= 136 && major <= 143
+	major, minor := unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
+	return major >= 136 && major <= 143 || major == 5 && minor == 0
 }
 
 // fdinfo reads fd n's open flags, offset and the fields of its "lock:" lines.
@@ -326,6 +335,7 @@ func giveBack(c *remote.Tracee, tmpl *Template) error {
 // Precondition: on tr's thread (inside Do).
 func move(t *remote.Tracee, p *Proc, nsPath string) error {
 	var b remote.Batch
+	unlockCalls(&b, p)
 	maps := moveCalls(&b, p, nsPath)
 	lockCalls(&b, p, false)
 	res, err := t.RunBatch(&b)
@@ -466,6 +476,23 @@ func Other(hostPid int) int {
 		}
 	}
 	return Takeable
+}
+
+// SamePidNS reports whether host runs in the PID namespace of initHost (both host PIDs).
+func SamePidNS(host, initHost int) bool {
+	a, err1 := os.Readlink("/proc/" + strconv.Itoa(host) + "/ns/pid")
+	c, err2 := os.Readlink("/proc/" + strconv.Itoa(initHost) + "/ns/pid")
+	return err1 == nil && err2 == nil && a == c
+}
+
+// SandboxPid returns hostPid's PID in its innermost PID namespace, or 0.
+func SandboxPid(hostPid int) int {
+	f := nsPids(hostPid)
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
 }
 
 // Exists reports whether hostPid is a live (not zombie) process.

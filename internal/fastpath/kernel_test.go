@@ -288,10 +288,10 @@ func TestParseLock(t *testing.T) {
 			t.Errorf("%q: %+v %v, want %+v", c.line, got, err, c.want)
 		}
 	}
-	if b := flockBytes(Lock{Kind: "posix", Write: true, Start: 5, End: 14}); len(b) != 32 || b[0] != 1 || b[8] != 5 || b[16] != 10 {
+	if b := flockBytes(Lock{Kind: "posix", Write: true, Start: 5, End: 14}, false); len(b) != 32 || b[0] != 1 || b[8] != 5 || b[16] != 10 {
 		t.Errorf("struct flock for bytes 5-14 (F_WRLCK, len 10): % x", b)
 	}
-	if b := flockBytes(Lock{Kind: "ofd", Start: 20, End: -1}); b[0] != 0 || b[8] != 20 || b[16] != 0 {
+	if b := flockBytes(Lock{Kind: "ofd", Start: 20, End: -1}, false); b[0] != 0 || b[8] != 20 || b[16] != 0 {
 		t.Errorf("struct flock from 20 to the end (F_RDLCK, len 0): % x", b)
 	}
 }

@@ -27,9 +27,11 @@ import (
 // So a process's locks are read at the checkpoint (inspect) and set again, on the
 // reopened files, by the same batch that moves it (Move, and Revive for a restored
 // child), after every fd and mapping has been put in place: a close of the batch's own
-// temporary fd of the file would drop a POSIX lock set before it. MoveBack takes the
-// template's open file descriptions back, with their flock and OFD locks, and sets the
-// POSIX locks again. The calls do not block (LOCK_NB, F_SETLK): at a checkpoint nothing
+// temporary fd of the file would drop a POSIX lock set before it. The move first
+// releases the flock and OFD locks through the descriptions it shares with the template
+// (unlockCalls): left there, a checkpoint with no change, which keeps the mount and so
+// reopens the same inodes, would find its own new exclusive lock refused by the
+// template's. MoveBack takes the template's descriptions back and sets every lock again. The calls do not block (LOCK_NB, F_SETLK): at a checkpoint nothing
 // else can hold the new state's files, at a restore the sandbox's other processes are
 // gone, and a conflict fails the operation with the lock named rather than hanging it.
 // Leases and delegations, and locks on terminals and devices (which are not reopened),
@@ -106,11 +108,39 @@ func parseLock(f []string) (Lock, error) {
 	return l, nil
 }
 
-// sameFile reports whether fds a and b of process pid are one open file description
-// (kcmp KCMP_FILE; the caller has ptrace read access: the daemon is root).
-func sameFile(pid, a, b int) bool {
-	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(pid), 0 /* KCMP_FILE */, uintptr(a), uintptr(b), 0)
-	return errno == 0 && r == 0
+// sameFile reports whether fd a of process pa and fd b of process pb are one open file
+// description (kcmp KCMP_FILE; the caller has ptrace read access: the daemon is root).
+func sameFile(pa, a, pb, b int) (bool, error) {
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pa), uintptr(pb), 0 /* KCMP_FILE */, uintptr(a), uintptr(b), 0)
+	if errno != 0 {
+		return false, fmt.Errorf("kcmp: %w", errno)
+	}
+	return r == 0, nil
+}
+
+// SharedLock finds an fd of b that is the very open file description of an fd of a
+// holding a flock or OFD lock (a description inherited across a fork, or passed): each
+// process would take the lock again on a copy of its own, and the second would be
+// refused. It returns b's fd and a's, or ok false.
+func SharedLock(a, b *Proc) (fdB, fdA int, ok bool) {
+	for _, f := range a.FDs {
+		locked := false
+		for _, l := range f.Locks {
+			locked = locked || l.Kind != "posix"
+		}
+		if !locked {
+			continue
+		}
+		for _, g := range b.FDs {
+			if g.Path != f.Path || (g.Kind != "file" && g.Kind != "dir") {
+				continue
+			}
+			if same, err := sameFile(a.HostPid, f.Num, b.HostPid, g.Num); err != nil || same {
+				return g.Num, f.Num, true // an error: cannot tell, so not taken
+			}
+		}
+	}
+	return 0, 0, false
 }
 
 // lockCalls appends to b the calls that set p's locks again on its fds. With posixOnly,
@@ -119,9 +149,23 @@ func sameFile(pid, a, b int) bool {
 // for calls that close no fd of a locked file (a close drops the process's POSIX locks
 // on the file).
 func lockCalls(b *remote.Batch, p *Proc, posixOnly bool) {
+	setLockCalls(b, p, posixOnly, false)
+}
+
+// unlockCalls appends to b the calls that release p's flock and OFD locks through its
+// current fds (the descriptions it shares with its template). Precondition: before the
+// reopens of the same batch.
+func unlockCalls(b *remote.Batch, p *Proc) {
+	setLockCalls(b, p, false, true)
+}
+
+func setLockCalls(b *remote.Batch, p *Proc, posixOnly, unlock bool) {
 	for _, f := range p.FDs {
 		for _, l := range f.Locks {
 			name := fmt.Sprintf("set the %s lock of fd %d (%s) again", l, f.Num, f.Path)
+			if unlock {
+				name = fmt.Sprintf("release the %s lock of fd %d (%s) from the template's description", l, f.Num, f.Path)
+			}
 			if l.Kind == "flock" {
 				if posixOnly {
 					continue
@@ -130,27 +174,36 @@ func lockCalls(b *remote.Batch, p *Proc, posixOnly bool) {
 				if l.Write {
 					op = unix.LOCK_EX
 				}
+				if unlock {
+					op = unix.LOCK_UN
+				}
 				b.Add(name, unix.SYS_FLOCK, f.Num, op|unix.LOCK_NB)
 				continue
 			}
 			cmd := unix.F_OFD_SETLK
 			if l.Kind == "posix" {
+				if unlock {
+					continue // the process's own: the move's dup3 drops it
+				}
 				cmd = unix.F_SETLK
 			} else if posixOnly {
 				continue
 			}
-			b.Add(name, unix.SYS_FCNTL, f.Num, cmd, flockBytes(l))
+			b.Add(name, unix.SYS_FCNTL, f.Num, cmd, flockBytes(l, unlock))
 		}
 	}
 }
 
 // flockBytes is struct flock (x86-64: l_type, l_whence as shorts, padding, l_start,
-// l_len, l_pid, padding: 32 bytes) for l.
-func flockBytes(l Lock) []byte {
+// l_len, l_pid, padding: 32 bytes) for l, or for its release (F_UNLCK).
+func flockBytes(l Lock, unlock bool) []byte {
 	b := make([]byte, 32)
 	typ := unix.F_RDLCK
 	if l.Write {
 		typ = unix.F_WRLCK
+	}
+	if unlock {
+		typ = unix.F_UNLCK
 	}
 	binary.LittleEndian.PutUint16(b[0:], uint16(typ))
 	binary.LittleEndian.PutUint16(b[2:], 0) // SEEK_SET

@@ -79,7 +79,11 @@ func Main(arg string) {
 	if err := s.send(&Message{Op: "ready"}, nil); err != nil {
 		fatal("ready: %v", err)
 	}
-	s.serve()
+	// The main goroutine keeps the main thread (package mainthread) and parks for good:
+	// serving from it, every wake-up after a wait (a spawn's answer) would need that one
+	// thread handed the CPU.
+	go s.serve()
+	select {}
 }
 
 // CloseOnExecFrom marks every open fd >= from close-on-exec.

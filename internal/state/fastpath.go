@@ -151,43 +151,63 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 		return nil, false, fmt.Errorf("list the sandbox's processes: %w", err)
 	}
 	tr := m.tracer(s)
+	// Settled only if the cgroup held nothing but known processes when it was read:
+	// then nothing but init (which spawns only when asked, under s.opMu) was running,
+	// and nothing can appear. A process found running could fork (or clone with
+	// CLONE_PARENT, or double-fork) before its seizure, and what it made is not listed.
 	settled = true
+	initHost := s.rt.InitPid()
+	refuse := func(host int, err error) error {
+		m.abortHeld(out)
+		return fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
+	}
 	for _, host := range pids {
 		if known[host] {
 			continue
 		}
+		settled = false
 		switch fastpath.Other(host) {
-		case fastpath.Zombie:
-			continue
-		case fastpath.Traced:
-			settled = false
+		case fastpath.Zombie, fastpath.Traced: // gone; a memory holder (killed after its restore)
 			continue
 		}
-		h, err := fastpath.Hold(tr, host)
-		if err == nil && h.HasTerminal() {
+		var h *fastpath.Held
+		var err error
+		if !fastpath.SamePidNS(host, initHost) {
+			// inspect records its innermost PID, which a restore could not give back.
+			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host), Reason: "it runs in a PID namespace of its own (unshare --pid?)"}
+		} else if h, err = fastpath.Hold(tr, host); err == nil && h.HasTerminal() {
 			// Restored, it could not be given the session's terminal without taking
 			// the session's controlling terminal and foreground group.
 			err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}
 			h.Abort()
+		} else if err == nil {
+			// A locked description it shares with a process held before it: each would
+			// take the lock again on its own copy, and the second would be refused.
+			for _, o := range append(append([]*heldSession(nil), held...), out...) {
+				if fd, ofd, ok := fastpath.SharedLock(o.h.P, h.P); ok {
+					err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}
+					h.Abort()
+					break
+				}
+			}
 		}
 		if err == nil {
 			what := fmt.Sprintf("process %d (%s)", h.P.Pid, fastpath.Comm(host))
 			out = append(out, &heldSession{what: what, h: h})
 			continue
 		}
-		settled = false
 		if !fastpath.Exists(host) {
 			continue // it ended meanwhile
 		}
 		var in *fastpath.Ineligible
-		if errors.As(err, &in) && endBackground {
+		if !errors.As(err, &in) {
+			// Not seizable (traced by a debugger inside the sandbox...): as ineligible.
+			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host), Reason: "it cannot be seized: " + err.Error()}
+		}
+		if endBackground {
 			continue // the kill at step 3 ends it
 		}
-		m.abortHeld(out)
-		if errors.As(err, &in) {
-			return nil, false, fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
-		}
-		return nil, false, fmt.Errorf("process %s (host pid %d), outside the sessions: %w", fastpath.Comm(host), host, err)
+		return nil, false, refuse(host, err)
 	}
 	return out, settled, nil
 }

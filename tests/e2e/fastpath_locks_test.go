@@ -115,3 +115,74 @@ fcntl.fcntl(fc, fcntl.F_OFD_SETLK, struct.pack('hhxxxxqqixxxx', fcntl.F_UNLCK, 0
 	sessRun(t, d, "lk", "py", "fcntl.fcntl(fe, fcntl.F_SETLEASE, fcntl.F_UNLCK)")
 	dbxCheckpoint(t, d, "lk", "no-lease")
 }
+
+// TestFastPathLocksUnchangedAndShared: an exclusive flock on a file opened read-only
+// survives checkpoints that change nothing (the mount is kept, so the live process
+// reopens the very inode its template's description holds: the move must release the
+// template's lock first). A background process that inherited a locked open file
+// description from a session (a double fork) refuses the checkpoint with 409 naming it,
+// and nothing changes; with end_background it is ended and the session keeps its lock.
+func TestFastPathLocksUnchangedAndShared(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "lu")
+	if _, err := d.C.StartSession(dbxCtx(t), "lu", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	held := func(what string) {
+		t.Helper()
+		res := dbxExec(t, d, "lu", api.ExecRequest{Argv: []string{"python3", "-c", `
+import fcntl
+f = open('/workspace/ro')
+try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print('free')
+except OSError:
+    print('held')`}})
+		if got := strings.TrimSpace(res.Stdout); got != "held" {
+			t.Fatalf("%s: /workspace/ro is %q (%s), want held by the session", what, got, res.Stderr)
+		}
+	}
+	dbxSh(t, d, "lu", "echo x > /workspace/ro")
+	sessRun(t, d, "lu", "py", "import fcntl, os, time\nf = open('/workspace/ro'); fcntl.flock(f, fcntl.LOCK_EX)")
+	a := dbxCheckpoint(t, d, "lu", "a")
+	held("after a checkpoint")
+	for i := 0; i < 2; i++ {
+		c := dbxCheckpoint(t, d, "lu", "unchanged")
+		if c.Mounted {
+			t.Fatalf("checkpoint %d after no change mounted a new state: the test needs the unchanged path", i)
+		}
+		held("after a checkpoint with no change")
+	}
+	dbxRestore(t, d, "lu", a.Node.ID)
+	held("after a restore")
+
+	// A grandchild of the session (so a child of init) with the session's locked
+	// description: fds 0-2 on /dev/null, the lock's fd inherited.
+	sessRun(t, d, "lu", "py", `pid = os.fork()
+if pid == 0:
+    if os.fork() == 0:
+        os.setsid()
+        n = os.open('/dev/null', os.O_RDWR)
+        for i in (0, 1, 2):
+            os.dup2(n, i)
+        open('/workspace/gc.pid', 'w').write(str(os.getpid()))
+        time.sleep(1000)
+    os._exit(0)
+os.waitpid(pid, 0)`)
+	dbxSh(t, d, "lu", "for i in $(seq 500); do [ -s /workspace/gc.pid ] && exit 0; sleep 0.01; done; exit 1")
+	gc := strings.TrimSpace(dbxSh(t, d, "lu", "cat /workspace/gc.pid"))
+	before, _ := d.C.Tree(dbxCtx(t))
+	_, err := d.C.Checkpoint(dbxCtx(t), "lu", "shared")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "process "+gc) || !strings.Contains(err.Error(), "holds a lock") {
+		t.Fatalf("checkpoint with a locked description shared with a background process: %v", err)
+	}
+	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
+		t.Fatalf("a refused checkpoint made a node")
+	}
+	held("after the refused checkpoint")
+	c, err := d.C.CheckpointWith(dbxCtx(t), "lu", api.CheckpointRequest{Label: "ended", EndBackground: true})
+	if err != nil || c.Processes != 1 || c.Killed != 1 {
+		t.Fatalf("checkpoint with end_background: %v %+v", err, c)
+	}
+	held("after end_background ended the grandchild")
+}
