@@ -121,14 +121,14 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 // endBackground, is left to the checkpoint's kill (step 3) as before. On error the
 // processes held here are let go untouched (the caller lets held go).
 //
-// settled reports that every process of the cgroup was init, held (here or in held), a
-// template or a zombie: none is left running that could have made another since the
-// cgroup was read (with s.opMu held init spawns nothing), so the checkpoint's kill has
+// settled reports that the cgroup held nothing but init, the processes in held and the
+// sandbox's templates when it was read: all stopped but init, which spawns nothing while
+// s.opMu is held, so no process can have appeared since, and the checkpoint's kill has
 // nothing to do and need not read the cgroup again (a read of ~100 PIDs, templates
-// included, took 80 us in the daemon). A process skipped while running (endBackground),
-// one that ended meanwhile (a double fork could leave a child not yet listed) or one the
-// daemon traces but keeps nowhere (a restore's memory holder) unsettles it.
-// Precondition: s.opMu held, no exec running.
+// included, took 80 us in the daemon). Any other process unsettles it, even one then
+// seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
+// double-forked, and what it made is not in the list. Precondition: s.opMu held, no
+// exec running.
 func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (out []*heldSession, settled bool, err error) {
 	if !fastPathOn() {
 		return nil, false, nil
