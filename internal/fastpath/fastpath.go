@@ -410,9 +410,7 @@ func IsHostPid(host, pid, initHost int) bool {
 	if len(f) < 2 || f[len(f)-1] != strconv.Itoa(pid) {
 		return false
 	}
-	a, err1 := os.Readlink("/proc/" + strconv.Itoa(host) + "/ns/pid")
-	c, err2 := os.Readlink("/proc/" + strconv.Itoa(initHost) + "/ns/pid")
-	return err1 == nil && err2 == nil && a == c
+	return SamePidNS(host, initHost)
 }
 
 // nsPids returns the NSpid fields of /proc/hostPid/status (its PID in each namespace,

@@ -137,15 +137,9 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 	for _, l := range held {
 		known[l.h.P.HostPid] = true
 	}
-	m.mu.Lock()
-	for _, ts := range m.templates {
-		for _, t := range ts {
-			if t.sandbox == s.rec.ID {
-				known[t.tmpl.HostPid] = true
-			}
-		}
+	for _, t := range m.sandboxTemplates(s) {
+		known[t.HostPid] = true
 	}
-	m.mu.Unlock()
 	pids, err := s.rt.Pids()
 	if err != nil {
 		return nil, false, fmt.Errorf("list the sandbox's processes: %w", err)
@@ -366,17 +360,26 @@ func (m *Manager) keepPids(s *sb, held []*heldSession) (keep []int, host map[int
 			host[l.pt.tmpl.HostPid] = true
 		}
 	}
+	for _, t := range m.sandboxTemplates(s) {
+		keep = append(keep, t.SelfPid)
+		host[t.HostPid] = true
+	}
+	return keep, host
+}
+
+// sandboxTemplates returns every template s holds, at any node.
+func (m *Manager) sandboxTemplates(s *sb) []*fastpath.Template {
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*fastpath.Template
 	for _, ts := range m.templates {
 		for _, t := range ts {
 			if t.sandbox == s.rec.ID {
-				keep = append(keep, t.tmpl.SelfPid)
-				host[t.tmpl.HostPid] = true
+				out = append(out, t.tmpl)
 			}
 		}
 	}
-	m.mu.Unlock()
-	return keep, host
+	return out
 }
 
 // tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.

@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
 	"deltabox/internal/api"
-	"deltabox/internal/errdefs"
 	"deltabox/internal/testutil"
 )
 
@@ -80,15 +78,7 @@ for i in $(seq 500); do [ -s /workspace/bg.pid ] && exit 0; sleep 0.01; done; ex
 	dbxSh(t, d, "bp", `nohup python3 -c "import os, time; r, w = os.pipe(); open('/workspace/pipe.pid', 'w').write(str(os.getpid())); time.sleep(1000)" </dev/null >/dev/null 2>&1 &
 for i in $(seq 500); do [ -s /workspace/pipe.pid ] && exit 0; sleep 0.01; done; exit 1`)
 	pp := strings.TrimSpace(dbxSh(t, d, "bp", "cat /workspace/pipe.pid"))
-	before, _ := d.C.Tree(dbxCtx(t))
-	_, err := d.C.Checkpoint(dbxCtx(t), "bp", "refused")
-	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "process "+pp) || !strings.Contains(err.Error(), "pipe:") ||
-		!strings.Contains(err.Error(), "outside the sessions") || !strings.Contains(err.Error(), "end_background") {
-		t.Fatalf("checkpoint with a background process holding a pipe: %v", err)
-	}
-	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
-		t.Fatalf("a refused checkpoint made a node")
-	}
+	fpRefused(t, d, "bp", "process "+pp, "pipe:", "outside the sessions", "end_background")
 	dbxSh(t, d, "bp", "kill -0 "+pp+" && kill -0 "+pid)
 	bump(5) // the counter was let go as it was
 

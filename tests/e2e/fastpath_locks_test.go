@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
 	"deltabox/internal/api"
-	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
@@ -101,14 +99,7 @@ fcntl.fcntl(fc, fcntl.F_OFD_SETLK, struct.pack('hhxxxxqqixxxx', fcntl.F_UNLCK, 0
 
 	// A lease: fork would share it with the template, and nothing sets it again.
 	sessRun(t, d, "lk", "py", "open('/workspace/lk-e', 'w').close(); fe = open('/workspace/lk-e'); fcntl.fcntl(fe, fcntl.F_SETLEASE, fcntl.F_RDLCK)")
-	before, _ := d.C.Tree(dbxCtx(t))
-	_, err := d.C.Checkpoint(dbxCtx(t), "lk", "lease")
-	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "lease") || !strings.Contains(err.Error(), "lk-e") || !strings.Contains(err.Error(), "session py") {
-		t.Fatalf("checkpoint with a lease: %v", err)
-	}
-	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
-		t.Fatalf("a refused checkpoint made a node")
-	}
+	fpRefused(t, d, "lk", "lease", "lk-e", "session py")
 	if out := sessRun(t, d, "lk", "py", "print(fcntl.fcntl(fe, fcntl.F_GETLEASE) == fcntl.F_RDLCK)"); out != "True\n" {
 		t.Fatalf("the lease after a refused checkpoint: %q", out)
 	}
@@ -171,14 +162,7 @@ if pid == 0:
 os.waitpid(pid, 0)`)
 	dbxSh(t, d, "lu", "for i in $(seq 500); do [ -s /workspace/gc.pid ] && exit 0; sleep 0.01; done; exit 1")
 	gc := strings.TrimSpace(dbxSh(t, d, "lu", "cat /workspace/gc.pid"))
-	before, _ := d.C.Tree(dbxCtx(t))
-	_, err := d.C.Checkpoint(dbxCtx(t), "lu", "shared")
-	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "process "+gc) || !strings.Contains(err.Error(), "holds a lock") {
-		t.Fatalf("checkpoint with a locked description shared with a background process: %v", err)
-	}
-	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
-		t.Fatalf("a refused checkpoint made a node")
-	}
+	fpRefused(t, d, "lu", "process "+gc, "holds a lock")
 	held("after the refused checkpoint")
 	c, err := d.C.CheckpointWith(dbxCtx(t), "lu", api.CheckpointRequest{Label: "ended", EndBackground: true})
 	if err != nil || c.Processes != 1 || c.Killed != 1 {

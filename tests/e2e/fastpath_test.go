@@ -143,20 +143,31 @@ step = 0`)
 // TestFastPathIneligibleProcessChangesNothing: a session holding a pipe cannot be
 // checkpointed with its state: the checkpoint fails naming the process and the reason,
 // and nothing changes.
+// fpRefused checkpoints sandbox id and requires a 409 whose message holds every one of
+// want, and no node made.
+func fpRefused(t *testing.T, d *testutil.Daemon, id string, want ...string) {
+	t.Helper()
+	before, _ := d.C.Tree(dbxCtx(t))
+	_, err := d.C.Checkpoint(dbxCtx(t), id, "refused")
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("checkpoint of %s: %v, want a conflict", id, err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Fatalf("checkpoint of %s: %v, want a message with %q", id, err, w)
+		}
+	}
+	if after, _ := d.C.Tree(dbxCtx(t)); len(after.Nodes) != len(before.Nodes) {
+		t.Fatalf("a refused checkpoint of %s made a node", id)
+	}
+}
+
 func TestFastPathIneligibleProcessChangesNothing(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	dbxCreate(t, d, "in")
 	// The process substitution's child is waited for, so that the pipe is the only reason.
 	sessRun(t, d, "in", "main", "echo a > f; V=kept; exec 7< <(echo hi); wait $!")
-	before, _ := d.C.Tree(dbxCtx(t))
-	_, err := d.C.Checkpoint(dbxCtx(t), "in", "x")
-	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "fd 7 is pipe:") || !strings.Contains(err.Error(), "session main") {
-		t.Fatalf("checkpoint of an ineligible session: %v", err)
-	}
-	after, _ := d.C.Tree(dbxCtx(t))
-	if len(after.Nodes) != len(before.Nodes) {
-		t.Fatalf("a refused checkpoint made a node")
-	}
+	fpRefused(t, d, "in", "fd 7 is pipe:", "session main")
 	if out := sessRun(t, d, "in", "main", "echo $V; cat f"); out != "kept\na\n" {
 		t.Fatalf("session after a refused checkpoint: %q", out)
 	}
