@@ -449,11 +449,12 @@ const (
 
 // Other says whether hostPid is a process a checkpoint may take: it exists, is not a
 // zombie, and is not traced by this process (the daemon's templates and memory holders
-// are: /proc's TracerPid is the tracing thread's TID).
-func Other(hostPid int) int {
+// are: /proc's TracerPid is the tracing thread's TID). tracer is the host PID of the
+// process that traces it, if another one does (a debugger inside the sandbox), else 0.
+func Other(hostPid int) (what, tracer int) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
 	if err != nil {
-		return Zombie
+		return Zombie, 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
@@ -463,17 +464,34 @@ func Other(hostPid int) int {
 		switch f[0] {
 		case "State:":
 			if f[1] == "Z" || f[1] == "X" {
-				return Zombie
+				return Zombie, 0
 			}
 		case "TracerPid:":
 			if f[1] != "0" {
 				if _, err := os.Stat("/proc/self/task/" + f[1]); err == nil {
-					return Traced
+					return Traced, 0
+				}
+				tid, _ := strconv.Atoi(f[1])
+				return Takeable, tgid(tid)
+			}
+		}
+	}
+	return Takeable, 0
+}
+
+// tgid returns the process (thread group) of thread tid, or tid.
+func tgid(tid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
+	if err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
+				if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+					return n
 				}
 			}
 		}
 	}
-	return Takeable
+	return tid
 }
 
 // SamePidNS reports whether host runs in the PID namespace of initHost (both host PIDs).
@@ -483,13 +501,14 @@ func SamePidNS(host, initHost int) bool {
 	return err1 == nil && err2 == nil && a == c
 }
 
-// SandboxPid returns hostPid's PID in its innermost PID namespace, or 0.
-func SandboxPid(hostPid int) int {
-	f := nsPids(hostPid)
-	if len(f) == 0 {
+// SandboxPid returns hostPid's PID in the PID namespace of initHost (the sandbox's, at
+// the depth of init's), or 0.
+func SandboxPid(hostPid, initHost int) int {
+	f, in := nsPids(hostPid), nsPids(initHost)
+	if len(in) == 0 || len(f) < len(in) {
 		return 0
 	}
-	n, _ := strconv.Atoi(f[len(f)-1])
+	n, _ := strconv.Atoi(f[len(in)-1])
 	return n
 }
 

@@ -155,20 +155,37 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 		m.abortHeld(out)
 		return fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
 	}
+	// First what each unknown process is, and which of them trace others: a tracer
+	// cannot be taken (fork does not copy a ptrace relationship), and its tracee's exit,
+	// at the kill, would wait for the tracer to collect it.
+	kind := map[int]int{}
+	tracers := map[int]int{} // tracer -> a process it traces (host PIDs)
 	for _, host := range pids {
 		if known[host] {
 			continue
 		}
 		settled = false
-		switch fastpath.Other(host) {
+		k, tracer := fastpath.Other(host)
+		kind[host] = k
+		if tracer != 0 {
+			tracers[tracer] = host
+		}
+	}
+	for _, host := range pids {
+		if known[host] {
+			continue
+		}
+		switch kind[host] {
 		case fastpath.Zombie, fastpath.Traced: // gone; a memory holder (killed after its restore)
 			continue
 		}
 		var h *fastpath.Held
 		var err error
-		if !fastpath.SamePidNS(host, initHost) {
+		if tracee, ok := tracers[host]; ok {
+			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: fmt.Sprintf("it traces process %d (a debugger?), which a fork does not carry", fastpath.SandboxPid(tracee, initHost))}
+		} else if !fastpath.SamePidNS(host, initHost) {
 			// inspect records its innermost PID, which a restore could not give back.
-			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host), Reason: "it runs in a PID namespace of its own (unshare --pid?)"}
+			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: "it runs in a PID namespace of its own (unshare --pid?)"}
 		} else if h, err = fastpath.Hold(tr, host); err == nil && h.HasTerminal() {
 			// Restored, it could not be given the session's terminal without taking
 			// the session's controlling terminal and foreground group.
@@ -196,7 +213,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 		var in *fastpath.Ineligible
 		if !errors.As(err, &in) {
 			// Not seizable (traced by a debugger inside the sandbox...): as ineligible.
-			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host), Reason: "it cannot be seized: " + err.Error()}
+			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: "it cannot be seized: " + err.Error()}
 		}
 		if endBackground {
 			continue // the kill at step 3 ends it

@@ -94,3 +94,53 @@ for i in $(seq 500); do [ -s /workspace/pipe.pid ] && exit 0; sleep 0.01; done; 
 	bump(6)
 	out("restored to the node end_background made", line(1)+line(2)+line(3)+line(4)+line(5)+line(6))
 }
+
+// TestFastPathBackgroundTracedAndNested: a background process a debugger inside the
+// sandbox traces cannot be seized, and its tracer cannot be carried (fork does not copy
+// a ptrace relationship): the checkpoint is refused with 409 naming the traced one, and
+// with end_background both are ended (the tracer first has to go for its tracee's exit
+// to be collected, which a kill of the tracee alone would wait on). A process in a PID
+// namespace of its own is refused, named by its PID in the sandbox.
+func TestFastPathBackgroundTracedAndNested(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "tn")
+	start := func(script string, args ...string) {
+		t.Helper()
+		argv := append([]string{"bash", "-c", script, "sh"}, args...)
+		if r := dbxExec(t, d, "tn", api.ExecRequest{Argv: argv}); r.ExitCode != 0 {
+			t.Fatalf("%s: %+v", script, r)
+		}
+	}
+	start(`nohup sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > /workspace/b.pid
+nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
+for i in $(seq 500); do [ -s /workspace/a.out ] && exit 0; sleep 0.01; done; exit 1`, `
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+r = libc.ptrace(0x4206, int(open('/workspace/b.pid').read()), 0, 0)  # PTRACE_SEIZE
+open('/workspace/a.out', 'w').write('%d %d' % (r, ctypes.get_errno()))
+time.sleep(1000)`)
+	if out := dbxSh(t, d, "tn", "cat /workspace/a.out"); out != "0 0" {
+		t.Fatalf("the tracer's PTRACE_SEIZE: %q", out)
+	}
+	b := strings.TrimSpace(dbxSh(t, d, "tn", "cat /workspace/b.pid"))
+	fpRefused(t, d, "tn", "process "+b, "cannot be seized")
+	c, err := d.C.CheckpointWith(dbxCtx(t), "tn", api.CheckpointRequest{Label: "ended", EndBackground: true})
+	if err != nil || c.Killed != 2 {
+		t.Fatalf("checkpoint with end_background: %v %+v, want the tracer and its tracee ended", err, c)
+	}
+
+	start(`nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
+for i in $(seq 500); do [ -s /workspace/n.pid ] && exit 0; sleep 0.01; done; exit 1`, `
+import ctypes, os, time
+if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
+    raise SystemExit('unshare: %d' % ctypes.get_errno())
+pid = os.fork()
+if pid == 0:
+    time.sleep(1000)
+open('/workspace/n.pid', 'w').write(str(pid))`)
+	n := strings.TrimSpace(dbxSh(t, d, "tn", "cat /workspace/n.pid"))
+	fpRefused(t, d, "tn", "process "+n+" ", "PID namespace of its own")
+	if _, err := d.C.CheckpointWith(dbxCtx(t), "tn", api.CheckpointRequest{Label: "ended2", EndBackground: true}); err != nil {
+		t.Fatalf("checkpoint with end_background: %v", err)
+	}
+}
