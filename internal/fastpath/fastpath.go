@@ -92,10 +92,9 @@ func (e *Ineligible) Error() string {
 var statelessDevs = map[[2]uint32]string{{1, 3}: "/dev/null", {1, 5}: "/dev/zero", {1, 7}: "/dev/full",
 	{1, 8}: "/dev/random", {1, 9}: "/dev/urandom"}
 
-// statelessDev reports whether the fd at path (/proc/PID/fd/N) is one of statelessDevs.
-func statelessDev(path string) bool {
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+// isStatelessDev reports whether st (of an fd) is one of statelessDevs.
+func isStatelessDev(st *unix.Stat_t) bool {
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 		return false
 	}
 	_, ok := statelessDevs[[2]uint32{unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))}]
@@ -156,19 +155,20 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 		}
 		fd := FD{Num: n, Path: target}
 		var locks [][]string // fdinfo "lock:" lines
+		var st unix.Stat_t   // one stat serves every test below
+		statErr := unix.Stat(base+"/fd/"+name, &st)
 		switch {
-		case strings.HasPrefix(target, "/dev/pts/") || isPtySlave(base+"/fd/"+name):
+		case strings.HasPrefix(target, "/dev/pts/") || statErr == nil && isTerminal(&st):
 			// By path, or by device: a terminal opened through a state namespace that has
 			// since been torn down reads as "/N" (its devpts mount is detached).
 			fd.Kind = "pty"
-		case statelessDev(base + "/fd/" + name):
+		case statErr == nil && isStatelessDev(&st):
 			fd.Kind = "dev"
 		case strings.HasSuffix(target, " (deleted)"):
 			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
 		case strings.HasPrefix(target, "/"):
-			var st unix.Stat_t
-			if err := unix.Stat(base+"/fd/"+name, &st); err != nil {
-				continue
+			if statErr != nil {
+				continue // closed meanwhile
 			}
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFREG:
@@ -221,7 +221,12 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 // or /dev/tty (5:0), which is the process's controlling terminal.
 func isPtySlave(path string) bool {
 	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+	return unix.Stat(path, &st) == nil && isTerminal(&st)
+}
+
+// isTerminal is isPtySlave for st (of an fd).
+func isTerminal(st *unix.Stat_t) bool {
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 		return false
 	}
 	major, minor := unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
