@@ -1,10 +1,8 @@
 package fastpath
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -160,7 +158,6 @@ func (h *Held) MoveBack() error {
 		if len(files) == 0 {
 			return nil
 		}
-
 		pfd, err := h.t.Syscall(unix.SYS_PIDFD_OPEN, uintptr(h.Tmpl.SelfPid), 0)
 		if err != nil {
 			return fmt.Errorf("pidfd_open of the template: %w", err)
@@ -182,7 +179,7 @@ func (h *Held) MoveBack() error {
 		// released from these very descriptions (again on a description that kept one
 		// is a no-op).
 		var b remote.Batch
-		if lockCalls(&b, h.P, false); b.Len() > 0 {
+		if lockCalls(&b, h.P); b.Len() > 0 {
 			if _, err := h.t.RunBatch(&b); err != nil {
 				return err
 			}
@@ -238,15 +235,15 @@ func (h *Held) Abort() error {
 // false): on a loaded machine that lasts milliseconds. One that has exited is gone at once.
 func (t *Template) WaitStopped(d time.Duration) bool {
 	deadline := time.Now().Add(d)
-	for !t.Alive() {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(t.HostPid) + "/stat")
-		i := bytes.LastIndexByte(b, ')')
-		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X' || time.Now().After(deadline) {
+	for {
+		switch s := procState(t.HostPid); {
+		case s == 'T' || s == 't':
+			return true
+		case s == 0 || s == 'Z' || s == 'X' || time.Now().After(deadline):
 			return false
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-	return true
 }
 
 // Revival is a template seized for a restore.
@@ -332,7 +329,7 @@ func (r *Revival) fork(nsPath, ptyPath string) (*remote.Tracee, error) {
 	maps := moveCalls(&b, &r.Tmpl.Proc, nsPath)
 	b.Add("setsid", unix.SYS_SETSID)
 	terminalCalls(&b, &r.Tmpl.Proc, ptyPath)
-	lockCalls(&b, &r.Tmpl.Proc, false)
+	lockCalls(&b, &r.Tmpl.Proc)
 	res, err := child.RunBatch(&b)
 	if err != nil {
 		return child, err

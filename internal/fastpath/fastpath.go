@@ -283,12 +283,19 @@ type Template struct {
 // Alive reports whether the template still exists and is stopped (it may have been
 // killed from inside the sandbox; that node's process state is then gone).
 func (t *Template) Alive() bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(t.HostPid) + "/stat")
-	if err != nil {
-		return false
-	}
+	s := procState(t.HostPid)
+	return s == 'T' || s == 't'
+}
+
+// procState returns the state letter of /proc/hostPid/stat (R, S, T, t, Z...), or 0 if
+// the process is gone.
+func procState(hostPid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/stat")
 	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
+	if err != nil || i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
 }
 
 // Kill kills the template; the Tracer holding it, if any, collects it in the background.
@@ -342,7 +349,7 @@ func move(t *remote.Tracee, p *Proc, nsPath string) error {
 	var b remote.Batch
 	unlockCalls(&b, p)
 	maps := moveCalls(&b, p, nsPath)
-	lockCalls(&b, p, false)
+	lockCalls(&b, p)
 	res, err := t.RunBatch(&b)
 	if err != nil {
 		return err
@@ -519,9 +526,8 @@ func SandboxPid(hostPid, initHost int) int {
 
 // Exists reports whether hostPid is a live (not zombie) process.
 func Exists(hostPid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/stat")
-	i := bytes.LastIndexByte(b, ')')
-	return err == nil && i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+	s := procState(hostPid)
+	return s != 0 && s != 'Z' && s != 'X'
 }
 
 // Comm returns hostPid's command name, or "?".

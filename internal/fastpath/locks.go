@@ -31,9 +31,10 @@ import (
 // releases the flock and OFD locks through the descriptions it shares with the template
 // (unlockCalls): left there, a checkpoint with no change, which keeps the mount and so
 // reopens the same inodes, would find its own new exclusive lock refused by the
-// template's. MoveBack takes the template's descriptions back and sets every lock again. The calls do not block (LOCK_NB, F_SETLK): at a checkpoint nothing
-// else can hold the new state's files, at a restore the sandbox's other processes are
-// gone, and a conflict fails the operation with the lock named rather than hanging it.
+// template's. MoveBack takes the template's descriptions back and sets every lock
+// again. The calls do not block (LOCK_NB, F_SETLK): at a checkpoint nothing else can
+// hold the new state's files, at a restore the sandbox's other processes are gone, and
+// a conflict fails the operation with the lock named rather than hanging it.
 // Leases and delegations, and locks on terminals and devices (which are not reopened),
 // make the process ineligible.
 //
@@ -143,23 +144,21 @@ func SharedLock(a, b *Proc) (fdB, fdA int, ok bool) {
 	return 0, 0, false
 }
 
-// lockCalls appends to b the calls that set p's locks again on its fds. With posixOnly,
-// only the POSIX locks (MoveBack: the open file descriptions taken back from the
-// template still carry their flock and OFD locks). Precondition: last in its batch but
-// for calls that close no fd of a locked file (a close drops the process's POSIX locks
-// on the file).
-func lockCalls(b *remote.Batch, p *Proc, posixOnly bool) {
-	setLockCalls(b, p, posixOnly, false)
+// lockCalls appends to b the calls that set p's locks again on its fds. Precondition:
+// last in its batch but for calls that close no fd of a locked file (a close drops the
+// process's POSIX locks on the file).
+func lockCalls(b *remote.Batch, p *Proc) {
+	setLockCalls(b, p, false)
 }
 
 // unlockCalls appends to b the calls that release p's flock and OFD locks through its
 // current fds (the descriptions it shares with its template). Precondition: before the
 // reopens of the same batch.
 func unlockCalls(b *remote.Batch, p *Proc) {
-	setLockCalls(b, p, false, true)
+	setLockCalls(b, p, true)
 }
 
-func setLockCalls(b *remote.Batch, p *Proc, posixOnly, unlock bool) {
+func setLockCalls(b *remote.Batch, p *Proc, unlock bool) {
 	for _, f := range p.FDs {
 		for _, l := range f.Locks {
 			name := fmt.Sprintf("set the %s lock of fd %d (%s) again", l, f.Num, f.Path)
@@ -167,9 +166,6 @@ func setLockCalls(b *remote.Batch, p *Proc, posixOnly, unlock bool) {
 				name = fmt.Sprintf("release the %s lock of fd %d (%s) from the template's description", l, f.Num, f.Path)
 			}
 			if l.Kind == "flock" {
-				if posixOnly {
-					continue
-				}
 				op := unix.LOCK_SH
 				if l.Write {
 					op = unix.LOCK_EX
@@ -186,8 +182,6 @@ func setLockCalls(b *remote.Batch, p *Proc, posixOnly, unlock bool) {
 					continue // the process's own: the move's dup3 drops it
 				}
 				cmd = unix.F_SETLK
-			} else if posixOnly {
-				continue
 			}
 			b.Add(name, unix.SYS_FCNTL, f.Num, cmd, flockBytes(l, unlock))
 		}

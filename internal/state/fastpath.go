@@ -133,7 +133,8 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 	if !fastPathOn() {
 		return nil, false, nil
 	}
-	known := map[int]bool{s.rt.InitPid(): true}
+	initHost := s.rt.InitPid()
+	known := map[int]bool{initHost: true}
 	for _, l := range held {
 		known[l.h.P.HostPid] = true
 	}
@@ -150,7 +151,6 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 	// and nothing can appear. A process found running could fork (or clone with
 	// CLONE_PARENT, or double-fork) before its seizure, and what it made is not listed.
 	settled = true
-	initHost := s.rt.InitPid()
 	refuse := func(host int, err error) error {
 		m.abortHeld(out)
 		return fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
@@ -474,36 +474,9 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 	var out []*revival
 	for _, t := range ts {
 		rv := &revival{pt: t, peer: -1}
-		if t.session == "" { // outside the sessions: no terminal to find
-			r, err := fastpath.SeizeTemplate(tr, t.tmpl)
-			if err != nil {
-				m.abortRevivals(s, out)
-				return nil, fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict)
-			}
-			rv.r = r
-			out = append(out, rv)
-			continue
-		}
-		s.mu.Lock()
-		rv.sess = s.sessions[t.session]
-		s.mu.Unlock()
 		var err error
-		if rv.sess != nil && !rv.sess.Alive() {
-			// Its process is gone and so, maybe, its terminal's reader: a new one.
-			rv.old, rv.sess = rv.sess, nil
-		}
-		if rv.sess == nil {
-			rv.sess, err = session.NewDetached(s.rt, t.session, t.kind, t.argv)
-			rv.created = err == nil
-		}
-		if err == nil {
-			rv.pts, err = rv.sess.PtsPath()
-		}
-		if err == nil {
-			r, _, errno := unix.Syscall(unix.SYS_IOCTL, rv.sess.Master().Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
-			if rv.peer = int(r); errno != 0 {
-				rv.peer, err = -1, fmt.Errorf("open the terminal's slave: %w", errno)
-			}
+		if t.session != "" { // outside the sessions there is no terminal to find
+			err = m.prepareSession(s, rv)
 		}
 		if err == nil {
 			rv.r, err = fastpath.SeizeTemplate(tr, t.tmpl)
@@ -516,6 +489,35 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 		out = append(out, rv)
 	}
 	return out, nil
+}
+
+// prepareSession finds or makes the session rv's template belongs to, and holds its
+// terminal's slave open (revival.peer). On error what it made is in rv for
+// abortRevivals. Precondition: s.opMu held.
+func (m *Manager) prepareSession(s *sb, rv *revival) error {
+	t := rv.pt
+	s.mu.Lock()
+	rv.sess = s.sessions[t.session]
+	s.mu.Unlock()
+	var err error
+	if rv.sess != nil && !rv.sess.Alive() {
+		// Its process is gone and so, maybe, its terminal's reader: a new one.
+		rv.old, rv.sess = rv.sess, nil
+	}
+	if rv.sess == nil {
+		rv.sess, err = session.NewDetached(s.rt, t.session, t.kind, t.argv)
+		rv.created = err == nil
+	}
+	if err == nil {
+		rv.pts, err = rv.sess.PtsPath()
+	}
+	if err == nil {
+		r, _, errno := unix.Syscall(unix.SYS_IOCTL, rv.sess.Master().Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+		if rv.peer = int(r); errno != 0 {
+			rv.peer, err = -1, fmt.Errorf("open the terminal's slave: %w", errno)
+		}
+	}
+	return err
 }
 
 // reviveAll forks every template into its session's PID on the state at nsPath; the new
