@@ -39,13 +39,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
 
@@ -111,11 +111,13 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
 	}
+	ns, err := procfs.ParseNSpid(status)
+	if err != nil {
+		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
+	}
+	p.Pid = ns[len(ns)-1]
 	for _, l := range strings.Split(string(status), "\n") {
 		f := strings.Fields(l)
-		if len(f) >= 2 && f[0] == "NSpid:" {
-			p.Pid, _ = strconv.Atoi(f[len(f)-1])
-		}
 		if len(f) == 2 && f[0] == "Threads:" && f[1] != "1" {
 			return nil, &Ineligible{p.Pid, fmt.Sprintf("it has %s threads (fork copies only one; set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1)", f[1])}
 		}
@@ -418,34 +420,18 @@ func terminalCalls(b *remote.Batch, p *Proc, ptyPath string) {
 // Two reads instead of HostPid's scan; a PID reused by another sandbox's process fails
 // the namespace check.
 func IsHostPid(host, pid, initHost int) bool {
-	f := nsPids(host)
-	if len(f) < 2 || f[len(f)-1] != strconv.Itoa(pid) {
+	f, err := procfs.NSpid(host)
+	if err != nil || len(f) < 2 || f[len(f)-1] != pid {
 		return false
 	}
 	return SamePidNS(host, initHost)
 }
 
-// nsPids returns the NSpid fields of /proc/hostPid/status (its PID in each namespace,
-// outermost first), or nil if the process is gone.
-func nsPids(hostPid int) []string {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(hostPid), "status"))
-	if err != nil {
-		return nil
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "NSpid:" {
-			return f[1:]
-		}
-	}
-	return nil
-}
-
 // HostPid finds the host PID of the sandbox process nsPid among the host PIDs given
 // (the sandbox's cgroup), from /proc/PID/status NSpid.
 func HostPid(hostPids []int, nsPid int) (int, error) {
-	want := strconv.Itoa(nsPid)
 	for _, h := range hostPids {
-		if f := nsPids(h); len(f) > 0 && f[len(f)-1] == want {
+		if n, err := procfs.InnerPid(h); err == nil && n == nsPid {
 			return h, nil
 		}
 	}
@@ -516,12 +502,12 @@ func SamePidNS(host, initHost int) bool {
 // SandboxPid returns hostPid's PID in the PID namespace of initHost (the sandbox's, at
 // the depth of init's), or 0.
 func SandboxPid(hostPid, initHost int) int {
-	f, in := nsPids(hostPid), nsPids(initHost)
-	if len(in) == 0 || len(f) < len(in) {
+	f, err1 := procfs.NSpid(hostPid)
+	in, err2 := procfs.NSpid(initHost)
+	if err1 != nil || err2 != nil || len(f) < len(in) {
 		return 0
 	}
-	n, _ := strconv.Atoi(f[len(in)-1])
-	return n
+	return f[len(in)-1]
 }
 
 // Exists reports whether hostPid is a live (not zombie) process.

@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/procfs"
 )
 
 // Kernel-internal errnos a syscall interrupted by a signal (or by PTRACE_INTERRUPT)
@@ -821,21 +823,12 @@ func (t *Tracee) selfPid() (int, error) {
 	if t.nsPid != 0 {
 		return t.nsPid, nil
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(t.pid) + "/status")
+	n, err := procfs.InnerPid(t.pid)
 	if err != nil {
 		return 0, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "NSpid:" {
-			n, err := strconv.Atoi(f[len(f)-1])
-			if err != nil {
-				return 0, err
-			}
-			t.nsPid = n
-			return n, nil
-		}
-	}
-	return 0, errors.New("no NSpid in /proc/PID/status")
+	t.nsPid = n
+	return n, nil
 }
 
 // ---- the syscall instruction ----

@@ -1,0 +1,64 @@
+// Package procfs reads the few facts the daemon needs about a process from
+// /proc/PID/status, parsed in one place.
+//
+// A process's PID differs in every PID namespace it is visible in: the daemon sees
+// host PIDs, a sandbox's init and its commands see the sandbox's. The kernel lists them
+// all in the status file's NSpid line, outermost (the reader's namespace) first and the
+// process's own namespace last (Documentation/filesystems/proc.rst). Every translation
+// between the two goes through NSpid here.
+package procfs
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+)
+
+// ErrNoNSpid is returned when a status file has no NSpid line (a kernel before 4.1).
+var ErrNoNSpid = errors.New("no NSpid line in /proc/PID/status")
+
+// ParseNSpid returns the PIDs of the NSpid line of a /proc/PID/status file's content,
+// outermost namespace first.
+func ParseNSpid(status []byte) ([]int, error) {
+	for _, l := range bytes.Split(status, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(l, []byte("NSpid:"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) == 0 {
+			return nil, ErrNoNSpid
+		}
+		out := make([]int, len(f))
+		for i, s := range f {
+			n, err := strconv.Atoi(string(s))
+			if err != nil {
+				return nil, errors.New("bad NSpid line in /proc/PID/status: " + string(l))
+			}
+			out[i] = n
+		}
+		return out, nil
+	}
+	return nil, ErrNoNSpid
+}
+
+// NSpid returns hostPid's PIDs in each PID namespace it is visible in, outermost first
+// (so the first is hostPid itself and the last its PID in its own namespace). The error
+// is the read's when the process is gone.
+func NSpid(hostPid int) ([]int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	return ParseNSpid(b)
+}
+
+// InnerPid returns hostPid's PID in its own (innermost) PID namespace.
+func InnerPid(hostPid int) (int, error) {
+	ns, err := NSpid(hostPid)
+	if err != nil {
+		return 0, err
+	}
+	return ns[len(ns)-1], nil
+}
