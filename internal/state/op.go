@@ -1,0 +1,97 @@
+package state
+
+import (
+	"fmt"
+	"time"
+
+	"deltabox/internal/errdefs"
+)
+
+// OpResult reports one checkpoint or restore.
+type OpResult struct {
+	Node       *NodeInfo `json:"node"`
+	Sandbox    string    `json:"sandbox"`
+	Killed     int       `json:"killed_processes"` // processes ended (no process state yet)
+	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
+	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+	// Processes is how many session processes were checkpointed (templates forked) or
+	// restored from templates; ProcessErrors says which could not be (they were ended).
+	Processes     int      `json:"processes"`
+	ProcessErrors []string `json:"process_errors,omitempty"`
+	// Warm: the restore installed a state of the node mounted ahead of time (warm.go).
+	Warm bool `json:"warm,omitempty"`
+	// Prepared: the checkpoint used the next state mounted ahead of time.
+	Prepared bool `json:"prepared,omitempty"`
+	// PhasesUS is the time of each step in microseconds, to see where latency goes.
+	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
+}
+
+// phase records the time since *t under name and resets *t.
+func (r *OpResult) phase(name string, t *time.Time) {
+	now := time.Now()
+	if r.PhasesUS == nil {
+		r.PhasesUS = map[string]int64{}
+	}
+	r.PhasesUS[name] += now.Sub(*t).Microseconds()
+	*t = now
+}
+
+// beginOp locks s for a checkpoint or restore and refuses while an exec runs.
+// On success the caller holds s.opMu and treeMu (shared) and must call the returned func.
+func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := m.lockLive(s); err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	busy := s.execs
+	s.mu.Unlock()
+	if busy > 0 {
+		s.opMu.Unlock()
+		return nil, nil, fmt.Errorf("sandbox %s is running %d command(s); %s after they finish (or time out): %w", id, busy, what, errdefs.ErrConflict)
+	}
+	// A warm-up of restored processes (procwarm.go) lets go of its process first.
+	m.stopProcWarm(s)
+	end := s.bg.begin()
+	m.treeMu.RLock()
+	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end() }, nil
+}
+
+func (m *Manager) fail(op string, step int) error {
+	if m.FailStep != nil {
+		return m.FailStep(op, step)
+	}
+	return nil
+}
+
+// killAll ends every process but init and keep (sandbox PIDs: live sessions being
+// checkpointed, templates); it skips the round trip to init (and init's walk of /proc)
+// when the cgroup holds only keepHost (host PIDs of the same processes, and init's; nil:
+// always ask init). (Counting is not enough: keep may name templates that died.)
+func killAll(s *sb, keep []int, keepHost map[int]bool) (int, error) {
+	if keepHost != nil && onlyKept(s, keepHost) {
+		return 0, nil
+	}
+	n, err := s.rt.KillAll(keep...)
+	if err != nil {
+		return 0, fmt.Errorf("end the sandbox's processes: %w", err)
+	}
+	return n, nil
+}
+
+// onlyKept reports whether every process in s's cgroup is in keep (host PIDs).
+func onlyKept(s *sb, keep map[int]bool) bool {
+	pids, err := s.rt.Pids()
+	if err != nil {
+		return false
+	}
+	for _, p := range pids {
+		if !keep[p] {
+			return false
+		}
+	}
+	return true
+}

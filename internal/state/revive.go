@@ -1,0 +1,177 @@
+package state
+
+import (
+	"fmt"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/fastpath"
+	"deltabox/internal/session"
+
+	"golang.org/x/sys/unix"
+)
+
+// revival is one template being brought back into its session at a restore.
+type revival struct {
+	pt      *procTemplate
+	sess    *session.Session
+	old     *session.Session // a dead session of that name that sess replaces
+	created bool             // sess was made for this restore (NewDetached)
+	pts     string
+	// peer holds the terminal's slave open from before the kill until the session is
+	// rebound: when the last holder of a slave goes (the killed live process, if no
+	// template holds that terminal), reads on the master fail with EIO and the session
+	// stops reading it for good.
+	peer int
+	r    *fastpath.Revival
+	exit <-chan unix.WaitStatus
+}
+
+// prepareRevivals does, before the live processes are killed, everything a restore of
+// the templates ts can check or prepare: each template seized (present and stopped),
+// its session found or made with a terminal. On error everything is let go as it was.
+// Precondition: s.opMu held.
+func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error) {
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	tr := m.tracer(s)
+	var out []*revival
+	for _, t := range ts {
+		rv := &revival{pt: t, peer: -1}
+		var err error
+		if t.session != "" { // outside the sessions there is no terminal to find
+			err = m.prepareSession(s, rv)
+		}
+		if err == nil {
+			rv.r, err = fastpath.SeizeTemplate(tr, t.tmpl)
+		}
+		if err != nil {
+			out = append(out, rv)
+			m.abortRevivals(s, out)
+			return nil, fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict)
+		}
+		out = append(out, rv)
+	}
+	return out, nil
+}
+
+// prepareSession finds or makes the session rv's template belongs to, and holds its
+// terminal's slave open (revival.peer). On error what it made is in rv for
+// abortRevivals. Precondition: s.opMu held.
+func (m *Manager) prepareSession(s *sb, rv *revival) error {
+	t := rv.pt
+	s.mu.Lock()
+	rv.sess = s.sessions[t.session]
+	s.mu.Unlock()
+	var err error
+	if rv.sess != nil && !rv.sess.Alive() {
+		// Its process is gone and so, maybe, its terminal's reader: a new one.
+		rv.old, rv.sess = rv.sess, nil
+	}
+	if rv.sess == nil {
+		rv.sess, err = session.NewDetached(s.rt, t.session, t.kind, t.argv)
+		rv.created = err == nil
+	}
+	if err == nil {
+		rv.pts, err = rv.sess.PtsPath()
+	}
+	if err == nil {
+		r, _, errno := unix.Syscall(unix.SYS_IOCTL, rv.sess.Master().Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+		if rv.peer = int(r); errno != 0 {
+			rv.peer, err = -1, fmt.Errorf("open the terminal's slave: %w", errno)
+		}
+	}
+	return err
+}
+
+// reviveAll forks every template into its session's PID on the state at nsPath; the new
+// processes stay stopped until commitRevivals. afterFirst runs once the first is made.
+// On error the caller aborts (abortRevivals).
+func (m *Manager) reviveAll(s *sb, rvs []*revival, nsPath string, afterFirst func() error) error {
+	for i, rv := range rvs {
+		if rv.sess != nil {
+			rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
+		}
+		if err := rv.r.Revive(nsPath, rv.pts); err != nil {
+			return fmt.Errorf("%s: %w", rv.pt.what, err)
+		}
+		if i == 0 {
+			if err := afterFirst(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(rvs) == 0 {
+		return afterFirst()
+	}
+	return nil
+}
+
+// abortRevivals kills what reviveAll made, parks the templates as they were, and drops
+// the sessions made for the restore.
+func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
+	for i := len(rvs) - 1; i >= 0; i-- {
+		rv := rvs[i]
+		if rv.r != nil {
+			rv.r.Abort()
+		}
+		if rv.exit != nil {
+			s.rt.Unwatch(rv.pt.tmpl.Pid)
+		}
+		if rv.created {
+			rv.sess.Release()
+		}
+		if rv.peer >= 0 {
+			unix.Close(rv.peer)
+		}
+	}
+}
+
+// commitRevivals lets the revived processes run and binds each session to its process,
+// with the checkpoint's termios and window size. It returns the sessions that could not
+// be resumed (they are ended).
+func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
+	var errs []string
+	for _, rv := range rvs {
+		t := rv.pt
+		if rv.sess == nil { // outside the sessions: it only resumes
+			if err := rv.r.Commit(); err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", t.what, err))
+			}
+			continue
+		}
+		if rv.old != nil {
+			rv.old.Release()
+		}
+		err := rv.r.Commit()
+		if err == nil {
+			master := int(rv.sess.Master().Fd())
+			if t.termios != nil {
+				unix.IoctlSetTermios(master, unix.TCSETS, t.termios)
+			}
+			if t.winsize != nil {
+				unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, t.winsize)
+			}
+			rv.sess.Rebind(t.tmpl.Pid, rv.exit)
+			s.hostPids[t.tmpl.Pid] = rv.r.HostPid
+		}
+		unix.Close(rv.peer) // the process holds the slave now (or is gone)
+		rv.peer = -1
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", t.what, err))
+			s.mu.Lock()
+			if s.sessions[t.session] == rv.sess {
+				delete(s.sessions, t.session)
+			}
+			s.ended[t.session] = "ended: its restored process could not be resumed: " + err.Error()
+			s.mu.Unlock()
+			rv.sess.Release()
+			continue
+		}
+		s.mu.Lock()
+		s.sessions[t.session] = rv.sess
+		delete(s.ended, t.session)
+		s.mu.Unlock()
+	}
+	return errs
+}

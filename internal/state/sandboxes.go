@@ -1,0 +1,371 @@
+package state
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"time"
+
+	"deltabox/internal/cgroup"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/mountns"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
+	"deltabox/internal/session"
+	"deltabox/internal/store"
+)
+
+// CreateOptions configures a new sandbox.
+type CreateOptions struct {
+	ID       string `json:"id,omitempty"`
+	Image    string `json:"image,omitempty"`
+	Workdir  string `json:"workdir,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+	// Limits (0: the default; see cgroup.DefaultLimits and docs/API.md). MemoryMB is
+	// in MiB.
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
+	// WarmProcesses: after each restore, pre-fault the pages the restored processes
+	// had written, while their sessions wait for input (procwarm.go). Default: off, or
+	// on for every sandbox with DELTABOX_WARM_PROC=1 in the daemon's environment.
+	WarmProcesses bool `json:"warm_processes,omitempty"`
+}
+
+// SandboxInfo is what the API shows of a sandbox.
+type SandboxInfo struct {
+	store.Sandbox
+	InitPid int    `json:"init_pid,omitempty"`
+	Status  string `json:"status"`          // running | broken
+	Error   string `json:"error,omitempty"` // why broken
+	Stats   Stats  `json:"stats"`
+	Durable bool   `json:"durable"`
+	// WarmStates is how many nodes' states are kept mounted for fast restores (warm.go).
+	WarmStates int `json:"warm_states"`
+	// Usage of the limits (store.Sandbox.Limits) by the sandbox's commands, when running.
+	Usage *cgroup.Usage `json:"usage,omitempty"`
+	// Templates totals the sandbox's process templates (every node's) and their memory.
+	Templates *TemplateInfo `json:"templates,omitempty"`
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+func randomID(prefix string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Create makes a sandbox on image and starts it.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, error) {
+	if o.Image == "" {
+		o.Image = "default"
+	}
+	if o.Workdir == "" {
+		o.Workdir = "/workspace"
+	}
+	if !filepath.IsAbs(o.Workdir) {
+		return nil, fmt.Errorf("workdir %q must be an absolute path: %w", o.Workdir, errdefs.ErrInvalid)
+	}
+	if _, err := os.Stat(filepath.Join(m.st.Root, "images", o.Image, "image.json")); err != nil || !idRE.MatchString(o.Image) {
+		return nil, fmt.Errorf("image %q does not exist (deltabox image ls lists them; scripts/setup.sh builds \"default\"): %w", o.Image, errdefs.ErrNotFound)
+	}
+	if err := mountns.CheckImage(m.st.ImageRootfs(o.Image)); err != nil {
+		return nil, fmt.Errorf("image %s: %v: %w", o.Image, err, errdefs.ErrInvalid)
+	}
+	if o.ID == "" {
+		o.ID = randomID("sb-")
+	} else if !idRE.MatchString(o.ID) {
+		return nil, fmt.Errorf("sandbox id %q: use 1-63 characters of a-z, 0-9, '.', '_', '-': %w", o.ID, errdefs.ErrInvalid)
+	}
+	if o.Hostname == "" {
+		o.Hostname = o.ID
+	}
+	if o.MemoryMB > 1<<40 { // 1 EiB: far over any host's RAM (Check refuses it), and no overflow
+		o.MemoryMB = 1 << 40
+	}
+	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
+	if err := lim.Check(); err != nil {
+		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
+	}
+	m.mu.Lock()
+	if _, ok := m.sandboxes[o.ID]; ok {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s already exists: %w", o.ID, errdefs.ErrConflict)
+	}
+	if _, ok := m.nodes[o.ID]; ok {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
+	}
+	s := newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses})
+	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
+	defer s.opMu.Unlock()
+	m.sandboxes[o.ID] = s
+	m.mu.Unlock()
+
+	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
+	if err == nil {
+		s.rec.Upper = upper
+		s.rec.Limits = lim.WithDefaults()
+		err = m.boot(s)
+	}
+	if err != nil {
+		m.mu.Lock()
+		delete(m.sandboxes, o.ID)
+		m.mu.Unlock()
+		if s.rt != nil {
+			s.rt.Destroy()
+		}
+		store.RemoveAll(m.st.LayerDir(upper))
+		store.RemoveAll(m.st.SandboxDir(o.ID))
+		return nil, err
+	}
+	// The directories exist before the record that names them.
+	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
+	if err := m.ensureWorkdir(ctx, s); err != nil {
+		m.log.Warn("workdir", "sandbox", o.ID, "err", err)
+	}
+	return m.info(s), nil
+}
+
+// boot starts the runtime of s on its head's stack and its upper.
+func (m *Manager) boot(s *sb) error {
+	dir := m.st.SandboxDir(s.rec.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	spec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
+	if err != nil {
+		return err
+	}
+	if err := m.st.ResetWork(s.rec.Upper); err != nil {
+		return fmt.Errorf("reset the upper's workdir: %w", err)
+	}
+	s.rec.Limits = s.rec.Limits.WithDefaults() // records older than limits
+	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits)
+	if err != nil {
+		return err
+	}
+	if err := rt.SetState(spec); err != nil {
+		rt.Destroy()
+		return err
+	}
+	s.rt = rt
+	s.err = nil
+	m.prepareNext(s)
+	return nil
+}
+
+func (m *Manager) ensureWorkdir(ctx context.Context, s *sb) error {
+	r, err := s.rt.Exec(ctx, sandbox.ExecRequest{Argv: []string{"/bin/mkdir", "-p", s.rec.Workdir}, Dir: "/", Timeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+	if r.ExitCode != 0 {
+		return fmt.Errorf("mkdir %s: %s", s.rec.Workdir, r.Stderr)
+	}
+	return nil
+}
+
+func (m *Manager) get(id string) (*sb, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sandboxes[id]
+	if !ok {
+		return nil, fmt.Errorf("no sandbox %q (deltabox ls lists them): %w", id, errdefs.ErrNotFound)
+	}
+	return s, nil
+}
+
+// lockLive locks s.opMu and checks that s can be operated on. On success the caller
+// holds opMu and must unlock it.
+func (m *Manager) lockLive(s *sb) error {
+	s.opMu.Lock()
+	s.mu.Lock()
+	removed := s.removed
+	s.mu.Unlock()
+	if removed {
+		s.opMu.Unlock()
+		return fmt.Errorf("no sandbox %q: it was removed: %w", s.rec.ID, errdefs.ErrNotFound)
+	}
+	if s.rt == nil {
+		err := s.err
+		s.opMu.Unlock()
+		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, err, errdefs.ErrConflict)
+	}
+	if !s.rt.Alive() {
+		s.opMu.Unlock()
+		return fmt.Errorf("sandbox %s is broken: its init died (killed from outside the daemon?); its files are intact: remove it with deltabox rm: %w", s.rec.ID, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+func (m *Manager) info(s *sb) *SandboxInfo {
+	in := &SandboxInfo{Sandbox: s.rec, Status: "running", Durable: m.st.Index.Durable(s.seq)}
+	if s.rt != nil && !s.rt.Alive() {
+		in.Status, in.Error = "broken", "its init died (killed from outside the daemon?); remove it with deltabox rm"
+	} else if s.rt != nil {
+		in.InitPid = s.rt.InitPid()
+		u := s.rt.Usage()
+		in.Usage = &u
+	} else {
+		in.Status = "broken"
+		if s.err != nil {
+			in.Error = s.err.Error()
+		}
+	}
+	s.mu.Lock()
+	in.Stats = s.stats
+	s.mu.Unlock()
+	in.WarmStates = m.warmCount(s)
+	return in
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(id string) (*SandboxInfo, error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.opMu.Lock()
+	in := m.info(s)
+	s.opMu.Unlock()
+	_, perSandbox, _ := m.templateCosts(nil, id, time.Second)
+	in.Templates = perSandbox[id]
+	return in, nil
+}
+
+// List returns every sandbox, sorted by creation time.
+func (m *Manager) List() []*SandboxInfo {
+	m.mu.Lock()
+	var all []*sb
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	m.mu.Unlock()
+	var out []*SandboxInfo
+	_, perSandbox, _ := m.templateCosts(nil, "", time.Second)
+	for _, s := range all {
+		s.opMu.Lock()
+		in := m.info(s)
+		s.opMu.Unlock()
+		in.Templates = perSandbox[in.ID]
+		out = append(out, in)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Remove destroys a sandbox: processes, mounts, cgroup, its upper layer and its
+// directory. Nodes it created stay in the tree (remove them with RemoveNode).
+func (m *Manager) Remove(id string) error {
+	s, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.mu.Lock()
+	if s.removed {
+		s.mu.Unlock()
+		return fmt.Errorf("no sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	s.removed = true
+	s.mu.Unlock()
+	m.discardNext(s)
+	m.closeWarm(s)
+	m.stopProcWarm(s)
+	// The tracer before the sandbox (see Close).
+	if s.tracer != nil {
+		s.tracer.Close()
+		s.tracer = nil
+	}
+	var derr error
+	if s.rt != nil {
+		derr = s.rt.Destroy()
+		s.rt = nil
+	}
+	m.endSessions(s, "sandbox removed")
+	m.dropSandboxTemplates(id)
+	m.mu.Lock()
+	delete(m.sandboxes, id)
+	m.mu.Unlock()
+	upper, dir := m.st.LayerDir(s.rec.Upper), m.st.SandboxDir(id)
+	// Record first, directories after: a crash in between leaves orphans the sweep removes.
+	seq := m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
+		store.RemoveAll(upper)
+		store.RemoveAll(dir)
+	}})
+	// Wait for the directories to go, so the id can be reused at once.
+	if err := m.st.Index.WaitDurable(seq); err != nil && derr == nil {
+		derr = err
+	}
+	return derr
+}
+
+// ---- exec ----
+
+// Exec runs a command in the sandbox. Execs may run in parallel with each other;
+// a checkpoint or restore refuses (409) while one runs.
+func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
+	if len(r.Argv) == 0 {
+		return nil, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalid)
+	}
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.lockLive(s); err != nil {
+		return nil, err
+	}
+	rt := s.rt
+	var sess *session.Session
+	var restarted bool
+	if r.Session != "" {
+		var err error
+		if sess, restarted, err = m.sessionFor(s, r.Session); err != nil {
+			s.opMu.Unlock()
+			return nil, err
+		}
+	}
+	if r.Dir == "" {
+		r.Dir = s.rec.Workdir
+	} else if !filepath.IsAbs(r.Dir) {
+		r.Dir = filepath.Join(s.rec.Workdir, r.Dir)
+	}
+	s.mu.Lock()
+	s.execs++
+	s.stats.Execs++
+	s.mu.Unlock()
+	// A warm-up of restored processes lets go of its process before any command runs.
+	m.stopProcWarm(s)
+	s.opMu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.execs--
+		s.mu.Unlock()
+	}()
+	if sess != nil {
+		res, err := m.execSession(ctx, sess, r)
+		if res != nil {
+			res.Session, res.SessionRestarted = r.Session, restarted
+		}
+		return res, err
+	}
+	res, err := rt.Exec(ctx, r)
+	if errors.Is(err, sbinit.ErrInitGone) {
+		return nil, fmt.Errorf("sandbox %s: %v; remove it with deltabox rm: %w", id, err, errdefs.ErrConflict)
+	}
+	if err != nil { // the command could not start: not found, bad directory
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	return res, nil
+}
+
+// ---- layers ----
