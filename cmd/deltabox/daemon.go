@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -39,7 +41,12 @@ func daemonCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m, err := state.New(st, log)
+			cfg, err := configFromEnv(os.Getenv)
+			if err != nil {
+				st.Close()
+				return err
+			}
+			m, err := state.New(st, log, cfg)
 			if err != nil {
 				st.Close()
 				return err
@@ -61,4 +68,56 @@ func daemonCmd() *cobra.Command {
 	}
 	c.Flags().StringVar(&root, "root", def, "state directory (env DELTABOX_ROOT); on a reflink XFS, see scripts/setup.sh")
 	return c
+}
+
+// configFromEnv is the state manager's configuration, read once at start from the
+// daemon's environment. Each variable is a switch for measuring or debugging one
+// mechanism (docs/DESIGN.md); a value that does not parse is refused, not ignored.
+//
+//	DELTABOX_FASTPATH=0       checkpoints carry files only (no process templates)
+//	DELTABOX_WARM_PROC=1      warm restored processes' memory in every sandbox
+//	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
+//	DELTABOX_WARM_MAX=N       warm restore states kept per sandbox (0: none)
+//	DELTABOX_ANSWER_DELAY=D   how long background work waits after an answer (Go duration)
+func configFromEnv(getenv func(string) string) (state.Config, error) {
+	cfg := state.DefaultConfig()
+	bad := func(name, v, want string) error {
+		return fmt.Errorf("%s=%q: want %s (or unset it)", name, v, want)
+	}
+	switch v := getenv("DELTABOX_FASTPATH"); v {
+	case "", "1":
+	case "0":
+		cfg.FastPath = false
+	default:
+		return cfg, bad("DELTABOX_FASTPATH", v, "0 or 1")
+	}
+	switch v := getenv("DELTABOX_WARM_PROC"); v {
+	case "", "0":
+	case "1":
+		cfg.WarmProcesses = true
+	default:
+		return cfg, bad("DELTABOX_WARM_PROC", v, "0 or 1")
+	}
+	switch v := getenv("DELTABOX_NO_PREPARE"); v {
+	case "", "0":
+	case "1":
+		cfg.Prepare = false
+	default:
+		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
+	}
+	if v := getenv("DELTABOX_WARM_MAX"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return cfg, bad("DELTABOX_WARM_MAX", v, "a count >= 0")
+		}
+		cfg.WarmMax = n
+	}
+	if v := getenv("DELTABOX_ANSWER_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return cfg, bad("DELTABOX_ANSWER_DELAY", v, "a duration >= 0, like 2ms")
+		}
+		cfg.AnswerDelay = d
+	}
+	return cfg, nil
 }

@@ -261,6 +261,49 @@ func (s *Session) Kind() Kind { return s.kind }
 // there).
 func (s *Session) Master() *os.File { return s.master }
 
+// TermState is a terminal's line discipline settings and window size, as a checkpoint
+// keeps them for its session (a template's terminal is gone by the time it is restored).
+type TermState struct {
+	termios *unix.Termios
+	winsize *unix.Winsize
+}
+
+// SaveTerm reads the session's terminal settings (what it cannot read stays unset, and
+// RestoreTerm then leaves it as it is).
+func (s *Session) SaveTerm() TermState {
+	var t TermState
+	fd := int(s.master.Fd())
+	if tio, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
+		t.termios = tio
+	}
+	if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
+		t.winsize = ws
+	}
+	return t
+}
+
+// RestoreTerm sets the session's terminal to t (a restore, before its process resumes).
+func (s *Session) RestoreTerm(t TermState) {
+	fd := int(s.master.Fd())
+	if t.termios != nil {
+		unix.IoctlSetTermios(fd, unix.TCSETS, t.termios)
+	}
+	if t.winsize != nil {
+		unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
+	}
+}
+
+// OpenPeer opens the terminal's slave through the master (TIOCGPTPEER: no path lookup,
+// so nothing in the sandbox can substitute another file), close-on-exec and not as a
+// controlling terminal. The caller closes the fd.
+func (s *Session) OpenPeer() (int, error) {
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, s.master.Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if errno != 0 {
+		return -1, fmt.Errorf("open the terminal's slave: %w", errno)
+	}
+	return int(r), nil
+}
+
 // PtsPath is the terminal's slave as the sandbox names it (/dev/pts/N).
 func (s *Session) PtsPath() (string, error) {
 	n, err := unix.IoctlGetUint32(int(s.master.Fd()), unix.TIOCGPTN)

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"os"
 	"sync"
 	"time"
 )
@@ -19,20 +18,24 @@ import (
 // So background work waits, before it starts, until no checkpoint or restore of its
 // sandbox is running: an operation does not wait for work that has not started, and
 // work that has started runs to its end (it holds locks an operation may need). It also
-// waits answerDelay after it was queued, which lets the answer reach the client and a
+// waits the answer delay (Config.AnswerDelay) after it was queued, which lets the answer reach the client and a
 // follow-up operation arrive first. Work is never dropped, and it waits at most
 // maxGateWait: a sandbox's operations are serialised (opMu), so the work normally runs in
 // the gap after the operation it found running. The gate is per sandbox so that other
 // sandboxes' operations (RL fan-out, Best-of-N) cannot keep it closed; work of different
 // sandboxes competes for the CPUs as before.
 type background struct {
-	mu   sync.Mutex
-	cond *sync.Cond
-	ops  int // checkpoints and restores of the sandbox running (0 or 1)
+	delay time.Duration   // answerDelay (Config.AnswerDelay)
+	wg    *sync.WaitGroup // the manager's: Close waits for the work
+	mu    sync.Mutex
+	cond  *sync.Cond
+	ops   int // checkpoints and restores of the sandbox running (0 or 1)
 }
 
-func newBackground() *background {
-	b := &background{}
+// newBackground makes a sandbox's gate; work waits delay after it is queued and is
+// counted in wg.
+func newBackground(delay time.Duration, wg *sync.WaitGroup) *background {
+	b := &background{delay: delay, wg: wg}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
@@ -55,16 +58,11 @@ func (b *background) begin() (end func()) {
 	}
 }
 
-// answerDelay lets an operation's answer reach the client, and the client's next
+// defaultAnswerDelay lets an operation's answer reach the client, and the client's next
 // operation arrive, before the background work it left starts: an MCTS rollback
 // follows its checkpoint's answer by 0.5-1.5 ms here (measured), and the answer itself
 // takes 0.15-0.8 ms to reach the client (more after the client was idle).
-var answerDelay = func() time.Duration {
-	if d, err := time.ParseDuration(os.Getenv("DELTABOX_ANSWER_DELAY")); err == nil && d >= 0 {
-		return d
-	}
-	return 2 * time.Millisecond
-}()
+const defaultAnswerDelay = 2 * time.Millisecond
 
 // holderDelay is how long a restore's memory holders (remote.HoldMM) outlive its answer:
 // killing one frees the old process's memory (1-2 ms of CPU for a 63 MB python), which
@@ -76,11 +74,13 @@ const holderDelay = 300 * time.Microsecond
 // keep it waiting.
 var maxGateWait = 50 * time.Millisecond // a var for tests
 
-// after runs f in the background, answerDelay from now and once no operation runs (or
+// after runs f in the background, b.delay from now and once no operation runs (or
 // maxGateWait later).
 func (b *background) after(f func()) {
+	b.wg.Add(1)
 	go func() {
-		time.Sleep(answerDelay)
+		defer b.wg.Done()
+		time.Sleep(b.delay)
 		deadline := time.Now().Add(maxGateWait)
 		b.mu.Lock()
 		if b.ops > 0 {
@@ -99,6 +99,6 @@ func (b *background) after(f func()) {
 	}()
 }
 
-// afterAnswer runs f in the background, answerDelay from now and once no checkpoint or
+// afterAnswer runs f in the background, the answer delay from now and once no checkpoint or
 // restore of s is running.
 func (m *Manager) afterAnswer(s *sb, f func()) { s.bg.after(f) }

@@ -1,15 +1,19 @@
 package state
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
 
 // Work queued by afterAnswer starts only once no operation runs, and then runs.
+// answerDelay is the tests' delay: the daemon's default.
+const answerDelay = defaultAnswerDelay
+
 func TestBackgroundWaitsForOperations(t *testing.T) {
 	defer func(d time.Duration) { maxGateWait = d }(maxGateWait)
 	maxGateWait = time.Minute
-	b := newBackground()
+	b := newBackground(answerDelay, new(sync.WaitGroup))
 	end1 := b.begin()
 	end2 := b.begin()
 	ran := make(chan struct{})
@@ -36,7 +40,7 @@ func TestBackgroundWaitsForOperations(t *testing.T) {
 
 // With no operation running, the work starts after answerDelay, not before.
 func TestBackgroundDelay(t *testing.T) {
-	b := newBackground()
+	b := newBackground(answerDelay, new(sync.WaitGroup))
 	t0 := time.Now()
 	ran := make(chan time.Duration, 1)
 	b.after(func() { ran <- time.Since(t0) })
@@ -53,7 +57,7 @@ func TestBackgroundDelay(t *testing.T) {
 // Operations back to back, with no gap for the work to slip into, keep it waiting at most
 // maxGateWait.
 func TestBackgroundWaitIsBounded(t *testing.T) {
-	b := newBackground()
+	b := newBackground(answerDelay, new(sync.WaitGroup))
 	stop := make(chan struct{})
 	defer close(stop)
 	end := b.begin()

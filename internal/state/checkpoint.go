@@ -26,52 +26,103 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	return m.CheckpointWith(ctx, id, CheckpointOptions{Label: label})
 }
 
+// checkpointSteps are the steps of a checkpoint, in order; step k (FailStep's number) is
+// checkpointSteps[k-1]. Each pushes onto the operation's undo list what reverses it, once
+// it has succeeded, so that a failure at step k undoes steps k-1..1 in that order.
+//
+//  1. seize: the sessions' processes, then every other process but init, each checked
+//     while stopped (an ineligible one refuses the checkpoint with 409, nothing changed);
+//     from here to step 8 they run none of their own code. Undo: resume them.
+//  2. fork: each into its template, on the current state (nothing has moved yet).
+//     Undo: kill the templates.
+//  3. kill: end what was not seized (with EndBackground, the processes outside the
+//     sessions that could not be). Not undone: no node carries them, and every
+//     checkpoint that gets this far ends them, whether it completes or not. Nothing to
+//     do, and no read of the cgroup, when step 1 saw every process seized, a template or
+//     a zombie (holdOthers).
+//  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits).
+//     Undo: give the prepared state back, or remove the fresh upper.
+//  5. freeze: the old upper becomes the node's read-only layer (store.Freeze). Undo:
+//     unfreeze it (and the prepared state, whose lower it was, is dropped).
+//  6. mount: install the new stack (the prepared state, or a new mount). Undo: reinstall
+//     the old namespace.
+//  7. move: the live processes onto the current state (the injected failure comes after
+//     the first has moved, so that a partial move is undone too). Undo: move each back
+//     onto the old state with its own open file descriptions, namespace and cwd.
+//  8. publish: the node and its templates are recorded, the processes resume, the undo
+//     list is released.
+//
+// Steps 4-6 do nothing when the upper holds no change: the node shares its parent's top
+// layer and the sandbox keeps its mount, which already shows exactly that state.
+var checkpointSteps = []step[*checkpoint]{
+	{"seize", (*checkpoint).seize, false},
+	{"fork", (*checkpoint).fork, false},
+	{"kill", (*checkpoint).kill, false},
+	{"upper", (*checkpoint).upper, false},
+	{"freeze", (*checkpoint).freeze, false},
+	{"mount", (*checkpoint).mount, false},
+	{"move", (*checkpoint).move, true},
+	{"publish", (*checkpoint).publish, false},
+}
+
+// checkpoint is one checkpoint in progress: what its steps share. Only the goroutine
+// running CheckpointWith touches it, with s.opMu and m.treeMu (shared) held.
+type checkpoint struct {
+	m    *Manager
+	s    *sb
+	o    CheckpointOptions
+	res  *OpResult
+	undo undoList
+	// inject is the fault-injection point of a step that fails from inside (step 7).
+	inject func() error
+
+	held    []*heldProc // step 1: seized, in the order they were
+	settled bool        // step 1 saw nothing step 3 must end
+	refused string      // why a refusal was one (counted)
+
+	oldSpec   overlay.Spec
+	n         store.Node
+	unchanged bool          // the upper holds no change: steps 4-6 do nothing
+	p         *prepared     // step 4: the next state prepared ahead of time, if it fit
+	newUpper  uint64        // step 4: the upper the sandbox goes on with
+	oldNS     sandbox.State // step 6: the namespace the sandbox leaves (closed after the answer)
+}
+
 // CheckpointWith makes a node of the sandbox's files and processes, as one atomic step:
-// it either completes or leaves the sandbox exactly as it was, with no node made.
-//
-// Steps (FailStep numbers; a failure at step k undoes steps 1..k-1 in reverse):
-//  1. seize the sessions' processes, then every other process but init (holdOthers),
-//     and check them while stopped (an ineligible one refuses the checkpoint with 409);
-//     from here to step 8 they run none of their code;
-//  2. fork each into its template, on the current state (nothing has moved yet);
-//  3. end what was not seized (with EndBackground, the processes outside the sessions
-//     that could not be; no node carries them, and every checkpoint that gets this far
-//     ends them, whether it completes or not); nothing to do, and no read of the cgroup,
-//     when step 1 saw every process seized, a template or a zombie (holdOthers);
-//  4. take a fresh upper (the next state prepared ahead of time, if it fits);
-//  5. freeze the upper (store.Freeze);
-//  6. mount the new stack and install it;
-//  7. move the live processes onto it (the injected failure comes after the first one
-//     moved, so that a partial move is undone too);
-//  8. publish: the node and its templates are recorded and the processes resume.
-//
-// Undo, in this order: processes moved back onto the old state with their own open file
-// descriptions, namespace and cwd (fastpath.Held.MoveBack), templates killed; old
-// namespace reinstalled, upper unfrozen; then the processes resume where they were.
+// it either completes or leaves the sandbox exactly as it was, with no node made. The
+// steps are checkpointSteps.
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
-	label := o.Label
 	t0 := time.Now()
 	s, unlock, err := m.beginOp(id, "checkpoint")
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	var refused string // why a refusal was one (counts)
+	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id}}
 	defer func() {
 		if err != nil {
-			m.countFailed(s, "checkpoint", refused)
+			m.countFailed(s, "checkpoint", c.refused)
 		}
 	}()
-	res := &OpResult{Sandbox: id}
-	tp := t0
-	if err := m.fail("checkpoint", 1); err != nil {
+	// Whatever happens, the position's next state is prepared again: step 4 made
+	// earlier builds stale. Pushed first, it runs last.
+	c.undo.push(func() { m.prepareNext(s) })
+	if err := runSteps(m, "checkpoint", checkpointSteps, c, &c.inject, c.res, t0); err != nil {
+		c.undo.run()
 		return nil, err
 	}
+	c.res.Node = m.nodeInfo(c.n.ID)
+	c.res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	return c.res, nil
+}
+
+// seize is step 1.
+func (c *checkpoint) seize() error {
+	m, s := c.m, c.s
 	held, err := m.holdSessions(s)
-	settled := false // nothing for step 3 to end (holdOthers)
 	if err == nil {
-		var others []*heldSession
-		if others, settled, err = m.holdOthers(s, held, o.EndBackground); err != nil {
+		var others []*heldProc
+		if others, c.settled, err = m.holdOthers(s, held, c.o.EndBackground); err != nil {
 			m.abortHeld(held)
 		}
 		held = append(held, others...)
@@ -79,202 +130,190 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 	if err != nil {
 		var in *fastpath.Ineligible
 		if errors.As(err, &in) {
-			refused = "ineligible"
+			c.refused = "ineligible"
 		}
-		return nil, err
+		return err
 	}
-	res.phase("seize", &tp)
-	// undoProcs undoes steps 1, 2 and 7 but leaves the processes seized; letGo resumes
-	// them, once the files are back.
-	undoProcs := func() {
-		for _, e := range m.undoHeld(held) {
-			m.log.Error("checkpoint undo: a session's process could not be put back and was killed", "sandbox", id, "err", e)
-		}
-	}
-	letGo := func() {
+	c.held = held
+	c.undo.push(func() {
 		for _, e := range m.releaseHeld(held) {
-			m.log.Error("checkpoint undo: resume a session's process", "sandbox", id, "err", e)
+			m.log.Error("checkpoint undo: resume a process", "sandbox", s.rec.ID, "err", e)
 		}
-	}
-	undoFiles := func() {}
-	abort := func(err error) (*OpResult, error) {
-		undoProcs()
-		undoFiles()
-		letGo()
-		// takeNext made earlier builds stale; the position is the old one again.
-		m.prepareNext(s)
-		return nil, err
-	}
-	if err := m.fail("checkpoint", 2); err != nil {
-		return abort(err)
-	}
-	if err := m.forkHeld(held, id); err != nil {
-		return abort(err)
-	}
-	res.phase("fork", &tp)
-	if err := m.fail("checkpoint", 3); err != nil {
-		return abort(err)
-	}
-	if !settled {
-		keep, keepHost := m.keepPids(s, held)
-		if res.Killed, err = killAll(s, keep, keepHost); err != nil {
-			return abort(err)
+	})
+	return nil
+}
+
+// fork is step 2.
+func (c *checkpoint) fork() error {
+	return c.m.forkHeld(c.held, c.s.rec.ID, &c.undo)
+}
+
+// kill is step 3.
+func (c *checkpoint) kill() error {
+	m, s := c.m, c.s
+	if !c.settled {
+		keep, keepHost := m.keepPids(s, c.held)
+		n, err := killAll(s, keep, keepHost)
+		if err != nil {
+			return err
 		}
+		c.res.Killed = n
 	}
-	if !fastPathOn() {
-		m.endSessions(s, "ended by a checkpoint (DELTABOX_FASTPATH=0: process state is not kept)")
+	if !m.cfg.FastPath {
+		m.endSessions(s, "ended by a checkpoint (the daemon runs without the fast path: process state is not kept)")
 	}
-	res.phase("kill", &tp)
-	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
-	if err != nil {
-		return abort(err)
+	return nil
+}
+
+// upper is step 4.
+func (c *checkpoint) upper() error {
+	m, s := c.m, c.s
+	var err error
+	if c.oldSpec, err = m.spec(s.rec.Image, s.rec.Head, s.rec.Upper); err != nil {
+		return err
 	}
-	n := store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: label, Sandbox: id}
-	newUpper, oldNS := s.rec.Upper, sandbox.None
-	if upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]) {
-		// Nothing changed: the node shares its parent's top layer and the sandbox
-		// keeps its mount, which already shows exactly this state.
+	c.n = store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: c.o.Label, Sandbox: s.rec.ID}
+	c.newUpper = s.rec.Upper
+	if upperUnchanged(c.oldSpec.Upper, c.oldSpec.Lowers[0]) {
+		c.unchanged = true
 		m.mu.Lock()
 		if st := m.stack(s.rec.Head); len(st) > 0 {
-			n.Layer = st[0]
+			c.n.Layer = st[0]
 		}
 		m.mu.Unlock()
-	} else {
-		n.Layer, n.Own, n.Bytes = s.rec.Upper, true, -1
-		// The next state, mounted ahead of time (prepare.go), if it fits.
-		p := m.takeNext(s, oldSpec.Lowers)
-		res.Prepared = p != nil
-		if err := m.fail("checkpoint", 4); err != nil {
-			if p != nil {
-				m.putNext(s, p)
-			}
-			return abort(err)
-		}
-		if p != nil {
-			newUpper = p.newUpper
-			undoFiles = func() { m.putNext(s, p) }
-		} else {
-			if newUpper, err = m.freshUpper(oldSpec.Upper); err != nil {
-				return abort(err)
-			}
-			undoFiles = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
-		}
-		res.phase("upper", &tp)
-		err = m.fail("checkpoint", 5)
-		if err == nil {
-			err = m.st.Freeze(n.Layer)
-		}
-		if err != nil {
-			return abort(err)
-		}
-		undoFiles = func() {
-			if err := m.st.Unfreeze(n.Layer); err != nil {
-				m.log.Error("undo freeze", "layer", n.Layer, "err", err)
-			}
-			if p != nil {
-				m.discard(p, false) // its lower, frozen/, is gone with the unfreeze
-			} else {
-				store.RemoveAll(m.st.LayerDir(newUpper))
-			}
-		}
-		res.phase("freeze", &tp)
-		// The old namespace keeps the old overlay, whose upper is now the empty diff/
-		// (not the frozen layer), until after the answer: see store.Freeze.
-		oldNS = s.rt.TakeState()
-		err = m.fail("checkpoint", 6)
-		if err == nil {
-			if p != nil {
-				// The root's mode and owner may have changed since the preparation.
-				matchRoot(m.st.LayerDiff(newUpper), m.st.LayerFrozen(n.Layer))
-				s.rt.PutState(p.state)
-			} else {
-				err = m.setState(s, res, overlay.Spec{
-					Lowers: append([]string{m.st.LayerFrozen(n.Layer)}, oldSpec.Lowers...),
-					Upper:  m.st.LayerDiff(newUpper),
-					Work:   m.st.LayerWork(newUpper),
-				})
-			}
-		}
-		if err != nil {
-			s.rt.PutState(oldNS)
-			return abort(fmt.Errorf("checkpoint: mount the new state: %w", err))
-		}
-		res.Mounted = true
-		unfreeze := undoFiles
-		undoFiles = func() {
-			cur := s.rt.TakeState()
-			if !res.Prepared {
-				cur.Close() // the new stack goes before its lower is unfrozen
-			} // else cur is p.state, which unfreeze releases
-			s.rt.PutState(oldNS)
-			unfreeze()
-		}
-		res.phase("mount", &tp)
+		return nil
 	}
-	// The live processes move onto the sandbox's current state (the new one, or the same
-	// one when nothing changed: they still reopen their files, to share no open file
-	// description with their templates).
-	failMove := func() error { return m.fail("checkpoint", 7) }
-	if len(held) > 0 {
-		nsPath, release, err := s.rt.StateNSPath()
-		if err != nil {
-			return abort(err)
-		}
-		// init lets go of the namespace fd after the answer: a round trip to init
-		// (0.2-0.3 ms) that nothing here waits for.
-		defer m.afterAnswer(s, release)
-		err = m.moveHeld(held, nsPath, failMove)
-		if err != nil {
-			return abort(err)
-		}
-	} else if err := failMove(); err != nil {
-		return abort(err)
+	c.n.Layer, c.n.Own, c.n.Bytes = s.rec.Upper, true, -1
+	if p := m.takeNext(s, c.oldSpec.Lowers); p != nil {
+		c.p, c.newUpper, c.res.Prepared = p, p.newUpper, true
+		c.undo.push(func() {
+			if c.p != nil { // else step 5's undo dropped it
+				m.putNext(s, c.p)
+			}
+		})
+		return nil
 	}
-	res.phase("move", &tp)
-	if err := m.fail("checkpoint", 8); err != nil {
-		return abort(err)
+	if c.newUpper, err = m.freshUpper(c.oldSpec.Upper); err != nil {
+		return err
 	}
-	// Publish.
+	newUpper := c.newUpper
+	c.undo.push(func() { store.RemoveAll(m.st.LayerDir(newUpper)) })
+	return nil
+}
+
+// freeze is step 5.
+func (c *checkpoint) freeze() error {
+	if c.unchanged {
+		return nil
+	}
+	m := c.m
+	if err := m.st.Freeze(c.n.Layer); err != nil {
+		return err
+	}
+	c.undo.push(func() {
+		if err := m.st.Unfreeze(c.n.Layer); err != nil {
+			m.log.Error("checkpoint undo: unfreeze", "layer", c.n.Layer, "err", err)
+		}
+		if c.p != nil {
+			// Its lower, frozen/, is gone with the unfreeze: it cannot be given back.
+			m.discard(c.p, false)
+			c.p = nil
+		}
+	})
+	return nil
+}
+
+// mount is step 6.
+func (c *checkpoint) mount() error {
+	if c.unchanged {
+		return nil
+	}
+	m, s := c.m, c.s
+	// The old namespace keeps the old overlay, whose upper is now the empty diff/ (not
+	// the frozen layer), until after the answer: see store.Freeze.
+	c.oldNS = s.rt.TakeState()
+	if c.p != nil {
+		// The root's mode and owner may have changed since the preparation.
+		matchRoot(m.st.LayerDiff(c.newUpper), m.st.LayerFrozen(c.n.Layer))
+		s.rt.PutState(c.p.state)
+	} else if err := m.setState(s, c.res, overlay.Spec{
+		Lowers: append([]string{m.st.LayerFrozen(c.n.Layer)}, c.oldSpec.Lowers...),
+		Upper:  m.st.LayerDiff(c.newUpper),
+		Work:   m.st.LayerWork(c.newUpper),
+	}); err != nil {
+		s.rt.PutState(c.oldNS)
+		return fmt.Errorf("checkpoint: mount the new state: %w", err)
+	}
+	c.res.Mounted = true
+	c.undo.push(func() {
+		cur := s.rt.TakeState()
+		if c.p == nil {
+			cur.Close() // the new stack goes before its lower is unfrozen
+		} // else cur is the prepared state, which step 5's undo releases
+		s.rt.PutState(c.oldNS)
+	})
+	return nil
+}
+
+// move is step 7. The processes move onto the sandbox's current state: the new one, or
+// the same one when nothing changed (they still reopen their files, to share no open
+// file description with their templates).
+func (c *checkpoint) move() error {
+	m, s := c.m, c.s
+	if len(c.held) == 0 {
+		return c.inject()
+	}
+	nsPath, release, err := s.rt.StateNSPath()
+	if err != nil {
+		return err
+	}
+	// init lets go of the namespace fd after the answer: a round trip to init (0.2-0.3
+	// ms) that nothing here waits for. Queued whatever happens.
+	m.afterAnswer(s, release)
+	return m.moveHeld(s, c.held, nsPath, c.inject, &c.undo)
+}
+
+// publish is step 8: from here nothing fails.
+func (c *checkpoint) publish() error {
+	m, s, res := c.m, c.s, c.res
+	c.undo.release()
 	var tps []*procTemplate
-	for _, l := range held {
+	for _, l := range c.held {
 		tps = append(tps, l.pt)
 	}
-	for _, e := range m.releaseHeld(held) {
+	for _, e := range m.releaseHeld(c.held) {
 		res.ProcessErrors = append(res.ProcessErrors, e.Error())
 	}
 	res.Processes = len(tps)
 	m.mu.Lock()
-	n.ID = m.newNodeID()
-	nd := &node{Node: n}
-	m.nodes[n.ID] = nd
+	c.n.ID = m.newNodeID()
+	nd := &node{Node: c.n}
+	m.nodes[c.n.ID] = nd
 	if len(tps) > 0 {
-		m.templates[n.ID] = tps
+		m.templates[c.n.ID] = tps
 	}
-	s.rec.Head, s.rec.Upper = n.ID, newUpper
-	seq := m.st.Index.Apply(store.Op{PutNode: &n}, store.Op{PutSandbox: &s.rec})
+	s.rec.Head, s.rec.Upper = c.n.ID, c.newUpper
+	seq := m.st.Index.Apply(store.Op{PutNode: &c.n}, store.Op{PutSandbox: &s.rec})
 	nd.seq, s.seq = seq, seq
 	m.mu.Unlock()
-	if n.Own {
-		layer := n.Layer
+	if c.n.Own {
+		layer, oldNS, id := c.n.Layer, c.oldNS, c.n.ID
 		m.afterAnswer(s, func() {
 			oldNS.Close()
 			m.st.Index.Apply(store.Op{After: func() { m.st.DropUpperDirs(layer) }})
 		})
-		m.afterAnswer(s, func() { m.measure(n.ID, m.st.LayerFrozen(layer)) })
+		m.afterAnswer(s, func() { m.measure(id, m.st.LayerFrozen(layer)) })
 	}
 	switch {
 	case len(tps) > 0:
 		m.countPath(s, "checkpoint", pathProcess)
-	case !fastPathOn():
+	case !m.cfg.FastPath:
 		m.countPath(s, "checkpoint", pathFastPathOff)
 	default:
 		m.countPath(s, "checkpoint", pathNoSessions)
 	}
 	m.prepareNext(s)
-	m.warmNode(s, n.ID)
-	m.parkTemplates(s, n.ID, tps)
-	res.phase("publish", &tp)
-	res.Node = m.nodeInfo(n.ID)
-	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
-	return res, nil
+	m.warmNode(s, c.n.ID)
+	m.parkTemplates(s, c.n.ID, tps)
+	return nil
 }

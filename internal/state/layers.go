@@ -95,8 +95,9 @@ func (m *Manager) freshUpper(top string) (uint64, error) {
 }
 
 // fillUppers keeps a few empty layers ready (mkdir of diff and work: ~100 us off the
-// critical path). Ready layers are in no record, so a restart sweeps them.
+// critical path) until Close. Ready layers are in no record, so a restart sweeps them.
 func (m *Manager) fillUppers() {
+	defer m.wg.Done()
 	for {
 		id, err := m.newLayer()
 		if err != nil {

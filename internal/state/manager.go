@@ -1,32 +1,8 @@
-// Package state is DeltaBox's state manager: it owns the snapshot tree, the sandboxes
-// and their positions in the tree, and makes every checkpoint and restore one step
-// that either completes or leaves the sandbox as it was.
-//
-// # The tree
-//
-// A node is an immutable checkpoint. Its filesystem is a stack of frozen layers: its
-// own layer (the sandbox's upper at the time of the checkpoint, frozen) on top of its
-// parent's stack, down to the image. A checkpoint with no changes reuses the parent's
-// top layer. A sandbox stands on a node (its head) with a fresh writable upper on top of
-// the node's stack. A node a sandbox stands on, or has descendants a sandbox stands on,
-// cannot be removed.
-//
-// # Locking
-//
-// Lock order: sandbox.opMu -> Manager.treeMu -> Manager.mu -> sandbox.mu.
-//   - sandbox.opMu serialises state-changing operations on one sandbox (checkpoint,
-//     restore, rm) and the start of an exec; different sandboxes proceed in parallel.
-//   - treeMu is held shared by checkpoint and restore (which read node stacks and
-//     mount them) and exclusively by node removal (which deletes layers).
-//   - mu protects the maps and the layer allocator; it is never held across a mount,
-//     a fork or an index wait.
-//   - sandbox.mu protects execs (the count of running execs).
 package state
 
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -50,18 +26,16 @@ type Manager struct {
 	sandboxes map[string]*sb
 	nextLayer uint64
 
-	templates map[string][]*procTemplate // node id -> its process templates (fastpath.go)
+	templates map[string][]*procTemplate // node id -> its process templates (templates.go)
 
-	uppers chan uint64   // empty layers made ahead of time (fillUppers)
-	stop   chan struct{} // closed by Close
+	cfg    Config
+	uppers chan uint64    // empty layers made ahead of time (fillUppers)
+	stop   chan struct{}  // closed by Close
+	wg     sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
 	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
 	// to prove that every failure leaves the sandbox as it was.
 	FailStep func(op string, step int) error
-
-	// noPrepare turns off the prepared next state (DELTABOX_NO_PREPARE=1), to measure
-	// or debug the plain path.
-	noPrepare bool
 }
 
 type node struct {
@@ -100,7 +74,9 @@ type sb struct {
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
 	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
 	hostPids map[int]int
-	tmplMu   sync.Mutex // held by whoever seizes this sandbox's templates (restore, parking)
+	// tmplMu is held by whoever seizes this sandbox's templates (a restore while it
+	// forks from them, parking in the background), so that no template is seized twice.
+	tmplMu sync.Mutex
 
 	mu          sync.Mutex
 	execs       int
@@ -113,8 +89,8 @@ type sb struct {
 	stats Stats
 }
 
-func newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, bg: newBackground(), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
+func (m *Manager) newSB(r store.Sandbox) *sb {
+	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
 }
 
 // Stats counts what happened to a sandbox.
@@ -136,9 +112,9 @@ type Stats struct {
 // New opens the manager on an opened store: loads the index, sweeps orphans, kills
 // what a previous daemon left running, and restarts every sandbox of the index on its
 // head with its upper (files survive a daemon restart; processes do not).
-func New(st *store.Store, log *slog.Logger) (*Manager, error) {
-	m := &Manager{st: st, log: log, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{}), noPrepare: os.Getenv("DELTABOX_NO_PREPARE") == "1"}
+func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
+	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
+		uppers: make(chan uint64, 4), stop: make(chan struct{})}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()
 	if err != nil {
@@ -186,12 +162,13 @@ func New(st *store.Store, log *slog.Logger) (*Manager, error) {
 		}
 	}
 	for _, r := range sbs {
-		s := newSB(r)
+		s := m.newSB(r)
 		m.sandboxes[r.ID] = s
 		if r.Upper > m.nextLayer {
 			m.nextLayer = r.Upper
 		}
 	}
+	m.wg.Add(1)
 	go m.fillUppers()
 	for _, s := range m.sandboxes {
 		if err := m.boot(s); err != nil {
@@ -229,6 +206,9 @@ func (m *Manager) Close() error {
 		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()
 	}
+	// Work queued after answers runs to its end (it finds its sandbox closed), and the
+	// index is closed after the last of it.
+	m.wg.Wait()
 	return m.st.Close()
 }
 

@@ -60,9 +60,10 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end() }, nil
 }
 
-func (m *Manager) fail(op string, step int) error {
+// fail is the fault-injection point of step k of op (Manager.FailStep; tests only).
+func (m *Manager) fail(op string, k int) error {
 	if m.FailStep != nil {
-		return m.FailStep(op, step)
+		return m.FailStep(op, k)
 	}
 	return nil
 }
@@ -94,4 +95,35 @@ func onlyKept(s *sb, keep map[int]bool) bool {
 		}
 	}
 	return true
+}
+
+// step is one numbered step of an operation (checkpointSteps, restoreSteps).
+type step[T any] struct {
+	phase string // its name in OpResult.PhasesUS (a step may record parts of itself too)
+	run   func(T) error
+	// injectInside: the step calls the operation's fault-injection point itself (after
+	// its first process, so that a partial step is undone too), instead of before it.
+	injectInside bool
+}
+
+// runSteps runs steps in order on op, each after its fault-injection point (FailStep's
+// number k is steps[k-1]; for a step that injects inside, *inject is set to its point),
+// and records each one's time in res from t0 on. It stops at the first error; the
+// caller runs op's undo list.
+func runSteps[T any](m *Manager, name string, steps []step[T], op T, inject *func() error, res *OpResult, t0 time.Time) error {
+	tp := t0
+	for i, st := range steps {
+		k := i + 1
+		point := func() error { return m.fail(name, k) }
+		if st.injectInside {
+			*inject = point
+		} else if err := point(); err != nil {
+			return err
+		}
+		if err := st.run(op); err != nil {
+			return err
+		}
+		res.phase(st.phase, &tp)
+	}
+	return nil
 }

@@ -44,7 +44,7 @@ func stackKey(lowers []string) string { return strings.Join(lowers, "\x00") }
 // prepareNext starts preparing s's next checkpoint state. Precondition: s.opMu held
 // (it reads s.rec and s.rt).
 func (m *Manager) prepareNext(s *sb) {
-	if s.rt == nil || m.noPrepare {
+	if s.rt == nil || !m.cfg.Prepare {
 		return
 	}
 	rt, rec := s.rt, s.rec
@@ -167,7 +167,9 @@ func (m *Manager) discard(p *prepared, emptyFrozen bool) {
 		m.st.DropPreparedFrozen(p.upper)
 	}
 	dir := m.st.LayerDir(p.newUpper)
+	m.wg.Add(1)
 	go func() {
+		defer m.wg.Done()
 		p.state.Close()
 		store.RemoveAll(dir)
 	}()

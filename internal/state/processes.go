@@ -3,15 +3,12 @@ package state
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/remote"
 	"deltabox/internal/session"
-
-	"golang.org/x/sys/unix"
 )
 
 // Process state (DeltaCR's fast path, package fastpath): at a checkpoint every bash or
@@ -22,32 +19,29 @@ import (
 // restart (which ends every process), carries its files only and ends the sessions.
 // Processes outside sessions (background jobs an exec left behind) are checkpointed the
 // same way (holdOthers), with no terminal; one that cannot be refuses the checkpoint, or
-// with CheckpointOptions.EndBackground is ended as before. DELTABOX_FASTPATH=0 turns the
-// fast path off.
+// with CheckpointOptions.EndBackground is ended. Config.FastPath off turns the fast path
+// off.
 //
-// Atomicity. A checkpoint seizes the session processes before anything changes and
-// keeps them seized (they run none of their own code) until it is published: the
-// templates fork from them first, on the old state; the files part follows; then the
-// processes move onto the new state. A failure at any step moves back the ones already
-// moved (fastpath.Held.MoveBack: the same namespace, cwd and open file descriptions as
-// before), kills the templates made and undoes the files part: the sandbox is exactly as
-// it was. A restore does everything that can be checked or prepared before it kills the
-// live processes (templates seized, sessions' terminals found, the node's state mounted),
-// because clone3 set_tid needs the live PID free: once a live process is killed it cannot
-// be kept aside while its replacement is tried. See Restore for what a failure after that
-// point leaves.
+// Atomicity. A checkpoint seizes the processes before anything changes and keeps them
+// seized (they run none of their own code) until it is published: the templates fork
+// from them first, on the old state; the files part follows; then the processes move
+// onto the new state. A failure at any step moves back the ones already moved
+// (fastpath.Held.MoveBack: the same namespace, cwd and open file descriptions as before),
+// undoes the files part and kills the templates made: the sandbox is exactly as it was
+// (checkpoint.go). A restore does everything that can be checked or prepared before it
+// kills the live processes (templates seized, sessions' terminals found, the node's state
+// mounted), because clone3 set_tid needs the live PID free: once a live process is killed
+// it cannot be kept aside while its replacement is tried (restore.go).
 
-// heldSession is a process seized for a checkpoint: a session's, or (name "", sess nil)
-// one outside the sessions.
-type heldSession struct {
+// heldProc is a process seized for a checkpoint: a session's process, or (name "", sess
+// nil) one outside the sessions.
+type heldProc struct {
 	name string
 	what string // "session NAME" or "process PID (COMM)", for messages
 	sess *session.Session
 	h    *fastpath.Held
 	pt   *procTemplate // its template, once forked
 }
-
-func fastPathOn() bool { return os.Getenv("DELTABOX_FASTPATH") != "0" }
 
 // liveSessions returns the running sessions of s, sorted by name.
 func liveSessions(s *sb) ([]string, map[string]*session.Session) {
@@ -68,8 +62,8 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // holdSessions seizes every running session's process and checks, while it is stopped,
 // that it can be checkpointed with its state. On error every process already seized is
 // let go untouched. Precondition: s.opMu held, no exec running.
-func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
-	if !fastPathOn() {
+func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
+	if !m.cfg.FastPath {
 		return nil, nil
 	}
 	names, sess := liveSessions(s)
@@ -77,13 +71,13 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 		return nil, nil
 	}
 	tr := m.tracer(s)
-	var out []*heldSession
+	var out []*heldProc
 	for _, n := range names {
 		host, err := m.hostPid(s, sess[n].Pid())
 		if err == nil {
 			var h *fastpath.Held
 			if h, err = fastpath.Hold(tr, host); err == nil {
-				out = append(out, &heldSession{name: n, what: "session " + n, sess: sess[n], h: h})
+				out = append(out, &heldProc{name: n, what: "session " + n, sess: sess[n], h: h})
 				continue
 			}
 		}
@@ -114,8 +108,8 @@ func (m *Manager) holdSessions(s *sb) ([]*heldSession, error) {
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
-func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (out []*heldSession, settled bool, err error) {
-	if !fastPathOn() {
+func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out []*heldProc, settled bool, err error) {
+	if !m.cfg.FastPath {
 		return nil, false, nil
 	}
 	initHost := s.rt.InitPid()
@@ -179,7 +173,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 		} else if err == nil {
 			// A locked description it shares with a process held before it: each would
 			// take the lock again on its own copy, and the second would be refused.
-			for _, o := range append(append([]*heldSession(nil), held...), out...) {
+			for _, o := range append(append([]*heldProc(nil), held...), out...) {
 				if fd, ofd, ok := fastpath.SharedLock(o.h.P, h.P); ok {
 					err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}
 					h.Abort()
@@ -189,7 +183,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldSession, endBackground bool) (ou
 		}
 		if err == nil {
 			what := fmt.Sprintf("process %d (%s)", h.P.Pid, fastpath.Comm(host))
-			out = append(out, &heldSession{what: what, h: h})
+			out = append(out, &heldProc{what: what, h: h})
 			continue
 		}
 		if !fastpath.Exists(host) {
@@ -227,83 +221,75 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 }
 
 // endLive kills the live session processes of s for a restore, each after giving its
-// address space to a holder (remote.HoldMM: a stopped CLONE_VM sibling that never runs):
-// the process's exit then skips exit_mmap (1.3-2 ms of freeing for a 63 MB python on
-// these VMs, on the restore's critical path: clone3 set_tid waits for the PID), and the
-// holder, killed after the answer, frees the memory off that path. It returns the
-// holders' sandbox PIDs (the restore's kill must spare them) and host PIDs (to kill
-// them after the answer), and the sandbox and host PIDs of the processes it killed (init
-// must reap them). A process that cannot be given a holder is killed all the same (the
-// holder is an optimisation: the process is being ended either way). Precondition:
+// address space to a holder (fastpath.EndLive: the exit is then quick, and the holder
+// frees the memory after the answer). It returns the holders' sandbox PIDs (the
+// restore's kill must spare them) and host PIDs (to kill them after the answer), and the
+// sandbox and host PIDs of the processes it killed (init must reap them). Precondition:
 // s.opMu held, step 4 of Restore.
 func (m *Manager) endLive(s *sb) (pids, hosts, killed, killedHosts []int) {
-	if !fastPathOn() {
+	if !m.cfg.FastPath {
 		return nil, nil, nil, nil
 	}
 	names, sess := liveSessions(s)
-	if len(names) == 0 {
+	var live, hostOf []int
+	for _, n := range names {
+		if host, err := m.hostPid(s, sess[n].Pid()); err == nil {
+			live = append(live, sess[n].Pid())
+			hostOf = append(hostOf, host)
+		}
+	}
+	if len(live) == 0 {
 		return nil, nil, nil, nil
 	}
-	tr := m.tracer(s)
-	tr.Do(func() error {
-		for _, n := range names {
-			host, err := m.hostPid(s, sess[n].Pid())
-			if err != nil {
-				continue
-			}
-			t, err := tr.Seize(host)
-			if err != nil {
-				continue
-			}
-			hh, hp, err := t.HoldMM()
-			if err != nil {
-				m.log.Warn("restore: no memory holder for a session's process; its exit frees its memory on the critical path", "sandbox", s.rec.ID, "session", n, "err", err)
-			} else {
-				pids = append(pids, hp)
-				hosts = append(hosts, hh)
-			}
-			if t.Kill() == nil { // as its tracer; init reaps it (the kill that follows waits for that)
-				killed = append(killed, sess[n].Pid())
-				killedHosts = append(killedHosts, host)
-			}
+	for i, e := range fastpath.EndLive(m.tracer(s), hostOf) {
+		if e.HolderErr != nil {
+			m.log.Warn("restore: no memory holder for a session's process; its exit frees its memory on the critical path", "sandbox", s.rec.ID, "pid", live[i], "err", e.HolderErr)
+		} else if e.HolderHost != 0 {
+			pids = append(pids, e.HolderPid)
+			hosts = append(hosts, e.HolderHost)
 		}
-		return nil
-	})
+		if e.Killed {
+			killed = append(killed, live[i])
+			killedHosts = append(killedHosts, e.HostPid)
+		}
+	}
 	return pids, hosts, killed, killedHosts
 }
 
 // forkHeld forks every held process into its template (on the state it is on: nothing
-// has moved). On error the caller aborts the held processes, which kills the templates.
-func (m *Manager) forkHeld(held []*heldSession, sandbox string) error {
+// has moved), and pushes the template's kill onto undo as each is made.
+func (m *Manager) forkHeld(held []*heldProc, sandbox string, undo *undoList) error {
 	for _, l := range held {
 		t, err := l.h.Fork()
 		if err != nil {
 			return fmt.Errorf("%s: %w", l.what, err)
 		}
+		undo.push(l.h.DropTemplate)
 		pt := &procTemplate{session: l.name, what: l.what, sandbox: sandbox, tmpl: t}
 		l.pt = pt
 		if l.sess == nil {
 			continue // no terminal of its own
 		}
-		pt.kind, pt.argv = l.sess.Kind(), l.sess.Info().Argv
-		if tio, err := unix.IoctlGetTermios(int(l.sess.Master().Fd()), unix.TCGETS); err == nil {
-			pt.termios = tio
-		}
-		if ws, err := unix.IoctlGetWinsize(int(l.sess.Master().Fd()), unix.TIOCGWINSZ); err == nil {
-			pt.winsize = ws
-		}
+		pt.kind, pt.argv, pt.term = l.sess.Kind(), l.sess.Info().Argv, l.sess.SaveTerm()
 	}
 	return nil
 }
 
-// moveHeld moves every held process onto the state at nsPath. afterFirst runs once the
-// first has moved (the fault-injection point that proves a partial move is undone). On
-// error the caller aborts the held processes, which moves back the ones moved.
-func (m *Manager) moveHeld(held []*heldSession, nsPath string, afterFirst func() error) error {
+// moveHeld moves every held process onto the state at nsPath, and pushes onto undo, as
+// each has moved, its move back (fastpath.Held.MoveBack; one that cannot be put back
+// exactly is killed, never left half-moved, and its session ends). afterFirst runs once
+// the first has moved (the fault-injection point that proves a partial move is undone).
+// A Move that fails moves its process back itself.
+func (m *Manager) moveHeld(s *sb, held []*heldProc, nsPath string, afterFirst func() error, undo *undoList) error {
 	for i, l := range held {
 		if err := l.h.Move(nsPath); err != nil {
 			return fmt.Errorf("%s: %w", l.what, err)
 		}
+		undo.push(func() {
+			if err := l.h.MoveBack(); err != nil {
+				m.log.Error("checkpoint undo: a process could not be put back and was killed", "sandbox", s.rec.ID, "process", l.what, "err", err)
+			}
+		})
 		if i == 0 {
 			if err := afterFirst(); err != nil {
 				return err
@@ -316,31 +302,24 @@ func (m *Manager) moveHeld(held []*heldSession, nsPath string, afterFirst func()
 	return nil
 }
 
-// undoHeld moves back the held processes moved so far and kills their templates, in
-// reverse order; they stay seized (releaseHeld lets them run). A process that cannot be
-// put back exactly is killed by fastpath (never left half-moved); its session then
-// ends, and the error names it.
-func (m *Manager) undoHeld(held []*heldSession) []error {
+// abortHeld lets go of processes seized by a checkpoint that failed before anything
+// was pushed for them (holdSessions, holdOthers): each is put back and resumed.
+func (m *Manager) abortHeld(held []*heldProc) []error {
 	var errs []error
 	for i := len(held) - 1; i >= 0; i-- {
-		if err := held[i].h.Undo(); err != nil {
+		if err := held[i].h.Abort(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", held[i].what, err))
 		}
 	}
 	return errs
 }
 
-// abortHeld is undoHeld then releaseHeld.
-func (m *Manager) abortHeld(held []*heldSession) []error {
-	return append(m.undoHeld(held), m.releaseHeld(held)...)
-}
-
-// releaseHeld lets every held process run on the state it was moved to.
-func (m *Manager) releaseHeld(held []*heldSession) []error {
+// releaseHeld lets every held process run on the state it is on (moved, or moved back).
+func (m *Manager) releaseHeld(held []*heldProc) []error {
 	var errs []error
 	for _, l := range held {
 		if l.h.Killed() {
-			continue // Undo said so already
+			continue // MoveBack said so already
 		}
 		if err := l.h.Release(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", l.what, err))
@@ -352,7 +331,7 @@ func (m *Manager) releaseHeld(held []*heldSession) []error {
 // keepPids are the processes a kill must spare: the live sessions being checkpointed,
 // their new templates, and every template of this sandbox; as sandbox PIDs (for init)
 // and as host PIDs, with init's (to see from the cgroup that there is nothing to kill).
-func (m *Manager) keepPids(s *sb, held []*heldSession) (keep []int, host map[int]bool) {
+func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int, host map[int]bool) {
 	host = map[int]bool{s.rt.InitPid(): true}
 	for _, l := range held {
 		keep = append(keep, l.h.P.Pid)

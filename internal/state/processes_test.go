@@ -306,15 +306,16 @@ func TestTemplateMemory(t *testing.T) {
 	}
 }
 
-// TestWarmRestoredProcess (DELTABOX_WARM_PROC=1): after a restore, while its session is
+// TestWarmRestoredProcess (Config.WarmProcesses): after a restore, while its session is
 // idle, the restored python's heap pages are copied ahead of its next write (the
 // template's private dirty memory grows by the heap as the live process stops sharing
 // it); and a command that arrives during the warm-up runs untraced from its first
 // instruction to its last.
 func TestWarmRestoredProcess(t *testing.T) {
-	t.Setenv("DELTABOX_WARM_PROC", "1")
 	root := testutil.NewStore(t)
-	m := open(t, root)
+	cfg := state.DefaultConfig()
+	cfg.WarmProcesses = true
+	m := openWith(t, root, cfg)
 	defer m.Close()
 	ctx := context.Background()
 	const id = "warm"
@@ -362,12 +363,13 @@ print(sorted(seen), len(a))`)
 	}
 }
 
-// TestCountsFastPathOff: with DELTABOX_FASTPATH=0 a checkpoint and a restore with a
+// TestCountsFastPathOff: with the fast path off (Config.FastPath) a checkpoint and a restore with a
 // session running carry files only, and are counted as such.
 func TestCountsFastPathOff(t *testing.T) {
-	t.Setenv("DELTABOX_FASTPATH", "0")
 	root := testutil.NewStore(t)
-	m := open(t, root)
+	cfg := state.DefaultConfig()
+	cfg.FastPath = false
+	m := openWith(t, root, cfg)
 	defer m.Close()
 	ctx := context.Background()
 	if _, err := m.Create(ctx, state.CreateOptions{ID: "off"}); err != nil {

@@ -2,7 +2,6 @@ package state
 
 import (
 	"errors"
-	"os"
 	"time"
 
 	"deltabox/internal/fastpath"
@@ -26,14 +25,12 @@ import (
 // and pre-faulting must not be what OOM-kills it.
 //
 // It is off by default: on for a sandbox created with WarmProcesses, or for all with
-// DELTABOX_WARM_PROC=1 in the daemon's environment. `deltabox bench warm` measures it. Measured (DESIGN.md): after a
+// Config.WarmProcesses. `deltabox bench warm` measures it. Measured (DESIGN.md): after a
 // pause, the first command that rewrites a 50 MB heap takes 1.4 ms instead of 60-80 ms;
 // but when the next command writes little, the copies are made for nothing and the next
 // restore's kill frees them: 4-6 ms more on that restore, the latency that matters most.
 
 const warmChunk = 1 << 20
-
-func warmProcOn() bool { return os.Getenv("DELTABOX_WARM_PROC") == "1" }
 
 // procWarm is one running warm-up.
 type procWarm struct {
@@ -44,7 +41,7 @@ type procWarm struct {
 // startProcWarm warms the processes a restore revived, after the answer. Precondition:
 // s.opMu held, the revived processes committed.
 func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
-	if !(s.rec.WarmProcesses || warmProcOn()) || len(rvs) == 0 || s.rt == nil {
+	if !(s.rec.WarmProcesses || m.cfg.WarmProcesses) || len(rvs) == 0 || s.rt == nil {
 		return
 	}
 	type target struct{ tmpl, live int }
@@ -70,10 +67,12 @@ func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
 		}
 		return limit <= 0 || rt.Usage().MemoryBytes < limit/4*3
 	}
+	m.wg.Add(1)
 	go func() {
+		defer m.wg.Done()
 		defer close(w.done)
 		select {
-		case <-time.After(answerDelay):
+		case <-time.After(m.cfg.AnswerDelay):
 		case <-w.stop:
 			return
 		}

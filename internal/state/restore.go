@@ -5,28 +5,34 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/errdefs"
+	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
-
-	"golang.org/x/sys/unix"
 )
 
-// Restore puts the sandbox on node's files and, when this sandbox made the node while
-// sessions ran, brings back their processes from the node's templates (same PIDs, same
-// terminals), as atomically as the PID constraint allows.
+// restoreSteps are the steps of a restore, in order; step k (FailStep's number) is
+// restoreSteps[k-1]. Each pushes onto the operation's undo list what reverses it, once it
+// has succeeded.
 //
-// Steps (FailStep numbers):
-//  1. check the node's templates and seize them (a gone one refuses with 409), find or
-//     make each one's session and terminal;
-//  2. take an upper (a warm state of the node, or a fresh one);
-//  3. mount the node's stack, without installing it;
-//  4. end the sandbox's processes, templates excepted (each session process first hands
-//     its memory to a holder, endLive, so that its exit is quick);
-//  5. install the node's state;
-//  6. fork each template into its session's PID, on that state (the injected failure
-//     comes after the first); the new processes stay stopped;
-//  7. publish: the processes resume, the sandbox's record changes.
+//  1. templates: check the node's templates and seize them (a gone one refuses with
+//     409), find or make each one's session and terminal. Undo: park the templates as
+//     they were, drop the sessions made (and kill what step 6 forked from them).
+//  2. upper: take an upper (a warm state of the node, or a fresh one). Undo: drop it.
+//  3. mount: mount the node's stack, without installing it. Undo: unmount it.
+//  4. kill: end the sandbox's processes, templates excepted (each session process first
+//     hands its memory to a holder, endLive, so that its exit is quick), and have init
+//     reap them. Undo: end the sessions whose processes it killed (see below).
+//  5. install: the node's state becomes the sandbox's. Undo: reinstall the old one.
+//  6. revive: fork each template into its session's PID, on that state (the injected
+//     failure comes after the first); the new processes stay stopped. Undone by step 1's
+//     undo.
+//  7. publish: the processes resume, the sandbox's record changes, the undo list is
+//     released.
+//
+// Steps 2 and 3 do nothing when the sandbox already stands, unchanged, on the node.
 //
 // A failure at steps 1-4 (the injected one comes before the kill) leaves the sandbox
 // exactly as it was: nothing irreversible happened, every check and every mount was done
@@ -36,13 +42,53 @@ import (
 // From step 4 on the live processes are gone, and they cannot be brought back: clone3
 // set_tid needs each live PID free before its replacement can be forked, so a live
 // process can be neither kept aside (stopped, with its PID) while the replacement is
-// tried, nor restarted as it was. A failure at steps 5-7 kills what was forked, reinstalls the old state (files
-// exactly as they were: the old upper is untouched until publish) and ends the sessions
-// whose processes the kill took: their next call starts them afresh
-// (session_restarted), and the error says so. Doing better would take a snapshot fork
-// of every live process before the kill, a clone3 per session on every restore, which
-// these failures (resource exhaustion, a template killed in the microseconds between its
-// seizure and its fork) do not justify.
+// tried, nor restarted as it was. A failure at steps 5-7 kills what was forked,
+// reinstalls the old state (files exactly as they were: the old upper is untouched until
+// publish) and ends the sessions whose processes the kill took: their next call starts
+// them afresh (session_restarted), and the error says so. Doing better would take a
+// snapshot fork of every live process before the kill, a clone3 per session on every
+// restore, which these failures (resource exhaustion, a template killed in the
+// microseconds between its seizure and its fork) do not justify.
+var restoreSteps = []step[*restore]{
+	{"templates", (*restore).templates, false},
+	{"upper", (*restore).upper, false},
+	{"mount", (*restore).mount, false},
+	{"reap", (*restore).kill, false},
+	{"install", (*restore).install, false},
+	{"processes", (*restore).revive, true},
+	{"publish", (*restore).publish, false},
+}
+
+// restore is one restore in progress: what its steps share. Only the goroutine running
+// Restore touches it, with s.opMu and m.treeMu (shared) held.
+type restore struct {
+	m      *Manager
+	s      *sb
+	nodeID string
+	image  string
+	res    *OpResult
+	undo   undoList
+	inject func() error // step 6's fault-injection point
+
+	refused    string // why a refusal was one (counted)
+	tmplLocked bool   // step 1 holds s.tmplMu
+	tps        []*procTemplate
+	rvs        []*revival
+
+	oldUpper, newUpper uint64
+	remount            bool          // steps 2-3 mount a new state
+	spec               overlay.Spec  // step 2: the node's stack on the new upper
+	w                  *warmState    // step 2: the warm state used, if any
+	newState           sandbox.State // step 3
+	oldNS              sandbox.State // step 5: the namespace the sandbox leaves
+	discarded          bool          // step 4 dropped the prepared next state
+	late               bool          // step 4 ended live processes: a failure ends sessions
+	failure            error         // the step's error, for the undo's messages
+}
+
+// Restore puts the sandbox on node's files and, when this sandbox made the node while
+// processes ran, brings them back from the node's templates (same PIDs, same terminals),
+// as atomically as the PID constraint allows. The steps are restoreSteps.
 func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, err error) {
 	t0 := time.Now()
 	s, unlock, err := m.beginOp(id, "restore")
@@ -60,100 +106,116 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	if !ok {
 		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", nodeID, errdefs.ErrNotFound)
 	}
-	var refused string
+	r := &restore{m: m, s: s, nodeID: nodeID, image: image, res: &OpResult{Sandbox: id}}
 	defer func() {
 		if err != nil {
-			m.countFailed(s, "restore", refused)
+			m.countFailed(s, "restore", r.refused)
 		}
 	}()
-	res := &OpResult{Sandbox: id}
-	tp := t0
-	if err := m.fail("restore", 1); err != nil {
+	defer func() {
+		if r.discarded { // a new preparation follows whatever happened
+			m.prepareNext(s)
+		}
+		if r.tmplLocked {
+			s.tmplMu.Unlock()
+		}
+	}()
+	if err := runSteps(m, "restore", restoreSteps, r, &r.inject, r.res, t0); err != nil {
+		r.failure = err
+		r.undo.run()
+		if r.late {
+			return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
+		}
 		return nil, err
 	}
-	// The node's process templates, if this sandbox made them; a gone one refuses the
-	// restore before anything changes. tmplMu keeps background parking off them (taken
-	// first: a template parking lets go is briefly not seen stopped).
+	r.res.Node = m.nodeInfo(nodeID)
+	r.res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	return r.res, nil
+}
+
+// templates is step 1: the node's process templates, if this sandbox made them; a gone
+// one refuses the restore before anything changes.
+func (r *restore) templates() error {
+	m, s := r.m, r.s
+	// tmplMu keeps background parking off them (taken first: a template that parking
+	// lets go is briefly not seen stopped). Held until Restore returns.
 	s.tmplMu.Lock()
-	defer s.tmplMu.Unlock()
-	tps, err := m.templatesFor(s, nodeID)
+	r.tmplLocked = true
+	tps, err := m.templatesFor(s, r.nodeID)
 	if err != nil {
-		refused = "template_gone"
-		return nil, err
+		r.refused = "template_gone"
+		return err
 	}
 	rvs, err := m.prepareRevivals(s, tps)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	res.phase("templates", &tp)
-	dropNew := func() {}
-	abort := func(err error) (*OpResult, error) {
-		dropNew()
-		m.abortRevivals(s, rvs)
-		return nil, err
-	}
+	r.tps, r.rvs = tps, rvs
+	r.undo.push(func() { m.abortRevivals(s, rvs) })
+	return nil
+}
+
+// upper is step 2.
+func (r *restore) upper() error {
+	m, s := r.m, r.s
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
 	if err != nil {
-		return abort(err)
+		return err
 	}
-	oldUpper, newUpper := s.rec.Upper, s.rec.Upper
-	newState := sandbox.None
-	mount := !(s.rec.Head == nodeID && upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]))
-	if mount {
-		if err := m.fail("restore", 2); err != nil {
-			return abort(err)
-		}
-		spec, err := m.spec(image, nodeID, 0)
-		if err != nil {
-			return abort(err)
-		}
-		// A warm state of the node (warm.go) replaces the mount.
-		w := m.takeWarm(s, nodeID, spec.Lowers)
-		if w != nil {
-			newUpper, res.Warm = w.upper, true
-			dropNew = func() { m.dropWarm(w) }
-		} else if newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
-			return abort(err)
-		} else {
-			dropNew = func() { store.RemoveAll(m.st.LayerDir(newUpper)) }
-		}
-		spec.Upper, spec.Work = m.st.LayerDiff(newUpper), m.st.LayerWork(newUpper)
-		res.phase("upper", &tp)
-		if err := m.fail("restore", 3); err != nil {
-			return abort(err)
-		}
-		if w != nil {
-			newState = w.state
-		} else {
-			if newState, err = s.rt.BuildState(spec); err != nil {
-				return abort(fmt.Errorf("restore: mount the node's state: %w", err))
-			}
-			st := newState
-			dropNew = func() {
-				st.Close()
-				store.RemoveAll(m.st.LayerDir(newUpper))
-			}
-		}
-		res.phase("mount", &tp)
+	r.oldUpper, r.newUpper = s.rec.Upper, s.rec.Upper
+	r.remount = !(s.rec.Head == r.nodeID && upperUnchanged(oldSpec.Upper, oldSpec.Lowers[0]))
+	if !r.remount {
+		return nil
 	}
-	if err := m.fail("restore", 4); err != nil {
-		return abort(err)
+	spec, err := m.spec(r.image, r.nodeID, 0)
+	if err != nil {
+		return err
 	}
+	r.spec = spec
+	// A warm state of the node (warm.go) replaces the mount.
+	if w := m.takeWarm(s, r.nodeID, spec.Lowers); w != nil {
+		r.w, r.newUpper, r.res.Warm = w, w.upper, true
+		r.undo.push(func() { m.dropWarm(w) })
+		return nil
+	}
+	if r.newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
+		return err
+	}
+	dir := m.st.LayerDir(r.newUpper)
+	r.undo.push(func() { store.RemoveAll(dir) })
+	return nil
+}
+
+// mount is step 3.
+func (r *restore) mount() error {
+	if !r.remount {
+		return nil
+	}
+	if r.w != nil {
+		r.newState = r.w.state
+		return nil
+	}
+	m, s := r.m, r.s
+	spec := r.spec
+	spec.Upper, spec.Work = m.st.LayerDiff(r.newUpper), m.st.LayerWork(r.newUpper)
+	var err error
+	if r.newState, err = s.rt.BuildState(spec); err != nil {
+		return fmt.Errorf("restore: mount the node's state: %w", err)
+	}
+	st := r.newState
+	r.undo.push(func() { st.Close() })
+	return nil
+}
+
+// kill is step 4. From endLive on, the live processes are gone: a failure ends their
+// sessions.
+func (r *restore) kill() error {
+	m, s, res := r.m, r.s, r.res
 	// The upper is about to be discarded, and with it what was prepared on it; a new
-	// preparation follows whatever happens.
+	// preparation follows whatever happens (Restore).
 	m.discardNext(s)
-	defer m.prepareNext(s)
-	// From endLive on, the live processes are gone: a failure ends their sessions.
-	oldNS, installed := sandbox.None, false
-	late := func(err error) (*OpResult, error) {
-		if installed {
-			s.rt.TakeState() // newState, which dropNew releases
-			s.rt.PutState(oldNS)
-		}
-		abort(nil)
-		m.endSessions(s, "ended: a restore to "+nodeID+" failed after its process was ended: "+err.Error())
-		return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
-	}
+	r.discarded = true
+	tp := time.Now()
 	keep, keepHost := m.keepPids(s, nil)
 	holders, holderHosts, ended, endedHosts := m.endLive(s)
 	res.phase("kill", &tp) // the session processes: seized, memory handed over, killed
@@ -162,74 +224,100 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		// Not gated like afterAnswer's work: a holder left until the next operation
 		// would be in that operation's way (the sandbox would hold more than its kept
 		// processes, and init's kill-all would free the memory on its critical path).
+		m.wg.Add(1)
 		go func() {
+			defer m.wg.Done()
 			time.Sleep(holderDelay)
 			for _, h := range holderHosts {
 				unix.Kill(h, unix.SIGKILL) // init reaps it
 			}
 		}()
 	}
-	if len(ended) > 0 {
-		// The processes endLive killed must be reaped before their PIDs are reused, and
-		// init's exit messages for them must come before the revived processes' watchers
-		// (same PIDs) are set: init answers after both. init reaps just them (no scan of
-		// /proc: 0.1-0.2 ms); its kill-all runs only if the sandbox holds anything else.
-		for _, h := range append(holderHosts, endedHosts...) {
-			keepHost[h] = true
-		}
-		res.Killed = len(ended)
-		if _, err := s.rt.Reap(ended...); err != nil {
-			return late(fmt.Errorf("reap the sandbox's ended processes: %w", err))
-		}
-		// What else the sandbox runs (background jobs of execs) is killed after. (Reading
-		// the cgroup while init reaps was tried: no difference in MCTS's reap phase.)
-		if !onlyKept(s, keepHost) {
-			n, err := killAll(s, keep, nil)
-			if err != nil {
-				return late(err)
-			}
-			res.Killed += n
-		}
-	} else if res.Killed, err = killAll(s, keep, keepHost); err != nil {
-		return abort(err)
-	}
-	res.phase("reap", &tp) // init reaps them (and kills anything else)
-	if err := m.fail("restore", 5); err != nil {
-		return late(err)
-	}
-	if mount {
-		oldNS = s.rt.TakeState()
-		s.rt.PutState(newState)
-		installed = true
-	}
-	failRevive := func() error { return m.fail("restore", 6) }
-	if len(rvs) > 0 {
-		nsPath, release, err := s.rt.StateNSPath()
+	if len(ended) == 0 {
+		n, err := killAll(s, keep, keepHost)
 		if err != nil {
-			return late(err)
+			return err
 		}
-		defer m.afterAnswer(s, release) // as at a checkpoint
-		err = m.reviveAll(s, rvs, nsPath, failRevive)
+		res.Killed = n
+		r.goLate()
+		return nil
+	}
+	r.goLate()
+	// The processes endLive killed must be reaped before their PIDs are reused, and
+	// init's exit messages for them must come before the revived processes' watchers
+	// (same PIDs) are set: init answers after both. init reaps just them (no scan of
+	// /proc: 0.1-0.2 ms); its kill-all runs only if the sandbox holds anything else.
+	for _, h := range append(holderHosts, endedHosts...) {
+		keepHost[h] = true
+	}
+	res.Killed = len(ended)
+	if _, err := s.rt.Reap(ended...); err != nil {
+		return fmt.Errorf("reap the sandbox's ended processes: %w", err)
+	}
+	// What else the sandbox runs (background jobs of execs) is killed after. (Reading
+	// the cgroup while init reaps was tried: no difference in MCTS's reap phase.)
+	if !onlyKept(s, keepHost) {
+		n, err := killAll(s, keep, nil)
 		if err != nil {
-			return late(err)
+			return err
 		}
-	} else if err := failRevive(); err != nil {
-		return late(err)
+		res.Killed += n
 	}
-	res.phase("processes", &tp)
-	if err := m.fail("restore", 7); err != nil {
-		return late(err)
+	return nil
+}
+
+// goLate marks the live processes ended: from here a failure ends the sessions, after
+// everything else is undone.
+func (r *restore) goLate() {
+	m, s := r.m, r.s
+	r.late = true
+	r.undo.push(func() {
+		m.endSessions(s, fmt.Sprintf("ended: a restore to %s failed after its process was ended: %v", r.nodeID, r.failure))
+	})
+}
+
+// install is step 5.
+func (r *restore) install() error {
+	if !r.remount {
+		return nil
 	}
-	// Publish.
-	res.ProcessErrors = m.commitRevivals(s, rvs)
-	res.Processes = len(rvs) - len(res.ProcessErrors)
-	m.endSessionsExcept(s, tps, "ended by a restore to "+nodeID+", where it had no process state")
+	s := r.s
+	r.oldNS = s.rt.TakeState()
+	s.rt.PutState(r.newState)
+	r.undo.push(func() {
+		s.rt.TakeState() // newState, which step 3's undo releases
+		s.rt.PutState(r.oldNS)
+	})
+	return nil
+}
+
+// revive is step 6.
+func (r *restore) revive() error {
+	m, s := r.m, r.s
+	if len(r.rvs) == 0 {
+		return r.inject()
+	}
+	nsPath, release, err := s.rt.StateNSPath()
+	if err != nil {
+		return err
+	}
+	m.afterAnswer(s, release) // as at a checkpoint
+	return m.reviveAll(s, r.rvs, nsPath, r.inject)
+}
+
+// publish is step 7: from here nothing fails.
+func (r *restore) publish() error {
+	m, s, res := r.m, r.s, r.res
+	r.undo.release()
+	res.ProcessErrors = m.commitRevivals(s, r.rvs)
+	res.Processes = len(r.rvs) - len(res.ProcessErrors)
+	m.endSessionsExcept(s, r.tps, "ended by a restore to "+r.nodeID+", where it had no process state")
 	m.mu.Lock()
-	s.rec.Head, s.rec.Image, s.rec.Upper = nodeID, image, newUpper
+	s.rec.Head, s.rec.Image, s.rec.Upper = r.nodeID, r.image, r.newUpper
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
 	m.mu.Unlock()
-	if newUpper != oldUpper {
-		dir := m.st.LayerDir(oldUpper)
+	if r.newUpper != r.oldUpper {
+		dir, oldNS := m.st.LayerDir(r.oldUpper), r.oldNS
 		m.afterAnswer(s, func() {
 			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
@@ -239,17 +327,14 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	switch {
 	case res.Processes > 0:
 		m.countPath(s, "restore", pathProcess)
-	case !fastPathOn():
+	case !m.cfg.FastPath:
 		m.countPath(s, "restore", pathFastPathOff)
-	case m.nodeHasTemplatesElsewhere(s, nodeID):
+	case m.nodeHasTemplatesElsewhere(s, r.nodeID):
 		m.countPath(s, "restore", pathOtherSandbox)
 	default:
 		m.countPath(s, "restore", pathNoTemplates)
 	}
-	m.warmNode(s, nodeID) // for the next restore to this node
-	m.startProcWarm(s, rvs)
-	res.phase("publish", &tp)
-	res.Node = m.nodeInfo(nodeID)
-	res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
-	return res, nil
+	m.warmNode(s, r.nodeID) // for the next restore to this node
+	m.startProcWarm(s, r.rvs)
+	return nil
 }

@@ -3,11 +3,11 @@ package state
 import (
 	"fmt"
 
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/session"
-
-	"golang.org/x/sys/unix"
 )
 
 // revival is one template being brought back into its session at a restore.
@@ -76,10 +76,7 @@ func (m *Manager) prepareSession(s *sb, rv *revival) error {
 		rv.pts, err = rv.sess.PtsPath()
 	}
 	if err == nil {
-		r, _, errno := unix.Syscall(unix.SYS_IOCTL, rv.sess.Master().Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
-		if rv.peer = int(r); errno != 0 {
-			rv.peer, err = -1, fmt.Errorf("open the terminal's slave: %w", errno)
-		}
+		rv.peer, err = rv.sess.OpenPeer()
 	}
 	return err
 }
@@ -145,13 +142,7 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 		}
 		err := rv.r.Commit()
 		if err == nil {
-			master := int(rv.sess.Master().Fd())
-			if t.termios != nil {
-				unix.IoctlSetTermios(master, unix.TCSETS, t.termios)
-			}
-			if t.winsize != nil {
-				unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, t.winsize)
-			}
+			rv.sess.RestoreTerm(t.term)
 			rv.sess.Rebind(t.tmpl.Pid, rv.exit)
 			s.hostPids[t.tmpl.Pid] = rv.r.HostPid
 		}

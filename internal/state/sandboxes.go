@@ -34,7 +34,7 @@ type CreateOptions struct {
 	CPUs     float64 `json:"cpus,omitempty"`
 	// WarmProcesses: after each restore, pre-fault the pages the restored processes
 	// had written, while their sessions wait for input (procwarm.go). Default: off, or
-	// on for every sandbox with DELTABOX_WARM_PROC=1 in the daemon's environment.
+	// on for every sandbox with Config.WarmProcesses.
 	WarmProcesses bool `json:"warm_processes,omitempty"`
 }
 
@@ -103,7 +103,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses})
+	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s

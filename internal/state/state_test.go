@@ -31,12 +31,17 @@ func TestMain(m *testing.M) {
 
 func open(t *testing.T, root string) *state.Manager {
 	t.Helper()
+	return openWith(t, root, state.DefaultConfig())
+}
+
+func openWith(t *testing.T, root string, cfg state.Config) *state.Manager {
+	t.Helper()
 	st, err := store.Open(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cgroup.SetRootFor(root, store.DefaultRoot)
-	m, err := state.New(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m, err := state.New(st, slog.New(slog.NewTextHandler(io.Discard, nil)), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

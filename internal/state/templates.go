@@ -7,8 +7,6 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/session"
-
-	"golang.org/x/sys/unix"
 )
 
 // procTemplate is one frozen process at a node: a session's, or (session "") one outside
@@ -20,9 +18,8 @@ type procTemplate struct {
 	argv    []string
 	sandbox string
 	tmpl    *fastpath.Template
-	termios *unix.Termios
-	winsize *unix.Winsize
-	parked  bool // on its node's read-only view (views.go); under the sandbox's tmplMu
+	term    session.TermState // its session's terminal at the checkpoint
+	parked  bool              // on its node's read-only view (views.go); under the sandbox's tmplMu
 }
 
 // sandboxTemplates returns every template s holds, at any node.
@@ -43,7 +40,7 @@ func (m *Manager) sandboxTemplates(s *sb) []*fastpath.Template {
 // templatesFor returns node's templates usable in sandbox s, and an error if one of them
 // is gone (its process state is lost: the restore must not pretend otherwise).
 func (m *Manager) templatesFor(s *sb, node string) ([]*procTemplate, error) {
-	if !fastPathOn() {
+	if !m.cfg.FastPath {
 		return nil, nil
 	}
 	m.mu.Lock()

@@ -1,8 +1,6 @@
 package state
 
 import (
-	"os"
-	"strconv"
 	"time"
 
 	"deltabox/internal/overlay"
@@ -17,7 +15,7 @@ import (
 // new node, after a restore for the node restored to (tree search comes back to the same
 // nodes). A restore that finds one installs it instead of mounting; the next one is made
 // in the background. They are sound by construction: every lower is frozen, the upper is
-// empty and unused until installed. Bounded by DELTABOX_WARM_MAX per sandbox (default
+// empty and unused until installed. Bounded by Config.WarmMax per sandbox (default
 // 256; 0 turns them off), least recently made first out.
 //
 // Concurrency: warm states are guarded by sb.prepMu and built under sb.buildMu, like the
@@ -32,17 +30,10 @@ type warmState struct {
 	made  time.Time
 }
 
-func warmMax() int {
-	if v, err := strconv.Atoi(os.Getenv("DELTABOX_WARM_MAX")); err == nil && v >= 0 {
-		return v
-	}
-	return 256
-}
-
 // warmNode makes a warm restore state for node in the background. Precondition: s.opMu
 // held (it reads s.rt).
 func (m *Manager) warmNode(s *sb, node string) {
-	max := warmMax()
+	max := m.cfg.WarmMax
 	if s.rt == nil || max == 0 {
 		return
 	}
@@ -151,7 +142,9 @@ func (m *Manager) evictOldestLocked(s *sb) {
 // dropWarm releases a warm state in the background.
 func (m *Manager) dropWarm(w *warmState) {
 	dir := m.st.LayerDir(w.upper)
+	m.wg.Add(1)
 	go func() {
+		defer m.wg.Done()
 		w.state.Close()
 		store.RemoveAll(dir)
 	}()

@@ -1,0 +1,28 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/state"
+)
+
+func TestConfigFromEnv(t *testing.T) {
+	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+	cfg, err := configFromEnv(env(nil))
+	if err != nil || cfg != state.DefaultConfig() {
+		t.Fatalf("empty environment: %+v, %v; want the defaults", cfg, err)
+	}
+	cfg, err = configFromEnv(env(map[string]string{"DELTABOX_FASTPATH": "0", "DELTABOX_WARM_PROC": "1",
+		"DELTABOX_NO_PREPARE": "1", "DELTABOX_WARM_MAX": "3", "DELTABOX_ANSWER_DELAY": "5ms"}))
+	want := state.Config{FastPath: false, WarmProcesses: true, Prepare: false, WarmMax: 3, AnswerDelay: 5 * time.Millisecond}
+	if err != nil || cfg != want {
+		t.Fatalf("got %+v, %v; want %+v", cfg, err, want)
+	}
+	for k, v := range map[string]string{"DELTABOX_FASTPATH": "off", "DELTABOX_WARM_MAX": "-1", "DELTABOX_ANSWER_DELAY": "2"} {
+		if _, err := configFromEnv(env(map[string]string{k: v})); err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s=%s: error %v, want one naming it", k, v, err)
+		}
+	}
+}

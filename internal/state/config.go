@@ -1,0 +1,30 @@
+package state
+
+import "time"
+
+// Config is the manager's configuration, fixed for its life. The daemon fills it once at
+// start (from its flags and environment: cmd/deltabox/daemon.go); nothing in this
+// package reads the environment.
+type Config struct {
+	// FastPath keeps processes across checkpoints and restores (template forks). Off,
+	// a checkpoint carries files only and ends the sessions (DELTABOX_FASTPATH=0).
+	FastPath bool
+	// WarmProcesses pre-faults restored processes' memory after every restore, in every
+	// sandbox (procwarm.go; DELTABOX_WARM_PROC=1). A sandbox can ask for it alone
+	// (CreateOptions.WarmProcesses).
+	WarmProcesses bool
+	// Prepare mounts each sandbox's next checkpoint state ahead of time (prepare.go).
+	// Off (DELTABOX_NO_PREPARE=1) only to measure or debug the plain path.
+	Prepare bool
+	// WarmMax bounds the warm restore states kept mounted per sandbox (warm.go;
+	// DELTABOX_WARM_MAX); 0 turns them off.
+	WarmMax int
+	// AnswerDelay is how long background work waits after the answer it follows
+	// (background.go; DELTABOX_ANSWER_DELAY).
+	AnswerDelay time.Duration
+}
+
+// DefaultConfig is the configuration the daemon runs with unless told otherwise.
+func DefaultConfig() Config {
+	return Config{FastPath: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay}
+}

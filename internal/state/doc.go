@@ -1,0 +1,62 @@
+// Package state is DeltaBox's state manager: it owns the snapshot tree, the sandboxes
+// and their positions in the tree, and makes every checkpoint and restore one step
+// that either completes or leaves the sandbox as it was.
+//
+// # The tree
+//
+// A node is an immutable checkpoint. Its filesystem is a stack of frozen layers: its
+// own layer (the sandbox's upper at the time of the checkpoint, frozen) on top of its
+// parent's stack, down to the image. A checkpoint with no changes reuses the parent's
+// top layer. A sandbox stands on a node (its head) with a fresh writable upper on top of
+// the node's stack. A node a sandbox stands on, or has descendants a sandbox stands on,
+// cannot be removed. A node made while processes ran also holds their templates
+// (templates.go), in the sandbox that made it.
+//
+// # Where things are
+//
+//	checkpoint.go  Checkpoint: its numbered steps, each with its undo
+//	restore.go     Restore: its numbered steps, each with its undo
+//	undo.go        the undo list both use (last in, first out)
+//	op.go          what both share: beginOp, the answer (OpResult), the kill of the rest
+//	processes.go   the processes a checkpoint seizes, forks and moves; EndLive at a restore
+//	revive.go      the templates a restore seizes and forks back
+//	templates.go   the registry of templates per node
+//	layers.go      layer ids, stacks, fresh uppers
+//	tree.go        queries of the tree, node removal
+//	prepare.go, warm.go   states mounted ahead of time (next checkpoint, warm restores)
+//	views.go       templates parked on a read-only view of their node
+//	procwarm.go    the warm-up of restored processes' memory
+//	background.go  work after the answer, and the gate that keeps it out of operations
+//	sandboxes.go, sessions.go, files.go, images.go   the rest of the API's verbs
+//
+// # Locking
+//
+// Locks are taken in this order (a lock may be taken while holding those above it, never
+// those below):
+//
+//	lock               guards                                             held by
+//	sb.opMu            a sandbox's position (rec), runtime, tracer,       checkpoint, restore, rm,
+//	                   hostPids; serialises its state changes             the start of an exec
+//	Manager.treeMu     node layers on disk: shared to mount a stack,      checkpoint, restore (R);
+//	                   exclusive to delete one                            RemoveNode (W)
+//	sb.tmplMu          the seizure of the sandbox's templates             restore, parking (views.go)
+//	sb.buildMu         one background build of a next or warm state       the build (~1 ms of mounts)
+//	                   at a time per sandbox
+//	sb.prepMu          next, nextGen, warm, building, warmClosed          briefly, around each access
+//	Manager.mu         nodes, sandboxes, templates, nextLayer             briefly; never across a
+//	                                                                      mount, fork or index wait
+//	sb.mu              execs, removed, sessions, sessionOpts, ended,      briefly
+//	                   warming, stats
+//
+// session.Session's and background's own mutexes are leaves: nothing is taken under them.
+//
+// # Goroutines
+//
+// API handlers run operations on their own goroutines. The manager starts these, each
+// counted in Manager.wg, which Close waits for after it has stopped every sandbox:
+// fillUppers (until Close), the work queued after an answer (background.go: next and
+// warm state builds, parking, closing old namespaces), the release of dropped states
+// (prepare.go, warm.go), the kill of memory holders after a restore (restore.go), and
+// the warm-up of restored processes (procwarm.go, stopped by stopProcWarm). The
+// ptrace of a sandbox's processes is owned by its remote.Tracer's thread (processes.go).
+package state
