@@ -11,9 +11,9 @@ import (
 	"deltabox/internal/remote"
 )
 
-// Checkpoint and Restore above do a whole process at once. The state manager makes a
-// checkpoint or a restore of files and processes one atomic step, so it needs them in
-// phases that can each be undone until the step is published:
+// The state manager makes a checkpoint or a restore of files and processes one atomic
+// step, so it takes a process through phases that can each be undone until the step is
+// published (internal/state/checkpoint.go and restore.go number them):
 //
 //	checkpoint: Hold (seize, inspect) -> Fork (the template) -> ... files ... ->
 //	            Move (onto the new state) -> Release (resume);
@@ -60,7 +60,8 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 }
 
 // Fork forks the held process into its template: the child calls setsid (so the live
-// PID's session can end with the live process) and is parked in a SIGSTOP group stop.
+// PID's session can end with the live process) and is kept seized in a ptrace-stop with
+// a SIGSTOP queued (remote.Tracee.KeepStopped; Template.tr says why).
 // The template is on the state the process is on (nothing has moved yet). On error no
 // template exists.
 func (h *Held) Fork() (*Template, error) {

@@ -4,8 +4,10 @@
 // At a checkpoint each process forks by injection (clone3 with CLONE_PARENT, so the
 // child is, like the process, a child of the sandbox's init). The *child* becomes the
 // template: it leaves the process's session (injected setsid, so that the session id
-// dies with the live process at a restore) and is left in a SIGSTOP group stop, never to
-// run an instruction of its own. The original goes on live, moved onto the new state: an
+// dies with the live process at a restore) and stays seized by the daemon's tracer in a
+// ptrace-stop for its whole life, with a SIGSTOP queued so that a detach (the daemon's
+// death included) leaves it stopped (Template.tr says why): it never runs an instruction
+// of its own. The original goes on live, moved onto the new state: an
 // injected setns into the new mount namespace, chdir back to its cwd, every file or
 // directory fd reopened there at the same offset and flags, so that it shares no open
 // file description with its template and nothing it writes reaches a frozen layer, and

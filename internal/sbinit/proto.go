@@ -17,11 +17,22 @@
 //	  |<------------- {op:exit,pid,status} ----|   for every child init reaps
 //	  |-- {id,op:signal,pid,sig,group} ------->|
 //	  |<------------- {id} --------------------|
-//	  |-- {id,op:killall} -------------------->|   SIGKILL all but init, reap them all
-//	  |<------------- {id,count} --------------|
+//	  |-- {id,op:killall,keep} --------------->|   SIGKILL all but init and keep (PIDs in
+//	  |<------------- {id,count} --------------|   the sandbox: templates, live sessions),
+//	  |                                        |   reap them all
+//	  |-- {id,op:reap,keep} ------------------>|   reap just keep (children the daemon
+//	  |<------------- {id,count} --------------|   killed), their exit events first
+//	  |-- {id,op:hold} + fd ------------------>|   keep fd open (a state's namespace, for
+//	  |<------------- {id,count=fd} -----------|   injected setns: /proc/1/fd/N)
+//	  |-- {id,op:release,pid=fd} ------------->|   close a held fd
+//	  |<------------- {id} --------------------|
+//	  |-- {id,op:ping} ----------------------->|   liveness
+//	  |<------------- {id} --------------------|
 //
-// One message is one JSON object in one datagram; file descriptors ride along as
-// SCM_RIGHTS. Init handles requests in order, one at a time.
+// Every reply carries err when the request failed. One message is one JSON object in one
+// datagram; file descriptors ride along as SCM_RIGHTS. Init handles requests in order,
+// one at a time; the exit events of the processes it reaps go out before the reply to
+// the request that reaped them.
 package sbinit
 
 import (
@@ -50,6 +61,7 @@ type Message struct {
 	Status int   `json:"status,omitempty"` // wait status as returned by wait4
 	Count  int   `json:"count,omitempty"`
 	Keep   []int `json:"keep,omitempty"` // killall: PIDs (in the sandbox) to spare; reap: the PIDs to reap
+	// hold's reply carries the held fd in Count; release names it in Pid.
 
 	Err string `json:"err,omitempty"`
 }

@@ -11,11 +11,12 @@ import (
 type OpResult struct {
 	Node       *NodeInfo `json:"node"`
 	Sandbox    string    `json:"sandbox"`
-	Killed     int       `json:"killed_processes"` // processes ended (no process state yet)
+	Killed     int       `json:"killed_processes"` // processes ended: not carried (see Processes)
 	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
 	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
-	// Processes is how many session processes were checkpointed (templates forked) or
-	// restored from templates; ProcessErrors says which could not be (they were ended).
+	// Processes is how many processes (sessions' and others') were checkpointed
+	// (templates forked) or restored from templates; ProcessErrors says which could not
+	// be (they were ended).
 	Processes     int      `json:"processes"`
 	ProcessErrors []string `json:"process_errors,omitempty"`
 	// Warm: the restore installed a state of the node mounted ahead of time (warm.go).

@@ -27,10 +27,11 @@ type SessionOptions struct {
 
 var sessionNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
 
-// sessions of a sandbox live in sb.sessions (guarded by sb.mu). A checkpoint or restore
-// ends every process but init, sessions included, until the process fast path; their
-// options move to sb.ended and a bash or python session is started again, fresh, on its
-// next call (the result says session_restarted).
+// Sessions of a sandbox live in sb.sessions (guarded by sb.mu). A checkpoint keeps their
+// processes (templates), and a restore brings back the ones its node holds; a session
+// whose process a restore ended without bringing one back (the node had none for it), or
+// that a failed restore ended, moves to sb.ended with the reason, and a bash or python
+// session is started again, fresh, on its next call (the result says session_restarted).
 
 // StartSession starts a named session.
 func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions) (*session.Info, error) {

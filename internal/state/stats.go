@@ -14,7 +14,7 @@ import (
 type PathCounts struct {
 	Process   int `json:"process"`
 	FilesOnly int `json:"files_only"` // the sum of the reasons below
-	// DELTABOX_FASTPATH=0.
+	// The daemon runs without the fast path (Config.FastPath; DELTABOX_FASTPATH=0).
 	FastPathOff int `json:"fastpath_off"`
 	// Checkpoint: no session was running. Restore: the node has no process state in this
 	// sandbox (made while no session ran, or before a daemon restart, which ends every
