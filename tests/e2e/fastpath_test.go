@@ -27,21 +27,39 @@ func fpStoppedPids(t *testing.T, d *testutil.Daemon, id string) map[int]string {
 		t.Fatal(err)
 	}
 	dir := dbxCgroupDir(t, info.InitPid)
-	out := map[int]string{}
-	for _, p := range dbxReadPids(filepath.Join(dir, "cgroup.procs")) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/stat")
-		if err != nil {
-			continue
+	read := func() map[int]string {
+		out := map[int]string{}
+		for _, p := range dbxReadPids(filepath.Join(dir, "cgroup.procs")) {
+			b, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/stat")
+			if err != nil {
+				continue
+			}
+			i := bytes.LastIndexByte(b, ')')
+			f := strings.Fields(string(b[i+2:]))
+			if f[0] == "T" || f[0] == "t" {
+				// utime only: the injected clone3 and setsid run in the template's kernel
+				// context (stime), but not one instruction of its own code (utime).
+				out[p] = f[11]
+			}
 		}
-		i := bytes.LastIndexByte(b, ')')
-		f := strings.Fields(string(b[i+2:]))
-		if f[0] == "T" || f[0] == "t" {
-			// utime only: the injected clone3 and setsid run in the template's kernel
-			// context (stime), but not one instruction of its own code (utime).
-			out[p] = f[11]
-		}
+		return out
 	}
-	return out
+	// A template the daemon parks after the answer (views.go) is let go and seized
+	// again: for a few milliseconds it is in the kernel on its way to its SIGSTOP, not
+	// seen stopped (fastpath.Template.WaitStopped). The set is read until three readings
+	// 10 ms apart agree (2 s at most).
+	last, same := read(), 0
+	for deadline := time.Now().Add(2 * time.Second); same < 2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		cur := read()
+		if len(cur) == len(last) {
+			same++
+		} else {
+			same = 0
+		}
+		last = cur
+	}
+	return last
 }
 
 // TestFastPathRestoresProcessState: a bash session (variables, functions, aliases, cwd,
