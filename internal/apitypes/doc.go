@@ -10,6 +10,8 @@
 // Every JSON field name and omitempty is a contract: the Python client
 // (clients/python) and docs/API.md rely on them. golden_test.go fixes them; a change
 // there is a change of the API, to make in docs/API.md and the Python client too.
+// Node, Sandbox and Image are also the records of the daemon's store (index.db,
+// image.json): a change to them is a change of the on-disk format as well.
 //
 // Routes and the types they take and answer (all under /v1):
 //
