@@ -190,7 +190,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 		if err := files.Remove(root, p, recursive); err != nil {
 			return err
 		}
-		writeJSON(w, 200, map[string]any{"removed": p})
+		writeJSON(w, 200, apitypes.Removed{Removed: p})
 		return nil
 	})
 }

@@ -84,7 +84,7 @@ func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("image removed", "name", name)
-	writeJSON(w, 200, map[string]any{"removed": name})
+	writeJSON(w, 200, apitypes.Removed{Removed: name})
 }
 
 // imageRoutes registers the image routes other than GET /v1/images.

@@ -145,11 +145,11 @@ func decode(r *http.Request, v any) error {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, 200, map[string]any{"ok": true, "api": Version})
+	writeJSON(w, 200, apitypes.Health{API: Version, OK: true})
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, 200, map[string]any{"sandboxes": s.m.List()})
+	writeJSON(w, 200, apitypes.SandboxList{Sandboxes: s.m.List()})
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -180,7 +180,7 @@ func (s *Server) removeSandbox(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"removed": r.PathValue("id")})
+	writeJSON(w, 200, apitypes.Removed{Removed: r.PathValue("id")})
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
@@ -294,7 +294,7 @@ func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"removed": removed})
+	writeJSON(w, 200, apitypes.NodesRemoved{Removed: removed})
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {
@@ -303,7 +303,7 @@ func (s *Server) images(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"images": ims})
+	writeJSON(w, 200, apitypes.ImageList{Images: ims})
 }
 
 func (s *Server) sync(w http.ResponseWriter, r *http.Request) {
@@ -311,5 +311,5 @@ func (s *Server) sync(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"durable": true})
+	writeJSON(w, 200, apitypes.Synced{Durable: true})
 }

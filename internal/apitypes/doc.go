@@ -15,28 +15,28 @@
 //
 // Routes and the types they take and answer (all under /v1):
 //
-//	GET    /health                              {"ok": true, "api": Version}
+//	GET    /health                              Health
 //	POST   /sandboxes                           CreateOptions -> SandboxInfo (201)
-//	GET    /sandboxes                           {"sandboxes": [SandboxInfo]}
+//	GET    /sandboxes                           SandboxList
 //	GET    /sandboxes/{id}                      SandboxInfo
-//	DELETE /sandboxes/{id}                      {"removed": id}
+//	DELETE /sandboxes/{id}                      Removed
 //	POST   /sandboxes/{id}/exec                 ExecRequest -> ExecResult, or StreamEvent lines
 //	POST   /sandboxes/{id}/sessions             SessionOptions -> SessionInfo (201)
-//	GET    /sandboxes/{id}/sessions             {"sessions": [SessionInfo]}
+//	GET    /sandboxes/{id}/sessions             SessionList
 //	GET    /sandboxes/{id}/sessions/{name}/logs raw bytes
-//	DELETE /sandboxes/{id}/sessions/{name}      {"killed": name}
+//	DELETE /sandboxes/{id}/sessions/{name}      SessionKilled
 //	POST   /sandboxes/{id}/checkpoint           CheckpointRequest -> OpResult (201)
 //	POST   /sandboxes/{id}/restore              RestoreRequest -> OpResult
 //	GET    /tree                                Tree
 //	GET    /nodes/{id}                          NodeInfo
-//	DELETE /nodes/{id}                          {"removed": [id]}
-//	GET    /images                              {"images": [Image]}
+//	DELETE /nodes/{id}                          NodesRemoved
+//	GET    /images                              ImageList
 //	POST   /images                              ImportRequest -> Image (201), or ImportEvent lines
-//	DELETE /images/{name}                       {"removed": name}
-//	POST   /sync                                {"durable": true}
+//	DELETE /images/{name}                       Removed
+//	POST   /sync                                Synced
 //	GET    /sandboxes/{id}/files                raw bytes (HeaderFileSize, HeaderFileMode), or FileContent
 //	PUT    /sandboxes/{id}/files                raw bytes -> FileInfo
-//	DELETE /sandboxes/{id}/files                {"removed": path}
+//	DELETE /sandboxes/{id}/files                Removed
 //	GET    /sandboxes/{id}/files/list           FileListing
 //	GET    /sandboxes/{id}/files/stat           FileInfo
 //	POST   /sandboxes/{id}/files/mkdir          MkdirResult

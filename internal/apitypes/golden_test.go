@@ -24,6 +24,9 @@ func wireTypes() map[string]any {
 		"Sandbox": &Sandbox{}, "SandboxInfo": &SandboxInfo{}, "TemplateInfo": &TemplateInfo{}, "Usage": &Usage{},
 		"Node": &Node{}, "NodeInfo": &NodeInfo{}, "OpResult": &OpResult{}, "RestoreRequest": &RestoreRequest{}, "Tree": &Tree{},
 		"SessionInfo": &SessionInfo{}, "SessionOptions": &SessionOptions{},
+		"SandboxList": &SandboxList{}, "SessionList": &SessionList{}, "ImageList": &ImageList{},
+		"Removed": &Removed{}, "NodesRemoved": &NodesRemoved{}, "SessionKilled": &SessionKilled{},
+		"Synced": &Synced{}, "Health": &Health{},
 	}
 }
 

@@ -87,9 +87,7 @@ func (c *Client) Get(ctx context.Context, id string) (*apitypes.SandboxInfo, err
 }
 
 func (c *Client) List(ctx context.Context) ([]*apitypes.SandboxInfo, error) {
-	var out struct {
-		Sandboxes []*apitypes.SandboxInfo `json:"sandboxes"`
-	}
+	var out apitypes.SandboxList
 	return out.Sandboxes, c.do(ctx, "GET", "/sandboxes", nil, &out)
 }
 
@@ -137,16 +135,12 @@ func (c *Client) Node(ctx context.Context, id string) (*apitypes.NodeInfo, error
 }
 
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
-	var out struct {
-		Removed []string `json:"removed"`
-	}
+	var out apitypes.NodesRemoved
 	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)
 }
 
 func (c *Client) Images(ctx context.Context) ([]apitypes.Image, error) {
-	var out struct {
-		Images []apitypes.Image `json:"images"`
-	}
+	var out apitypes.ImageList
 	return out.Images, c.do(ctx, "GET", "/images", nil, &out)
 }
 

@@ -84,9 +84,7 @@ func (c *Client) StartSession(ctx context.Context, id string, o apitypes.Session
 }
 
 func (c *Client) Sessions(ctx context.Context, id string) ([]apitypes.SessionInfo, error) {
-	var out struct {
-		Sessions []apitypes.SessionInfo `json:"sessions"`
-	}
+	var out apitypes.SessionList
 	return out.Sessions, c.do(ctx, "GET", "/sandboxes/"+id+"/sessions", nil, &out)
 }
 
