@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
-	"deltabox/internal/files"
 )
 
 func filesCmd() *cobra.Command {
@@ -102,7 +102,7 @@ func filesWriteCmd() *cobra.Command {
 	return c
 }
 
-func filesPrintInfo(e *files.Info) {
+func filesPrintInfo(e *apitypes.FileInfo) {
 	line := fmt.Sprintf("%s %5d %5d %10d %s %s", e.Permissions, e.UID, e.GID, e.Size, e.ModTime.Local().Format(time.DateTime), e.Path)
 	if e.LinkTarget != "" {
 		line += " -> " + e.LinkTarget

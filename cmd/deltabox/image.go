@@ -12,11 +12,11 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 )
 
 func imageImportCmd() *cobra.Command {
-	var q api.ImportRequest
+	var q apitypes.ImportRequest
 	c := &cobra.Command{
 		Use:   "import NAME SOURCE [--allow-setuid]",
 		Short: "Import an image from a rootfs directory, a tar of one (gzip ok), or a docker save / OCI layout tarball",

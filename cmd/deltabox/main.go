@@ -16,11 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
-	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
-	"deltabox/internal/state"
 )
 
 func main() {
@@ -81,7 +79,7 @@ func printJSON(v any) {
 }
 
 func createCmd() *cobra.Command {
-	var o state.CreateOptions
+	var o apitypes.CreateOptions
 	var memory string
 	c := &cobra.Command{
 		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--pids 512] [--cpus 1.5] [--warm-processes]",
@@ -162,7 +160,7 @@ func rmCmd() *cobra.Command {
 }
 
 func execCmd() *cobra.Command {
-	var q api.ExecRequest
+	var q apitypes.ExecRequest
 	var timeout time.Duration
 	var stdin bool
 	c := &cobra.Command{
@@ -183,7 +181,7 @@ func execCmd() *cobra.Command {
 				// exec --session S -- CODE...: the words are one line of shell code.
 				q.Argv = []string{strings.Join(q.Argv, " ")}
 			}
-			var r *sandbox.ExecResult
+			var r *apitypes.ExecResult
 			var err error
 			if jsonOut {
 				r, err = cli().Exec(ctx(), args[0], q)
@@ -225,7 +223,7 @@ func execCmd() *cobra.Command {
 }
 
 func checkpointCmd() *cobra.Command {
-	var q api.CheckpointRequest
+	var q apitypes.CheckpointRequest
 	c := &cobra.Command{
 		Use:   "checkpoint SANDBOX [--label L] [--end-background]",
 		Short: "Checkpoint a sandbox; prints the new node's id",

@@ -6,8 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"deltabox/internal/session"
-	"deltabox/internal/state"
+	"deltabox/internal/apitypes"
 )
 
 func sessionCmd() *cobra.Command {
@@ -19,9 +18,9 @@ func sessionCmd() *cobra.Command {
 		Short: "Start a bash session (default), a python session, or a long-lived command",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o := state.SessionOptions{Name: args[1], Argv: args[2:], Dir: dir}
+			o := apitypes.SessionOptions{Name: args[1], Argv: args[2:], Dir: dir}
 			if python {
-				o.Kind = session.Python
+				o.Kind = apitypes.SessionPython
 			}
 			in, err := cli().StartSession(ctx(), args[0], o)
 			if err != nil {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"deltabox/internal/state"
+	"deltabox/internal/apitypes"
 )
 
 func treeCmd() *cobra.Command {
@@ -50,8 +50,8 @@ func treeCmd() *cobra.Command {
 	return c
 }
 
-func printTree(t *state.Tree) {
-	byID := map[string]*state.NodeInfo{}
+func printTree(t *apitypes.Tree) {
+	byID := map[string]*apitypes.NodeInfo{}
 	images := map[string][]string{}
 	for _, n := range t.Nodes {
 		byID[n.ID] = n
@@ -120,7 +120,7 @@ func printTree(t *state.Tree) {
 
 // printSandboxPaths prints, per sandbox, its checkpoints and restores per path and what
 // its process templates cost, then the daemon's total.
-func printSandboxPaths(t *state.Tree, sbs []*state.SandboxInfo) {
+func printSandboxPaths(t *apitypes.Tree, sbs []*apitypes.SandboxInfo) {
 	if len(sbs) == 0 {
 		return
 	}
@@ -138,7 +138,7 @@ func printSandboxPaths(t *state.Tree, sbs []*state.SandboxInfo) {
 }
 
 // pathCounts is "N (process P, files only F: why...)[, failed X]".
-func pathCounts(c state.PathCounts) string {
+func pathCounts(c apitypes.PathCounts) string {
 	s := fmt.Sprintf("%d (process %d, files only %d", c.Process+c.FilesOnly, c.Process, c.FilesOnly)
 	var why []string
 	for _, r := range []struct {

@@ -7,29 +7,21 @@ import (
 	"net/url"
 	"strconv"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/files"
 )
 
-// FileContent is the answer of GET /v1/sandboxes/{id}/files?format=json.
-type FileContent struct {
-	Path     string `json:"path"`
-	Size     int64  `json:"size"`     // the whole file's size
-	Offset   int64  `json:"offset"`   // where Content starts
-	Encoding string `json:"encoding"` // "base64"
-	Content  []byte `json:"content"`  // base64 in JSON
-}
-
-// MkdirResult is the answer of POST /v1/sandboxes/{id}/files/mkdir.
-type MkdirResult struct {
-	Created bool       `json:"created"` // false: it existed already
-	Entry   files.Info `json:"entry"`
-}
+// The files API's answers; their wire form is defined once, in apitypes.
+type (
+	FileContent = apitypes.FileContent
+	MkdirResult = apitypes.MkdirResult
+)
 
 // Headers of a raw read.
 const (
-	HeaderFileSize = "X-Deltabox-File-Size" // the whole file's size (a range may be shorter)
-	HeaderFileMode = "X-Deltabox-File-Mode" // permission bits, octal
+	HeaderFileSize = apitypes.HeaderFileSize
+	HeaderFileMode = apitypes.HeaderFileMode
 )
 
 // filesRoutes registers the files API (docs/API.md, "Files").
@@ -198,7 +190,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 		if err := files.Remove(root, p, recursive); err != nil {
 			return err
 		}
-		writeJSON(w, 200, map[string]any{"removed": p})
+		writeJSON(w, 200, apitypes.Removed{Removed: p})
 		return nil
 	})
 }

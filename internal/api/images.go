@@ -6,34 +6,19 @@ import (
 	"net/http"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/image"
 	"deltabox/internal/store"
 )
 
-// ImportRequest is the body of POST /v1/images.
-type ImportRequest struct {
-	Name        string `json:"name"`
-	Source      string `json:"source"` // a path on the daemon's host
-	AllowSetuid bool   `json:"allow_setuid,omitempty"`
-	MaxBytes    int64  `json:"max_bytes,omitempty"`   // 0: image.DefaultMaxBytes
-	MaxEntries  int64  `json:"max_entries,omitempty"` // 0: image.DefaultMaxEntries
-}
-
-// ErrorDetail is the inner object of an error body.
-type ErrorDetail struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-// ImportEvent is one line of POST /v1/images?progress=1 (NDJSON): progress
-// ({"done":N,"total":M}), then exactly one of {"image":{...}} or {"error":{...}}.
-type ImportEvent struct {
-	Done  *int64       `json:"done,omitempty"`
-	Total *int64       `json:"total,omitempty"`
-	Image *store.Image `json:"image,omitempty"`
-	Error *ErrorDetail `json:"error,omitempty"`
-}
+// The image import's request and streamed answer; their wire form is defined once, in
+// apitypes.
+type (
+	ImportRequest = apitypes.ImportRequest
+	ImportEvent   = apitypes.ImportEvent
+	ErrorDetail   = apitypes.ErrorDetail
+)
 
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	var q ImportRequest
@@ -99,7 +84,7 @@ func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("image removed", "name", name)
-	writeJSON(w, 200, map[string]any{"removed": name})
+	writeJSON(w, 200, apitypes.Removed{Removed: name})
 }
 
 // imageRoutes registers the image routes other than GET /v1/images.

@@ -18,61 +18,28 @@ import (
 	"sync"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
 )
 
 // Version is the API version prefix.
-const Version = "v1"
+const Version = apitypes.Version
 
 // maxBody caps request bodies (exec stdin included).
 const maxBody = 16 << 20
 
-// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
-type ExecRequest struct {
-	Argv        []string `json:"argv"`
-	Env         []string `json:"env,omitempty"`
-	Dir         string   `json:"dir,omitempty"`
-	Stdin       string   `json:"stdin,omitempty"`
-	TimeoutMS   int64    `json:"timeout_ms,omitempty"`
-	OutputLimit int      `json:"output_limit,omitempty"`
-	// Session runs the command as code in a persistent session ("main": the default
-	// bash session, started on first use). argv is then one string of code (or words,
-	// joined with shell quoting).
-	Session string `json:"session,omitempty"`
-	// Stream answers with NDJSON events as output is produced (see docs/API.md).
-	Stream bool `json:"stream,omitempty"`
-}
-
-// StreamEvent is one line of a streamed exec answer.
-type StreamEvent struct {
-	Type   string              `json:"type"`             // stdout | stderr | result | error
-	Data   string              `json:"data,omitempty"`   // stdout, stderr
-	Result *sandbox.ExecResult `json:"result,omitempty"` // result
-	Error  *ErrorBody          `json:"error,omitempty"`  // error
-}
-
-// CheckpointRequest is the body of POST /v1/sandboxes/{id}/checkpoint.
-type CheckpointRequest struct {
-	Label string `json:"label,omitempty"`
-	// EndBackground: end the processes outside the sessions that cannot be checkpointed
-	// with their state, instead of refusing the checkpoint (409).
-	EndBackground bool `json:"end_background,omitempty"`
-}
-
-// RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
-type RestoreRequest struct {
-	Node string `json:"node"`
-}
-
-// ErrorBody is every error response.
-type ErrorBody struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
+// The request and answer bodies of the routes in this file; their wire form is defined
+// once, in apitypes.
+type (
+	ExecRequest       = apitypes.ExecRequest
+	StreamEvent       = apitypes.StreamEvent
+	CheckpointRequest = apitypes.CheckpointRequest
+	RestoreRequest    = apitypes.RestoreRequest
+	// ErrorBody is every error response.
+	ErrorBody = apitypes.ErrorBody
+)
 
 // Server serves the API for a state manager.
 type Server struct {
@@ -178,11 +145,11 @@ func decode(r *http.Request, v any) error {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, 200, map[string]any{"ok": true, "api": Version})
+	writeJSON(w, 200, apitypes.Health{API: Version, OK: true})
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, 200, map[string]any{"sandboxes": s.m.List()})
+	writeJSON(w, 200, apitypes.SandboxList{Sandboxes: s.m.List()})
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
@@ -213,7 +180,7 @@ func (s *Server) removeSandbox(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"removed": r.PathValue("id")})
+	writeJSON(w, 200, apitypes.Removed{Removed: r.PathValue("id")})
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
@@ -327,7 +294,7 @@ func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"removed": removed})
+	writeJSON(w, 200, apitypes.NodesRemoved{Removed: removed})
 }
 
 func (s *Server) images(w http.ResponseWriter, r *http.Request) {
@@ -336,7 +303,7 @@ func (s *Server) images(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"images": ims})
+	writeJSON(w, 200, apitypes.ImageList{Images: ims})
 }
 
 func (s *Server) sync(w http.ResponseWriter, r *http.Request) {
@@ -344,5 +311,5 @@ func (s *Server) sync(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"durable": true})
+	writeJSON(w, 200, apitypes.Synced{Durable: true})
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/state"
 )
 
@@ -26,7 +27,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"sessions": l})
+	writeJSON(w, 200, apitypes.SessionList{Sessions: l})
 }
 
 func (s *Server) sessionLogs(w http.ResponseWriter, r *http.Request) {
@@ -44,5 +45,5 @@ func (s *Server) killSession(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, 200, map[string]any{"killed": r.PathValue("name")})
+	writeJSON(w, 200, apitypes.SessionKilled{Killed: r.PathValue("name")})
 }

@@ -31,6 +31,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/apitypes"
 )
 
 // V1Mount is where the v1 controller hierarchies are mounted.
@@ -45,20 +47,10 @@ func v1Optional(ctrl string) bool { return ctrl == "cpuacct" }
 // cfsPeriodUS is the CFS bandwidth period: CPUs=1.5 allows 150 ms of CPU time per 100 ms.
 const cfsPeriodUS = 100_000
 
-// Limits are one sandbox's resource limits. Zero fields mean "the default"
-// (WithDefaults); the state manager stores the resolved values with the sandbox.
-type Limits struct {
-	// MemoryBytes caps the sandbox's memory (anonymous memory, page cache, kernel
-	// memory; swap too). Over it, the kernel reclaims page cache, then OOM-kills the
-	// largest process of the sandbox.
-	MemoryBytes int64 `json:"memory_bytes"`
-	// Pids caps the number of processes and threads the sandbox runs at once (its init
-	// excluded): fork and clone fail with EAGAIN beyond it.
-	Pids int64 `json:"pids"`
-	// CPUs is CPU time per wall-clock time (1.5: one and a half CPUs); the sandbox is
-	// throttled beyond it. At or above the host's CPU count nothing is throttled.
-	CPUs float64 `json:"cpus"`
-}
+// Limits are one sandbox's resource limits (the fields say what each caps). Zero fields
+// mean "the default" (WithDefaults); the state manager stores the resolved values with
+// the sandbox. The wire form is defined once, in apitypes.
+type Limits = apitypes.Limits
 
 // Default limits. Limits are containment, not reservation: they are not summed
 // against the host, so the defaults are generous for one agent's work (package
@@ -107,8 +99,8 @@ func DefaultLimits() Limits {
 	return Limits{MemoryBytes: mem, Pids: DefaultPids, CPUs: float64(HostCPUs())}
 }
 
-// WithDefaults replaces zero fields by the defaults.
-func (l Limits) WithDefaults() Limits {
+// WithDefaults returns l with its zero fields replaced by the defaults.
+func WithDefaults(l Limits) Limits {
 	d := DefaultLimits()
 	if l.MemoryBytes == 0 {
 		l.MemoryBytes = d.MemoryBytes
@@ -122,9 +114,9 @@ func (l Limits) WithDefaults() Limits {
 	return l
 }
 
-// Check validates limits asked for at create time (zero fields: default). The error
-// says what is accepted.
-func (l Limits) Check() error {
+// CheckLimits validates limits asked for at create time (zero fields: default). The
+// error says what is accepted.
+func CheckLimits(l Limits) error {
 	var errs []error
 	host := HostMemoryBytes()
 	switch {
@@ -154,20 +146,9 @@ func (l Limits) Check() error {
 	return errors.Join(errs...)
 }
 
-// Usage is what a sandbox's processes use, read from its v1 cgroups. Zero when a
-// controller is missing. (memory.failcnt is not reported: this kernel does not count
-// it for v1; the peak reaching the limit and oom_kills say the limit was hit.)
-type Usage struct {
-	MemoryBytes     int64 `json:"memory_bytes"`      // now (memory.usage_in_bytes)
-	MemoryPeakBytes int64 `json:"memory_peak_bytes"` // since the sandbox started
-	OOMKills        int64 `json:"oom_kills"`         // processes the limit OOM-killed
-	Pids            int64 `json:"pids"`              // processes and threads now (init excluded)
-	PidsPeak        int64 `json:"pids_peak"`
-	PidsLimitHits   int64 `json:"pids_limit_hits"` // forks refused by the limit (pids.events max)
-	CPUNanos        int64 `json:"cpu_ns"`          // CPU time used (cpuacct.usage)
-	CPUThrottled    int64 `json:"cpu_throttled_periods"`
-	CPUThrottledNS  int64 `json:"cpu_throttled_ns"`
-}
+// Usage is what a sandbox's processes use, read from its v1 cgroups (V1.Usage). The
+// wire form is defined once, in apitypes.
+type Usage = apitypes.Usage
 
 // V1 is one sandbox's directories in the v1 hierarchies.
 type V1 struct {
@@ -206,7 +187,7 @@ func CreateV1(id string, l Limits) (_ *V1, err error) {
 		}
 		v.dirs[c] = d
 	}
-	if err := v.SetLimits(l.WithDefaults()); err != nil {
+	if err := v.SetLimits(WithDefaults(l)); err != nil {
 		return nil, err
 	}
 	return v, nil

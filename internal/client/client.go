@@ -1,5 +1,6 @@
 // Package client is the Go client of the daemon's API, used by the CLI, the
-// benchmarks and the tests.
+// benchmarks and the tests. It speaks the wire types of package apitypes and imports
+// nothing else of DeltaBox but errdefs (imports_test.go).
 package client
 
 import (
@@ -11,11 +12,8 @@ import (
 	"net/http"
 	"time"
 
-	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
-	"deltabox/internal/sandbox"
-	"deltabox/internal/state"
-	"deltabox/internal/store"
 )
 
 // DefaultSocket is where the daemon listens unless told otherwise.
@@ -51,7 +49,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://deltabox/"+api.Version+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, "http://deltabox/"+apitypes.Version+path, body)
 	if err != nil {
 		return err
 	}
@@ -78,20 +76,18 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 
 func (c *Client) Health(ctx context.Context) error { return c.do(ctx, "GET", "/health", nil, nil) }
 
-func (c *Client) Create(ctx context.Context, o state.CreateOptions) (*state.SandboxInfo, error) {
-	var out state.SandboxInfo
+func (c *Client) Create(ctx context.Context, o apitypes.CreateOptions) (*apitypes.SandboxInfo, error) {
+	var out apitypes.SandboxInfo
 	return &out, c.do(ctx, "POST", "/sandboxes", o, &out)
 }
 
-func (c *Client) Get(ctx context.Context, id string) (*state.SandboxInfo, error) {
-	var out state.SandboxInfo
+func (c *Client) Get(ctx context.Context, id string) (*apitypes.SandboxInfo, error) {
+	var out apitypes.SandboxInfo
 	return &out, c.do(ctx, "GET", "/sandboxes/"+id, nil, &out)
 }
 
-func (c *Client) List(ctx context.Context) ([]*state.SandboxInfo, error) {
-	var out struct {
-		Sandboxes []*state.SandboxInfo `json:"sandboxes"`
-	}
+func (c *Client) List(ctx context.Context) ([]*apitypes.SandboxInfo, error) {
+	var out apitypes.SandboxList
 	return out.Sandboxes, c.do(ctx, "GET", "/sandboxes", nil, &out)
 }
 
@@ -99,8 +95,8 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	return c.do(ctx, "DELETE", "/sandboxes/"+id, nil, nil)
 }
 
-func (c *Client) Exec(ctx context.Context, id string, r api.ExecRequest) (*sandbox.ExecResult, error) {
-	var out sandbox.ExecResult
+func (c *Client) Exec(ctx context.Context, id string, r apitypes.ExecRequest) (*apitypes.ExecResult, error) {
+	var out apitypes.ExecResult
 	if err := c.do(ctx, "POST", "/sandboxes/"+id+"/exec", r, &out); err != nil {
 		return nil, err
 	}
@@ -109,46 +105,42 @@ func (c *Client) Exec(ctx context.Context, id string, r api.ExecRequest) (*sandb
 }
 
 // Sh runs a shell command line (bash -c) with a timeout.
-func (c *Client) Sh(ctx context.Context, id, script string, timeout time.Duration) (*sandbox.ExecResult, error) {
-	return c.Exec(ctx, id, api.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutMS: timeout.Milliseconds()})
+func (c *Client) Sh(ctx context.Context, id, script string, timeout time.Duration) (*apitypes.ExecResult, error) {
+	return c.Exec(ctx, id, apitypes.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutMS: timeout.Milliseconds()})
 }
 
-func (c *Client) Checkpoint(ctx context.Context, id, label string) (*state.OpResult, error) {
-	return c.CheckpointWith(ctx, id, api.CheckpointRequest{Label: label})
+func (c *Client) Checkpoint(ctx context.Context, id, label string) (*apitypes.OpResult, error) {
+	return c.CheckpointWith(ctx, id, apitypes.CheckpointRequest{Label: label})
 }
 
 // CheckpointWith checkpoints with every option of the request.
-func (c *Client) CheckpointWith(ctx context.Context, id string, q api.CheckpointRequest) (*state.OpResult, error) {
-	var out state.OpResult
+func (c *Client) CheckpointWith(ctx context.Context, id string, q apitypes.CheckpointRequest) (*apitypes.OpResult, error) {
+	var out apitypes.OpResult
 	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/checkpoint", q, &out)
 }
 
-func (c *Client) Restore(ctx context.Context, id, node string) (*state.OpResult, error) {
-	var out state.OpResult
-	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/restore", api.RestoreRequest{Node: node}, &out)
+func (c *Client) Restore(ctx context.Context, id, node string) (*apitypes.OpResult, error) {
+	var out apitypes.OpResult
+	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/restore", apitypes.RestoreRequest{Node: node}, &out)
 }
 
-func (c *Client) Tree(ctx context.Context) (*state.Tree, error) {
-	var out state.Tree
+func (c *Client) Tree(ctx context.Context) (*apitypes.Tree, error) {
+	var out apitypes.Tree
 	return &out, c.do(ctx, "GET", "/tree", nil, &out)
 }
 
-func (c *Client) Node(ctx context.Context, id string) (*state.NodeInfo, error) {
-	var out state.NodeInfo
+func (c *Client) Node(ctx context.Context, id string) (*apitypes.NodeInfo, error) {
+	var out apitypes.NodeInfo
 	return &out, c.do(ctx, "GET", "/nodes/"+id, nil, &out)
 }
 
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
-	var out struct {
-		Removed []string `json:"removed"`
-	}
+	var out apitypes.NodesRemoved
 	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)
 }
 
-func (c *Client) Images(ctx context.Context) ([]store.Image, error) {
-	var out struct {
-		Images []store.Image `json:"images"`
-	}
+func (c *Client) Images(ctx context.Context) ([]apitypes.Image, error) {
+	var out apitypes.ImageList
 	return out.Images, c.do(ctx, "GET", "/images", nil, &out)
 }
 
@@ -165,7 +157,7 @@ func transportError(ctx context.Context, socket string, err error) error {
 
 // errorFrom turns a daemon's error answer (status >= 300, body read) into an *Error.
 func errorFrom(resp *http.Response, body []byte) *Error {
-	var eb api.ErrorBody
+	var eb apitypes.ErrorBody
 	if json.Unmarshal(body, &eb) == nil && eb.Error.Message != "" {
 		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
 	}

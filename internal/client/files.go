@@ -11,14 +11,13 @@ import (
 	"os"
 	"strconv"
 
-	"deltabox/internal/api"
-	"deltabox/internal/files"
+	"deltabox/internal/apitypes"
 )
 
 // fileReq sends one files API request with a raw body and returns the response when
 // its status is below 300 (the caller closes its body), else the daemon's error.
 func (c *Client) fileReq(ctx context.Context, method, id, sub string, q url.Values, body io.Reader) (*http.Response, error) {
-	u := "http://deltabox/" + api.Version + "/sandboxes/" + url.PathEscape(id) + "/files" + sub + "?" + q.Encode()
+	u := "http://deltabox/" + apitypes.Version + "/sandboxes/" + url.PathEscape(id) + "/files" + sub + "?" + q.Encode()
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return nil, err
@@ -84,7 +83,7 @@ func (c *Client) OpenFile(ctx context.Context, id, p string, offset, length int6
 	if err != nil {
 		return nil, 0, err
 	}
-	size, _ := strconv.ParseInt(resp.Header.Get(api.HeaderFileSize), 10, 64)
+	size, _ := strconv.ParseInt(resp.Header.Get(apitypes.HeaderFileSize), 10, 64)
 	return resp.Body, size, nil
 }
 
@@ -98,7 +97,7 @@ type WriteFileOptions struct {
 }
 
 // WriteFile replaces file p's content with data, atomically, and returns the file.
-func (c *Client) WriteFile(ctx context.Context, id, p string, data io.Reader, o WriteFileOptions) (*files.Info, error) {
+func (c *Client) WriteFile(ctx context.Context, id, p string, data io.Reader, o WriteFileOptions) (*apitypes.FileInfo, error) {
 	q := url.Values{"path": {p}}
 	if o.Mode != 0 {
 		q.Set("mode", fmt.Sprintf("%04o", uint32(o.Mode.Perm())|modeExtra(o.Mode)))
@@ -109,7 +108,7 @@ func (c *Client) WriteFile(ctx context.Context, id, p string, data io.Reader, o 
 	if data == nil {
 		data = bytes.NewReader(nil)
 	}
-	var out files.Info
+	var out apitypes.FileInfo
 	if err := c.fileJSON(ctx, "PUT", id, "", q, data, &out); err != nil {
 		return nil, err
 	}
@@ -139,7 +138,7 @@ type ListFilesOptions struct {
 }
 
 // ListFiles lists directory p ("" for the workdir).
-func (c *Client) ListFiles(ctx context.Context, id, p string, o ListFilesOptions) (*files.Listing, error) {
+func (c *Client) ListFiles(ctx context.Context, id, p string, o ListFilesOptions) (*apitypes.FileListing, error) {
 	q := url.Values{}
 	if p != "" {
 		q.Set("path", p)
@@ -153,7 +152,7 @@ func (c *Client) ListFiles(ctx context.Context, id, p string, o ListFilesOptions
 	if o.MaxEntries > 0 {
 		q.Set("max_entries", strconv.Itoa(o.MaxEntries))
 	}
-	var out files.Listing
+	var out apitypes.FileListing
 	if err := c.fileJSON(ctx, "GET", id, "/list", q, nil, &out); err != nil {
 		return nil, err
 	}
@@ -161,8 +160,8 @@ func (c *Client) ListFiles(ctx context.Context, id, p string, o ListFilesOptions
 }
 
 // StatFile describes p without following a final symlink.
-func (c *Client) StatFile(ctx context.Context, id, p string) (*files.Info, error) {
-	var out files.Info
+func (c *Client) StatFile(ctx context.Context, id, p string) (*apitypes.FileInfo, error) {
+	var out apitypes.FileInfo
 	q := url.Values{}
 	if p != "" {
 		q.Set("path", p)
@@ -184,12 +183,12 @@ func (c *Client) RemoveFile(ctx context.Context, id, p string, recursive bool) e
 
 // Mkdir creates directory p and its missing parents (mode 0: 0755) and reports
 // whether p was created.
-func (c *Client) Mkdir(ctx context.Context, id, p string, mode os.FileMode) (*api.MkdirResult, error) {
+func (c *Client) Mkdir(ctx context.Context, id, p string, mode os.FileMode) (*apitypes.MkdirResult, error) {
 	q := url.Values{"path": {p}}
 	if mode != 0 {
 		q.Set("mode", fmt.Sprintf("%04o", uint32(mode.Perm())|modeExtra(mode)))
 	}
-	var out api.MkdirResult
+	var out apitypes.MkdirResult
 	if err := c.fileJSON(ctx, "POST", id, "/mkdir", q, nil, &out); err != nil {
 		return nil, err
 	}

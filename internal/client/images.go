@@ -10,16 +10,15 @@ import (
 	"net/http"
 	"net/url"
 
-	"deltabox/internal/api"
-	"deltabox/internal/store"
+	"deltabox/internal/apitypes"
 )
 
 // ImportImage imports an image (q.Source is a path on the daemon's host). With a
 // progress function the daemon streams its progress (POST /v1/images?progress=1),
 // which is passed on as it arrives.
-func (c *Client) ImportImage(ctx context.Context, q api.ImportRequest, progress func(done, total int64)) (*store.Image, error) {
+func (c *Client) ImportImage(ctx context.Context, q apitypes.ImportRequest, progress func(done, total int64)) (*apitypes.Image, error) {
 	if progress == nil {
-		var out store.Image
+		var out apitypes.Image
 		if err := c.do(ctx, "POST", "/images", q, &out); err != nil {
 			return nil, err
 		}
@@ -29,7 +28,7 @@ func (c *Client) ImportImage(ctx context.Context, q api.ImportRequest, progress 
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, "POST", "http://deltabox/"+api.Version+"/images?progress=1", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://deltabox/"+apitypes.Version+"/images?progress=1", bytes.NewReader(b))
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +44,7 @@ func (c *Client) ImportImage(ctx context.Context, q api.ImportRequest, progress 
 	}
 	dec := json.NewDecoder(resp.Body)
 	for {
-		var ev api.ImportEvent
+		var ev apitypes.ImportEvent
 		if err := dec.Decode(&ev); err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF

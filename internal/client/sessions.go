@@ -10,20 +10,17 @@ import (
 	"net/http"
 	"time"
 
-	"deltabox/internal/api"
-	"deltabox/internal/sandbox"
-	"deltabox/internal/session"
-	"deltabox/internal/state"
+	"deltabox/internal/apitypes"
 )
 
 // ExecStream runs a command and calls onOutput with its output as it is produced.
-func (c *Client) ExecStream(ctx context.Context, id string, r api.ExecRequest, onOutput func(stream, data string)) (*sandbox.ExecResult, error) {
+func (c *Client) ExecStream(ctx context.Context, id string, r apitypes.ExecRequest, onOutput func(stream, data string)) (*apitypes.ExecResult, error) {
 	r.Stream = true
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, "POST", "http://deltabox/"+api.Version+"/sandboxes/"+id+"/exec", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://deltabox/"+apitypes.Version+"/sandboxes/"+id+"/exec", bytes.NewReader(b))
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +37,7 @@ func (c *Client) ExecStream(ctx context.Context, id string, r api.ExecRequest, o
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 64<<20)
 	for sc.Scan() {
-		var ev api.StreamEvent
+		var ev apitypes.StreamEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return nil, fmt.Errorf("bad stream event: %w", err)
 		}
@@ -77,19 +74,17 @@ func statusOf(code string) int {
 }
 
 // Run runs code in a session (bash by default: "main").
-func (c *Client) Run(ctx context.Context, id, sessionName, code string, timeout time.Duration) (*sandbox.ExecResult, error) {
-	return c.Exec(ctx, id, api.ExecRequest{Argv: []string{code}, Session: sessionName, TimeoutMS: timeout.Milliseconds()})
+func (c *Client) Run(ctx context.Context, id, sessionName, code string, timeout time.Duration) (*apitypes.ExecResult, error) {
+	return c.Exec(ctx, id, apitypes.ExecRequest{Argv: []string{code}, Session: sessionName, TimeoutMS: timeout.Milliseconds()})
 }
 
-func (c *Client) StartSession(ctx context.Context, id string, o state.SessionOptions) (*session.Info, error) {
-	var out session.Info
+func (c *Client) StartSession(ctx context.Context, id string, o apitypes.SessionOptions) (*apitypes.SessionInfo, error) {
+	var out apitypes.SessionInfo
 	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/sessions", o, &out)
 }
 
-func (c *Client) Sessions(ctx context.Context, id string) ([]session.Info, error) {
-	var out struct {
-		Sessions []session.Info `json:"sessions"`
-	}
+func (c *Client) Sessions(ctx context.Context, id string) ([]apitypes.SessionInfo, error) {
+	var out apitypes.SessionList
 	return out.Sessions, c.do(ctx, "GET", "/sandboxes/"+id+"/sessions", nil, &out)
 }
 
@@ -98,7 +93,7 @@ func (c *Client) KillSession(ctx context.Context, id, name string) error {
 }
 
 func (c *Client) SessionLogs(ctx context.Context, id, name string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://deltabox/"+api.Version+"/sandboxes/"+id+"/sessions/"+name+"/logs", nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://deltabox/"+apitypes.Version+"/sandboxes/"+id+"/sessions/"+name+"/logs", nil)
 	if err != nil {
 		return "", err
 	}

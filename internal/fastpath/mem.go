@@ -12,26 +12,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/remote"
 )
 
-// Memory is what a process costs, from /proc/PID/smaps_rollup (bytes).
-//
-// After a fork a private page is mapped by both processes: each counts it in Rss and
-// Shared_*, and half of it in Pss. When the live process writes such a page it gets a
-// copy of its own, and the original is then mapped by the template alone: it moves to
-// the template's Private_Dirty. So a template's Private_Dirty is the memory its node
-// keeps that no live process shares (what removing the node frees), and it grows as the
-// live process dirties memory; Pss splits shared pages between their sharers, so the
-// sum of Pss over every process is the memory they use together.
-type Memory struct {
-	Rss          int64 `json:"rss_bytes"`
-	Pss          int64 `json:"pss_bytes"`
-	PrivateDirty int64 `json:"private_dirty_bytes"`
-}
+// Memory is what a process costs, from /proc/PID/smaps_rollup (bytes); its doc in
+// apitypes says what the figures mean for a template and its live process. The wire
+// form is defined once, in apitypes.
+type Memory = apitypes.Memory
 
-// Add adds o to m.
-func (m *Memory) Add(o Memory) {
+// AddMemory adds o to m.
+func AddMemory(m *Memory, o Memory) {
 	m.Rss += o.Rss
 	m.Pss += o.Pss
 	m.PrivateDirty += o.PrivateDirty

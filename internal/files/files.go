@@ -43,6 +43,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 )
 
@@ -75,27 +76,12 @@ const resolveFlags = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RE
 // beneathFlags confine a one-component lookup from a directory fd: no symlink, no mount.
 const beneathFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
-// Info describes one file.
-type Info struct {
-	Name        string    `json:"name"`
-	Path        string    `json:"path"`
-	Type        string    `json:"type"` // file, dir, symlink, fifo, socket, char, block
-	Size        int64     `json:"size"`
-	Mode        uint32    `json:"mode"`        // permission bits, setuid/setgid/sticky included (07777)
-	Permissions string    `json:"permissions"` // as ls prints them: "-rw-r--r--"
-	UID         uint32    `json:"uid"`
-	GID         uint32    `json:"gid"`
-	ModTime     time.Time `json:"mtime"`
-	LinkTarget  string    `json:"link_target,omitempty"` // a symlink's target, as stored
-	MountPoint  bool      `json:"mount_point,omitempty"` // another mount is on it (not reachable)
-}
-
-// Listing is the answer of List.
-type Listing struct {
-	Path      string `json:"path"`
-	Entries   []Info `json:"entries"`
-	Truncated bool   `json:"truncated"` // MaxEntries was reached
-}
+// Info describes one file, and Listing is the answer of List. Both are answers of the
+// files API: their wire form is defined once, in apitypes.
+type (
+	Info    = apitypes.FileInfo
+	Listing = apitypes.FileListing
+)
 
 // Resolve turns p, absolute or relative to workdir, into a clean absolute sandbox
 // path. A path whose ".." components would climb above "/" is refused with ErrEscape.

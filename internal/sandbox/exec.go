@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/sbinit"
 )
 
@@ -48,21 +49,8 @@ type ExecRequest struct {
 	OnOutput func(stream string, data []byte)
 }
 
-// ExecResult is what a command did.
-type ExecResult struct {
-	ExitCode        int    `json:"exit_code"` // -1 when killed by a signal
-	Signal          int    `json:"signal,omitempty"`
-	Stdout          string `json:"stdout"`
-	Stderr          string `json:"stderr"`
-	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
-	TimedOut        bool   `json:"timed_out,omitempty"`
-	// Session calls: stdout holds the terminal's merged output.
-	Session          string        `json:"session,omitempty"`
-	SessionRestarted bool          `json:"session_restarted,omitempty"` // a checkpoint/restore had ended it
-	Duration         time.Duration `json:"-"`
-	DurationMS       float64       `json:"duration_ms"`
-}
+// ExecResult is what a command did. The wire form is defined once, in apitypes.
+type ExecResult = apitypes.ExecResult
 
 // drainGrace is how long output is still read after the command exits: a background
 // child that inherited stdout would otherwise hold the call open forever.

@@ -29,16 +29,18 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/sandbox"
 )
 
-// Kind is what runs in a session.
-type Kind string
+// Kind is what runs in a session. Kind and Info are the API's session types: their wire
+// form is defined once, in apitypes.
+type Kind = apitypes.SessionKind
 
 const (
-	Bash    Kind = "bash"
-	Python  Kind = "python"
-	Command Kind = "command" // any long-lived command; output is kept, calls are refused
+	Bash    = apitypes.SessionBash
+	Python  = apitypes.SessionPython
+	Command = apitypes.SessionCommand // any long-lived command; output is kept, calls are refused
 )
 
 // ErrBusy: a call is already running in the session.
@@ -54,16 +56,7 @@ const logCap = 1 << 20
 const chunk = 3000
 
 // Info is what the API shows of a session.
-type Info struct {
-	Name    string    `json:"name"`
-	Kind    Kind      `json:"kind"`
-	Argv    []string  `json:"argv"`
-	Pid     int       `json:"pid"` // in the sandbox
-	Started time.Time `json:"started"`
-	Running bool      `json:"running"`
-	Busy    bool      `json:"busy"`
-	Exit    string    `json:"exit,omitempty"` // how it ended
-}
+type Info = apitypes.SessionInfo
 
 // Session is one session.
 type Session struct {

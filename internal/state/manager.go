@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
@@ -93,21 +94,9 @@ func (m *Manager) newSB(r store.Sandbox) *sb {
 	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
 }
 
-// Stats counts what happened to a sandbox.
-type Stats struct {
-	Checkpoints int `json:"checkpoints"`
-	Restores    int `json:"restores"`
-	Execs       int `json:"execs"`
-	// Checkpoints that forked process templates and restores that forked them back (the
-	// same as checkpoint_paths.process and restore_paths.process).
-	ProcessCheckpoints int `json:"process_checkpoints"`
-	ProcessRestores    int `json:"process_restores"`
-	// Per path, with the reasons for the files-only one (stats.go).
-	CheckpointPaths PathCounts `json:"checkpoint_paths"`
-	RestorePaths    PathCounts `json:"restore_paths"`
-	// WarmedBytes is how much restored processes' memory was pre-faulted (procwarm.go).
-	WarmedBytes int64 `json:"warmed_bytes,omitempty"`
-}
+// Stats counts what happened to a sandbox (countPath, countFailed). The wire form is
+// defined once, in apitypes.
+type Stats = apitypes.Stats
 
 // New opens the manager on an opened store: loads the index, sweeps orphans, kills
 // what a previous daemon left running, and restarts every sandbox of the index on its

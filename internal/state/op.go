@@ -4,31 +4,16 @@ import (
 	"fmt"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 )
 
-// OpResult reports one checkpoint or restore.
-type OpResult struct {
-	Node       *NodeInfo `json:"node"`
-	Sandbox    string    `json:"sandbox"`
-	Killed     int       `json:"killed_processes"` // processes ended: not carried (see Processes)
-	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
-	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
-	// Processes is how many processes (sessions' and others') were checkpointed
-	// (templates forked) or restored from templates; ProcessErrors says which could not
-	// be (they were ended).
-	Processes     int      `json:"processes"`
-	ProcessErrors []string `json:"process_errors,omitempty"`
-	// Warm: the restore installed a state of the node mounted ahead of time (warm.go).
-	Warm bool `json:"warm,omitempty"`
-	// Prepared: the checkpoint used the next state mounted ahead of time.
-	Prepared bool `json:"prepared,omitempty"`
-	// PhasesUS is the time of each step in microseconds, to see where latency goes.
-	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
-}
+// OpResult reports one checkpoint or restore. The wire form is defined once, in
+// apitypes.
+type OpResult = apitypes.OpResult
 
-// phase records the time since *t under name and resets *t.
-func (r *OpResult) phase(name string, t *time.Time) {
+// phase records the time since *t in r.PhasesUS under name and resets *t.
+func phase(r *OpResult, name string, t *time.Time) {
 	now := time.Now()
 	if r.PhasesUS == nil {
 		r.PhasesUS = map[string]int64{}
@@ -124,7 +109,7 @@ func runSteps[T any](m *Manager, name string, steps []step[T], op T, inject *fun
 		if err := st.run(op); err != nil {
 			return err
 		}
-		res.phase(st.phase, &tp)
+		phase(res, st.phase, &tp)
 	}
 	return nil
 }

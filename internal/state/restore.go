@@ -218,7 +218,7 @@ func (r *restore) kill() error {
 	tp := time.Now()
 	keep, keepHost := m.keepPids(s, nil)
 	holders, holderHosts, ended, endedHosts := m.endLive(s)
-	res.phase("kill", &tp) // the session processes: seized, memory handed over, killed
+	phase(res, "kill", &tp) // the session processes: seized, memory handed over, killed
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
 		// Not gated like afterAnswer's work: a holder left until the next operation

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/mountns"
@@ -21,38 +22,12 @@ import (
 	"deltabox/internal/store"
 )
 
-// CreateOptions configures a new sandbox.
-type CreateOptions struct {
-	ID       string `json:"id,omitempty"`
-	Image    string `json:"image,omitempty"`
-	Workdir  string `json:"workdir,omitempty"`
-	Hostname string `json:"hostname,omitempty"`
-	// Limits (0: the default; see cgroup.DefaultLimits and docs/API.md). MemoryMB is
-	// in MiB.
-	MemoryMB int64   `json:"memory_mb,omitempty"`
-	Pids     int64   `json:"pids,omitempty"`
-	CPUs     float64 `json:"cpus,omitempty"`
-	// WarmProcesses: after each restore, pre-fault the pages the restored processes
-	// had written, while their sessions wait for input (procwarm.go). Default: off, or
-	// on for every sandbox with Config.WarmProcesses.
-	WarmProcesses bool `json:"warm_processes,omitempty"`
-}
-
-// SandboxInfo is what the API shows of a sandbox.
-type SandboxInfo struct {
-	store.Sandbox
-	InitPid int    `json:"init_pid,omitempty"`
-	Status  string `json:"status"`          // running | broken
-	Error   string `json:"error,omitempty"` // why broken
-	Stats   Stats  `json:"stats"`
-	Durable bool   `json:"durable"`
-	// WarmStates is how many nodes' states are kept mounted for fast restores (warm.go).
-	WarmStates int `json:"warm_states"`
-	// Usage of the limits (store.Sandbox.Limits) by the sandbox's commands, when running.
-	Usage *cgroup.Usage `json:"usage,omitempty"`
-	// Templates totals the sandbox's process templates (every node's) and their memory.
-	Templates *TemplateInfo `json:"templates,omitempty"`
-}
+// CreateOptions configures a new sandbox (the body of POST /v1/sandboxes), and
+// SandboxInfo is what the API shows of one. The wire form is defined once, in apitypes.
+type (
+	CreateOptions = apitypes.CreateOptions
+	SandboxInfo   = apitypes.SandboxInfo
+)
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
@@ -91,7 +66,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		o.MemoryMB = 1 << 40
 	}
 	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
-	if err := lim.Check(); err != nil {
+	if err := cgroup.CheckLimits(lim); err != nil {
 		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
 	}
 	m.mu.Lock()
@@ -112,7 +87,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
 	if err == nil {
 		s.rec.Upper = upper
-		s.rec.Limits = lim.WithDefaults()
+		s.rec.Limits = cgroup.WithDefaults(lim)
 		err = m.boot(s)
 	}
 	if err != nil {
@@ -147,7 +122,7 @@ func (m *Manager) boot(s *sb) error {
 	if err := m.st.ResetWork(s.rec.Upper); err != nil {
 		return fmt.Errorf("reset the upper's workdir: %w", err)
 	}
-	s.rec.Limits = s.rec.Limits.WithDefaults() // records older than limits
+	s.rec.Limits = cgroup.WithDefaults(s.rec.Limits) // records older than limits
 	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits)
 	if err != nil {
 		return err

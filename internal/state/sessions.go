@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/session"
@@ -16,14 +17,9 @@ import (
 // explicitly; it is started on first use.
 const DefaultSession = "main"
 
-// SessionOptions describes a session to start.
-type SessionOptions struct {
-	Name string       `json:"name"`
-	Kind session.Kind `json:"kind,omitempty"` // bash (default), python, command
-	Argv []string     `json:"argv,omitempty"` // for command
-	Dir  string       `json:"dir,omitempty"`
-	Env  []string     `json:"env,omitempty"`
-}
+// SessionOptions describes a session to start. The wire form is defined once, in
+// apitypes.
+type SessionOptions = apitypes.SessionOptions
 
 var sessionNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
 

@@ -5,31 +5,14 @@ import (
 	"sync"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/fastpath"
 )
 
 // PathCounts counts a sandbox's checkpoints or restores per path: files and processes
-// (the fast path: templates forked at a checkpoint, forked back at a restore) or files
-// only, with the reason, and the operations that failed or were refused.
-type PathCounts struct {
-	Process   int `json:"process"`
-	FilesOnly int `json:"files_only"` // the sum of the reasons below
-	// The daemon runs without the fast path (Config.FastPath; DELTABOX_FASTPATH=0).
-	FastPathOff int `json:"fastpath_off"`
-	// Checkpoint: no session was running. Restore: the node has no process state in this
-	// sandbox (made while no session ran, or before a daemon restart, which ends every
-	// process).
-	NoSessions int `json:"no_sessions"`
-	// Restore: the node's templates are in the sandbox that made it (a fork cannot
-	// leave its PID namespace).
-	OtherSandbox int `json:"other_sandbox"`
-	// Failed or refused (nothing changed; see the error), and among them: a session that
-	// cannot be checkpointed with its state (checkpoint), a template of the node that is
-	// gone (restore).
-	Failed       int `json:"failed"`
-	Ineligible   int `json:"ineligible,omitempty"`
-	TemplateGone int `json:"template_gone,omitempty"`
-}
+// (the fast path) or files only, with the reason, and the operations that failed or
+// were refused. The wire form is defined once, in apitypes.
+type PathCounts = apitypes.PathCounts
 
 type opPath int
 
@@ -91,13 +74,9 @@ func (m *Manager) countFailed(s *sb, op, why string) {
 	}
 }
 
-// TemplateInfo is what a node's process templates cost (fastpath.Memory explains the
-// figures); a sandbox's and the tree's totals have the same shape.
-type TemplateInfo struct {
-	Processes int `json:"processes"`
-	fastpath.Memory
-	Sessions []string `json:"sessions,omitempty"` // a node's: the sessions they belong to
-}
+// TemplateInfo is what a node's process templates cost (fastpath.Memory); a sandbox's
+// and the tree's totals have the same shape. The wire form is defined once, in apitypes.
+type TemplateInfo = apitypes.TemplateInfo
 
 // templateCosts reads the memory of the templates of the nodes given (all if nil) and,
 // if sandbox is not empty, of that sandbox only, per node and per sandbox. It reads /proc
@@ -133,7 +112,7 @@ func (m *Manager) templateCosts(nodes []string, sandbox string, maxAge time.Dura
 		}
 		for _, ti := range []*TemplateInfo{get(perNode, o.node), get(perSandbox, o.sandbox), total} {
 			ti.Processes++
-			ti.Add(mem)
+			fastpath.AddMemory(&ti.Memory, mem)
 		}
 		if o.session == "" {
 			continue // a process outside the sessions: counted, not named

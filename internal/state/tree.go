@@ -4,21 +4,13 @@ import (
 	"fmt"
 	"sort"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/store"
 )
 
-// NodeInfo is what the API shows of a node.
-type NodeInfo struct {
-	store.Node
-	Durable   bool     `json:"durable"`             // its index record is on disk
-	Children  []string `json:"children,omitempty"`  // sorted by creation
-	Sandboxes []string `json:"sandboxes,omitempty"` // sandboxes standing on it
-	Depth     int      `json:"depth"`               // layers in its stack (image excluded)
-	// Templates: the node's process templates and their memory (GET /v1/tree and
-	// /v1/nodes/ID only; not in checkpoint and restore answers).
-	Templates *TemplateInfo `json:"templates,omitempty"`
-}
+// NodeInfo is what the API shows of a node. The wire form is defined once, in apitypes.
+type NodeInfo = apitypes.NodeInfo
 
 func (m *Manager) newNodeID() string {
 	for {
@@ -93,16 +85,8 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 	}
 }
 
-// Tree is the whole snapshot tree.
-type Tree struct {
-	Nodes []*NodeInfo `json:"nodes"` // sorted by creation time
-	// Roots are nodes directly on an image; OnImage lists sandboxes that stand on
-	// their image with no node yet, per image.
-	Roots   []string            `json:"roots"`
-	OnImage map[string][]string `json:"on_image,omitempty"`
-	// Templates totals every process template of the daemon and its memory.
-	Templates *TemplateInfo `json:"templates"`
-}
+// Tree is the whole snapshot tree. The wire form is defined once, in apitypes.
+type Tree = apitypes.Tree
 
 // Tree returns every node.
 func (m *Manager) Tree() *Tree {

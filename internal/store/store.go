@@ -26,56 +26,26 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
-	"deltabox/internal/cgroup"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 )
 
 // DefaultRoot is the state directory unless configured otherwise.
 const DefaultRoot = "/var/lib/deltabox"
 
-// Node is one checkpoint: an immutable point of the snapshot tree.
-type Node struct {
-	ID      string    `json:"id"`
-	Parent  string    `json:"parent,omitempty"` // empty: the node sits directly on its image
-	Image   string    `json:"image"`
-	Created time.Time `json:"created"`
-	Label   string    `json:"label,omitempty"`
-	Sandbox string    `json:"sandbox,omitempty"` // the sandbox it was taken from
-	// Layer is the top layer of the node's stack: its own (Own) frozen from the
-	// sandbox's upper, or its parent's when nothing changed (0: the image alone).
-	Layer uint64 `json:"layer"`
-	Own   bool   `json:"own_layer"`
-	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
-}
-
-// Sandbox is the persistent record of a sandbox.
-type Sandbox struct {
-	ID       string    `json:"id"`
-	Image    string    `json:"image"`
-	Head     string    `json:"head,omitempty"` // node the current state descends from
-	Upper    uint64    `json:"upper"`          // layer id of the writable upper
-	Workdir  string    `json:"workdir"`
-	Hostname string    `json:"hostname"`
-	Created  time.Time `json:"created"`
-	// Limits are resolved at create time (no zero field) and applied again whenever the
-	// sandbox starts; zero fields in records older than limits mean the defaults.
-	Limits cgroup.Limits `json:"limits"`
-	// WarmProcesses turns on the async warm-up of processes after a restore
-	// (state/procwarm.go) for this sandbox.
-	WarmProcesses bool `json:"warm_processes,omitempty"`
-}
-
-// Image is an imported image.
-type Image struct {
-	Name    string    `json:"name"`
-	Created time.Time `json:"created"`
-	Source  string    `json:"source,omitempty"`
-	Bytes   int64     `json:"bytes,omitempty"`
-}
+// The records of the index are the API's too (NodeInfo and SandboxInfo embed them): their
+// wire form, which is also their form in index.db, is defined once, in apitypes.
+type (
+	// Node is one checkpoint: an immutable point of the snapshot tree.
+	Node = apitypes.Node
+	// Sandbox is the persistent record of a sandbox.
+	Sandbox = apitypes.Sandbox
+	// Image is an imported image (image.json).
+	Image = apitypes.Image
+)
 
 // Store is an opened state directory.
 type Store struct {

@@ -32,7 +32,7 @@ func limCreate(t *testing.T, d *testutil.Daemon, o state.CreateOptions) *state.S
 	if err != nil {
 		t.Fatalf("create %+v: %v", o, err)
 	}
-	want := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}.WithDefaults()
+	want := cgroup.WithDefaults(cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs})
 	if in.Limits != want {
 		t.Fatalf("sandbox %s reports limits %+v, want %+v", in.ID, in.Limits, want)
 	}

@@ -1,0 +1,154 @@
+package apitypes
+
+import "time"
+
+// CreateOptions is the body of POST /v1/sandboxes. Every field is optional.
+type CreateOptions struct {
+	ID       string `json:"id,omitempty"`
+	Image    string `json:"image,omitempty"`
+	Workdir  string `json:"workdir,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+	// Limits (0: the default; see cgroup.DefaultLimits and docs/API.md). MemoryMB is
+	// in MiB.
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
+	// WarmProcesses: after each restore, pre-fault the pages the restored processes
+	// had written, while their sessions wait for input (state/procwarm.go). Default:
+	// off, or on for every sandbox when the daemon runs with DELTABOX_WARM_PROC=1.
+	WarmProcesses bool `json:"warm_processes,omitempty"`
+}
+
+// SandboxInfo is what the API shows of a sandbox: the answer of POST /v1/sandboxes,
+// GET /v1/sandboxes/{id}, and each element of GET /v1/sandboxes's "sandboxes".
+type SandboxInfo struct {
+	Sandbox
+	InitPid int    `json:"init_pid,omitempty"`
+	Status  string `json:"status"`          // running | broken
+	Error   string `json:"error,omitempty"` // why broken
+	Stats   Stats  `json:"stats"`
+	Durable bool   `json:"durable"`
+	// WarmStates is how many nodes' states are kept mounted for fast restores
+	// (state/warm.go).
+	WarmStates int `json:"warm_states"`
+	// Usage of the limits (Sandbox.Limits) by the sandbox's commands, when running.
+	Usage *Usage `json:"usage,omitempty"`
+	// Templates totals the sandbox's process templates (every node's) and their memory.
+	Templates *TemplateInfo `json:"templates,omitempty"`
+}
+
+// Sandbox is the persistent record of a sandbox, as the daemon's index stores it
+// (store.Sandbox); SandboxInfo embeds it.
+type Sandbox struct {
+	ID       string    `json:"id"`
+	Image    string    `json:"image"`
+	Head     string    `json:"head,omitempty"` // node the current state descends from
+	Upper    uint64    `json:"upper"`          // layer id of the writable upper
+	Workdir  string    `json:"workdir"`
+	Hostname string    `json:"hostname"`
+	Created  time.Time `json:"created"`
+	// Limits are resolved at create time (no zero field) and applied again whenever the
+	// sandbox starts; zero fields in records older than limits mean the defaults.
+	Limits Limits `json:"limits"`
+	// WarmProcesses turns on the async warm-up of processes after a restore
+	// (state/procwarm.go) for this sandbox.
+	WarmProcesses bool `json:"warm_processes,omitempty"`
+}
+
+// Limits are one sandbox's resource limits (SandboxInfo's "limits"; cgroup.Limits in the
+// daemon, which applies them). Zero fields mean "the default" (cgroup.WithDefaults); the
+// daemon stores the resolved values with the sandbox.
+type Limits struct {
+	// MemoryBytes caps the sandbox's memory (anonymous memory, page cache, kernel
+	// memory; swap too). Over it, the kernel reclaims page cache, then OOM-kills the
+	// largest process of the sandbox.
+	MemoryBytes int64 `json:"memory_bytes"`
+	// Pids caps the number of processes and threads the sandbox runs at once (its init
+	// excluded): fork and clone fail with EAGAIN beyond it.
+	Pids int64 `json:"pids"`
+	// CPUs is CPU time per wall-clock time (1.5: one and a half CPUs); the sandbox is
+	// throttled beyond it. At or above the host's CPU count nothing is throttled.
+	CPUs float64 `json:"cpus"`
+}
+
+// Usage is what a sandbox's processes use, read from its v1 cgroups (SandboxInfo's
+// "usage"). Zero when a controller is missing. (memory.failcnt is not reported: this
+// kernel does not count it for v1; the peak reaching the limit and oom_kills say the
+// limit was hit.)
+type Usage struct {
+	MemoryBytes     int64 `json:"memory_bytes"`      // now (memory.usage_in_bytes)
+	MemoryPeakBytes int64 `json:"memory_peak_bytes"` // since the sandbox started
+	OOMKills        int64 `json:"oom_kills"`         // processes the limit OOM-killed
+	Pids            int64 `json:"pids"`              // processes and threads now (init excluded)
+	PidsPeak        int64 `json:"pids_peak"`
+	PidsLimitHits   int64 `json:"pids_limit_hits"` // forks refused by the limit (pids.events max)
+	CPUNanos        int64 `json:"cpu_ns"`          // CPU time used (cpuacct.usage)
+	CPUThrottled    int64 `json:"cpu_throttled_periods"`
+	CPUThrottledNS  int64 `json:"cpu_throttled_ns"`
+}
+
+// Stats counts what happened to a sandbox (SandboxInfo's "stats").
+type Stats struct {
+	Checkpoints int `json:"checkpoints"`
+	Restores    int `json:"restores"`
+	Execs       int `json:"execs"`
+	// Checkpoints that forked process templates and restores that forked them back (the
+	// same as checkpoint_paths.process and restore_paths.process).
+	ProcessCheckpoints int `json:"process_checkpoints"`
+	ProcessRestores    int `json:"process_restores"`
+	// Per path, with the reasons for the files-only one.
+	CheckpointPaths PathCounts `json:"checkpoint_paths"`
+	RestorePaths    PathCounts `json:"restore_paths"`
+	// WarmedBytes is how much restored processes' memory was pre-faulted
+	// (state/procwarm.go).
+	WarmedBytes int64 `json:"warmed_bytes,omitempty"`
+}
+
+// PathCounts counts a sandbox's checkpoints or restores per path (Stats's
+// "checkpoint_paths" and "restore_paths"): files and processes (the fast path:
+// templates forked at a checkpoint, forked back at a restore) or files only, with the
+// reason, and the operations that failed or were refused.
+type PathCounts struct {
+	Process   int `json:"process"`
+	FilesOnly int `json:"files_only"` // the sum of the reasons below
+	// The daemon runs without the fast path (DELTABOX_FASTPATH=0).
+	FastPathOff int `json:"fastpath_off"`
+	// Checkpoint: no session was running. Restore: the node has no process state in this
+	// sandbox (made while no session ran, or before a daemon restart, which ends every
+	// process).
+	NoSessions int `json:"no_sessions"`
+	// Restore: the node's templates are in the sandbox that made it (a fork cannot
+	// leave its PID namespace).
+	OtherSandbox int `json:"other_sandbox"`
+	// Failed or refused (nothing changed; see the error), and among them: a session that
+	// cannot be checkpointed with its state (checkpoint), a template of the node that is
+	// gone (restore).
+	Failed       int `json:"failed"`
+	Ineligible   int `json:"ineligible,omitempty"`
+	TemplateGone int `json:"template_gone,omitempty"`
+}
+
+// TemplateInfo is what a node's process templates cost (Memory explains the figures):
+// NodeInfo's "templates" in GET /v1/tree and GET /v1/nodes/{id}; a sandbox's
+// (SandboxInfo) and the tree's totals (Tree) have the same shape.
+type TemplateInfo struct {
+	Processes int `json:"processes"`
+	Memory
+	Sessions []string `json:"sessions,omitempty"` // a node's: the sessions they belong to
+}
+
+// Memory is what a process costs, from /proc/PID/smaps_rollup (bytes); TemplateInfo
+// embeds it.
+//
+// After a fork a private page is mapped by both processes: each counts it in Rss and
+// Shared_*, and half of it in Pss. When the live process writes such a page it gets a
+// copy of its own, and the original is then mapped by the template alone: it moves to
+// the template's Private_Dirty. So a template's Private_Dirty is the memory its node
+// keeps that no live process shares (what removing the node frees), and it grows as the
+// live process dirties memory; Pss splits shared pages between their sharers, so the
+// sum of Pss over every process is the memory they use together.
+type Memory struct {
+	Rss          int64 `json:"rss_bytes"`
+	Pss          int64 `json:"pss_bytes"`
+	PrivateDirty int64 `json:"private_dirty_bytes"`
+}

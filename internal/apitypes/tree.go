@@ -1,0 +1,78 @@
+package apitypes
+
+import "time"
+
+// Node is one checkpoint: an immutable point of the snapshot tree, as the daemon's
+// index stores it (store.Node); NodeInfo embeds it.
+type Node struct {
+	ID      string    `json:"id"`
+	Parent  string    `json:"parent,omitempty"` // empty: the node sits directly on its image
+	Image   string    `json:"image"`
+	Created time.Time `json:"created"`
+	Label   string    `json:"label,omitempty"`
+	Sandbox string    `json:"sandbox,omitempty"` // the sandbox it was taken from
+	// Layer is the top layer of the node's stack: its own (Own) frozen from the
+	// sandbox's upper, or its parent's when nothing changed (0: the image alone).
+	Layer uint64 `json:"layer"`
+	Own   bool   `json:"own_layer"`
+	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
+}
+
+// NodeInfo is what the API shows of a node: the answer of GET /v1/nodes/{id}, each of
+// Tree's nodes, and OpResult's node.
+type NodeInfo struct {
+	Node
+	Durable   bool     `json:"durable"`             // its index record is on disk
+	Children  []string `json:"children,omitempty"`  // sorted by creation
+	Sandboxes []string `json:"sandboxes,omitempty"` // sandboxes standing on it
+	Depth     int      `json:"depth"`               // layers in its stack (image excluded)
+	// Templates: the node's process templates and their memory (GET /v1/tree and
+	// /v1/nodes/ID only; not in checkpoint and restore answers).
+	Templates *TemplateInfo `json:"templates,omitempty"`
+}
+
+// Tree is the whole snapshot tree: the answer of GET /v1/tree.
+type Tree struct {
+	Nodes []*NodeInfo `json:"nodes"` // sorted by creation time
+	// Roots are nodes directly on an image; OnImage lists sandboxes that stand on
+	// their image with no node yet, per image.
+	Roots   []string            `json:"roots"`
+	OnImage map[string][]string `json:"on_image,omitempty"`
+	// Templates totals every process template of the daemon and its memory.
+	Templates *TemplateInfo `json:"templates"`
+}
+
+// CheckpointRequest is the body of POST /v1/sandboxes/{id}/checkpoint (optional).
+type CheckpointRequest struct {
+	Label string `json:"label,omitempty"`
+	// EndBackground: end the processes outside the sessions that cannot be checkpointed
+	// with their state, instead of refusing the checkpoint (409).
+	EndBackground bool `json:"end_background,omitempty"`
+}
+
+// RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
+type RestoreRequest struct {
+	Node string `json:"node"`
+}
+
+// OpResult reports one checkpoint or restore: the answer of POST
+// /v1/sandboxes/{id}/checkpoint and POST /v1/sandboxes/{id}/restore.
+type OpResult struct {
+	Node       *NodeInfo `json:"node"`
+	Sandbox    string    `json:"sandbox"`
+	Killed     int       `json:"killed_processes"` // processes ended: not carried (see Processes)
+	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
+	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+	// Processes is how many processes (sessions' and others') were checkpointed
+	// (templates forked) or restored from templates; ProcessErrors says which could not
+	// be (they were ended).
+	Processes     int      `json:"processes"`
+	ProcessErrors []string `json:"process_errors,omitempty"`
+	// Warm: the restore installed a state of the node mounted ahead of time
+	// (state/warm.go).
+	Warm bool `json:"warm,omitempty"`
+	// Prepared: the checkpoint used the next state mounted ahead of time.
+	Prepared bool `json:"prepared,omitempty"`
+	// PhasesUS is the time of each step in microseconds, to see where latency goes.
+	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
+}
