@@ -77,6 +77,7 @@ func Markdown(files []*File, names []string) string {
 		"interpolation: with n = 20, p95 is the 19th smallest sample and p99 the largest. Each row names the exact " +
 		"command or API call inside its timed interval. `layers` is the depth of the mounted layer stack over the " +
 		"samples (min-max and mean); `-` where a system has no layers.\n")
+	writeSummary(&b, files)
 	for i, f := range files {
 		name := ""
 		if i < len(names) {
@@ -145,24 +146,18 @@ func writeSection(b *strings.Builder, f *File, name string) {
 
 	if len(f.Targets) > 0 {
 		b.WriteString("\n### Targets\n\n| Target | Workspace | Measured | Result |\n|---|---|---|---|\n")
-		for _, t := range f.Targets {
-			found := false
-			for _, r := range f.Results {
-				if r.System != t.System || r.Op != t.Op {
-					continue
-				}
-				found = true
-				v, _ := r.Value(t.Stat)
-				verdict := "met"
-				if v > t.MaxMS {
-					verdict = "**missed**"
-				}
-				fmt.Fprintf(b, "| %s %s %s <= %s ms | %s | %s ms | %s |\n", t.System, t.Op, strings.TrimSuffix(t.Stat, "_ms"),
-					fmtMS(t.MaxMS), mbCell(r.WorkspaceMB), fmtMS(v), verdict)
-			}
-			if !found {
+		for _, c := range targetChecks(f) {
+			t := c.T
+			if c.Row == nil {
 				fmt.Fprintf(b, "| %s %s %s <= %s ms | - | not measured | - |\n", t.System, t.Op, strings.TrimSuffix(t.Stat, "_ms"), fmtMS(t.MaxMS))
+				continue
 			}
+			verdict := "met"
+			if !c.Met {
+				verdict = "**missed**"
+			}
+			fmt.Fprintf(b, "| %s %s %s <= %s ms | %s | %s ms | %s |\n", t.System, t.Op, strings.TrimSuffix(t.Stat, "_ms"),
+				fmtMS(t.MaxMS), mbCell(c.Row.WorkspaceMB), fmtMS(c.Value), verdict)
 		}
 	}
 

@@ -236,7 +236,22 @@ func RunScale(ctx context.Context, c *client.Client, o ScaleOptions) (f *File, e
 // restore p50 at the largest workspace within 1.5x of the smallest's (the issue names
 // 4 GB and 10 MB). "" with fewer than two workspace sizes.
 func workspaceTargetNote(rows []Row) string {
-	var lo, hi *Row
+	lo, hi, ok := workspaceTarget(rows)
+	if !ok {
+		return ""
+	}
+	ratio := hi.P50 / lo.P50
+	verdict := "met"
+	if ratio > 1.5 {
+		verdict = "MISSED"
+	}
+	return fmt.Sprintf("target restore p50 at the largest workspace (%s) within 1.5x of the smallest's (%s): %s (%.3f vs %.3f ms: %.2fx)",
+		strings.ToLower(SizeName(scaleX(hi))), strings.ToLower(SizeName(scaleX(lo))), verdict, hi.P50, lo.P50, ratio)
+}
+
+// workspaceTarget returns the restore rows of the smallest and the largest workspace
+// (the two the workspace target compares); ok is false with fewer than two sizes.
+func workspaceTarget(rows []Row) (lo, hi *Row, ok bool) {
 	var loMB, hiMB int
 	for i, r := range rows {
 		p, ok := ParseScaleSystem(r.System)
@@ -251,15 +266,9 @@ func workspaceTargetNote(rows []Row) string {
 		}
 	}
 	if lo == nil || loMB == hiMB || lo.P50 <= 0 {
-		return ""
+		return nil, nil, false
 	}
-	ratio := hi.P50 / lo.P50
-	verdict := "met"
-	if ratio > 1.5 {
-		verdict = "MISSED"
-	}
-	return fmt.Sprintf("target restore p50 at the largest workspace (%s) within 1.5x of the smallest's (%s): %s (%.3f vs %.3f ms: %.2fx)",
-		strings.ToLower(SizeName(hiMB)), strings.ToLower(SizeName(loMB)), verdict, hi.P50, lo.P50, ratio)
+	return lo, hi, true
 }
 
 func scaleDescription(o ScaleOptions) string {
