@@ -236,9 +236,9 @@ func (h *Held) Abort() error {
 }
 
 // WaitStopped reports whether the template is there, waiting up to d for it to be back in
-// its stop. A template just let go (DetachStopped, after a fork from it or Park) runs in
-// the kernel until it takes its SIGSTOP, and is not seen stopped meanwhile (Alive is
-// false): on a loaded machine that lasts milliseconds. One that has exited is gone at once.
+// its stop. A template its tracer resumes for an injection (a fork from it, Park) runs
+// in the kernel until it stops again, and is not seen stopped meanwhile (Alive is false):
+// on a loaded machine that lasts milliseconds. One that has exited is gone at once.
 func (t *Template) WaitStopped(d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {

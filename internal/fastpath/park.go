@@ -21,8 +21,8 @@ import (
 // taken: a reopen that lands on a free number equal to a later fd's would make that
 // dup3 fail. So they are replaced, not closed. The terminal and device fds are kept.
 //
-// The template stays in its SIGSTOP stop and runs none of its code; from here on tr
-// holds it seized (Template.tr says why). If Park fails half way the template is still
+// The template stays stopped and runs none of its code: tr holds it seized in a
+// ptrace-stop for its whole life (Template.tr says why). If Park fails half way the template is still
 // a valid template (each fd is either the old one or its read-only replacement) and
 // stays where it is.
 func Park(tr *remote.Tracer, tmpl *Template, nsPath string) error {

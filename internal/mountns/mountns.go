@@ -1,12 +1,12 @@
 // Package mountns builds the mount namespace of one sandbox state.
 //
 // Every sandbox has a base mount namespace, made by its init (see package sbinit):
-// its root is a small read-only tmpfs holding /proc (of the sandbox's PID namespace),
-// a minimal /dev with a private devpts, and an empty /rootfs directory. A state
-// namespace is a copy of that base (unshare(CLONE_NEWNS) from inside it) in which the
-// state's overlay is attached at /rootfs, /dev and /proc are bound into it, and
-// pivot_root makes the overlay the root. The result is an nsfs fd: processes are started
-// in it with setns, and dropping the last reference unmounts the overlay.
+// its root is a small read-only tmpfs holding /proc (of the sandbox's PID namespace)
+// and a minimal /dev with a private devpts. A state namespace is a copy of that base
+// (unshare(CLONE_NEWNS) from inside it) in which the state's overlay is stacked on "/"
+// and clones of /dev and /proc are mounted inside it (finish says why there is no
+// pivot_root). The result is an nsfs fd: processes are started in it with setns, and
+// dropping the last reference unmounts the overlay.
 //
 // Why a namespace per state rather than one namespace whose root is re-mounted: a
 // process's root and cwd pin the mount they were taken on, so the only way to move
@@ -37,7 +37,6 @@ var hostProc = func() int {
 
 // Paths inside the base namespace (made by sbinit.setupRoot).
 const (
-	RootfsDir = "/rootfs"
 	// Overlay directories that must exist in every image, because they are mount points.
 	devDir  = "/dev"
 	procDir = "/proc"
@@ -47,7 +46,7 @@ const (
 // Builder makes state namespaces for one sandbox. It keeps a few OS threads ready
 // that have already entered a private copy of the base namespace (unshare(CLONE_FS),
 // setns, unshare(CLONE_NEWNS): about 100 us with thread creation), so that a checkpoint
-// or restore only pays for attaching the overlay and pivoting into it.
+// or restore only pays for stacking the overlay on the root and mounting /dev and /proc.
 //
 // Each worker thread is locked and never unlocked: after unshare(CLONE_FS) and setns it
 // no longer shares root, cwd and mount namespace with the rest of the daemon, so it must

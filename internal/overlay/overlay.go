@@ -79,7 +79,7 @@ func Mount(s Spec) (int, error) {
 		// every checkpoint and restore). Durability is the index committer's job: it
 		// syncs the store before it calls a node durable. The price: after a kernel
 		// crash a sandbox's current upper is untrusted and its workdir must be remade
-		// (PrepareWork), which the daemon does for every upper it remounts.
+		// (store.Store.ResetWork), which the daemon does for every upper it remounts.
 		if err := unix.FsconfigSetFlag(fsfd, "volatile"); err != nil {
 			return -1, fmt.Errorf("overlay option volatile: %w%s", err, kernelLog(fsfd))
 		}

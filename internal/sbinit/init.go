@@ -104,8 +104,9 @@ func fatal(f string, a ...any) {
 	os.Exit(1)
 }
 
-// setupRoot builds the base mount namespace: a tmpfs root with /proc, a minimal /dev
-// and the /rootfs mount point, then pivots into it so nothing of the host stays visible.
+// setupRoot builds the base mount namespace: a tmpfs root with /proc and a minimal /dev
+// (each state's overlay is stacked on it: mountns), then pivots into it so nothing of
+// the host stays visible.
 func setupRoot(cfg *Config) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
@@ -119,7 +120,7 @@ func setupRoot(cfg *Config) error {
 	if err := unix.Mount("deltabox", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
 		return fmt.Errorf("mount tmpfs root: %w", err)
 	}
-	for _, d := range []string{"proc", "dev", "rootfs"} {
+	for _, d := range []string{"proc", "dev"} {
 		if err := os.Mkdir(filepath.Join(r, d), 0o755); err != nil {
 			return err
 		}

@@ -10,7 +10,7 @@
 //	  |  start (clone NEWPID|NEWNS|NEWUTS|     |
 //	  |         NEWIPC|NEWNET, into cgroup)    |
 //	  |                                        |-- mount tmpfs root, /proc, /dev, lo up,
-//	  |                                        |   pivot_root
+//	  |                                        |   pivot_root (the base namespace)
 //	  |<------------- {op:ready} --------------|
 //	  |-- {id,op:spawn,...} + fds ------------>|   fds: stdin, stdout, stderr, state mntns
 //	  |<------------- {id,pid} ----------------|   always before that pid's exit event

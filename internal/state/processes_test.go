@@ -144,7 +144,7 @@ except OSError:
 	// the restores to base end it.
 	bg := strings.TrimSpace(sh(t, m, id, "cd /workspace; sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
 	bgNS := func() string { return sh(t, m, id, "readlink /proc/"+bg+"/ns/mnt") }
-	steps := map[string]int{"checkpoint": 8, "restore": 7}
+	steps := map[string]int{"checkpoint": state.CheckpointStepCount, "restore": state.RestoreStepCount}
 	for _, op := range []string{"checkpoint", "restore"} {
 		for step := 1; step <= steps[op]; step++ {
 			t.Run(fmt.Sprintf("%s-step%d", op, step), func(t *testing.T) {

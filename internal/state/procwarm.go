@@ -25,10 +25,10 @@ import (
 // and pre-faulting must not be what OOM-kills it.
 //
 // It is off by default: on for a sandbox created with WarmProcesses, or for all with
-// Config.WarmProcesses. `deltabox bench warm` measures it. Measured (DESIGN.md): after a
-// pause, the first command that rewrites a 50 MB heap takes 1.4 ms instead of 60-80 ms;
-// but when the next command writes little, the copies are made for nothing and the next
-// restore's kill frees them: 4-6 ms more on that restore, the latency that matters most.
+// Config.WarmProcesses. `deltabox bench warm` measures it (docs/BENCHMARKS.md, warm):
+// after a pause, the first command that rewrites a 50 MB heap takes 2.7 ms instead of
+// 50 ms; but the copies are made whether or not the next command writes, and the next
+// restore pays for them: 11.1 ms instead of 9.6 ms, the latency that matters most.
 
 const warmChunk = 1 << 20
 

@@ -93,7 +93,7 @@ func TestFailureAtEveryStepLeavesSandboxUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := map[string]int{"checkpoint": 8, "restore": 7} // see Manager.Checkpoint and Restore
+	steps := map[string]int{"checkpoint": state.CheckpointStepCount, "restore": state.RestoreStepCount} // checkpointSteps, restoreSteps
 	for _, op := range []string{"checkpoint", "restore"} {
 		for step := 1; step <= steps[op]; step++ {
 			t.Run(fmt.Sprintf("%s-step%d", op, step), func(t *testing.T) {

@@ -6,9 +6,12 @@
 //	ROOT/index.db              bbolt: buckets "nodes", "sandboxes"
 //	ROOT/images/NAME/rootfs    an image's tree, the bottom lower of every stack
 //	ROOT/images/NAME/image.json written last: an image without it is incomplete
-//	ROOT/layers/ID/diff        a layer: a sandbox's upper, then (frozen) a lower
+//	ROOT/layers/ID/diff        a layer while it is a sandbox's upper
 //	ROOT/layers/ID/work        overlay's workdir while the layer is an upper
+//	ROOT/layers/ID/frozen      the layer frozen (Freeze): a node's lower, never written
+//	                           again; diff and work go once the index names the node
 //	ROOT/sandboxes/ID/         per-sandbox files (init root mount point, init log)
+//	ROOT/tmp/                  scratch, emptied at every start
 //
 // Crash safety. The index is the truth; the filesystem is made to agree with it at
 // every start (Sweep). New directories are created before the index names them, and
