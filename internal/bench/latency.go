@@ -323,7 +323,7 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 		cr = criu.Probe(ctx, o.CRIU)
 		o.CRIU, f.Machine.CRIU = cr.Bin, cr
 		if o.Log != nil {
-			fmt.Fprintf(o.Log, "criu: %s mode (%s)\n", cr.Mode, cr)
+			fmt.Fprintf(o.Log, "criu: %s\n", cr)
 		}
 		f.Notes = append(f.Notes, "criu: "+criuNote(cr))
 	}
