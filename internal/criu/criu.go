@@ -211,7 +211,8 @@ var (
 // first call per binary runs the self-test: `criu dump --leave-running` of a fresh
 // sleep, within ProbeTimeout, plainly, and if that hangs or fails, again with
 // NoBreakpointsEnv. The answer is kept for the life of the process (unless ctx ended
-// during the self-test). It never returns nil.
+// during the self-test) and shared by its callers, who must not change it. It never
+// returns nil.
 func Probe(ctx context.Context, bin string) *Runner {
 	if bin == "" {
 		var err error
