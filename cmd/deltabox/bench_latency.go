@@ -26,7 +26,10 @@ and restore of a host python3 with the same heap (images on tmpfs), copytree+rep
 (cp -a --reflink=auto of the workspace, a fresh python and a replay of the node's
 commands) and fs-only+replay (DeltaBox nodes without process state, the session
 started again and replayed). Sandboxes, nodes, host copies, CRIU images and host
-processes are removed at the end, even on failure.`,
+processes are removed at the end, even on failure. CRIU runs the way its self-test
+(a timed dump of a sleep) found to work here: plainly, or with CRIU_FAULT=130 where
+the machine does not deliver hardware breakpoints; where neither works, its rows say
+unavailable and why. The output names the mode.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Baselines = nil

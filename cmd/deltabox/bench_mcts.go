@@ -27,7 +27,9 @@ scratch, its own commands timed), copytree+replay, fs-only+replay, the fs-only n
 control, git-reset+replay and criu+copytree. Each row gives the total, think and
 state-management time, the overhead over the isolated commands' time, and whether every
 node's score equals the reference's. Needs the workload prepared by scripts/setup.sh,
-python3 on the host, and CRIU for criu+copytree. The default (100 expansions, 49
+python3 on the host, and CRIU for criu+copytree (run the way its self-test found to
+work here, with CRIU_FAULT=130 where hardware breakpoints are not delivered, or marked
+unavailable). The default (100 expansions, 49
 rollbacks, every system at 0 s and 2 s of think) takes about 30 minutes; --short takes
 seconds. Run it from the repository or pass --repo.`,
 		Args: cobra.NoArgs,

@@ -14,7 +14,6 @@ import (
 	"io"
 	mrand "math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -25,6 +24,7 @@ import (
 
 	"deltabox/internal/api"
 	"deltabox/internal/client"
+	"deltabox/internal/deadline"
 	"deltabox/internal/state"
 )
 
@@ -164,7 +164,7 @@ func RunFS(ctx context.Context, c *client.Client, o FSOptions) (*File, error) {
 		if t := f.Machine.StoreFS; t != "xfs" && t != "btrfs" {
 			f.Notes = append(f.Notes, fmt.Sprintf("the baselines ran on %s, not on the store's reflink filesystem: cp --reflink=auto copies data there", t))
 		}
-		if out, err := exec.CommandContext(ctx, "python3", "--version").CombinedOutput(); err == nil {
+		if out, err := deadline.Command(ctx, shortTimeout, "python3", "--version").CombinedOutput(); err == nil {
 			f.Machine.Python = strings.TrimSpace(string(out))
 		} else {
 			return f, fmt.Errorf("the copy baselines need python3 on the host to write the same workspace: %v", err)
@@ -620,21 +620,34 @@ type checksum struct {
 	Bytes  int64  `json:"bytes"`
 }
 
+// Deadlines of the benches' host commands. Writing a 1 GiB workspace (the generator)
+// took 9-20 s here and copying one with reflinks well under a second: a host command
+// still running after 10 minutes hangs. Version queries answer at once.
+const (
+	hostTimeout  = 10 * time.Minute
+	shortTimeout = 30 * time.Second
+)
+
+// hostPy runs a python script on the host (the workspace generator, checksums).
 func hostPy(ctx context.Context, script string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "python3", append([]string{"-c", script}, args...)...)
+	cmd := deadline.Command(ctx, hostTimeout, "python3", append([]string{"-c", script}, args...)...)
+	cmd.What = "python3 on the host (" + strings.Join(args, " ") + ")"
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("python3 on the host: %v: %s", err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("python3 on the host: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	return string(out), nil
 }
 
+// run runs a host command (cp, rm) to completion.
 func run(ctx context.Context, name string, args ...string) error {
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	cmd := deadline.Command(ctx, hostTimeout, name, args...)
+	cmd.What = name + " " + strings.Join(args, " ")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -765,6 +778,10 @@ func FormatTable(rows []Row) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-11s %-16s %7s %10s %10s %10s %10s %10s %5s  %s\n", "SYSTEM", "OP", "WS_MB", "P50_MS", "P95_MS", "P99_MS", "MEAN_MS", "MAX_MS", "N", "LAYERS")
 	for _, r := range rows {
+		if why := r.Unavailable(); why != "" {
+			fmt.Fprintf(&b, "%-11s %-16s %7s  unavailable: %s\n", r.System, r.Op, mbString(r.WorkspaceMB), why)
+			continue
+		}
 		fmt.Fprintf(&b, "%-11s %-16s %7s %10s %10s %10s %10s %10s %5d  %s\n", r.System, r.Op, mbString(r.WorkspaceMB),
 			fmtMS(r.P50), fmtMS(r.P95), fmtMS(r.P99), fmtMS(r.Mean), fmtMS(r.Max), r.N, layersString(r.Layers))
 	}

@@ -21,6 +21,7 @@ import (
 
 	"deltabox/internal/client"
 	"deltabox/internal/criu"
+	"deltabox/internal/deadline"
 	"deltabox/internal/session"
 	"deltabox/internal/state"
 )
@@ -263,7 +264,8 @@ type latRun struct {
 	rng   *mrand.Rand
 	round int // heap steps (unique per run)
 
-	files                 *fsRun // file change steps in the deltabox sandbox (reused from bench fs)
+	criu                  *criu.Runner // how CRIU runs here (the criu baseline)
+	files                 *fsRun       // file change steps in the deltabox sandbox (reused from bench fs)
 	base                  *latNode
 	ckpts, rests          []latSample
 	forks                 []latSample // bench_fork in the session (SysForkFloor)
@@ -305,19 +307,25 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 		return f, err
 	}
 	if o.Python == "" {
-		out, err := exec.CommandContext(ctx, "python3", "-c", "import sys; print(sys.executable)").Output()
+		out, err := deadline.Command(ctx, shortTimeout, "python3", "-c", "import sys; print(sys.executable)").Output()
 		if err != nil {
 			return f, fmt.Errorf("the baselines need python3 on the host: %v", err)
 		}
 		o.Python = strings.TrimSpace(string(out))
 	}
-	if out, err := exec.CommandContext(ctx, o.Python, "--version").CombinedOutput(); err == nil {
+	if out, err := deadline.Command(ctx, shortTimeout, o.Python, "--version").CombinedOutput(); err == nil {
 		f.Machine.Python = strings.TrimSpace(string(out))
 	}
-	if o.has(SysCRIU) && o.CRIU == "" {
-		if o.CRIU, err = criu.Find(); err != nil {
-			return f, err
+	var cr *criu.Runner
+	if o.has(SysCRIU) {
+		// The self-test first: on a machine without hardware breakpoints a plain dump
+		// never returns, and a baseline that cannot run is reported, not waited for.
+		cr = criu.Probe(ctx, o.CRIU)
+		o.CRIU, f.Machine.CRIU = cr.Bin, cr
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "criu: %s\n", cr)
 		}
+		f.Notes = append(f.Notes, "criu: "+criuNote(cr))
 	}
 	if o.has(SysCopytree) {
 		if err := os.MkdirAll(o.HostDir, 0o700); err != nil {
@@ -331,7 +339,7 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 	f.Description = latencyDescription(o)
 
 	r := &latRun{c: c, o: o, f: f, start: start, rng: mrand.New(mrand.NewSource(o.Seed)),
-		ws: &Workspace{MB: o.WorkspaceMB}}
+		ws: &Workspace{MB: o.WorkspaceMB}, criu: cr}
 	defer func() {
 		f.Workspaces = []Workspace{*r.ws}
 		f.Finished = time.Now().UTC()
@@ -816,7 +824,12 @@ type latHost struct {
 	pid               int
 }
 
+// latCallTimeout bounds a call into the host python, which answers within a second here
+// (building a 50 MiB heap is the longest); its process is not waited for otherwise.
+const latCallTimeout = 2 * time.Minute
+
 func (h *latHost) start(ctx context.Context) error {
+	// Not waited for: it serves until kill. Its calls have deadlines (call).
 	cmd := exec.Command(h.python, "-c", latDriverPy, h.sock)
 	cmd.Dir = h.dir
 	// Own session, no terminal, stdio on /dev/null (os/exec's default): what CRIU
@@ -854,6 +867,7 @@ func (h *latHost) call(ctx context.Context, code string) (string, error) {
 		return "", err
 	}
 	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(latCallTimeout))
 	msg := make([]byte, 4+len(code))
 	binary.BigEndian.PutUint32(msg, uint32(len(code)))
 	copy(msg[4:], code)
@@ -862,6 +876,9 @@ func (h *latHost) call(ctx context.Context, code string) (string, error) {
 	}
 	var hdr [8]byte
 	if _, err := io.ReadFull(conn, hdr[:]); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return "", fmt.Errorf("the host python (pid %d) did not answer within %v: %w", h.pid, latCallTimeout, err)
+		}
 		return "", fmt.Errorf("host python: %w", err)
 	}
 	rc, n := binary.BigEndian.Uint32(hdr[:4]), binary.BigEndian.Uint32(hdr[4:])
@@ -949,6 +966,10 @@ func latBaselineRow(system, op string, mb int, ss []latSample, commands ...strin
 // with images on tmpfs. Process state only: CRIU does not checkpoint the files.
 func (r *latRun) criuBaseline(ctx context.Context) ([]Row, error) {
 	o := r.o
+	if !r.criu.Usable() {
+		r.logf("criu: unavailable, not run: %s", r.criu.Reason)
+		return UnavailableRows(SysCRIU, o.WorkspaceMB, "CRIU is unusable here: "+r.criu.Reason, "checkpoint", "restore"), nil
+	}
 	dir, err := os.MkdirTemp(o.TmpfsDir, "deltabox-bench-latency-")
 	if err != nil {
 		return nil, err
@@ -996,12 +1017,12 @@ func (r *latRun) criuBaseline(ctx context.Context) ([]Row, error) {
 		if err := os.Mkdir(img, 0o700); err != nil {
 			return nil, err
 		}
-		argv := criu.DumpArgs(o.CRIU, h.pid, img, true)
+		dump := r.criu.Dump(h.pid, img, true)
 		if dumpCmd == "" {
-			dumpCmd = ShellJoin(argv)
+			dumpCmd = ShellJoin(dump.Line())
 		}
 		t0 := time.Now()
-		if err := criu.Run(ctx, argv, img, criu.DumpLog); err != nil {
+		if err := dump.Run(ctx); err != nil {
 			return nil, err
 		}
 		t1 := time.Now()
@@ -1028,15 +1049,15 @@ func (r *latRun) criuBaseline(ctx context.Context) ([]Row, error) {
 			return nil, err
 		}
 		n := kept[r.rng.Intn(len(kept))]
-		argv := criu.RestoreArgs(o.CRIU, n.id)
+		restore := r.criu.Restore(n.id)
 		if restoreCmd == "" {
-			restoreCmd = ShellJoin(argv)
+			restoreCmd = ShellJoin(restore.Line())
 		}
 		pid := h.pid
 		t0 := time.Now()
 		h.kill() // the live process holds the PID the images restore
 		t1 := time.Now()
-		if err := criu.Run(ctx, argv, n.id, criu.RestoreLog); err != nil {
+		if err := restore.Run(ctx); err != nil {
 			return nil, err
 		}
 		h.pid = pid
@@ -1060,9 +1081,11 @@ func (r *latRun) criuBaseline(ctx context.Context) ([]Row, error) {
 	rc.Info["files"] = "not checkpointed (process only)"
 	rc.Info["image_mb"] = us(float64(imageBytes) / (1 << 20))
 	rc.Info["images_on"] = fsType(dir)
+	rc.Info["criu_mode"] = string(r.criu.Mode)
 	rr := latBaselineRow(SysCRIU, "restore", o.WorkspaceMB, rs, "kill(PID, SIGKILL) and wait4 (the live process holds the restored PID)", restoreCmd, ping)
 	rr.Info["files"] = "not restored (process only)"
 	rr.Info["images_kept"] = len(kept)
+	rr.Info["criu_mode"] = string(r.criu.Mode)
 	rr.Info["state_checks_failed"] = fails
 	return []Row{rc, rr}, nil
 }

@@ -14,7 +14,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,6 +21,8 @@ import (
 	"time"
 
 	"deltabox/internal/client"
+	"deltabox/internal/criu"
+	"deltabox/internal/deadline"
 )
 
 // Systems of the mcts bench. MCTSNegative is the negative control: its scores must
@@ -360,9 +361,13 @@ func MCTSVerdicts(rows []MCTSRow) []MCTSVerdict {
 			Met: ratio >= 20, Checked: true})
 	}
 	var good, all int
-	var bad []string
+	var bad, skipped []string
 	neg, negMatch := 0, 0
 	for _, r := range rows {
+		if r.Unavailable() != "" {
+			skipped = append(skipped, fmt.Sprintf("%s at %s s", r.System, strconv.FormatFloat(r.ThinkS, 'f', -1, 64)))
+			continue
+		}
 		if r.System == MCTSNegative {
 			neg++
 			if r.ScoresMatch {
@@ -381,6 +386,9 @@ func MCTSVerdicts(rows []MCTSRow) []MCTSVerdict {
 	if len(bad) > 0 {
 		m += "; not: " + strings.Join(bad, ", ")
 	}
+	if len(skipped) > 0 {
+		m += "; unavailable here: " + strings.Join(skipped, ", ")
+	}
 	out = append(out, MCTSVerdict{Target: "every system's node scores equal the isolated reference's", Measured: m,
 		Met: all > 0 && good == all, Checked: all > 0})
 	if neg > 0 {
@@ -398,6 +406,7 @@ type mctsRun struct {
 	c     *client.Client
 	o     MCTSOptions
 	f     *File
+	criu  *criu.Runner // how CRIU runs here, once criu+copytree is about to run
 	start time.Time
 	dir   string
 	env   []string
@@ -410,13 +419,22 @@ func (r *mctsRun) logf(format string, a ...any) {
 	}
 }
 
+// stepTimeout bounds one python step (the search, or one replay) at think seconds per
+// expansion. A node's commands took about 1 s here (edit, session call, CPython's json
+// tests) and its isolated rebuild a few seconds more: 20 s per node and 10 minutes of
+// setup are a hang, not a slow run.
+func (o MCTSOptions) stepTimeout(think float64) time.Duration {
+	perNode := 20*time.Second + time.Duration(think*float64(time.Second))
+	return 10*time.Minute + time.Duration(o.Expansions+o.Rollbacks)*perNode
+}
+
 // python runs the host's python3 in the repository with the client and the
-// workload importable; its stderr goes to the log. It returns the pasteable
-// command line.
-func (r *mctsRun) python(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, r.o.Python, args...)
+// workload importable, and env added to its environment; its stderr goes to the log.
+// It returns the pasteable command line.
+func (r *mctsRun) python(ctx context.Context, timeout time.Duration, env []string, args ...string) (string, error) {
+	cmd := deadline.Command(ctx, timeout, r.o.Python, args...)
 	cmd.Dir = r.o.Repo
-	cmd.Env = r.env
+	cmd.Env = append(append([]string(nil), r.env...), env...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	var errb bytes.Buffer
@@ -426,11 +444,15 @@ func (r *mctsRun) python(ctx context.Context, args ...string) (string, error) {
 		cmd.Stderr = &errb
 	}
 	// Recorded with the work directory as $WORK (it is temporary unless --workdir).
-	line := strings.ReplaceAll("python3 "+ShellJoin(args), r.dir, "$WORK")
+	line := strings.ReplaceAll(ShellJoin(append(append([]string(nil), env...), "python3"))+" "+ShellJoin(args), r.dir, "$WORK")
+	cmd.What = line
 	if err := cmd.Run(); err != nil {
 		tail := strings.TrimSpace(errb.String() + out.String())
 		if len(tail) > 2000 {
 			tail = "..." + tail[len(tail)-2000:]
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			return line, fmt.Errorf("%w: %s", err, tail)
 		}
 		return line, fmt.Errorf("%s: %v: %s", line, err, tail)
 	}
@@ -463,7 +485,7 @@ func RunMCTS(ctx context.Context, c *client.Client, o MCTSOptions) (f *File, err
 	if err := c.Health(ctx); err != nil {
 		return f, err
 	}
-	if v, err := exec.CommandContext(ctx, o.Python, "--version").CombinedOutput(); err == nil {
+	if v, err := deadline.Command(ctx, 30*time.Second, o.Python, "--version").CombinedOutput(); err == nil {
 		f.Machine.Python = strings.TrimSpace(string(v))
 	} else {
 		return f, fmt.Errorf("the search and the replays need %s on the host: %v", o.Python, err)
@@ -526,7 +548,7 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 	args := []string{"examples/mcts.py", "--quiet", "--out", sub, "--think", thinkArg(think), "--seed", strconv.Itoa(o.Seed),
 		"--expansions", strconv.Itoa(o.Expansions), "--rollbacks", strconv.Itoa(o.Rollbacks),
 		"--k", strconv.Itoa(o.K), "--bugs", strconv.Itoa(o.Bugs)}
-	line, err := r.python(ctx, args...)
+	line, err := r.python(ctx, o.stepTimeout(think), nil, args...)
 	if err != nil {
 		return nil, fmt.Errorf("deltabox: %w", err)
 	}
@@ -564,6 +586,12 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 		if err := ctx.Err(); err != nil {
 			return &tr, err
 		}
+		if sys == MCTSCRIUCopy && !r.probeCRIU(ctx).Usable() {
+			// A row that says why, instead of a replay that would wait for ever.
+			r.logf("think %s s: %s: unavailable, not run: %s", thinkArg(think), sys, r.criu.Reason)
+			r.f.MCTS = append(r.f.MCTS, MCTSRow{System: sys, ThinkS: think, Info: map[string]any{"unavailable": "CRIU is unusable here: " + r.criu.Reason}})
+			continue
+		}
 		r.logf("think %s s: %s", thinkArg(think), sys)
 		res, line, err := r.replay(ctx, trPath, sys, think, sub)
 		if err != nil {
@@ -575,19 +603,35 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 		}
 		row, thinkTotal := mctsReplayRow(res, line)
 		mctsFinish(&row, thinkTotal, ref, res.Nodes)
+		if sys == MCTSCRIUCopy {
+			row.Info["criu_mode"] = string(r.criu.Mode)
+		}
 		r.f.MCTS = append(r.f.MCTS, row)
 		r.logf("think %s s: %s: total %.2f s, state %.3f s, scores match %v", thinkArg(think), sys, row.TotalS, row.StateS, row.ScoresMatch)
 	}
 	return &tr, errors.Join(errs...)
 }
 
+// probeCRIU runs CRIU's self-test once per bench (criu.Probe) and records the answer.
+func (r *mctsRun) probeCRIU(ctx context.Context) *criu.Runner {
+	if r.criu == nil {
+		r.criu = criu.Probe(ctx, r.o.CRIU)
+		r.f.Machine.CRIU = r.criu
+		r.f.Notes = append(r.f.Notes, "criu: "+criuNote(r.criu))
+		r.logf("criu: %s", r.criu)
+	}
+	return r.criu
+}
+
 func (r *mctsRun) replay(ctx context.Context, trPath, system string, think float64, dir string) (*mctsReplay, string, error) {
 	out := filepath.Join(dir, strings.ReplaceAll(system, "+", "-")+".json")
 	args := []string{"-m", "workload.baselines", "--trajectory", trPath, "--system", system, "--think", thinkArg(think), "--out", out}
+	var env []string
 	if system == MCTSCRIUCopy {
 		args = append(args, "--criu", r.o.CRIU, "--images", r.o.CRIUImages)
+		env = r.criu.Env() // workload/baselines.py runs every criu command with it
 	}
-	line, err := r.python(ctx, args...)
+	line, err := r.python(ctx, r.o.stepTimeout(think), env, args...)
 	if err != nil {
 		return nil, line, err
 	}

@@ -133,6 +133,9 @@ func writeSection(b *strings.Builder, f *File, name string) {
 	if len(sw) > 0 {
 		fmt.Fprintf(b, "| Software | %s |\n", cell(strings.Join(sw, ", ")))
 	}
+	if m.CRIU != nil {
+		fmt.Fprintf(b, "| CRIU | %s |\n", cell(fmt.Sprintf("%s mode (%s), self-test %.2f s", m.CRIU.Mode, m.CRIU.Bin, m.CRIU.ProbeS)))
+	}
 	if len(f.Settings) > 0 {
 		var kv []string
 		for _, k := range sortedKeys(f.Settings) {
@@ -181,6 +184,10 @@ func writeSection(b *strings.Builder, f *File, name string) {
 			if r.WorkspaceMB != mb {
 				continue
 			}
+			if why := r.Unavailable(); why != "" {
+				fmt.Fprintf(b, "| %s | %s | unavailable: %s | | | | | | | |\n", r.System, r.Op, cell(why))
+				continue
+			}
 			var cmds []string
 			for _, c := range r.Commands {
 				cmds = append(cmds, "`"+cell(c)+"`")
@@ -201,7 +208,7 @@ func writeSection(b *strings.Builder, f *File, name string) {
 
 	var details []string
 	for _, r := range f.Results {
-		if len(r.Info) == 0 {
+		if len(r.Info) == 0 || r.Unavailable() != "" {
 			continue
 		}
 		var kv []string

@@ -33,6 +33,10 @@ func writeMCTSSection(b *strings.Builder, f *File) {
 			fmt.Fprintf(b, "| %s | %s | failed: %s | | | | | | | false |\n", r.System, thinkArg(r.ThinkS), cell(fmt.Sprint(e)))
 			continue
 		}
+		if why := r.Unavailable(); why != "" {
+			fmt.Fprintf(b, "| %s | %s | unavailable: %s | | | | | | | - |\n", r.System, thinkArg(r.ThinkS), cell(why))
+			continue
+		}
 		frac := "-"
 		if r.TotalS > 0 {
 			frac = fmt.Sprintf("%.2f%%", 100*r.StateS/r.TotalS)
@@ -51,7 +55,7 @@ func writeMCTSSection(b *strings.Builder, f *File) {
 	b.WriteString("\n### State management\n\nOperations as counted and timed by each run (mean ms). A session rebuild is a fresh python session plus, for the replay systems, one call replaying the path's session code.\n\n")
 	b.WriteString("| System | Think per expansion | Checkpoints | mean | Rollbacks | mean | Session rebuilds | mean | after rollback / after checkpoint |\n|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	for _, r := range f.MCTS {
-		if _, ok := r.Info["error"]; ok {
+		if _, ok := r.Info["error"]; ok || r.Unavailable() != "" {
 			continue
 		}
 		after := "-"
@@ -79,6 +83,9 @@ func writeMCTSSection(b *strings.Builder, f *File) {
 
 	b.WriteString("\n### Details\n\n")
 	for _, r := range f.MCTS {
+		if r.Unavailable() != "" {
+			continue // its reason is in the results table
+		}
 		var kv []string
 		for _, k := range sortedKeys(r.Info) {
 			v := compact(r.Info[k])
@@ -158,6 +165,10 @@ func FormatMCTS(f *File) string {
 	for _, r := range f.MCTS {
 		if e, ok := r.Info["error"]; ok {
 			fmt.Fprintf(&b, "%-18s %6s  failed: %v\n", r.System, thinkArg(r.ThinkS), e)
+			continue
+		}
+		if why := r.Unavailable(); why != "" {
+			fmt.Fprintf(&b, "%-18s %6s  unavailable: %s\n", r.System, thinkArg(r.ThinkS), why)
 			continue
 		}
 		fmt.Fprintf(&b, "%-18s %6s %9.2f %9s %9.3f %10s %8.2f%%  %v\n", r.System, thinkArg(r.ThinkS), r.TotalS,

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/criu"
 )
 
 // File is one benchmark's JSON output. Every bench writes this shape, so that
@@ -75,6 +77,40 @@ type MCTSRow struct {
 	Info     map[string]any `json:"info,omitempty"`
 }
 
+// UnavailableRows are the rows of a system that could not run here: no samples, and
+// Info["unavailable"] says why. The reports print the reason where the figures would be.
+func UnavailableRows(system string, mb int, reason string, ops ...string) []Row {
+	var rows []Row
+	for _, op := range ops {
+		rows = append(rows, Row{System: system, Op: op, WorkspaceMB: mb, Info: map[string]any{"unavailable": reason}})
+	}
+	return rows
+}
+
+// Unavailable is why the row's system could not run ("" if it ran).
+func (r Row) Unavailable() string {
+	s, _ := r.Info["unavailable"].(string)
+	return s
+}
+
+// Unavailable is why the row's system could not run ("" if it ran).
+func (r MCTSRow) Unavailable() string {
+	s, _ := r.Info["unavailable"].(string)
+	return s
+}
+
+// criuNote says how CRIU ran, for a bench's notes.
+func criuNote(r *criu.Runner) string {
+	switch r.Mode {
+	case criu.Plain:
+		return fmt.Sprintf("ran plainly (%s); its self-test took %.2f s", r.Bin, r.ProbeS)
+	case criu.NoBreakpoints:
+		return fmt.Sprintf("every CRIU command ran with %s (%s), CRIU's no-breakpoints mode (PTRACE_SYSCALL stops); "+
+			"its self-test took %.2f s: %s", criu.NoBreakpointsEnv, r.Bin, r.ProbeS, r.Reason)
+	}
+	return fmt.Sprintf("unusable here, so its rows are marked unavailable (self-test %.2f s): %s", r.ProbeS, r.Reason)
+}
+
 // Layers summarises stack depths.
 type Layers struct {
 	Min  int     `json:"min"`
@@ -122,6 +158,8 @@ type Machine struct {
 	LoadAvgEnd   float64 `json:"loadavg_end"`
 	StoreFS      string  `json:"store_fs,omitempty"`
 	Python       string  `json:"python,omitempty"`
+	// CRIU is how CRIU ran (criu.Probe's answer), where a CRIU baseline was asked for.
+	CRIU *criu.Runner `json:"criu,omitempty"`
 }
 
 // Revision is the VCS revision of the binary, set with

@@ -7,13 +7,24 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // ErrInitGone: the sandbox's init has exited (killed from outside, or crashed).
 var ErrInitGone = errors.New("the sandbox's init is gone")
+
+// Deadlines on init. It reports ready after a few mounts (milliseconds), and answers
+// every request at once except reap and kill-all-but, which it bounds at 10 s itself:
+// past these, init is stuck, and the caller gets an error naming it instead of a
+// goroutine that waits for ever.
+var (
+	readyTimeout = 30 * time.Second
+	callTimeout  = time.Minute
+)
 
 // Client is the daemon's end of one init's control socket.
 //
@@ -50,7 +61,6 @@ func Start(o StartOptions) (*Client, error) {
 		return nil, err
 	}
 	child := os.NewFile(uintptr(fds[1]), "init-ctl")
-	defer child.Close()
 	o.Config.TaskFDs = nil
 	for i := range o.CgroupTasks {
 		o.Config.TaskFDs = append(o.Config.TaskFDs, ctlFD+1+i)
@@ -66,7 +76,11 @@ func Start(o StartOptions) (*Client, error) {
 		UseCgroupFD: o.CgroupFD >= 0,
 		CgroupFD:    o.CgroupFD,
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// Only init holds its end now: if init dies, the recv below sees the socket close
+	// instead of waiting for ever.
+	child.Close()
+	if err != nil {
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
@@ -79,10 +93,16 @@ func Start(o StartOptions) (*Client, error) {
 		spawnExit: map[int64]chan unix.WaitStatus{},
 	}
 	go func() { cmd.Wait(); close(c.done) }()
-	// The first message is ready (or the setup error).
+	// The first message is ready (or the setup error). Past readyTimeout init is
+	// killed, which closes its end of the socket and ends the recv.
+	var late atomic.Bool
+	timer := time.AfterFunc(readyTimeout, func() { late.Store(true); cmd.Process.Kill() })
 	buf := make([]byte, maxMessage)
 	m, _, err := recv(c.fd, buf, nil)
-	if err == nil && m.Err != "" {
+	timer.Stop()
+	if late.Load() {
+		err = fmt.Errorf("sandbox init (pid %d) did not report ready within %v (killed)", cmd.Process.Pid, readyTimeout)
+	} else if err == nil && m.Err != "" {
 		err = fmt.Errorf("sandbox init setup: %s", m.Err)
 	}
 	if err != nil {
@@ -187,7 +207,22 @@ func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Messag
 		return nil, fmt.Errorf("send to sandbox init: %w", err)
 	}
 	c.mu.Unlock()
-	r := <-ch
+	timer := time.NewTimer(callTimeout)
+	defer timer.Stop()
+	var r *Message
+	select {
+	case r = <-ch:
+	case <-timer.C:
+		c.mu.Lock()
+		delete(c.pending, m.ID)
+		delete(c.spawnExit, m.ID)
+		c.mu.Unlock()
+		select {
+		case r = <-ch: // the reply came as the timer fired
+		default:
+			return nil, fmt.Errorf("sandbox init (pid %d) did not answer %s within %v", c.proc.Pid, m.Op, callTimeout)
+		}
+	}
 	if r.Err != "" {
 		return r, fmt.Errorf("%s", r.Err)
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"deltabox/internal/client"
+	"deltabox/internal/deadline"
 	"deltabox/internal/store"
 	"deltabox/internal/testutil/skip"
 )
@@ -27,6 +28,14 @@ import (
 func Require(t testing.TB, ok bool, reason string, args ...any) {
 	t.Helper()
 	skip.Require(t, ok, reason, args...)
+}
+
+// Command is a child process of a test with a deadline: it leads its own process
+// group, which is killed when timeout passes or the test ends, and its error then
+// names it (internal/deadline). A hung child fails its test instead of the whole run.
+func Command(t testing.TB, timeout time.Duration, name string, args ...string) *deadline.Cmd {
+	t.Helper()
+	return deadline.Command(t.Context(), timeout, name, args...)
 }
 
 // MainRoot is the store that scripts/setup.sh prepares.
@@ -65,7 +74,8 @@ func Binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "deltabox")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/deltabox")
+		// Generous: a build from cold module and build caches, not a hang.
+		cmd := deadline.Command(context.Background(), 10*time.Minute, "go", "build", "-o", binPath, "./cmd/deltabox")
 		cmd.Dir = repo
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -131,6 +141,7 @@ func StartDaemonOn(t testing.TB, root string) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Not waited for until Stop, which gives it 20 s; it must answer within 20 s.
 	d.cmd = exec.Command(Binary(t), "daemon", "--root", root, "--socket", d.Socket)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

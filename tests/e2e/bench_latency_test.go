@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,13 +31,14 @@ func TestBenchLatencyTiny(t *testing.T) {
 	shm := filepath.Join(dir, "shm")
 	os.Mkdir(shm, 0o700)
 	start := time.Now()
-	cmd := exec.Command(testutil.Binary(t), "--socket", d.Socket, "bench", "latency", "--workspace-mb", "2", "--small-files", "100",
+	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "latency", "--workspace-mb", "2", "--small-files", "100",
 		"--heap-mb", "4", "--step-mb", "1", "--changes", "10", "--chain", "3", "--restores", "4", "--max-nodes", "5",
 		"--baseline-checkpoints", "2", "--baseline-restores", "2", "--criu-keep", "2", "--host-dir", hostDir, "--tmpfs-dir", shm, "--json", out)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if b, err := cmd.Output(); err != nil {
-		t.Fatalf("bench latency: %v\n%s\n%s", err, b, stderr.String())
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("bench latency: %v\n%s\n%s", err, stdout, stderr.String())
 	}
 	t.Logf("bench latency took %v", time.Since(start))
 	f, err := bench.ReadFile(out)
@@ -88,6 +91,20 @@ func TestBenchLatencyTiny(t *testing.T) {
 	if _, ok := rs.Info["criu_restore_p50_over_deltabox_restore_p50"]; !ok {
 		t.Errorf("no CRIU ratio in %v", rs.Info)
 	}
+	// How CRIU ran here (criu.Probe): recorded with the machine and in the rows.
+	if c := f.Machine.CRIU; c == nil || !c.Usable() || c.ProbeS <= 0 {
+		t.Errorf("machine.criu: %+v", c)
+	} else {
+		t.Logf("CRIU ran in %s mode (self-test %.2f s)", c.Mode, c.ProbeS)
+		for _, k := range []string{"criu checkpoint", "criu restore"} {
+			if got[k].Info["criu_mode"] != string(c.Mode) {
+				t.Errorf("%s: criu_mode %v, want %s", k, got[k].Info["criu_mode"], c.Mode)
+			}
+		}
+		if !strings.Contains(string(stdout), "note: criu: ") {
+			t.Errorf("the output does not say how CRIU ran:\n%s", stdout)
+		}
+	}
 	for _, k := range []string{"criu restore", "copytree+replay restore", "fs-only+replay restore"} {
 		if got[k].Info["state_checks_failed"] != float64(0) {
 			t.Errorf("%s: %v", k, got[k].Info)
@@ -104,4 +121,87 @@ func TestBenchLatencyTiny(t *testing.T) {
 	if left, _ := os.ReadDir(shm); len(left) != 0 {
 		t.Errorf("CRIU images left behind: %v", left)
 	}
+}
+
+// hangingCRIU writes a criu that never finishes, like CRIU 4.1.1 on a machine that does
+// not deliver hardware breakpoints, with a child of its own; each run appends its PID
+// and its child's to the returned file.
+func hangingCRIU(t *testing.T) (bin, pids string) {
+	t.Helper()
+	dir := t.TempDir()
+	bin, pids = filepath.Join(dir, "criu"), filepath.Join(dir, "pids")
+	script := fmt.Sprintf("#!/bin/sh\nsleep 1000 &\necho $$ $! >> %s\nwait\n", pids)
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin, pids
+}
+
+// noneLeft checks that no process the hanging criu ran is alive (a zombie waits for
+// init, which reaps about once a second here).
+func noneLeft(t *testing.T, pids string) {
+	t.Helper()
+	b, err := os.ReadFile(pids)
+	if err != nil {
+		t.Fatalf("the fake criu never ran: %v", err)
+	}
+	for _, p := range strings.Fields(string(b)) {
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			st, err := os.ReadFile("/proc/" + p + "/stat")
+			if err != nil || strings.Contains(string(st), ") Z ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("process %s of the fake criu is still alive: %s", p, st)
+				break
+			}
+		}
+	}
+}
+
+// TestBenchLatencyCRIUHangs: with a criu that never returns, the bench finishes, marks
+// the criu baseline unavailable with the self-test's reason, and leaves no process.
+func TestBenchLatencyCRIUHangs(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	_, err := exec.LookPath("python3")
+	testutil.Require(t, err == nil, "no python3 on the host: %v", err)
+	fake, pids := hangingCRIU(t)
+	out := filepath.Join(t.TempDir(), "latency.json")
+	start := time.Now()
+	cmd := testutil.Command(t, 3*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "latency", "--workspace-mb", "1", "--small-files", "10",
+		"--heap-mb", "2", "--step-mb", "1", "--changes", "2", "--chain", "1", "--restores", "0", "--max-nodes", "2",
+		"--baselines", "criu", "--criu", fake, "--json", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("bench latency with a hanging criu: %v\n%s\n%s", err, stdout, stderr.String())
+	}
+	t.Logf("bench latency with a hanging criu took %v:\n%s", took, stdout)
+	f, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := f.Machine.CRIU; c == nil || c.Mode != criu.Unusable || c.Bin != fake || c.ProbeS > (2*criu.ProbeTimeout+5*time.Second).Seconds() {
+		t.Errorf("machine.criu: %+v", c)
+	}
+	n := 0
+	for _, r := range f.Results {
+		if r.System != bench.SysCRIU {
+			continue
+		}
+		n++
+		if why := r.Unavailable(); r.N != 0 || !strings.Contains(why, "did not finish within "+criu.ProbeTimeout.String()) {
+			t.Errorf("row criu %s: n %d, unavailable %q", r.Op, r.N, why)
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d criu rows, want checkpoint and restore marked unavailable", n)
+	}
+	if !strings.Contains(string(stdout), "unavailable: CRIU is unusable here") {
+		t.Errorf("the table does not say the baseline was unavailable:\n%s", stdout)
+	}
+	noneLeft(t, pids)
+	benchLeftovers(t, d, "latency")
 }

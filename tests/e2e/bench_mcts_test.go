@@ -5,12 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"deltabox/internal/bench"
+	"deltabox/internal/criu"
 	"deltabox/internal/testutil"
 )
 
@@ -25,37 +25,21 @@ func TestBenchMCTSShort(t *testing.T) {
 	workloads := filepath.Join(testutil.MainRoot(), "workloads")
 	_, err = os.Stat(filepath.Join(workloads, "jsonlib", "manifest.json"))
 	testutil.Require(t, err == nil, "the jsonlib workload is not prepared (run scripts/setup.sh): %v", err)
-	criu := bench.DefaultMCTSOptions().CRIU
-	_, err = os.Stat(criu)
+	criuBin := bench.DefaultMCTSOptions().CRIU
+	_, err = os.Stat(criuBin)
 	testutil.Require(t, err == nil, "needs CRIU for criu+copytree (scripts/setup.sh builds it): %v", err)
 	repo := exRepo(t)
 	d := testutil.StartDaemon(t)
 
-	out := filepath.Join(t.TempDir(), "mcts.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testutil.Binary(t), "--socket", d.Socket, "bench", "mcts", "--short",
-		"--json", out, "--repo", repo, "--criu", criu)
-	cmd.Dir = repo
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if k == "PYTHONPATH" || k == "PYTHONHOME" || strings.HasPrefix(k, "DELTABOX_") {
-			continue
-		}
-		cmd.Env = append(cmd.Env, kv)
-	}
-	cmd.Env = append(cmd.Env, "DELTABOX_WORKLOADS="+workloads)
-	shmBefore, _ := filepath.Glob("/dev/shm/deltabox-bench-criu-*")
-	start := time.Now()
-	b, err := cmd.CombinedOutput()
-	t.Logf("deltabox bench mcts --short (%.1fs):\n%s", time.Since(start).Seconds(), b)
-	if err != nil {
-		t.Fatalf("bench mcts: %v; the daemon's log:\n%s", err, d.Log())
-	}
-	f, err := bench.ReadFile(out)
+	// A tmpfs directory of the test's own: other runs on the machine put theirs in /dev/shm.
+	shm, err := os.MkdirTemp("/dev/shm", "e2e-mcts-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer os.RemoveAll(shm)
+	f := mctsBench(t, d, repo, workloads, "--criu", criuBin, "--criu-images", shm)
 	if f.Bench != "mcts" || f.Description == "" {
 		t.Errorf("bench %q, description %d bytes", f.Bench, len(f.Description))
 	}
@@ -94,6 +78,12 @@ func TestBenchMCTSShort(t *testing.T) {
 	if len(f.MCTS) != len(want) {
 		t.Errorf("%d rows, want %d", len(f.MCTS), len(want))
 	}
+	// criu+copytree ran the way CRIU's self-test found to work here.
+	if c := f.Machine.CRIU; c == nil || !c.Usable() {
+		t.Errorf("machine.criu: %+v", c)
+	} else if m := got[bench.MCTSCRIUCopy].Info["criu_mode"]; m != string(c.Mode) {
+		t.Errorf("criu+copytree ran in mode %v, the self-test found %s", m, c.Mode)
+	}
 	md := bench.Markdown([]*bench.File{f}, []string{"mcts.json"})
 	if !strings.Contains(md, "### Targets") || !strings.Contains(md, "| fs-only | 0 |") {
 		t.Errorf("the report lacks the mcts tables:\n%s", md)
@@ -114,10 +104,67 @@ func TestBenchMCTSShort(t *testing.T) {
 	if len(tree.Nodes) != 0 {
 		t.Errorf("%d checkpoints left behind", len(tree.Nodes))
 	}
-	shmAfter, _ := filepath.Glob("/dev/shm/deltabox-bench-criu-*")
-	for _, p := range shmAfter {
-		if !slices.Contains(shmBefore, p) {
-			t.Errorf("CRIU images left behind: %s", p)
+	if left, _ := os.ReadDir(shm); len(left) != 0 {
+		t.Errorf("CRIU images left behind in %s: %v", shm, left)
+	}
+}
+
+// mctsBench runs `deltabox bench mcts --short` with args against d and returns its
+// results.
+func mctsBench(t *testing.T, d *testutil.Daemon, repo, workloads string, args ...string) *bench.File {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "mcts.json")
+	cmd := testutil.Command(t, 4*time.Minute, testutil.Binary(t), append([]string{"--socket", d.Socket, "bench", "mcts", "--short",
+		"--json", out, "--repo", repo}, args...)...)
+	cmd.Dir = repo
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "PYTHONPATH" || k == "PYTHONHOME" || strings.HasPrefix(k, "DELTABOX_") {
+			continue
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	cmd.Env = append(cmd.Env, "DELTABOX_WORKLOADS="+workloads)
+	start := time.Now()
+	b, err := cmd.CombinedOutput()
+	t.Logf("deltabox bench mcts --short %s (%.1fs):\n%s", strings.Join(args, " "), time.Since(start).Seconds(), b)
+	if err != nil {
+		t.Fatalf("bench mcts: %v; the daemon's log:\n%s", err, d.Log())
+	}
+	f, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestBenchMCTSCRIUHangs: with a criu that never returns, criu+copytree is marked
+// unavailable with the self-test's reason; the bench neither hangs nor fails, and no
+// process of the fake criu is left.
+func TestBenchMCTSCRIUHangs(t *testing.T) {
+	_, err := exec.LookPath("python3")
+	testutil.Require(t, err == nil, "needs python3 for the search and the replays: %v", err)
+	workloads := filepath.Join(testutil.MainRoot(), "workloads")
+	_, err = os.Stat(filepath.Join(workloads, "jsonlib", "manifest.json"))
+	testutil.Require(t, err == nil, "the jsonlib workload is not prepared (run scripts/setup.sh): %v", err)
+	repo := exRepo(t)
+	d := testutil.StartDaemon(t)
+	fake, pids := hangingCRIU(t)
+	f := mctsBench(t, d, repo, workloads, "--systems", bench.MCTSCRIUCopy, "--criu", fake)
+	var row *bench.MCTSRow
+	for i, r := range f.MCTS {
+		if r.System == bench.MCTSCRIUCopy {
+			row = &f.MCTS[i]
 		}
 	}
+	if row == nil || !strings.Contains(row.Unavailable(), "did not finish within "+criu.ProbeTimeout.String()) {
+		t.Fatalf("criu+copytree row: %+v", row)
+	}
+	if c := f.Machine.CRIU; c == nil || c.Mode != criu.Unusable {
+		t.Errorf("machine.criu: %+v", c)
+	}
+	if md := bench.Markdown([]*bench.File{f}, nil); !strings.Contains(md, "| criu+copytree | 0 | unavailable: CRIU is unusable here") {
+		t.Errorf("the report does not mark criu+copytree unavailable:\n%s", md)
+	}
+	noneLeft(t, pids)
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -35,7 +34,7 @@ func TestBenchScaleTiny(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	out := filepath.Join(t.TempDir(), "scale.json")
 	start := time.Now()
-	cmd := exec.Command(testutil.Binary(t), "--socket", d.Socket, "bench", "scale", "--depths", "1,5", "--workspaces-mb", "10",
+	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "scale", "--depths", "1,5", "--workspaces-mb", "10",
 		"--rss-mb", "10", "--samples", "5", "--cold-samples", "2", "--small-files", "200", "--json", out)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -100,7 +99,7 @@ func TestBenchScaleTiny(t *testing.T) {
 // sandboxes and nodes.
 func TestBenchScaleInterruptedCleansUp(t *testing.T) {
 	d := testutil.StartDaemon(t)
-	cmd := exec.Command(testutil.Binary(t), "--socket", d.Socket, "bench", "scale", "--depths", "1,40", "--workspaces-mb", "",
+	cmd := testutil.Command(t, 2*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "scale", "--depths", "1,40", "--workspaces-mb", "",
 		"--rss-mb", "", "--samples", "100000")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -2,9 +2,9 @@ package e2e
 
 import (
 	"bytes"
-	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"deltabox/internal/bench"
 	"deltabox/internal/testutil"
@@ -17,7 +17,7 @@ import (
 func TestBenchWarmTiny(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	out := filepath.Join(t.TempDir(), "warm.json")
-	cmd := exec.Command(testutil.Binary(t), "--socket", d.Socket, "bench", "warm", "--heap-mb", "8", "--samples", "2",
+	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "warm", "--heap-mb", "8", "--samples", "2",
 		"--rounds", "1", "--pause-ms", "150", "--json", out)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

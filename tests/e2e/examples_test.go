@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"deltabox/internal/deadline"
 	"deltabox/internal/testutil"
 )
 
@@ -273,10 +274,8 @@ func exRepo(t *testing.T) string {
 
 // exCmd is python with args in dir, with env over this process's environment (less
 // any PYTHONPATH or DELTABOX_* of the caller's).
-func exCmd(t *testing.T, python, dir string, env map[string]string, args ...string) *exec.Cmd {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, python, args...)
+func exCmd(t *testing.T, python, dir string, env map[string]string, args ...string) *deadline.Cmd {
+	cmd := testutil.Command(t, 5*time.Minute, python, args...)
 	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -34,7 +35,7 @@ func fpkBuild(t *testing.T) []byte {
 	gcc, err := exec.LookPath("gcc")
 	testutil.Require(t, err == nil, "gcc not found (apt-get install gcc libc6-dev)")
 	bin := filepath.Join(t.TempDir(), "fpkernel")
-	out, err := exec.Command(gcc, "-static", "-O2", "-Wall", "-o", bin, "testdata/fpkernel.c").CombinedOutput()
+	out, err := testutil.Command(t, 2*time.Minute, gcc, "-static", "-O2", "-Wall", "-o", bin, "testdata/fpkernel.c").CombinedOutput()
 	if err != nil && bytes.Contains(out, []byte("cannot find -lc")) {
 		testutil.Require(t, false, "no static libc (libc6-dev): %s", out)
 	}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -58,7 +57,7 @@ func TestFastPathCountsPerPath(t *testing.T) {
 	if err != nil || node.Templates == nil || node.Templates.Processes != 1 || node.Templates.Rss <= 0 {
 		t.Fatalf("node %s's templates: %v %+v", n2.Node.ID, err, node)
 	}
-	out, err := exec.Command(testutil.Binary(t), "--socket", d.Socket, "tree").CombinedOutput()
+	out, err := testutil.Command(t, time.Minute, testutil.Binary(t), "--socket", d.Socket, "tree").CombinedOutput()
 	if err != nil {
 		t.Fatalf("deltabox tree: %v\n%s", err, out)
 	}

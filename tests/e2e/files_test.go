@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -203,18 +202,18 @@ func TestFilesRoundTrip(t *testing.T) {
 
 	// The CLI.
 	bin2 := testutil.Binary(t)
-	cmd := exec.Command(bin2, "--socket", d.Socket, "files", "write", id, "cli.txt", "-p")
+	cmd := testutil.Command(t, time.Minute, bin2, "--socket", d.Socket, "files", "write", id, "cli.txt", "-p")
 	cmd.Stdin = strings.NewReader("via cli\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("deltabox files write: %v: %s", err, out)
 	}
-	if out, err := exec.Command(bin2, "--socket", d.Socket, "files", "read", id, "/workspace/cli.txt").Output(); err != nil || string(out) != "via cli\n" {
+	if out, err := testutil.Command(t, time.Minute, bin2, "--socket", d.Socket, "files", "read", id, "/workspace/cli.txt").Output(); err != nil || string(out) != "via cli\n" {
 		t.Fatalf("deltabox files read: %q %v", out, err)
 	}
-	if out, err := exec.Command(bin2, "--socket", d.Socket, "files", "ls", id).Output(); err != nil || !strings.Contains(string(out), "/workspace/cli.txt") {
+	if out, err := testutil.Command(t, time.Minute, bin2, "--socket", d.Socket, "files", "ls", id).Output(); err != nil || !strings.Contains(string(out), "/workspace/cli.txt") {
 		t.Fatalf("deltabox files ls: %q %v", out, err)
 	}
-	if out, err := exec.Command(bin2, "--socket", d.Socket, "files", "read", id, "../../etc/passwd").CombinedOutput(); err == nil || !strings.Contains(string(out), "leaves the sandbox") {
+	if out, err := testutil.Command(t, time.Minute, bin2, "--socket", d.Socket, "files", "read", id, "../../etc/passwd").CombinedOutput(); err == nil || !strings.Contains(string(out), "leaves the sandbox") {
 		t.Fatalf("deltabox files read ../../etc/passwd: %q %v", out, err)
 	}
 

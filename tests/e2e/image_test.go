@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -211,7 +210,7 @@ func TestImageImportDockerSave(t *testing.T) {
 	src := filepath.Join(testutil.MainRoot(), "images", "default", "rootfs")
 
 	l1 := filepath.Join(work, "layer1.tar")
-	if out, err := exec.Command("tar", "-C", src, "--xattrs", "-cf", l1, ".").CombinedOutput(); err != nil {
+	if out, err := testutil.Command(t, 5*time.Minute, "tar", "-C", src, "--xattrs", "-cf", l1, ".").CombinedOutput(); err != nil {
 		t.Fatalf("tar: %v\n%s", err, out)
 	}
 	var l2 bytes.Buffer
@@ -249,13 +248,13 @@ func TestImageImportDockerSave(t *testing.T) {
 
 	// Through the CLI (stdout is not a terminal here: no bar, the name alone).
 	start := time.Now()
-	out, err := exec.Command(testutil.Binary(t), "--socket", d.Socket, "image", "import", "dsave", save, "--allow-setuid").CombinedOutput()
+	out, err := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "image", "import", "dsave", save, "--allow-setuid").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "dsave" {
 		t.Fatalf("deltabox image import: %v\n%s\n%s", err, out, d.Log())
 	}
 	t.Logf("docker save tarball imported in %v", time.Since(start))
 	os.Remove(save)
-	out, err = exec.Command(testutil.Binary(t), "--socket", d.Socket, "image", "ls").CombinedOutput()
+	out, err = testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "image", "ls").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "dsave") || !strings.Contains(string(out), "docker save") {
 		t.Errorf("deltabox image ls: %v\n%s", err, out)
 	}
@@ -269,14 +268,14 @@ func TestImageImportDockerSave(t *testing.T) {
 	if err != nil || r.ExitCode != 0 || r.Stdout != "2\nonly\nbash-ok\n1777\n" {
 		t.Errorf("in the sandbox: %+v %v, want layer 2's file, /usr/share/doc opaque, debian_version whited out", r, err)
 	}
-	out, err = exec.Command(testutil.Binary(t), "--socket", d.Socket, "image", "rm", "dsave").CombinedOutput()
+	out, err = testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "image", "rm", "dsave").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "on-dsave") {
 		t.Errorf("deltabox image rm while a sandbox uses it: %v %s, want a refusal naming on-dsave", err, out)
 	}
 	if err := d.C.Remove(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(testutil.Binary(t), "--socket", d.Socket, "image", "rm", "dsave").CombinedOutput(); err != nil {
+	if out, err := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "image", "rm", "dsave").CombinedOutput(); err != nil {
 		t.Errorf("deltabox image rm: %v %s", err, out)
 	}
 	imgSameEntries(t, "after image rm", imgStoreEntries(t, d.Root), before)

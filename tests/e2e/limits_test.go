@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -300,7 +299,7 @@ func limBurn(t *testing.T, d *testutil.Daemon, id string) float64 {
 // can get on this machine right now (other work on a shared host takes CPUs too).
 func limHostBurn(t *testing.T) float64 {
 	t.Helper()
-	out, err := exec.Command("python3", "-c", limBurnScript).Output()
+	out, err := testutil.Command(t, time.Minute, "python3", "-c", limBurnScript).Output()
 	if err != nil {
 		t.Fatalf("busy loop on the host: %v", err)
 	}
@@ -479,7 +478,7 @@ func TestLimitsDefaultsAndValidation(t *testing.T) {
 	if float64(cgroup.HostCPUs()) < cpus {
 		cpus = 0.5
 	}
-	out, err := exec.Command(testutil.Binary(t), "--socket", d.Socket, "--json", "create", "--name", "cli",
+	out, err := testutil.Command(t, time.Minute, testutil.Binary(t), "--socket", d.Socket, "--json", "create", "--name", "cli",
 		"--memory", "2G", "--pids", "512", "--cpus", strconv.FormatFloat(cpus, 'g', -1, 64)).CombinedOutput()
 	if err != nil {
 		t.Fatalf("deltabox create: %v\n%s", err, out)
@@ -492,7 +491,7 @@ func TestLimitsDefaultsAndValidation(t *testing.T) {
 		t.Fatalf("deltabox create --memory 2G --pids 512 --cpus %g: limits %+v, want %+v", cpus, in.Limits, wantCLI)
 	}
 	limCheckFiles(t, d, "cli", in.Limits)
-	out, err = exec.Command(testutil.Binary(t), "--socket", d.Socket, "create", "--pids", "-1").CombinedOutput()
+	out, err = testutil.Command(t, time.Minute, testutil.Binary(t), "--socket", d.Socket, "create", "--pids", "-1").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "pids") {
 		t.Fatalf("deltabox create --pids -1: err %v, output %q; want a failure naming pids", err, out)
 	}

@@ -42,7 +42,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -55,6 +54,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/api"
+	"deltabox/internal/deadline"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
@@ -379,7 +379,7 @@ func modelClone(src, dst string, mode uint32) error {
 // modelCopyTree copies a tree with cp -a (modes, symlinks and hard links kept) as
 // reflinks: the mirror and its saved copies live on the store's reflink filesystem.
 func modelCopyTree(src, dst string) error {
-	out, err := exec.Command("cp", "-a", "--reflink=always", src, dst).CombinedOutput()
+	out, err := deadline.Command(context.Background(), 5*time.Minute, "cp", "-a", "--reflink=always", src, dst).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("cp -a %s %s: %v: %s", src, dst, err, out)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"deltabox/internal/deadline"
 	"deltabox/internal/testutil"
 )
 
@@ -90,10 +91,8 @@ func pycWith(env map[string]string, k, v string) map[string]string {
 
 // pycCmd is python with args in dir, with env over this process's environment
 // (less any PYTHONPATH or DELTABOX_* of the caller's).
-func pycCmd(t *testing.T, python, dir string, env map[string]string, args ...string) *exec.Cmd {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, python, args...)
+func pycCmd(t *testing.T, python, dir string, env map[string]string, args ...string) *deadline.Cmd {
+	cmd := testutil.Command(t, 10*time.Minute, python, args...)
 	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
@@ -168,7 +167,7 @@ func pycFindPython39() string {
 		cands = append(cands, m...)
 	}
 	for _, c := range cands {
-		out, err := exec.Command(c, "-c", "import sys; print(sys.version_info[:2] == (3, 9))").Output()
+		out, err := deadline.Command(context.Background(), 30*time.Second, c, "-c", "import sys; print(sys.version_info[:2] == (3, 9))").Output()
 		if err == nil && strings.TrimSpace(string(out)) == "True" {
 			return c
 		}
