@@ -128,15 +128,19 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	res := &ExecResult{}
 	var ws unix.WaitStatus
 	var ok bool
+	var kerr error
 	select {
 	case ws, ok = <-p.Exit:
 	case <-timeout:
 		res.TimedOut = true
 		s.init.Signal(p.Pid, unix.SIGKILL, true)
-		ws, ok = <-p.Exit
+		ws, ok, kerr = exitAfterKill(p, r.Argv[0])
 	case <-ctx.Done():
 		s.init.Signal(p.Pid, unix.SIGKILL, true)
-		ws, ok = <-p.Exit
+		ws, ok, kerr = exitAfterKill(p, r.Argv[0])
+	}
+	if kerr != nil {
+		return nil, kerr
 	}
 	if !ok {
 		return nil, fmt.Errorf("while %q ran: %w", r.Argv[0], sbinit.ErrInitGone)
@@ -210,4 +214,22 @@ func (c *capture) result(name string) (string, bool) {
 		return c.buf.String(), false
 	}
 	return c.buf.String() + fmt.Sprintf("\n[deltabox: %s truncated at %d bytes; %d more bytes dropped]\n", name, c.limit, c.dropped), true
+}
+
+// killWait bounds the wait for a killed command's exit: SIGKILL takes effect when the
+// process leaves the kernel, and one in uninterruptible sleep (a hung device or network
+// filesystem) may not for a long time.
+const killWait = 10 * time.Second
+
+// exitAfterKill waits for the exit of p, which was just sent SIGKILL, for killWait at
+// most.
+func exitAfterKill(p *sbinit.Process, what string) (unix.WaitStatus, bool, error) {
+	t := time.NewTimer(killWait)
+	defer t.Stop()
+	select {
+	case ws, ok := <-p.Exit:
+		return ws, ok, nil
+	case <-t.C:
+		return 0, false, fmt.Errorf("%q (pid %d in the sandbox) did not exit within %v of SIGKILL (uninterruptible sleep?); it may still run", what, p.Pid, killWait)
+	}
 }

@@ -179,7 +179,9 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	for _, s := range all {
 		s.opMu.Lock()
-		m.stopProcWarm(s)
+		if err := m.stopProcWarm(s); err != nil {
+			m.log.Warn("close", "sandbox", s.rec.ID, "err", err) // the tracer's close below ends it
+		}
 		m.discardNext(s)
 		m.closeWarm(s)
 		// The tracer first: a template it holds that dies stays a zombie until the tracer

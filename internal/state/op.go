@@ -40,7 +40,10 @@ func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
 		return nil, nil, fmt.Errorf("sandbox %s is running %d command(s); %s after they finish (or time out): %w", id, busy, what, errdefs.ErrConflict)
 	}
 	// A warm-up of restored processes (procwarm.go) lets go of its process first.
-	m.stopProcWarm(s)
+	if err := m.stopProcWarm(s); err != nil {
+		s.opMu.Unlock()
+		return nil, nil, err
+	}
 	end := s.bg.begin()
 	m.treeMu.RLock()
 	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end() }, nil

@@ -2,8 +2,10 @@ package state
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
+	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/session"
 )
@@ -99,14 +101,29 @@ func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
 	}()
 }
 
-// stopProcWarm stops s's warm-up, if any, and returns once its process is let go.
-func (m *Manager) stopProcWarm(s *sb) {
+// warmStopWait bounds how long stopProcWarm waits for the warm-up to let go of its
+// process: at most one chunk (1 MiB of MADV_POPULATE_WRITE, well under a millisecond)
+// is in flight when it is asked to stop.
+const warmStopWait = 5 * time.Second
+
+// stopProcWarm stops s's warm-up, if any, and returns once its process is let go, or an
+// error after warmStopWait (the process is then still seized by the warm-up: nothing
+// may inject into it).
+func (m *Manager) stopProcWarm(s *sb) error {
 	s.mu.Lock()
 	w := s.warming
 	s.warming = nil
 	s.mu.Unlock()
-	if w != nil {
-		close(w.stop)
-		<-w.done
+	if w == nil {
+		return nil
+	}
+	close(w.stop)
+	t := time.NewTimer(warmStopWait)
+	defer t.Stop()
+	select {
+	case <-w.done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("the warm-up of %s's restored processes did not let go of them within %v; try again: %w", s.rec.ID, warmStopWait, errdefs.ErrUnavailable)
 	}
 }

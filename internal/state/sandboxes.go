@@ -255,7 +255,9 @@ func (m *Manager) Remove(id string) error {
 	s.mu.Unlock()
 	m.discardNext(s)
 	m.closeWarm(s)
-	m.stopProcWarm(s)
+	if err := m.stopProcWarm(s); err != nil {
+		m.log.Warn("remove", "sandbox", id, "err", err) // the tracer's close below ends it
+	}
 	// The tracer before the sandbox (see Close).
 	if s.tracer != nil {
 		s.tracer.Close()
@@ -319,13 +321,16 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	s.stats.Execs++
 	s.mu.Unlock()
 	// A warm-up of restored processes lets go of its process before any command runs.
-	m.stopProcWarm(s)
+	werr := m.stopProcWarm(s)
 	s.opMu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.execs--
 		s.mu.Unlock()
 	}()
+	if werr != nil {
+		return nil, werr
+	}
 	if sess != nil {
 		res, err := m.execSession(ctx, sess, r)
 		if res != nil {

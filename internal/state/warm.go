@@ -100,6 +100,10 @@ func (m *Manager) buildWarm(rt *sandbox.Sandbox, image, node string) *warmState 
 	return &warmState{node: node, upper: upper, stack: stackKey(spec.Lowers), state: st, made: time.Now()}
 }
 
+// buildWait bounds how long a restore waits for a warm state being built (about a
+// millisecond of mounts, normally).
+const buildWait = time.Second
+
 // takeWarm returns node's warm state if it matches the stack about to be mounted.
 func (m *Manager) takeWarm(s *sb, node string, lowers []string) *warmState {
 	s.prepMu.Lock()
@@ -107,7 +111,12 @@ func (m *Manager) takeWarm(s *sb, node string, lowers []string) *warmState {
 		// Being built: it is nearer done than a mount made here would be.
 		done := s.buildDone
 		s.prepMu.Unlock()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(buildWait):
+			// A mount here is no slower than what is left: go without it.
+			m.log.Warn("a warm state being built took too long; the restore mounts its own", "node", node, "waited", buildWait)
+		}
 		s.prepMu.Lock()
 	}
 	defer s.prepMu.Unlock()
