@@ -219,7 +219,7 @@ func (c *capture) result(name string) (string, bool) {
 // killWait bounds the wait for a killed command's exit: SIGKILL takes effect when the
 // process leaves the kernel, and one in uninterruptible sleep (a hung device or network
 // filesystem) may not for a long time.
-const killWait = 10 * time.Second
+var killWait = 10 * time.Second // a var for tests
 
 // exitAfterKill waits for the exit of p, which was just sent SIGKILL, for killWait at
 // most.
