@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
 
@@ -44,7 +45,7 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 	err := tr.Do(func() error {
 		t, err := tr.Seize(hostPid)
 		if err != nil {
-			return fmt.Errorf("seize %d: %w", hostPid, err)
+			return seizeRefusal(hostPid, err)
 		}
 		p, err := inspect(hostPid, probeMayWrite(t))
 		if err != nil {
@@ -57,6 +58,26 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 		return nil
 	})
 	return h, err
+}
+
+// seizeRefusal turns what remote.Tracer.Seize refuses about the process itself into an
+// *Ineligible (a refusal, not a failure of the daemon), named by the process's PID in
+// its own namespace; other errors stay as they are.
+func seizeRefusal(hostPid int, err error) error {
+	var reason string
+	switch {
+	case errors.Is(err, remote.ErrMultiThreaded):
+		reason = "it has more than one thread, and a fork copies only one (set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1, or end the threads before the checkpoint)"
+	case errors.Is(err, remote.ErrUninterruptible):
+		reason = "it stays in uninterruptible sleep (a vfork parent, a hung device or filesystem); try again once it returns"
+	default:
+		return fmt.Errorf("seize %d: %w", hostPid, err)
+	}
+	pid, perr := procfs.InnerPid(hostPid)
+	if perr != nil {
+		return fmt.Errorf("seize %d: %w", hostPid, err) // gone meanwhile
+	}
+	return &Ineligible{Pid: pid, Reason: reason}
 }
 
 // Fork forks the held process into its template: the child calls setsid (so the live

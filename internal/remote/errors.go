@@ -12,7 +12,7 @@ var (
 	// ErrNotAttached: the Tracee was detached, killed, or exited.
 	ErrNotAttached = errors.New("remote: tracee is not attached")
 	// ErrMultiThreaded: Seize refuses processes with more than one thread (other threads
-	// would keep running, and a fork copies only the calling thread: use the durable path).
+	// would keep running, and a fork copies only the calling thread).
 	ErrMultiThreaded = errors.New("remote: process has more than one thread")
 	// ErrUninterruptible: the process stayed in uninterruptible sleep (state D, e.g. a
 	// parent waiting in vfork); seizing it would block the Tracer's thread. Retry later.

@@ -215,7 +215,7 @@ func (s *Session) watch(exit <-chan unix.WaitStatus, gen int) {
 		case !ok:
 			s.exit = "the sandbox's init is gone"
 		case ws.Signaled():
-			s.exit = "killed by " + ws.Signal().String()
+			s.exit = "killed by " + unix.SignalName(ws.Signal())
 		default:
 			s.exit = "exited with status " + strconv.Itoa(ws.ExitStatus())
 		}

@@ -84,7 +84,7 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 		m.abortHeld(out)
 		var in *fastpath.Ineligible
 		if errors.As(err, &in) {
-			return nil, fmt.Errorf("session %s: %w; end it (deltabox session kill) or wait for the durable path: %w", n, err, errdefs.ErrConflict)
+			return nil, fmt.Errorf("session %s: %w; end what makes it so, or end the session (deltabox session kill): %w", n, err, errdefs.ErrConflict)
 		}
 		return nil, fmt.Errorf("session %s: %w", n, err)
 	}
