@@ -19,15 +19,18 @@ says so.
 """
 
 import math
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from .agent import Agent, Step
 from .trajectory import Trajectory
 
+if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
+    from deltabox import Checkpoint, Sandbox
+
 
 class Node:
-    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt, untried,
-                 depth: int, reward: float) -> None:
+    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt: "Checkpoint",
+                 untried: Sequence[Any], depth: int, reward: float) -> None:
         self.idx = idx
         self.parent = parent
         self.children = []  # type: List[Node]
@@ -49,7 +52,7 @@ class Node:
 
 
 class MCTS:
-    def __init__(self, sb, agent: Agent, trajectory: Trajectory, expansions: int = 100,
+    def __init__(self, sb: "Sandbox", agent: Agent, trajectory: Trajectory, expansions: int = 100,
                  rollbacks: int = 49, c: float = 0.5, max_depth: int = 6,
                  stop_on_fix: bool = False, log: Callable[[str], None] = print) -> None:
         if expansions < 1 or rollbacks < 0:
@@ -107,7 +110,7 @@ class MCTS:
 
     # ---- acting ----
 
-    def _add(self, parent: Optional[Node], step: Step, ckpt, ckpt_ms: float) -> Node:
+    def _add(self, parent: Optional[Node], step: Step, ckpt: "Checkpoint", ckpt_ms: float) -> Node:
         reward = self.agent.reward(step.score)
         n = Node(len(self.nodes), parent, step, ckpt, self.agent.propose(step.path),
                  0 if parent is None else parent.depth + 1, reward)
@@ -122,7 +125,7 @@ class MCTS:
         self.traj.add_node(rec)
         return n
 
-    def _checkpoint(self, label: str):
+    def _checkpoint(self, label: str) -> Tuple["Checkpoint", float]:
         import time
         t0 = time.perf_counter()
         with self.agent.timers.time("checkpoint"):
@@ -197,9 +200,10 @@ class MCTS:
             left_iters = max(1, iterations - it)
             chain = -(-(self.expansions - self.n_expanded) // left_iters)  # ceil
             for _ in range(chain):
-                if not self.expandable(self.current):
+                cur = self.current
+                if cur is None or not self.expandable(cur):
                     break
-                self.expand(self.current)
+                self.expand(cur)
                 if self.stop_on_fix and self.first_fix is not None:
                     break
             it += 1

@@ -4,7 +4,7 @@ Tree, FileInfo and Listing."""
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
 
 from .errors import CommandError, NotFound
 
@@ -391,11 +391,12 @@ class FileInfo:
         return self.type == "symlink"
 
 
-class Listing(list):
+class Listing(List[FileInfo]):
     """The entries of a directory (a list of FileInfo) with the listed ``path`` and
     ``truncated`` (the entry limit was reached)."""
 
-    def __init__(self, entries: Any = (), path: str = "", truncated: bool = False) -> None:
+    def __init__(self, entries: Iterable[FileInfo] = (), path: str = "",
+                 truncated: bool = False) -> None:
         super().__init__(entries)
         self.path = path
         self.truncated = truncated
