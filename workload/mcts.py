@@ -155,7 +155,8 @@ class MCTS:
         if ch.solved and self.first_fix is None:
             self.first_fix, self.first_fix_expansion = ch, self.n_expanded
         self.traj.event("expand", expansion=self.n_expanded, node=ch.idx, parent=n.idx,
-                        edit=edit.id, checkpoint=ck.id, checkpoint_ms=round(ms, 3))
+                        edit=edit.id, checkpoint=ck.id, checkpoint_ms=round(ms, 3),
+                        processes=ck.processes)
         self.log("[%3d] n%-3d <- n%-3d d%d %-36s tests %3d/%d  state %.2f%s  score %5.1f  ckpt %.2f ms%s" % (
             self.n_expanded, ch.idx, n.idx, ch.depth, edit.id, step.tests.passed, step.tests_total,
             step.state, " (session restarted)" if step.session_restarted else "", step.score, ms,
@@ -167,12 +168,14 @@ class MCTS:
         src = self.current
         t0 = time.perf_counter()
         with self.agent.timers.time("restore"):
-            self.sb.restore(target.ckpt)
+            res = self.sb.restore(target.ckpt)
         ms = 1000 * (time.perf_counter() - t0)
         self.n_rollbacks += 1
         self.current = target
+        # processes: brought back from the node's templates (the agent's session)
         self.traj.event("rollback", rollback=self.n_rollbacks, src=src.idx if src else None,
-                        node=target.idx, checkpoint=target.ckpt.id, restore_ms=round(ms, 3))
+                        node=target.idx, checkpoint=target.ckpt.id, restore_ms=round(ms, 3),
+                        processes=res.processes)
         self.log("      rollback %d: n%d -> n%d (depth %d, %d untried)  restore %.2f ms" % (
             self.n_rollbacks, src.idx if src else -1, target.idx, target.depth,
             len(target.untried), ms))
