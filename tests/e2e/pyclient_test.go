@@ -121,11 +121,14 @@ var (
 
 // pycRequired are the tests that must pass in every run, whatever skips: the client's
 // report of what checkpoints and restores did with a real bash and python session's
-// processes (kept, restored, ended) must not go untested by a rename or a skip.
+// processes (kept, restored, ended), and the asyncio client, must not go untested by a
+// rename or a skip.
 var pycRequired = []string{
 	"test_process_models",
 	"test_process_half_of_checkpoint_and_restore",
 	"test_background_job_counts_as_a_process",
+	"test_aio_calls_run_at_once",
+	"test_aio_sandbox",
 }
 
 // pycUnittest runs the client's suite with python in dir and fails t on a failure,

@@ -18,7 +18,8 @@ only, Python 3.9+.
                 child.run("python3 hello.py").check()
 
 The daemon's socket is $DELTABOX_SOCKET, else /run/deltabox/deltabox.sock; or pass
-``Client(socket_path=...)`` as ``client=``.
+``Client(socket_path=...)`` as ``client=``. For asyncio programs, :mod:`deltabox.aio`
+has the same API with coroutines (``AsyncSandbox``, ``AsyncClient``).
 """
 
 from ._http import DEFAULT_SOCKET

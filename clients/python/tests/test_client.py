@@ -12,6 +12,7 @@ DELTABOX_TEST_INSTALLED=1, which tests the installed one.
 """
 
 import ast
+import asyncio
 import base64
 import datetime
 import hashlib
@@ -36,6 +37,7 @@ import deltabox  # noqa: E402
 from deltabox import (Checkpoint, Client, CommandError, Conflict, DaemonUnreachable,  # noqa: E402
                       DeltaBoxError, InvalidRequest, NotFound, RestoreResult, Result, Sandbox,
                       Templates, Tree)
+from deltabox.aio import AsyncClient, AsyncSandbox, AsyncSession  # noqa: E402
 from deltabox.errors import from_answer  # noqa: E402
 from deltabox.models import parse_time  # noqa: E402
 
@@ -325,6 +327,43 @@ class OfflineTest(unittest.TestCase):
                 t.json("GET", "/half")
             self.assertIn("middle of its answer", str(cm.exception))
             t.close()
+
+    def test_aio_calls_run_at_once(self):
+        # AsyncClient's calls run in its thread pool: four half-second answers together
+        # take about half a second, and the event loop runs meanwhile.
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                time.sleep(0.5)
+                body = b'{"ok": true, "api": "v1"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        async def main(path):
+            ticks = []
+
+            async def tick():
+                for _ in range(5):
+                    ticks.append(time.monotonic())
+                    await asyncio.sleep(0.05)
+
+            async with AsyncClient(path, timeout=10) as c:
+                start = time.monotonic()
+                out = await asyncio.gather(tick(), *(c.health() for _ in range(4)))
+                took = time.monotonic() - start
+            self.assertEqual(out[1:], [{"ok": True, "api": "v1"}] * 4)
+            self.assertLess(took, 1.5, "4 calls of 0.5 s took %.2f s: not at once" % took)
+            self.assertEqual(len(ticks), 5)
+            self.assertLess(ticks[-1] - ticks[0], 0.45, "the event loop was blocked")
+
+        with _FakeDaemon(H) as p:
+            asyncio.run(main(p))
 
     def test_build_backend(self):
         sys.path.insert(0, SRC)
@@ -818,6 +857,80 @@ class DaemonTest(unittest.TestCase):
             k.close()
             with self.assertRaises(NotFound):
                 Sandbox.connect(k.id, client=self.client)
+
+    # ---- asyncio ----
+
+    def test_aio_sandbox(self):
+        async def main():
+            async with AsyncClient(SOCKET, timeout=120) as c:
+                async with await AsyncSandbox.create(client=c) as sb:
+                    sid = sb.id
+                    start = time.monotonic()
+                    rs = await asyncio.gather(*(sb.run("sleep 1; echo %d" % i, timeout=30)
+                                                for i in range(3)))
+                    took = time.monotonic() - start
+                    self.assertEqual([r.stdout for r in rs], ["0\n", "1\n", "2\n"])
+                    self.assertLess(took, 2.5, "3 one-second commands took %.1fs" % took)
+                    # on_output on the event loop, a coroutine function, in order.
+                    got = []
+
+                    async def on_output(stream, data):
+                        await asyncio.sleep(0)
+                        got.append((stream, data))
+
+                    r = await sb.run("echo a; sleep 0.2; echo b >&2", on_output=on_output)
+                    self.assertEqual((r.stdout, r.stderr), ("a\n", "b\n"))
+                    self.assertEqual(got, [("stdout", "a\n"), ("stderr", "b\n")])
+                    # A python session's process across a checkpoint and a restore.
+                    py = await sb.sessions.start("py", kind="python")
+                    self.assertIsInstance(py, AsyncSession)
+                    self.assertEqual((await py.run("x = 41")).exit_code, 0)
+                    ck = await sb.checkpoint(label="aio")
+                    self.assertEqual((ck.processes, ck.process_errors), (1, []))
+                    await py.run("x = 0")
+                    res = await sb.restore(ck, report_sessions=True)
+                    self.assertEqual((res.node.id, res.processes), (ck.id, 1))
+                    self.assertEqual((res.sessions_restored, res.sessions_ended), (["py"], []))
+                    r = await sb.sessions.run("py", "x + 1")
+                    self.assertEqual((r.stdout, r.session_restarted), ("42\n", False))
+                    self.assertEqual(await sb.head(), ck.id)
+                    self.assertEqual((await c.checkpoint(ck.id)).templates.sessions, ["py"])
+                    # Files, and a fork (files only: no process in the new sandbox).
+                    await sb.files.write("f", "from aio")
+                    self.assertEqual(await sb.files.read_text("f"), "from aio")
+                    (kid,) = await c.fork(ck, 1)
+                    try:
+                        self.assertIsInstance(kid, AsyncSandbox)
+                        self.assertEqual(await kid.head(), ck.id)
+                        self.assertFalse(await kid.files.exists("f"))
+                        self.assertEqual([s.running for s in await kid.sessions.list()], [])
+                    finally:
+                        await kid.close()
+                with self.assertRaises(NotFound):
+                    await AsyncSandbox.connect(sid, client=c)
+
+        asyncio.run(main())
+
+    def test_aio_on_output_raising_abandons_the_command(self):
+        class Stop(Exception):
+            pass
+
+        def on_output(stream, data):
+            raise Stop()
+
+        async def main():
+            async with AsyncClient(SOCKET, timeout=120) as c:
+                async with await AsyncSandbox.create(client=c) as sb:
+                    start = time.monotonic()
+                    with self.assertRaises(Stop):
+                        await sb.run("echo go; sleep 30", on_output=on_output)
+                    self.assertLess(time.monotonic() - start, 10)
+                    deadline = time.monotonic() + 10
+                    while "sleep 30" in (await sb.run("ps -eo args")).stdout:
+                        self.assertLess(time.monotonic(), deadline, "the abandoned command still runs")
+                        await asyncio.sleep(0.1)
+
+        asyncio.run(main())
 
     # ---- errors ----
 
