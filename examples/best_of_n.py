@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from typing import List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _p in (ROOT, os.path.join(ROOT, "clients", "python")):
@@ -76,7 +77,8 @@ def main() -> int:
             try:
                 def attempt(i: int) -> None:
                     fsb = forks[i]
-                    path, parent, last = [], root_id, None
+                    path = []  # type: List[str]
+                    parent, last = root_id, None
                     for s in range(steps):
                         agent.think()
                         edit = agent.sample(path, key=("best-of-n", i))

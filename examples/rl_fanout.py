@@ -18,6 +18,7 @@ trajectory.json.
 import os
 import sys
 import threading
+from typing import List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _p in (ROOT, os.path.join(ROOT, "clients", "python")):
@@ -72,7 +73,8 @@ def main() -> int:
                 start = sb.checkpoint(label="rl start")
             roots.append(start.id)
             start_node = traj.add_node(dict(root.record(), parent=None, checkpoint=start.id))
-            start_path, start_score, start_solved = [], root.score, root.solved
+            start_path = []  # type: List[str]
+            start_score, start_solved = root.score, root.solved
             print("start: tests %d/%d, score %.1f, checkpoint %s" % (
                 root.tests.passed, root.tests_total, root.score, start.id))
             with timers.time("fork"):
@@ -160,7 +162,7 @@ def main() -> int:
     print("-- summary")
     print("rounds: %d  rollouts: %d  steps per rollout: %d  worker restores: %d" % (
         len(rounds_out), n * len(rounds_out), steps, restores))
-    print("fix found: %s" % ("yes, by %d of %d rollouts (first in round %d)" % (
+    print("fix found: %s" % ("yes, by %d of %d rollouts (first in round %s)" % (
         fixed, n * len(rounds_out), first) if fixed else "no"))
     print("final start state: score %.1f%s, path %s" % (
         start_score, " (passes every test)" if start_solved else "",

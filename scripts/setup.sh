@@ -64,7 +64,10 @@ PATH=$PATH:/usr/local/go/bin
 RUNTIME_PKGS=(xfsprogs uidmap mmdebstrap iproute2 util-linux mount e2fsprogs python3 git xz-utils)
 CRIU_BUILD_PKGS=(gcc make libc6-dev pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
 	libnl-3-dev libcap-dev libnet1-dev uuid-dev libbsd-dev libnftables-dev)
-ALL_PKGS=("${RUNTIME_PKGS[@]}" "${CRIU_BUILD_PKGS[@]}")
+# Checks: mypy, which scripts/test.sh runs on the Python client (--strict), examples/ and
+# workload/ (Debian's: bookworm has 1.0.1, which checks for Python 3.9).
+CHECK_PKGS=(mypy)
+ALL_PKGS=("${RUNTIME_PKGS[@]}" "${CRIU_BUILD_PKGS[@]}" "${CHECK_PKGS[@]}")
 
 T0=$(now_ms)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh: the README's second command. Sets the machine up (idempotent), checks
-# formatting and vet, and runs the whole test suite as root. Tests mount, fork, ptrace
-# and run CRIU for real; with CI=true a test that cannot run fails instead of skipping.
+# formatting, vet and the Python code's types, and runs the whole test suite as root.
+# Tests mount, fork, ptrace and run CRIU for real; with CI=true a test that cannot run
+# fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -14,4 +15,8 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 go vet ./...
+# The Python client type-checks strictly, the examples and the workload plainly, for the
+# oldest Python the client supports (mypy is Debian's, installed by setup.sh).
+mypy --strict --python-version 3.9 clients/python/deltabox
+MYPYPATH=clients/python mypy --python-version 3.9 examples workload
 go test -count=1 -timeout 60m "$@" ./...

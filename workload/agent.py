@@ -39,10 +39,13 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .tasks import Edit, Task, TestRun, edit_argv, run_tests
 from .workspace import REPO
+
+if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
+    from deltabox import Result, Sandbox
 
 SESSION = "agent"
 STATE_POINTS = 2.0
@@ -189,7 +192,7 @@ class Agent:
 
     # ---- acting in the sandbox ----
 
-    def evaluate_root(self, sb) -> Step:
+    def evaluate_root(self, sb: "Sandbox") -> Step:
         """Runs the relevant tests on the task as given; sets tests_total."""
         tr, rec = self._tests(sb)
         self.tests_total = tr.counted
@@ -197,7 +200,7 @@ class Agent:
         return Step([], None, tr, self.tests_total, 1.0, False, [], score,
                     tr.passed == self.tests_total, [rec])
 
-    def step(self, sb, path: Sequence[str], edit: Edit) -> Step:
+    def step(self, sb: "Sandbox", path: Sequence[str], edit: Edit) -> Step:
         """Applies edit at the node reached by path (the sandbox must be in that state),
         records it in the session, runs the tests, scores the new node."""
         if not self.tests_total:
@@ -220,11 +223,11 @@ class Agent:
         """score in [0, 1], for the search."""
         return score / (self.tests_total + self.state_points)
 
-    def _tests(self, sb):
+    def _tests(self, sb: "Sandbox") -> Tuple[TestRun, dict]:
         with self.timers.time("tests"):
             return run_tests(sb, self.task.tests)
 
-    def _remember(self, sb, edit: Edit):
+    def _remember(self, sb: "Sandbox", edit: Edit) -> Tuple[List[str], bool, dict]:
         code = ("try:\n    _applied\nexcept NameError:\n    _applied = []\n"
                 "_applied.append(%r)\n"
                 "print('AGENT-STATE ' + ' '.join(_applied))\n" % edit.id)
@@ -256,7 +259,7 @@ def node_score(tests_passed: int, tests_total: int, state_points: float,
     return state, min(tests_passed, tests_total) + state_points * state
 
 
-def _session_run(sb, code: str):
+def _session_run(sb: "Sandbox", code: str) -> "Result":
     """Runs code in the agent's python session, starting it if the sandbox has none
     (a new or forked sandbox). A checkpoint or restore that ended it restarts it."""
     from deltabox import NotFound
@@ -267,7 +270,7 @@ def _session_run(sb, code: str):
         return sb.run(code, session=SESSION, timeout=60)
 
 
-def setup_task(sb, agent: Agent) -> tuple:
+def setup_task(sb: "Sandbox", agent: Agent) -> Tuple[dict, Step]:
     """Puts the agent's task into the sandbox (its files as a git repository at
     /workspace/repo) and evaluates the root: returns (install record, root Step)."""
     from .workspace import install

@@ -66,11 +66,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import IO, TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .agent import SESSION, STATE_POINTS, Timers, node_score, parse_remembered
 from .tasks import TEST_TIMEOUT, make_task, test_result
 from .workspace import GIT_USER, Workload, install_command
+
+if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
+    from deltabox import Checkpoint, Result, Sandbox
 
 SYSTEMS = ("isolated", "copytree+replay", "fs-only+replay", "fs-only", "git-reset+replay",
            "criu+copytree")
@@ -147,7 +150,7 @@ class Plan:
 class ApiSession:
     """The agent's python session in the sandbox, through the daemon's API."""
 
-    def __init__(self, sb) -> None:
+    def __init__(self, sb: "Sandbox") -> None:
         self.sb = sb
         self.alive = False
 
@@ -204,8 +207,9 @@ class CriuSession:
         self.images = images
         self.alive = False
         self.pid = 0
-        self.proc = None  # type: Optional[subprocess.Popen]
-        self.win = self.rout = None
+        self.proc = None  # type: Optional[subprocess.Popen[bytes]]
+        self.win = None  # type: Optional[IO[bytes]]
+        self.rout = None  # type: Optional[IO[bytes]]
         self.keys = {}  # type: Dict[str, tuple]
         self.seq = 0
         self.dump_bytes = 0
@@ -226,10 +230,12 @@ class CriuSession:
         self.alive = True
 
     def call(self, code: str) -> str:
+        if self.win is None or self.rout is None:
+            raise ReplayError("the host session is not running")
         self.seq += 1
         self.win.write(("%d %s\n" % (self.seq, base64.b64encode(code.encode()).decode())).encode())
         self.win.flush()
-        out = []
+        out = []  # type: List[bytes]
         while True:
             line = self.rout.readline()
             if not line:
@@ -297,7 +303,7 @@ class CriuSession:
 CRIU_TIMEOUT = 30
 
 
-def _criu(argv: List[str], what: str, d: str, log: str, pass_fds=()) -> None:
+def _criu(argv: List[str], what: str, d: str, log: str, pass_fds: Sequence[int] = ()) -> None:
     """Runs a CRIU command in its own process group; past CRIU_TIMEOUT the group is
     killed and the error says what hung, with the end of its log."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=pass_fds,
@@ -307,7 +313,8 @@ def _criu(argv: List[str], what: str, d: str, log: str, pass_fds=()) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-        p.stdout.close()
+        if p.stdout is not None:
+            p.stdout.close()
         hint = ("it already ran with CRIU_FAULT=130" if os.environ.get("CRIU_FAULT") == "130" else
                 "if the log ends after \"Can't setup RLIMIT_NOFILE\", this machine does not deliver hardware "
                 "breakpoints: run CRIU with CRIU_FAULT=130")
@@ -324,6 +331,10 @@ def _log_tail(d: str, name: str) -> str:
             return repr(f.read()[-500:].strip())
     except OSError as e:
         return "(no log: %s)" % e
+
+
+# The agent's session, through the daemon or as a host process.
+AnySession = Union[ApiSession, CriuSession]
 
 
 def _log_errors(d: str, name: str) -> str:
@@ -358,7 +369,7 @@ class System:
         self.r = r
         self.sb = r.sb
 
-    def make_session(self):
+    def make_session(self) -> AnySession:
         return ApiSession(self.sb)
 
     def setup(self) -> None:
@@ -426,7 +437,7 @@ class FSOnly(System):
 
     def __init__(self, r: "Runner") -> None:
         super().__init__(r)
-        self.ckpts = {}  # type: Dict[int, object]
+        self.ckpts = {}  # type: Dict[int, Checkpoint]
 
     def checkpoint(self, nid: int) -> None:
         self.r.kill_session("checkpoint")
@@ -503,20 +514,27 @@ class CriuCopyTree(CopyTree):
                 shlex.join(cp_back("N")), criu_cmd, self.images),
         ]
 
-    def make_session(self):
+    def make_session(self) -> AnySession:
         if not os.access(self.criu, os.X_OK):
             raise ReplayError("no CRIU at %s" % self.criu)
         os.makedirs(self.images)
         return CriuSession(self.criu, self.images)
 
+    def host_session(self) -> CriuSession:
+        s = self.r.session
+        if not isinstance(s, CriuSession):
+            raise ReplayError("criu+copytree runs with a host session, not %s" % type(s).__name__)
+        return s
+
     def checkpoint(self, nid: int) -> None:
         self.exec(cp_snap(nid))
-        self.r.session.dump(str(nid))
+        self.host_session().dump(str(nid))
 
     def rollback(self, nid: int) -> None:
         self.exec(cp_back(nid))
-        self.r.session.kill()
-        self.r.session.restore(str(nid))
+        s = self.host_session()
+        s.kill()
+        s.restore(str(nid))
 
 
 # ---- the replay ------------------------------------------------------------------------------
@@ -528,16 +546,30 @@ class Runner:
         self.think = think
         self.args = args
         self.timers = Timers()
-        self.sb = None
+        self._sb = None  # type: Optional[Sandbox]
         self.sys = None  # type: Optional[System]
-        self.session = None
+        self._session = None  # type: Optional[AnySession]
         self.scores = {}  # type: Dict[int, dict]
-        self.after_close = []  # type: list
+        self.after_close = []  # type: List[Callable[[], object]]
         self.dead_since = ""  # what ended the session last: rollback or checkpoint
         self.replays = {"rollback": [0, 0.0], "checkpoint": [0, 0.0], "start": [0, 0.0]}
         self.replay_mismatch = 0
         self.info = {}  # type: Dict[str, object]
         self.log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+
+    @property
+    def sb(self) -> "Sandbox":
+        """The sandbox (run() makes it)."""
+        if self._sb is None:
+            raise ReplayError("no sandbox yet: Runner.run makes it")
+        return self._sb
+
+    @property
+    def session(self) -> AnySession:
+        """The agent's session (run() makes it)."""
+        if self._session is None:
+            raise ReplayError("no session yet: Runner.run makes it")
+        return self._session
 
     # -- helpers used by the systems --
 
@@ -553,7 +585,7 @@ class Runner:
         t0 = time.perf_counter()
         with self.timers.time("replay"):
             self.session.start()
-            codes = self.plan.session_codes(parent) if self.sys.replay else []
+            codes = self.plan.session_codes(parent) if self.sys is None or self.sys.replay else []
             # With nothing to replay, an empty call still waits for the new session to
             # be ready, so that its start-up counts here, not in the node's own call.
             out = self.session.call("".join(codes) or "pass\n")
@@ -567,7 +599,7 @@ class Runner:
 
     # -- commands --
 
-    def run_exec(self, c: dict):
+    def run_exec(self, c: dict) -> "Result":
         return self.sb.run(c["argv"], cwd=c.get("cwd"), env=c.get("env"), stdin=c.get("stdin"),
                            timeout=TEST_TIMEOUT)
 
@@ -633,35 +665,36 @@ class Runner:
         t_start = time.perf_counter()
         try:
             with Sandbox.create(client=client) as sb:
-                self.sb = sb
+                self._sb = sb
                 self.info["sandbox"] = sb.id
                 if self.system_name == "isolated":
-                    self.session = ApiSession(sb)
+                    self._session = ApiSession(sb)
                     out = self.run_isolated()
                 else:
-                    self.sys = {"copytree+replay": CopyTree, "fs-only+replay": FSOnly, "fs-only": FSOnlyNoReplay,
-                                "git-reset+replay": GitReset, "criu+copytree": CriuCopyTree}[self.system_name](self)
-                    self.session = self.sys.make_session()
+                    system = {"copytree+replay": CopyTree, "fs-only+replay": FSOnly, "fs-only": FSOnlyNoReplay,
+                              "git-reset+replay": GitReset, "criu+copytree": CriuCopyTree}[self.system_name](self)
+                    self.sys = system
+                    self._session = session = system.make_session()
                     try:
-                        out = self.run_search()
+                        out = self.run_search(system)
                     finally:
-                        self.session.close()
-                        self.sys.close()
+                        session.close()
+                        system.close()
         finally:
             for f in self.after_close:  # after the sandbox is gone: its checkpoints
                 try:
                     f()
                 except Exception as e:  # reported, not fatal
                     print("note: cleanup failed: %s" % e, file=sys.stderr)
-        if isinstance(self.session, CriuSession):
-            out["info"]["criu_images_bytes"] = self.session.dump_bytes
+        if isinstance(self._session, CriuSession):
+            out["info"]["criu_images_bytes"] = self._session.dump_bytes
         out["wall_s"] = round(time.perf_counter() - t_start, 4)
         return out
 
-    def run_search(self) -> dict:
+    def run_search(self, system: System) -> dict:
         t0 = time.perf_counter()
         self.setup()
-        self.sys.setup()
+        system.setup()
         self.measure_machine()
         self.session.start()
         self.session.call("pass\n")
@@ -670,7 +703,7 @@ class Runner:
                                                                          len(self.plan.events)))
         t0 = time.perf_counter()
         with self.timers.time("checkpoint"):
-            self.sys.checkpoint(0)
+            system.checkpoint(0)
         cur = 0
         n = 0
         for ev in self.plan.events:
@@ -683,14 +716,14 @@ class Runner:
                         time.sleep(self.think)
                 self.step(nid)
                 with self.timers.time("checkpoint"):
-                    self.sys.checkpoint(nid)
+                    system.checkpoint(nid)
                 cur = nid
                 n += 1
                 if n % 20 == 0:
                     self.log("%s: %d nodes, %.1f s" % (self.system_name, n, time.perf_counter() - t0))
             else:
                 with self.timers.time("rollback"):
-                    self.sys.rollback(ev["node"])
+                    system.rollback(ev["node"])
                 cur = ev["node"]
         total = time.perf_counter() - t0
         return self.result(total, setup_s)
@@ -753,9 +786,9 @@ class Runner:
             if self.replay_mismatch:
                 info["replayed_memory_mismatches"] = self.replay_mismatch
             info["replay"] = self.sys.replay
-        if isinstance(self.session, CriuSession):
+        if isinstance(self._session, CriuSession):
             info["session"] = ("host process `%s -u -c DRIVER` (the daemon's python session loop over "
-                               "pipes), pid %d" % (sys.executable, self.session.pid))
+                               "pipes), pid %d" % (sys.executable, self._session.pid))
         return {
             "system": self.system_name,
             "think_s": self.think,

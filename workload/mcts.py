@@ -19,15 +19,18 @@ says so.
 """
 
 import math
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from .agent import Agent, Step
 from .trajectory import Trajectory
 
+if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
+    from deltabox import Checkpoint, Sandbox
+
 
 class Node:
-    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt, untried,
-                 depth: int, reward: float) -> None:
+    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt: "Checkpoint",
+                 untried: Sequence[Any], depth: int, reward: float) -> None:
         self.idx = idx
         self.parent = parent
         self.children = []  # type: List[Node]
@@ -49,7 +52,7 @@ class Node:
 
 
 class MCTS:
-    def __init__(self, sb, agent: Agent, trajectory: Trajectory, expansions: int = 100,
+    def __init__(self, sb: "Sandbox", agent: Agent, trajectory: Trajectory, expansions: int = 100,
                  rollbacks: int = 49, c: float = 0.5, max_depth: int = 6,
                  stop_on_fix: bool = False, log: Callable[[str], None] = print) -> None:
         if expansions < 1 or rollbacks < 0:
@@ -107,7 +110,7 @@ class MCTS:
 
     # ---- acting ----
 
-    def _add(self, parent: Optional[Node], step: Step, ckpt, ckpt_ms: float) -> Node:
+    def _add(self, parent: Optional[Node], step: Step, ckpt: "Checkpoint", ckpt_ms: float) -> Node:
         reward = self.agent.reward(step.score)
         n = Node(len(self.nodes), parent, step, ckpt, self.agent.propose(step.path),
                  0 if parent is None else parent.depth + 1, reward)
@@ -122,7 +125,7 @@ class MCTS:
         self.traj.add_node(rec)
         return n
 
-    def _checkpoint(self, label: str):
+    def _checkpoint(self, label: str) -> Tuple["Checkpoint", float]:
         import time
         t0 = time.perf_counter()
         with self.agent.timers.time("checkpoint"):
@@ -152,7 +155,8 @@ class MCTS:
         if ch.solved and self.first_fix is None:
             self.first_fix, self.first_fix_expansion = ch, self.n_expanded
         self.traj.event("expand", expansion=self.n_expanded, node=ch.idx, parent=n.idx,
-                        edit=edit.id, checkpoint=ck.id, checkpoint_ms=round(ms, 3))
+                        edit=edit.id, checkpoint=ck.id, checkpoint_ms=round(ms, 3),
+                        processes=ck.processes)
         self.log("[%3d] n%-3d <- n%-3d d%d %-36s tests %3d/%d  state %.2f%s  score %5.1f  ckpt %.2f ms%s" % (
             self.n_expanded, ch.idx, n.idx, ch.depth, edit.id, step.tests.passed, step.tests_total,
             step.state, " (session restarted)" if step.session_restarted else "", step.score, ms,
@@ -164,12 +168,14 @@ class MCTS:
         src = self.current
         t0 = time.perf_counter()
         with self.agent.timers.time("restore"):
-            self.sb.restore(target.ckpt)
+            res = self.sb.restore(target.ckpt)
         ms = 1000 * (time.perf_counter() - t0)
         self.n_rollbacks += 1
         self.current = target
+        # processes: brought back from the node's templates (the agent's session)
         self.traj.event("rollback", rollback=self.n_rollbacks, src=src.idx if src else None,
-                        node=target.idx, checkpoint=target.ckpt.id, restore_ms=round(ms, 3))
+                        node=target.idx, checkpoint=target.ckpt.id, restore_ms=round(ms, 3),
+                        processes=res.processes)
         self.log("      rollback %d: n%d -> n%d (depth %d, %d untried)  restore %.2f ms" % (
             self.n_rollbacks, src.idx if src else -1, target.idx, target.depth,
             len(target.untried), ms))
@@ -197,9 +203,10 @@ class MCTS:
             left_iters = max(1, iterations - it)
             chain = -(-(self.expansions - self.n_expanded) // left_iters)  # ceil
             for _ in range(chain):
-                if not self.expandable(self.current):
+                cur = self.current
+                if cur is None or not self.expandable(cur):
                     break
-                self.expand(self.current)
+                self.expand(cur)
                 if self.stop_on_fix and self.first_fix is not None:
                     break
             it += 1

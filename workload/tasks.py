@@ -20,9 +20,12 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from .workspace import REPO, Workload, install
+
+if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
+    from deltabox import Sandbox
 
 P = "jsonlib/"
 T = "tests.test_jsonlib."
@@ -242,7 +245,7 @@ def parse_unittest(out: str) -> TestRun:
     return tr
 
 
-def run_tests(sb, modules: Sequence[str]) -> Tuple[TestRun, dict]:
+def run_tests(sb: "Sandbox", modules: Sequence[str]) -> Tuple[TestRun, dict]:
     """Runs the modules' tests for real in the sandbox's repository; returns the
     parsed result and the command's record."""
     argv = test_argv(modules)
@@ -360,7 +363,7 @@ def make_task(wl: Workload, seed: int = 0, n_bugs: int = 1,
 
 # ---- verification -------------------------------------------------------------------------
 
-def verify(sb, wl: Workload, ids: Optional[Sequence[str]] = None, out=sys.stdout) -> bool:
+def verify(sb: "Sandbox", wl: Workload, ids: Optional[Sequence[str]] = None, out=sys.stdout) -> bool:
     """Checks the catalogue with the real test suite in sandbox sb (see the module's
     doc). Prints one line per mutation; returns True when all hold."""
     install(sb, wl.files, "pristine " + wl.name)
@@ -378,7 +381,7 @@ def verify(sb, wl: Workload, ids: Optional[Sequence[str]] = None, out=sys.stdout
         if key not in base_cache:
             base_cache[key], _ = run_tests(sb, mods)
         base = base_cache[key]
-        res = {}
+        res = {}  # type: Dict[str, TestRun]
         for v, text in variants(m).items():
             if v == "fix":
                 continue
@@ -395,13 +398,13 @@ def verify(sb, wl: Workload, ids: Optional[Sequence[str]] = None, out=sys.stdout
             problems.append("bug fails no test")
         if b.passed == 0:
             problems.append("bug fails every test")
-        for v, r in res.items():
-            if v.startswith("d") and r.passed >= base.counted:
+        for v, tr in res.items():
+            if v.startswith("d") and tr.passed >= base.counted:
                 problems.append("decoy %s passes every test" % v)
         ok = ok and not problems
         print("%-30s %-4s pristine %3d/%-3d  bug %3d/%-3d  decoys %s%s" % (
             m.id, "ok" if not problems else "FAIL", base.passed, base.counted, b.passed, b.counted,
-            " ".join("%d" % r.passed for v, r in sorted(res.items()) if v.startswith("d")),
+            " ".join("%d" % tr.passed for v, tr in sorted(res.items()) if v.startswith("d")),
             ("   <- " + "; ".join(problems)) if problems else ""), file=out, flush=True)
     return ok
 

@@ -15,7 +15,10 @@ import json
 import os
 import shlex
 import tarfile
-from typing import Dict, List, Optional
+from typing import IO, TYPE_CHECKING, Dict, List, Optional, cast
+
+if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
+    from deltabox import Sandbox
 
 DEFAULT_BASE = "/var/lib/deltabox/workloads"
 REPO = "/workspace/repo"
@@ -71,7 +74,7 @@ def tarball(files: Dict[str, bytes]) -> bytes:
     # mtime=0 in the gzip header too, so equal files give equal bytes.
     import gzip
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
-        with tarfile.open(fileobj=gz, mode="w") as t:
+        with tarfile.open(fileobj=cast(IO[bytes], gz), mode="w") as t:
             for rel in sorted(files):
                 data = files[rel]
                 ti = tarfile.TarInfo(rel)
@@ -108,7 +111,7 @@ def install_command(files: Dict[str, bytes], message: str, repo: str = REPO) -> 
             "tar_sha256": hashlib.sha256(blob).hexdigest(), "files": len(files)}
 
 
-def install(sb, files: Dict[str, bytes], message: str, repo: str = REPO) -> dict:
+def install(sb: "Sandbox", files: Dict[str, bytes], message: str, repo: str = REPO) -> dict:
     """Installs files into the sandbox as a git repository at repo (replacing what is
     there). Returns the command's record, with the commit id."""
     cmd = install_command(files, message, repo)

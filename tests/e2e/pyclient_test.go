@@ -115,10 +115,24 @@ func pycCmd(t *testing.T, python, dir string, env map[string]string, args ...str
 var (
 	pycRanRE  = regexp.MustCompile(`(?m)^Ran (\d+) tests? in `)
 	pycSkipRE = regexp.MustCompile(`(?m)^(\S+) \(.*\) \.\.\. skipped '(.*)'$`)
+	pycOkRE   = regexp.MustCompile(`(?m)^(\S+) \(.*\) \.\.\. ok$`)
 )
 
+// pycRequired are the tests that must pass in every run, whatever skips: the client's
+// report of what checkpoints and restores did with a real bash and python session's
+// processes (kept, restored, ended), and the asyncio client, must not go untested by a
+// rename or a skip.
+var pycRequired = []string{
+	"test_process_models",
+	"test_process_half_of_checkpoint_and_restore",
+	"test_background_job_counts_as_a_process",
+	"test_aio_calls_run_at_once",
+	"test_aio_sandbox",
+}
+
 // pycUnittest runs the client's suite with python in dir and fails t on a failure,
-// on no test run, or on a daemon test skipped (under CI=true, on any skip).
+// on no test run, on a pycRequired test that did not pass, or on a daemon test skipped
+// (under CI=true, on any skip).
 func pycUnittest(t *testing.T, daemonLog func() string, python, dir string, env map[string]string) {
 	t.Helper()
 	tests := filepath.Join(pycRepo(t), "clients", "python", "tests")
@@ -135,6 +149,15 @@ func pycUnittest(t *testing.T, daemonLog func() string, python, dir string, env 
 	}
 	if n, _ := strconv.Atoi(string(m[1])); n == 0 {
 		t.Fatalf("unittest ran no test")
+	}
+	passed := map[string]bool{}
+	for _, ok := range pycOkRE.FindAllSubmatch(out, -1) {
+		passed[string(ok[1])] = true
+	}
+	for _, name := range pycRequired {
+		if !passed[name] {
+			t.Errorf("%s did not pass (renamed, skipped or missing from clients/python/tests?)", name)
+		}
 	}
 	for _, s := range pycSkipRE.FindAllSubmatch(out, -1) {
 		msg := string(s[1]) + ": " + string(s[2])

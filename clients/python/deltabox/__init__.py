@@ -1,5 +1,5 @@
-"""DeltaBox Python client: sandboxes for LLM agents whose files checkpoint and roll
-back in about a millisecond.
+"""DeltaBox Python client: sandboxes for LLM agents whose files and processes
+checkpoint and roll back in about a millisecond.
 
 Talks to the DeltaBox daemon over its unix socket (HTTP/1.1 + JSON); standard library
 only, Python 3.9+.
@@ -18,17 +18,18 @@ only, Python 3.9+.
                 child.run("python3 hello.py").check()
 
 The daemon's socket is $DELTABOX_SOCKET, else /run/deltabox/deltabox.sock; or pass
-``Client(socket_path=...)`` as ``client=``.
+``Client(socket_path=...)`` as ``client=``. For asyncio programs, :mod:`deltabox.aio`
+has the same API with coroutines (``AsyncSandbox``, ``AsyncClient``).
 """
 
 from ._http import DEFAULT_SOCKET
 from .client import Client, default_client
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
                      NotFound, RequestTimeout, Unavailable)
-from .models import Checkpoint, FileInfo, Listing, Node, Result, Tree
+from .models import Checkpoint, FileInfo, Listing, Node, RestoreResult, Result, Templates, Tree
 from .sandbox import Files, Session, Sessions, Sandbox
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -45,10 +46,12 @@ __all__ = [
     "Node",
     "NotFound",
     "RequestTimeout",
+    "RestoreResult",
     "Result",
     "Sandbox",
     "Session",
     "Sessions",
+    "Templates",
     "Tree",
     "Unavailable",
     "default_client",

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Generator, List, Optional, Tuple
 from urllib.parse import quote, urlencode
 
 from .errors import DaemonUnreachable, DeltaBoxError, RequestTimeout, from_answer
@@ -423,7 +423,7 @@ class Transport:
                                 % (method, path, e, data[:200])) from None
 
     def stream(self, method: str, path: str, payload: Any,
-               timeout: Any = DEFAULT) -> Iterator[Dict[str, Any]]:
+               timeout: Any = DEFAULT) -> Generator[Dict[str, Any], None, None]:
         """Sends payload as JSON and yields the events of an NDJSON answer. Closing the
         generator early closes the connection (the daemon then ends the command)."""
         body = json.dumps(payload).encode("utf-8")

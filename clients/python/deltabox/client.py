@@ -41,7 +41,7 @@ class Client:
 
     def health(self) -> Dict[str, Any]:
         """``{"ok": True, "api": "v1"}``; DaemonUnreachable if no daemon answers."""
-        return self._t.json("GET", "/health")
+        return dict(self._t.json("GET", "/health"))
 
     def images(self) -> List[Dict[str, Any]]:
         """The images sandboxes can start from (name, created, source, bytes)."""

@@ -1,10 +1,10 @@
 """The values the client returns: Result, Checkpoint (a node of the snapshot tree),
-Tree, FileInfo and Listing."""
+Templates, RestoreResult, Tree, FileInfo and Listing."""
 
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
 
 from .errors import CommandError, NotFound
 
@@ -18,9 +18,10 @@ _TIME_RE = re.compile(
 
 def parse_time(s: Any) -> Optional[_dt.datetime]:
     """Parses the daemon's RFC 3339 times (nanoseconds, "Z") into an aware datetime;
-    None for empty or unparsable values. (datetime.fromisoformat of Python 3.9 takes
-    neither "Z" nor 9 fractional digits.)"""
-    if not isinstance(s, str) or not s:
+    None for empty or unparsable values, and for Go's zero time (year 1: an ended
+    session's ``started``). (datetime.fromisoformat of Python 3.9 takes neither "Z" nor
+    9 fractional digits.)"""
+    if not isinstance(s, str) or not s or s.startswith("0001-01-01T00:00:00"):
         return None
     m = _TIME_RE.match(s)
     if not m:
@@ -104,8 +105,43 @@ class Result:
 
 
 @dataclass
+class Templates:
+    """Process templates: the processes a node keeps, forked at its checkpoint, that a
+    restore in the sandbox that made it forks back (GET /v1/tree and /v1/nodes/ID).
+
+    Attributes:
+        processes: how many (sessions' and background jobs').
+        sessions: the sessions they belong to (a node's; empty for a total).
+        rss_bytes, pss_bytes, private_dirty_bytes: their memory, from each template's
+            /proc/PID/smaps_rollup; ``private_dirty_bytes`` is what the node alone
+            keeps (what removing it frees). See docs/API.md.
+    """
+
+    processes: int = 0
+    sessions: List[str] = field(default_factory=list)
+    rss_bytes: int = 0
+    pss_bytes: int = 0
+    private_dirty_bytes: int = 0
+
+    @classmethod
+    def from_api(cls, d: Any) -> Optional["Templates"]:
+        if not isinstance(d, dict):
+            return None
+        return cls(processes=int(d.get("processes") or 0),
+                   sessions=list(d.get("sessions") or []),
+                   rss_bytes=int(d.get("rss_bytes") or 0),
+                   pss_bytes=int(d.get("pss_bytes") or 0),
+                   private_dirty_bytes=int(d.get("private_dirty_bytes") or 0))
+
+
+def _phases(d: Dict[str, Any]) -> Dict[str, int]:
+    return {str(k): int(v) for k, v in (d.get("phases_us") or {}).items()}
+
+
+@dataclass
 class Checkpoint:
-    """A node of the snapshot tree: the files of a sandbox frozen at one moment.
+    """A node of the snapshot tree: a sandbox's files, and its processes, frozen at one
+    moment.
 
     ``sb.checkpoint()`` returns one; ``sb.restore(ckpt)`` rolls any sandbox back (or
     over) to it; :meth:`fork` starts new sandboxes on it. Nodes from
@@ -124,10 +160,27 @@ class Checkpoint:
         children: ids of its child nodes, oldest first.
         sandboxes: sandboxes standing on it now.
         depth: layers in its stack (image excluded).
-        killed_processes, mounted, duration: set when this object is the answer of
-            a checkpoint: processes the checkpoint ended (until the process fast path
-            exists, every process of the sandbox but its init), whether a new layer
-            was mounted (False when nothing had changed), seconds inside the daemon.
+        templates: the node's process templates (which sessions, how many processes,
+            their memory), in nodes from :meth:`Client.tree`, :meth:`refresh` and
+            ``client.checkpoint(id)``; None when it has none, and in the answer of a
+            checkpoint (``ckpt.refresh().templates``).
+
+    Set only when this object is the answer of ``sb.checkpoint()`` (None, or empty,
+    otherwise):
+        processes: how many processes were forked into the node's templates: every
+            bash and python session's and the background jobs' (0 when no session
+            ran, or with ``DELTABOX_FASTPATH=0``, which ends the sessions instead).
+        process_errors: the processes that could not be kept, which were ended
+            (``"session py: ..."``); empty when all were.
+        killed_processes: processes the checkpoint ended: the background jobs that
+            ``end_background=True`` ended (with ``DELTABOX_FASTPATH=0``, every
+            process but the sandbox's init).
+        mounted: a new layer was mounted (False when nothing had changed since the
+            sandbox's head: the node shares its parent's layer).
+        prepared: the next state had been mounted ahead of time.
+        duration: seconds inside the daemon.
+        phases_us: microseconds per step (seize, fork, kill, upper, freeze, mount,
+            move, publish, ...).
     """
 
     id: str
@@ -143,9 +196,14 @@ class Checkpoint:
     children: List[str] = field(default_factory=list)
     sandboxes: List[str] = field(default_factory=list)
     depth: int = 0
+    templates: Optional[Templates] = None
+    processes: Optional[int] = None
+    process_errors: List[str] = field(default_factory=list)
     killed_processes: Optional[int] = None
     mounted: Optional[bool] = None
+    prepared: Optional[bool] = None
     duration: Optional[float] = None
+    phases_us: Dict[str, int] = field(default_factory=dict)
     _client: Optional["Client"] = field(default=None, repr=False, compare=False)
     _workdir: Optional[str] = field(default=None, repr=False, compare=False)
 
@@ -166,13 +224,18 @@ class Checkpoint:
             children=list(d.get("children") or []),
             sandboxes=list(d.get("sandboxes") or []),
             depth=int(d.get("depth") or 0),
+            templates=Templates.from_api(d.get("templates")),
             _client=client,
             _workdir=workdir,
         )
         if op is not None:
+            c.processes = int(op.get("processes") or 0)
+            c.process_errors = [str(e) for e in (op.get("process_errors") or [])]
             c.killed_processes = int(op.get("killed_processes") or 0)
             c.mounted = bool(op.get("mounted"))
+            c.prepared = bool(op.get("prepared"))
             c.duration = float(op.get("duration_ms") or 0.0) / 1000.0
+            c.phases_us = _phases(op)
         return c
 
     def __str__(self) -> str:
@@ -192,10 +255,11 @@ class Checkpoint:
         known) and then restored to this node. Nothing is copied: the new sandboxes
         share the checkpoint's layers and each gets its own writable layer.
 
-        What is carried over is the FILES. Processes are not, until the process fast
-        path (branching) exists: a fork starts with no process but its init, like a
-        sandbox after any restore. If one creation or restore fails, the sandboxes
-        made so far are removed and the error is raised.
+        What is carried over is the files: a node's processes come back only in the
+        sandbox that made it (``sb.restore``), so a fork starts with no process but
+        its init, and its sessions start afresh on their first call
+        (``session_restarted``). If one creation or restore fails, the sandboxes made
+        so far are removed and the error is raised.
         """
         if count < 1:
             raise ValueError("fork count must be >= 1, got %r" % (count,))
@@ -238,6 +302,70 @@ class Checkpoint:
         """Removes this node and its subtree; returns the removed ids. Conflict if a
         sandbox stands on a node of the subtree."""
         return self._need_client().remove_checkpoint(self.id)
+
+
+@dataclass
+class RestoreResult:
+    """What ``sb.restore(node)`` did: the files are the node's, and the processes are
+    the node's templates forked back (same PIDs, the sessions with their terminals)
+    when this sandbox made the node; every other process of the sandbox was ended.
+
+    Attributes:
+        node: the node the sandbox now stands on (as the daemon's answer describes it).
+        sandbox: the sandbox's id.
+        processes: processes brought back from the node's templates (sessions' and
+            background jobs'); 0 for a node made with no process running, restored
+            into another sandbox than the one that made it, or after a daemon
+            restart: a restore of files only.
+        process_errors: templates that could not be forked back (their sessions
+            were ended); empty when all were.
+        killed_processes: the sandbox's processes the restore ended (the live
+            sessions' included: they are replaced by the node's).
+        mounted: the node's state was mounted (False when the sandbox already stood
+            on it, unchanged).
+        warm: the node's state had been mounted ahead of time.
+        duration: seconds inside the daemon.
+        phases_us: microseconds per step (templates, upper, mount, kill, reap,
+            processes, publish).
+        sessions_restored, sessions_ended: with ``sb.restore(node,
+            report_sessions=True)`` only (None otherwise): the sessions that run after
+            the restore, their process the node's; and those that ran before it and
+            were ended because the node has no process of theirs (their next call
+            starts them afresh, with ``session_restarted``). The daemon's answer does
+            not name sessions: the client lists them before and after the restore.
+    """
+
+    node: Checkpoint
+    sandbox: str
+    processes: int = 0
+    process_errors: List[str] = field(default_factory=list)
+    killed_processes: int = 0
+    mounted: bool = False
+    warm: bool = False
+    duration: float = 0.0
+    phases_us: Dict[str, int] = field(default_factory=dict)
+    sessions_restored: Optional[List[str]] = None
+    sessions_ended: Optional[List[str]] = None
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None,
+                 workdir: Optional[str] = None) -> "RestoreResult":
+        return cls(
+            node=Checkpoint.from_api(d["node"], client, workdir=workdir),
+            sandbox=d.get("sandbox") or "",
+            processes=int(d.get("processes") or 0),
+            process_errors=[str(e) for e in (d.get("process_errors") or [])],
+            killed_processes=int(d.get("killed_processes") or 0),
+            mounted=bool(d.get("mounted")),
+            warm=bool(d.get("warm")),
+            duration=float(d.get("duration_ms") or 0.0) / 1000.0,
+            phases_us=_phases(d),
+        )
+
+    @property
+    def id(self) -> str:
+        """The node's id."""
+        return self.node.id
 
 
 # A node of the tree is a Checkpoint.
@@ -391,11 +519,12 @@ class FileInfo:
         return self.type == "symlink"
 
 
-class Listing(list):
+class Listing(List[FileInfo]):
     """The entries of a directory (a list of FileInfo) with the listed ``path`` and
     ``truncated`` (the entry limit was reached)."""
 
-    def __init__(self, entries: Any = (), path: str = "", truncated: bool = False) -> None:
+    def __init__(self, entries: Iterable[FileInfo] = (), path: str = "",
+                 truncated: bool = False) -> None:
         super().__init__(entries)
         self.path = path
         self.truncated = truncated

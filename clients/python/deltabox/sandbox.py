@@ -8,7 +8,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 from ._http import q
 from .errors import NotFound, from_answer
-from .models import Checkpoint, FileInfo, Listing, Result, Tree, parse_time
+from .models import Checkpoint, FileInfo, Listing, RestoreResult, Result, Tree, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -60,8 +60,8 @@ def _mode(mode: Union[int, str, None]) -> Optional[str]:
 
 
 class Sandbox:
-    """A sandbox: an isolated Linux environment whose files can be checkpointed and
-    rolled back in about a millisecond.
+    """A sandbox: an isolated Linux environment whose files and processes can be
+    checkpointed and rolled back in about a millisecond.
 
     Make one with :meth:`create` (or :meth:`connect` to an existing one). Use it as a
     context manager to remove it at the end::
@@ -262,7 +262,10 @@ class Sandbox:
     def checkpoint(self, label: Optional[str] = None, end_background: bool = False) -> Checkpoint:
         """Freezes the sandbox's files and its processes (its bash and python sessions',
         and background jobs a command left) into a new node of the tree, in one atomic
-        step, and returns it.
+        step, and returns it: ``ckpt.processes`` says how many processes the node
+        keeps, ``ckpt.process_errors`` which could not be kept (they were ended),
+        ``ckpt.killed_processes`` how many were ended (``end_background``), and
+        ``ckpt.refresh().templates.sessions`` which sessions it carries.
 
         Conflict while a command runs in the sandbox, and Conflict naming the session
         or process and the reason when a process cannot be checkpointed with its state
@@ -276,20 +279,45 @@ class Sandbox:
         d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body)
         return Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
 
-    def restore(self, checkpoint: Union[Checkpoint, str]) -> "Sandbox":
-        """Rolls the sandbox back (or over) to a checkpoint, files and sessions
-        together: the node's sessions come back from their templates with the same
-        PIDs and terminals, and uncommitted changes are discarded. Any node of the
-        tree works; one made by another sandbox (or before a daemon restart) brings
-        back its files only, and sessions start again on their next call. Conflict if
-        a template of the node is gone (nothing is changed). Returns the sandbox."""
+    def restore(self, checkpoint: Union[Checkpoint, str],
+                report_sessions: bool = False) -> RestoreResult:
+        """Rolls the sandbox back (or over) to a checkpoint, files and processes
+        together, and returns what it did (:class:`RestoreResult`).
+
+        Uncommitted changes are discarded and every process of the sandbox is ended;
+        when this sandbox made the node, the node's processes come back from their
+        templates with the same PIDs, the sessions' with their terminals
+        (``result.processes``). Any node of the tree works; one made by another
+        sandbox (or before a daemon restart) brings back its files only
+        (``processes`` 0), and sessions start again on their next call
+        (``session_restarted``). Conflict while a command runs, or if a template of
+        the node is gone (nothing is changed).
+
+        ``report_sessions=True`` also names the sessions the restore brought back and
+        those it ended (``result.sessions_restored``, ``result.sessions_ended``): the
+        daemon's answer does not, so the client lists the sessions before and after
+        (two more round trips; sessions that other callers start or kill meanwhile
+        are counted as if the restore had). (Before 0.2.0 this returned the
+        sandbox.)"""
         node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
-        self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), {"node": node})
-        return self
+        before = self._running_sessions() if report_sessions else None
+        d = self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), {"node": node})
+        res = RestoreResult.from_api(d, self.client)
+        if before is not None:
+            after = self._running_sessions()
+            res.sessions_restored = after
+            res.sessions_ended = [n for n in before if n not in after]
+        return res
+
+    def _running_sessions(self) -> List[str]:
+        """The names of the sessions whose process runs, sorted."""
+        d = self.client._t.json("GET", "/sandboxes/%s/sessions" % q(self.id))
+        return sorted(str(x.get("name")) for x in (d.get("sessions") or []) if x.get("running"))
 
     def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on that
-        checkpoint (files only, see :meth:`Checkpoint.fork`)."""
+        checkpoint (its files; processes stay with this sandbox, see
+        :meth:`Checkpoint.fork`)."""
         return self.checkpoint(label=label).fork(count, **create_kwargs)
 
     def tree(self) -> Tree:

@@ -12,6 +12,7 @@ DELTABOX_TEST_INSTALLED=1, which tests the installed one.
 """
 
 import ast
+import asyncio
 import base64
 import datetime
 import hashlib
@@ -34,7 +35,9 @@ if os.environ.get("DELTABOX_TEST_INSTALLED") != "1" and SRC not in sys.path:
 
 import deltabox  # noqa: E402
 from deltabox import (Checkpoint, Client, CommandError, Conflict, DaemonUnreachable,  # noqa: E402
-                      DeltaBoxError, InvalidRequest, NotFound, Result, Sandbox, Tree)
+                      DeltaBoxError, InvalidRequest, NotFound, RestoreResult, Result, Sandbox,
+                      Templates, Tree)
+from deltabox.aio import AsyncClient, AsyncSandbox, AsyncSession  # noqa: E402
 from deltabox.errors import from_answer  # noqa: E402
 from deltabox.models import parse_time  # noqa: E402
 
@@ -192,6 +195,7 @@ class OfflineTest(unittest.TestCase):
         self.assertIsNone(parse_time(""))
         self.assertIsNone(parse_time(None))
         self.assertIsNone(parse_time("yesterday"))
+        self.assertIsNone(parse_time("0001-01-01T00:00:00Z"))  # Go's zero time: unset
 
     def test_tree_model(self):
         t = Tree.from_api({
@@ -212,6 +216,38 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual(
             t.render(),
             "image default <- sb2\n`-- n1 'a'\n    |-- n2 <- sb1\n    `-- n3\n        `-- n4")
+
+    def test_process_models(self):
+        # The answers of a checkpoint and a restore (shapes as the daemon sends them).
+        node = {"id": "n2", "parent": "n1", "image": "default", "sandbox": "sb1", "durable": False}
+        c = Checkpoint.from_api(node, op={
+            "node": node, "sandbox": "sb1", "killed_processes": 1, "mounted": True,
+            "duration_ms": 2.5, "processes": 3, "process_errors": ["session py: gone"],
+            "prepared": True, "phases_us": {"seize": 120, "fork": 480}})
+        self.assertEqual((c.processes, c.process_errors, c.killed_processes, c.mounted, c.prepared),
+                         (3, ["session py: gone"], 1, True, True))
+        self.assertEqual((c.duration, c.phases_us), (0.0025, {"seize": 120, "fork": 480}))
+        self.assertIsNone(c.templates)
+        # A node from the tree: no operation, maybe templates.
+        n = Checkpoint.from_api(dict(node, templates={
+            "processes": 2, "sessions": ["main", "py"], "rss_bytes": 10, "pss_bytes": 6,
+            "private_dirty_bytes": 4}))
+        self.assertEqual(n.templates, Templates(2, ["main", "py"], 10, 6, 4))
+        self.assertEqual((n.processes, n.process_errors, n.killed_processes, n.prepared, n.phases_us),
+                         (None, [], None, None, {}))
+        r = RestoreResult.from_api({
+            "node": node, "sandbox": "sb1", "killed_processes": 2, "mounted": False,
+            "duration_ms": 1.5, "processes": 2, "warm": True,
+            "phases_us": {"kill": 50, "processes": 400}})
+        self.assertEqual((r.id, r.node.id, r.sandbox, r.processes, r.process_errors),
+                         ("n2", "n2", "sb1", 2, []))
+        self.assertEqual((r.killed_processes, r.mounted, r.warm, r.duration, r.phases_us),
+                         (2, False, True, 0.0015, {"kill": 50, "processes": 400}))
+        self.assertIsNone(r.sessions_restored)
+        self.assertIsNone(r.sessions_ended)
+        # Fields the daemon leaves out (omitempty) take their zero.
+        r = RestoreResult.from_api({"node": node, "sandbox": "sb1", "processes": 0})
+        self.assertEqual((r.warm, r.process_errors, r.phases_us), (False, [], {}))
 
     def test_keepalive_retry_after_server_closed(self):
         # A server that closes each connection after answering without saying so:
@@ -291,6 +327,43 @@ class OfflineTest(unittest.TestCase):
                 t.json("GET", "/half")
             self.assertIn("middle of its answer", str(cm.exception))
             t.close()
+
+    def test_aio_calls_run_at_once(self):
+        # AsyncClient's calls run in its thread pool: four half-second answers together
+        # take about half a second, and the event loop runs meanwhile.
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                time.sleep(0.5)
+                body = b'{"ok": true, "api": "v1"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        async def main(path):
+            ticks = []
+
+            async def tick():
+                for _ in range(5):
+                    ticks.append(time.monotonic())
+                    await asyncio.sleep(0.05)
+
+            async with AsyncClient(path, timeout=10) as c:
+                start = time.monotonic()
+                out = await asyncio.gather(tick(), *(c.health() for _ in range(4)))
+                took = time.monotonic() - start
+            self.assertEqual(out[1:], [{"ok": True, "api": "v1"}] * 4)
+            self.assertLess(took, 1.5, "4 calls of 0.5 s took %.2f s: not at once" % took)
+            self.assertEqual(len(ticks), 5)
+            self.assertLess(ticks[-1] - ticks[0], 0.45, "the event loop was blocked")
+
+        with _FakeDaemon(H) as p:
+            asyncio.run(main(p))
 
     def test_build_backend(self):
         sys.path.insert(0, SRC)
@@ -588,7 +661,9 @@ class DaemonTest(unittest.TestCase):
         self.sh(sb, "echo v2 > d/f; rm k; touch new")
         c2 = sb.checkpoint(label="v2")
         self.assertEqual(c2.parent, c1.id)
-        self.assertIs(sb.restore(c1), sb)
+        r = sb.restore(c1)
+        self.assertIsInstance(r, RestoreResult)
+        self.assertEqual((r.node.id, r.sandbox, r.processes, r.process_errors), (c1.id, sb.id, 0, []))
         self.assertEqual(self.sh(sb, "cat d/f k; ls"), "v1\nkeep\nd\nk\n")
         self.assertEqual(sb.head, c1.id)
         sb.restore(c2.id)  # an id works too
@@ -619,7 +694,7 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("end_background", str(cm.exception))
         self.assertEqual(sb.run("kill -0 " + pid).exit_code, 0)
         c = sb.checkpoint(label="ended", end_background=True)
-        self.assertEqual(c.killed_processes, 1)
+        self.assertEqual((c.killed_processes, c.processes, c.process_errors), (1, 0, []))
         self.assertNotEqual(sb.run("kill -0 " + pid).exit_code, 0)
 
     def test_session_state_follows_checkpoint_and_restore(self):
@@ -634,6 +709,85 @@ class DaemonTest(unittest.TestCase):
         r = sb.run("echo ${X:-unset}", session="main")
         self.assertFalse(r.session_restarted)
         self.assertEqual(r.stdout, "1\n")
+
+    def test_process_half_of_checkpoint_and_restore(self):
+        # What a checkpoint and a restore did with a bash and a python session, as the
+        # client reports it, checked against the sessions' state and the daemon's counts.
+        sb = self.sandbox()
+        c0 = sb.checkpoint(label="no sessions")
+        self.assertEqual((c0.processes, c0.process_errors, c0.killed_processes), (0, [], 0))
+        self.sh(sb, "X=1", session="main")
+        py = sb.sessions.start("py", kind="python")
+        self.assertEqual(py.run("y = 41").exit_code, 0)
+        c1 = sb.checkpoint(label="two sessions")
+        self.assertEqual((c1.processes, c1.process_errors, c1.killed_processes), (2, [], 0))
+        self.assertIn("fork", c1.phases_us)
+        self.assertIsInstance(c1.prepared, bool)
+        self.assertIsNone(c1.templates)  # not in a checkpoint's answer...
+        t = c1.refresh().templates  # ... but in the node's
+        self.assertIsInstance(t, Templates)
+        self.assertEqual((t.processes, t.sessions), (2, ["main", "py"]))
+        self.assertGreater(t.rss_bytes, 0)
+        self.assertEqual(self.client.tree()[c1.id].templates.sessions, ["main", "py"])
+        self.assertIsNone(self.client.tree()[c0.id].templates)
+
+        # Back to the node with both sessions' processes: both kept, with their state.
+        self.sh(sb, "X=2", session="main")
+        py.run("y = 0")
+        r = sb.restore(c1, report_sessions=True)
+        self.assertEqual((r.node.id, r.sandbox, r.processes, r.process_errors), (c1.id, sb.id, 2, []))
+        self.assertEqual((r.sessions_restored, r.sessions_ended), (["main", "py"], []))
+        self.assertGreaterEqual(r.killed_processes, 2)  # the live sessions' processes
+        self.assertIn("processes", r.phases_us)
+        self.assertIsInstance(r.warm, bool)
+        res = sb.run("echo $X", session="main")
+        self.assertEqual((res.stdout, res.session_restarted), ("1\n", False))
+        res = py.run("y + 1")
+        self.assertEqual((res.stdout, res.session_restarted), ("42\n", False))
+        stats = sb.info()["stats"]
+        self.assertEqual(stats["restore_paths"]["process"], 1)
+
+        # To the node made with no session: no process comes back, both are ended and
+        # start afresh on their next call.
+        r = sb.restore(c0, report_sessions=True)
+        self.assertEqual((r.node.id, r.processes, r.process_errors), (c0.id, 0, []))
+        self.assertEqual((r.sessions_restored, r.sessions_ended), ([], ["main", "py"]))
+        self.assertGreaterEqual(r.killed_processes, 2)
+        ended = {s.name: s for s in sb.sessions.list()}
+        self.assertFalse(ended["py"].running)
+        self.assertIn(c0.id, ended["py"].exit or "")
+        self.assertIsNone(ended["py"].started)
+        self.assertEqual(sb.info()["stats"]["restore_paths"]["no_sessions"], 1)
+        res = sb.run("echo ${X:-unset}", session="main")
+        self.assertEqual((res.stdout, res.session_restarted), ("unset\n", True))
+
+        # Back to c1 (without the report): the ended python session comes back too.
+        r = sb.restore(c1)
+        self.assertEqual((r.processes, r.sessions_restored, r.sessions_ended), (2, None, None))
+        res = py.run("y + 1")
+        self.assertEqual((res.stdout, res.session_restarted), ("42\n", False))
+
+        # Into another sandbox a node carries its files only: no process, and that
+        # sandbox's own session is ended.
+        other = self.sandbox()
+        self.sh(other, "true", session="main")
+        r = other.restore(c1, report_sessions=True)
+        self.assertEqual((r.node.id, r.sandbox, r.processes), (c1.id, other.id, 0))
+        self.assertEqual((r.sessions_restored, r.sessions_ended), ([], ["main"]))
+        self.assertEqual(other.info()["stats"]["restore_paths"]["other_sandbox"], 1)
+
+    def test_background_job_counts_as_a_process(self):
+        # A background job outside the sessions is kept by a checkpoint and brought back
+        # by a restore with its PID, and counted in processes.
+        sb = self.sandbox()
+        pid = self.sh(sb, "nohup sleep 1000 </dev/null >/dev/null 2>&1 & echo $!").strip()
+        c = sb.checkpoint()
+        self.assertEqual((c.processes, c.killed_processes), (1, 0))
+        self.assertEqual(c.refresh().templates.sessions, [])
+        self.sh(sb, "kill -9 %s; while kill -0 %s 2>/dev/null; do sleep 0.01; done" % (pid, pid))
+        r = sb.restore(c, report_sessions=True)
+        self.assertEqual((r.processes, r.sessions_restored, r.sessions_ended), (1, [], []))
+        self.assertEqual(sb.run("kill -0 " + pid).exit_code, 0)
 
     def test_tree(self):
         sb = self.sandbox()
@@ -703,6 +857,80 @@ class DaemonTest(unittest.TestCase):
             k.close()
             with self.assertRaises(NotFound):
                 Sandbox.connect(k.id, client=self.client)
+
+    # ---- asyncio ----
+
+    def test_aio_sandbox(self):
+        async def main():
+            async with AsyncClient(SOCKET, timeout=120) as c:
+                async with await AsyncSandbox.create(client=c) as sb:
+                    sid = sb.id
+                    start = time.monotonic()
+                    rs = await asyncio.gather(*(sb.run("sleep 1; echo %d" % i, timeout=30)
+                                                for i in range(3)))
+                    took = time.monotonic() - start
+                    self.assertEqual([r.stdout for r in rs], ["0\n", "1\n", "2\n"])
+                    self.assertLess(took, 2.5, "3 one-second commands took %.1fs" % took)
+                    # on_output on the event loop, a coroutine function, in order.
+                    got = []
+
+                    async def on_output(stream, data):
+                        await asyncio.sleep(0)
+                        got.append((stream, data))
+
+                    r = await sb.run("echo a; sleep 0.2; echo b >&2", on_output=on_output)
+                    self.assertEqual((r.stdout, r.stderr), ("a\n", "b\n"))
+                    self.assertEqual(got, [("stdout", "a\n"), ("stderr", "b\n")])
+                    # A python session's process across a checkpoint and a restore.
+                    py = await sb.sessions.start("py", kind="python")
+                    self.assertIsInstance(py, AsyncSession)
+                    self.assertEqual((await py.run("x = 41")).exit_code, 0)
+                    ck = await sb.checkpoint(label="aio")
+                    self.assertEqual((ck.processes, ck.process_errors), (1, []))
+                    await py.run("x = 0")
+                    res = await sb.restore(ck, report_sessions=True)
+                    self.assertEqual((res.node.id, res.processes), (ck.id, 1))
+                    self.assertEqual((res.sessions_restored, res.sessions_ended), (["py"], []))
+                    r = await sb.sessions.run("py", "x + 1")
+                    self.assertEqual((r.stdout, r.session_restarted), ("42\n", False))
+                    self.assertEqual(await sb.head(), ck.id)
+                    self.assertEqual((await c.checkpoint(ck.id)).templates.sessions, ["py"])
+                    # Files, and a fork (files only: no process in the new sandbox).
+                    await sb.files.write("f", "from aio")
+                    self.assertEqual(await sb.files.read_text("f"), "from aio")
+                    (kid,) = await c.fork(ck, 1)
+                    try:
+                        self.assertIsInstance(kid, AsyncSandbox)
+                        self.assertEqual(await kid.head(), ck.id)
+                        self.assertFalse(await kid.files.exists("f"))
+                        self.assertEqual([s.running for s in await kid.sessions.list()], [])
+                    finally:
+                        await kid.close()
+                with self.assertRaises(NotFound):
+                    await AsyncSandbox.connect(sid, client=c)
+
+        asyncio.run(main())
+
+    def test_aio_on_output_raising_abandons_the_command(self):
+        class Stop(Exception):
+            pass
+
+        def on_output(stream, data):
+            raise Stop()
+
+        async def main():
+            async with AsyncClient(SOCKET, timeout=120) as c:
+                async with await AsyncSandbox.create(client=c) as sb:
+                    start = time.monotonic()
+                    with self.assertRaises(Stop):
+                        await sb.run("echo go; sleep 30", on_output=on_output)
+                    self.assertLess(time.monotonic() - start, 10)
+                    deadline = time.monotonic() + 10
+                    while "sleep 30" in (await sb.run("ps -eo args")).stdout:
+                        self.assertLess(time.monotonic(), deadline, "the abandoned command still runs")
+                        await asyncio.sleep(0.1)
+
+        asyncio.run(main())
 
     # ---- errors ----
 
