@@ -68,6 +68,13 @@ type OpResult struct {
 	// be (they were ended).
 	Processes     int      `json:"processes"`
 	ProcessErrors []string `json:"process_errors,omitempty"`
+	// Sessions names the sessions whose processes the checkpoint kept at the node, or
+	// that the restore brought back from it (same PIDs, same state); SessionsEnded the
+	// sessions the operation ended (a restore to a node without their process state, a
+	// process that could not be resumed, a daemon without the fast path): a bash or
+	// python one starts afresh on its next call (session_restarted). Sorted.
+	Sessions      []string `json:"sessions,omitempty"`
+	SessionsEnded []string `json:"sessions_ended,omitempty"`
 	// Warm: the restore installed a state of the node mounted ahead of time
 	// (state/warm.go).
 	Warm bool `json:"warm,omitempty"`

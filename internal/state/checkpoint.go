@@ -160,7 +160,7 @@ func (c *checkpoint) kill() error {
 		c.res.Killed = n
 	}
 	if !m.cfg.FastPath {
-		m.endSessions(s, "ended by a checkpoint (the daemon runs without the fast path: process state is not kept)")
+		c.res.SessionsEnded = m.endSessions(s, "ended by a checkpoint (the daemon runs without the fast path: process state is not kept)")
 	}
 	return nil
 }
@@ -280,6 +280,9 @@ func (c *checkpoint) publish() error {
 	var tps []*procTemplate
 	for _, l := range c.held {
 		tps = append(tps, l.pt)
+		if l.name != "" {
+			res.Sessions = append(res.Sessions, l.name)
+		}
 	}
 	for _, e := range m.releaseHeld(c.held) {
 		res.ProcessErrors = append(res.ProcessErrors, e.Error())

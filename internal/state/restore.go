@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -309,9 +310,12 @@ func (r *restore) revive() error {
 func (r *restore) publish() error {
 	m, s, res := r.m, r.s, r.res
 	r.undo.release()
-	res.ProcessErrors = m.commitRevivals(s, r.rvs)
+	var failed []string
+	res.Sessions, failed, res.ProcessErrors = m.commitRevivals(s, r.rvs)
 	res.Processes = len(r.rvs) - len(res.ProcessErrors)
-	m.endSessionsExcept(s, r.tps, "ended by a restore to "+r.nodeID+", where it had no process state")
+	ended := m.endSessionsExcept(s, r.tps, "ended by a restore to "+r.nodeID+", where it had no process state")
+	res.SessionsEnded = append(failed, ended...)
+	sort.Strings(res.SessionsEnded)
 	m.mu.Lock()
 	s.rec.Head, s.rec.Image, s.rec.Upper = r.nodeID, r.image, r.newUpper
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})

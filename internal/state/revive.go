@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"sort"
 
 	"golang.org/x/sys/unix"
 
@@ -125,10 +126,10 @@ func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
 }
 
 // commitRevivals lets the revived processes run and binds each session to its process,
-// with the checkpoint's termios and window size. It returns the sessions that could not
-// be resumed (they are ended).
-func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
-	var errs []string
+// with the checkpoint's termios and window size. It returns the sessions brought back,
+// those that could not be resumed (they are ended), and what went wrong for each process
+// that could not be.
+func (m *Manager) commitRevivals(s *sb, rvs []*revival) (restored, ended, errs []string) {
 	for _, rv := range rvs {
 		t := rv.pt
 		if rv.sess == nil { // outside the sessions: it only resumes
@@ -150,6 +151,7 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 		rv.peer = -1
 		if err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", t.what, err))
+			ended = append(ended, t.session)
 			s.mu.Lock()
 			if s.sessions[t.session] == rv.sess {
 				delete(s.sessions, t.session)
@@ -163,6 +165,9 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) []string {
 		s.sessions[t.session] = rv.sess
 		delete(s.ended, t.session)
 		s.mu.Unlock()
+		restored = append(restored, t.session)
 	}
-	return errs
+	sort.Strings(restored)
+	sort.Strings(ended)
+	return restored, ended, errs
 }

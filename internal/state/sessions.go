@@ -141,20 +141,16 @@ func (m *Manager) KillSession(id, name string) error {
 }
 
 // endSessions closes every session after a checkpoint or restore ended their
-// processes. Precondition: s.opMu held.
-func (m *Manager) endSessions(s *sb, why string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for name, sess := range s.sessions {
-		sess.Release()
-		s.ended[name] = why
-		delete(s.sessions, name)
-	}
+// processes, and returns their names, sorted. Precondition: s.opMu held.
+func (m *Manager) endSessions(s *sb, why string) []string {
+	return m.endSessionsExcept(s, nil, why)
 }
 
 // endSessionsExcept ends the sessions that have no template in ts (their processes were
-// killed); the others wait to be rebound to their restored process. Precondition: s.opMu.
-func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, why string) {
+// killed), and returns their names, sorted; the others wait to be rebound to their
+// restored process. Precondition: s.opMu.
+func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, why string) []string {
+	var ended []string
 	keep := map[string]bool{}
 	for _, t := range ts {
 		keep[t.session] = true
@@ -168,7 +164,10 @@ func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, why string) {
 		sess.Release()
 		s.ended[name] = why
 		delete(s.sessions, name)
+		ended = append(ended, name)
 	}
+	sort.Strings(ended)
+	return ended
 }
 
 // sessionFor returns the session a call goes to, starting the default session or

@@ -66,3 +66,35 @@ func TestSessionKilledBySignalSaysWhich(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAnswersNameSessions: a checkpoint's answer names the sessions whose processes the
+// node keeps; a restore's names those it brought back and those it ended.
+func TestAnswersNameSessions(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "an")
+	dbxSh(t, d, "an", "echo 0 > f")
+	c0 := dbxCheckpoint(t, d, "an", "none")
+	if len(c0.Sessions) != 0 {
+		t.Fatalf("a checkpoint without sessions names %v", c0.Sessions)
+	}
+	if _, err := d.C.StartSession(dbxCtx(t), "an", apitypes.SessionOptions{Name: "py", Kind: apitypes.SessionPython}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, "an", "py", "x = 1")
+	sessRun(t, d, "an", "main", "X=1")
+	c1 := dbxCheckpoint(t, d, "an", "two")
+	if got := strings.Join(c1.Sessions, ","); got != "main,py" {
+		t.Fatalf("checkpoint sessions %q, want main,py", got)
+	}
+	r := dbxRestore(t, d, "an", c0.Node.ID)
+	if len(r.Sessions) != 0 || strings.Join(r.SessionsEnded, ",") != "main,py" {
+		t.Fatalf("restore to a node without sessions: sessions %v ended %v, want none and main,py", r.Sessions, r.SessionsEnded)
+	}
+	r = dbxRestore(t, d, "an", c1.Node.ID)
+	if strings.Join(r.Sessions, ",") != "main,py" || len(r.SessionsEnded) != 0 {
+		t.Fatalf("restore to the node with both: sessions %v ended %v, want main,py and none", r.Sessions, r.SessionsEnded)
+	}
+	if out := sessRun(t, d, "an", "py", "print(x)"); out != "1\n" {
+		t.Fatalf("python after the restore: %q", out)
+	}
+}

@@ -232,10 +232,9 @@ class AsyncSandbox:
         """:meth:`Sandbox.checkpoint`."""
         return await self.client.call(self.blocking.checkpoint, label, end_background)
 
-    async def restore(self, checkpoint: Union[Checkpoint, str],
-                      report_sessions: bool = False) -> RestoreResult:
+    async def restore(self, checkpoint: Union[Checkpoint, str]) -> RestoreResult:
         """:meth:`Sandbox.restore`."""
-        return await self.client.call(self.blocking.restore, checkpoint, report_sessions)
+        return await self.client.call(self.blocking.restore, checkpoint)
 
     async def fork(self, count: int = 1, label: Optional[str] = None,
                    **create_kwargs: Any) -> List["AsyncSandbox"]:

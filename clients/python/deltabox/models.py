@@ -172,6 +172,9 @@ class Checkpoint:
             ran, or with ``DELTABOX_FASTPATH=0``, which ends the sessions instead).
         process_errors: the processes that could not be kept, which were ended
             (``"session py: ..."``); empty when all were.
+        sessions: the sessions whose processes the node keeps, sorted.
+        sessions_ended: sessions the checkpoint ended (only with
+            ``DELTABOX_FASTPATH=0``); their next call starts them afresh.
         killed_processes: processes the checkpoint ended: the background jobs that
             ``end_background=True`` ended (with ``DELTABOX_FASTPATH=0``, every
             process but the sandbox's init).
@@ -199,6 +202,8 @@ class Checkpoint:
     templates: Optional[Templates] = None
     processes: Optional[int] = None
     process_errors: List[str] = field(default_factory=list)
+    sessions: Optional[List[str]] = None
+    sessions_ended: List[str] = field(default_factory=list)
     killed_processes: Optional[int] = None
     mounted: Optional[bool] = None
     prepared: Optional[bool] = None
@@ -231,6 +236,8 @@ class Checkpoint:
         if op is not None:
             c.processes = int(op.get("processes") or 0)
             c.process_errors = [str(e) for e in (op.get("process_errors") or [])]
+            c.sessions = [str(s) for s in (op.get("sessions") or [])]
+            c.sessions_ended = [str(s) for s in (op.get("sessions_ended") or [])]
             c.killed_processes = int(op.get("killed_processes") or 0)
             c.mounted = bool(op.get("mounted"))
             c.prepared = bool(op.get("prepared"))
@@ -327,12 +334,12 @@ class RestoreResult:
         duration: seconds inside the daemon.
         phases_us: microseconds per step (templates, upper, mount, kill, reap,
             processes, publish).
-        sessions_restored, sessions_ended: with ``sb.restore(node,
-            report_sessions=True)`` only (None otherwise): the sessions that run after
-            the restore, their process the node's; and those that ran before it and
-            were ended because the node has no process of theirs (their next call
-            starts them afresh, with ``session_restarted``). The daemon's answer does
-            not name sessions: the client lists them before and after the restore.
+        sessions_restored: the sessions brought back from the node (their process
+            the node's, same PID and state), sorted.
+        sessions_ended: the sessions the restore ended, sorted: the node has no
+            process of theirs (made without them, or in another sandbox), or theirs
+            could not be resumed; their next call starts them afresh
+            (``session_restarted``).
     """
 
     node: Checkpoint
@@ -344,8 +351,8 @@ class RestoreResult:
     warm: bool = False
     duration: float = 0.0
     phases_us: Dict[str, int] = field(default_factory=dict)
-    sessions_restored: Optional[List[str]] = None
-    sessions_ended: Optional[List[str]] = None
+    sessions_restored: List[str] = field(default_factory=list)
+    sessions_ended: List[str] = field(default_factory=list)
 
     @classmethod
     def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None,
@@ -360,6 +367,8 @@ class RestoreResult:
             warm=bool(d.get("warm")),
             duration=float(d.get("duration_ms") or 0.0) / 1000.0,
             phases_us=_phases(d),
+            sessions_restored=[str(s) for s in (d.get("sessions") or [])],
+            sessions_ended=[str(s) for s in (d.get("sessions_ended") or [])],
         )
 
     @property

@@ -279,8 +279,7 @@ class Sandbox:
         d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body)
         return Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
 
-    def restore(self, checkpoint: Union[Checkpoint, str],
-                report_sessions: bool = False) -> RestoreResult:
+    def restore(self, checkpoint: Union[Checkpoint, str]) -> RestoreResult:
         """Rolls the sandbox back (or over) to a checkpoint, files and processes
         together, and returns what it did (:class:`RestoreResult`).
 
@@ -290,29 +289,13 @@ class Sandbox:
         (``result.processes``). Any node of the tree works; one made by another
         sandbox (or before a daemon restart) brings back its files only
         (``processes`` 0), and sessions start again on their next call
-        (``session_restarted``). Conflict while a command runs, or if a template of
-        the node is gone (nothing is changed).
-
-        ``report_sessions=True`` also names the sessions the restore brought back and
-        those it ended (``result.sessions_restored``, ``result.sessions_ended``): the
-        daemon's answer does not, so the client lists the sessions before and after
-        (two more round trips; sessions that other callers start or kill meanwhile
-        are counted as if the restore had). (Before 0.2.0 this returned the
-        sandbox.)"""
+        (``session_restarted``): ``result.sessions_restored`` and
+        ``result.sessions_ended`` name them. Conflict while a command runs, or if a
+        template of the node is gone (nothing is changed). (Before 0.2.0 this
+        returned the sandbox.)"""
         node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
-        before = self._running_sessions() if report_sessions else None
         d = self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), {"node": node})
-        res = RestoreResult.from_api(d, self.client)
-        if before is not None:
-            after = self._running_sessions()
-            res.sessions_restored = after
-            res.sessions_ended = [n for n in before if n not in after]
-        return res
-
-    def _running_sessions(self) -> List[str]:
-        """The names of the sessions whose process runs, sorted."""
-        d = self.client._t.json("GET", "/sandboxes/%s/sessions" % q(self.id))
-        return sorted(str(x.get("name")) for x in (d.get("sessions") or []) if x.get("running"))
+        return RestoreResult.from_api(d, self.client)
 
     def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on that

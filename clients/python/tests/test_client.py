@@ -243,8 +243,10 @@ class OfflineTest(unittest.TestCase):
                          ("n2", "n2", "sb1", 2, []))
         self.assertEqual((r.killed_processes, r.mounted, r.warm, r.duration, r.phases_us),
                          (2, False, True, 0.0015, {"kill": 50, "processes": 400}))
-        self.assertIsNone(r.sessions_restored)
-        self.assertIsNone(r.sessions_ended)
+        self.assertEqual((r.sessions_restored, r.sessions_ended), ([], []))
+        r = RestoreResult.from_api({"node": node, "sandbox": "sb1", "processes": 1,
+                                    "sessions": ["main"], "sessions_ended": ["py"]})
+        self.assertEqual((r.sessions_restored, r.sessions_ended), (["main"], ["py"]))
         # Fields the daemon leaves out (omitempty) take their zero.
         r = RestoreResult.from_api({"node": node, "sandbox": "sb1", "processes": 0})
         self.assertEqual((r.warm, r.process_errors, r.phases_us), (False, [], {}))
@@ -721,6 +723,7 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(py.run("y = 41").exit_code, 0)
         c1 = sb.checkpoint(label="two sessions")
         self.assertEqual((c1.processes, c1.process_errors, c1.killed_processes), (2, [], 0))
+        self.assertEqual((c1.sessions, c1.sessions_ended), (["main", "py"], []))
         self.assertIn("fork", c1.phases_us)
         self.assertIsInstance(c1.prepared, bool)
         self.assertIsNone(c1.templates)  # not in a checkpoint's answer...
@@ -734,7 +737,7 @@ class DaemonTest(unittest.TestCase):
         # Back to the node with both sessions' processes: both kept, with their state.
         self.sh(sb, "X=2", session="main")
         py.run("y = 0")
-        r = sb.restore(c1, report_sessions=True)
+        r = sb.restore(c1)
         self.assertEqual((r.node.id, r.sandbox, r.processes, r.process_errors), (c1.id, sb.id, 2, []))
         self.assertEqual((r.sessions_restored, r.sessions_ended), (["main", "py"], []))
         self.assertGreaterEqual(r.killed_processes, 2)  # the live sessions' processes
@@ -749,7 +752,7 @@ class DaemonTest(unittest.TestCase):
 
         # To the node made with no session: no process comes back, both are ended and
         # start afresh on their next call.
-        r = sb.restore(c0, report_sessions=True)
+        r = sb.restore(c0)
         self.assertEqual((r.node.id, r.processes, r.process_errors), (c0.id, 0, []))
         self.assertEqual((r.sessions_restored, r.sessions_ended), ([], ["main", "py"]))
         self.assertGreaterEqual(r.killed_processes, 2)
@@ -761,9 +764,9 @@ class DaemonTest(unittest.TestCase):
         res = sb.run("echo ${X:-unset}", session="main")
         self.assertEqual((res.stdout, res.session_restarted), ("unset\n", True))
 
-        # Back to c1 (without the report): the ended python session comes back too.
+        # Back to c1: the ended python session comes back too.
         r = sb.restore(c1)
-        self.assertEqual((r.processes, r.sessions_restored, r.sessions_ended), (2, None, None))
+        self.assertEqual((r.processes, r.sessions_restored, r.sessions_ended), (2, ["main", "py"], []))
         res = py.run("y + 1")
         self.assertEqual((res.stdout, res.session_restarted), ("42\n", False))
 
@@ -771,7 +774,7 @@ class DaemonTest(unittest.TestCase):
         # sandbox's own session is ended.
         other = self.sandbox()
         self.sh(other, "true", session="main")
-        r = other.restore(c1, report_sessions=True)
+        r = other.restore(c1)
         self.assertEqual((r.node.id, r.sandbox, r.processes), (c1.id, other.id, 0))
         self.assertEqual((r.sessions_restored, r.sessions_ended), ([], ["main"]))
         self.assertEqual(other.info()["stats"]["restore_paths"]["other_sandbox"], 1)
@@ -785,7 +788,7 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual((c.processes, c.killed_processes), (1, 0))
         self.assertEqual(c.refresh().templates.sessions, [])
         self.sh(sb, "kill -9 %s; while kill -0 %s 2>/dev/null; do sleep 0.01; done" % (pid, pid))
-        r = sb.restore(c, report_sessions=True)
+        r = sb.restore(c)
         self.assertEqual((r.processes, r.sessions_restored, r.sessions_ended), (1, [], []))
         self.assertEqual(sb.run("kill -0 " + pid).exit_code, 0)
 
@@ -888,7 +891,7 @@ class DaemonTest(unittest.TestCase):
                     ck = await sb.checkpoint(label="aio")
                     self.assertEqual((ck.processes, ck.process_errors), (1, []))
                     await py.run("x = 0")
-                    res = await sb.restore(ck, report_sessions=True)
+                    res = await sb.restore(ck)
                     self.assertEqual((res.node.id, res.processes), (ck.id, 1))
                     self.assertEqual((res.sessions_restored, res.sessions_ended), (["py"], []))
                     r = await sb.sessions.run("py", "x + 1")
