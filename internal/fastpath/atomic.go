@@ -46,7 +46,7 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 		if err != nil {
 			return fmt.Errorf("seize %d: %w", hostPid, err)
 		}
-		p, err := inspect(hostPid, probeMayWrite(t))
+		p, err := inspect(hostPid, probeMayWrite(t), lookupIn(t))
 		if err != nil {
 			if derr := t.Detach(); derr != nil {
 				err = errors.Join(err, derr)
@@ -152,7 +152,7 @@ func (h *Held) MoveBack() error {
 		}
 		var files []FD
 		for _, f := range h.P.FDs {
-			if f.Kind == "file" || f.Kind == "dir" {
+			if reopened(f.Kind) {
 				files = append(files, f)
 			}
 		}

@@ -114,8 +114,8 @@ func cpuTimerTick(c *remote.Tracee) (int64, error) {
 
 // posixTimers reads /proc/PID/timers of the process (host PID hostPid, pid in its
 // namespace) and checks that each timer can be re-created in a restored child.
-func posixTimers(base string, hostPid, pid int) ([]PosixTimer, error) {
-	b, err := os.ReadFile(base + "/timers")
+func posixTimers(base string, hostPid, pid int, buf []byte) ([]PosixTimer, error) {
+	b, err := readProc(base+"/timers", buf)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil // a kernel without CONFIG_CHECKPOINT_RESTORE: no timers shown
