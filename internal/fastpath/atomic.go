@@ -63,7 +63,8 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 // PID's session can end with the live process) and is kept seized in a ptrace-stop with
 // a SIGSTOP queued (remote.Tracee.KeepStopped; Template.tr says why).
 // The template is on the state the process is on (nothing has moved yet). On error no
-// template exists.
+// template exists; a template that did not get all of the process's memory
+// (MADV_DONTFORK, MADV_WIPEONFORK: checkForkCopy) is an *Ineligible.
 func (h *Held) Fork() (*Template, error) {
 	tmpl := &Template{Proc: *h.P, tr: h.tr}
 	var child *remote.Tracee
@@ -75,6 +76,11 @@ func (h *Held) Fork() (*Template, error) {
 		var err error
 		if child, err = h.t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}); err != nil {
 			return fmt.Errorf("fork the template of %d: %w", h.P.Pid, err)
+		}
+		// Memory the fork did not copy (MADV_DONTFORK) or wiped (MADV_WIPEONFORK):
+		// read from /proc before anything is injected into either (forkcopy.go).
+		if err := checkForkCopy(h.P, child.Pid()); err != nil {
+			return err
 		}
 		if err := recordForked(h.t, tmpl); err != nil {
 			return fmt.Errorf("process %d: %w", h.P.Pid, err)

@@ -68,6 +68,24 @@ func TestJudgeMount(t *testing.T) {
 	}
 }
 
+func TestParseSmaps(t *testing.T) {
+	in := `7f0d50ef6000-7f0d50ef7000 rw-p 00000000 00:00 0
+Size:                  4 kB
+Anonymous:             4 kB
+VmFlags: rd wr mr mw me ac sd wf
+7f0d50ef8000-7f0d50ef9000 rw-s 00002000 00:90 67380045                   /workspace/a b
+Anonymous:             0 kB
+VmFlags: rd wr sh mr mw me ms sd dc
+`
+	got := parseSmaps([]byte(in))
+	if len(got) != 2 || !got[0].flags["wf"] || got[0].flags["dc"] || got[0].anonKB != 4 || !got[1].flags["dc"] || got[1].path != "/workspace/a b" || got[1].start != 0x7f0d50ef8000 {
+		t.Fatalf("parsed %+v", got)
+	}
+	if mw := parseSmapsMayWrite([]byte(in)); !mw[0x7f0d50ef6000] || !mw[0x7f0d50ef8000] {
+		t.Errorf("mw %v", mw)
+	}
+}
+
 // TestIsDeleted: a file is deleted by its link count, not by the " (deleted)" the kernel
 // appends to an unlinked name: a live file named "x (deleted)" is not, a file unlinked
 // while open is, and so is a name unlinked from a file that keeps another link.
@@ -115,6 +133,65 @@ func TestIneligibleIsConflict(t *testing.T) {
 	err := fmt.Errorf("session py: %w", &Ineligible{7, "why"})
 	if !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatal("an Ineligible is not a conflict")
+	}
+}
+
+// TestForkCopyFindsDontforkAndWipeonfork: Fork refuses, with an *Ineligible naming the
+// mapping, a process whose template would lack memory (MADV_DONTFORK, even untouched) or
+// get it zero-filled (MADV_WIPEONFORK, one page written: the counts are exact); it takes
+// a process with an untouched MADV_WIPEONFORK mapping (zeros either way) or none. The
+// refused process is let go as it was, and no template is left.
+func TestForkCopyFindsDontforkAndWipeonfork(t *testing.T) {
+	skip.Require(t, os.Geteuid() == 0, "needs root (ptrace)")
+	gcc, err := exec.LookPath("gcc")
+	skip.Require(t, err == nil, "gcc not found")
+	bin := filepath.Join(t.TempDir(), "forkcopy")
+	if out, err := exec.Command(gcc, "-O1", "-Wall", "-o", bin, "testdata/forkcopy.c").CombinedOutput(); err != nil {
+		t.Fatalf("building testdata/forkcopy.c: %v: %s", err, out)
+	}
+	tr := remote.NewTracer()
+	defer tr.Close()
+	for _, c := range []struct {
+		advice, pages int
+		refuse        string
+	}{
+		{0, 1, ""},
+		{unix.MADV_DONTFORK, 0, "MADV_DONTFORK"},
+		{unix.MADV_DONTFORK, 3, "MADV_DONTFORK"},
+		{unix.MADV_WIPEONFORK, 1, "MADV_WIPEONFORK"},
+		{unix.MADV_WIPEONFORK, 0, ""},
+	} {
+		cmd := exec.Command(bin, fmt.Sprint(c.advice), fmt.Sprint(c.pages))
+		cmd.Dir = "/"
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid := cmd.Process.Pid
+		for i := 0; i < 500 && procState(pid) != 'S'; i++ {
+			time.Sleep(2 * time.Millisecond)
+		}
+		h, err := Hold(tr, pid)
+		if err != nil {
+			t.Fatalf("%+v: hold: %v", c, err)
+		}
+		_, err = h.Fork()
+		var in *Ineligible
+		switch {
+		case c.refuse == "" && err != nil:
+			t.Errorf("%+v: %v", c, err)
+		case c.refuse != "" && (!errors.As(err, &in) || !strings.Contains(err.Error(), c.refuse)):
+			t.Errorf("%+v: %v, want a refusal naming %s", c, err, c.refuse)
+		case c.refuse != "" && h.Tmpl != nil:
+			t.Errorf("%+v: refused, with a template", c)
+		}
+		if err := h.Abort(); err != nil {
+			t.Errorf("%+v: abort: %v", c, err)
+		}
+		if s := procState(pid); s != 'S' && s != 'R' {
+			t.Errorf("%+v: the process is %c after the refusal", c, s)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
 	}
 }
 

@@ -36,7 +36,9 @@
 // process ineligible with a reason that names it: a file is judged by what it is (its
 // mount, its link count, its device number), never skipped because its /proc link could
 // not be read. File locks (flock, POSIX, OFD) are set again on the reopened files;
-// leases make the process ineligible (locks.go).
+// leases make the process ineligible (locks.go). What fork does not copy at all
+// (MADV_DONTFORK memory) or gives back wiped (MADV_WIPEONFORK) is found right after the
+// template's fork, and refuses too (forkcopy.go).
 package fastpath
 
 import (
@@ -82,7 +84,7 @@ type Proc struct {
 	pending [2]uint64    // SigPnd, ShdPnd: signals pending for the thread, the process
 }
 
-// Ineligible is returned by Hold when the fast path cannot take a process.
+// Ineligible is returned by Hold (and Fork) when the fast path cannot take a process.
 // It is a conflict (errors.Is(err, errdefs.ErrConflict): HTTP 409) however it is
 // wrapped: the sandbox is in a state a checkpoint cannot keep, and nothing was changed.
 type Ineligible struct {

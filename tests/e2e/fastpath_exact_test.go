@@ -130,6 +130,29 @@ func TestFastPathFileNamedDeleted(t *testing.T) {
 	exOut(t, d, "fd", "py", "print(k.read())", "a\n")
 }
 
+// TestFastPathDontforkRefused: memory marked MADV_DONTFORK (which fork does not copy: a
+// restored python touching it died of SIGSEGV) or MADV_WIPEONFORK (which fork gives back
+// zero-filled) is refused at the checkpoint with 409 naming the mapping, and nothing
+// changes. Unmarked again, the same memory is checkpointed and restored with its bytes.
+func TestFastPathDontforkRefused(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "df")
+	exPython(t, d, "df", "import mmap\nm = mmap.mmap(-1, 8192, flags=mmap.MAP_PRIVATE)\nm[:3] = b'abc'\nm.madvise(mmap.MADV_DONTFORK)")
+	fpRefused(t, d, "df", "session py", "MADV_DONTFORK")
+	exOut(t, d, "df", "py", "print(bytes(m[:3]))", "b'abc'\n")
+	// MADV_WIPEONFORK (18) and MADV_KEEPONFORK (19): not in python 3.11's mmap module.
+	sessRun(t, d, "df", "py", "m.madvise(mmap.MADV_DOFORK)\nm.madvise(18)")
+	fpRefused(t, d, "df", "session py", "MADV_WIPEONFORK")
+	sessRun(t, d, "df", "py", "m.madvise(19)")
+	op := dbxCheckpoint(t, d, "df", "kept")
+	if op.Processes != 1 {
+		t.Fatalf("checkpoint: %d processes: %v", op.Processes, op.ProcessErrors)
+	}
+	sessRun(t, d, "df", "py", "m[:3] = b'xyz'")
+	dbxRestore(t, d, "df", op.Node.ID)
+	exOut(t, d, "df", "py", "print(bytes(m[:3]))", "b'abc'\n")
+}
+
 // TestFastPathDevNullReadsDevNull: a background job's /dev/null fds read /dev/null after
 // a checkpoint and after a restore (they read "/null" once the state they were opened on
 // was torn down), and two fds that shared one open file description (>/dev/null 2>&1)
