@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -83,7 +84,7 @@ ClockID: 0
 		{PosixTimer{Clock: int32(^6<<3 | 2)}, 1234, "CPU-time clock of process 6"},
 		{PosixTimer{Clock: int32(^3<<3 | 3)}, 1234, "dynamic POSIX clock"},
 	} {
-		r := timerRefused(c.tm, c.target, 1234, 5)
+		r := timerRefused(c.tm, c.target, 1234, 5, func(tid int) string { return strconv.Itoa(tid) })
 		if (c.refuse == "") != (r == "") || !strings.Contains(r, c.refuse) {
 			t.Errorf("timer %+v signalling %d: refused %q, want %q", c.tm, c.target, r, c.refuse)
 		}
