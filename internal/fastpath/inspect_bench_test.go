@@ -10,10 +10,10 @@ import (
 	"deltabox/internal/testutil/skip"
 )
 
-// BenchmarkInspect measures inspect (Hold's reading of /proc) on a python3 holding 20
-// open files, a writable shared file mapping, /dev/null as stdin/stdout/stderr, its cwd
-// on the files' directory: what a checkpoint pays per process before its fork.
-func BenchmarkInspect(b *testing.B) {
+// startInspectSubject starts a python3 holding 20 open files, a writable shared file
+// mapping, /dev/null as stdin/stdout/stderr, its cwd on the files' directory.
+func startInspectSubject(b *testing.B) int {
+	b.Helper()
 	skip.Require(b, os.Geteuid() == 0, "needs root (/proc/PID/map_files)")
 	py, err := exec.LookPath("python3")
 	skip.Require(b, err == nil, "needs python3")
@@ -31,15 +31,36 @@ __import__("time").sleep(1000)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	for i := 0; i < 5000; i++ {
 		if _, err := os.Stat(filepath.Join(dir, "ready")); err == nil {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
+	return cmd.Process.Pid
+}
+
+// BenchmarkForkCopyCheck measures what Fork adds to find memory the fork did not copy
+// (checkForkCopy) when there is none: the statm of the process and of its template
+// (here the process twice).
+func BenchmarkForkCopyCheck(b *testing.B) {
+	pid := startInspectSubject(b)
+	p := &Proc{HostPid: pid, Pid: pid}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := checkForkCopy(p, pid); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkInspect measures inspect (Hold's reading of /proc) on startInspectSubject's
+// python3: what a checkpoint pays per process before its fork.
+func BenchmarkInspect(b *testing.B) {
+	pid := startInspectSubject(b)
 	noWrite := func(uint64, uint64, int) (bool, error) { return false, nil }
-	p, err := inspect(cmd.Process.Pid, noWrite, lookupSelf)
+	p, err := inspect(pid, noWrite, lookupSelf)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -48,7 +69,7 @@ __import__("time").sleep(1000)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := inspect(cmd.Process.Pid, noWrite, lookupSelf); err != nil {
+		if _, err := inspect(pid, noWrite, lookupSelf); err != nil {
 			b.Fatal(err)
 		}
 	}
