@@ -278,3 +278,28 @@ func TestMoveReopensDevicesAndMoveBackGivesThemBack(t *testing.T) {
 		}
 	}
 }
+
+// TestMountsWhere judges real mounts of this process (the host's namespace, whose "base"
+// is pid 1's): its root's mount and /proc are taken. Without the base's table, only the
+// root's filesystem can be judged, and anything else is refused saying why.
+func TestMountsWhere(t *testing.T) {
+	skip.Require(t, os.Geteuid() == 0, "needs root (pid 1's mountinfo)")
+	root, err := statxAt("/proc/self/root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := statxAt("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mounts{hostPid: os.Getpid(), rootMnt: root.Mnt_id}
+	for _, mnt := range []uint64{root.Mnt_id, proc.Mnt_id} {
+		if w, err := m.where(mnt); w != "" || err != nil {
+			t.Errorf("mount %d: %q %v", mnt, w, err)
+		}
+	}
+	m.baseErr = errors.New("no init")
+	if w, err := m.where(proc.Mnt_id); !strings.Contains(w, "cannot be checked") || err != nil {
+		t.Errorf("/proc without the base's table: %q %v", w, err)
+	}
+}

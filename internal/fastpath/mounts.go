@@ -107,10 +107,11 @@ type mounts struct {
 	hostPid int
 	rootMnt uint64
 
-	read bool
-	err  error
-	own  map[int]mountLine // the process's namespace, by id
-	base []mountLine       // the sandbox's base namespace (its init's)
+	read    bool
+	err     error
+	own     map[int]mountLine // the process's namespace, by id
+	base    []mountLine       // the sandbox's base namespace (its init's)
+	baseErr error             // why base could not be read
 }
 
 // where returns "" if mount mnt is the state's (see above), else what it is, for a
@@ -130,7 +131,11 @@ func (m *mounts) where(mnt uint64) (string, error) {
 	if !ok {
 		return "a mount that is not in its mount namespace (detached, or another namespace's)", nil
 	}
-	return judgeMount(l, m.own[int(m.rootMnt)], m.base), nil
+	root := m.own[int(m.rootMnt)]
+	if m.baseErr != nil && l.dev != root.dev {
+		return fmt.Sprintf("a %s on %s, which cannot be checked against the sandbox's own mounts (%v)", l.fstype, l.point, m.baseErr), nil
+	}
+	return judgeMount(l, root, m.base), nil
 }
 
 // judgeMount is where's rule for mount l of a namespace whose root mount is root, given
@@ -173,11 +178,14 @@ func (m *mounts) load() error {
 		return fmt.Errorf("process %d: its root's mount %d is not in its mount table", m.hostPid, m.rootMnt)
 	}
 	init, err := sandboxInit(m.hostPid)
-	if err != nil {
-		return err
+	if err == nil {
+		if b, err = os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", init)); err != nil {
+			err = fmt.Errorf("read the mount table of the sandbox's init (%d): %w", init, err)
+		}
 	}
-	if b, err = os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", init)); err != nil {
-		return fmt.Errorf("read the mount table of the sandbox's init (%d): %w", init, err)
+	if err != nil {
+		m.baseErr = err // the overlay's mounts can still be judged
+		return nil
 	}
 	m.base = parseMountinfo(b)
 	return nil
@@ -191,7 +199,7 @@ func sandboxInit(hostPid int) (int, error) {
 		return 0, err
 	}
 	depth := len(ns)
-	for p := hostPid; p > 1; {
+	for p := hostPid; p > 0; {
 		f, err := procfs.NSpid(p)
 		if err != nil {
 			return 0, err
@@ -216,8 +224,11 @@ func ppid(hostPid int) (int, error) {
 		return 0, err
 	}
 	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("process %d: unreadable stat", hostPid)
+	}
 	f := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(f) < 2 {
+	if len(f) < 2 {
 		return 0, fmt.Errorf("process %d: unreadable stat", hostPid)
 	}
 	return strconv.Atoi(f[1])
