@@ -130,6 +130,23 @@ func TestFastPathFileNamedDeleted(t *testing.T) {
 	exOut(t, d, "fd", "py", "print(k.read())", "a\n")
 }
 
+// TestFastPathDirNamedDeleted: directories too are deleted by their link count: a
+// working directory named "z (deleted)" is kept, while a removed working directory and
+// an fd on a removed directory are refused.
+func TestFastPathDirNamedDeleted(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "dd")
+	sessRun(t, d, "dd", "main", "mkdir -p /workspace/x && cd /workspace/x && rmdir /workspace/x")
+	fpRefused(t, d, "dd", "session main", "working directory was deleted")
+	sessRun(t, d, "dd", "main", "cd /; mkdir -p /tmp/y; exec 5</tmp/y; rmdir /tmp/y")
+	fpRefused(t, d, "dd", "session main", "fd 5 is a deleted file")
+	sessRun(t, d, "dd", "main", "exec 5<&-; mkdir -p '/tmp/z (deleted)'; cd '/tmp/z (deleted)'")
+	op := dbxCheckpoint(t, d, "dd", "ok")
+	sessRun(t, d, "dd", "main", "cd /")
+	dbxRestore(t, d, "dd", op.Node.ID)
+	exOut(t, d, "dd", "main", "pwd", "/tmp/z (deleted)\n")
+}
+
 // TestFastPathDontforkRefused: memory marked MADV_DONTFORK (which fork does not copy: a
 // restored python touching it died of SIGSEGV) or MADV_WIPEONFORK (which fork gives back
 // zero-filled) is refused at the checkpoint with 409 naming the mapping, and nothing
