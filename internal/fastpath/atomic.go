@@ -47,7 +47,7 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 		if err != nil {
 			return seizeRefusal(hostPid, err)
 		}
-		p, err := inspect(hostPid, probeMayWrite(t))
+		p, err := inspect(hostPid, probeMayWrite(t), lookupIn(t))
 		if err != nil {
 			if derr := t.Detach(); derr != nil {
 				err = errors.Join(err, derr)
@@ -84,7 +84,8 @@ func seizeRefusal(hostPid int, err error) error {
 // PID's session can end with the live process) and is kept seized in a ptrace-stop with
 // a SIGSTOP queued (remote.Tracee.KeepStopped; Template.tr says why).
 // The template is on the state the process is on (nothing has moved yet). On error no
-// template exists.
+// template exists; a template that did not get all of the process's memory
+// (MADV_DONTFORK, MADV_WIPEONFORK: checkForkCopy) is an *Ineligible.
 func (h *Held) Fork() (*Template, error) {
 	tmpl := &Template{Proc: *h.P, tr: h.tr}
 	var child *remote.Tracee
@@ -96,6 +97,11 @@ func (h *Held) Fork() (*Template, error) {
 		var err error
 		if child, err = h.t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}); err != nil {
 			return fmt.Errorf("fork the template of %d: %w", h.P.Pid, err)
+		}
+		// Memory the fork did not copy (MADV_DONTFORK) or wiped (MADV_WIPEONFORK):
+		// read from /proc before anything is injected into either (forkcopy.go).
+		if err := checkForkCopy(h.P, child.Pid()); err != nil {
+			return err
 		}
 		if err := recordForked(h.t, tmpl); err != nil {
 			return fmt.Errorf("process %d: %w", h.P.Pid, err)
@@ -173,7 +179,7 @@ func (h *Held) MoveBack() error {
 		}
 		var files []FD
 		for _, f := range h.P.FDs {
-			if f.Kind == "file" || f.Kind == "dir" {
+			if reopened(f.Kind) {
 				files = append(files, f)
 			}
 		}

@@ -23,30 +23,38 @@
 // child: interval and POSIX timers with the time they had left (timers.go) and pending
 // signals with their siginfo (signals.go).
 //
-// Eligibility (inspect, in Hold) is checked before anything changes: one thread, no children,
-// only file descriptors this package knows how to treat (regular files and directories:
-// reopened; the session's terminal: shared by design; /dev/null and the other stateless
-// character devices: kept), only shared mappings it can map again from a file of the new
-// state (writable shared anonymous memory, SysV shm, memfds, deleted files and devices
-// are refused), and only POSIX timers it can re-create (not on another process's CPU
-// clock or an fd's clock, not signalling another thread; kernels before 6.16 cannot
-// restore timer ids). Anything else (pipes, sockets, eventfd, inotify, deleted files...)
-// makes the process ineligible with a reason that names it. File locks (flock, POSIX,
-// OFD) are set again on the reopened files; leases make the process ineligible
-// (locks.go).
+// Eligibility (inspect, in Hold) is checked before anything changes: one thread, no
+// children, its root the state's (no chroot), only file descriptors this package knows
+// how to treat (regular files and directories: reopened; /dev/null and the other
+// stateless character devices: reopened at their /dev path; the session's terminal:
+// shared by design), each on a mount the new state has (mounts.go), only shared mappings
+// it can map again from a file of the new state (writable shared anonymous memory, SysV
+// shm, memfds, deleted files and devices are refused), and only POSIX timers it can
+// re-create (not on another process's CPU clock or an fd's clock, not signalling another
+// thread; kernels before 6.16 cannot restore timer ids). Anything else (pipes, sockets,
+// eventfd, inotify, deleted files, a path longer than the kernel reports...) makes the
+// process ineligible with a reason that names it: a file is judged by what it is (its
+// mount, its link count, its device number), never skipped because its /proc link could
+// not be read. File locks (flock, POSIX, OFD) are set again on the reopened files;
+// leases make the process ineligible (locks.go). What fork does not copy at all
+// (MADV_DONTFORK memory) or gives back wiped (MADV_WIPEONFORK) is found right after the
+// template's fork, and refuses too (forkcopy.go).
 package fastpath
 
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/errdefs"
 	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
@@ -76,7 +84,9 @@ type Proc struct {
 	pending [2]uint64    // SigPnd, ShdPnd: signals pending for the thread, the process
 }
 
-// Ineligible is returned by Hold when the fast path cannot take a process.
+// Ineligible is returned by Hold (and Fork) when the fast path cannot take a process.
+// It is a conflict (errors.Is(err, errdefs.ErrConflict): HTTP 409) however it is
+// wrapped: the sandbox is in a state a checkpoint cannot keep, and nothing was changed.
 type Ineligible struct {
 	Pid    int
 	Reason string
@@ -86,30 +96,96 @@ func (e *Ineligible) Error() string {
 	return fmt.Sprintf("process %d cannot be checkpointed with its state: %s", e.Pid, e.Reason)
 }
 
+// Is makes an Ineligible an errdefs.ErrConflict.
+func (e *Ineligible) Is(target error) bool { return target == errdefs.ErrConflict }
+
 // statelessDevs are character devices a process may hold across a checkpoint: reading or
 // writing them carries no state that fork would share. By device number (major, minor:
 // Documentation/admin-guide/devices.txt), not path: an fd opened on a state whose
-// namespace has since been torn down reads as "/null" (its /dev clone is detached).
+// namespace has since been torn down reads as "/null" (its /dev clone is detached). Such
+// an fd is reopened like a file, at the path named here, so that it reads as that path
+// on the new state: "/dev/null", not "/null".
 // (/dev/tty, 5:0, is not one: it is the controlling terminal, a "pty" fd.)
 var statelessDevs = map[[2]uint32]string{{1, 3}: "/dev/null", {1, 5}: "/dev/zero", {1, 7}: "/dev/full",
 	{1, 8}: "/dev/random", {1, 9}: "/dev/urandom"}
 
-// isStatelessDev reports whether st (of an fd) is one of statelessDevs.
-func isStatelessDev(st *unix.Stat_t) bool {
-	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-		return false
+// statelessDev returns the path of the stateless device sx (of an fd) is, or "".
+func statelessDev(sx *unix.Statx_t) string {
+	if sx.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return ""
 	}
-	_, ok := statelessDevs[[2]uint32{unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))}]
-	return ok
+	return statelessDevs[[2]uint32{sx.Rdev_major, sx.Rdev_minor}]
+}
+
+// lookupFunc answers which file path names for the process itself (its root, cwd and
+// credentials, not the daemon's): device and inode, or found false. Hold asks the
+// stopped process (lookupIn); inspect asks only to tell a file whose name ends in
+// " (deleted)" from a deleted one.
+type lookupFunc func(path string) (dev, ino uint64, found bool, err error)
+
+// lookupIn answers lookupFunc with an injected fstatat(AT_SYMLINK_NOFOLLOW) in the
+// stopped tracee t: the daemon never resolves a sandbox path itself. Precondition: inside
+// Do.
+func lookupIn(t *remote.Tracee) lookupFunc {
+	return func(path string) (uint64, uint64, bool, error) {
+		var b remote.Batch
+		out := b.Out(int(unsafe.Sizeof(unix.Stat_t{})))
+		b.Add("stat "+path, unix.SYS_NEWFSTATAT, unix.AT_FDCWD, path, out, unix.AT_SYMLINK_NOFOLLOW)
+		_, err := t.RunBatch(&b)
+		var be *remote.BatchError
+		if errors.As(err, &be) {
+			return 0, 0, false, nil
+		}
+		if err != nil {
+			return 0, 0, false, err
+		}
+		st := out.Bytes() // struct stat (x86-64): st_dev, st_ino first
+		return binary.LittleEndian.Uint64(st[0:]), binary.LittleEndian.Uint64(st[8:]), true, nil
+	}
+}
+
+// isDeleted says whether the file sx (of an fd, the cwd or a mapping) whose path reads
+// link was deleted: by the file itself (no link left), not by the " (deleted)" that the
+// kernel appends to the path of an unlinked name, which a live file may have in its own
+// name. A file that keeps other links, unlinked under this name, shows the suffix and
+// st_nlink > 0: then the name is looked up (by the process) and must be this very file.
+func isDeleted(sx *unix.Statx_t, link string, lookup lookupFunc) (bool, error) {
+	if sx.Nlink == 0 {
+		return true, nil
+	}
+	if !strings.HasSuffix(link, " (deleted)") {
+		return false, nil
+	}
+	dev, ino, found, err := lookup(link)
+	if err != nil {
+		return false, err
+	}
+	same := found && ino == sx.Ino && unix.Major(dev) == sx.Dev_major && unix.Minor(dev) == sx.Dev_minor
+	return !same, nil
+}
+
+// pathTooLong is the refusal of a file whose path the kernel cannot report: /proc's
+// readlink fails with ENAMETOOLONG beyond PATH_MAX (4096 bytes), and the move, which
+// reopens by path, would not find it.
+func pathTooLong(what string, err error) string {
+	return fmt.Sprintf("%s: its path cannot be read (%v; longer than PATH_MAX, 4096 bytes?), so it cannot be reopened on the new state", what, err)
 }
 
 // inspect reads what the fast path needs about hostPid and checks eligibility; mayWrite
-// answers whether a read-only shared mapping may become writable (Hold, which has the
-// process stopped, asks the kernel: probeMayWrite).
-func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
+// answers whether a read-only shared mapping may become writable, lookup which file a
+// path names for the process (Hold, which has the process stopped, asks the kernel in
+// it: probeMayWrite, lookupIn).
+//
+// The process's files are judged by what they are, not by the text of their /proc
+// links: a file is deleted when it has no link left (isDeleted), an fd whose link cannot
+// be read (a path over PATH_MAX) refuses rather than being skipped, and a file, cwd or
+// mapping on a mount the new state does not have (one made inside the sandbox) refuses
+// (mounts.go).
+func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, error) {
 	base := "/proc/" + strconv.Itoa(hostPid)
 	p := &Proc{HostPid: hostPid}
-	status, err := os.ReadFile(base + "/status")
+	buf := make([]byte, 4096) // for the /proc files read here, one after the other
+	status, err := readProc(base+"/status", buf)
 	if err != nil {
 		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
 	}
@@ -125,19 +201,49 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 		}
 		parsePending(f, &p.pending)
 	}
-	if ch, _ := os.ReadFile(fmt.Sprintf("%s/task/%d/children", base, hostPid)); len(bytes.TrimSpace(ch)) > 0 {
-		return nil, &Ineligible{p.Pid, "it has child processes (" + strings.TrimSpace(string(ch)) + "), which a fork cannot take along"}
+	if ch, _ := readProc(fmt.Sprintf("%s/task/%d/children", base, hostPid), buf); len(bytes.TrimSpace(ch)) > 0 {
+		return nil, &Ineligible{p.Pid, "it has child processes (" + innerPids(strings.Fields(string(ch)), len(ns)) + "), which a fork cannot take along"}
+	}
+	// Its root: the state's root, which the move's setns gives it again (a chroot would
+	// be lost), and the mount every path is reopened on.
+	if r, err := os.Readlink(base + "/root"); err != nil || r != "/" {
+		if err != nil {
+			return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
+		}
+		return nil, &Ineligible{p.Pid, fmt.Sprintf("its root directory is %s (chroot?), which the move onto the new state would not keep", r)}
+	}
+	rsx, err := statxAt(base + "/root")
+	if err != nil {
+		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
+	}
+	mnts := &mounts{hostPid: hostPid, rootMnt: rsx.Mnt_id}
+	onMount := func(what string, mnt uint64) error {
+		w, err := mnts.where(mnt)
+		if err != nil {
+			return err
+		}
+		if w != "" {
+			return &Ineligible{p.Pid, fmt.Sprintf("%s is on %s, which the new state does not have: reopened by path it would be another file", what, w)}
+		}
+		return nil
 	}
 	if p.Cwd, err = os.Readlink(base + "/cwd"); err != nil {
-		return nil, err
+		return nil, &Ineligible{p.Pid, pathTooLong("its working directory", err)}
 	}
-	if strings.HasSuffix(p.Cwd, " (deleted)") {
+	csx, err := statxAt(base + "/cwd")
+	if err != nil {
+		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
+	}
+	if csx.Nlink == 0 {
 		return nil, &Ineligible{p.Pid, "its working directory was deleted"}
 	}
-	if p.Maps, err = sharedMappings(base, p.Pid, mayWrite); err != nil {
+	if err := onMount("its working directory "+p.Cwd, csx.Mnt_id); err != nil {
 		return nil, err
 	}
-	if p.Timers, err = posixTimers(base, hostPid, p.Pid); err != nil {
+	if p.Maps, err = sharedMappings(base, p.Pid, mayWrite, lookup, onMount); err != nil {
+		return nil, err
+	}
+	if p.Timers, err = posixTimers(base, hostPid, p.Pid, buf); err != nil {
 		return nil, err
 	}
 	ents, err := os.ReadDir(base + "/fd")
@@ -152,72 +258,118 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 	}
 	sort.Ints(nums)
 	for _, n := range nums {
-		name := strconv.Itoa(n)
-		target, err := os.Readlink(base + "/fd/" + name)
+		fd, err := inspectFD(p, base, n, buf, lookup, onMount)
 		if err != nil {
-			continue // closed meanwhile
+			return nil, err
 		}
-		fd := FD{Num: n, Path: target}
-		var locks [][]string // fdinfo "lock:" lines
-		var st unix.Stat_t   // one stat serves every test below
-		statErr := unix.Stat(base+"/fd/"+name, &st)
-		switch {
-		case strings.HasPrefix(target, "/dev/pts/") || statErr == nil && isTerminal(&st):
-			// By path, or by device: a terminal opened through a state namespace that has
-			// since been torn down reads as "/N" (its devpts mount is detached).
-			fd.Kind = "pty"
-		case statErr == nil && isStatelessDev(&st):
-			fd.Kind = "dev"
-		case strings.HasSuffix(target, " (deleted)"):
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
-		case strings.HasPrefix(target, "/"):
-			if statErr != nil {
-				continue // closed meanwhile
-			}
-			switch st.Mode & unix.S_IFMT {
-			case unix.S_IFREG:
-				fd.Kind = "file"
-			case unix.S_IFDIR:
-				fd.Kind = "dir"
-			default:
-				return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, a special file", n, target)}
-			}
-			if fd.Flags, fd.Pos, locks, err = fdinfo(base, n); err != nil {
-				return nil, err
-			}
-			for _, o := range p.FDs { // the lower fds: ents is in numeric order
-				if o.Dup || o.Path != target || (o.Kind != "file" && o.Kind != "dir") {
-					continue
-				}
-				same, err := sameFile(hostPid, o.Num, hostPid, n)
-				if err != nil {
-					return nil, &Ineligible{p.Pid, fmt.Sprintf("fds %d and %d are both %s, and whether they share an open file description cannot be told (%v)", o.Num, n, target, err)}
-				}
-				if same {
-					fd.Dup, fd.DupOf, locks = true, o.Num, nil
-					break
-				}
-			}
-			for _, l := range locks {
-				lk, err := parseLock(l)
-				if err != nil {
-					return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds %v", n, target, err)}
-				}
-				fd.Locks = append(fd.Locks, lk)
-			}
-		default: // pipe:[..], socket:[..], anon_inode:[eventfd] ...
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target)}
+		if fd != nil {
+			p.FDs = append(p.FDs, *fd)
 		}
-		if fd.Kind == "pty" || fd.Kind == "dev" {
-			// Kept, not reopened: a lock through it would stay with the template's
-			// description (flock) or be lost by the restored child (POSIX).
-			if _, _, locks, err = fdinfo(base, n); err == nil && len(locks) > 0 {
-				return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
-			}
-		}
-		p.FDs = append(p.FDs, fd)
 	}
 	return p, nil
+}
+
+// inspectFD is inspect's work for fd n of p (whose lower fds are in p.FDs already): nil
+// if it was closed meanwhile.
+func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMount func(string, uint64) error) (*FD, error) {
+	name := base + "/fd/" + strconv.Itoa(n)
+	// One statx serves every test below (and gives the mount: STATX_MNT_ID).
+	sx, err := statxAt(name)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil // closed meanwhile
+	}
+	target, lerr := os.Readlink(name)
+	if errors.Is(lerr, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("process %d: stat fd %d (%s): %w", p.Pid, n, target, err)
+	}
+	fd := FD{Num: n, Path: target}
+	var locks [][]string // fdinfo "lock:" lines
+	switch mode := sx.Mode & unix.S_IFMT; {
+	case isTerminal(uint32(mode), sx.Rdev_major, sx.Rdev_minor):
+		// By device: a terminal opened through a state namespace that has since been
+		// torn down reads as "/N" (its devpts mount is detached).
+		fd.Kind = "pty"
+	case statelessDev(&sx) != "":
+		fd.Kind, fd.Path = "dev", statelessDev(&sx)
+	case lerr != nil:
+		return nil, &Ineligible{p.Pid, pathTooLong(fmt.Sprintf("fd %d", n), lerr)}
+	case !strings.HasPrefix(target, "/"): // pipe:[..], socket:[..], anon_inode:[eventfd] ...
+		return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target)}
+	case mode == unix.S_IFREG || mode == unix.S_IFDIR:
+		fd.Kind = "file"
+		if mode == unix.S_IFDIR {
+			fd.Kind = "dir"
+		}
+		deleted, err := isDeleted(&sx, target, lookup)
+		if err != nil {
+			return nil, fmt.Errorf("process %d: fd %d (%s): %w", p.Pid, n, target, err)
+		}
+		if deleted {
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
+		}
+		if err := onMount(fmt.Sprintf("fd %d (%s)", n, target), sx.Mnt_id); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, a special file", n, target)}
+	}
+	if fd.Kind == "pty" {
+		// Kept, not reopened: a lock through it would stay with the template's
+		// description (flock) or be lost by the restored child (POSIX).
+		if _, _, locks, err = fdinfo(base, n, buf); err == nil && len(locks) > 0 {
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+		}
+		return &fd, nil
+	}
+	if fd.Flags, fd.Pos, locks, err = fdinfo(base, n, buf); err != nil {
+		return nil, err
+	}
+	if fd.Kind == "dev" && len(locks) > 0 {
+		return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+	}
+	for _, o := range p.FDs { // the lower fds: in numeric order
+		if o.Dup || o.Path != fd.Path || o.Kind != fd.Kind || !reopened(o.Kind) {
+			continue
+		}
+		same, err := sameFile(p.HostPid, o.Num, p.HostPid, n)
+		if err != nil {
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("fds %d and %d are both %s, and whether they share an open file description cannot be told (%v)", o.Num, n, fd.Path, err)}
+		}
+		if same {
+			fd.Dup, fd.DupOf, locks = true, o.Num, nil
+			break
+		}
+	}
+	for _, l := range locks {
+		lk, err := parseLock(l)
+		if err != nil {
+			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds %v", n, target, err)}
+		}
+		fd.Locks = append(fd.Locks, lk)
+	}
+	return &fd, nil
+}
+
+// reopened reports whether fds of kind are reopened by a move (files, directories and
+// stateless devices; the terminal is shared by design).
+func reopened(kind string) bool { return kind == "file" || kind == "dir" || kind == "dev" }
+
+// innerPids translates host PIDs (as /proc lists them) into the PID namespace at depth
+// (the length of the NSpid line of a process there): what the sandbox calls them.
+func innerPids(host []string, depth int) string {
+	out := make([]string, len(host))
+	for i, h := range host {
+		out[i] = "?" // gone: never a host PID passed off as the sandbox's
+		if n, err := strconv.Atoi(h); err == nil {
+			if ns, err := procfs.NSpid(n); err == nil && len(ns) >= depth {
+				out[i] = strconv.Itoa(ns[depth-1])
+			}
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // isPtySlave reports whether the fd at path (/proc/PID/fd/N) is a pseudo-terminal slave:
@@ -225,21 +377,21 @@ func inspect(hostPid int, mayWrite mayWriteFunc) (*Proc, error) {
 // or /dev/tty (5:0), which is the process's controlling terminal.
 func isPtySlave(path string) bool {
 	var st unix.Stat_t
-	return unix.Stat(path, &st) == nil && isTerminal(&st)
+	return unix.Stat(path, &st) == nil && isTerminal(st.Mode&unix.S_IFMT, unix.Major(st.Rdev), unix.Minor(st.Rdev))
 }
 
-// isTerminal is isPtySlave for st (of an fd).
-func isTerminal(st *unix.Stat_t) bool {
-	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+// isTerminal is isPtySlave for a file of type mode (S_IFMT bits) and device major:minor.
+func isTerminal(mode, major, minor uint32) bool {
+	if mode != unix.S_IFCHR {
 		return false
 	}
-	major, minor := unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
 	return major >= 136 && major <= 143 || major == 5 && minor == 0
 }
 
-// fdinfo reads fd n's open flags, offset and the fields of its "lock:" lines.
-func fdinfo(base string, n int) (flags int, pos int64, locks [][]string, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("%s/fdinfo/%d", base, n))
+// fdinfo reads fd n's open flags, offset and the fields of its "lock:" lines (buf: a
+// scratch buffer for readProc, or nil).
+func fdinfo(base string, n int, buf []byte) (flags int, pos int64, locks [][]string, err error) {
+	b, err := readProc(base+"/fdinfo/"+strconv.Itoa(n), buf)
 	if err != nil {
 		return 0, 0, nil, err
 	}
@@ -369,7 +521,7 @@ func moveCalls(b *remote.Batch, p *Proc, nsPath string) []remote.Ref {
 	b.Close("close the namespace fd", ns)
 	b.Add("chdir "+p.Cwd, unix.SYS_CHDIR, p.Cwd)
 	for _, f := range p.FDs {
-		if f.Kind != "file" && f.Kind != "dir" {
+		if !reopened(f.Kind) {
 			continue
 		}
 		if f.Dup { // DupOf, lower, has been reopened: share its description again

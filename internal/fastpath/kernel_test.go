@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -83,12 +84,25 @@ ClockID: 0
 		{PosixTimer{Clock: int32(^6<<3 | 2)}, 1234, "CPU-time clock of process 6"},
 		{PosixTimer{Clock: int32(^3<<3 | 3)}, 1234, "dynamic POSIX clock"},
 	} {
-		r := timerRefused(c.tm, c.target, 1234, 5)
+		r := timerRefused(c.tm, c.target, 1234, 5, func(tid int) string { return strconv.Itoa(tid) })
 		if (c.refuse == "") != (r == "") || !strings.Contains(r, c.refuse) {
 			t.Errorf("timer %+v signalling %d: refused %q, want %q", c.tm, c.target, r, c.refuse)
 		}
 	}
 }
+
+// lookupSelf is lookupFunc for this process (tests only: the daemon never resolves a
+// sandbox's path itself).
+func lookupSelf(path string) (dev, ino uint64, found bool, err error) {
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil {
+		return 0, 0, false, nil
+	}
+	return st.Dev, st.Ino, true, nil
+}
+
+// anyMount takes a file on any mount.
+func anyMount(string, uint64) error { return nil }
 
 // TestSharedMappings classifies real mappings of this process: a writable shared file
 // mapping and a read-only one of a file opened for writing are remapped; a read-only one
@@ -115,7 +129,7 @@ func TestSharedMappings(t *testing.T) {
 		return b
 	}
 	classify := func() ([]Mapping, error) {
-		return sharedMappings("/proc/self", os.Getpid(), smapsMayWrite("/proc/self"))
+		return sharedMappings("/proc/self", os.Getpid(), smapsMayWrite("/proc/self"), lookupSelf, anyMount)
 	}
 
 	rw := mapFile(unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE, 4096)

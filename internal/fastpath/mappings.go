@@ -64,6 +64,7 @@ type mapsLine struct {
 	perms      string
 	offset     int64
 	path       string // may contain spaces; " (deleted)" suffix for deleted files
+	tooLong    bool   // the kernel could not report the path (PROCMAP_QUERY: ENAMETOOLONG)
 }
 
 // parseMaps parses /proc/PID/maps.
@@ -181,8 +182,9 @@ func probeMayWrite(t *remote.Tracee) mayWriteFunc {
 
 // sharedMappings returns the shared mappings of process base (/proc/PID) that can write
 // their file, or an *Ineligible naming one that cannot be remapped. mayWrite answers for
-// the read-only ones.
-func sharedMappings(base string, pid int, mayWrite mayWriteFunc) ([]Mapping, error) {
+// the read-only ones; lookup and onMount tell a deleted file and a file on a mount the
+// new state does not have (inspect).
+func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFunc, onMount func(what string, mnt uint64) error) ([]Mapping, error) {
 	shared, err := sharedMapsLines(base)
 	if err != nil {
 		return nil, err
@@ -209,24 +211,36 @@ func sharedMappings(base string, pid int, mayWrite mayWriteFunc) ([]Mapping, err
 			}
 		}
 		what := fmt.Sprintf("a writable shared mapping (%x-%x) of %s", m.start, m.end, m.path)
-		switch {
-		case strings.HasPrefix(m.path, "/dev/zero (deleted)"):
-			return nil, &Ineligible{pid, fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end)}
-		case strings.HasPrefix(m.path, "/SYSV"):
-			return nil, &Ineligible{pid, fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
-		case strings.HasPrefix(m.path, "/memfd:"):
-			return nil, &Ineligible{pid, what + ": a memfd, which fork shares with the template and no state holds"}
-		case strings.HasSuffix(m.path, " (deleted)"):
-			return nil, &Ineligible{pid, what + ": the file was deleted, so it cannot be mapped again from the new state"}
-		case !strings.HasPrefix(m.path, "/"):
+		if m.tooLong {
+			return nil, &Ineligible{pid, pathTooLong(fmt.Sprintf("a writable shared mapping (%x-%x)", m.start, m.end), unix.ENAMETOOLONG)}
+		}
+		if !strings.HasPrefix(m.path, "/") {
 			return nil, &Ineligible{pid, what + ", which is not a file"}
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(fmt.Sprintf("%s/map_files/%x-%x", base, m.start, m.end), &st); err != nil {
+		// Deleted or not by the file itself (isDeleted); the kernel's names of shared
+		// memory say what it is.
+		sx, err := statxAt(fmt.Sprintf("%s/map_files/%x-%x", base, m.start, m.end))
+		if err != nil {
 			return nil, fmt.Errorf("stat the mapping %x-%x of process %d: %w", m.start, m.end, pid, err)
 		}
-		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		deleted, err := isDeleted(&sx, m.path, lookup)
+		if err != nil {
+			return nil, fmt.Errorf("process %d: the mapping %x-%x: %w", pid, m.start, m.end, err)
+		}
+		switch {
+		case deleted && strings.HasPrefix(m.path, "/dev/zero (deleted)"):
+			return nil, &Ineligible{pid, fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end)}
+		case deleted && strings.HasPrefix(m.path, "/SYSV"):
+			return nil, &Ineligible{pid, fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
+		case deleted && strings.HasPrefix(m.path, "/memfd:"):
+			return nil, &Ineligible{pid, what + ": a memfd, which fork shares with the template and no state holds"}
+		case deleted:
+			return nil, &Ineligible{pid, what + ": the file was deleted, so it cannot be mapped again from the new state"}
+		case sx.Mode&unix.S_IFMT != unix.S_IFREG:
 			return nil, &Ineligible{pid, what + ": not a regular file (a device?), which fork shares with the template"}
+		}
+		if err := onMount(what, sx.Mnt_id); err != nil {
+			return nil, err
 		}
 		out = append(out, Mapping{Start: m.start, End: m.end, Prot: prot, Offset: m.offset, Path: m.path})
 	}

@@ -46,12 +46,12 @@ const (
 // sharedMapsLines returns the shared mappings (VM_MAYSHARE: "s" in maps) of process
 // base (/proc/PID) as maps lines, with PROCMAP_QUERY where the kernel has it.
 func sharedMapsLines(base string) ([]mapsLine, error) {
-	f, err := os.Open(base + "/maps")
+	fd, err := unix.Open(base+"/maps", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: base + "/maps", Err: err}
 	}
-	defer f.Close()
-	out, err := queryShared(int(f.Fd()))
+	defer unix.Close(fd)
+	out, err := queryShared(fd)
 	if !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
 		return out, err
 	}
@@ -61,6 +61,7 @@ func sharedMapsLines(base string) ([]mapsLine, error) {
 	}
 	out = nil
 	for _, m := range parseMaps(b) {
+		m.tooLong = len(m.path) >= unix.PathMax
 		if m.perms[3] == 's' {
 			out = append(out, m)
 		}
@@ -84,6 +85,13 @@ func queryShared(fd int) ([]mapsLine, error) {
 			VmaNameAddr: uint64(uintptr(unsafe.Pointer(&name[0]))),
 		}
 		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), procmapQueryIoctl, uintptr(unsafe.Pointer(&q)))
+		tooLong := errno == unix.ENAMETOOLONG
+		if tooLong {
+			// The name is over PATH_MAX (the text of maps would show it, but no open
+			// could use it): the same query without the name, for the range.
+			q.VmaNameSize, q.VmaNameAddr = 0, 0
+			_, _, errno = unix.Syscall(unix.SYS_IOCTL, uintptr(fd), procmapQueryIoctl, uintptr(unsafe.Pointer(&q)))
+		}
 		if errno == unix.ENOENT {
 			return out, nil // no mapping at or after addr
 		}
@@ -100,8 +108,8 @@ func queryShared(fd int) ([]mapsLine, error) {
 		if q.VmaFlags&procmapExecutable != 0 {
 			perms[2] = 'x'
 		}
-		m := mapsLine{start: q.VmaStart, end: q.VmaEnd, perms: string(perms), offset: int64(q.VmaOffset)}
-		if q.VmaNameSize > 0 {
+		m := mapsLine{start: q.VmaStart, end: q.VmaEnd, perms: string(perms), offset: int64(q.VmaOffset), tooLong: tooLong}
+		if q.VmaNameSize > 0 && !tooLong {
 			m.path = string(name[:q.VmaNameSize-1]) // the size counts the NUL
 		}
 		out = append(out, m)

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
 
@@ -114,8 +115,8 @@ func cpuTimerTick(c *remote.Tracee) (int64, error) {
 
 // posixTimers reads /proc/PID/timers of the process (host PID hostPid, pid in its
 // namespace) and checks that each timer can be re-created in a restored child.
-func posixTimers(base string, hostPid, pid int) ([]PosixTimer, error) {
-	b, err := os.ReadFile(base + "/timers")
+func posixTimers(base string, hostPid, pid int, buf []byte) ([]PosixTimer, error) {
+	b, err := readProc(base+"/timers", buf)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil // a kernel without CONFIG_CHECKPOINT_RESTORE: no timers shown
@@ -129,8 +130,16 @@ func posixTimers(base string, hostPid, pid int) ([]PosixTimer, error) {
 	if len(timers) > 0 && !restoreIDs() {
 		return nil, &Ineligible{pid, fmt.Sprintf("it has %d POSIX timers, and this kernel cannot re-create them with their ids (PR_TIMER_CREATE_RESTORE_IDS, Linux 6.16+)", len(timers))}
 	}
+	// A thread as the sandbox calls it (/proc shows host tids).
+	name := func(tid int) string {
+		ns, err := procfs.NSpid(hostPid)
+		if n := innerPids([]string{strconv.Itoa(tid)}, len(ns)); err == nil && n != "?" {
+			return n
+		}
+		return "(one that has exited)"
+	}
 	for _, tm := range timers {
-		if reason := timerRefused(tm.PosixTimer, tm.target, hostPid, pid); reason != "" {
+		if reason := timerRefused(tm.PosixTimer, tm.target, hostPid, pid, name); reason != "" {
 			return nil, &Ineligible{pid, fmt.Sprintf("POSIX timer %d %s", tm.ID, reason)}
 		}
 	}
@@ -215,10 +224,11 @@ func parseTimers(b []byte) ([]procTimer, error) {
 }
 
 // timerRefused says why a timer cannot be re-created faithfully in a restored child, or
-// "" if it can. target is the pid/tid it signals as /proc showed it (host namespace).
-func timerRefused(tm PosixTimer, target, hostPid, pid int) string {
+// "" if it can. target is the pid/tid it signals as /proc showed it (host namespace);
+// name says what the sandbox calls a host tid.
+func timerRefused(tm PosixTimer, target, hostPid, pid int, name func(int) string) string {
 	if tm.Notify&remote.SigevThreadID != 0 && target != hostPid {
-		return fmt.Sprintf("signals thread %d, not the process's one thread", target)
+		return fmt.Sprintf("signals thread %s, not the process's one thread", name(target))
 	}
 	if tm.Clock < 0 {
 		// A CPU-time clock of a given process or thread (clock_getcpuclockid), encoded as
