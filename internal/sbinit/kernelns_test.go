@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,10 +14,10 @@ import (
 	"deltabox/internal/testutil/skip"
 )
 
-// TestNSThreadStateAndReset: a thread in another process's IPC and UTS namespaces sees
+// TestNSStateAndReset: a thread in another process's IPC and UTS namespaces sees
 // that namespace's objects and names (not the daemon's), leaves out a removed but
 // attached segment, and Reset removes every object and sets the names.
-func TestNSThreadStateAndReset(t *testing.T) {
+func TestNSStateAndReset(t *testing.T) {
 	skip.Require(t, os.Geteuid() == 0, "needs root (namespaces)")
 	_, err := exec.LookPath("ipcmk")
 	skip.Require(t, err == nil, "needs ipcmk (util-linux)")
@@ -45,12 +46,7 @@ sys.stdin.read()'`)
 	if l, _ := bufio.NewReader(out).ReadString('\n'); l != "ok\n" {
 		t.Fatalf("the namespace's process did not come up: %q", l)
 	}
-	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	th, err := EnterNS(pidfd)
-	unix.Close(pidfd)
+	th, err := OpenNS(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +71,19 @@ sys.stdin.read()'`)
 	if err != nil || len(st.IPC) != 0 || st.UTS != (UTS{"restored", "dom"}) {
 		t.Fatalf("after reset: %+v %v", st, err)
 	}
-	// The daemon's own names are untouched.
+	// The daemon's own names are untouched, and every thread is back in its namespaces.
 	var u unix.Utsname
 	unix.Uname(&u)
 	if h := unix.ByteSliceToString(u.Nodename[:]); h == "restored" {
 		t.Fatalf("the daemon's hostname changed")
+	}
+	for _, ns := range []string{"ipc", "uts"} {
+		self, _ := os.Readlink("/proc/self/ns/" + ns)
+		tasks, _ := filepath.Glob("/proc/self/task/*/ns/" + ns)
+		for _, p := range tasks {
+			if l, _ := os.Readlink(p); l != self {
+				t.Errorf("%s is %s, the process's %s", p, l, self)
+			}
+		}
 	}
 }

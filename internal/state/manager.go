@@ -53,8 +53,8 @@ type sb struct {
 	opMu sync.Mutex
 	rec  store.Sandbox // guarded by opMu (and read under Manager.mu for listings)
 	rt   *sandbox.Sandbox
-	kns  *sbinit.NSThread // a thread in rt's IPC and UTS namespaces (kernelstate.go)
-	err  error            // why rt is nil (start failed after a daemon restart)
+	kns  *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
+	err  error      // why rt is nil (start failed after a daemon restart)
 	seq  uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a

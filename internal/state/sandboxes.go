@@ -131,7 +131,7 @@ func (m *Manager) boot(s *sb) error {
 		rt.Destroy()
 		return err
 	}
-	kns, err := enterKernelNS(rt)
+	kns, err := openKernelNS(rt)
 	if err != nil {
 		rt.Destroy()
 		return err
