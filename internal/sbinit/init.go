@@ -74,6 +74,10 @@ func Main(arg string) {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
+	if err := denyKeyrings(); err != nil {
+		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
+		fatal("setup: %v", err)
+	}
 	s := &server{fd: ctlFD, held: map[int]bool{}}
 	go s.reapLoop(sigc)
 	if err := s.send(&Message{Op: "ready"}, nil); err != nil {

@@ -1,5 +1,6 @@
 // Package sbinit is the sandbox's init (PID 1 of its PID namespace) and the daemon's
-// client for it.
+// client for it, and NS (kernelns.go): the daemon's handle on init's IPC and UTS
+// namespaces, to read and reset what the sandbox shares there.
 //
 // The daemon starts init by re-executing its own binary with new PID, mount, UTS, IPC
 // and network namespaces, inside the sandbox's cgroup. Init builds the base mount

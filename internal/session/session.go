@@ -11,6 +11,20 @@
 // SIGINT for the foreground process group: the command is interrupted and the session
 // lives on.
 //
+// Call ids are nonces (newID: 128 random bits), the readiness check at Start included.
+// A counter was wrong twice over: bash prints a sentinel after every line it reads,
+// the lines that carry a call's code included, with the id it last held, so a call
+// whose id equalled that one ended at once with status 0 and no output, as soon as a
+// restore gave a restarted session (a new counter) a shell from before the restart;
+// and any process of the sandbox could end the next call early, with the output and
+// status of its choice, by writing the next count's sentinel on the terminal. A nonce
+// never equals an earlier call's id, and is unknown to the sandbox until the call's
+// last line is typed. The code a call runs can read its own call's id (the process
+// that prints the sentinel must know it) and so end that call early: that is the
+// call's own doing. Bash forgets the id once it printed it (PROMPT_COMMAND clears it),
+// so the lines of the next call, and a shell restored from a template, print an
+// empty id, which no call awaits.
+//
 // Concurrency: one call at a time per session (ErrBusy otherwise). One goroutine
 // (readLoop) owns reading the master; mu guards the buffer and the state it feeds.
 package session
@@ -18,6 +32,7 @@ package session
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -74,7 +89,6 @@ type Session struct {
 	dead   bool
 	exit   string
 	busy   bool
-	seq    int
 	closed bool
 	gen    int      // process generation: Rebind after a restore starts a new one
 	slave  *os.File // held by NewDetached until Rebind
@@ -104,7 +118,6 @@ def report():
     while tb is not None and tb.tb_frame.f_code.co_filename != "<session>":
         tb = tb.tb_next
     traceback.print_exception(t, v, tb)
-sys.stdout.write("\x1eDBX:ready:0\x1e"); sys.stdout.flush()
 while True:
     try:
         line = sys.stdin.readline()
@@ -131,9 +144,17 @@ while True:
     sys.stdout.write("\x1eDBX:%s:%d\x1e" % (cid, rc)); sys.stdout.flush()
 `
 
-// bashSetup turns the interactive shell into a call server. The leading space keeps
-// protocol lines out of history (HISTCONTROL=ignorespace).
-const bashSetup = ` stty -echo; HISTCONTROL=ignorespace; PS1=''; PS2=''; PROMPT_COMMAND='__db_rc=$?; printf "\036DBX:%s:%s\036" "$__db_id" "$__db_rc"'; __db_id=ready` + "\n"
+// bashSetup turns the interactive shell into a call server and prints the sentinel of
+// id (the readiness check). The leading space keeps protocol lines out of history
+// (HISTCONTROL=ignorespace). PROMPT_COMMAND prints a call's sentinel, then forgets its
+// id (see the package doc).
+func bashSetup(id string) string {
+	return ` stty -echo; HISTCONTROL=ignorespace; PS1=''; PS2=''; PROMPT_COMMAND='__db_rc=$?; printf "\036DBX:%s:%s\036" "$__db_id" "$__db_rc"; __db_id='; __db_id=` + id + "\n"
+}
+
+// newID returns a call id: a nonce of 128 random bits (base32: no ':' and no 0x1e,
+// which the sentinel uses).
+func newID() string { return rand.Text() }
 
 // NewDetached makes a session with a fresh terminal and no process yet, for a process
 // restored from a template after the original session was killed (Rebind attaches it).
@@ -184,18 +205,22 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 	s.cond = sync.NewCond(&s.mu)
 	go s.readLoop()
 	s.watch(p.Exit, 0)
-	if kind == Bash {
-		if _, err := master.WriteString(bashSetup); err != nil {
-			s.Close()
-			return nil, err
-		}
+	if kind == Command {
+		return s, nil
 	}
-	if kind != Command {
-		// Wait for the ready sentinel, then drop what came before it.
-		if _, _, err := s.await(context.Background(), "ready", 10*time.Second, 0, nil); err != nil {
-			s.Close()
-			return nil, fmt.Errorf("session %s did not come up: %w", name, err)
-		}
+	// Wait for the sentinel of a first, empty call, then drop what came before it.
+	id := newID()
+	setup := bashSetup(id)
+	if kind == Python {
+		setup = "R" + id + "\n"
+	}
+	if _, err := master.WriteString(setup); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if _, _, err := s.await(context.Background(), id, 10*time.Second, 0, nil); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("session %s did not come up: %w", name, err)
 	}
 	return s, nil
 }
@@ -362,8 +387,7 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		return nil, fmt.Errorf("session %s has ended (%s)", s.name, s.exit)
 	}
 	s.busy = true
-	s.seq++
-	id := "c" + strconv.Itoa(s.seq)
+	id := newID()
 	s.buf = s.buf[:0]
 	s.mu.Unlock()
 	defer func() {

@@ -9,6 +9,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
 )
 
@@ -32,14 +33,17 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 //
 //  1. seize: the sessions' processes, then every other process but init, each checked
 //     while stopped (an ineligible one refuses the checkpoint with 409, nothing changed);
-//     from here to step 8 they run none of their own code. Undo: resume them.
+//     from here to step 8 they run none of their own code. Then the kernel state they
+//     share (kernelstate.go): the host and domain names are read, and IPC objects
+//     (System V, POSIX message queues) refuse the checkpoint (409). Undo: resume them.
 //  2. fork: each into its template, on the current state (nothing has moved yet).
 //     Undo: kill the templates.
 //  3. kill: end what was not seized (with EndBackground, the processes outside the
 //     sessions that could not be). Not undone: no node carries them, and every
 //     checkpoint that gets this far ends them, whether it completes or not. Nothing to
 //     do, and no read of the cgroup, when step 1 saw every process seized, a template or
-//     a zombie (holdOthers).
+//     a zombie (holdOthers). Else the kernel state is read again: what was killed ran
+//     until now (an IPC object it made refuses the checkpoint, as at step 1).
 //  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits).
 //     Undo: give the prepared state back, or remove the fresh upper.
 //  5. freeze: the old upper becomes the node's read-only layer (store.Freeze). Undo:
@@ -78,6 +82,7 @@ type checkpoint struct {
 
 	held    []*heldProc // step 1: seized, in the order they were
 	settled bool        // step 1 saw nothing step 3 must end
+	uts     sbinit.UTS  // step 1 (or 3): the names the node records
 	refused string      // why a refusal was one (counted)
 
 	oldSpec   overlay.Spec
@@ -127,6 +132,13 @@ func (c *checkpoint) seize() error {
 		}
 		held = append(held, others...)
 	}
+	if err == nil {
+		// Read once the processes are stopped: what they share must not change before
+		// their templates are made.
+		if c.uts, err = m.kernelState(s); err != nil {
+			m.abortHeld(held)
+		}
+	}
 	if err != nil {
 		var in *fastpath.Ineligible
 		if errors.As(err, &in) {
@@ -158,6 +170,9 @@ func (c *checkpoint) kill() error {
 			return err
 		}
 		c.res.Killed = n
+		if c.uts, err = m.kernelState(s); err != nil {
+			return err
+		}
 	}
 	if !m.cfg.FastPath {
 		c.res.SessionsEnded = m.endSessions(s, "ended by a checkpoint (the daemon runs without the fast path: process state is not kept)")
@@ -290,7 +305,7 @@ func (c *checkpoint) publish() error {
 	res.Processes = len(tps)
 	m.mu.Lock()
 	c.n.ID = m.newNodeID()
-	nd := &node{Node: c.n}
+	nd := &node{Node: c.n, uts: &c.uts}
 	m.nodes[c.n.ID] = nd
 	if len(tps) > 0 {
 		m.templates[c.n.ID] = tps

@@ -20,6 +20,7 @@
 //	op.go          what both share: beginOp, the answer (OpResult), the kill of the rest
 //	processes.go   the processes a checkpoint seizes, forks and moves; EndLive at a restore
 //	revive.go      the templates a restore seizes and forks back
+//	kernelstate.go System V IPC and host names: refused or recorded at a checkpoint, reset at a restore
 //	templates.go   the registry of templates per node
 //	layers.go      layer ids, stacks, fresh uppers
 //	tree.go        queries of the tree, node removal
@@ -35,7 +36,7 @@
 // those below):
 //
 //	lock               guards                                             held by
-//	sb.opMu            a sandbox's position (rec), runtime, tracer,       checkpoint, restore, rm,
+//	sb.opMu            a sandbox's position (rec), runtime, tracer, kns,  checkpoint, restore, rm,
 //	                   hostPids; serialises its state changes             the start of an exec
 //	Manager.treeMu     node layers on disk: shared to mount a stack,      checkpoint, restore (R);
 //	                   exclusive to delete one                            RemoveNode (W)
@@ -43,7 +44,7 @@
 //	sb.buildMu         one background build of a next or warm state       the build (~1 ms of mounts)
 //	                   at a time per sandbox
 //	sb.prepMu          next, nextGen, warm, building, warmClosed          briefly, around each access
-//	Manager.mu         nodes, sandboxes, templates, nextLayer             briefly; never across a
+//	Manager.mu         nodes (uts too), sandboxes, templates, nextLayer   briefly; never across a
 //	                                                                      mount, fork or index wait
 //	sb.mu              execs, removed, sessions, sessionOpts, ended,      briefly
 //	                   warming, stats

@@ -11,6 +11,7 @@ import (
 	"deltabox/internal/cgroup"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/session"
 	"deltabox/internal/store"
 )
@@ -43,13 +44,17 @@ type node struct {
 	store.Node
 	seq      uint64 // index sequence of its last write (durability)
 	removing bool   // RemoveNode is taking it out: make no warm state of it
+	// uts: the host and domain names its checkpoint read, for restores by the sandbox
+	// that made it (kernelstate.go); nil after a daemon restart, like its templates.
+	uts *sbinit.UTS
 }
 
 type sb struct {
 	opMu sync.Mutex
 	rec  store.Sandbox // guarded by opMu (and read under Manager.mu for listings)
 	rt   *sandbox.Sandbox
-	err  error // why rt is nil (start failed after a daemon restart)
+	kns  *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
+	err  error      // why rt is nil (start failed after a daemon restart)
 	seq  uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a
@@ -189,6 +194,10 @@ func (m *Manager) Close() error {
 		if s.tracer != nil {
 			s.tracer.Close()
 			s.tracer = nil
+		}
+		if s.kns != nil {
+			s.kns.Close()
+			s.kns = nil
 		}
 		if s.rt != nil {
 			s.rt.Destroy()

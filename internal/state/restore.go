@@ -30,8 +30,9 @@ import (
 //  6. revive: fork each template into its session's PID, on that state (the injected
 //     failure comes after the first); the new processes stay stopped. Undone by step 1's
 //     undo.
-//  7. publish: the processes resume, the sandbox's record changes, the undo list is
-//     released.
+//  7. publish: the sandbox's kernel state becomes the node's (kernelstate.go: no IPC
+//     object, the node's host and domain names), the processes resume, the sandbox's
+//     record changes, the undo list is released.
 //
 // Steps 2 and 3 do nothing when the sandbox already stands, unchanged, on the node.
 //
@@ -310,6 +311,9 @@ func (r *restore) revive() error {
 func (r *restore) publish() error {
 	m, s, res := r.m, r.s, r.res
 	r.undo.release()
+	// Before anything of the sandbox runs again; at publish, as the removal of IPC
+	// objects cannot be undone (a failure at steps 5-7 leaves them as they were).
+	m.resetKernelState(s, r.nodeID)
 	var failed []string
 	res.Sessions, failed, res.ProcessErrors = m.commitRevivals(s, r.rvs)
 	res.Processes = len(r.rvs) - len(res.ProcessErrors)

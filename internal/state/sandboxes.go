@@ -131,7 +131,12 @@ func (m *Manager) boot(s *sb) error {
 		rt.Destroy()
 		return err
 	}
-	s.rt = rt
+	kns, err := openKernelNS(rt)
+	if err != nil {
+		rt.Destroy()
+		return err
+	}
+	s.rt, s.kns = rt, kns
 	s.err = nil
 	m.prepareNext(s)
 	return nil
@@ -263,6 +268,10 @@ func (m *Manager) Remove(id string) error {
 		s.tracer.Close()
 		s.tracer = nil
 	}
+	if s.kns != nil {
+		s.kns.Close()
+		s.kns = nil
+	}
 	var derr error
 	if s.rt != nil {
 		derr = s.rt.Destroy()
@@ -270,6 +279,7 @@ func (m *Manager) Remove(id string) error {
 	}
 	m.endSessions(s, "sandbox removed")
 	m.dropSandboxTemplates(id)
+	m.forgetKernelState(id)
 	m.mu.Lock()
 	delete(m.sandboxes, id)
 	m.mu.Unlock()
