@@ -79,6 +79,9 @@ type checkpoint struct {
 	undo undoList
 	// inject is the fault-injection point of a step that fails from inside (step 7).
 	inject func() error
+	// after is work for after the answer, queued when the checkpoint ends, whether it
+	// completes or not (afterAnswer).
+	after []func()
 
 	held    []*heldProc // step 1: seized, in the order they were
 	settled bool        // step 1 saw nothing step 3 must end
@@ -107,6 +110,9 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 	defer func() {
 		if err != nil {
 			m.countFailed(s, "checkpoint", c.refused)
+		}
+		for _, f := range c.after { // before unlock: the gate holds them until then
+			m.afterAnswer(s, f)
 		}
 	}()
 	// Whatever happens, the position's next state is prepared again: step 4 made
@@ -283,8 +289,9 @@ func (c *checkpoint) move() error {
 		return err
 	}
 	// init lets go of the namespace fd after the answer: a round trip to init (0.2-0.3
-	// ms) that nothing here waits for. Queued whatever happens.
-	m.afterAnswer(s, release)
+	// ms) that nothing here waits for. Whatever happens, and only once the checkpoint is
+	// over (queued now, the release could run before the last process has moved).
+	c.after = append(c.after, release)
 	return m.moveHeld(s, c.held, nsPath, c.inject, &c.undo)
 }
 

@@ -389,3 +389,49 @@ func TestCountsFastPathOff(t *testing.T) {
 		t.Fatalf("counts: %+v", info.Stats)
 	}
 }
+
+// TestSlowStepKeepsTheNamespaceFd: the namespace fd the processes move (or are revived)
+// into is let go only after the operation, however long its steps take. A step slowed
+// past the background gate's bound (a loaded machine: the answer delay plus
+// maxGateWait) after the first of two processes moved or was revived must not see the
+// fd closed under the second ("open the new state's namespace: no such file").
+func TestSlowStepKeepsTheNamespaceFd(t *testing.T) {
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "slow"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	call(t, m, id, "main", "V=1")
+	call(t, m, id, "py", "x = 1")
+	slow := func(op string, k int) error {
+		if (op == "checkpoint" && k == state.CheckpointStepCount-1) || (op == "restore" && k == state.RestoreStepCount-1) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		return nil
+	}
+	m.FailStep = slow
+	n, err := m.Checkpoint(ctx, id, "")
+	m.FailStep = nil
+	if err != nil || n.Processes != 2 {
+		t.Fatalf("slow checkpoint: %v %+v", err, n)
+	}
+	call(t, m, id, "main", "V=2")
+	m.FailStep = slow
+	r, err := m.Restore(ctx, id, n.Node.ID)
+	m.FailStep = nil
+	if err != nil || r.Processes != 2 {
+		t.Fatalf("slow restore: %v %+v", err, r)
+	}
+	if out := call(t, m, id, "main", "echo $V"); out != "1\n" {
+		t.Fatalf("bash after the restore: %q", out)
+	}
+	if out := call(t, m, id, "py", "print(x)"); out != "1\n" {
+		t.Fatalf("python after the restore: %q", out)
+	}
+}

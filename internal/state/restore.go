@@ -71,6 +71,7 @@ type restore struct {
 	res    *OpResult
 	undo   undoList
 	inject func() error // step 6's fault-injection point
+	after  []func()     // work for after the answer, queued when the restore ends
 
 	refused    string // why a refusal was one (counted)
 	tmplLocked bool   // step 1 holds s.tmplMu
@@ -120,6 +121,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		}
 		if r.tmplLocked {
 			s.tmplMu.Unlock()
+		}
+		for _, f := range r.after { // before unlock: the gate holds them until then
+			m.afterAnswer(s, f)
 		}
 	}()
 	if err := runSteps(m, "restore", restoreSteps, r, &r.inject, r.res, t0); err != nil {
@@ -303,7 +307,7 @@ func (r *restore) revive() error {
 	if err != nil {
 		return err
 	}
-	m.afterAnswer(s, release) // as at a checkpoint
+	r.after = append(r.after, release) // as at a checkpoint
 	return m.reviveAll(s, r.rvs, nsPath, r.inject)
 }
 
