@@ -129,8 +129,14 @@ time.sleep(1000)`)
 		t.Fatalf("checkpoint with end_background: %v %+v, want the tracer and its tracee ended", err, c)
 	}
 
+	// The python that unshared exits once it has written n.pid, leaving its child (PID 1
+	// of the new namespace) alone; the checkpoint must come after that exit, or it is
+	// refused for the python's child instead.
 	start(`nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
-for i in $(seq 500); do [ -s /workspace/n.pid ] && exit 0; sleep 0.01; done; exit 1`, `
+p=$!
+for i in $(seq 500); do [ -s /workspace/n.pid ] && break; sleep 0.01; done
+[ -s /workspace/n.pid ] || exit 1
+wait $p`, `
 import ctypes, os, time
 if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
     raise SystemExit('unshare: %d' % ctypes.get_errno())
