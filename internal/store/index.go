@@ -25,6 +25,12 @@ var (
 // directory). Durable(seq) tells whether a change has reached the disk; WaitDurable
 // blocks until it has. After a crash the index holds a prefix of the changes, which
 // the startup sweep makes the filesystem agree with.
+//
+// A commit that fails (a full disk, an I/O error) loses nothing: what it did not commit
+// stays at the head of the queue and is tried again, with a growing pause, until it
+// succeeds; changes queued meanwhile wait behind it, so that no change is ever reported
+// durable before every change before it is. While it fails, WaitDurable returns the
+// error instead of blocking, and Err reports it.
 type Index struct {
 	db *bolt.DB
 
@@ -33,7 +39,7 @@ type Index struct {
 	queue   []Op
 	seq     uint64 // last sequence number handed out
 	durable uint64 // last sequence number committed
-	err     error  // sticky commit error
+	err     error  // the last commit's error, nil once a commit succeeds
 	closing bool
 	done    chan struct{}
 
@@ -137,28 +143,55 @@ func (x *Index) Durable(seq uint64) bool {
 	return seq <= x.durable
 }
 
-// WaitDurable blocks until change seq is committed, or returns the commit error.
+// WaitDurable blocks until change seq is committed, or returns the error of the commit
+// that is failing meanwhile (the change stays queued and is tried again).
 func (x *Index) WaitDurable(seq uint64) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for x.durable < seq && x.err == nil {
 		x.cond.Wait()
 	}
+	if x.durable >= seq {
+		return nil
+	}
 	return x.err
 }
 
-// Close commits what is queued and closes the database.
+// Err is the error of the last commit, nil when it succeeded: changes are waiting to be
+// tried again.
+func (x *Index) Err() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.err
+}
+
+// Close commits what is queued and closes the database. If the commit fails, what is
+// still queued is lost (the startup sweep makes the filesystem agree with the index)
+// and Close says so.
 func (x *Index) Close() error {
 	x.mu.Lock()
 	x.closing = true
 	x.cond.Broadcast()
 	x.mu.Unlock()
 	<-x.done
-	return x.db.Close()
+	x.mu.Lock()
+	err := x.err
+	x.mu.Unlock()
+	if cerr := x.db.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
+
+// Pauses between tries of a failing commit.
+var (
+	retryFirst = 50 * time.Millisecond
+	retryMax   = 5 * time.Second
+)
 
 func (x *Index) committer() {
 	defer close(x.done)
+	pause := retryFirst
 	for {
 		x.mu.Lock()
 		for len(x.queue) == 0 && !x.closing {
@@ -170,38 +203,70 @@ func (x *Index) committer() {
 		}
 		batch := x.queue
 		x.queue = nil
+		closing := x.closing
 		x.mu.Unlock()
 
-		err := x.commit(batch)
+		n, err := x.commit(batch)
 
 		x.mu.Lock()
-		if err != nil && x.err == nil {
-			x.err = fmt.Errorf("index commit failed (state on disk is behind memory; restart the daemon): %w", err)
+		if n > 0 {
+			x.durable = batch[n-1].seq
 		}
 		if err == nil {
-			x.durable = batch[len(batch)-1].seq
+			x.err = nil
+			pause = retryFirst
+			x.cond.Broadcast()
+			x.mu.Unlock()
+			continue
 		}
+		// What was not committed goes back to the head of the queue, before what was
+		// queued meanwhile.
+		x.queue = append(batch[n:len(batch):len(batch)], x.queue...)
+		x.err = fmt.Errorf("index commit failed: %w; %d change(s) wait to be written again (free space on the store if it is full)", err, len(x.queue))
 		x.cond.Broadcast()
 		x.mu.Unlock()
+		if closing {
+			return // Close reports x.err
+		}
+		x.pauseOrClose(pause)
+		pause = min(2*pause, retryMax)
 	}
 }
 
-// commit writes a batch: ops up to each After go in one transaction, then the After runs.
-func (x *Index) commit(batch []Op) error {
+// pauseOrClose waits d, or less if Close is called meanwhile.
+func (x *Index) pauseOrClose(d time.Duration) {
+	t := time.AfterFunc(d, func() {
+		x.mu.Lock()
+		x.cond.Broadcast()
+		x.mu.Unlock()
+	})
+	defer t.Stop()
+	deadline := time.Now().Add(d)
+	x.mu.Lock()
+	for !x.closing && time.Now().Before(deadline) {
+		x.cond.Wait()
+	}
+	x.mu.Unlock()
+}
+
+// commit writes a batch: ops up to each After go in one transaction, then the After
+// runs. It returns how many ops of the batch are done (committed, or run for an After)
+// and the first error.
+func (x *Index) commit(batch []Op) (int, error) {
 	start := 0
 	for i := 0; i <= len(batch); i++ {
 		if i < len(batch) && batch[i].After == nil {
 			continue
 		}
 		if err := x.commitTx(batch[start:i]); err != nil {
-			return err
+			return start, err
 		}
 		if i < len(batch) {
 			batch[i].After()
 		}
 		start = i + 1
 	}
-	return nil
+	return len(batch), nil
 }
 
 func (x *Index) commitTx(ops []Op) error {
