@@ -18,22 +18,27 @@ package mountns
 import (
 	"fmt"
 	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
 	_ "deltabox/internal/mainthread" // the main thread is never discarded (see there)
 )
 
-// hostProc is an fd on the host's /proc, opened before any thread changes namespace:
-// inside a state namespace /proc belongs to the sandbox's PID namespace, where daemon
-// threads are invisible, so /proc/thread-self must be reached through this fd.
-var hostProc = func() int {
+// hostProc is an fd on the host's /proc: inside a state namespace /proc belongs to the
+// sandbox's PID namespace, where daemon threads are invisible, so /proc/thread-self must
+// be reached through this fd. Opened by the first NewBuilder, in the daemon only, from a
+// goroutine that is not locked to a thread (such a goroutine never runs on a thread
+// that changed namespace: those are locked and die with their goroutine). Not at package
+// init: every process of the binary runs that, the sandbox's init too, which would then
+// hold the host's /proc where the sandbox's processes reach it (/proc/1/fd/N).
+var hostProc = sync.OnceValues(func() (int, error) {
 	fd, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		panic(fmt.Sprintf("mountns: open /proc: %v", err))
+		return -1, fmt.Errorf("mountns: open /proc: %w", err)
 	}
-	return fd
-}()
+	return fd, nil
+})
 
 // Paths inside the base namespace (made by sbinit.setupRoot).
 const (
@@ -76,6 +81,9 @@ type result struct {
 // NewBuilder starts a builder on baseNS (an nsfs fd of the sandbox's base mount
 // namespace, which the builder duplicates) keeping depth workers ready.
 func NewBuilder(baseNS, depth int) (*Builder, error) {
+	if _, err := hostProc(); err != nil { // here, before any worker thread changes namespace
+		return nil, err
+	}
 	fd, err := unix.FcntlInt(uintptr(baseNS), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -208,7 +216,11 @@ func finish(overlayFD int) (int, error) {
 			return -1, fmt.Errorf("mount /%s: %w", m.path, err)
 		}
 	}
-	fd, err := unix.Openat(hostProc, "thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	hp, err := hostProc() // opened by NewBuilder: no open here, in the new namespace
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.Openat(hp, "thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open the new namespace: %w", err)
 	}

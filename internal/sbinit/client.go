@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"sync"
@@ -46,8 +47,11 @@ type Client struct {
 // StartOptions configures a new init.
 type StartOptions struct {
 	Config   Config
-	CgroupFD int      // the sandbox's cgroup2 directory: init starts inside it
-	Log      *os.File // init's stdout and stderr
+	CgroupFD int // the sandbox's cgroup2 directory: init starts inside it
+	// Log receives init's stdout and stderr, through a pipe (init holds no file of the
+	// store, which its fds would expose to the sandbox: /proc/1/fd/N), at most logCap
+	// bytes of it. Start dups it; the caller keeps its own.
+	Log *os.File
 	// CgroupTasks are the "tasks" files of the sandbox's v1 cgroups (its limits). Init
 	// stays outside them; its spawn thread joins them just before each fork, so every
 	// command starts inside the limits (see internal/cgroup/v1.go).
@@ -69,7 +73,13 @@ func Start(o StartOptions) (*Client, error) {
 	cmd := exec.Command("/proc/self/exe", InitArg, string(arg))
 	cmd.Args[0] = "deltabox-init"
 	cmd.ExtraFiles = append([]*os.File{child}, o.CgroupTasks...)
-	cmd.Stdout, cmd.Stderr = o.Log, o.Log
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		child.Close()
+		unix.Close(fds[0])
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logW, logW
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
@@ -80,10 +90,19 @@ func Start(o StartOptions) (*Client, error) {
 	// Only init holds its end now: if init dies, the recv below sees the socket close
 	// instead of waiting for ever.
 	child.Close()
+	logW.Close()
 	if err != nil {
+		logR.Close()
 		unix.Close(fds[0])
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
+	var logDup *os.File // the caller may close o.Log when Start returns
+	if o.Log != nil {
+		if fd, err := unix.FcntlInt(o.Log.Fd(), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			logDup = os.NewFile(uintptr(fd), o.Log.Name())
+		}
+	}
+	go copyLog(logR, logDup)
 	c := &Client{
 		fd:        fds[0],
 		proc:      cmd.Process,
@@ -320,4 +339,26 @@ func (c *Client) KillAll(keep ...int) (int, error) {
 		return 0, err
 	}
 	return r.Count, nil
+}
+
+// logCap bounds what init's log keeps: init writes a line or two (its setup error), but
+// a process of the sandbox can reach the pipe's write end (/proc/1/fd/1) and must not
+// fill the store through it.
+const logCap = 1 << 20
+
+// copyLog copies init's output from r to log (which it closes), up to logCap bytes,
+// and drains the rest, until every writer is gone (init, and anything of the sandbox
+// that opened its stdout).
+func copyLog(r *os.File, log *os.File) {
+	defer r.Close()
+	var w io.Writer = io.Discard
+	if log != nil {
+		defer log.Close()
+		w = log
+	}
+	n, _ := io.CopyN(w, r, logCap)
+	if n == logCap {
+		fmt.Fprintf(w, "\n[deltabox: init's log cut at %d bytes]\n", logCap)
+	}
+	io.Copy(io.Discard, r)
 }
