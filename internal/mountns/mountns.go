@@ -27,11 +27,12 @@ import (
 
 // hostProc is an fd on the host's /proc: inside a state namespace /proc belongs to the
 // sandbox's PID namespace, where daemon threads are invisible, so /proc/thread-self must
-// be reached through this fd. Opened by the first NewBuilder, in the daemon only, from a
-// goroutine that is not locked to a thread (such a goroutine never runs on a thread
-// that changed namespace: those are locked and die with their goroutine). Not at package
-// init: every process of the binary runs that, the sandbox's init too, which would then
-// hold the host's /proc where the sandbox's processes reach it (/proc/1/fd/N).
+// be reached through this fd. Opened by OpenHostProc at the daemon's start (NewBuilder
+// checks it), from a goroutine that is not locked to a thread (such a goroutine never
+// runs on a thread that changed namespace: those are locked and die with their
+// goroutine). Not at package init: every process of the binary runs that, the sandbox's
+// init too, which would then hold the host's /proc where the sandbox's processes reach
+// it (/proc/1/fd/N).
 var hostProc = sync.OnceValues(func() (int, error) {
 	fd, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -39,6 +40,13 @@ var hostProc = sync.OnceValues(func() (int, error) {
 	}
 	return fd, nil
 })
+
+// OpenHostProc opens the daemon's fd on the host's /proc (hostProc), once. The daemon
+// calls it at start, before any sandbox; it is kept for the daemon's life.
+func OpenHostProc() error {
+	_, err := hostProc()
+	return err
+}
 
 // Paths inside the base namespace (made by sbinit.setupRoot).
 const (

@@ -9,6 +9,7 @@ import (
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
+	"deltabox/internal/mountns"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
@@ -109,6 +110,9 @@ type Stats = apitypes.Stats
 func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
 		uppers: make(chan uint64, 4), stop: make(chan struct{})}
+	if err := mountns.OpenHostProc(); err != nil {
+		return nil, err
+	}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()
 	if err != nil {
