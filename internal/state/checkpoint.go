@@ -184,7 +184,15 @@ func (c *checkpoint) upper() error {
 		return nil
 	}
 	c.n.Layer, c.n.Own, c.n.Bytes = s.rec.Upper, true, -1
-	if p := m.takeNext(s, c.oldSpec.Lowers); p != nil {
+	p := m.takeNext(s, c.oldSpec.Lowers)
+	if p != nil && !sameModeOwner(c.oldSpec.Upper, m.st.LayerDiff(p.newUpper)) {
+		// The prepared overlay checks permissions on "/" with the mode and owner its
+		// upper's root had when it was mounted. A new mount, made after the freeze, has
+		// the right ones.
+		m.discard(p, true)
+		p = nil
+	}
+	if p != nil {
 		c.p, c.newUpper, c.res.Prepared = p, p.newUpper, true
 		c.undo.push(func() {
 			if c.p != nil { // else step 5's undo dropped it
@@ -233,8 +241,12 @@ func (c *checkpoint) mount() error {
 	// the frozen layer), until after the answer: see store.Freeze.
 	c.oldNS = s.rt.TakeState()
 	if c.p != nil {
-		// The root's mode and owner may have changed since the preparation.
-		matchRoot(m.st.LayerDiff(c.newUpper), m.st.LayerFrozen(c.n.Layer))
+		// "/"'s attributes may have changed since the preparation; they are its
+		// upper's root's, which nothing has looked at yet, and frozen/'s now.
+		if err := store.CopyRootAttrs(m.st.LayerFrozen(c.n.Layer), m.st.LayerDiff(c.newUpper)); err != nil {
+			s.rt.PutState(c.oldNS)
+			return fmt.Errorf("checkpoint: the attributes of / on the prepared state: %w", err)
+		}
 		s.rt.PutState(c.p.state)
 	} else if err := m.setState(s, c.res, overlay.Spec{
 		Lowers: append([]string{m.st.LayerFrozen(c.n.Layer)}, c.oldSpec.Lowers...),

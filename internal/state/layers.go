@@ -2,9 +2,9 @@ package state
 
 import (
 	"fmt"
-	"os"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/errdefs"
 	"deltabox/internal/overlay"
@@ -59,22 +59,35 @@ func (m *Manager) spec(image, head string, upper uint64) (overlay.Spec, error) {
 }
 
 // upperUnchanged reports whether upper holds no change relative to top, the root
-// directory of the layer under it: no entries, and the same root mode and owner
-// (a chmod of / changes only the upper's root directory).
+// directory of the layer under it: no entries, and the same attributes of "/" (a chmod,
+// touch or setxattr of / changes only the upper's root directory: store.RootAttrs).
 func upperUnchanged(upper, top string) bool {
 	empty, err := store.IsEmptyDir(upper)
 	if err != nil || !empty {
 		return false
 	}
-	var a, b syscall.Stat_t
-	if syscall.Stat(upper, &a) != nil || syscall.Stat(top, &b) != nil {
+	a, err := store.ReadRootAttrs(upper)
+	if err != nil {
 		return false
 	}
-	return a.Mode == b.Mode && a.Uid == b.Uid && a.Gid == b.Gid
+	b, err := store.ReadRootAttrs(top)
+	return err == nil && a.Equal(b)
 }
 
-// freshUpper allocates an empty upper whose root directory has the mode and owner of
-// top (overlayfs takes the root's attributes from the upper).
+// sameModeOwner reports whether directories a and b have the same mode and owner. A
+// mounted overlay checks permissions on "/" with the mode and owner its upper's root had
+// at the mount; its times and xattrs it reads from that root each time.
+func sameModeOwner(a, b string) bool {
+	var x, y unix.Stat_t
+	if unix.Stat(a, &x) != nil || unix.Stat(b, &y) != nil {
+		return false
+	}
+	return x.Mode == y.Mode && x.Uid == y.Uid && x.Gid == y.Gid
+}
+
+// freshUpper allocates an empty upper whose root directory has the attributes of top's
+// (mode, owner, times, the sandbox's xattrs: overlayfs takes those of "/" from the
+// upper's root alone).
 func (m *Manager) freshUpper(top string) (uint64, error) {
 	var id uint64
 	select {
@@ -85,11 +98,9 @@ func (m *Manager) freshUpper(top string) (uint64, error) {
 			return 0, err
 		}
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(top, &st); err == nil && (st.Mode&0o7777 != 0o755 || st.Uid != 0 || st.Gid != 0) {
-		d := m.st.LayerDiff(id)
-		os.Chmod(d, os.FileMode(st.Mode&0o7777))
-		os.Chown(d, int(st.Uid), int(st.Gid))
+	if err := store.CopyRootAttrs(top, m.st.LayerDiff(id)); err != nil {
+		store.RemoveAll(m.st.LayerDir(id))
+		return 0, fmt.Errorf("give a new upper the attributes of /: %w", err)
 	}
 	return id, nil
 }
@@ -115,20 +126,6 @@ func (m *Manager) fillUppers() {
 			store.RemoveAll(m.st.LayerDir(id))
 			return
 		}
-	}
-}
-
-// matchRoot gives upper's root directory the mode and owner of top's.
-func matchRoot(upper, top string) {
-	var a, b syscall.Stat_t
-	if syscall.Stat(upper, &a) != nil || syscall.Stat(top, &b) != nil {
-		return
-	}
-	if a.Mode&0o7777 != b.Mode&0o7777 {
-		os.Chmod(upper, os.FileMode(b.Mode&0o7777))
-	}
-	if a.Uid != b.Uid || a.Gid != b.Gid {
-		os.Chown(upper, int(b.Uid), int(b.Gid))
 	}
 }
 
