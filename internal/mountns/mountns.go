@@ -43,6 +43,12 @@ const (
 	shmDir  = "/dev/shm"
 )
 
+// LookedUp are the top-level names of a state's overlay that Build looks up: its mount
+// points (/dev, /dev/shm, /proc). overlayfs keeps what it has looked up, with the layers
+// each name was found in, so a state built before a layer under it was filled (the
+// prepared next state) would not see that layer's dev/ or proc/.
+var LookedUp = []string{"dev", "proc"}
+
 // Builder makes state namespaces for one sandbox. It keeps a few OS threads ready
 // that have already entered a private copy of the base namespace (unshare(CLONE_FS),
 // setns, unshare(CLONE_NEWNS): about 100 us with thread creation), so that a checkpoint

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"deltabox/internal/fastpath"
+	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
@@ -185,10 +186,12 @@ func (c *checkpoint) upper() error {
 	}
 	c.n.Layer, c.n.Own, c.n.Bytes = s.rec.Upper, true, -1
 	p := m.takeNext(s, c.oldSpec.Lowers)
-	if p != nil && !sameModeOwner(c.oldSpec.Upper, m.st.LayerDiff(p.newUpper)) {
-		// The prepared overlay checks permissions on "/" with the mode and owner its
-		// upper's root had when it was mounted. A new mount, made after the freeze, has
-		// the right ones.
+	if p != nil && (store.HasEntry(c.oldSpec.Upper, mountns.LookedUp...) || !sameModeOwner(c.oldSpec.Upper, m.st.LayerDiff(p.newUpper))) {
+		// The prepared overlay looked these names up (its mount points) while frozen/
+		// was empty: it would show them without what this upper holds there, /dev/shm's
+		// files. And it checks permissions on "/" with the mode and owner its upper's
+		// root had when it was mounted. A new mount, made after the freeze, has neither
+		// fault.
 		m.discard(p, true)
 		p = nil
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
 
@@ -22,6 +23,69 @@ func exactSettle() { time.Sleep(400 * time.Millisecond) }
 func exactPy(t *testing.T, d *testutil.Daemon, id, prog string) string {
 	t.Helper()
 	return dbxSh(t, d, id, "python3 -c '"+strings.ReplaceAll(prog, "'", `'\''`)+"'")
+}
+
+// TestDevShmAcrossCheckpoint: after a checkpoint, /dev/shm shows what it held at the
+// checkpoint (not the previous node's content), and a session holding a file there open
+// is checkpointed with it. Until the fix, the next state mounted ahead of time had looked
+// dev/shm up before the layer holding its files was frozen under it: /dev/shm showed the
+// previous node's content until the next restore, and the move of the session's open
+// file by path failed the checkpoint.
+func TestDevShmAcrossCheckpoint(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	dbxSh(t, d, id, "echo x > /workspace/x")
+	exactSettle()
+	dbxCheckpoint(t, d, id, "base")
+	sessRun(t, d, id, "py", "f = open('/dev/shm/held', 'w+'); f.write('held'); f.flush()")
+	dbxSh(t, d, id, "echo a > /dev/shm/a")
+	const list = "ls /dev/shm | tr '\\n' ' '; echo; cat /dev/shm/*"
+	exactSettle()
+	r1, err := d.C.Checkpoint(dbxCtx(t), id, "one")
+	if err != nil {
+		t.Fatalf("checkpoint while a session holds /dev/shm/held open: %v", err)
+	}
+	if r1.Processes != 1 {
+		t.Fatalf("checkpoint kept %d processes (%v), want the session's", r1.Processes, r1.ProcessErrors)
+	}
+	if got := dbxSh(t, d, id, list); got != "a held \na\nheld" {
+		t.Fatalf("/dev/shm after the checkpoint: %q, want a and held", got)
+	}
+	if got := sessRun(t, d, id, "py", "f.seek(0); print(f.read()); f.close()"); got != "held\n" {
+		t.Fatalf("the session's open file after the checkpoint reads %q", got)
+	}
+	// The session's file, reopened for writing at the checkpoint, was copied up: the
+	// next checkpoint mounts its state after the freeze. With nothing under /dev
+	// changed since, the one after takes the prepared state again.
+	dbxSh(t, d, id, "echo y > /workspace/y")
+	exactSettle()
+	dbxCheckpoint(t, d, id, "ws")
+	dbxSh(t, d, id, "echo z > /workspace/z")
+	exactSettle()
+	if r := dbxCheckpoint(t, d, id, "ws2"); !r.Prepared {
+		t.Errorf("a checkpoint after a change outside /dev did not use the prepared state")
+	}
+	sessRun(t, d, id, "py", "f = open('/dev/shm/held', 'a+'); f.write('+1'); f.flush()")
+	dbxSh(t, d, id, "echo b > /dev/shm/b; rm /dev/shm/a")
+	exactSettle()
+	r2 := dbxCheckpoint(t, d, id, "two")
+	if got := dbxSh(t, d, id, list); got != "b held \nb\nheld+1" {
+		t.Fatalf("/dev/shm after the second checkpoint: %q, want b and held", got)
+	}
+	dbxRestore(t, d, id, r1.Node.ID)
+	if got := dbxSh(t, d, id, list); got != "a held \na\nheld" {
+		t.Fatalf("/dev/shm after a restore to the first node: %q", got)
+	}
+	if got := sessRun(t, d, id, "py", "f.seek(0); print(f.read())"); got != "held\n" {
+		t.Fatalf("the session's open file after the restore reads %q", got)
+	}
+	dbxRestore(t, d, id, r2.Node.ID)
+	if got := dbxSh(t, d, id, list); got != "b held \nb\nheld+1" {
+		t.Fatalf("/dev/shm after a restore to the second node: %q", got)
+	}
 }
 
 // exactRootProbe prints /'s mtime, mode and xattrs (the sandbox's own, as listxattr
