@@ -88,6 +88,48 @@ func TestDevShmAcrossCheckpoint(t *testing.T) {
 	}
 }
 
+// exactDevSet is what the sandbox's /dev holds, always.
+const exactDevSet = "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero "
+
+// TestDevIsReadOnly: /dev is one tmpfs that every state of a sandbox shares, so a file
+// made there would be in every state and roll back with none. It is read-only (EROFS),
+// its devices work, and it holds the same entries in every state; files belong in
+// /dev/shm, which rolls back (TestDevShmAcrossCheckpoint).
+func TestDevIsReadOnly(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	const ls = "ls /dev | tr '\\n' ' '"
+	if got := dbxSh(t, d, id, ls); got != exactDevSet {
+		t.Fatalf("/dev holds %q, want %q", got, exactDevSet)
+	}
+	n1 := dbxCheckpoint(t, d, id, "one").Node.ID
+	for _, c := range []string{"echo x > /dev/userfile", "mkdir /dev/dir", "rm /dev/null", "ln -s null /dev/nul2", "mv /dev/zero /dev/zero2", "mknod /dev/mem2 c 1 1", "touch /dev/null"} {
+		r, err := d.C.Sh(dbxCtx(t), id, c, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ExitCode == 0 || !strings.Contains(r.Stderr, "Read-only file system") {
+			t.Errorf("%s: exit %d, stderr %q: want it refused, read-only file system", c, r.ExitCode, r.Stderr)
+		}
+	}
+	// The devices themselves work.
+	got := dbxSh(t, d, id, `echo gone > /dev/null && echo ok >/dev/stdout
+		head -c 3 /dev/zero | od -An -tx1
+		head -c 16 /dev/urandom | wc -c; head -c 16 /dev/random | wc -c
+		echo x > /dev/full 2>/dev/null || echo full refused
+		python3 -c "import os; m, s = os.openpty(); os.write(s, b\"pty\\n\"); print(os.read(m, 16))"`)
+	if want := "ok\n 00 00 00\n16\n16\nfull refused\nb'pty\\r\\n'\n"; got != want {
+		t.Errorf("devices: %q, want %q", got, want)
+	}
+	n2 := dbxCheckpoint(t, d, id, "two").Node.ID
+	for _, n := range []string{n1, n2, n1} {
+		dbxRestore(t, d, id, n)
+		if got := dbxSh(t, d, id, ls); got != exactDevSet {
+			t.Fatalf("/dev after a restore to %s: %q", n, got)
+		}
+	}
+}
+
 // exactRootProbe prints /'s mtime, mode and xattrs (the sandbox's own, as listxattr
 // shows them through the overlay), and whether uid 65534 may list / (permission checks
 // use the mode the overlay's root holds).
