@@ -203,6 +203,21 @@ func setupDev(dev string) error {
 	return nil
 }
 
+// dropCapabilities takes out of the calling thread's bounding set what no process of
+// the sandbox may have, because a checkpoint cannot carry its effect:
+// CAP_LINUX_IMMUTABLE (chattr +i, +a). overlayfs keeps those flags of an upper file in
+// an xattr (trusted.overlay.protattr) that it reads on upper files only, so they would
+// vanish when the layer is frozen; chattr fails with EPERM instead, as in Docker's
+// default capability set. The bounding set is per thread, and exec computes a root
+// process's capabilities from it: each spawning thread (locked, then discarded) calls
+// this before it forks.
+func dropCapabilities() error {
+	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_LINUX_IMMUTABLE, 0, 0, 0); err != nil {
+		return fmt.Errorf("drop CAP_LINUX_IMMUTABLE from the bounding set: %w", err)
+	}
+	return nil
+}
+
 // loopbackUp brings up lo in the sandbox's network namespace: the only interface it has.
 func loopbackUp() error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -478,6 +493,10 @@ func spawn(m *Message, fds []int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := dropCapabilities(); err != nil {
+			ch <- result{0, err}
+			return
+		}
 		// Join the sandbox's limits, this thread only (v1 places threads; "0" is the
 		// writer): the child inherits them, init's other threads stay outside, so a
 		// command at its pids limit cannot stop init from making threads. While the

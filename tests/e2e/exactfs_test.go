@@ -218,3 +218,58 @@ func TestRootAttrsAcrossCheckpoint(t *testing.T) {
 		t.Errorf("a checkpoint of an unchanged sandbox (/ only read) made a layer of its own")
 	}
 }
+
+// TestChattrRefused: the immutable and append-only flags cannot be set in a sandbox
+// (EPERM, as in Docker's default capability set). overlayfs keeps them of an upper file
+// in an xattr it reads on upper files only: until the fix, chattr +i or +a succeeded and
+// the flag vanished at the next checkpoint. Whatever the mechanism, a flag that chattr
+// reports set must survive a checkpoint and a restore.
+func TestChattrRefused(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	dbxSh(t, d, id, "echo x > /workspace/f; mkdir /workspace/d; echo y > /workspace/g")
+	type try struct{ flag, path string }
+	tries := []try{{"+i", "/workspace/f"}, {"+a", "/workspace/g"}, {"+i", "/workspace/d"}, {"+a", "/workspace"}}
+	set := map[string]bool{}
+	for _, c := range tries {
+		r, err := d.C.Sh(dbxCtx(t), id, "chattr "+c.flag+" "+c.path, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ExitCode == 0 {
+			set[c.path] = true
+			t.Errorf("chattr %s %s succeeded; want EPERM", c.flag, c.path)
+		} else if !strings.Contains(r.Stderr, "Operation not permitted") {
+			t.Errorf("chattr %s %s: %q, want Operation not permitted", c.flag, c.path, r.Stderr)
+		}
+	}
+	// The session (spawned like any command) has no CAP_LINUX_IMMUTABLE either.
+	if got := sessRun(t, d, id, "py", `import fcntl, os, array
+fd = os.open("/workspace/f", os.O_RDONLY)
+try:
+    fcntl.ioctl(fd, 0x40086602, array.array("l", [0x10]))  # FS_IOC_SETFLAGS, FS_IMMUTABLE_FL
+    print("set")
+except PermissionError:
+    print("refused")`); got != "refused\n" {
+		t.Errorf("FS_IOC_SETFLAGS immutable from the python session: %q, want refused", got)
+	}
+	attrs := func() string {
+		return dbxSh(t, d, id, "lsattr -d /workspace/f /workspace/g /workspace/d /workspace | cut -c1-22 | tr -d '\\n-'")
+	}
+	before := attrs()
+	n := dbxCheckpoint(t, d, id, "one").Node.ID
+	if got := attrs(); got != before {
+		t.Errorf("flags after a checkpoint: %q, before it %q", got, before)
+	}
+	dbxRestore(t, d, id, n)
+	if got := attrs(); got != before {
+		t.Errorf("flags after a restore: %q, at the checkpoint %q", got, before)
+	}
+	// What the flags protect against works or fails as they say.
+	if r, _ := d.C.Sh(dbxCtx(t), id, "echo more >> /workspace/f && echo z > /workspace/g && touch /workspace/d/n", 30*time.Second); r == nil || (r.ExitCode == 0) != (len(set) == 0) {
+		t.Errorf("writes after the checkpoint: %+v, with flags set on %v", r, set)
+	}
+}
