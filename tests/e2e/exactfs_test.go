@@ -6,6 +6,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -307,5 +309,58 @@ print(sorted(os.listdir(".")), open("b").read().strip(), os.stat("b").st_nlink)`
 	}
 	if got := run(); got != deviation {
 		t.Fatalf("rename(a, b) after a restore: %q, want %q", got, deviation)
+	}
+}
+
+// TestRenameLowerDirectoryLongPath shows a documented deviation from POSIX: rename(2) of
+// a directory that lives in a lower layer into another parent needs an absolute redirect
+// (its path in the layers, kept in an xattr), which overlayfs makes only up to
+// redirect_max bytes (a parameter of the overlay module, 256 by default): beyond it the
+// rename fails with EXDEV, which mv handles by copying. A rename within the same parent
+// (a relative redirect), of a file, or of a directory still in the upper works.
+func TestRenameLowerDirectoryLongPath(t *testing.T) {
+	b, err := os.ReadFile("/sys/module/overlay/parameters/redirect_max")
+	if err != nil {
+		t.Fatalf("overlayfs's redirect_max: %v", err)
+	}
+	max, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	long := strings.Repeat("L", 250)
+	dbxSh(t, d, id, "cd /workspace && mkdir -p "+long+"/sub other && echo x > "+long+"/sub/f && echo y > "+long+".f")
+	const rename = `import os, sys
+try:
+    os.rename(sys.argv[1], sys.argv[2]); print("renamed")
+except OSError as e:
+    print(os.strerror(e.errno))`
+	mv := func(from, to string) string {
+		t.Helper()
+		return dbxSh(t, d, id, "cd /workspace && python3 -c '"+rename+"' "+from+" "+to)
+	}
+	// In the upper: no redirect, any length.
+	if got := mv(long, "other/"+long); got != "renamed\n" {
+		t.Fatalf("rename of a directory in the upper: %q", got)
+	}
+	mv("other/"+long, long)
+	dbxCheckpoint(t, d, id, "frozen")
+	want := "renamed\n"
+	if len("/workspace/"+long) > max {
+		want = "Invalid cross-device link\n"
+	}
+	if got := mv(long, "other/moved"); got != want {
+		t.Fatalf("rename of a lower directory whose path has %d bytes into another parent (redirect_max %d): %q, want %q",
+			len("/workspace/"+long), max, got, want)
+	}
+	if got := mv(long+".f", "other/"+long+".f"); got != "renamed\n" {
+		t.Fatalf("rename of a lower file with a long name: %q", got)
+	}
+	if got := mv(long, "short"); got != "renamed\n" {
+		t.Fatalf("rename of a lower directory within its parent: %q", got)
+	}
+	if got := dbxSh(t, d, id, "cd /workspace && mv short other/moved && cat other/moved/sub/f other/"+long+".f"); got != "x\ny\n" {
+		t.Fatalf("mv (which copies on EXDEV): %q", got)
 	}
 }
