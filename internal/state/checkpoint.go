@@ -82,6 +82,7 @@ type checkpoint struct {
 	refused string      // why a refusal was one (counted)
 
 	oldSpec   overlay.Spec
+	root      *store.RootAttrs // step 4: "/"'s attributes, which the new upper gets
 	n         store.Node
 	unchanged bool          // the upper holds no change: steps 4-6 do nothing
 	p         *prepared     // step 4: the next state prepared ahead of time, if it fit
@@ -175,7 +176,12 @@ func (c *checkpoint) upper() error {
 	}
 	c.n = store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: c.o.Label, Sandbox: s.rec.ID}
 	c.newUpper = s.rec.Upper
-	if upperUnchanged(c.oldSpec.Upper, c.oldSpec.Lowers[0]) {
+	u, err := store.ReadUpper(c.oldSpec.Upper, mountns.LookedUp...)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	c.root = u.Root
+	if u.Empty && rootUnchanged(u.Root, c.oldSpec.Lowers[0]) {
 		c.unchanged = true
 		m.mu.Lock()
 		if st := m.stack(s.rec.Head); len(st) > 0 {
@@ -186,7 +192,7 @@ func (c *checkpoint) upper() error {
 	}
 	c.n.Layer, c.n.Own, c.n.Bytes = s.rec.Upper, true, -1
 	p := m.takeNext(s, c.oldSpec.Lowers)
-	if p != nil && (store.HasEntry(c.oldSpec.Upper, mountns.LookedUp...) || !sameModeOwner(c.oldSpec.Upper, m.st.LayerDiff(p.newUpper))) {
+	if p != nil && (u.Has || !p.root.SameModeOwner(u.Root)) {
 		// The prepared overlay looked these names up (its mount points) while frozen/
 		// was empty: it would show them without what this upper holds there, /dev/shm's
 		// files. And it checks permissions on "/" with the mode and owner its upper's
@@ -204,7 +210,7 @@ func (c *checkpoint) upper() error {
 		})
 		return nil
 	}
-	if c.newUpper, err = m.freshUpper(c.oldSpec.Upper); err != nil {
+	if c.newUpper, err = m.freshUpperWith(u.Root); err != nil {
 		return err
 	}
 	newUpper := c.newUpper
@@ -244,11 +250,13 @@ func (c *checkpoint) mount() error {
 	// the frozen layer), until after the answer: see store.Freeze.
 	c.oldNS = s.rt.TakeState()
 	if c.p != nil {
-		// "/"'s attributes may have changed since the preparation; they are its
-		// upper's root's, which nothing has looked at yet, and frozen/'s now.
-		if err := store.CopyRootAttrs(m.st.LayerFrozen(c.n.Layer), m.st.LayerDiff(c.newUpper)); err != nil {
-			s.rt.PutState(c.oldNS)
-			return fmt.Errorf("checkpoint: the attributes of / on the prepared state: %w", err)
+		// "/"'s times and xattrs may have changed since the preparation (its mode and
+		// owner not: step 4). overlayfs reads them from its upper's root each time.
+		if !c.p.root.Equal(c.root) {
+			if err := store.SetRootAttrs(m.st.LayerDiff(c.newUpper), c.root); err != nil {
+				s.rt.PutState(c.oldNS)
+				return fmt.Errorf("checkpoint: the attributes of / on the prepared state: %w", err)
+			}
 		}
 		s.rt.PutState(c.p.state)
 	} else if err := m.setState(s, c.res, overlay.Spec{

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"deltabox/internal/errdefs"
 	"deltabox/internal/overlay"
 	"deltabox/internal/store"
@@ -62,33 +60,29 @@ func (m *Manager) spec(image, head string, upper uint64) (overlay.Spec, error) {
 // directory of the layer under it: no entries, and the same attributes of "/" (a chmod,
 // touch or setxattr of / changes only the upper's root directory: store.RootAttrs).
 func upperUnchanged(upper, top string) bool {
-	empty, err := store.IsEmptyDir(upper)
-	if err != nil || !empty {
-		return false
-	}
-	a, err := store.ReadRootAttrs(upper)
-	if err != nil {
-		return false
-	}
-	b, err := store.ReadRootAttrs(top)
-	return err == nil && a.Equal(b)
+	u, err := store.ReadUpper(upper)
+	return err == nil && u.Empty && rootUnchanged(u.Root, top)
 }
 
-// sameModeOwner reports whether directories a and b have the same mode and owner. A
-// mounted overlay checks permissions on "/" with the mode and owner its upper's root had
-// at the mount; its times and xattrs it reads from that root each time.
-func sameModeOwner(a, b string) bool {
-	var x, y unix.Stat_t
-	if unix.Stat(a, &x) != nil || unix.Stat(b, &y) != nil {
-		return false
-	}
-	return x.Mode == y.Mode && x.Uid == y.Uid && x.Gid == y.Gid
+// rootUnchanged reports whether "/"'s attributes a are those of top's root.
+func rootUnchanged(a *store.RootAttrs, top string) bool {
+	b, err := store.ReadRootAttrs(top)
+	return err == nil && a.Equal(b)
 }
 
 // freshUpper allocates an empty upper whose root directory has the attributes of top's
 // (mode, owner, times, the sandbox's xattrs: overlayfs takes those of "/" from the
 // upper's root alone).
 func (m *Manager) freshUpper(top string) (uint64, error) {
+	a, err := store.ReadRootAttrs(top)
+	if err != nil {
+		return 0, fmt.Errorf("read the attributes of /: %w", err)
+	}
+	return m.freshUpperWith(a)
+}
+
+// freshUpperWith allocates an empty upper whose root directory has the attributes a.
+func (m *Manager) freshUpperWith(a *store.RootAttrs) (uint64, error) {
 	var id uint64
 	select {
 	case id = <-m.uppers:
@@ -98,7 +92,7 @@ func (m *Manager) freshUpper(top string) (uint64, error) {
 			return 0, err
 		}
 	}
-	if err := store.CopyRootAttrs(top, m.st.LayerDiff(id)); err != nil {
+	if err := store.SetRootAttrs(m.st.LayerDiff(id), a); err != nil {
 		store.RemoveAll(m.st.LayerDir(id))
 		return 0, fmt.Errorf("give a new upper the attributes of /: %w", err)
 	}

@@ -40,6 +40,7 @@ type prepared struct {
 	upper    uint64 // the upper it freezes
 	stack    string // the lowers it sits on (a key: spec lowers joined)
 	newUpper uint64
+	root     *store.RootAttrs // its upper's root's at the mount: "/"'s mode and owner for good
 	state    sandbox.State
 }
 
@@ -99,7 +100,11 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 	if len(lowers) > overlay.MaxLowers {
 		return nil
 	}
-	newUpper, err := m.freshUpper(spec.Upper)
+	root, err := store.ReadRootAttrs(spec.Upper)
+	if err != nil {
+		return nil
+	}
+	newUpper, err := m.freshUpperWith(root)
 	if err != nil {
 		return nil
 	}
@@ -114,7 +119,7 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 		m.log.Debug("prepare next state", "sandbox", rec.ID, "err", err)
 		return nil
 	}
-	return &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, state: st}
+	return &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, root: root, state: st}
 }
 
 // takeNext returns s's prepared next state if it fits the sandbox's current position

@@ -99,6 +99,44 @@ func readRootAttrs(fd int) (*RootAttrs, error) {
 	return a, nil
 }
 
+// SameModeOwner reports whether a and b have the same mode and owner.
+func (a *RootAttrs) SameModeOwner(b *RootAttrs) bool {
+	return a.Mode == b.Mode && a.Uid == b.Uid && a.Gid == b.Gid
+}
+
+// Upper is what a checkpoint reads of the upper it is about to freeze.
+type Upper struct {
+	Empty bool       // no entries: no change below "/"
+	Root  *RootAttrs // "/"'s attributes, which the next upper must get
+	Has   bool       // it holds an entry named one of the names asked for
+}
+
+// ReadUpper reads upper directory p, and whether it holds one of names, with one open
+// and a few fd-based calls: it is on the checkpoint's critical path (see Freeze).
+func ReadUpper(p string, names ...string) (*Upper, error) {
+	fd, err := openDir(p)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer unix.Close(fd)
+	first, err := dirNames(fd, 1)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	u := &Upper{Empty: len(first) == 0}
+	if u.Root, err = readRootAttrs(fd); err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	var st unix.Stat_t
+	for _, n := range names {
+		if !u.Empty && unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			u.Has = true
+			break
+		}
+	}
+	return u, nil
+}
+
 // SetRootAttrs gives directory p (an upper's root, made empty, or mounted and unused
 // yet) the root attributes a, changing only what differs: mode, owner, the sandbox's
 // xattrs (those p has and a has not are removed; overlayfs's own on p are kept), and

@@ -224,23 +224,6 @@ func IsEmptyDir(p string) (bool, error) {
 	return len(names) == 0, nil
 }
 
-// HasEntry reports whether directory p has an entry named one of names (a few
-// fstatat calls: on the checkpoint's critical path), or cannot be read.
-func HasEntry(p string, names ...string) bool {
-	fd, err := openDir(p)
-	if err != nil {
-		return true
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	for _, n := range names {
-		if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
-			return true
-		}
-	}
-	return false
-}
-
 // Syncfs flushes the store's filesystem.
 func (s *Store) Syncfs() error {
 	fd, err := unix.Open(s.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
