@@ -2,7 +2,7 @@
 //
 // Every sandbox has a base mount namespace, made by its init (see package sbinit):
 // its root is a small read-only tmpfs holding /proc (of the sandbox's PID namespace)
-// and a minimal /dev with a private devpts. A state namespace is a copy of that base
+// and a minimal, read-only /dev with a private devpts. A state namespace is a copy of that base
 // (unshare(CLONE_NEWNS) from inside it) in which the state's overlay is stacked on "/"
 // and clones of /dev and /proc are mounted inside it (finish says why there is no
 // pivot_root). The result is an nsfs fd: processes are started in it with setns, and

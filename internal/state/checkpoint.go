@@ -41,8 +41,9 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 //     checkpoint that gets this far ends them, whether it completes or not. Nothing to
 //     do, and no read of the cgroup, when step 1 saw every process seized, a template or
 //     a zombie (holdOthers).
-//  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits).
-//     Undo: give the prepared state back, or remove the fresh upper.
+//  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits: made
+//     for this upper and these lowers, and sound for what the upper holds, see
+//     prepare.go). Undo: give the prepared state back, or remove the fresh upper.
 //  5. freeze: the old upper becomes the node's read-only layer (store.Freeze). Undo:
 //     unfreeze it (and the prepared state, whose lower it was, is dropped).
 //  6. mount: install the new stack (the prepared state, or a new mount). Undo: reinstall
