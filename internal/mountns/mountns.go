@@ -2,7 +2,7 @@
 //
 // Every sandbox has a base mount namespace, made by its init (see package sbinit):
 // its root is a small read-only tmpfs holding /proc (of the sandbox's PID namespace)
-// and a minimal /dev with a private devpts. A state namespace is a copy of that base
+// and a minimal, read-only /dev with a private devpts. A state namespace is a copy of that base
 // (unshare(CLONE_NEWNS) from inside it) in which the state's overlay is stacked on "/"
 // and clones of /dev and /proc are mounted inside it (finish says why there is no
 // pivot_root). The result is an nsfs fd: processes are started in it with setns, and
@@ -55,6 +55,12 @@ const (
 	procDir = "/proc"
 	shmDir  = "/dev/shm"
 )
+
+// LookedUp are the top-level names of a state's overlay that Build looks up: its mount
+// points (/dev, /dev/shm, /proc). overlayfs keeps what it has looked up, with the layers
+// each name was found in, so a state built before a layer under it was filled (the
+// prepared next state) would not see that layer's dev/ or proc/.
+var LookedUp = []string{"dev", "proc"}
 
 // Builder makes state namespaces for one sandbox. It keeps a few OS threads ready
 // that have already entered a private copy of the base namespace (unshare(CLONE_FS),

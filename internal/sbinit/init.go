@@ -156,9 +156,9 @@ func setupRoot(cfg *Config) error {
 	return nil
 }
 
-// setupDev makes a minimal /dev: the harmless character devices bound from the host,
-// a private devpts instance (sessions' terminals), and the /dev/shm mount point that
-// each state fills with the overlay's own /dev/shm directory.
+// setupDev makes a minimal, read-only /dev: the harmless character devices, a private
+// devpts instance (sessions' terminals), and the /dev/shm mount point that each state
+// fills with the overlay's own /dev/shm directory.
 func setupDev(dev string) error {
 	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("mount /dev: %w", err)
@@ -195,6 +195,29 @@ func setupDev(dev string) error {
 		if err := os.Symlink(l[0], filepath.Join(dev, l[1])); err != nil {
 			return err
 		}
+	}
+	// Read-only from here on (devices are still read and written, and /dev/pts and
+	// /dev/shm are mounts of their own): every state of the sandbox mounts a clone of
+	// this one tmpfs, so a file made in /dev would be in all of them and roll back with
+	// none. Making a file there fails with EROFS instead. (A /dev of each state's own
+	// costs 50-110 us more per mount, measured: docs/DESIGN.md.)
+	if err := unix.Mount("", dev, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID, "mode=0755,size=64k"); err != nil {
+		return fmt.Errorf("remount /dev read-only: %w", err)
+	}
+	return nil
+}
+
+// dropCapabilities takes out of the calling thread's bounding set what no process of
+// the sandbox may have, because a checkpoint cannot carry its effect:
+// CAP_LINUX_IMMUTABLE (chattr +i, +a). overlayfs keeps those flags of an upper file in
+// an xattr (trusted.overlay.protattr) that it reads on upper files only, so they would
+// vanish when the layer is frozen; chattr fails with EPERM instead, as in Docker's
+// default capability set. The bounding set is per thread, and exec computes a root
+// process's capabilities from it: each spawning thread (locked, then discarded) calls
+// this before it forks.
+func dropCapabilities() error {
+	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_LINUX_IMMUTABLE, 0, 0, 0); err != nil {
+		return fmt.Errorf("drop CAP_LINUX_IMMUTABLE from the bounding set: %w", err)
 	}
 	return nil
 }
@@ -474,6 +497,10 @@ func spawn(m *Message, fds []int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		if err := dropCapabilities(); err != nil {
+			ch <- result{0, err}
+			return
+		}
 		// Join the sandbox's limits, this thread only (v1 places threads; "0" is the
 		// writer): the child inherits them, init's other threads stay outside, so a
 		// command at its pids limit cannot stop init from making threads. While the

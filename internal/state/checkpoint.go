@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"deltabox/internal/fastpath"
+	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
@@ -44,8 +45,9 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 //     do, and no read of the cgroup, when step 1 saw every process seized, a template or
 //     a zombie (holdOthers). Else the kernel state is read again: what was killed ran
 //     until now (an IPC object it made refuses the checkpoint, as at step 1).
-//  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits).
-//     Undo: give the prepared state back, or remove the fresh upper.
+//  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits: made
+//     for this upper and these lowers, and sound for what the upper holds, see
+//     prepare.go). Undo: give the prepared state back, or remove the fresh upper.
 //  5. freeze: the old upper becomes the node's read-only layer (store.Freeze). Undo:
 //     unfreeze it (and the prepared state, whose lower it was, is dropped).
 //  6. mount: install the new stack (the prepared state, or a new mount). Undo: reinstall
@@ -89,6 +91,7 @@ type checkpoint struct {
 	refused string      // why a refusal was one (counted)
 
 	oldSpec   overlay.Spec
+	root      *store.RootAttrs // step 4: "/"'s attributes, which the new upper gets
 	n         store.Node
 	unchanged bool          // the upper holds no change: steps 4-6 do nothing
 	p         *prepared     // step 4: the next state prepared ahead of time, if it fit
@@ -195,7 +198,12 @@ func (c *checkpoint) upper() error {
 	}
 	c.n = store.Node{Parent: s.rec.Head, Image: s.rec.Image, Created: time.Now().UTC(), Label: c.o.Label, Sandbox: s.rec.ID}
 	c.newUpper = s.rec.Upper
-	if upperUnchanged(c.oldSpec.Upper, c.oldSpec.Lowers[0]) {
+	u, err := store.ReadUpper(c.oldSpec.Upper, mountns.LookedUp...)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	c.root = u.Root
+	if u.Empty && rootUnchanged(u.Root, c.oldSpec.Lowers[0]) {
 		c.unchanged = true
 		m.mu.Lock()
 		if st := m.stack(s.rec.Head); len(st) > 0 {
@@ -205,7 +213,17 @@ func (c *checkpoint) upper() error {
 		return nil
 	}
 	c.n.Layer, c.n.Own, c.n.Bytes = s.rec.Upper, true, -1
-	if p := m.takeNext(s, c.oldSpec.Lowers); p != nil {
+	p := m.takeNext(s, c.oldSpec.Lowers)
+	if p != nil && (u.Has || !p.root.SameModeOwner(u.Root)) {
+		// The prepared overlay looked these names up (its mount points) while frozen/
+		// was empty: it would show them without what this upper holds there, /dev/shm's
+		// files. And it checks permissions on "/" with the mode and owner its upper's
+		// root had when it was mounted. A new mount, made after the freeze, has neither
+		// fault.
+		m.discard(p, true)
+		p = nil
+	}
+	if p != nil {
 		c.p, c.newUpper, c.res.Prepared = p, p.newUpper, true
 		c.undo.push(func() {
 			if c.p != nil { // else step 5's undo dropped it
@@ -214,7 +232,7 @@ func (c *checkpoint) upper() error {
 		})
 		return nil
 	}
-	if c.newUpper, err = m.freshUpper(c.oldSpec.Upper); err != nil {
+	if c.newUpper, err = m.freshUpperWith(u.Root); err != nil {
 		return err
 	}
 	newUpper := c.newUpper
@@ -254,8 +272,14 @@ func (c *checkpoint) mount() error {
 	// the frozen layer), until after the answer: see store.Freeze.
 	c.oldNS = s.rt.TakeState()
 	if c.p != nil {
-		// The root's mode and owner may have changed since the preparation.
-		matchRoot(m.st.LayerDiff(c.newUpper), m.st.LayerFrozen(c.n.Layer))
+		// "/"'s times and xattrs may have changed since the preparation (its mode and
+		// owner not: step 4). overlayfs reads them from its upper's root each time.
+		if !c.p.root.Equal(c.root) {
+			if err := store.SetRootAttrs(m.st.LayerDiff(c.newUpper), c.root); err != nil {
+				s.rt.PutState(c.oldNS)
+				return fmt.Errorf("checkpoint: the attributes of / on the prepared state: %w", err)
+			}
+		}
 		s.rt.PutState(c.p.state)
 	} else if err := m.setState(s, c.res, overlay.Spec{
 		Lowers: append([]string{m.st.LayerFrozen(c.n.Layer)}, c.oldSpec.Lowers...),

@@ -2,8 +2,6 @@ package state
 
 import (
 	"fmt"
-	"os"
-	"syscall"
 	"time"
 
 	"deltabox/internal/errdefs"
@@ -59,23 +57,32 @@ func (m *Manager) spec(image, head string, upper uint64) (overlay.Spec, error) {
 }
 
 // upperUnchanged reports whether upper holds no change relative to top, the root
-// directory of the layer under it: no entries, and the same root mode and owner
-// (a chmod of / changes only the upper's root directory).
+// directory of the layer under it: no entries, and the same attributes of "/" (a chmod,
+// touch or setxattr of / changes only the upper's root directory: store.RootAttrs).
 func upperUnchanged(upper, top string) bool {
-	empty, err := store.IsEmptyDir(upper)
-	if err != nil || !empty {
-		return false
-	}
-	var a, b syscall.Stat_t
-	if syscall.Stat(upper, &a) != nil || syscall.Stat(top, &b) != nil {
-		return false
-	}
-	return a.Mode == b.Mode && a.Uid == b.Uid && a.Gid == b.Gid
+	u, err := store.ReadUpper(upper)
+	return err == nil && u.Empty && rootUnchanged(u.Root, top)
 }
 
-// freshUpper allocates an empty upper whose root directory has the mode and owner of
-// top (overlayfs takes the root's attributes from the upper).
+// rootUnchanged reports whether "/"'s attributes a are those of top's root.
+func rootUnchanged(a *store.RootAttrs, top string) bool {
+	b, err := store.ReadRootAttrs(top)
+	return err == nil && a.Equal(b)
+}
+
+// freshUpper allocates an empty upper whose root directory has the attributes of top's
+// (mode, owner, times, the sandbox's xattrs: overlayfs takes those of "/" from the
+// upper's root alone).
 func (m *Manager) freshUpper(top string) (uint64, error) {
+	a, err := store.ReadRootAttrs(top)
+	if err != nil {
+		return 0, fmt.Errorf("read the attributes of /: %w", err)
+	}
+	return m.freshUpperWith(a)
+}
+
+// freshUpperWith allocates an empty upper whose root directory has the attributes a.
+func (m *Manager) freshUpperWith(a *store.RootAttrs) (uint64, error) {
 	var id uint64
 	select {
 	case id = <-m.uppers:
@@ -85,11 +92,9 @@ func (m *Manager) freshUpper(top string) (uint64, error) {
 			return 0, err
 		}
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(top, &st); err == nil && (st.Mode&0o7777 != 0o755 || st.Uid != 0 || st.Gid != 0) {
-		d := m.st.LayerDiff(id)
-		os.Chmod(d, os.FileMode(st.Mode&0o7777))
-		os.Chown(d, int(st.Uid), int(st.Gid))
+	if err := store.SetRootAttrs(m.st.LayerDiff(id), a); err != nil {
+		store.RemoveAll(m.st.LayerDir(id))
+		return 0, fmt.Errorf("give a new upper the attributes of /: %w", err)
 	}
 	return id, nil
 }
@@ -115,20 +120,6 @@ func (m *Manager) fillUppers() {
 			store.RemoveAll(m.st.LayerDir(id))
 			return
 		}
-	}
-}
-
-// matchRoot gives upper's root directory the mode and owner of top's.
-func matchRoot(upper, top string) {
-	var a, b syscall.Stat_t
-	if syscall.Stat(upper, &a) != nil || syscall.Stat(top, &b) != nil {
-		return
-	}
-	if a.Mode&0o7777 != b.Mode&0o7777 {
-		os.Chmod(upper, os.FileMode(b.Mode&0o7777))
-	}
-	if a.Uid != b.Uid || a.Gid != b.Gid {
-		os.Chown(upper, int(b.Uid), int(b.Gid))
 	}
 }
 

@@ -18,11 +18,15 @@ import (
 // here: 0.8 ms at depth 50, measured).
 //
 // Why this is sound: overlayfs calls changes to a mounted overlay's lower layers
-// undefined because it caches what it has looked up. The prepared overlay has looked up
-// nothing below its root when frozen/ is filled: no process has entered its namespace,
-// and mounting reads only the layers' root directories. Entries are added to frozen/
-// only, by rename, before the first lookup; nothing is ever changed in it afterwards.
-// The model test (tests/e2e) compares every restored state with an independent mirror.
+// undefined because it caches what it has looked up. When frozen/ is filled, the
+// prepared overlay has looked up nothing but its mount points (mountns.LookedUp: dev,
+// dev/shm, proc): no process has entered its namespace, and mounting reads only the
+// layers' root directories. So a checkpoint takes it only when the upper it freezes
+// has none of those names (checkpoint.upper): after a change under /dev/shm, the new
+// state is mounted after the freeze instead (cold, as without preparation). Entries
+// are added to frozen/ only, by rename, before any other lookup; nothing is ever
+// changed in it afterwards. The model test (tests/e2e) compares every state after a
+// checkpoint and after a restore with an independent mirror.
 //
 // Concurrency: builds run one at a time under buildMu, without opMu (an exec need not
 // wait for them) and without prepMu (a restore need not either). nextGen, read when a
@@ -36,6 +40,7 @@ type prepared struct {
 	upper    uint64 // the upper it freezes
 	stack    string // the lowers it sits on (a key: spec lowers joined)
 	newUpper uint64
+	root     *store.RootAttrs // its upper's root's at the mount: "/"'s mode and owner for good
 	state    sandbox.State
 }
 
@@ -95,7 +100,11 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 	if len(lowers) > overlay.MaxLowers {
 		return nil
 	}
-	newUpper, err := m.freshUpper(spec.Upper)
+	root, err := store.ReadRootAttrs(spec.Upper)
+	if err != nil {
+		return nil
+	}
+	newUpper, err := m.freshUpperWith(root)
 	if err != nil {
 		return nil
 	}
@@ -110,7 +119,7 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 		m.log.Debug("prepare next state", "sandbox", rec.ID, "err", err)
 		return nil
 	}
-	return &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, state: st}
+	return &prepared{upper: rec.Upper, stack: stackKey(spec.Lowers), newUpper: newUpper, root: root, state: st}
 }
 
 // takeNext returns s's prepared next state if it fits the sandbox's current position

@@ -60,8 +60,10 @@ func sh(t *testing.T, m *state.Manager, id, script string) string {
 	return r.Stdout
 }
 
-// manifest lists /workspace and /tmp (path, type, mode, size, content hash).
-const manifest = `cd / && find workspace tmp -printf '%p %y %m %s\n' | sort && find workspace tmp -type f -exec sha256sum {} + | sort`
+// manifest lists /workspace and /tmp (path, type, mode, size, content hash), and the
+// attributes of / (mode, owner, mtime, xattrs).
+const manifest = `cd / && find workspace tmp -printf '%p %y %m %s\n' | sort && find workspace tmp -type f -exec sha256sum {} + | sort &&
+	stat -c '%a %u %g %y' / && python3 -c 'import os; print(sorted((n, os.getxattr("/", n)) for n in os.listxattr("/")))'`
 
 // frozenLayers lists the frozen layers on disk (non-empty frozen/ directories; an empty
 // one may be a next state being prepared in the background).
@@ -98,7 +100,8 @@ func TestFailureAtEveryStepLeavesSandboxUnchanged(t *testing.T) {
 		for step := 1; step <= steps[op]; step++ {
 			t.Run(fmt.Sprintf("%s-step%d", op, step), func(t *testing.T) {
 				// A change in the upper, so that both operations have real work to do.
-				sh(t, m, "f1", fmt.Sprintf("echo %s%d >> a.txt && echo t > /tmp/t%d && rm -rf d", op, step, step))
+				sh(t, m, "f1", fmt.Sprintf("echo %s%d >> a.txt && echo t > /tmp/t%d && rm -rf d && touch -d @%d / && python3 -c 'import os; os.setxattr(\"/\", \"user.step\", b\"%s%d\")'",
+					op, step, step, 978307200+step, op, step))
 				before := sh(t, m, "f1", manifest)
 				info, _ := m.Get("f1")
 				nodes := len(m.Tree().Nodes)

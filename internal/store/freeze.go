@@ -34,8 +34,9 @@ func (s *Store) IsFrozen(id uint64) bool {
 }
 
 // Freeze moves layer id's upper content into frozen/ (made here, or beforehand by
-// PrepareFrozen). The root directory's mode, owner and xattrs are copied first. On
-// failure it moves back what it moved.
+// PrepareFrozen). The root directory's mode, owner and xattrs are copied first, its
+// atime and mtime last (they are "/"'s: see RootAttrs). On failure it moves back what
+// it moved, and diff/'s times with it.
 //
 // It works on directory fds with raw syscalls (about 12 in the usual case of a
 // prepared frozen/ and two top-level entries): Freeze is on the checkpoint's critical
@@ -75,9 +76,17 @@ func (s *Store) Freeze(id uint64) error {
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
-	if moved, err := moveEntries(dfd, ffd); err != nil {
-		if _, uerr := moveNames(ffd, dfd, moved); uerr == nil && made {
-			unix.Rmdir(frozen)
+	moved, err := moveEntries(dfd, ffd)
+	if err == nil {
+		// Last: the renames moved frozen/'s times, and diff/'s ("/"'s) are the node's.
+		err = futimens(ffd, st.Atim, st.Mtim)
+	}
+	if err != nil {
+		if _, uerr := moveNames(ffd, dfd, moved); uerr == nil {
+			futimens(dfd, st.Atim, st.Mtim)
+			if made {
+				unix.Rmdir(frozen)
+			}
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
@@ -113,7 +122,9 @@ func (s *Store) PrepareFrozen(id uint64) error {
 func (s *Store) DropPreparedFrozen(id uint64) error { return unix.Rmdir(s.LayerFrozen(id)) }
 
 // Unfreeze undoes Freeze (a failed checkpoint, or the startup repair of one that a
-// crash interrupted): entries go back to diff/ and frozen/ is removed.
+// crash interrupted): entries go back to diff/, with frozen/'s times (a crash inside
+// Freeze, before it set them, leaves "/" the mtime of that moment), and frozen/ is
+// removed.
 func (s *Store) Unfreeze(id uint64) error {
 	diff, frozen := s.LayerDiff(id), s.LayerFrozen(id)
 	dfd, err := openDir(diff)
@@ -125,8 +136,15 @@ func (s *Store) Unfreeze(id uint64) error {
 	if err != nil {
 		return fmt.Errorf("unfreeze layer %d: %w", id, err)
 	}
-	_, err = moveEntries(ffd, dfd)
+	var st unix.Stat_t
+	err = unix.Fstat(ffd, &st) // "/"'s times, which Freeze gave frozen/
+	if err == nil {
+		_, err = moveEntries(ffd, dfd)
+	}
 	unix.Close(ffd)
+	if err == nil {
+		err = futimens(dfd, st.Atim, st.Mtim)
+	}
 	if err != nil {
 		return fmt.Errorf("unfreeze layer %d: %w", id, err)
 	}
@@ -231,32 +249,25 @@ func copyRootAttrs(from, to int, st *unix.Stat_t) error {
 			return err
 		}
 	}
-	buf := make([]byte, 4096)
-	n, err := unix.Flistxattr(from, buf)
-	if errors.Is(err, unix.ENOTSUP) {
-		return nil
-	}
+	names, err := listXattrs(from)
 	if err != nil {
 		return err
 	}
-	names := splitNul(buf[:n])
 	// Drop what the target has and the source no longer has (a prepared frozen/ was
 	// made from an earlier state of the root).
-	tbuf := make([]byte, 4096)
-	if tn, err := unix.Flistxattr(to, tbuf); err == nil {
-		for _, name := range splitNul(tbuf[:tn]) {
+	if tnames, err := listXattrs(to); err == nil {
+		for _, name := range tnames {
 			if !slices.Contains(names, name) {
 				unix.Fremovexattr(to, name)
 			}
 		}
 	}
-	val := make([]byte, 64<<10)
 	for _, name := range names {
-		vn, err := unix.Fgetxattr(from, name, val)
+		val, err := getXattr(from, name)
 		if err != nil {
 			return fmt.Errorf("read xattr %s: %w", name, err)
 		}
-		if err := unix.Fsetxattr(to, name, val[:vn], 0); err != nil {
+		if err := unix.Fsetxattr(to, name, val, 0); err != nil {
 			return fmt.Errorf("copy xattr %s: %w", name, err)
 		}
 	}

@@ -16,6 +16,14 @@ package e2e
 // kept hard links across layers the comparison would fail, and
 // TestHardlinkSplitAcrossCheckpoint asserts the deviation directly.
 //
+// Beyond /workspace the model covers what a checkpoint must carry outside the tree:
+// the attributes of / (mode, mtime, xattrs, an escaped trusted.overlay.* among them:
+// overlayfs keeps them on the upper's root alone), files in /dev/shm (a directory of
+// the state, with background writers holding files open there across checkpoints),
+// and two refusals: chattr +i/+a (EPERM: no CAP_LINUX_IMMUTABLE in a sandbox) and files
+// in /dev (EROFS). The manifests carry each file's i and a flags, and /dev's entries.
+// Names of files and symlinks include NAME_MAX (255-byte) ones, so paths grow long.
+//
 // Two invariants are checked on the side:
 //   - frozen layers (the layer a node owns) never change: each is recorded when its
 //     node is made and re-checked after every operation (metadata of all of them, the
@@ -118,6 +126,30 @@ elif k == "symlink":
     os.symlink(op["q"], p)
 elif k == "link":
     os.link(p, op["q"])
+elif k == "chattr":
+    import array, fcntl
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    fl = array.array("i", [0])
+    fcntl.ioctl(fd, 0x80086601, fl)  # FS_IOC_GETFLAGS
+    fl[0] |= op["n"]
+    try:
+        fcntl.ioctl(fd, 0x40086602, fl)  # FS_IOC_SETFLAGS
+        sys.exit("chattr %#x of %s succeeded; the model expects EPERM (no CAP_LINUX_IMMUTABLE in a sandbox)" % (op["n"], p))
+    except PermissionError:
+        pass
+elif k == "devfile":
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT, 0o644))
+        sys.exit("made %s; the model expects EROFS (/dev is read-only)" % p)
+    except OSError as e:
+        if e.errno != 30:
+            raise
+elif k == "setxattr":
+    os.setxattr(p, op["q"], data)
+elif k == "rmxattr":
+    os.removexattr(p, op["q"])
+elif k == "utime":
+    os.utime(p, ns=(op["n"], op["n"]))
 else:
     sys.exit("unknown op " + k)
 `
@@ -125,7 +157,7 @@ else:
 // modelManifestPy prints the manifest of the tree under argv[1] as JSON; modelManifest
 // computes the same on the host.
 const modelManifestPy = `
-import hashlib, json, os, stat, sys
+import array, fcntl, hashlib, json, os, stat, sys
 root = sys.argv[1]
 out = []
 buf = bytearray(1 << 20)
@@ -138,10 +170,22 @@ def digest(p):
             if not n:
                 return h.hexdigest()
             h.update(mv[:n])
+def flags(p):
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    try:
+        fl = array.array("i", [0])
+        fcntl.ioctl(fd, 0x80086601, fl)  # FS_IOC_GETFLAGS
+        return ("i" if fl[0] & 0x10 else "") + ("a" if fl[0] & 0x20 else "")
+    finally:
+        os.close(fd)
 def walk(rel):
     p = os.path.join(root, rel) if rel else root
     st = os.lstat(p)
     e = {"p": rel or ".", "m": stat.S_IMODE(st.st_mode)}
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+        x = flags(p)
+        if x:
+            e["x"] = x
     if stat.S_ISDIR(st.st_mode):
         e["t"] = "d"
         out.append(e)
@@ -167,9 +211,15 @@ type modelEntry struct {
 	S int64  `json:"s,omitempty"` // size of a regular file
 	H string `json:"h,omitempty"` // sha256 of a regular file
 	L string `json:"l,omitempty"` // symlink target
+	X string `json:"x,omitempty"` // the i (immutable) and a (append-only) flags set
 }
 
 func (e modelEntry) String() string {
+	if e.X != "" {
+		x := e
+		x.X = ""
+		return x.String() + " flags " + e.X
+	}
 	switch e.T {
 	case "f":
 		return fmt.Sprintf("file %04o size %d sha256 %.12s", e.M, e.S, e.H)
@@ -191,6 +241,7 @@ type modelOp struct {
 	N    int64  `json:"n"` // truncate size; block count of "big"
 	Mode uint32 `json:"mode"`
 
+	tree string // "" /workspace, "shm" /dev/shm, "root" the attributes of /, "refused"
 	kind string // for the report: the op family (rename-dir vs rename-file etc.)
 	data []byte
 }
@@ -208,6 +259,14 @@ func (o *modelOp) String() string {
 		s += fmt.Sprintf(" %d bytes at %d", len(o.data), o.Off)
 	case "write", "append":
 		s += fmt.Sprintf(" %d bytes", len(o.data))
+	case "setxattr":
+		s += fmt.Sprintf(" %s = %d bytes", o.Q, len(o.data))
+	case "rmxattr":
+		s += " " + o.Q
+	case "utime":
+		s += fmt.Sprintf(" mtime %d", o.N)
+	case "chattr":
+		s += fmt.Sprintf(" flags %#x", o.N)
 	}
 	return s
 }
@@ -432,6 +491,11 @@ func modelManifest(root string) (map[string]modelEntry, error) {
 			return err
 		}
 		e := modelEntry{P: rel, M: st.Mode & 0o7777}
+		if t := st.Mode & unix.S_IFMT; t == unix.S_IFDIR || t == unix.S_IFREG {
+			if e.X, err = modelFlags(p); err != nil {
+				return err
+			}
+		}
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			e.T = "d"
@@ -452,6 +516,28 @@ func modelManifest(root string) (map[string]modelEntry, error) {
 		return nil
 	})
 	return out, err
+}
+
+// modelFlags returns "i" and "a" for the immutable and append-only flags of p.
+func modelFlags(p string) (string, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	fl, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		return "", fmt.Errorf("FS_IOC_GETFLAGS %s: %w", p, err)
+	}
+	const immutable, appendOnly = 0x10, 0x20 // FS_IMMUTABLE_FL, FS_APPEND_FL
+	var x string
+	if fl&immutable != 0 {
+		x += "i"
+	}
+	if fl&appendOnly != 0 {
+		x += "a"
+	}
+	return x, nil
 }
 
 // modelDiff lists the differences between two manifests (at most max lines).
@@ -815,10 +901,14 @@ type model struct {
 
 	dir    string // model's working area in the test store
 	mirror string // the reference tree
+	shm    string // the reference /dev/shm (files only)
+	root   modelRoot
 	big    string // current relative path of the 100 MB file
 
 	nodes   []string          // every node, in creation order
 	saved   map[string]string // node -> saved mirror
+	shmAt   map[string]string // node -> saved /dev/shm mirror
+	rootAt  map[string]modelRoot
 	bigAt   map[string]string // node -> path of the big file then
 	depth   map[string]int
 	frozen  map[uint64]modelLayerManifest // frozen layer id -> manifest at freezing
@@ -879,11 +969,21 @@ func (m *model) apply(o *modelOp) {
 		o.Data = base64.StdEncoding.EncodeToString(o.data)
 	}
 	m.step(o.String())
-	if err := modelApply(m.mirror, o); err != nil {
+	var err error
+	dir := modelWorkdir
+	switch o.tree {
+	case "":
+		err = modelApply(m.mirror, o)
+	case "shm":
+		dir, err = modelShmDir, modelApply(m.shm, o)
+	case "root":
+		m.root = m.root.apply(o)
+	}
+	if err != nil {
 		m.fatalf("mirror: %v: %v (a bug of the model test)", o, err)
 	}
 	in, _ := json.Marshal(o)
-	m.exec([]string{"python3", "-c", modelOpPy, modelWorkdir}, in)
+	m.exec([]string{"python3", "-c", modelOpPy, dir}, in)
 	m.counts[o.kind]++
 }
 
@@ -919,6 +1019,7 @@ func (m *model) compare(why string) {
 		m.fatalf("after %s the sandbox's /workspace differs from the reference:\n  %s", why, strings.Join(diff, "\n  "))
 	}
 	m.checks["tree comparisons"]++
+	m.compareOutside(why)
 }
 
 // ---- random choices over the mirror's current tree ----
@@ -971,21 +1072,27 @@ func modelJoin(dir, name string) string {
 
 // newName returns a free path in a random directory. Names come mostly from a small
 // pool, so that names deleted or renamed away in a lower layer come back (whiteouts,
-// opaque directories, redirects over them).
-func (m *model) newName(tr modelTree, dirs []string) string {
+// opaque directories, redirects over them). A non-directory may get a NAME_MAX name;
+// a directory not: overlayfs renames a lower directory into another parent only while
+// its path fits in redirect_max (256 bytes), else EXDEV
+// (TestRenameLowerDirectoryLongPath shows it).
+func (m *model) newName(tr modelTree, dirs []string, dir bool) string {
 	pool := []string{"a", "b", "c", "d", "e", "f", "g", "sp ace", "ünï", "x.txt"}
+	if !dir {
+		pool = append(pool, modelLongName)
+	}
 	if dirs == nil {
 		dirs = tr.dirs
 	}
-	dir := m.pick(dirs)
+	parent := m.pick(dirs)
 	for i := 0; i < 4; i++ {
-		p := modelJoin(dir, pool[m.rng.IntN(len(pool))])
+		p := modelJoin(parent, pool[m.rng.IntN(len(pool))])
 		if _, err := os.Lstat(filepath.Join(m.mirror, p)); err != nil {
 			return p
 		}
 	}
 	m.names++
-	return modelJoin(dir, fmt.Sprintf("n%d", m.names))
+	return modelJoin(parent, fmt.Sprintf("n%d", m.names))
 }
 
 func (m *model) randData(max int) []byte {
@@ -1036,6 +1143,9 @@ func (m *model) nextOp() *modelOp {
 			movableDirs = append(movableDirs, p)
 		}
 	}
+	if m.rng.IntN(100) < 15 {
+		return m.nextOutsideOp(tr)
+	}
 	w := m.rng.IntN(100)
 	switch {
 	case w < 14: // write: a new file, or rewrite an existing one
@@ -1043,7 +1153,7 @@ func (m *model) nextOp() *modelOp {
 		if len(small) > 0 && m.rng.IntN(5) < 2 {
 			p = m.pick(small)
 		} else {
-			p = m.newName(tr, nil)
+			p = m.newName(tr, nil, false)
 		}
 		return &modelOp{K: "write", kind: "write", P: p, data: m.randData(64 << 10)}
 	case w < 23:
@@ -1077,7 +1187,7 @@ func (m *model) nextOp() *modelOp {
 		return &modelOp{K: "pwrite", kind: "overwrite-small", P: p, Off: m.rng.Int64N(m.size(p) + 1), data: m.randData(16 << 10)}
 	case w < 57:
 		modes := []uint32{0o755, 0o700, 0o750, 0o711, 0o555, 0o1777}
-		return &modelOp{K: "mkdir", kind: "mkdir", P: m.newName(tr, nil), Mode: modes[m.rng.IntN(len(modes))]}
+		return &modelOp{K: "mkdir", kind: "mkdir", P: m.newName(tr, nil, true), Mode: modes[m.rng.IntN(len(modes))]}
 	case w < 65: // rm -r of a file, symlink or directory
 		if len(removable) == 0 {
 			return nil
@@ -1088,7 +1198,7 @@ func (m *model) nextOp() *modelOp {
 			return nil
 		}
 		src := m.pick(nondirs)
-		dst := m.newName(tr, nil)
+		dst := m.newName(tr, nil, false)
 		var over []string
 		for _, f := range nondirs {
 			if f != src && f != m.big {
@@ -1113,7 +1223,7 @@ func (m *model) nextOp() *modelOp {
 				}
 			}
 		}
-		dst := m.newName(tr, parents)
+		dst := m.newName(tr, parents, true)
 		if len(over) > 0 && m.rng.IntN(4) == 0 {
 			dst = m.pick(over)
 		}
@@ -1130,7 +1240,7 @@ func (m *model) nextOp() *modelOp {
 		}
 		return &modelOp{K: "chmod", kind: "chmod", P: p, Mode: mode}
 	case w < 94:
-		p := m.newName(tr, nil)
+		p := m.newName(tr, nil, false)
 		var target string
 		all := append(append([]string{}, nondirs...), tr.dirs...)
 		switch m.rng.IntN(4) {
@@ -1150,7 +1260,7 @@ func (m *model) nextOp() *modelOp {
 		if len(small) == 0 {
 			return nil
 		}
-		return &modelOp{K: "link", kind: "hardlink", P: m.pick(small), Q: m.newName(tr, nil)}
+		return &modelOp{K: "link", kind: "hardlink", P: m.pick(small), Q: m.newName(tr, nil, false)}
 	}
 }
 
@@ -1158,6 +1268,192 @@ func (m *model) nextOp() *modelOp {
 func (m *model) fixBig(o *modelOp) {
 	if o.K == "rename" && modelUnder(m.big, o.P) {
 		m.big = o.Q + strings.TrimPrefix(m.big, o.P)
+	}
+}
+
+// ---- outside /workspace: /, /dev, /dev/shm ----
+
+const (
+	modelShmDir       = "/dev/shm"
+	modelWriterPrefix = "model-writer-" // background writers' files, left out of /dev/shm's comparison
+)
+
+// modelLongName is a NAME_MAX name: with a few directories, paths grow past 1 KiB.
+var modelLongName = strings.Repeat("L", 255)
+
+// modelDevSet is what /dev holds in every state.
+var modelDevSet = []string{"fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"}
+
+// modelRoot is the reference of /'s own attributes.
+type modelRoot struct {
+	Mode   uint32            `json:"mode"`
+	Mtime  int64             `json:"mtime"`
+	Xattrs map[string]string `json:"xattrs"` // name -> hex of the value
+}
+
+func (r modelRoot) clone() modelRoot {
+	c := r
+	c.Xattrs = map[string]string{}
+	for k, v := range r.Xattrs {
+		c.Xattrs[k] = v
+	}
+	return c
+}
+
+func (r modelRoot) apply(o *modelOp) modelRoot {
+	c := r.clone()
+	switch o.K {
+	case "setxattr":
+		c.Xattrs[o.Q] = hex.EncodeToString(o.data)
+	case "rmxattr":
+		delete(c.Xattrs, o.Q)
+	case "utime":
+		c.Mtime = o.N
+	case "chmod":
+		c.Mode = o.Mode
+	}
+	return c
+}
+
+func (r modelRoot) String() string {
+	var xs []string
+	for k, v := range r.Xattrs {
+		xs = append(xs, k+"="+v)
+	}
+	sort.Strings(xs)
+	return fmt.Sprintf("mode %04o mtime %d xattrs %v", r.Mode, r.Mtime, xs)
+}
+
+// modelOutsidePy prints, as JSON, /'s attributes, /dev's entries and /dev/shm's files
+// (argv[1]), but those whose names start with argv[2].
+const modelOutsidePy = `
+import hashlib, json, os, stat, sys
+st = os.stat("/")
+out = {"root": {"mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime_ns,
+                "xattrs": {n: os.getxattr("/", n).hex() for n in os.listxattr("/")}},
+       "dev": sorted(os.listdir("/dev"))}
+d = sys.argv[1]
+shm = [{"p": ".", "t": "d", "m": stat.S_IMODE(os.lstat(d).st_mode)}]
+for n in sorted(os.listdir(d)):
+    if n.startswith(sys.argv[2]):
+        continue
+    p = os.path.join(d, n)
+    st = os.lstat(p)
+    e = {"p": n, "m": stat.S_IMODE(st.st_mode)}
+    if stat.S_ISREG(st.st_mode):
+        with open(p, "rb") as f:
+            e["t"], e["s"], e["h"] = "f", st.st_size, hashlib.sha256(f.read()).hexdigest()
+    else:
+        e["t"] = "other:%o" % stat.S_IFMT(st.st_mode)
+    shm.append(e)
+out["shm"] = shm
+json.dump(out, sys.stdout)
+`
+
+type modelOutside struct {
+	Root modelRoot    `json:"root"`
+	Dev  []string     `json:"dev"`
+	Shm  []modelEntry `json:"shm"`
+}
+
+// outside reads /'s attributes, /dev and /dev/shm in the sandbox.
+func (m *model) outside() modelOutside {
+	m.t.Helper()
+	out := m.exec([]string{"python3", "-c", modelOutsidePy, modelShmDir, modelWriterPrefix}, nil)
+	var o modelOutside
+	if err := json.Unmarshal([]byte(out), &o); err != nil {
+		m.fatalf("outside manifest: %v: %q", err, out)
+	}
+	if o.Root.Xattrs == nil {
+		o.Root.Xattrs = map[string]string{}
+	}
+	return o
+}
+
+// compareOutside checks /'s attributes, /dev and /dev/shm against the reference.
+func (m *model) compareOutside(why string) {
+	m.t.Helper()
+	got := m.outside()
+	if got.Root.String() != m.root.String() {
+		m.fatalf("after %s the sandbox's / differs from the reference:\n  reference %v\n  sandbox   %v", why, m.root, got.Root)
+	}
+	if strings.Join(got.Dev, " ") != strings.Join(modelDevSet, " ") {
+		m.fatalf("after %s the sandbox's /dev holds %v, want %v", why, got.Dev, modelDevSet)
+	}
+	want, err := modelManifest(m.shm)
+	if err != nil {
+		m.fatalf("mirror manifest of %s: %v", modelShmDir, err)
+	}
+	shm := map[string]modelEntry{}
+	for _, e := range got.Shm {
+		shm[e.P] = e
+	}
+	if diff := modelDiff(want, shm, 30); len(diff) > 0 {
+		m.fatalf("after %s the sandbox's %s differs from the reference:\n  %s", why, modelShmDir, strings.Join(diff, "\n  "))
+	}
+	m.checks["comparisons of /, /dev, /dev/shm"]++
+}
+
+// nextOutsideOp draws an operation outside /workspace's tree (nil: none possible now).
+func (m *model) nextOutsideOp(tr modelTree) *modelOp {
+	switch r := m.rng.IntN(100); {
+	case r < 35: // /dev/shm: files only
+		ents, err := os.ReadDir(m.shm)
+		if err != nil {
+			m.fatalf("%v", err)
+		}
+		var have []string
+		for _, e := range ents {
+			have = append(have, e.Name())
+		}
+		pool := []string{"s1", "s2", "s3", "sem.mp-1", "psm_0a1b", modelLongName}
+		name := pool[m.rng.IntN(len(pool))]
+		switch k := m.rng.IntN(4); {
+		case k == 0 || len(have) == 0:
+			return &modelOp{K: "write", kind: "shm-write", tree: "shm", P: name, data: m.randData(16 << 10)}
+		case k == 1:
+			return &modelOp{K: "append", kind: "shm-append", tree: "shm", P: m.pick(have), data: m.randData(4 << 10)}
+		case k == 2:
+			return &modelOp{K: "rm", kind: "shm-rm", tree: "shm", P: m.pick(have)}
+		default:
+			src := m.pick(have)
+			if name == src {
+				return nil
+			}
+			return &modelOp{K: "rename", kind: "shm-rename", tree: "shm", P: src, Q: name}
+		}
+	case r < 70: // the attributes of /
+		names := []string{"user.a", "user.b", "trusted.t", "trusted.overlay.o"} // the last one escaped by overlayfs
+		switch m.rng.IntN(5) {
+		case 0, 1:
+			data := m.bytes(m.rng.IntN(48))
+			if m.rng.IntN(8) == 0 {
+				data = m.bytes(3000)
+			}
+			return &modelOp{K: "setxattr", kind: "root-setxattr", tree: "root", P: "/", Q: m.pick(names), data: data}
+		case 2:
+			var have []string
+			for k := range m.root.Xattrs {
+				have = append(have, k)
+			}
+			if len(have) == 0 {
+				return nil
+			}
+			sort.Strings(have)
+			return &modelOp{K: "rmxattr", kind: "root-rmxattr", tree: "root", P: "/", Q: m.pick(have)}
+		case 3:
+			return &modelOp{K: "utime", kind: "root-utime", tree: "root", P: "/", N: 946684800_000000000 + m.rng.Int64N(30*365*86400*1_000_000_000)}
+		default:
+			modes := []uint32{0o755, 0o700, 0o711, 0o555, 0o750}
+			return &modelOp{K: "chmod", kind: "root-chmod", tree: "root", P: "/", Mode: modes[m.rng.IntN(len(modes))]}
+		}
+	case r < 88: // chattr +i / +a: refused (EPERM)
+		all := append(append([]string{}, tr.files...), tr.dirs...)
+		flags := []int64{0x10, 0x20} // FS_IMMUTABLE_FL, FS_APPEND_FL
+		return &modelOp{K: "chattr", kind: "chattr (refused)", tree: "refused", P: m.pick(all), N: flags[m.rng.IntN(2)]}
+	default: // a file in /dev: refused (EROFS)
+		names := []string{"userfile", "shm2", "null2", modelLongName}
+		return &modelOp{K: "devfile", kind: "dev-file (refused)", tree: "refused", P: "/dev/" + m.pick(names)}
 	}
 }
 
@@ -1192,8 +1488,13 @@ func (m *model) checkpoint() {
 	if err := modelCopyTree(m.mirror, saved); err != nil {
 		m.fatalf("%v", err)
 	}
+	savedShm := filepath.Join(m.dir, "saved-shm", n.ID)
+	if err := modelCopyTree(m.shm, savedShm); err != nil {
+		m.fatalf("%v", err)
+	}
 	m.nodes = append(m.nodes, n.ID)
 	m.saved[n.ID], m.bigAt[n.ID], m.depth[n.ID] = saved, m.big, n.Depth
+	m.shmAt[n.ID], m.rootAt[n.ID] = savedShm, m.root.clone()
 	m.maxDepth = max(m.maxDepth, n.Depth)
 	m.counts["checkpoint"]++
 	if n.Own {
@@ -1232,7 +1533,13 @@ func (m *model) restore() {
 	if err := modelCopyTree(m.saved[id], m.mirror); err != nil {
 		m.fatalf("%v", err)
 	}
-	m.big = m.bigAt[id]
+	if err := os.RemoveAll(m.shm); err != nil {
+		m.fatalf("%v", err)
+	}
+	if err := modelCopyTree(m.shmAt[id], m.shm); err != nil {
+		m.fatalf("%v", err)
+	}
+	m.big, m.root = m.bigAt[id], m.rootAt[id].clone()
 	m.split()
 	m.counts["restore"]++
 	m.checks[fmt.Sprintf("restores to depth %02d", m.depth[id])]++
@@ -1242,12 +1549,17 @@ func (m *model) restore() {
 
 // startWriter leaves a process running in the sandbox that keeps appending to a file
 // outside /workspace (so the tree comparison is unaffected) through an fd it holds
-// open. The file lands in the next frozen layer: whether the checkpoint ends the
-// process or a later one keeps it alive, no write may reach the frozen copy.
+// open, in /tmp or /dev/shm (whose comparison leaves model-writer-* out). The file lands
+// in the next frozen layer: whether the checkpoint ends the process or a later one
+// keeps it alive, no write may reach the frozen copy, and a checkpoint that keeps the
+// process must find the file where it has it open.
 func (m *model) startWriter() {
 	m.t.Helper()
 	m.writers++
 	path := fmt.Sprintf("/tmp/model-writer-%d", m.writers)
+	if m.writers%2 == 0 {
+		path = fmt.Sprintf("%s/%s%d", modelShmDir, modelWriterPrefix, m.writers)
+	}
 	py := fmt.Sprintf("import os, time\nfd = os.open(%q, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)\n"+
 		"while True:\n    os.write(fd, b'x' * 512)\n    time.sleep(0.002)\n", path)
 	m.step("background writer " + path)
@@ -1370,12 +1682,15 @@ func TestModelFilesystem(t *testing.T) {
 	m := &model{
 		t: t, ctx: ctx, seed: seed, d: d, sb: sb.ID, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		dir: filepath.Join(d.Root, "model"), saved: map[string]string{}, bigAt: map[string]string{},
+		shmAt: map[string]string{}, rootAt: map[string]modelRoot{},
 		depth: map[string]int{}, frozen: map[uint64]modelLayerManifest{}, lowers: map[uint64]string{},
 		counts: map[string]int{}, checks: map[string]int{}, spent: map[string]time.Duration{},
 	}
 	m.mirror = filepath.Join(m.dir, "mirror")
-	if err := os.MkdirAll(filepath.Join(m.dir, "saved"), 0o700); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{"saved", "saved-shm"} {
+		if err := os.MkdirAll(filepath.Join(m.dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.Mkdir(m.mirror, 0o700); err != nil {
 		t.Fatal(err)
@@ -1388,6 +1703,19 @@ func TestModelFilesystem(t *testing.T) {
 	if err := unix.Chmod(m.mirror, start["."].M); err != nil {
 		t.Fatal(err)
 	}
+	// So do /dev/shm's (empty) and / (whatever the image's root has).
+	m.shm = filepath.Join(m.dir, "shm")
+	out := m.outside()
+	if len(out.Shm) != 1 || out.Shm[0].T != "d" {
+		t.Fatalf("%s is not an empty directory at the start: %v", modelShmDir, out.Shm)
+	}
+	if err := os.Mkdir(m.shm, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(m.shm, out.Shm[0].M); err != nil {
+		t.Fatal(err)
+	}
+	m.root = out.Root
 	t0 := time.Now()
 
 	m.big = modelBigName
