@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"sort"
 
@@ -65,8 +66,8 @@ func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions)
 // startSession starts o in s. Precondition: s.opMu held (no state switch meanwhile).
 func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error) {
 	dir := o.Dir
-	if dir == "" {
-		dir = s.rec.Workdir
+	if !filepath.IsAbs(dir) { // "" too: the workdir, as for exec
+		dir = filepath.Join(s.rec.Workdir, dir)
 	}
 	sess, err := session.Start(s.rt, o.Name, o.Kind, o.Argv, dir, o.Env)
 	if err != nil {
