@@ -64,7 +64,8 @@ var ErrBusy = errors.New("session busy")
 // ErrNotCallable: the session runs a plain command, which has no call protocol.
 var ErrNotCallable = errors.New("not a shell or interpreter session")
 
-// logCap bounds what a command session keeps of its output (the tail).
+// logCap bounds what a session keeps of the output no call consumed (a command
+// session's log): the tail. The buffer is trimmed to it when it grows past twice that.
 const logCap = 1 << 20
 
 // chunk is how much base64 goes on one line.
@@ -249,12 +250,12 @@ func (s *Session) watch(exit <-chan unix.WaitStatus, gen int) {
 }
 
 // Rebind attaches the session to a process restored from a template (same PID, same
-// terminal): the session runs again, with nothing buffered and no call in flight.
+// terminal): the session runs again, with no call in flight, and the output it holds is
+// what RestoreTerm put back (the log as it was at the checkpoint).
 func (s *Session) Rebind(pid int, exit <-chan unix.WaitStatus) {
 	s.mu.Lock()
 	s.gen++
 	s.pid, s.dead, s.exit, s.busy = pid, false, "", false
-	s.buf = s.buf[:0]
 	gen := s.gen
 	slave := s.slave
 	s.slave = nil
@@ -279,15 +280,18 @@ func (s *Session) Kind() Kind { return s.kind }
 // there).
 func (s *Session) Master() *os.File { return s.master }
 
-// TermState is a terminal's line discipline settings and window size, as a checkpoint
-// keeps them for its session (a template's terminal is gone by the time it is restored).
+// TermState is what a checkpoint keeps of a session's terminal beside its process (a
+// template's terminal is gone by the time it is restored): the line discipline settings,
+// the window size, and the output no call consumed (a command session's log: a restore
+// brings back the log as it was, as it brings back the process).
 type TermState struct {
 	termios *unix.Termios
 	winsize *unix.Winsize
+	log     []byte
 }
 
 // SaveTerm reads the session's terminal settings (what it cannot read stays unset, and
-// RestoreTerm then leaves it as it is).
+// RestoreTerm then leaves it as it is) and copies its log.
 func (s *Session) SaveTerm() TermState {
 	var t TermState
 	fd := int(s.master.Fd())
@@ -297,10 +301,14 @@ func (s *Session) SaveTerm() TermState {
 	if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
 		t.winsize = ws
 	}
+	s.mu.Lock()
+	t.log = append([]byte(nil), s.buf[max(0, len(s.buf)-logCap):]...)
+	s.mu.Unlock()
 	return t
 }
 
-// RestoreTerm sets the session's terminal to t (a restore, before its process resumes).
+// RestoreTerm sets the session's terminal and log to t (a restore, before its process
+// resumes; what the session held before is dropped).
 func (s *Session) RestoreTerm(t TermState) {
 	fd := int(s.master.Fd())
 	if t.termios != nil {
@@ -309,6 +317,9 @@ func (s *Session) RestoreTerm(t TermState) {
 	if t.winsize != nil {
 		unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
 	}
+	s.mu.Lock()
+	s.buf = append(s.buf[:0], t.log...)
+	s.mu.Unlock()
 }
 
 // OpenPeer opens the terminal's slave through the master (TIOCGPTPEER: no path lookup,
@@ -338,8 +349,10 @@ func (s *Session) readLoop() {
 		s.mu.Lock()
 		if n > 0 {
 			s.buf = append(s.buf, b[:n]...)
-			if s.kind == Command && len(s.buf) > logCap {
-				s.buf = append([]byte(nil), s.buf[len(s.buf)-logCap:]...)
+			// Between calls (and always in a command session) nothing consumes the
+			// buffer: keep its tail. A call's await consumes it as it grows.
+			if len(s.buf) > 2*logCap && (s.kind == Command || !s.busy) {
+				s.buf = s.buf[:copy(s.buf, s.buf[len(s.buf)-logCap:])]
 			}
 		}
 		if err != nil {
@@ -539,7 +552,7 @@ func clean(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\r\n"), []byte(
 func (s *Session) Logs() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]byte(nil), s.buf...)
+	return append([]byte(nil), s.buf[max(0, len(s.buf)-logCap):]...)
 }
 
 // Info describes the session.
