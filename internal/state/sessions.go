@@ -216,7 +216,7 @@ func (m *Manager) execSession(ctx context.Context, sess *session.Session, r sand
 		return nil, err
 	}
 	out := &sandbox.ExecResult{
-		ExitCode: res.ExitCode, Stdout: res.Output, StdoutTruncated: res.Truncated,
+		ExitCode: res.ExitCode, Signal: res.Signal, Stdout: res.Output, StdoutTruncated: res.Truncated,
 		TimedOut: res.TimedOut, Duration: res.Duration,
 		DurationMS: float64(res.Duration.Microseconds()) / 1000,
 	}
