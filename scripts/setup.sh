@@ -67,7 +67,10 @@ CRIU_BUILD_PKGS=(gcc make libc6-dev pkg-config libprotobuf-c-dev protobuf-c-comp
 # Checks: mypy, which scripts/test.sh runs on the Python client (--strict), examples/ and
 # workload/ (Debian's: bookworm has 1.0.1, which checks for Python 3.9).
 CHECK_PKGS=(mypy)
-ALL_PKGS=("${RUNTIME_PKGS[@]}" "${CRIU_BUILD_PKGS[@]}" "${CHECK_PKGS[@]}")
+# Bench baselines: `deltabox bench exec` times `podman exec` beside DeltaBox's calls; runc
+# because crun refuses these VMs' hybrid cgroup layout.
+BENCH_PKGS=(podman runc)
+ALL_PKGS=("${RUNTIME_PKGS[@]}" "${CRIU_BUILD_PKGS[@]}" "${CHECK_PKGS[@]}" "${BENCH_PKGS[@]}")
 
 T0=$(now_ms)
 

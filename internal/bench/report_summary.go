@@ -150,6 +150,11 @@ func summaryTargets(files []*File) []summaryLine {
 			for _, v := range MCTSVerdicts(f.MCTS) {
 				out = append(out, summaryLine{Target: "MCTS: " + v.Target, Measured: v.Measured, Checked: v.Checked, Met: v.Met, Where: f.Bench})
 			}
+		case "exec":
+			if l, ok := execTarget(f.Results); ok {
+				l.Where = f.Bench
+				out = append(out, l)
+			}
 		case "scale":
 			if lo, hi, ok := workspaceTarget(f.Results); ok {
 				ratio := hi.P50 / lo.P50
@@ -177,6 +182,20 @@ func criuTarget(rows []Row) (summaryLine, bool) {
 		m += fmt.Sprintf("; %.1fx with the next exec", math.Floor(10*criu.P50/dbx.P50)/10)
 	}
 	return summaryLine{Target: "restore >= 30x faster than CRIU's (CRIU: the process only)", Measured: m + ")", Checked: true, Met: ratio >= 30}, true
+}
+
+// execTarget is the exec bench's target: a bash session call's p50 within
+// execTargetGapMS of a python session call's (the same trivial call, the same run).
+func execTarget(rows []Row) (summaryLine, bool) {
+	b, p := findRow(rows, SysExecBash, ExecOpCall), findRow(rows, SysExecPython, ExecOpCall)
+	if b == nil || p == nil {
+		return summaryLine{}, false
+	}
+	gap := b.P50 - p.P50
+	return summaryLine{
+		Target:   fmt.Sprintf("bash session call p50 <= python session call p50 + %d ms", execTargetGapMS),
+		Measured: fmt.Sprintf("%s ms vs %s ms (%+.3f ms)", fmtMS(b.P50), fmtMS(p.P50), gap),
+		Checked:  true, Met: gap <= execTargetGapMS}, true
 }
 
 // benchScope says what a bench's operations carry, for the target lines.
@@ -211,6 +230,8 @@ func summaryHeadlines(files []*File) []headline {
 			out = append(out, scaleHeadlines(f)...)
 		case "warm":
 			out = append(out, warmHeadlines(f)...)
+		case "exec":
+			out = append(out, execHeadlines(f)...)
 		}
 	}
 	return out
@@ -364,6 +385,33 @@ func warmHeadlines(f *File) []headline {
 		against += fmt.Sprintf("; the restore itself %s ms with, %s ms without", fmtMS(ron.P50), fmtMS(roff.P50))
 	}
 	return []headline{{What: "first command after a restore and a pause (rewrites the heap)", DeltaBox: db, Against: against, Where: f.Bench}}
+}
+
+// execHeadlines: a trivial command and a 100 MB output through each way in, beside
+// podman exec (or why it did not run).
+func execHeadlines(f *File) []headline {
+	var out []headline
+	for _, op := range []struct{ op, what string }{{ExecOpCall, "a trivial command (true)"}, {ExecOpOutLarge, "a command printing 100 MB"}} {
+		var db []string
+		for _, sys := range []struct{ sys, name string }{{SysExecBash, "bash session"}, {SysExecPython, "python session"}, {SysExecPlain, "exec"}} {
+			if r := findRow(f.Results, sys.sys, op.op); r != nil && r.Unavailable() == "" {
+				db = append(db, fmt.Sprintf("%s %s ms", sys.name, fmtMS(r.P50)))
+			}
+		}
+		if len(db) == 0 {
+			continue
+		}
+		against := "-"
+		if r := findRow(f.Results, SysExecPodman, op.op); r != nil {
+			if why := r.Unavailable(); why != "" {
+				against = "podman exec unavailable: " + why
+			} else {
+				against = fmt.Sprintf("podman exec %s ms", fmtMS(r.P50))
+			}
+		}
+		out = append(out, headline{What: op.what, DeltaBox: strings.Join(db, "; "), Against: against, Where: f.Bench})
+	}
+	return out
 }
 
 func findRow(rows []Row, system, op string) *Row {

@@ -2,14 +2,17 @@
 // bash shell or a python interpreter whose state (cwd, variables, functions, aliases,
 // history; python globals) persists across calls, or any long-lived command.
 //
-// Protocol. A call's code is sent base64-encoded, in lines short enough for the
-// terminal's canonical-mode line buffer (4095 bytes), and the process answers with a
-// sentinel "\x1eDBX:<id>:<status>\x1e" after the code ran: bash prints it from
-// PROMPT_COMMAND, python from a small driver loop. Everything the terminal shows
+// Protocol. A call's code is sent in lines short enough for the terminal's
+// canonical-mode line buffer (4095 bytes) and free of the characters its line
+// discipline acts on (bash: $'...' words, bash.go; python: base64), and the process
+// answers with a sentinel "\x1eDBX:<id>:<status>\x1e" after the code ran: bash prints
+// it from PROMPT_COMMAND, python from a small driver loop. Everything the terminal shows
 // between the last line sent and the sentinel is the call's output (stdout and stderr
-// merged, as on any terminal). A timeout types ^C, which the line discipline turns into
-// SIGINT for the foreground process group: the command is interrupted and the session
-// lives on.
+// merged, as on any terminal; output.go keeps its head and tail). A timeout types ^C,
+// which the line discipline turns into SIGINT for the foreground process group: the
+// command is interrupted and the session lives on. In a bash session `exit` and `set
+// -e` end the call, not the shell (bash.go). If the process ends during a call all the
+// same, the call answers with its exit status and a note (endedError).
 //
 // Call ids are nonces (newID: 128 random bits), the readiness check at Start included.
 // A counter was wrong twice over: bash prints a sentinel after every line it reads,
@@ -37,7 +40,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -64,10 +66,11 @@ var ErrBusy = errors.New("session busy")
 // ErrNotCallable: the session runs a plain command, which has no call protocol.
 var ErrNotCallable = errors.New("not a shell or interpreter session")
 
-// logCap bounds what a command session keeps of its output (the tail).
+// logCap bounds what a session keeps of the output no call consumed (a command
+// session's log): the tail. The buffer is trimmed to it when it grows past twice that.
 const logCap = 1 << 20
 
-// chunk is how much base64 goes on one line.
+// chunk is how much encoded code goes on one line (under the terminal's 4095).
 const chunk = 3000
 
 // Info is what the API shows of a session.
@@ -88,6 +91,8 @@ type Session struct {
 	buf    []byte // output not yet consumed by a call (command sessions: the tail)
 	dead   bool
 	exit   string
+	reaped bool             // watch reported the end of this generation's process
+	status *unix.WaitStatus // how it ended (nil: init could not say)
 	busy   bool
 	closed bool
 	gen    int      // process generation: Rebind after a restore starts a new one
@@ -143,14 +148,6 @@ while True:
     sys.stdout.flush(); sys.stderr.flush()
     sys.stdout.write("\x1eDBX:%s:%d\x1e" % (cid, rc)); sys.stdout.flush()
 `
-
-// bashSetup turns the interactive shell into a call server and prints the sentinel of
-// id (the readiness check). The leading space keeps protocol lines out of history
-// (HISTCONTROL=ignorespace). PROMPT_COMMAND prints a call's sentinel, then forgets its
-// id (see the package doc).
-func bashSetup(id string) string {
-	return ` stty -echo; HISTCONTROL=ignorespace; PS1=''; PS2=''; PROMPT_COMMAND='__db_rc=$?; printf "\036DBX:%s:%s\036" "$__db_id" "$__db_rc"; __db_id='; __db_id=` + id + "\n"
-}
 
 // newID returns a call id: a nonce of 128 random bits (base32: no ':' and no 0x1e,
 // which the sentinel uses).
@@ -218,7 +215,7 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 		s.Close()
 		return nil, err
 	}
-	if _, _, err := s.await(context.Background(), id, 10*time.Second, 0, nil); err != nil {
+	if _, err := s.await(context.Background(), id, 10*time.Second, nil); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("session %s did not come up: %w", name, err)
 	}
@@ -244,17 +241,21 @@ func (s *Session) watch(exit <-chan unix.WaitStatus, gen int) {
 		default:
 			s.exit = "exited with status " + strconv.Itoa(ws.ExitStatus())
 		}
+		s.reaped = true
+		if ok {
+			s.status = &ws
+		}
 		s.cond.Broadcast()
 	}()
 }
 
 // Rebind attaches the session to a process restored from a template (same PID, same
-// terminal): the session runs again, with nothing buffered and no call in flight.
+// terminal): the session runs again, with no call in flight, and the output it holds is
+// what RestoreTerm put back (the log as it was at the checkpoint).
 func (s *Session) Rebind(pid int, exit <-chan unix.WaitStatus) {
 	s.mu.Lock()
 	s.gen++
-	s.pid, s.dead, s.exit, s.busy = pid, false, "", false
-	s.buf = s.buf[:0]
+	s.pid, s.dead, s.exit, s.busy, s.reaped, s.status = pid, false, "", false, false, nil
 	gen := s.gen
 	slave := s.slave
 	s.slave = nil
@@ -279,15 +280,18 @@ func (s *Session) Kind() Kind { return s.kind }
 // there).
 func (s *Session) Master() *os.File { return s.master }
 
-// TermState is a terminal's line discipline settings and window size, as a checkpoint
-// keeps them for its session (a template's terminal is gone by the time it is restored).
+// TermState is what a checkpoint keeps of a session's terminal beside its process (a
+// template's terminal is gone by the time it is restored): the line discipline settings,
+// the window size, and the output no call consumed (a command session's log: a restore
+// brings back the log as it was, as it brings back the process).
 type TermState struct {
 	termios *unix.Termios
 	winsize *unix.Winsize
+	log     []byte
 }
 
 // SaveTerm reads the session's terminal settings (what it cannot read stays unset, and
-// RestoreTerm then leaves it as it is).
+// RestoreTerm then leaves it as it is) and copies its log.
 func (s *Session) SaveTerm() TermState {
 	var t TermState
 	fd := int(s.master.Fd())
@@ -297,10 +301,14 @@ func (s *Session) SaveTerm() TermState {
 	if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
 		t.winsize = ws
 	}
+	s.mu.Lock()
+	t.log = append([]byte(nil), s.buf[max(0, len(s.buf)-logCap):]...)
+	s.mu.Unlock()
 	return t
 }
 
-// RestoreTerm sets the session's terminal to t (a restore, before its process resumes).
+// RestoreTerm sets the session's terminal and log to t (a restore, before its process
+// resumes; what the session held before is dropped).
 func (s *Session) RestoreTerm(t TermState) {
 	fd := int(s.master.Fd())
 	if t.termios != nil {
@@ -309,6 +317,9 @@ func (s *Session) RestoreTerm(t TermState) {
 	if t.winsize != nil {
 		unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
 	}
+	s.mu.Lock()
+	s.buf = append(s.buf[:0], t.log...)
+	s.mu.Unlock()
 }
 
 // OpenPeer opens the terminal's slave through the master (TIOCGPTPEER: no path lookup,
@@ -338,8 +349,10 @@ func (s *Session) readLoop() {
 		s.mu.Lock()
 		if n > 0 {
 			s.buf = append(s.buf, b[:n]...)
-			if s.kind == Command && len(s.buf) > logCap {
-				s.buf = append([]byte(nil), s.buf[len(s.buf)-logCap:]...)
+			// Between calls (and always in a command session) nothing consumes the
+			// buffer: keep its tail. A call's await consumes it as it grows.
+			if len(s.buf) > 2*logCap && (s.kind == Command || !s.busy) {
+				s.buf = s.buf[:copy(s.buf, s.buf[len(s.buf)-logCap:])]
 			}
 		}
 		if err != nil {
@@ -357,11 +370,10 @@ func (s *Session) readLoop() {
 	}
 }
 
-var sentinelRE = regexp.MustCompile("\x1eDBX:([^:\x1e]*):(-?[0-9]+)\x1e")
-
 // Result is one call's outcome.
 type Result struct {
-	ExitCode  int
+	ExitCode  int // the code's status; when the process ended during the call, its exit status (-1: a signal)
+	Signal    int // the signal that ended the process during the call
 	Output    string
 	Truncated bool
 	TimedOut  bool
@@ -369,7 +381,7 @@ type Result struct {
 }
 
 // Run runs code in the session and waits for it. onOutput, if set, receives output as
-// it arrives. limit caps the kept output (0: 1 MiB).
+// it arrives. limit caps the kept output (0: 1 MiB): its head and tail (output.go).
 func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, limit int, onOutput func([]byte)) (*Result, error) {
 	if s.kind == Command {
 		return nil, fmt.Errorf("session %s runs %q: %w", s.name, s.argv, ErrNotCallable)
@@ -396,67 +408,82 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		s.mu.Unlock()
 	}()
 
-	enc := base64.StdEncoding.EncodeToString([]byte(code))
 	var w bytes.Buffer
 	switch s.kind {
 	case Bash:
-		w.WriteString(" __db_b=\n")
-		for i := 0; i < len(enc); i += chunk {
-			fmt.Fprintf(&w, " __db_b+=%s\n", enc[i:min(i+chunk, len(enc))])
-		}
-		fmt.Fprintf(&w, ` __db_id=%s; __db_c=$(printf %%s "$__db_b" | base64 -d); history -s -- "$__db_c"; eval "$__db_c"`+"\n", id)
+		w.WriteString(bashCall(code, id))
 	case Python:
+		enc := base64.StdEncoding.EncodeToString([]byte(code))
 		for i := 0; i < len(enc); i += chunk {
 			fmt.Fprintf(&w, "C%s\n", enc[i:min(i+chunk, len(enc))])
 		}
 		fmt.Fprintf(&w, "R%s\n", id)
 	}
+	out := newOutput(limit, onOutput)
+	res := &Result{}
 	start := time.Now()
 	if _, err := s.master.Write(w.Bytes()); err != nil {
 		return nil, fmt.Errorf("write to session %s: %w", s.name, err)
 	}
-	out, rc, err := s.await(ctx, id, timeout, limit, onOutput)
-	res := &Result{ExitCode: rc, Duration: time.Since(start)}
+	end, err := s.await(ctx, id, timeout, out)
 	if errors.Is(err, errTimeout) {
 		res.TimedOut = true
 		// Interrupt the command, not the session: ^C reaches the foreground group.
 		s.master.Write([]byte{0x03})
-		out2, rc2, err2 := s.await(context.Background(), id, 5*time.Second, limit, onOutput)
-		out = append(out, out2...)
-		res.ExitCode = rc2
-		if err2 != nil {
+		end, err = s.await(context.Background(), id, 5*time.Second, out)
+		if errors.Is(err, errTimeout) {
 			// It ignored SIGINT: kill the terminal's foreground group if it is not the
 			// session itself.
 			if pg, e := unix.IoctlGetInt(int(s.master.Fd()), unix.TIOCGPGRP); e == nil && pg > 1 {
 				unix.Kill(-pg, unix.SIGKILL)
 			}
-			out3, rc3, err3 := s.await(context.Background(), id, 5*time.Second, limit, onOutput)
-			out, res.ExitCode = append(out, out3...), rc3
-			if err3 != nil {
-				return nil, fmt.Errorf("session %s did not come back after its command timed out: %w", s.name, err3)
+			end, err = s.await(context.Background(), id, 5*time.Second, out)
+			if errors.Is(err, errTimeout) {
+				return nil, fmt.Errorf("session %s did not come back after its command timed out: %w", s.name, err)
 			}
 		}
-		marker := fmt.Sprintf("\n[deltabox: command timed out after %v and was interrupted; the session lives on]\n", timeout)
-		out = append(out, marker...)
-		if onOutput != nil {
-			onOutput([]byte(marker))
-		}
-	} else if err != nil {
+	}
+	res.Duration = time.Since(start)
+	var ended *endedError
+	switch {
+	case errors.As(err, &ended):
+		res.ExitCode, res.Signal = ended.status, ended.signal
+		out.addNote(fmt.Sprintf("\n[deltabox: the session ended during the call (%s)]\n", ended.why))
+	case err != nil:
 		return nil, err
+	default:
+		res.ExitCode = end.status
+		out.finish(end.unwound)
 	}
-	res.Output = string(out)
-	if len(res.Output) > limit {
-		res.Output = res.Output[:limit] + fmt.Sprintf("\n[deltabox: output truncated at %d bytes; %d more bytes dropped]\n", limit, len(res.Output)-limit)
-		res.Truncated = true
+	if res.TimedOut {
+		out.addNote(fmt.Sprintf("\n[deltabox: command timed out after %v and was interrupted; the session lives on]\n", timeout))
 	}
+	res.Output, res.Truncated = out.result()
 	return res, nil
 }
 
 var errTimeout = errors.New("timed out")
 
-// await collects output until the sentinel of call id and returns it (without
-// sentinels, with "\r\n" turned into "\n") and the status.
-func (s *Session) await(ctx context.Context, id string, timeout time.Duration, limit int, onOutput func([]byte)) ([]byte, int, error) {
+// endedError: the session's process ended during a call. The call answers with its
+// status (the session's next call, through the state package, starts it again).
+type endedError struct {
+	why    string // Session.exit: "exited with status 3", "killed by SIGKILL", "terminal closed"
+	status int    // the exit status; -1 if a signal ended it, or if that is not known
+	signal int
+}
+
+func (e *endedError) Error() string { return "the session ended during the call (" + e.why + ")" }
+
+// endedWait is how long a call whose terminal closed waits for its process's exit
+// status (reaped by the sandbox's init, reported through watch).
+const endedWait = 2 * time.Second
+
+// await passes output to out (nil: dropped) until the sentinel of call id, and returns
+// that sentinel; errTimeout after timeout, ctx.Err(), or an *endedError.
+func (s *Session) await(ctx context.Context, id string, timeout time.Duration, out *output) (sentinel, error) {
+	if out == nil {
+		out = newOutput(0, nil)
+	}
 	var deadline <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -465,7 +492,7 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, l
 	}
 	stop := make(chan struct{})
 	defer close(stop)
-	expired := false
+	expired, gaveUp := false, false
 	go func() {
 		select {
 		case <-deadline:
@@ -478,68 +505,73 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, l
 		s.cond.Broadcast()
 		s.mu.Unlock()
 	}()
-	var out []byte
-	sent := 0
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		// Consume whole sentinels; keep a trailing partial one for the next read.
-		for {
-			loc := sentinelRE.FindSubmatchIndex(s.buf)
-			if loc == nil {
+		// Consume the buffer up to a whole sentinel of this call, or up to a 0x1e that
+		// might begin one once more comes; other sentinels (empty ids: the lines of the
+		// call itself) are dropped, stray bytes are output.
+		for len(s.buf) > 0 {
+			i := bytes.IndexByte(s.buf, 0x1e)
+			if i < 0 {
+				out.add(s.buf)
+				s.buf = s.buf[:0]
 				break
 			}
-			out = append(out, s.buf[:loc[0]]...)
-			sid := string(s.buf[loc[2]:loc[3]])
-			rc, _ := strconv.Atoi(string(s.buf[loc[4]:loc[5]]))
-			s.buf = s.buf[loc[1]:]
-			if sid == id {
-				s.flush(out, &sent, onOutput)
-				return clean(out), rc, nil
+			out.add(s.buf[:i])
+			sen, n, partial := parseSentinel(s.buf[i:])
+			if n == 0 && partial {
+				s.buf = s.buf[:copy(s.buf, s.buf[i:])]
+				break
+			}
+			if n == 0 {
+				n = 1
+				out.add(s.buf[i : i+1])
+			}
+			s.buf = s.buf[i+n:]
+			if n > 1 && sen.id == id {
+				return sen, nil
 			}
 		}
-		hold := bytes.IndexByte(s.buf, 0x1e)
-		if hold < 0 {
-			hold = len(s.buf)
-		}
-		out = append(out, s.buf[:hold]...)
-		s.buf = s.buf[hold:]
-		s.flush(out, &sent, onOutput)
-		if limit > 0 && len(out) > 2*limit {
-			// Bounded memory: Run keeps limit bytes and reports the truncation.
-			out = out[:2*limit]
-			sent = min(sent, len(out))
-		}
 		if s.dead {
-			return clean(out), -1, fmt.Errorf("session %s ended during the call (%s)", s.name, s.exit)
+			if !s.reaped && !gaveUp {
+				t := time.AfterFunc(endedWait, func() {
+					s.mu.Lock()
+					gaveUp = true
+					s.cond.Broadcast()
+					s.mu.Unlock()
+				})
+				defer t.Stop()
+				for !s.reaped && !gaveUp {
+					s.cond.Wait()
+				}
+			}
+			e := &endedError{why: s.exit, status: -1}
+			if ws := s.status; ws != nil {
+				if ws.Signaled() {
+					e.signal = int(ws.Signal())
+				} else {
+					e.status = ws.ExitStatus()
+				}
+			}
+			return sentinel{}, e
 		}
 		if expired {
 			if ctx.Err() != nil {
-				return clean(out), -1, ctx.Err()
+				return sentinel{}, ctx.Err()
 			}
-			return clean(out), -1, errTimeout
+			return sentinel{}, errTimeout
 		}
 		s.cond.Wait()
 	}
 }
-
-// flush hands output not yet streamed to onOutput. Precondition: mu held.
-func (s *Session) flush(out []byte, sent *int, onOutput func([]byte)) {
-	if onOutput == nil || len(out) <= *sent {
-		return
-	}
-	onOutput(clean(out[*sent:]))
-	*sent = len(out)
-}
-
-func clean(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n")) }
 
 // Logs returns what a session printed that no call consumed (for a command session:
 // the tail of its output, up to 1 MiB).
 func (s *Session) Logs() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]byte(nil), s.buf...)
+	return append([]byte(nil), s.buf[max(0, len(s.buf)-logCap):]...)
 }
 
 // Info describes the session.

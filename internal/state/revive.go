@@ -141,9 +141,10 @@ func (m *Manager) commitRevivals(s *sb, rvs []*revival) (restored, ended, errs [
 		if rv.old != nil {
 			rv.old.Release()
 		}
+		// The terminal's settings and log as they were, before the process resumes.
+		rv.sess.RestoreTerm(t.term)
 		err := rv.r.Commit()
 		if err == nil {
-			rv.sess.RestoreTerm(t.term)
 			rv.sess.Rebind(t.tmpl.Pid, rv.exit)
 			s.hostPids[t.tmpl.Pid] = rv.r.HostPid
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"sort"
 
@@ -65,8 +66,8 @@ func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions)
 // startSession starts o in s. Precondition: s.opMu held (no state switch meanwhile).
 func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error) {
 	dir := o.Dir
-	if dir == "" {
-		dir = s.rec.Workdir
+	if !filepath.IsAbs(dir) { // "" too: the workdir, as for exec
+		dir = filepath.Join(s.rec.Workdir, dir)
 	}
 	sess, err := session.Start(s.rt, o.Name, o.Kind, o.Argv, dir, o.Env)
 	if err != nil {
@@ -215,7 +216,7 @@ func (m *Manager) execSession(ctx context.Context, sess *session.Session, r sand
 		return nil, err
 	}
 	out := &sandbox.ExecResult{
-		ExitCode: res.ExitCode, Stdout: res.Output, StdoutTruncated: res.Truncated,
+		ExitCode: res.ExitCode, Signal: res.Signal, Stdout: res.Output, StdoutTruncated: res.Truncated,
 		TimedOut: res.TimedOut, Duration: res.Duration,
 		DurationMS: float64(res.Duration.Microseconds()) / 1000,
 	}

@@ -3,9 +3,10 @@
 //
 // Started in a bash session with `export __db_id; exec /workspace/fpkernel`, it takes the
 // shell's place (same PID, same terminal) and speaks the session protocol itself: it reads
-// the lines the daemon types (" __db_b=", " __db_b+=BASE64", " __db_id=ID; ..."), runs the
-// decoded command and answers with its output and the sentinel "\x1eDBX:ID:0\x1e". Built
-// with gcc -static (the sandbox's image has its own libc).
+// the lines the daemon types (" __db_b=$'...'", " __db_b+=$'...'", " __db_id=ID;
+// __db_c=$'...' ..."; internal/session/bash.go), runs the decoded command and answers with
+// its output and the sentinel "\x1eDBX:ID:0\x1e". Built with gcc -static (the sandbox's
+// image has its own libc).
 //
 // It holds: /workspace/fpk-r.txt open for reading and /workspace/fpk-w.txt for writing, at
 // known offsets; a 4 KiB MAP_SHARED PROT_WRITE mapping of /workspace/fpk-map.bin (its fd
@@ -189,13 +190,30 @@ static void run(char *cmd) {
 	}
 }
 
-static int b64(int c) {
-	if (c >= 'A' && c <= 'Z') return c - 'A';
-	if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-	if (c >= '0' && c <= '9') return c - '0' + 52;
-	if (c == '+') return 62;
-	if (c == '/') return 63;
-	return -1;
+static int hex(int c) {
+	if (c >= '0' && c <= '9') return c - '0';
+	if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+	return 0;
+}
+
+// unquote appends to out (n bytes so far, size cap) the body of the $'...' word that
+// starts after the first "$'" in s, decoded as bash decodes what the daemon sends: \n,
+// \xHH, every other byte as itself.
+static size_t unquote(const char *s, char *out, size_t n, size_t cap) {
+	s = strstr(s, "$'");
+	if (!s) return n;
+	for (s += 2; *s && *s != '\'' && n + 1 < cap;) {
+		if (s[0] == '\\' && s[1] == 'n') {
+			out[n++] = '\n';
+			s += 2;
+		} else if (s[0] == '\\' && s[1] == 'x' && s[2] && s[3]) {
+			out[n++] = (char)(hex(s[2]) << 4 | hex(s[3]));
+			s += 4;
+		} else {
+			out[n++] = *s++;
+		}
+	}
+	return n;
 }
 
 static void sentinel(const char *id) {
@@ -208,32 +226,21 @@ int main(void) {
 	setvbuf(stdout, NULL, _IOFBF, 1 << 16);
 	const char *id = getenv("__db_id");
 	sentinel(id ? id : "ready");
-	static char line[1 << 16], enc[1 << 16], cmd[1 << 16];
+	static char line[1 << 16], cmd[1 << 16];
 	size_t n = 0;
 	while (fgets(line, sizeof line, stdin)) {
 		line[strcspn(line, "\r\n")] = 0;
-		if (!strncmp(line, " __db_b+=", 9)) {
-			size_t l = strlen(line + 9);
-			if (n + l < sizeof enc) memcpy(enc + n, line + 9, l), n += l;
-		} else if (!strncmp(line, " __db_b=", 8)) {
-			n = 0;
+		if (!strncmp(line, " __db_b=", 8)) {
+			n = unquote(line, cmd, 0, sizeof cmd);
+		} else if (!strncmp(line, " __db_b+=", 9)) {
+			n = unquote(line, cmd, n, sizeof cmd);
 		} else if (!strncmp(line, " __db_id=", 9)) {
-			char *rid = line + 9;
-			rid[strcspn(rid, ";")] = 0;
-			size_t m = 0;
-			unsigned acc = 0;
-			int bits = 0;
-			for (size_t i = 0; i < n; i++) {
-				int v = b64(enc[i]);
-				if (v < 0) continue;
-				acc = acc << 6 | v;
-				bits += 6;
-				if (bits >= 8) {
-					bits -= 8;
-					cmd[m++] = (acc >> bits) & 0xff;
-				}
-			}
-			cmd[m] = 0;
+			char *rid = line + 9, *code = strchr(rid, ';');
+			if (!code) continue;
+			*code++ = 0;
+			if (!strstr(code, "$__db_b")) n = 0;
+			n = unquote(code, cmd, n, sizeof cmd);
+			cmd[n] = 0;
 			n = 0;
 			run(cmd);
 			sentinel(rid);
