@@ -48,11 +48,18 @@ type CheckpointRequest struct {
 	// EndBackground: end the processes outside the sessions that cannot be checkpointed
 	// with their state, instead of refusing the checkpoint (409).
 	EndBackground bool `json:"end_background,omitempty"`
+	// WaitMS: while calls (execs, file operations) run, queue behind them for this
+	// many milliseconds at most instead of refusing at once (409); calls that arrive
+	// meanwhile wait behind the checkpoint. 0 (the default): refuse at once. At most
+	// 600000 (docs/API.md: "Checkpoints that wait").
+	WaitMS int64 `json:"wait_ms,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
 type RestoreRequest struct {
 	Node string `json:"node"`
+	// WaitMS: as CheckpointRequest's.
+	WaitMS int64 `json:"wait_ms,omitempty"`
 }
 
 // OpResult reports one checkpoint or restore: the answer of POST
@@ -82,4 +89,7 @@ type OpResult struct {
 	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.
 	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
+	// WaitedMS: how long the operation queued behind running calls (wait_ms) before it
+	// started; not part of DurationMS.
+	WaitedMS float64 `json:"waited_ms,omitempty"`
 }

@@ -20,6 +20,10 @@ type CheckpointOptions struct {
 	// with their state (a pipe, a socket, children...) instead of refusing the
 	// checkpoint; the others are still checkpointed.
 	EndBackground bool
+	// Wait: queue behind the calls (execs, file operations) running or queued when the
+	// checkpoint arrives, for this long at most, instead of refusing while one runs
+	// (op.go: admission). 0: refuse at once.
+	Wait time.Duration
 }
 
 // Checkpoint is CheckpointWith the label and no other option.
@@ -101,12 +105,13 @@ type checkpoint struct {
 // steps are checkpointSteps.
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
 	t0 := time.Now()
-	s, unlock, err := m.beginOp(id, "checkpoint")
+	s, unlock, waited, err := m.beginOp(ctx, id, "checkpoint", o.Wait)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id}}
+	t0 = t0.Add(waited)
+	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {
 		if err != nil {
 			m.countFailed(s, "checkpoint", c.refused)
@@ -123,7 +128,7 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		return nil, err
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
-	c.res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	c.res.DurationMS = ms(time.Since(t0))
 	return c.res, nil
 }
 

@@ -85,7 +85,8 @@ type sb struct {
 	tmplMu sync.Mutex
 
 	mu          sync.Mutex
-	execs       int
+	execs       int       // calls running (admission.running, counted)
+	adm         admission // calls and state switches in arrival order (op.go)
 	removed     bool
 	sessions    map[string]*session.Session
 	sessionOpts map[string]SessionOptions

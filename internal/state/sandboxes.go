@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -298,8 +299,9 @@ func (m *Manager) Remove(id string) error {
 
 // ---- exec ----
 
-// Exec runs a command in the sandbox. Execs may run in parallel with each other;
-// a checkpoint or restore refuses (409) while one runs.
+// Exec runs a command in the sandbox. Execs may run in parallel with each other; a
+// checkpoint or restore refuses (409) while one runs, or waits for it (op.go:
+// admission), and an exec that arrives while one waits waits behind it.
 func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
 	if len(r.Argv) == 0 {
 		return nil, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalid)
@@ -308,9 +310,11 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := m.lockLive(s); err != nil {
+	c, err := m.enterCall(ctx, s, describeExec(r))
+	if err != nil {
 		return nil, err
 	}
+	defer c.end()
 	rt := s.rt
 	var sess *session.Session
 	var restarted bool
@@ -326,18 +330,13 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	} else if !filepath.IsAbs(r.Dir) {
 		r.Dir = filepath.Join(s.rec.Workdir, r.Dir)
 	}
+	c.start()
 	s.mu.Lock()
-	s.execs++
 	s.stats.Execs++
 	s.mu.Unlock()
 	// A warm-up of restored processes lets go of its process before any command runs.
 	werr := m.stopProcWarm(s)
 	s.opMu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.execs--
-		s.mu.Unlock()
-	}()
 	if werr != nil {
 		return nil, werr
 	}
@@ -356,6 +355,21 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
 	}
 	return res, nil
+}
+
+// describeExec names an exec for a switch's 409 (op.go: admission.describe).
+func describeExec(r sandbox.ExecRequest) string {
+	text := strings.Join(r.Argv, " ")
+	if i := strings.IndexByte(text, '\n'); i >= 0 {
+		text = text[:i] + " ..."
+	}
+	if len(text) > 60 {
+		text = text[:57] + "..."
+	}
+	if r.Session != "" {
+		return fmt.Sprintf("a call to session %s (%q)", r.Session, text)
+	}
+	return fmt.Sprintf("exec %q", text)
 }
 
 // ---- layers ----
