@@ -243,6 +243,7 @@ func checkpointCmd() *cobra.Command {
 			} else {
 				fmt.Println(r.Node.ID)
 			}
+			printWarnings(r)
 			return nil
 		},
 	}
@@ -268,11 +269,20 @@ func restoreCmd() *cobra.Command {
 			} else {
 				fmt.Printf("%s is on %s (%.2f ms)\n", args[0], r.Node.ID, r.DurationMS)
 			}
+			printWarnings(r)
 			return nil
 		},
 	}
 	c.Flags().DurationVar(&wait, "wait", 0, waitFlagUsage)
 	return c
+}
+
+// printWarnings prints an operation's warnings on stderr (templates holding most of the
+// memory limit).
+func printWarnings(r *apitypes.OpResult) {
+	for _, w := range r.Warnings {
+		fmt.Fprintf(os.Stderr, "deltabox: warning: %s\n", w)
+	}
 }
 
 func syncCmd() *cobra.Command {

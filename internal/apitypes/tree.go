@@ -92,4 +92,29 @@ type OpResult struct {
 	// WaitedMS: how long the operation queued behind running calls (wait_ms) before it
 	// started; not part of DurationMS.
 	WaitedMS float64 `json:"waited_ms,omitempty"`
+	// Memory is the sandbox's memory after the operation, its templates' included.
+	Memory *OpMemory `json:"memory,omitempty"`
+	// Warnings: what the caller should act on, such as templates holding over half of
+	// the sandbox's memory limit.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// OpMemory is a sandbox's memory after a checkpoint or restore (OpResult's "memory").
+// The templates a checkpoint forks are processes of the sandbox: they count against its
+// memory limit.
+type OpMemory struct {
+	LimitBytes int64 `json:"limit_bytes"` // the sandbox's memory limit
+	// UsageBytes is what the sandbox's processes, its templates included, and their page
+	// cache use now (the memory cgroup's count, which the limit caps).
+	UsageBytes int64 `json:"usage_bytes"`
+	// NodeTemplatesRSS (checkpoint answers): the resident memory of the templates this
+	// checkpoint forked. At first they share it with the live processes; as those
+	// write their memory, the originals stay with the templates: this is the most the
+	// node comes to hold alone.
+	NodeTemplatesRSS int64 `json:"node_templates_rss_bytes,omitempty"`
+	// Templates totals every template of the sandbox (all its nodes) and what they hold
+	// (Memory: their pss_bytes is their share). Measured (smaps_rollup, about 1 ms per
+	// 100 MB of template) only when the sandbox uses over half its limit: below that,
+	// templates cannot hold more than half of it. Absent otherwise.
+	Templates *TemplateInfo `json:"templates,omitempty"`
 }

@@ -321,6 +321,14 @@ func (v *V1) Usage() Usage {
 	return u
 }
 
+// MemoryUsage is Usage's MemoryBytes alone (one read, for answers that report it).
+func (v *V1) MemoryUsage() int64 {
+	if d := v.dirs["memory"]; d != "" {
+		return readInt(filepath.Join(d, "memory.usage_in_bytes"))
+	}
+	return 0
+}
+
 // Dirs returns the sandbox's directory per controller.
 func (v *V1) Dirs() map[string]string {
 	out := map[string]string{}

@@ -102,8 +102,18 @@ type checkpoint struct {
 
 // CheckpointWith makes a node of the sandbox's files and processes, as one atomic step:
 // it either completes or leaves the sandbox exactly as it was, with no node made. The
-// steps are checkpointSteps.
-func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
+// steps are checkpointSteps. The answer reports the sandbox's memory after it
+// (reportMemory), outside the operation's locks.
+func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
+	res, err := m.checkpointLocked(ctx, id, o)
+	if err != nil {
+		return nil, err
+	}
+	m.reportMemory(res, id, res.Node.ID)
+	return res, nil
+}
+
+func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
 	t0 := time.Now()
 	s, unlock, waited, err := m.beginOp(ctx, id, "checkpoint", o.Wait)
 	if err != nil {
@@ -129,6 +139,7 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
 	c.res.DurationMS = ms(time.Since(t0))
+	c.res.Memory = m.memoryNow(s)
 	return c.res, nil
 }
 

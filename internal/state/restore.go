@@ -105,7 +105,17 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 // RestoreWith puts the sandbox on node's files and, when this sandbox made the node
 // while processes ran, brings them back from the node's templates (same PIDs, same
 // terminals), as atomically as the PID constraint allows. The steps are restoreSteps.
-func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) (_ *OpResult, err error) {
+// The answer reports the sandbox's memory after it (reportMemory).
+func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) (*OpResult, error) {
+	res, err := m.restoreLocked(ctx, id, o)
+	if err != nil {
+		return nil, err
+	}
+	m.reportMemory(res, id, "")
+	return res, nil
+}
+
+func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions) (_ *OpResult, err error) {
 	t0 := time.Now()
 	nodeID := o.Node
 	s, unlock, waited, err := m.beginOp(ctx, id, "restore", o.Wait)
@@ -151,6 +161,7 @@ func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) 
 	}
 	r.res.Node = m.nodeInfo(nodeID)
 	r.res.DurationMS = ms(time.Since(t0))
+	r.res.Memory = m.memoryNow(s)
 	return r.res, nil
 }
 
