@@ -204,6 +204,9 @@ func execCmd() *cobra.Command {
 			if r.SessionRestarted {
 				fmt.Fprintf(os.Stderr, "deltabox: session %s was ended by a checkpoint or restore and started again\n", r.Session)
 			}
+			if r.OOM != "" {
+				fmt.Fprintf(os.Stderr, "deltabox: %s\n", r.OOM)
+			}
 			if r.ExitCode != 0 {
 				if r.ExitCode < 0 {
 					return exitError(128 + r.Signal)

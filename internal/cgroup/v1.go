@@ -329,6 +329,15 @@ func (v *V1) MemoryUsage() int64 {
 	return 0
 }
 
+// OOMKills is Usage's OOMKills alone: how many processes the memory limit made the
+// kernel kill so far (read before and after a call to tell whether it was one of them).
+func (v *V1) OOMKills() int64 {
+	if d := v.dirs["memory"]; d != "" {
+		return readKey(filepath.Join(d, "memory.oom_control"), "oom_kill")
+	}
+	return 0
+}
+
 // Dirs returns the sandbox's directory per controller.
 func (v *V1) Dirs() map[string]string {
 	out := map[string]string{}

@@ -358,3 +358,6 @@ func (s *Sandbox) Usage() cgroup.Usage { return s.lim.Usage() }
 
 // MemoryUsage is Usage().MemoryBytes, read alone.
 func (s *Sandbox) MemoryUsage() int64 { return s.lim.MemoryUsage() }
+
+// OOMKills is Usage().OOMKills, read alone.
+func (s *Sandbox) OOMKills() int64 { return s.lim.OOMKills() }

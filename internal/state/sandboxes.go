@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
@@ -334,6 +336,15 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	s.mu.Lock()
 	s.stats.Execs++
 	s.mu.Unlock()
+	// Kills by the memory limit are counted before and after: a rise is told in the
+	// answer (oomNote).
+	limit, oom0 := s.rec.Limits.MemoryBytes, rt.OOMKills()
+	oom := func() string {
+		if n := rt.OOMKills() - oom0; n > 0 {
+			return m.oomNote(id, limit, n)
+		}
+		return ""
+	}
 	// A warm-up of restored processes lets go of its process before any command runs.
 	werr := m.stopProcWarm(s)
 	s.opMu.Unlock()
@@ -344,6 +355,9 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		res, err := m.execSession(ctx, sess, r)
 		if res != nil {
 			res.Session, res.SessionRestarted = r.Session, restarted
+			res.OOM = oom()
+		} else if note := oom(); note != "" {
+			err = fmt.Errorf("%w: %s", err, note)
 		}
 		return res, err
 	}
@@ -353,6 +367,9 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	}
 	if err != nil { // the command could not start: not found, bad directory
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	if res.OOM = oom(); res.OOM != "" && res.ExitCode < 0 && res.Signal == int(unix.SIGKILL) {
+		res.OOM = "killed by SIGKILL: " + res.OOM
 	}
 	return res, nil
 }

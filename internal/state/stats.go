@@ -224,6 +224,21 @@ func (m *Manager) reportMemory(res *OpResult, id, node string) {
 		mib(mem.Templates.Pss), mib(mem.LimitBytes), mem.Templates.Processes, len(perNode), topNodes(perNode, 3), mib(mem.UsageBytes)))
 }
 
+// oomNote explains kills (how many processes the sandbox's memory limit made the kernel
+// kill during a call) for that call's answer: the limit, and what holds the memory, the
+// templates of the sandbox's checkpoints included (measured now: rare enough).
+func (m *Manager) oomNote(id string, limit, kills int64) string {
+	perNode, perSandbox, _ := m.templateCosts(nil, id, 0)
+	held := ""
+	if t := perSandbox[id]; t != nil && t.Pss >= 1<<20 {
+		held = fmt.Sprintf("; %s of it are held by the templates of the sandbox's checkpoints (%d processes kept by %d nodes%s): remove the nodes you no longer need (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with more memory (memory_mb)",
+			mib(t.Pss), t.Processes, len(perNode), topNodes(perNode, 3))
+	} else {
+		held = "; no checkpoint template holds any of it: the sandbox's own processes used it (create the sandbox with more memory: memory_mb)"
+	}
+	return fmt.Sprintf("the sandbox's memory limit (%s) was reached: the kernel killed %d of its processes%s", mib(limit), kills, held)
+}
+
 // topNodes names the n nodes whose templates hold the most (pss), for messages.
 func topNodes(perNode map[string]*TemplateInfo, n int) string {
 	ids := make([]string, 0, len(perNode))

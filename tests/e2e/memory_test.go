@@ -2,7 +2,8 @@ package e2e
 
 // The memory of checkpoints (issue 16, items 7 and 5): templates are processes of the
 // sandbox, so they count against its memory limit. Checkpoint and restore answers show
-// what they hold and warn when it is over half the limit. Raw JSON for the new fields, so that the tests
+// what they hold, warn when it is over half the limit, and a command killed by the
+// limit says so, naming the templates. Raw JSON for the new fields, so that the tests
 // compile and fail against a daemon without them. Helpers are prefixed mem.
 
 import (
@@ -121,4 +122,63 @@ func TestTemplateMemoryInAnswers(t *testing.T) {
 	if s != 200 || memField(a, "limit_bytes") != 256<<20 || memField(a, "usage_bytes") <= 0 {
 		t.Fatalf("restore: %d %s %v", s, m, a["memory"])
 	}
+}
+
+// TestOOMMessageNamesLimitAndTemplates: an exec, and a session call, whose process the
+// sandbox's memory limit killed say so: the limit, and how much of it the templates of
+// the sandbox's checkpoints hold, by node.
+func TestOOMMessageNamesLimitAndTemplates(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := "mem2"
+	ans := memSetup(t, d, id)
+	n1 := wtNode(t, ans[0])
+	// The hog is the OOM killer's choice (oom_score_adj 1000), not a template.
+	hog := `echo 1000 > /proc/self/oom_score_adj; exec python3 -c 'b = bytearray(300 << 20)
+for i in range(0, len(b), 4096): b[i] = 1'`
+	st, raw := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", mustJSON(t, api.ExecRequest{Argv: []string{"bash", "-c", hog}, TimeoutMS: 60_000}))
+	var res map[string]any
+	if err := json.Unmarshal(raw, &res); err != nil || st != 200 {
+		t.Fatalf("exec: %d %s", st, raw)
+	}
+	oom, _ := res["oom"].(string)
+	if sig, _ := res["signal"].(float64); sig != 9 {
+		t.Fatalf("the hog was not killed by SIGKILL: %s", raw)
+	}
+	for _, want := range []string{"killed by SIGKILL", "memory limit (256 MiB) was reached", "held by the templates of the sandbox's checkpoints", n1, "memory_mb"} {
+		if !strings.Contains(oom, want) {
+			t.Fatalf("exec's oom %q lacks %q (answer %s)", oom, want, raw)
+		}
+	}
+	t.Logf("exec: %s", oom)
+	// The next command was not killed: no oom.
+	st, raw = dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", `{"argv":["true"]}`)
+	if st != 200 || strings.Contains(string(raw), `"oom"`) {
+		t.Fatalf("a command after the kill: %d %s", st, raw)
+	}
+
+	// A session whose process the limit kills during a call.
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "hog", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	code := "open('/proc/self/oom_score_adj', 'w').write('1000')\nb = bytearray(300 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+	st, raw = dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", mustJSON(t, api.ExecRequest{Session: "hog", Argv: []string{code}, TimeoutMS: 60_000}))
+	if st < 300 {
+		t.Fatalf("the session call survived: %d %s", st, raw)
+	}
+	_, msg := dbxErrorBody(t, raw)
+	for _, want := range []string{"session hog ended during the call", "memory limit (256 MiB) was reached", n1} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("session call's error %q lacks %q", msg, want)
+		}
+	}
+	t.Logf("session: %s", msg)
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
