@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"sort"
 
@@ -67,6 +68,8 @@ func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error
 	dir := o.Dir
 	if dir == "" {
 		dir = s.rec.Workdir
+	} else if !filepath.IsAbs(dir) { // relative to the workdir, as an exec's
+		dir = filepath.Join(s.rec.Workdir, dir)
 	}
 	sess, err := session.Start(s.rt, o.Name, o.Kind, o.Argv, dir, o.Env)
 	if err != nil {
