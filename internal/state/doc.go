@@ -49,7 +49,7 @@
 //	                                                                      mount, fork or index wait
 //	sb.mu              execs, adm (the queue of calls and switches),      briefly
 //	                   removed, sessions, sessionOpts, ended, warming,
-//	                   stats
+//	                   stats, oomSeen
 //
 // session.Session's and background's own mutexes are leaves: nothing is taken under them.
 //

@@ -141,6 +141,9 @@ func (m *Manager) boot(s *sb) error {
 	}
 	s.rt, s.kns = rt, kns
 	s.err = nil
+	s.mu.Lock()
+	s.oomSeen = rt.OOMKills() // 0: a new cgroup
+	s.mu.Unlock()
 	m.prepareNext(s)
 	return nil
 }
@@ -336,12 +339,20 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	s.mu.Lock()
 	s.stats.Execs++
 	s.mu.Unlock()
-	// Kills by the memory limit are counted before and after: a rise is told in the
-	// answer (oomNote).
-	limit, oom0 := s.rec.Limits.MemoryBytes, rt.OOMKills()
+	// Kills by the memory limit: the count is read once the command is over (one read
+	// of the cgroup, tens of µs) and compared with the last one read before it
+	// started; a rise is told in the answer (oomNote) of every call that overlapped it.
+	limit := s.rec.Limits.MemoryBytes
+	s.mu.Lock()
+	oom0 := s.oomSeen
+	s.mu.Unlock()
 	oom := func() string {
-		if n := rt.OOMKills() - oom0; n > 0 {
-			return m.oomNote(id, limit, n)
+		n := rt.OOMKills()
+		s.mu.Lock()
+		s.oomSeen = max(s.oomSeen, n)
+		s.mu.Unlock()
+		if n > oom0 {
+			return m.oomNote(id, limit, n-oom0)
 		}
 		return ""
 	}
