@@ -157,11 +157,38 @@ type V1 struct {
 	ID   string
 	dirs map[string]string // controller -> directory
 
-	// oomFile is memory.oom_control, opened by the first OOMKills and kept open: a
-	// pread of it takes ~4 µs, an open and read ~35 µs (measured here), and it is read
-	// after every exec. Closed by Destroy.
-	oomOnce sync.Once
-	oomFile *os.File
+	// memory.oom_control and memory.usage_in_bytes, kept open once read: a pread takes
+	// ~4 µs, an open and read ~35 µs (measured here), and they are read after every
+	// exec (OOMKills) and in every checkpoint's and restore's answer (MemoryUsage).
+	oomFile, usageFile keptFile
+}
+
+// keptFile is a cgroup file opened on its first read and kept open for the next ones.
+type keptFile struct {
+	once sync.Once
+	f    *os.File
+}
+
+// read reads p from offset 0 through the kept fd; false if that fails (the caller
+// reads it the usual way).
+func (k *keptFile) read(p string, b []byte) ([]byte, bool) {
+	k.once.Do(func() { k.f, _ = os.Open(p) })
+	if k.f == nil {
+		return nil, false
+	}
+	n, err := k.f.ReadAt(b, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, false
+	}
+	return b[:n], true
+}
+
+// close closes the fd; no read opens it again.
+func (k *keptFile) close() {
+	k.once.Do(func() {})
+	if k.f != nil {
+		k.f.Close()
+	}
 }
 
 // v1Parent is this daemon's directory in one hierarchy (the per-store name of Root).
@@ -336,10 +363,17 @@ func (v *V1) Usage() Usage {
 
 // MemoryUsage is Usage's MemoryBytes alone (one read, for answers that report it).
 func (v *V1) MemoryUsage() int64 {
-	if d := v.dirs["memory"]; d != "" {
-		return readInt(filepath.Join(d, "memory.usage_in_bytes"))
+	d := v.dirs["memory"]
+	if d == "" {
+		return 0
 	}
-	return 0
+	p := filepath.Join(d, "memory.usage_in_bytes")
+	var b [64]byte
+	if c, ok := v.usageFile.read(p, b[:]); ok {
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(c)), 10, 64)
+		return n
+	}
+	return readInt(p)
 }
 
 // OOMKills is Usage's OOMKills alone: how many processes the memory limit made the
@@ -351,12 +385,9 @@ func (v *V1) OOMKills() int64 {
 		return 0
 	}
 	p := filepath.Join(d, "memory.oom_control")
-	v.oomOnce.Do(func() { v.oomFile, _ = os.Open(p) })
-	if v.oomFile != nil {
-		var b [512]byte
-		if n, err := v.oomFile.ReadAt(b[:], 0); err == nil || errors.Is(err, io.EOF) {
-			return parseKey(b[:n], "oom_kill")
-		}
+	var b [512]byte
+	if c, ok := v.oomFile.read(p, b[:]); ok {
+		return parseKey(c, "oom_kill")
 	}
 	return readKey(p, "oom_kill")
 }
@@ -374,10 +405,8 @@ func (v *V1) Dirs() map[string]string {
 // cgroup2 directory's cgroup.kill ends them); any left are killed. Removing a missing
 // directory is not an error.
 func (v *V1) Destroy(timeout time.Duration) error {
-	v.oomOnce.Do(func() {}) // no open after this
-	if v.oomFile != nil {
-		v.oomFile.Close()
-	}
+	v.oomFile.close()
+	v.usageFile.close()
 	deadline := time.Now().Add(timeout)
 	var errs []error
 	for _, c := range v1Controllers {
