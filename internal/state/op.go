@@ -278,6 +278,9 @@ func (m *Manager) queueOp(ctx context.Context, s *sb, what string, wait time.Dur
 		}
 		s.mu.Lock()
 		ahead = s.adm.before(t)
+		if len(ahead) == 0 && ctx.Err() == nil {
+			break // the last one ended as the wait did
+		}
 		desc := s.adm.describe(ahead)
 		s.adm.leave(t)
 		s.mu.Unlock()
