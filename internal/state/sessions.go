@@ -66,9 +66,7 @@ func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions)
 // startSession starts o in s. Precondition: s.opMu held (no state switch meanwhile).
 func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error) {
 	dir := o.Dir
-	if dir == "" {
-		dir = s.rec.Workdir
-	} else if !filepath.IsAbs(dir) { // relative to the workdir, as an exec's
+	if !filepath.IsAbs(dir) { // "" too: the workdir, as for exec
 		dir = filepath.Join(s.rec.Workdir, dir)
 	}
 	sess, err := session.Start(s.rt, o.Name, o.Kind, o.Argv, dir, o.Env)
