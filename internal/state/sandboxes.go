@@ -346,15 +346,19 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	s.mu.Lock()
 	oom0 := s.oomSeen
 	s.mu.Unlock()
-	oom := func() string {
+	oom := func(res *sandbox.ExecResult) string {
 		n := rt.OOMKills()
 		s.mu.Lock()
 		s.oomSeen = max(s.oomSeen, n)
 		s.mu.Unlock()
-		if n > oom0 {
-			return m.oomNote(id, limit, n-oom0)
+		if n <= oom0 {
+			return ""
 		}
-		return ""
+		note := m.oomNote(id, limit, n-oom0)
+		if res != nil && res.ExitCode < 0 && res.Signal == int(unix.SIGKILL) && !res.TimedOut {
+			note = "killed by SIGKILL: " + note // (a timeout's kill is ours)
+		}
+		return note
 	}
 	// A warm-up of restored processes lets go of its process before any command runs.
 	werr := m.stopProcWarm(s)
@@ -366,8 +370,8 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		res, err := m.execSession(ctx, sess, r)
 		if res != nil {
 			res.Session, res.SessionRestarted = r.Session, restarted
-			res.OOM = oom()
-		} else if note := oom(); note != "" {
+			res.OOM = oom(res)
+		} else if note := oom(nil); note != "" {
 			err = fmt.Errorf("%w: %s", err, note)
 		}
 		return res, err
@@ -379,9 +383,7 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	if err != nil { // the command could not start: not found, bad directory
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
 	}
-	if res.OOM = oom(); res.OOM != "" && res.ExitCode < 0 && res.Signal == int(unix.SIGKILL) {
-		res.OOM = "killed by SIGKILL: " + res.OOM
-	}
+	res.OOM = oom(res)
 	return res, nil
 }
 
