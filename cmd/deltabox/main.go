@@ -204,6 +204,9 @@ func execCmd() *cobra.Command {
 			if r.SessionRestarted {
 				fmt.Fprintf(os.Stderr, "deltabox: session %s was ended by a checkpoint or restore and started again\n", r.Session)
 			}
+			if r.OOM != "" {
+				fmt.Fprintf(os.Stderr, "deltabox: %s\n", r.OOM)
+			}
 			if r.ExitCode != 0 {
 				if r.ExitCode < 0 {
 					return exitError(128 + r.Signal)
@@ -222,13 +225,18 @@ func execCmd() *cobra.Command {
 	return c
 }
 
+// waitFlagUsage documents --wait of checkpoint and restore.
+const waitFlagUsage = "while commands or file operations run, queue behind them for up to this long instead of refusing (commands arriving meanwhile wait behind it); 0: refuse at once"
+
 func checkpointCmd() *cobra.Command {
 	var q apitypes.CheckpointRequest
+	var wait time.Duration
 	c := &cobra.Command{
-		Use:   "checkpoint SANDBOX [--label L] [--end-background]",
+		Use:   "checkpoint SANDBOX [--label L] [--end-background] [--wait D]",
 		Short: "Checkpoint a sandbox; prints the new node's id",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			q.WaitMS = wait.Milliseconds()
 			r, err := cli().CheckpointWith(ctx(), args[0], q)
 			if err != nil {
 				return err
@@ -238,21 +246,24 @@ func checkpointCmd() *cobra.Command {
 			} else {
 				fmt.Println(r.Node.ID)
 			}
+			printWarnings(r)
 			return nil
 		},
 	}
 	c.Flags().StringVar(&q.Label, "label", "", "a label for the node")
 	c.Flags().BoolVar(&q.EndBackground, "end-background", false, "end the processes outside sessions that cannot be checkpointed with their state (a pipe, a socket, children...) instead of refusing")
+	c.Flags().DurationVar(&wait, "wait", 0, waitFlagUsage)
 	return c
 }
 
 func restoreCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "restore SANDBOX NODE",
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:   "restore SANDBOX NODE [--wait D]",
 		Short: "Put a sandbox back to a node of the tree",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := cli().Restore(ctx(), args[0], args[1])
+			r, err := cli().RestoreWith(ctx(), args[0], apitypes.RestoreRequest{Node: args[1], WaitMS: wait.Milliseconds()})
 			if err != nil {
 				return err
 			}
@@ -261,8 +272,19 @@ func restoreCmd() *cobra.Command {
 			} else {
 				fmt.Printf("%s is on %s (%.2f ms)\n", args[0], r.Node.ID, r.DurationMS)
 			}
+			printWarnings(r)
 			return nil
 		},
+	}
+	c.Flags().DurationVar(&wait, "wait", 0, waitFlagUsage)
+	return c
+}
+
+// printWarnings prints an operation's warnings on stderr (templates holding most of the
+// memory limit).
+func printWarnings(r *apitypes.OpResult) {
+	for _, w := range r.Warnings {
+		fmt.Fprintf(os.Stderr, "deltabox: warning: %s\n", w)
 	}
 }
 

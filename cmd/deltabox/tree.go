@@ -129,7 +129,8 @@ func printSandboxPaths(t *apitypes.Tree, sbs []*apitypes.SandboxInfo) {
 		st := sb.Stats
 		fmt.Printf("%s  checkpoints %s  restores %s\n", sb.ID, pathCounts(st.CheckpointPaths), pathCounts(st.RestorePaths))
 		if tp := sb.Templates; tp != nil && tp.Processes > 0 {
-			fmt.Printf("%s  templates %d: private dirty %s, PSS %s\n", strings.Repeat(" ", len(sb.ID)), tp.Processes, humanBytes(tp.PrivateDirty), humanBytes(tp.Pss))
+			// Templates count against the sandbox's memory limit.
+			fmt.Printf("%s  templates %d: private dirty %s, PSS %s of its %s memory limit\n", strings.Repeat(" ", len(sb.ID)), tp.Processes, humanBytes(tp.PrivateDirty), humanBytes(tp.Pss), humanBytes(sb.Limits.MemoryBytes))
 		}
 	}
 	if tp := t.Templates; tp != nil && tp.Processes > 0 {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -92,7 +93,7 @@ func (s *Server) fileOp(w http.ResponseWriter, r *http.Request, optionalPath boo
 		writeErr(w, err)
 		return
 	}
-	err = s.m.FileOp(r.PathValue("id"), func(root int, workdir string) error {
+	err = s.m.FileOp(r.Context(), r.PathValue("id"), fileOpName(r, p), func(root int, workdir string) error {
 		ap, err := files.Resolve(workdir, p)
 		if err != nil {
 			return err
@@ -102,6 +103,16 @@ func (s *Server) fileOp(w http.ResponseWriter, r *http.Request, optionalPath boo
 	if err != nil {
 		writeErr(w, err)
 	}
+}
+
+// fileOpName names a file operation for a checkpoint's or restore's 409 ("files write
+// x.py": the path as given).
+func fileOpName(r *http.Request, p string) string {
+	verb := map[string]string{"GET": "read", "PUT": "write", "DELETE": "remove"}[r.Method]
+	if i := strings.LastIndex(r.URL.Path, "/files/"); i >= 0 {
+		verb = r.URL.Path[i+len("/files/"):]
+	}
+	return "files " + verb + " " + p
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {

@@ -251,7 +251,12 @@ func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground})
+	wait, err := waitMS(q.WaitMS)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait})
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -269,12 +274,25 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf(`restore needs {"node": ID}: %w`, errdefs.ErrInvalid))
 		return
 	}
-	res, err := s.m.Restore(r.Context(), r.PathValue("id"), q.Node)
+	wait, err := waitMS(q.WaitMS)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := s.m.RestoreWith(r.Context(), r.PathValue("id"), state.RestoreOptions{Node: q.Node, Wait: wait})
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
 	writeJSON(w, 200, res)
+}
+
+// waitMS checks a checkpoint's or restore's wait_ms (the state manager bounds it).
+func waitMS(v int64) (time.Duration, error) {
+	if v < 0 {
+		return 0, fmt.Errorf("wait_ms must be >= 0 (0: refuse at once while a call runs): %w", errdefs.ErrInvalid)
+	}
+	return time.Duration(v) * time.Millisecond, nil
 }
 
 func (s *Server) tree(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, s.m.Tree()) }

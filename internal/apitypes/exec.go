@@ -33,6 +33,10 @@ type ExecResult struct {
 	// Session calls: stdout holds the terminal's merged output.
 	Session          string `json:"session,omitempty"`
 	SessionRestarted bool   `json:"session_restarted,omitempty"` // a checkpoint/restore had ended it
+	// OOM is set when the sandbox's memory limit made the kernel kill a process while the
+	// command ran (this command's, or another's of the sandbox): it names the limit and
+	// what holds the memory, the templates of the sandbox's checkpoints included.
+	OOM string `json:"oom,omitempty"`
 	// Duration is not sent: DurationMS is. The daemon sets both; the Go client sets
 	// Duration from DurationMS.
 	Duration   time.Duration `json:"-"`

@@ -22,7 +22,7 @@ func wireTypes() map[string]any {
 		"Image": &Image{}, "ImportEvent": &ImportEvent{}, "ImportRequest": &ImportRequest{},
 		"Limits": &Limits{}, "Memory": &Memory{}, "PathCounts": &PathCounts{}, "Stats": &Stats{},
 		"Sandbox": &Sandbox{}, "SandboxInfo": &SandboxInfo{}, "TemplateInfo": &TemplateInfo{}, "Usage": &Usage{},
-		"Node": &Node{}, "NodeInfo": &NodeInfo{}, "OpResult": &OpResult{}, "RestoreRequest": &RestoreRequest{}, "Tree": &Tree{},
+		"Node": &Node{}, "NodeInfo": &NodeInfo{}, "OpResult": &OpResult{}, "OpMemory": &OpMemory{}, "RestoreRequest": &RestoreRequest{}, "Tree": &Tree{},
 		"SessionInfo": &SessionInfo{}, "SessionOptions": &SessionOptions{},
 		"SandboxList": &SandboxList{}, "SessionList": &SessionList{}, "ImageList": &ImageList{},
 		"Removed": &Removed{}, "NodesRemoved": &NodesRemoved{}, "SessionKilled": &SessionKilled{},

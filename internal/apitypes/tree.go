@@ -48,11 +48,18 @@ type CheckpointRequest struct {
 	// EndBackground: end the processes outside the sessions that cannot be checkpointed
 	// with their state, instead of refusing the checkpoint (409).
 	EndBackground bool `json:"end_background,omitempty"`
+	// WaitMS: while calls (execs, file operations) run, queue behind them for this
+	// many milliseconds at most instead of refusing at once (409); calls that arrive
+	// meanwhile wait behind the checkpoint. 0 (the default): refuse at once. At most
+	// 600000 (docs/API.md: "Checkpoints that wait").
+	WaitMS int64 `json:"wait_ms,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
 type RestoreRequest struct {
 	Node string `json:"node"`
+	// WaitMS: as CheckpointRequest's.
+	WaitMS int64 `json:"wait_ms,omitempty"`
 }
 
 // OpResult reports one checkpoint or restore: the answer of POST
@@ -82,4 +89,32 @@ type OpResult struct {
 	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.
 	PhasesUS map[string]int64 `json:"phases_us,omitempty"`
+	// WaitedMS: how long the operation queued behind running calls (wait_ms) before it
+	// started; not part of DurationMS.
+	WaitedMS float64 `json:"waited_ms,omitempty"`
+	// Memory is the sandbox's memory after the operation, its templates' included.
+	Memory *OpMemory `json:"memory,omitempty"`
+	// Warnings: what the caller should act on, such as templates holding over half of
+	// the sandbox's memory limit.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// OpMemory is a sandbox's memory after a checkpoint or restore (OpResult's "memory").
+// The templates a checkpoint forks are processes of the sandbox: they count against its
+// memory limit.
+type OpMemory struct {
+	LimitBytes int64 `json:"limit_bytes"` // the sandbox's memory limit
+	// UsageBytes is what the sandbox's processes, its templates included, and their page
+	// cache use now (the memory cgroup's count, which the limit caps).
+	UsageBytes int64 `json:"usage_bytes"`
+	// NodeTemplatesRSS (checkpoint answers): the resident memory of the templates this
+	// checkpoint forked. At first they share it with the live processes; as those
+	// write their memory, the originals stay with the templates: this is the most the
+	// node comes to hold alone.
+	NodeTemplatesRSS int64 `json:"node_templates_rss_bytes,omitempty"`
+	// Templates totals every template of the sandbox (all its nodes) and what they hold
+	// (Memory: their pss_bytes is their share). Measured (smaps_rollup, about 1 ms per
+	// 100 MB of template) only when the sandbox uses over half its limit: below that,
+	// templates cannot hold more than half of it. Absent otherwise.
+	Templates *TemplateInfo `json:"templates,omitempty"`
 }

@@ -22,12 +22,14 @@ package cgroup
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -154,6 +156,39 @@ type Usage = apitypes.Usage
 type V1 struct {
 	ID   string
 	dirs map[string]string // controller -> directory
+
+	// memory.oom_control and memory.usage_in_bytes, kept open once read: a pread takes
+	// ~4 µs, an open and read ~35 µs (measured here), and they are read after every
+	// exec (OOMKills) and in every checkpoint's and restore's answer (MemoryUsage).
+	oomFile, usageFile keptFile
+}
+
+// keptFile is a cgroup file opened on its first read and kept open for the next ones.
+type keptFile struct {
+	once sync.Once
+	f    *os.File
+}
+
+// read reads p from offset 0 through the kept fd; false if that fails (the caller
+// reads it the usual way).
+func (k *keptFile) read(p string, b []byte) ([]byte, bool) {
+	k.once.Do(func() { k.f, _ = os.Open(p) })
+	if k.f == nil {
+		return nil, false
+	}
+	n, err := k.f.ReadAt(b, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, false
+	}
+	return b[:n], true
+}
+
+// close closes the fd; no read opens it again.
+func (k *keptFile) close() {
+	k.once.Do(func() {})
+	if k.f != nil {
+		k.f.Close()
+	}
 }
 
 // v1Parent is this daemon's directory in one hierarchy (the per-store name of Root).
@@ -215,6 +250,11 @@ func readKey(p, key string) int64 {
 	if err != nil {
 		return 0
 	}
+	return parseKey(b, key)
+}
+
+// parseKey is readKey on the file's content.
+func parseKey(b []byte, key string) int64 {
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 2 && f[0] == key {
@@ -321,6 +361,37 @@ func (v *V1) Usage() Usage {
 	return u
 }
 
+// MemoryUsage is Usage's MemoryBytes alone (one read, for answers that report it).
+func (v *V1) MemoryUsage() int64 {
+	d := v.dirs["memory"]
+	if d == "" {
+		return 0
+	}
+	p := filepath.Join(d, "memory.usage_in_bytes")
+	var b [64]byte
+	if c, ok := v.usageFile.read(p, b[:]); ok {
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(c)), 10, 64)
+		return n
+	}
+	return readInt(p)
+}
+
+// OOMKills is Usage's OOMKills alone: how many processes the memory limit made the
+// kernel kill so far (read after each call to tell whether the call saw one). Safe for
+// concurrent use.
+func (v *V1) OOMKills() int64 {
+	d := v.dirs["memory"]
+	if d == "" {
+		return 0
+	}
+	p := filepath.Join(d, "memory.oom_control")
+	var b [512]byte
+	if c, ok := v.oomFile.read(p, b[:]); ok {
+		return parseKey(c, "oom_kill")
+	}
+	return readKey(p, "oom_kill")
+}
+
 // Dirs returns the sandbox's directory per controller.
 func (v *V1) Dirs() map[string]string {
 	out := map[string]string{}
@@ -334,6 +405,8 @@ func (v *V1) Dirs() map[string]string {
 // cgroup2 directory's cgroup.kill ends them); any left are killed. Removing a missing
 // directory is not an error.
 func (v *V1) Destroy(timeout time.Duration) error {
+	v.oomFile.close()
+	v.usageFile.close()
 	deadline := time.Now().Add(timeout)
 	var errs []error
 	for _, c := range v1Controllers {

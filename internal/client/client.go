@@ -120,8 +120,13 @@ func (c *Client) CheckpointWith(ctx context.Context, id string, q apitypes.Check
 }
 
 func (c *Client) Restore(ctx context.Context, id, node string) (*apitypes.OpResult, error) {
+	return c.RestoreWith(ctx, id, apitypes.RestoreRequest{Node: node})
+}
+
+// RestoreWith restores with every option of the request (WaitMS).
+func (c *Client) RestoreWith(ctx context.Context, id string, q apitypes.RestoreRequest) (*apitypes.OpResult, error) {
 	var out apitypes.OpResult
-	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/restore", apitypes.RestoreRequest{Node: node}, &out)
+	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/restore", q, &out)
 }
 
 func (c *Client) Tree(ctx context.Context) (*apitypes.Tree, error) {

@@ -355,3 +355,9 @@ func (s *Sandbox) Pids() ([]int, error) { return s.cg.Pids() }
 
 // Usage is what the sandbox's commands use of their limits (init excluded).
 func (s *Sandbox) Usage() cgroup.Usage { return s.lim.Usage() }
+
+// MemoryUsage is Usage().MemoryBytes, read alone.
+func (s *Sandbox) MemoryUsage() int64 { return s.lim.MemoryUsage() }
+
+// OOMKills is Usage().OOMKills, read alone.
+func (s *Sandbox) OOMKills() int64 { return s.lim.OOMKills() }

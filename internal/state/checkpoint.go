@@ -21,6 +21,10 @@ type CheckpointOptions struct {
 	// with their state (a pipe, a socket, children...) instead of refusing the
 	// checkpoint; the others are still checkpointed.
 	EndBackground bool
+	// Wait: queue behind the calls (execs, file operations) running or queued when the
+	// checkpoint arrives, for this long at most, instead of refusing while one runs
+	// (op.go: admission). 0: refuse at once.
+	Wait time.Duration
 }
 
 // Checkpoint is CheckpointWith the label and no other option.
@@ -101,15 +105,26 @@ type checkpoint struct {
 
 // CheckpointWith makes a node of the sandbox's files and processes, as one atomic step:
 // it either completes or leaves the sandbox exactly as it was, with no node made. The
-// steps are checkpointSteps.
-func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
+// steps are checkpointSteps. The answer reports the sandbox's memory after it
+// (reportMemory), outside the operation's locks.
+func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
+	res, err := m.checkpointLocked(ctx, id, o)
+	if err != nil {
+		return nil, err
+	}
+	m.reportMemory(res, id, res.Node.ID)
+	return res, nil
+}
+
+func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointOptions) (_ *OpResult, err error) {
 	t0 := time.Now()
-	s, unlock, err := m.beginOp(id, "checkpoint")
+	s, unlock, waited, err := m.beginOp(ctx, id, "checkpoint", o.Wait)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id}}
+	t0 = t0.Add(waited)
+	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {
 		if err != nil {
 			m.countFailed(s, "checkpoint", c.refused)
@@ -126,7 +141,8 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		return nil, err
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
-	c.res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	c.res.DurationMS = ms(time.Since(t0))
+	c.res.Memory = m.memoryNow(s)
 	return c.res, nil
 }
 

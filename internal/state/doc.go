@@ -17,7 +17,8 @@
 //	checkpoint.go  Checkpoint: its numbered steps, each with its undo
 //	restore.go     Restore: its numbered steps, each with its undo
 //	undo.go        the undo list both use (last in, first out)
-//	op.go          what both share: beginOp, the answer (OpResult), the kill of the rest
+//	op.go          what both share: the queue of calls and switches (admission: who
+//	               waits for whom), beginOp, the answer (OpResult), the kill of the rest
 //	processes.go   the processes a checkpoint seizes, forks and moves; EndLive at a restore
 //	revive.go      the templates a restore seizes and forks back
 //	kernelstate.go System V IPC and host names: refused or recorded at a checkpoint, reset at a restore
@@ -46,8 +47,9 @@
 //	sb.prepMu          next, nextGen, warm, building, warmClosed          briefly, around each access
 //	Manager.mu         nodes (uts too), sandboxes, templates, nextLayer   briefly; never across a
 //	                                                                      mount, fork or index wait
-//	sb.mu              execs, removed, sessions, sessionOpts, ended,      briefly
-//	                   warming, stats
+//	sb.mu              execs, adm (the queue of calls and switches),      briefly
+//	                   removed, sessions, sessionOpts, ended, warming,
+//	                   stats, oomSeen
 //
 // session.Session's and background's own mutexes are leaves: nothing is taken under them.
 //

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -10,34 +11,31 @@ import (
 
 // FileOp runs fn on sandbox id's current filesystem: root is an fd on the root of its
 // overlay (for internal/files, which confines paths to it), valid until fn returns;
-// workdir is the sandbox's working directory (relative paths start there).
+// workdir is the sandbox's working directory (relative paths start there). what names
+// the operation ("files write /workspace/x") for a checkpoint's or restore's 409.
 //
-// A file operation counts as a running command: the sandbox cannot switch state while
-// fn runs (checkpoint and restore answer 409), so fn works on the state it started on.
-// File operations may run in parallel with each other and with execs.
-func (m *Manager) FileOp(id string, fn func(root int, workdir string) error) error {
+// A file operation counts as a running call: the sandbox cannot switch state while fn
+// runs (a checkpoint or restore answers 409, or waits for it: op.go, admission), so fn
+// works on the state it started on. File operations may run in parallel with each other
+// and with execs.
+func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int, workdir string) error) error {
 	s, err := m.get(id)
 	if err != nil {
 		return err
 	}
-	if err := m.lockLive(s); err != nil {
+	c, err := m.enterCall(ctx, s, what)
+	if err != nil {
 		return err
 	}
+	defer c.end()
 	workdir := s.rec.Workdir
 	root, err := s.rt.RootFD()
 	if err != nil {
 		s.opMu.Unlock()
 		return fmt.Errorf("%v: %w", err, errdefs.ErrConflict)
 	}
-	s.mu.Lock()
-	s.execs++
-	s.mu.Unlock()
+	c.start()
 	s.opMu.Unlock()
-	defer func() {
-		unix.Close(root)
-		s.mu.Lock()
-		s.execs--
-		s.mu.Unlock()
-	}()
+	defer unix.Close(root)
 	return fn(root, workdir)
 }

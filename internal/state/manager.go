@@ -86,7 +86,9 @@ type sb struct {
 	tmplMu sync.Mutex
 
 	mu          sync.Mutex
-	execs       int
+	execs       int       // calls running (admission.running, counted)
+	adm         admission // calls and state switches in arrival order (op.go)
+	oomSeen     int64     // the memory limit's kill count when last read (Exec)
 	removed     bool
 	sessions    map[string]*session.Session
 	sessionOpts map[string]SessionOptions

@@ -1,7 +1,10 @@
 package state
 
 import (
+	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -11,6 +14,9 @@ import (
 // OpResult reports one checkpoint or restore. The wire form is defined once, in
 // apitypes.
 type OpResult = apitypes.OpResult
+
+// ms is d in milliseconds, to the microsecond (the answers' *_ms).
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // phase records the time since *t in r.PhasesUS under name and resets *t.
 func phase(r *OpResult, name string, t *time.Time) {
@@ -22,31 +28,275 @@ func phase(r *OpResult, name string, t *time.Time) {
 	*t = now
 }
 
-// beginOp locks s for a checkpoint or restore and refuses while an exec runs.
-// On success the caller holds s.opMu and treeMu (shared) and must call the returned func.
-func (m *Manager) beginOp(id, what string) (*sb, func(), error) {
+// ---- admission: calls and state switches ----
+//
+// A sandbox runs calls (execs and file operations, any number at once) or one state
+// switch (a checkpoint or a restore), never both: a switch replaces the filesystem and
+// the processes a call works on. Who goes first is decided by arrival, with this policy:
+//
+//   - A switch without a wait (wait_ms 0, the default) is refused at once (409, naming
+//     the calls) while a call runs. It queues behind nothing and no call waits for it
+//     but for the milliseconds it runs (opMu).
+//   - A switch with a wait queues: it starts once every call that arrived before it has
+//     ended (those running and those queued), or gives up when its wait is over (409,
+//     naming the calls it waited for, and for how long each has run).
+//   - A call that arrives while a switch is queued waits behind it until that switch has
+//     run or given up; so a stream of calls cannot starve a switch.
+//   - A switch waits at most its own wait, so it cannot starve the calls either: a call
+//     waits at most the waits of the switches that arrived before it, plus their run
+//     times. Calls run together; switches run one at a time (opMu).
+//
+// The queue is kept in arrival order (tickets) under sb.mu; waiters sleep on a channel
+// closed at every change (admission.changed), so that a wait can also end on its
+// deadline or on its caller's cancellation.
+
+// maxWait bounds a switch's wait: the calls queued behind it wait as long.
+const maxWait = 10 * time.Minute
+
+// admission is a sandbox's queue of calls and state switches (sb.adm, under sb.mu).
+type admission struct {
+	next    uint64
+	entries map[uint64]*arrival
+	changed chan struct{} // closed, and replaced, when an entry starts or leaves
+}
+
+// arrival is a call or a switch in the queue.
+type arrival struct {
+	op      bool   // a switch (else a call)
+	what    string // "exec `make test`", "files write /workspace/x", "checkpoint"
+	since   time.Time
+	started time.Time // zero while it waits
+}
+
+func (a *admission) arrive(op bool, what string) uint64 {
+	if a.entries == nil {
+		a.entries = map[uint64]*arrival{}
+	}
+	a.next++
+	a.entries[a.next] = &arrival{op: op, what: what, since: time.Now()}
+	return a.next
+}
+
+func (a *admission) wake() {
+	if a.changed != nil {
+		close(a.changed)
+		a.changed = nil
+	}
+}
+
+// waitCh is closed at the next change.
+func (a *admission) waitCh() <-chan struct{} {
+	if a.changed == nil {
+		a.changed = make(chan struct{})
+	}
+	return a.changed
+}
+
+func (a *admission) start(t uint64) {
+	if e := a.entries[t]; e != nil {
+		e.started = time.Now()
+	}
+	a.wake()
+}
+
+func (a *admission) leave(t uint64) {
+	delete(a.entries, t)
+	a.wake()
+}
+
+// before lists the arrivals of the other kind than t's that came before t, oldest first.
+func (a *admission) before(t uint64) []uint64 {
+	op := a.entries[t].op
+	var out []uint64
+	for u, e := range a.entries {
+		if u < t && e.op != op {
+			out = append(out, u)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// describe names the arrivals ts and how long each has run or waited.
+func (a *admission) describe(ts []uint64) string {
+	now := time.Now()
+	var parts []string
+	for _, t := range ts {
+		e := a.entries[t]
+		if e.started.IsZero() {
+			parts = append(parts, fmt.Sprintf("%s (queued %s ago behind another checkpoint or restore)", e.what, roundDur(now.Sub(e.since))))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s (running for %s)", e.what, roundDur(now.Sub(e.started))))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// running lists the calls that run now, oldest first.
+func (a *admission) running() []uint64 {
+	var out []uint64
+	for u, e := range a.entries {
+		if !e.op && !e.started.IsZero() {
+			out = append(out, u)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func roundDur(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
+}
+
+// call is a call admitted to a sandbox (enterCall).
+type call struct {
+	s *sb
+	t uint64
+}
+
+// enterCall queues a call (an exec, a file operation; what names it in a switch's 409)
+// behind the switches that arrived before it (see admission), then locks s.opMu and
+// checks that s is live (lockLive). On success the caller holds s.opMu: it marks the
+// call running with c.start() before it releases opMu, and ends it with c.end() (also
+// when it never started).
+func (m *Manager) enterCall(ctx context.Context, s *sb, what string) (*call, error) {
+	s.mu.Lock()
+	t := s.adm.arrive(false, what)
+	c := &call{s, t}
+	for len(s.adm.before(t)) > 0 {
+		ch := s.adm.waitCh()
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.end()
+			return nil, fmt.Errorf("abandoned while queued behind a checkpoint or restore of %s: %w", s.rec.ID, ctx.Err())
+		}
+		s.mu.Lock()
+	}
+	s.mu.Unlock()
+	if err := m.lockLive(s); err != nil {
+		c.end()
+		return nil, err
+	}
+	return c, nil
+}
+
+// start marks the call running: from now on a switch waits for its end. Precondition:
+// s.opMu held (enterCall), so that no switch runs.
+func (c *call) start() {
+	c.s.mu.Lock()
+	c.s.execs++
+	c.s.adm.start(c.t)
+	c.s.mu.Unlock()
+}
+
+// end takes the call out of the queue; switches waiting for it may go.
+func (c *call) end() {
+	c.s.mu.Lock()
+	if e := c.s.adm.entries[c.t]; e != nil && !e.started.IsZero() {
+		c.s.execs--
+	}
+	c.s.adm.leave(c.t)
+	c.s.mu.Unlock()
+}
+
+// beginOp locks s for a checkpoint or restore (what). With no wait it refuses (409)
+// while a call runs; with one it queues behind the calls that arrived before it, for
+// wait at most (see admission). On success the caller holds s.opMu and treeMu (shared)
+// and must call the returned func; waited is the time it spent in the queue.
+func (m *Manager) beginOp(ctx context.Context, id, what string, wait time.Duration) (_ *sb, _ func(), waited time.Duration, _ error) {
 	s, err := m.get(id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	if err := m.lockLive(s); err != nil {
-		return nil, nil, err
+	if wait > maxWait {
+		return nil, nil, 0, fmt.Errorf("a %s waits at most %v (wait_ms %d), not %v: %w", what, maxWait, maxWait.Milliseconds(), wait, errdefs.ErrInvalid)
 	}
+	var t uint64 // the switch's ticket when it queues
+	leave := func() {}
+	if wait > 0 {
+		t0 := time.Now()
+		if t, err = m.queueOp(ctx, s, what, wait); err != nil {
+			return nil, nil, 0, err
+		}
+		waited = time.Since(t0)
+		leave = func() {
+			s.mu.Lock()
+			s.adm.leave(t)
+			s.mu.Unlock()
+		}
+	} else if err := m.lockLive(s); err != nil {
+		return nil, nil, 0, err
+	}
+	// Held: s.opMu.
 	s.mu.Lock()
-	busy := s.execs
+	busy := s.adm.running()
+	desc := s.adm.describe(busy)
 	s.mu.Unlock()
-	if busy > 0 {
+	if len(busy) > 0 { // (never after a wait: calls that came later wait for this switch)
 		s.opMu.Unlock()
-		return nil, nil, fmt.Errorf("sandbox %s is running %d command(s); %s after they finish (or time out): %w", id, busy, what, errdefs.ErrConflict)
+		leave()
+		return nil, nil, 0, fmt.Errorf("sandbox %s is running %d call(s): %s; %s after they finish, or give it a wait (wait_ms; deltabox %s --wait) to queue behind them: %w", id, len(busy), desc, what, what, errdefs.ErrConflict)
 	}
 	// A warm-up of restored processes (procwarm.go) lets go of its process first.
 	if err := m.stopProcWarm(s); err != nil {
 		s.opMu.Unlock()
-		return nil, nil, err
+		leave()
+		return nil, nil, 0, err
 	}
 	end := s.bg.begin()
 	m.treeMu.RLock()
-	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end() }, nil
+	return s, func() { m.treeMu.RUnlock(); s.opMu.Unlock(); end(); leave() }, waited, nil
+}
+
+// queueOp queues a switch of s behind the calls that arrived before it and returns its
+// ticket once they have ended, with s.opMu held (lockLive); or refuses it with 409
+// naming them when wait is over. The caller takes the ticket out of the queue
+// (admission.leave) when the switch is done.
+func (m *Manager) queueOp(ctx context.Context, s *sb, what string, wait time.Duration) (uint64, error) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	s.mu.Lock()
+	t := s.adm.arrive(true, what)
+	for {
+		ahead := s.adm.before(t)
+		if len(ahead) == 0 {
+			break
+		}
+		ch := s.adm.waitCh()
+		s.mu.Unlock()
+		select {
+		case <-ch:
+			s.mu.Lock()
+			continue
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		ahead = s.adm.before(t)
+		if len(ahead) == 0 && ctx.Err() == nil {
+			break // the last one ended as the wait did
+		}
+		desc := s.adm.describe(ahead)
+		s.adm.leave(t)
+		s.mu.Unlock()
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("%s of %s abandoned while it waited for %s: %w", what, s.rec.ID, desc, ctx.Err())
+		}
+		return 0, fmt.Errorf("%s of %s waited %v for the calls that came before it, which still run: %s; wait longer (wait_ms), or end them: %w", what, s.rec.ID, wait, desc, errdefs.ErrConflict)
+	}
+	s.mu.Unlock()
+	if err := m.lockLive(s); err != nil {
+		s.mu.Lock()
+		s.adm.leave(t)
+		s.mu.Unlock()
+		return 0, err
+	}
+	return t, nil
 }
 
 // fail is the fault-injection point of step k of op (Manager.FailStep; tests only).

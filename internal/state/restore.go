@@ -89,16 +89,41 @@ type restore struct {
 	failure            error         // the step's error, for the undo's messages
 }
 
-// Restore puts the sandbox on node's files and, when this sandbox made the node while
-// processes ran, brings them back from the node's templates (same PIDs, same terminals),
-// as atomically as the PID constraint allows. The steps are restoreSteps.
-func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, err error) {
+// RestoreOptions are a restore's options.
+type RestoreOptions struct {
+	Node string
+	// Wait: queue behind the calls running or queued when the restore arrives, for this
+	// long at most (CheckpointOptions.Wait).
+	Wait time.Duration
+}
+
+// Restore is RestoreWith the node and no other option.
+func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, error) {
+	return m.RestoreWith(ctx, id, RestoreOptions{Node: nodeID})
+}
+
+// RestoreWith puts the sandbox on node's files and, when this sandbox made the node
+// while processes ran, brings them back from the node's templates (same PIDs, same
+// terminals), as atomically as the PID constraint allows. The steps are restoreSteps.
+// The answer reports the sandbox's memory after it (reportMemory).
+func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) (*OpResult, error) {
+	res, err := m.restoreLocked(ctx, id, o)
+	if err != nil {
+		return nil, err
+	}
+	m.reportMemory(res, id, "")
+	return res, nil
+}
+
+func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions) (_ *OpResult, err error) {
 	t0 := time.Now()
-	s, unlock, err := m.beginOp(id, "restore")
+	nodeID := o.Node
+	s, unlock, waited, err := m.beginOp(ctx, id, "restore", o.Wait)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	t0 = t0.Add(waited)
 	m.mu.Lock()
 	n, ok := m.nodes[nodeID]
 	var image string
@@ -109,7 +134,7 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 	if !ok {
 		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", nodeID, errdefs.ErrNotFound)
 	}
-	r := &restore{m: m, s: s, nodeID: nodeID, image: image, res: &OpResult{Sandbox: id}}
+	r := &restore{m: m, s: s, nodeID: nodeID, image: image, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {
 		if err != nil {
 			m.countFailed(s, "restore", r.refused)
@@ -135,7 +160,8 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (_ *OpResult, 
 		return nil, err
 	}
 	r.res.Node = m.nodeInfo(nodeID)
-	r.res.DurationMS = float64(time.Since(t0).Microseconds()) / 1000
+	r.res.DurationMS = ms(time.Since(t0))
+	r.res.Memory = m.memoryNow(s)
 	return r.res, nil
 }
 

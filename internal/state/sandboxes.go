@@ -10,7 +10,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
@@ -138,6 +141,9 @@ func (m *Manager) boot(s *sb) error {
 	}
 	s.rt, s.kns = rt, kns
 	s.err = nil
+	s.mu.Lock()
+	s.oomSeen = rt.OOMKills() // 0: a new cgroup
+	s.mu.Unlock()
 	m.prepareNext(s)
 	return nil
 }
@@ -298,8 +304,9 @@ func (m *Manager) Remove(id string) error {
 
 // ---- exec ----
 
-// Exec runs a command in the sandbox. Execs may run in parallel with each other;
-// a checkpoint or restore refuses (409) while one runs.
+// Exec runs a command in the sandbox. Execs may run in parallel with each other; a
+// checkpoint or restore refuses (409) while one runs, or waits for it (op.go:
+// admission), and an exec that arrives while one waits waits behind it.
 func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
 	if len(r.Argv) == 0 {
 		return nil, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalid)
@@ -308,9 +315,11 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := m.lockLive(s); err != nil {
+	c, err := m.enterCall(ctx, s, describeExec(r))
+	if err != nil {
 		return nil, err
 	}
+	defer c.end()
 	rt := s.rt
 	var sess *session.Session
 	var restarted bool
@@ -326,18 +335,34 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	} else if !filepath.IsAbs(r.Dir) {
 		r.Dir = filepath.Join(s.rec.Workdir, r.Dir)
 	}
+	c.start()
 	s.mu.Lock()
-	s.execs++
 	s.stats.Execs++
 	s.mu.Unlock()
+	// Kills by the memory limit: the count is read once the command is over (one read
+	// of the cgroup, tens of µs) and compared with the last one read before it
+	// started; a rise is told in the answer (oomNote) of every call that overlapped it.
+	limit := s.rec.Limits.MemoryBytes
+	s.mu.Lock()
+	oom0 := s.oomSeen
+	s.mu.Unlock()
+	oom := func(res *sandbox.ExecResult) string {
+		n := rt.OOMKills()
+		s.mu.Lock()
+		s.oomSeen = max(s.oomSeen, n)
+		s.mu.Unlock()
+		if n <= oom0 {
+			return ""
+		}
+		note := m.oomNote(id, limit, n-oom0)
+		if res != nil && res.ExitCode < 0 && res.Signal == int(unix.SIGKILL) && !res.TimedOut {
+			note = "killed by SIGKILL: " + note // (a timeout's kill is ours)
+		}
+		return note
+	}
 	// A warm-up of restored processes lets go of its process before any command runs.
 	werr := m.stopProcWarm(s)
 	s.opMu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.execs--
-		s.mu.Unlock()
-	}()
 	if werr != nil {
 		return nil, werr
 	}
@@ -345,6 +370,9 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		res, err := m.execSession(ctx, sess, r)
 		if res != nil {
 			res.Session, res.SessionRestarted = r.Session, restarted
+			res.OOM = oom(res)
+		} else if note := oom(nil); note != "" {
+			err = fmt.Errorf("%w: %s", err, note)
 		}
 		return res, err
 	}
@@ -355,7 +383,23 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	if err != nil { // the command could not start: not found, bad directory
 		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
 	}
+	res.OOM = oom(res)
 	return res, nil
+}
+
+// describeExec names an exec for a switch's 409 (op.go: admission.describe).
+func describeExec(r sandbox.ExecRequest) string {
+	text := strings.Join(r.Argv, " ")
+	if i := strings.IndexByte(text, '\n'); i >= 0 {
+		text = text[:i] + " ..."
+	}
+	if len(text) > 60 {
+		text = text[:57] + "..."
+	}
+	if r.Session != "" {
+		return fmt.Sprintf("a call to session %s (%q)", r.Session, text)
+	}
+	return fmt.Sprintf("exec %q", text)
 }
 
 // ---- layers ----

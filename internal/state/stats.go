@@ -1,7 +1,11 @@
 package state
 
 import (
+	"fmt"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -162,4 +166,126 @@ func templateMemory(host int, maxAge time.Duration) (fastpath.Memory, error) {
 	}
 	memCache.m[host] = memEntry{now, mem}
 	return mem, nil
+}
+
+// ---- memory in answers: what templates hold of the limit ----
+
+// OpMemory is a sandbox's memory after a checkpoint or restore. The wire form is
+// defined once, in apitypes.
+type OpMemory = apitypes.OpMemory
+
+// memoryNow is s's limit and usage (one read of its memory cgroup). Precondition:
+// s.opMu held.
+func (m *Manager) memoryNow(s *sb) *OpMemory {
+	if s.rt == nil {
+		return nil
+	}
+	return &OpMemory{LimitBytes: s.rec.Limits.MemoryBytes, UsageBytes: s.rt.MemoryUsage()}
+}
+
+// reportMemory completes res.Memory after an operation of sandbox id, outside its
+// locks: the resident memory of the templates of node (a checkpoint's new node; "" for
+// a restore), from /proc/PID/statm (a few µs each: it walks nothing); and, only when
+// the sandbox uses over half its limit, what all of its templates hold (smaps_rollup:
+// about 1 ms per 100 MB of template, too much for every answer; below half the limit
+// the templates, which are in the sandbox's memory cgroup, cannot hold more than half
+// of it), with a warning when they hold over half the limit. A template's share is its
+// pss_bytes: pages it shares with the live processes or other templates are split
+// between them.
+func (m *Manager) reportMemory(res *OpResult, id, node string) {
+	mem := res.Memory
+	if mem == nil {
+		return
+	}
+	if node != "" {
+		m.mu.Lock()
+		var hosts []int
+		for _, t := range m.templates[node] {
+			if t.sandbox == id {
+				hosts = append(hosts, t.tmpl.HostPid)
+			}
+		}
+		m.mu.Unlock()
+		for _, h := range hosts {
+			if rss, err := statmRSS(h); err == nil {
+				mem.NodeTemplatesRSS += rss
+			}
+		}
+	}
+	if mem.LimitBytes <= 0 || mem.UsageBytes <= mem.LimitBytes/2 {
+		return
+	}
+	perNode, perSandbox, _ := m.templateCosts(nil, id, time.Second)
+	mem.Templates = perSandbox[id]
+	if mem.Templates == nil || mem.Templates.Pss <= mem.LimitBytes/2 {
+		return
+	}
+	res.Warnings = append(res.Warnings, fmt.Sprintf("the templates of this sandbox's checkpoints hold %s of its %s memory limit (%d processes kept by %d nodes%s; the sandbox uses %s): a process that writes more memory may be OOM-killed. Remove the nodes you no longer need (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python; their templates go with them), or create the sandbox with more memory (memory_mb)",
+		mib(mem.Templates.Pss), mib(mem.LimitBytes), mem.Templates.Processes, len(perNode), topNodes(perNode, 3), mib(mem.UsageBytes)))
+}
+
+// oomNote explains kills (how many processes the sandbox's memory limit made the kernel
+// kill during a call) for that call's answer: the limit, and what holds the memory, the
+// templates of the sandbox's checkpoints included (measured now: rare enough).
+func (m *Manager) oomNote(id string, limit, kills int64) string {
+	perNode, perSandbox, _ := m.templateCosts(nil, id, 0)
+	held := ""
+	if t := perSandbox[id]; t != nil && t.Pss >= 1<<20 {
+		held = fmt.Sprintf("; %s of it are held by the templates of the sandbox's checkpoints (%d processes kept by %d nodes%s): remove the nodes you no longer need (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with more memory (memory_mb)",
+			mib(t.Pss), t.Processes, len(perNode), topNodes(perNode, 3))
+	} else {
+		held = "; no checkpoint template holds any of it: the sandbox's own processes used it (create the sandbox with more memory: memory_mb)"
+	}
+	return fmt.Sprintf("the sandbox's memory limit (%s) was reached: the kernel killed %d of its processes%s", mib(limit), kills, held)
+}
+
+// topNodes names the n nodes whose templates hold the most (pss), for messages.
+func topNodes(perNode map[string]*TemplateInfo, n int) string {
+	ids := make([]string, 0, len(perNode))
+	for id := range perNode {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		if perNode[ids[i]].Pss != perNode[ids[j]].Pss {
+			return perNode[ids[i]].Pss > perNode[ids[j]].Pss
+		}
+		return ids[i] < ids[j]
+	})
+	var parts []string
+	for i, id := range ids {
+		if i == n {
+			parts = append(parts, "...")
+			break
+		}
+		parts = append(parts, id+" "+mib(perNode[id].Pss))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(parts, ", ")
+}
+
+func mib(b int64) string {
+	if b >= 10<<20 || b%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", b>>20)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+// statmRSS is hostPid's resident memory from /proc/PID/statm: counters the kernel
+// keeps, read without walking the page tables.
+func statmRSS(hostPid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/statm")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	return pages * int64(os.Getpagesize()), nil
 }

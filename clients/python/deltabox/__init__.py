@@ -24,15 +24,18 @@ has the same API with coroutines (``AsyncSandbox``, ``AsyncClient``).
 
 from ._http import DEFAULT_SOCKET
 from .client import Client, default_client
+from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
-                     NotFound, RequestTimeout, Unavailable)
-from .models import Checkpoint, FileInfo, Listing, Node, RestoreResult, Result, Templates, Tree
-from .sandbox import Files, Session, Sessions, Sandbox
+                     MemoryWarning, NotFound, RequestTimeout, Unavailable)
+from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
+                     SandboxMemory, Templates, Tree)
+from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "DEFAULT_SOCKET",
+    "DEFAULT_WAIT",
     "Checkpoint",
     "Client",
     "CommandError",
@@ -41,14 +44,18 @@ __all__ = [
     "DeltaBoxError",
     "FileInfo",
     "Files",
+    "Images",
     "InvalidRequest",
     "Listing",
+    "MemoryWarning",
     "Node",
     "NotFound",
+    "OpMemory",
     "RequestTimeout",
     "RestoreResult",
     "Result",
     "Sandbox",
+    "SandboxMemory",
     "Session",
     "Sessions",
     "Templates",

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import (Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Sequence,
                     TypeVar, Union)
 
-from .client import Client
-from .models import Checkpoint, FileInfo, Listing, RestoreResult, Result, Tree
-from .sandbox import Command, Files, Sandbox, Session, Sessions
+from .client import Client, OnProgress
+from .models import Checkpoint, FileInfo, Listing, RestoreResult, Result, SandboxMemory, Tree
+from .sandbox import DEFAULT_WAIT, Command, Files, Sandbox, Session, Sessions
 
 T = TypeVar("T")
 
@@ -64,6 +64,8 @@ class AsyncClient:
                  max_workers: int = 64, client: Optional[Client] = None) -> None:
         self.blocking = client if client is not None else Client(socket_path, timeout=timeout)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="deltabox-aio")
+        #: ``await client.images()`` lists them; ``await client.images.import_(...)``.
+        self.images = AsyncImages(self)
 
     def __repr__(self) -> str:
         return "AsyncClient(socket_path=%r)" % self.blocking.socket_path
@@ -89,9 +91,6 @@ class AsyncClient:
 
     async def health(self) -> Dict[str, Any]:
         return await self.call(self.blocking.health)
-
-    async def images(self) -> List[Dict[str, Any]]:
-        return await self.call(self.blocking.images)
 
     async def sync(self) -> None:
         """Returns once every change made so far (checkpoints included) is durable."""
@@ -122,6 +121,31 @@ class AsyncClient:
         create_kwargs.setdefault("client", self.blocking)
         made = await self.call(checkpoint.fork, count, **create_kwargs)
         return [AsyncSandbox(s, self) for s in made]
+
+
+class AsyncImages:
+    """``client.images`` of an AsyncClient (:class:`~deltabox.client.Images`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def __call__(self) -> List[Dict[str, Any]]:
+        return await self.list()
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await self._c.call(self._c.blocking.images.list)
+
+    async def import_(self, name: str, source: str, allow_setuid: bool = False,
+                      max_bytes: Optional[int] = None, max_entries: Optional[int] = None,
+                      on_progress: Optional[OnProgress] = None) -> Dict[str, Any]:
+        """:meth:`Images.import_`; ``on_progress`` is called on the client's pool
+        thread."""
+        return await self._c.call(self._c.blocking.images.import_, name, source,
+                                  allow_setuid=allow_setuid, max_bytes=max_bytes,
+                                  max_entries=max_entries, on_progress=on_progress)
+
+    async def remove(self, name: str) -> None:
+        await self._c.call(self._c.blocking.images.remove, name)
 
 
 _default = None  # type: Optional[AsyncClient]
@@ -171,12 +195,14 @@ class AsyncSandbox:
                      name: Optional[str] = None, memory_mb: Optional[int] = None,
                      pids: Optional[int] = None, cpus: Optional[float] = None,
                      hostname: Optional[str] = None, warm_processes: bool = False,
-                     client: Optional[AsyncClient] = None) -> "AsyncSandbox":
+                     client: Optional[AsyncClient] = None,
+                     remove_nodes: bool = False) -> "AsyncSandbox":
         """:meth:`Sandbox.create`."""
         c = _async_client(client)
         sb = await c.call(Sandbox.create, image=image, workdir=workdir, name=name,
                           memory_mb=memory_mb, pids=pids, cpus=cpus, hostname=hostname,
-                          warm_processes=warm_processes, client=c.blocking)
+                          warm_processes=warm_processes, client=c.blocking,
+                          remove_nodes=remove_nodes)
         return cls(sb, c)
 
     @classmethod
@@ -191,9 +217,14 @@ class AsyncSandbox:
     async def remove(self) -> None:
         await self.client.call(self.blocking.remove)
 
-    async def close(self) -> None:
-        """Removes the sandbox if it still exists; safe to call twice."""
-        await self.client.call(self.blocking.close)
+    async def close(self, remove_nodes: Optional[bool] = None) -> None:
+        """Removes the sandbox if it still exists; safe to call twice
+        (:meth:`Sandbox.close`: ``remove_nodes``)."""
+        await self.client.call(self.blocking.close, remove_nodes)
+
+    async def remove_nodes(self) -> List[str]:
+        """:meth:`Sandbox.remove_nodes`."""
+        return await self.client.call(self.blocking.remove_nodes)
 
     kill = close
 
@@ -213,6 +244,10 @@ class AsyncSandbox:
     async def status(self) -> str:
         return (await self.info()).get("status") or ""
 
+    async def memory(self) -> SandboxMemory:
+        """:meth:`Sandbox.memory`."""
+        return await self.client.call(self.blocking.memory)
+
     async def run(self, cmd: Command, timeout: Optional[float] = None,
                   session: Union[str, bool, None] = None,
                   env: Union[Mapping[str, Any], Iterable[str], None] = None,
@@ -227,14 +262,16 @@ class AsyncSandbox:
                                       env=env, cwd=cwd, stdin=stdin, on_output=cb,
                                       output_limit=output_limit)
 
-    async def checkpoint(self, label: Optional[str] = None,
-                         end_background: bool = False) -> Checkpoint:
-        """:meth:`Sandbox.checkpoint`."""
-        return await self.client.call(self.blocking.checkpoint, label, end_background)
+    async def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
+                         wait: Optional[float] = DEFAULT_WAIT) -> Checkpoint:
+        """:meth:`Sandbox.checkpoint` (it queues behind running commands for ``wait``
+        seconds: those of other tasks of this sandbox)."""
+        return await self.client.call(self.blocking.checkpoint, label, end_background, wait)
 
-    async def restore(self, checkpoint: Union[Checkpoint, str]) -> RestoreResult:
+    async def restore(self, checkpoint: Union[Checkpoint, str],
+                      wait: Optional[float] = DEFAULT_WAIT) -> RestoreResult:
         """:meth:`Sandbox.restore`."""
-        return await self.client.call(self.blocking.restore, checkpoint)
+        return await self.client.call(self.blocking.restore, checkpoint, wait)
 
     async def fork(self, count: int = 1, label: Optional[str] = None,
                    **create_kwargs: Any) -> List["AsyncSandbox"]:

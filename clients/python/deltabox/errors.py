@@ -43,8 +43,17 @@ class NotFound(DeltaBoxError):
 
 
 class Conflict(DeltaBoxError):
-    """409 ``conflict``: busy (a command runs during checkpoint/restore), id already
-    used, a checkpoint a sandbox stands on, a session call already running."""
+    """409 ``conflict``: busy (a command still runs when a checkpoint's or restore's
+    ``wait`` is over), id already used, a checkpoint a sandbox stands on, a session call
+    already running."""
+
+
+class MemoryWarning(UserWarning):
+    """Warned (``warnings.warn``) by a checkpoint or restore whose answer has
+    ``warnings``: the process templates of the sandbox's checkpoints hold over half of
+    its memory limit, and a process that writes more memory may be OOM-killed. Remove
+    the nodes you no longer need (``ckpt.remove()``), or give the sandbox more memory
+    (``memory_mb``). The text is also in ``ckpt.warnings``."""
 
 
 class Unavailable(DeltaBoxError):
@@ -90,6 +99,9 @@ class CommandError(DeltaBoxError):
             if len(tail) > 2000:
                 tail = "..." + tail[-2000:]
             msg += ":\n" + tail
+        oom = getattr(result, "oom", None)
+        if oom:
+            msg += "\n" + oom
         super().__init__("command_failed", msg, None)
 
 

@@ -1,10 +1,10 @@
 """The values the client returns: Result, Checkpoint (a node of the snapshot tree),
-Templates, RestoreResult, Tree, FileInfo and Listing."""
+Templates, OpMemory, SandboxMemory, RestoreResult, Tree, FileInfo and Listing."""
 
 import datetime as _dt
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Set
 
 from .errors import CommandError, NotFound
 
@@ -58,6 +58,10 @@ class Result:
             visible marker at the end).
         session_restarted: the session had been ended by a checkpoint or restore and
             was started again for this call (its state is gone).
+        oom: set when the sandbox's memory limit made the kernel kill a process
+            while the command ran (this command's, or another of the sandbox's): the
+            limit, how much of it the templates of the sandbox's checkpoints hold, by
+            node, and what to do. :meth:`check` raises with it.
     """
 
     exit_code: int
@@ -71,6 +75,7 @@ class Result:
     session: Optional[str] = None
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    oom: Optional[str] = None
     argv: Optional[List[str]] = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -88,6 +93,7 @@ class Result:
             session=d.get("session") or None,
             stdout_truncated=so,
             stderr_truncated=se,
+            oom=d.get("oom") or None,
             argv=argv,
         )
 
@@ -132,6 +138,71 @@ class Templates:
                    rss_bytes=int(d.get("rss_bytes") or 0),
                    pss_bytes=int(d.get("pss_bytes") or 0),
                    private_dirty_bytes=int(d.get("private_dirty_bytes") or 0))
+
+
+@dataclass
+class OpMemory:
+    """The sandbox's memory after a checkpoint or restore (``ckpt.memory``,
+    ``result.memory``). A node's process templates are stopped processes of the
+    sandbox: they count against its memory limit (docs/API.md, "Memory of checkpoints").
+
+    Attributes:
+        limit_bytes: the sandbox's memory limit.
+        usage_bytes: what the sandbox uses now, templates and page cache included (what
+            the limit caps).
+        node_templates_rss_bytes: (a checkpoint's) resident memory of the templates it
+            forked: shared with the live processes at first, the most the node comes to
+            hold alone as they rewrite their memory.
+        templates: every template of the sandbox and what they hold
+            (``pss_bytes``: their share), measured only when the sandbox uses over half
+            its limit (None otherwise: they cannot hold more than half of it).
+    """
+
+    limit_bytes: int = 0
+    usage_bytes: int = 0
+    node_templates_rss_bytes: int = 0
+    templates: Optional[Templates] = None
+
+    @classmethod
+    def from_api(cls, d: Any) -> Optional["OpMemory"]:
+        if not isinstance(d, dict):
+            return None
+        return cls(limit_bytes=int(d.get("limit_bytes") or 0),
+                   usage_bytes=int(d.get("usage_bytes") or 0),
+                   node_templates_rss_bytes=int(d.get("node_templates_rss_bytes") or 0),
+                   templates=Templates.from_api(d.get("templates")))
+
+
+@dataclass
+class SandboxMemory:
+    """``sb.memory()``: a sandbox's memory limit, what it uses, and what the process
+    templates of its checkpoints (every node's) cost.
+
+    Attributes:
+        limit_bytes: its memory limit (``memory_mb``).
+        usage_bytes, peak_bytes: what it uses now (templates included) and the most it
+            used.
+        oom_kills: processes the limit made the kernel kill so far.
+        templates: its templates' total (None when it has none); ``pss_bytes`` is
+            their share of the usage, ``private_dirty_bytes`` what removing their nodes
+            frees.
+    """
+
+    limit_bytes: int = 0
+    usage_bytes: int = 0
+    peak_bytes: int = 0
+    oom_kills: int = 0
+    templates: Optional[Templates] = None
+
+    @classmethod
+    def from_info(cls, info: Dict[str, Any]) -> "SandboxMemory":
+        limits = info.get("limits") or {}
+        usage = info.get("usage") or {}
+        return cls(limit_bytes=int(limits.get("memory_bytes") or 0),
+                   usage_bytes=int(usage.get("memory_bytes") or 0),
+                   peak_bytes=int(usage.get("memory_peak_bytes") or 0),
+                   oom_kills=int(usage.get("oom_kills") or 0),
+                   templates=Templates.from_api(info.get("templates")))
 
 
 def _phases(d: Dict[str, Any]) -> Dict[str, int]:
@@ -184,6 +255,12 @@ class Checkpoint:
         duration: seconds inside the daemon.
         phases_us: microseconds per step (seize, fork, kill, upper, freeze, mount,
             move, publish, ...).
+        waited: seconds it queued behind running commands (``wait``) before it
+            started (not part of ``duration``).
+        memory: the sandbox's memory after it (:class:`OpMemory`): its limit, usage,
+            and the new templates' resident memory.
+        warnings: what to act on, such as templates holding over half the memory
+            limit (also raised as a :class:`~deltabox.MemoryWarning`).
     """
 
     id: str
@@ -209,6 +286,9 @@ class Checkpoint:
     prepared: Optional[bool] = None
     duration: Optional[float] = None
     phases_us: Dict[str, int] = field(default_factory=dict)
+    waited: Optional[float] = None
+    memory: Optional[OpMemory] = None
+    warnings: List[str] = field(default_factory=list)
     _client: Optional["Client"] = field(default=None, repr=False, compare=False)
     _workdir: Optional[str] = field(default=None, repr=False, compare=False)
 
@@ -243,6 +323,9 @@ class Checkpoint:
             c.prepared = bool(op.get("prepared"))
             c.duration = float(op.get("duration_ms") or 0.0) / 1000.0
             c.phases_us = _phases(op)
+            c.waited = float(op.get("waited_ms") or 0.0) / 1000.0
+            c.memory = OpMemory.from_api(op.get("memory"))
+            c.warnings = [str(w) for w in (op.get("warnings") or [])]
         return c
 
     def __str__(self) -> str:
@@ -267,6 +350,9 @@ class Checkpoint:
         its init, and its sessions start afresh on their first call
         (``session_restarted``). If one creation or restore fails, the sandboxes made
         so far are removed and the error is raised.
+
+        ``name=`` names the fork; with ``count`` > 1 the forks are ``name-0``,
+        ``name-1``, ... (a name is unique among sandboxes).
         """
         if count < 1:
             raise ValueError("fork count must be >= 1, got %r" % (count,))
@@ -286,9 +372,12 @@ class Checkpoint:
             if workdir is not None:
                 kw["workdir"] = workdir
         kw.setdefault("client", client)
+        name = kw.pop("name", None)
         made = []  # type: List[Sandbox]
         try:
-            for _ in range(count):
+            for i in range(count):
+                if name is not None:
+                    kw["name"] = name if count == 1 else "%s-%d" % (name, i)
                 sb = Sandbox.create(**kw)
                 made.append(sb)
                 sb.restore(self)
@@ -340,6 +429,9 @@ class RestoreResult:
             process of theirs (made without them, or in another sandbox), or theirs
             could not be resumed; their next call starts them afresh
             (``session_restarted``).
+        waited: seconds it queued behind running commands (``wait``).
+        memory: the sandbox's memory after it (:class:`OpMemory`).
+        warnings: what to act on (templates holding over half the memory limit).
     """
 
     node: Checkpoint
@@ -353,6 +445,9 @@ class RestoreResult:
     phases_us: Dict[str, int] = field(default_factory=dict)
     sessions_restored: List[str] = field(default_factory=list)
     sessions_ended: List[str] = field(default_factory=list)
+    waited: float = 0.0
+    memory: Optional[OpMemory] = None
+    warnings: List[str] = field(default_factory=list)
 
     @classmethod
     def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None,
@@ -369,6 +464,9 @@ class RestoreResult:
             phases_us=_phases(d),
             sessions_restored=[str(s) for s in (d.get("sessions") or [])],
             sessions_ended=[str(s) for s in (d.get("sessions_ended") or [])],
+            waited=float(d.get("waited_ms") or 0.0) / 1000.0,
+            memory=OpMemory.from_api(d.get("memory")),
+            warnings=[str(w) for w in (d.get("warnings") or [])],
         )
 
     @property
@@ -386,11 +484,12 @@ class Tree:
     """The snapshot tree: every node (a :class:`Checkpoint`), oldest first.
 
     Attributes:
-        nodes: id -> Checkpoint, in creation order.
+        nodes: id -> Checkpoint, in creation order (every node of the daemon's tree).
         roots: nodes directly on an image.
         on_image: image -> sandboxes standing on the image with no node yet.
         head: for ``sb.tree()``, the node that sandbox stands on (None: its image).
-        sandbox: for ``sb.tree()``, that sandbox's id.
+        sandbox: for ``sb.tree()``, that sandbox's id; :meth:`render` then shows its
+            lineage only (:meth:`lineage`).
     """
 
     nodes: Dict[str, Checkpoint] = field(default_factory=dict)
@@ -441,8 +540,40 @@ class Tree:
         """Nodes with no children."""
         return [n for n in self.nodes.values() if not n.children]
 
-    def render(self) -> str:
-        """The tree as indented text, one node a line, grouped by image."""
+    def lineage(self, sandbox: Optional[str] = None) -> "Tree":
+        """The part of the tree one sandbox made or stands on (default: this tree's
+        ``sandbox``): the nodes it made, the node it stands on, and their ancestors
+        down to the image. The other nodes, other users' included, are left out;
+        ``children`` of the nodes kept name only kept nodes."""
+        sid = sandbox if sandbox is not None else self.sandbox
+        if sid is None:
+            raise ValueError("lineage of which sandbox? (sb.tree() knows; else pass sandbox=)")
+        keep = set()  # type: Set[str]
+        starts = [n.id for n in self.nodes.values() if n.sandbox == sid or sid in n.sandboxes]
+        if sid == self.sandbox and self.head:
+            starts.append(self.head)
+        for nid in starts:
+            cur = self.nodes.get(nid)
+            while cur is not None and cur.id not in keep:
+                keep.add(cur.id)
+                cur = self.nodes.get(cur.parent) if cur.parent else None
+        nodes = {}  # type: Dict[str, Checkpoint]
+        for nid, n in self.nodes.items():
+            if nid in keep:
+                nodes[nid] = replace(n, children=[c for c in n.children if c in keep])
+        on_image = {im: [x for x in sbs if x == sid] for im, sbs in self.on_image.items()}
+        return Tree(nodes=nodes, roots=[r for r in self.roots if r in keep],
+                    on_image={im: v for im, v in on_image.items() if v},
+                    head=self.head if sid == self.sandbox else None, sandbox=sid)
+
+    def render(self, all: bool = False) -> str:
+        """The tree as indented text, one node a line, grouped by image, with each
+        node's templates and what they hold alone. For ``sb.tree()`` only that
+        sandbox's lineage (:meth:`lineage`) unless ``all``."""
+        if self.sandbox is not None and not all:
+            view = self.lineage()
+            view.sandbox = None
+            return view.render()
         lines = []  # type: List[str]
 
         def walk(nid: str, prefix: str, last: bool) -> None:
@@ -450,6 +581,10 @@ class Tree:
             desc = n.id
             if n.label:
                 desc += " %r" % n.label
+            t = n.templates
+            if t is not None and t.processes:
+                desc += " [%d process%s, %s private]" % (
+                    t.processes, "" if t.processes == 1 else "es", _mib(t.private_dirty_bytes))
             if n.sandboxes:
                 desc += " <- " + ", ".join(n.sandboxes)
             if self.head == n.id:
@@ -476,6 +611,12 @@ class Tree:
             for i, r in enumerate(roots):
                 walk(r, "", i == len(roots) - 1)
         return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    if n >= 10 << 20:
+        return "%d MiB" % (n >> 20)
+    return "%.1f MiB" % (n / float(1 << 20))
 
 
 @dataclass

@@ -2,13 +2,15 @@
 
 import datetime as _dt
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Union)
 
 from ._http import q
-from .errors import NotFound, from_answer
-from .models import Checkpoint, FileInfo, Listing, RestoreResult, Result, Tree, parse_time
+from .errors import Conflict, MemoryWarning, NotFound, from_answer
+from .models import (Checkpoint, FileInfo, Listing, RestoreResult, Result, SandboxMemory, Tree,
+                     parse_time)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -19,6 +21,17 @@ Command = Union[str, Sequence[str]]
 # Extra seconds the client waits for an answer beyond a command's own timeout
 # (the daemon reads output for 200 ms more, then answers).
 _ANSWER_GRACE = 60.0
+
+# How long checkpoint() and restore() queue behind running commands and file operations
+# by default, in seconds, before the daemon answers Conflict. The daemon's own default
+# is 0 (refuse at once); a few seconds cover the short calls an agent makes from other
+# threads (a file write, a quick command) without a retry loop, while a long command
+# still gives a Conflict soon, naming it. Calls made meanwhile wait behind the
+# checkpoint (docs/API.md, "Checkpoints that wait").
+DEFAULT_WAIT = 5.0
+
+# The daemon's bound on a wait (wait_ms 600000).
+_MAX_WAIT = 600.0
 
 
 def _client_or_default(client: Optional["Client"]) -> "Client":
@@ -48,6 +61,20 @@ def _timeout_ms(timeout: Optional[float]) -> Optional[int]:
     return max(1, int(round(timeout * 1000)))
 
 
+def _wait_ms(wait: Optional[float]) -> int:
+    if wait is None:
+        return 0
+    if not 0 <= wait <= _MAX_WAIT:
+        raise ValueError("wait is in seconds, 0 to %d (None or 0: refuse at once while a "
+                         "command runs), got %r" % (_MAX_WAIT, wait))
+    return int(round(wait * 1000))
+
+
+def _warn(ws: List[str]) -> None:
+    for w in ws:
+        warnings.warn(w, MemoryWarning, stacklevel=3)
+
+
 def _mode(mode: Union[int, str, None]) -> Optional[str]:
     if mode is None:
         return None
@@ -74,11 +101,13 @@ class Sandbox:
     """
 
     def __init__(self, id: str, client: Optional["Client"] = None,
-                 info: Optional[Dict[str, Any]] = None) -> None:
+                 info: Optional[Dict[str, Any]] = None, remove_nodes: bool = False) -> None:
         self.id = id
         self.client = _client_or_default(client)
         self._info = dict(info or {})
         self._closed = False
+        # close() (the end of a with block) also removes the nodes it made.
+        self.remove_nodes_on_close = remove_nodes
         self.files = Files(self)
         self.sessions = Sessions(self)
 
@@ -89,7 +118,7 @@ class Sandbox:
                name: Optional[str] = None, memory_mb: Optional[int] = None,
                pids: Optional[int] = None, cpus: Optional[float] = None,
                hostname: Optional[str] = None, warm_processes: bool = False,
-               client: Optional["Client"] = None) -> "Sandbox":
+               client: Optional["Client"] = None, remove_nodes: bool = False) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -102,6 +131,10 @@ class Sandbox:
                 pages the restored processes had written (faster first command
                 after a pause, slower next restore; see docs/DESIGN.md).
             client: default: a client of $DELTABOX_SOCKET or the default socket.
+            remove_nodes: :meth:`close` (so the end of a ``with`` block) also removes
+                the checkpoints this sandbox made that nothing else uses
+                (:meth:`remove_nodes`). Default False: nodes outlive their sandbox (to
+                fork or inspect them later), but its process templates go with it.
         """
         c = _client_or_default(client)
         body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
@@ -112,7 +145,7 @@ class Sandbox:
         if warm_processes:
             body["warm_processes"] = True
         info = c._t.json("POST", "/sandboxes", body)
-        return cls(info["id"], c, info)
+        return cls(info["id"], c, info, remove_nodes=remove_nodes)
 
     @classmethod
     def connect(cls, id: str, client: Optional["Client"] = None) -> "Sandbox":
@@ -132,14 +165,45 @@ class Sandbox:
         self.client._t.json("DELETE", "/sandboxes/" + q(self.id))
         self._closed = True
 
-    def close(self) -> None:
-        """Removes the sandbox if it still exists; safe to call twice."""
-        if self._closed:
-            return
-        try:
-            self.remove()
-        except NotFound:
-            self._closed = True
+    def close(self, remove_nodes: Optional[bool] = None) -> None:
+        """Removes the sandbox if it still exists; safe to call twice. With
+        ``remove_nodes`` (default: the ``remove_nodes`` it was created with) the
+        checkpoints it made that nothing else uses go too (:meth:`remove_nodes`)."""
+        if remove_nodes is None:
+            remove_nodes = self.remove_nodes_on_close
+        if not self._closed:
+            try:
+                self.remove()
+            except NotFound:
+                self._closed = True
+        if remove_nodes:
+            self.remove_nodes()
+
+    def remove_nodes(self) -> List[str]:
+        """Removes the checkpoints (nodes) this sandbox made that nothing else uses,
+        and returns their ids. A node is kept when a sandbox stands on it or below it,
+        or when a node below it was made by another sandbox (a fork's checkpoint): those
+        are someone else's. Removing a node ends its process templates and frees its
+        layers. Call it after :meth:`remove` (a live sandbox stands on its head, which is
+        then kept), or use ``close(remove_nodes=True)``."""
+        t = self.client.tree()
+        memo = {}  # type: Dict[str, bool]
+
+        def removable(nid: str) -> bool:
+            if nid not in memo:
+                n = t.nodes[nid]
+                memo[nid] = (n.sandbox == self.id and not n.sandboxes and
+                             all(removable(c) for c in n.children if c in t.nodes))
+            return memo[nid]
+
+        removed = []  # type: List[str]
+        for n in t:
+            if removable(n.id) and not (n.parent in t.nodes and removable(n.parent)):
+                try:
+                    removed.extend(self.client.remove_checkpoint(n.id))
+                except (Conflict, NotFound):
+                    pass  # used or removed meanwhile
+        return removed
 
     kill = close
 
@@ -177,6 +241,12 @@ class Sandbox:
     def status(self) -> str:
         """``running``, or ``broken`` (see ``info()["error"]``)."""
         return self.info().get("status") or ""
+
+    def memory(self) -> SandboxMemory:
+        """Its memory limit, what it uses, and what the process templates of its
+        checkpoints hold (:class:`SandboxMemory`): templates count against the limit
+        (docs/API.md, "Memory of checkpoints")."""
+        return SandboxMemory.from_info(self.info())
 
     # ---- commands ----
 
@@ -259,7 +329,8 @@ class Sandbox:
 
     # ---- checkpoints ----
 
-    def checkpoint(self, label: Optional[str] = None, end_background: bool = False) -> Checkpoint:
+    def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
+                   wait: Optional[float] = DEFAULT_WAIT) -> Checkpoint:
         """Freezes the sandbox's files and its processes (its bash and python sessions',
         and background jobs a command left) into a new node of the tree, in one atomic
         step, and returns it: ``ckpt.processes`` says how many processes the node
@@ -267,19 +338,41 @@ class Sandbox:
         ``ckpt.killed_processes`` how many were ended (``end_background``), and
         ``ckpt.refresh().templates.sessions`` which sessions it carries.
 
-        Conflict while a command runs in the sandbox, and Conflict naming the session
-        or process and the reason when a process cannot be checkpointed with its state
-        (a pipe, a socket, threads, child processes...; nothing is changed). With
-        ``end_background=True`` such processes outside the sessions are ended instead."""
+        While commands or file operations run (from other threads), it queues behind
+        them for ``wait`` seconds at most (default 5; calls made meanwhile wait behind
+        it), then raises Conflict naming them; ``wait=0`` raises at once. Conflict
+        too, naming the session or process and the reason, when a process cannot be
+        checkpointed with its state (a pipe, a socket, threads, child processes...;
+        nothing is changed). With ``end_background=True`` such processes outside the
+        sessions are ended instead.
+
+        ``ckpt.memory`` is the sandbox's memory after it (the new templates' resident
+        memory included); when the templates of its checkpoints hold over half its
+        memory limit, ``ckpt.warnings`` says so and a :class:`~deltabox.MemoryWarning`
+        is warned."""
         body = {}  # type: Dict[str, Any]
         if label:
             body["label"] = label
         if end_background:
             body["end_background"] = True
-        d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body)
-        return Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
+        ms = _wait_ms(wait)
+        if ms:
+            body["wait_ms"] = ms
+        d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body,
+                                timeout=self._op_timeout(ms))
+        ck = Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
+        _warn(ck.warnings)
+        return ck
 
-    def restore(self, checkpoint: Union[Checkpoint, str]) -> RestoreResult:
+    def _op_timeout(self, wait_ms: int) -> Optional[float]:
+        """The client's timeout, stretched to cover a wait."""
+        t = self.client._t.timeout
+        if t is None:
+            return None
+        return max(t, wait_ms / 1000.0 + _ANSWER_GRACE)
+
+    def restore(self, checkpoint: Union[Checkpoint, str],
+                wait: Optional[float] = DEFAULT_WAIT) -> RestoreResult:
         """Rolls the sandbox back (or over) to a checkpoint, files and processes
         together, and returns what it did (:class:`RestoreResult`).
 
@@ -291,21 +384,33 @@ class Sandbox:
         (``processes`` 0), and sessions start again on their next call
         (``session_restarted``): ``result.sessions_restored`` and
         ``result.sessions_ended`` name them. Conflict while a command runs, or if a
-        template of the node is gone (nothing is changed). (Before 0.2.0 this
+        template of the node is gone (nothing is changed). ``wait`` as for
+        :meth:`checkpoint`: while commands run it queues behind them for that many
+        seconds (default 5), then raises Conflict naming them. (Before 0.2.0 this
         returned the sandbox.)"""
         node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
-        d = self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), {"node": node})
-        return RestoreResult.from_api(d, self.client)
+        body = {"node": node}  # type: Dict[str, Any]
+        ms = _wait_ms(wait)
+        if ms:
+            body["wait_ms"] = ms
+        d = self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), body,
+                                timeout=self._op_timeout(ms))
+        res = RestoreResult.from_api(d, self.client)
+        _warn(res.warnings)
+        return res
 
     def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on that
         checkpoint (its files; processes stay with this sandbox, see
-        :meth:`Checkpoint.fork`)."""
+        :meth:`Checkpoint.fork`; ``name=`` with ``count`` > 1 names them
+        ``name-0``, ``name-1``, ...)."""
         return self.checkpoint(label=label).fork(count, **create_kwargs)
 
     def tree(self) -> Tree:
-        """The whole snapshot tree, with ``head`` set to the node this sandbox stands
-        on (``tree.path(tree.head)`` is its history)."""
+        """The snapshot tree, with ``head`` set to the node this sandbox stands on
+        (``tree.path(tree.head)`` is its history). ``tree.nodes`` holds every node;
+        ``render()`` shows this sandbox's lineage only (``render(all=True)``: all of
+        it; ``tree.lineage()``: that part as a Tree)."""
         head = self.head
         t = self.client.tree()
         t.head, t.sandbox = head, self.id

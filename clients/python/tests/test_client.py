@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import unittest
+import warnings
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,8 +36,8 @@ if os.environ.get("DELTABOX_TEST_INSTALLED") != "1" and SRC not in sys.path:
 
 import deltabox  # noqa: E402
 from deltabox import (Checkpoint, Client, CommandError, Conflict, DaemonUnreachable,  # noqa: E402
-                      DeltaBoxError, InvalidRequest, NotFound, RestoreResult, Result, Sandbox,
-                      Templates, Tree)
+                      DeltaBoxError, InvalidRequest, MemoryWarning, NotFound, OpMemory,
+                      RestoreResult, Result, Sandbox, SandboxMemory, Templates, Tree)
 from deltabox.aio import AsyncClient, AsyncSandbox, AsyncSession  # noqa: E402
 from deltabox.errors import from_answer  # noqa: E402
 from deltabox.models import parse_time  # noqa: E402
@@ -250,6 +251,77 @@ class OfflineTest(unittest.TestCase):
         # Fields the daemon leaves out (omitempty) take their zero.
         r = RestoreResult.from_api({"node": node, "sandbox": "sb1", "processes": 0})
         self.assertEqual((r.warm, r.process_errors, r.phases_us), (False, [], {}))
+
+    def test_memory_models(self):
+        # The memory of a checkpoint's and a restore's answers, and the warnings.
+        node = {"id": "n2", "image": "default", "sandbox": "sb1"}
+        mem = {"limit_bytes": 256 << 20, "usage_bytes": 190 << 20,
+               "node_templates_rss_bytes": 64 << 20,
+               "templates": {"processes": 3, "rss_bytes": 200 << 20, "pss_bytes": 150 << 20,
+                             "private_dirty_bytes": 120 << 20}}
+        c = Checkpoint.from_api(node, op={"node": node, "sandbox": "sb1", "waited_ms": 1250.0,
+                                          "memory": mem, "warnings": ["templates hold 150 MiB"]})
+        self.assertEqual(c.memory, OpMemory(256 << 20, 190 << 20, 64 << 20,
+                                            Templates(3, [], 200 << 20, 150 << 20, 120 << 20)))
+        self.assertEqual((c.waited, c.warnings), (1.25, ["templates hold 150 MiB"]))
+        c = Checkpoint.from_api(node, op={"node": node, "memory": {"limit_bytes": 1, "usage_bytes": 2}})
+        self.assertEqual((c.memory, c.warnings, c.waited), (OpMemory(1, 2, 0, None), [], 0.0))
+        r = RestoreResult.from_api({"node": node, "memory": mem, "warnings": ["w"], "waited_ms": 3})
+        self.assertEqual((r.memory.limit_bytes, r.warnings, r.waited), (256 << 20, ["w"], 0.003))
+        self.assertIsNone(RestoreResult.from_api({"node": node}).memory)
+        m = SandboxMemory.from_info({"limits": {"memory_bytes": 5}, "usage": {
+            "memory_bytes": 4, "memory_peak_bytes": 5, "oom_kills": 1},
+            "templates": {"processes": 1, "pss_bytes": 3}})
+        self.assertEqual(m, SandboxMemory(5, 4, 5, 1, Templates(1, [], 0, 3, 0)))
+        self.assertEqual(SandboxMemory.from_info({}), SandboxMemory())
+        # A command the memory limit killed: the note is in the result and the error.
+        r = Result.from_api({"exit_code": -1, "signal": 9, "oom": "killed by SIGKILL: the "
+                             "sandbox's memory limit (256 MiB) was reached"}, ["python3", "x.py"])
+        self.assertIn("memory limit (256 MiB)", r.oom)
+        with self.assertRaises(CommandError) as cm:
+            r.check()
+        self.assertIn("memory limit (256 MiB)", str(cm.exception))
+        self.assertIsNone(Result.from_api({"exit_code": 0}).oom)
+        self.assertTrue(issubclass(MemoryWarning, UserWarning))
+
+    def test_tree_lineage(self):
+        # sb.tree().render() shows the sandbox's own nodes and their ancestors only.
+        d = {"nodes": [
+            {"id": "r", "image": "default", "sandbox": "a", "children": ["a1", "b1"]},
+            {"id": "a1", "parent": "r", "image": "default", "sandbox": "a", "label": "mine",
+             "children": ["a2"], "templates": {"processes": 1, "private_dirty_bytes": 3 << 20}},
+            {"id": "a2", "parent": "a1", "image": "default", "sandbox": "a", "sandboxes": ["a"]},
+            {"id": "b1", "parent": "r", "image": "default", "sandbox": "b", "children": ["b2"]},
+            {"id": "b2", "parent": "b1", "image": "default", "sandbox": "b", "sandboxes": ["b"]},
+            {"id": "o", "image": "other", "sandbox": "c"},
+        ], "roots": ["r", "o"], "on_image": {"default": ["z"]}}
+        t = Tree.from_api(d)
+        t.head, t.sandbox = "a2", "a"
+        self.assertEqual(t.render(),
+                         "image default\n`-- r\n    `-- a1 'mine' [1 process, 3.0 MiB private]\n"
+                         "        `-- a2 <- a  (head)")
+        everything = t.render(all=True)
+        for n in ("b1", "b2", "image other", "<- z"):
+            self.assertIn(n, everything)
+        self.assertEqual(len(t), 6)  # the nodes are all there; only the view is cut
+        b = t.lineage("b")
+        self.assertEqual(sorted(b.nodes), ["b1", "b2", "r"])
+        self.assertEqual(b["r"].children, ["b1"])
+        self.assertIsNone(b.head)
+        # A fork standing on another sandbox's node sees that node's path.
+        t2 = Tree.from_api(d)
+        t2.head, t2.sandbox = "b1", "f"
+        self.assertEqual(t2.render(), "image default\n`-- r\n    `-- b1  (head)")
+        with self.assertRaises(ValueError):
+            Tree.from_api(d).lineage()
+
+    def test_wait_argument(self):
+        from deltabox.sandbox import _wait_ms
+        self.assertEqual(deltabox.DEFAULT_WAIT, 5.0)
+        self.assertEqual((_wait_ms(None), _wait_ms(0), _wait_ms(2.5)), (0, 0, 2500))
+        for bad in (-1, 601):
+            with self.assertRaises(ValueError):
+                _wait_ms(bad)
 
     def test_keepalive_retry_after_server_closed(self):
         # A server that closes each connection after answering without saying so:
@@ -861,6 +933,82 @@ class DaemonTest(unittest.TestCase):
             with self.assertRaises(NotFound):
                 Sandbox.connect(k.id, client=self.client)
 
+    def test_fork_names(self):
+        sb = self.sandbox()
+        base = "fk-%d-%d" % (os.getpid(), int(time.time() * 1000) % 10**6)
+        kids = sb.fork(count=3, name=base)
+        for k in kids:
+            self.addCleanup(k.close)
+        self.assertEqual([k.id for k in kids], ["%s-%d" % (base, i) for i in range(3)])
+        (one,) = sb.fork(name=base + "-one")
+        self.addCleanup(one.close)
+        self.assertEqual(one.id, base + "-one")
+
+    def test_images_import(self):
+        with tempfile.TemporaryDirectory() as d:
+            root = os.path.join(d, "rootfs")
+            os.makedirs(os.path.join(root, "etc"))
+            with open(os.path.join(root, "etc", "hello"), "w") as f:
+                f.write("hi\n")
+            name = "pyimg-%d" % os.getpid()
+            progress = []
+            im = self.client.images.import_(name, root, on_progress=lambda d, t: progress.append((d, t)))
+            try:
+                self.assertEqual(im["name"], name)
+                self.assertTrue(progress)
+                self.assertEqual(progress[-1][0], progress[-1][1])  # done == total at the end
+                self.assertIn(name, [i["name"] for i in self.client.images()])
+                self.assertIn(name, [i["name"] for i in self.client.images.list()])
+                with self.assertRaises(Conflict):
+                    self.client.images.import_(name, root)
+                with self.assertRaises(InvalidRequest):
+                    self.client.images.import_(name + "-x", "relative/path")
+            finally:
+                self.client.images.remove(name)
+            self.assertNotIn(name, [i["name"] for i in self.client.images()])
+
+    def test_remove_nodes_on_close(self):
+        # Nodes outlive their sandbox by default; remove_nodes=True takes them along,
+        # but not a node another sandbox stands on, nor one below which it made a node.
+        with Sandbox.create(client=self.client) as keep:
+            kept = keep.checkpoint(label="kept")
+        self.assertIn(kept.id, self.client.tree())
+        self.assertEqual(kept.remove(), [kept.id])
+        with Sandbox.create(client=self.client, remove_nodes=True) as sb:
+            self.sh(sb, "echo 1 > f")
+            a = sb.checkpoint(label="a")
+            self.sh(sb, "echo 2 > f")
+            b = sb.checkpoint(label="b")
+            sb.restore(a)
+            self.sh(sb, "echo 3 > f")
+            c = sb.checkpoint(label="c")
+            (kid,) = b.fork()  # stands on b
+            self.addCleanup(kid.close, remove_nodes=True)
+            self.sh(kid, "echo kid > f")
+            kc = kid.checkpoint(label="kid's")
+        t = self.client.tree()
+        self.assertNotIn(c.id, t)  # made by sb, nobody on it: gone
+        self.assertIn(b.id, t)  # the kid stands on it
+        self.assertIn(a.id, t)  # b is below it
+        self.assertEqual(t[b.id].children, [kc.id])
+        kid.close(remove_nodes=True)  # its own node goes; sb's stay (not the kid's)
+        t = self.client.tree()
+        self.assertNotIn(kc.id, t)
+        self.assertIn(b.id, t)
+        self.assertEqual(sorted(Sandbox(sb.id, self.client).remove_nodes()), sorted([a.id, b.id]))
+        self.assertNotIn(a.id, self.client.tree())
+
+    def test_session_relative_cwd(self):
+        sb = self.sandbox(workdir="/srv/w")
+        self.sh(sb, "mkdir -p src/deep")
+        s = sb.sessions.start("rel", cwd="src")
+        self.assertEqual(s.run("pwd").stdout, "/srv/w/src\n")
+        p = sb.sessions.start("relpy", kind="python", cwd="src/deep")
+        self.assertEqual(p.run("import os; os.getcwd()").stdout, "'/srv/w/src/deep'\n")
+        self.assertEqual(self.sh(sb, "pwd", cwd="src"), "/srv/w/src\n")
+        with self.assertRaises(InvalidRequest):
+            sb.sessions.start("nope", cwd="missing")
+
     # ---- asyncio ----
 
     def test_aio_sandbox(self):
@@ -898,6 +1046,9 @@ class DaemonTest(unittest.TestCase):
                     self.assertEqual((r.stdout, r.session_restarted), ("42\n", False))
                     self.assertEqual(await sb.head(), ck.id)
                     self.assertEqual((await c.checkpoint(ck.id)).templates.sessions, ["py"])
+                    self.assertEqual(ck.memory.limit_bytes, (await sb.memory()).limit_bytes)
+                    self.assertIn("default", [i["name"] for i in await c.images()])
+                    self.assertIn("default", [i["name"] for i in await c.images.list()])
                     # Files, and a fork (files only: no process in the new sandbox).
                     await sb.files.write("f", "from aio")
                     self.assertEqual(await sb.files.read_text("f"), "from aio")
@@ -977,17 +1128,106 @@ class DaemonTest(unittest.TestCase):
             self.assertTrue(started.wait(30), "the command did not start")
             self.assertNotIn("error", out)
             with self.assertRaises(Conflict) as cm:
-                sb.checkpoint(label="busy")
+                sb.checkpoint(label="busy", wait=0)
             e = cm.exception
             self.assertEqual((e.code, e.status), ("conflict", 409))
-            self.assertTrue(e.message)
+            self.assertIn("sleep 3", e.message)  # names the command
             with self.assertRaises(Conflict):
-                sb.restore(before)
+                sb.restore(before, wait=None)
+            # A wait shorter than the command: Conflict once it is over, naming it.
+            start = time.monotonic()
+            with self.assertRaises(Conflict) as cm:
+                sb.checkpoint(label="busy", wait=0.3)
+            self.assertGreaterEqual(time.monotonic() - start, 0.25)
+            self.assertIn("waited 300ms", cm.exception.message)
+            self.assertIn("sleep 3", cm.exception.message)
         finally:
             th.join(60)
         self.assertNotIn("error", out)
         self.assertEqual(out["result"].stdout, "started\ndone\n")
         sb.checkpoint(label="idle")  # fine once the command ended
+
+    def test_checkpoint_waits_for_running_command(self):
+        # By default checkpoint and restore queue behind what runs (5 s at most).
+        sb = self.sandbox()
+        before = sb.checkpoint(label="before")
+        started = threading.Event()
+        out = {}
+
+        def run():
+            try:
+                out["result"] = sb.run("echo started; sleep 2; echo done > f", timeout=60,
+                                       on_output=lambda s, d: started.set())
+            except BaseException as e:
+                out["error"] = e
+                started.set()
+
+        th = threading.Thread(target=run)
+        th.start()
+        try:
+            self.assertTrue(started.wait(30), "the command did not start")
+            ck = sb.checkpoint(label="after the command")
+        finally:
+            th.join(60)
+        self.assertNotIn("error", out)
+        self.assertGreater(ck.waited, 1.0)
+        self.assertLess(ck.waited, 5.0)
+        sb.restore(before)
+        self.assertFalse(sb.files.exists("f"))
+        sb.restore(ck)
+        self.assertEqual(sb.files.read_text("f"), "done\n")  # it waited for the command
+        # A restore queues the same way.
+        th = threading.Thread(target=lambda: sb.run("sleep 1; echo later > g", timeout=60))
+        th.start()
+        try:
+            deadline = time.monotonic() + 10
+            while "sleep 1" not in sb.run("ps -eo args").stdout and time.monotonic() < deadline:
+                time.sleep(0.05)
+            res = sb.restore(before)
+        finally:
+            th.join(60)
+        self.assertGreater(res.waited, 0.2)
+        self.assertFalse(sb.files.exists("g"))
+
+    def test_memory_of_checkpoints_and_oom(self):
+        # Templates count against the memory limit: the answers show it, warn, and a
+        # command the limit kills says so.
+        sb = self.sandbox(memory_mb=256)
+        sb.sessions.start("py", kind="python")
+        heap = "h = bytearray(60 << 20)\nfor i in range(0, len(h), 4096): h[i] = 1\n"
+        cks = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(3):
+                sb.run(heap, session="py").check()
+                cks.append(sb.checkpoint(label="heap %d" % i))
+        first, last = cks[0], cks[-1]
+        self.assertEqual(first.memory.limit_bytes, 256 << 20)
+        self.assertGreater(first.memory.node_templates_rss_bytes, 60 << 20)
+        self.assertEqual(first.warnings, [])
+        self.assertEqual(last.memory.templates.processes, 3)
+        self.assertGreater(last.memory.templates.pss_bytes, 128 << 20)
+        self.assertTrue(last.warnings)
+        self.assertIn("of its 256 MiB memory limit", last.warnings[0])
+        self.assertIn(first.id, last.warnings[0])
+        mw = [w for w in caught if issubclass(w.category, MemoryWarning)]
+        self.assertEqual([str(w.message) for w in mw], last.warnings)
+        self.assertEqual(mw[0].filename, __file__)  # warned at the caller's line
+        mem = sb.memory()
+        self.assertEqual((mem.limit_bytes, mem.templates.processes), (256 << 20, 3))
+        self.assertGreater(mem.usage_bytes, 128 << 20)
+        self.assertIn("[1 process, ", sb.tree().render())
+        # The OOM killer's choice is the hog (oom_score_adj 1000), not a template.
+        r = sb.run("echo 1000 > /proc/self/oom_score_adj; exec python3 -c 'b = bytearray(300 << 20)\n"
+                   "for i in range(0, len(b), 4096): b[i] = 1'", timeout=60)
+        self.assertEqual((r.exit_code, r.signal), (-1, 9))
+        self.assertIn("killed by SIGKILL: the sandbox's memory limit (256 MiB) was reached", r.oom)
+        self.assertIn("held by the templates of the sandbox's checkpoints", r.oom)
+        with self.assertRaises(CommandError) as cm:
+            r.check()
+        self.assertIn("memory limit (256 MiB)", str(cm.exception))
+        self.assertIsNone(sb.run("true").oom)
+        self.assertEqual(sb.memory().oom_kills, 1)
 
     # ---- context managers ----
 
