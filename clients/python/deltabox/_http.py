@@ -193,7 +193,7 @@ class Transport:
     """Sends requests to one daemon. Thread-safe: each request takes a connection of
     its own from a pool of idle kept-alive ones (or opens one)."""
 
-    def __init__(self, socket_path: str, timeout: Optional[float] = 300.0,
+    def __init__(self, socket_path: str, timeout: Optional[float] = 600.0,
                  max_idle: int = 8) -> None:
         self.socket_path = socket_path
         self.timeout = timeout

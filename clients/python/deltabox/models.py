@@ -1,6 +1,7 @@
 """The values the client returns: Result, Checkpoint (a node of the snapshot tree),
 Templates, RestoreResult, Tree, FileInfo and Listing."""
 
+import base64
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
@@ -48,14 +49,19 @@ class Result:
     Attributes:
         exit_code: the command's status; -1 when it was killed by a signal
             (``signal`` says which), e.g. on timeout.
-        stdout, stderr: its output, decoded as UTF-8 by the daemon (invalid bytes
-            become U+FFFD). In a session, stdout is the terminal's merged output and
-            stderr is empty.
+        stdout, stderr: its output as text, decoded as UTF-8 (invalid bytes become
+            U+FFFD). In a session, stdout is the terminal's merged output and stderr
+            is empty.
+        stdout_bytes, stderr_bytes: the same output, the exact bytes (binary output,
+            other encodings).
         duration: seconds the command took, measured by the daemon.
         timed_out: the timeout was reached: a plain command's process group was
             killed; a session's command was interrupted (^C) and the session lives on.
-        truncated: stdout or stderr went over the output limit and was cut (with a
-            visible marker at the end).
+        timeout: the timeout that applied, in seconds (None: none).
+        truncated: stdout or stderr went over the output limit: its first quarter and
+            last three quarters were kept, with a marker between them,
+            ``[deltabox: N bytes of stdout dropped]``.
+        stdout_dropped, stderr_dropped: how many bytes were dropped.
         session_restarted: the session had been ended by a checkpoint or restore and
             was started again for this call (its state is gone).
     """
@@ -72,14 +78,42 @@ class Result:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     argv: Optional[List[str]] = field(default=None, repr=False, compare=False)
+    stdout_bytes: bytes = field(default=b"", repr=False)
+    stderr_bytes: bytes = field(default=b"", repr=False)
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    timeout: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        # Made from text alone (by hand): the bytes are its UTF-8.
+        if not self.stdout_bytes and self.stdout:
+            self.stdout_bytes = self.stdout.encode("utf-8")
+        if not self.stderr_bytes and self.stderr:
+            self.stderr_bytes = self.stderr.encode("utf-8")
 
     @classmethod
-    def from_api(cls, d: Dict[str, Any], argv: Optional[List[str]] = None) -> "Result":
+    def from_api(cls, d: Dict[str, Any], argv: Optional[List[str]] = None,
+                 stdout_bytes: Optional[bytes] = None,
+                 stderr_bytes: Optional[bytes] = None) -> "Result":
+        """A Result from the daemon's answer (``encoding`` base64 or text); a streamed
+        call gives the output its events carried as ``stdout_bytes``/``stderr_bytes``."""
         so, se = bool(d.get("stdout_truncated")), bool(d.get("stderr_truncated"))
+        out, err = stdout_bytes, stderr_bytes
+        if d.get("encoding") == "base64":
+            if out is None:
+                out = base64.b64decode(d.get("stdout") or "")
+            if err is None:
+                err = base64.b64decode(d.get("stderr") or "")
+        else:
+            if out is None:
+                out = (d.get("stdout") or "").encode("utf-8")
+            if err is None:
+                err = (d.get("stderr") or "").encode("utf-8")
+        ms = d.get("timeout_ms")
         return cls(
             exit_code=int(d.get("exit_code", -1)),
-            stdout=d.get("stdout") or "",
-            stderr=d.get("stderr") or "",
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
             duration=float(d.get("duration_ms") or 0.0) / 1000.0,
             timed_out=bool(d.get("timed_out")),
             truncated=so or se,
@@ -89,6 +123,11 @@ class Result:
             stdout_truncated=so,
             stderr_truncated=se,
             argv=argv,
+            stdout_bytes=out,
+            stderr_bytes=err,
+            stdout_dropped=int(d.get("stdout_dropped") or 0),
+            stderr_dropped=int(d.get("stderr_dropped") or 0),
+            timeout=float(ms) / 1000.0 if ms else None,
         )
 
     @property

@@ -1,0 +1,261 @@
+package e2e
+
+// What an exec tells its caller, byte for byte (issue 16): the kept output is the
+// head and the tail with a count of what was dropped between them; output and stdin
+// are bytes end to end (encoding "base64"); a streamed answer does not repeat its
+// output in its result; the CLI prints every marker on stderr and exits with a
+// documented code (124 timeout, 130 interrupted, 125 its own failure); a client that
+// goes away interrupts its call, a session's included; a call has a default timeout.
+// Helpers of this file are prefixed trx.
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/api"
+	"deltabox/internal/testutil"
+)
+
+// trxCLI runs the built binary against d with stdin and returns its stdout, its
+// stderr and its exit code.
+func trxCLI(t *testing.T, d *testutil.Daemon, stdin []byte, args ...string) (stdout, stderr []byte, code int) {
+	t.Helper()
+	cmd := testutil.Command(t, 3*time.Minute, testutil.Binary(t), append([]string{"--socket", d.Socket}, args...)...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("deltabox %q: %v\nstderr: %s", args, err, e.Bytes())
+	}
+	return o.Bytes(), e.Bytes(), code
+}
+
+// trxEvents splits an NDJSON answer into its events.
+func trxEvents(t *testing.T, body []byte) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	for {
+		var ev map[string]any
+		if err := dec.Decode(&ev); err == io.EOF {
+			return out
+		} else if err != nil {
+			t.Fatalf("bad NDJSON answer: %v: %.300q", err, body)
+		}
+		out = append(out, ev)
+	}
+}
+
+var trxMarkerRE = regexp.MustCompile(`\[deltabox: (\d+) bytes of (stdout|stderr) dropped\]`)
+
+// TestExecKeepsHeadAndTail: over output_limit, the answer keeps the first quarter and
+// the last three quarters of the limit, with a marker in between that counts the
+// bytes dropped; a streamed answer sends the same bytes as events (the head live, the
+// marker as an event of its own, the tail at the end) and its result does not repeat
+// them. (On main the head alone was kept, so the last line was lost, and a streamed
+// result repeated the whole output.)
+func TestExecKeepsHeadAndTail(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	const limit = 4000
+	// 10000 numbered lines of 10 bytes on stdout, 5000 on stderr, then END on both.
+	script := `for i in $(seq -w 0 9999); do echo "line-$i"; done; for i in $(seq -w 0 4999); do echo "errl-$i" >&2; done; echo END; echo END >&2`
+	var fullOut, fullErr strings.Builder
+	for i := 0; i < 10000; i++ {
+		fmt.Fprintf(&fullOut, "line-%04d\n", i)
+	}
+	for i := 0; i < 5000; i++ {
+		fmt.Fprintf(&fullErr, "errl-%04d\n", i)
+	}
+	fullOut.WriteString("END\n")
+	fullErr.WriteString("END\n")
+	want := func(full, name string) (string, int) {
+		head, tail := full[:limit/4], full[len(full)-(limit-limit/4):]
+		dropped := len(full) - limit
+		return head + fmt.Sprintf("\n[deltabox: %d bytes of %s dropped]\n", dropped, name) + tail, dropped
+	}
+	wantOut, outDropped := want(fullOut.String(), "stdout")
+	wantErr, errDropped := want(fullErr.String(), "stderr")
+
+	t.Run("Whole", func(t *testing.T) {
+		res := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", script}, OutputLimit: limit})
+		if res.Stdout != wantOut {
+			t.Errorf("stdout:\n%q\nwant head, marker, tail:\n%q", res.Stdout, wantOut)
+		}
+		if res.Stderr != wantErr {
+			t.Errorf("stderr:\n%q\nwant:\n%q", res.Stderr, wantErr)
+		}
+		if !res.StdoutTruncated || !res.StderrTruncated || res.StdoutDropped != int64(outDropped) || res.StderrDropped != int64(errDropped) {
+			t.Errorf("flags %v %v, dropped %d %d; want true, true, %d, %d", res.StdoutTruncated, res.StderrTruncated,
+				res.StdoutDropped, res.StderrDropped, outDropped, errDropped)
+		}
+	})
+
+	t.Run("Streamed", func(t *testing.T) {
+		body, _ := json.Marshal(map[string]any{"argv": []string{"bash", "-c", script}, "output_limit": limit, "stream": true})
+		st, b := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", string(body))
+		if st != 200 {
+			t.Fatalf("status %d: %s", st, b)
+		}
+		var got = map[string]*strings.Builder{"stdout": {}, "stderr": {}}
+		var result map[string]any
+		markers := 0
+		for _, ev := range trxEvents(t, b) {
+			switch ev["type"] {
+			case "stdout", "stderr":
+				data, _ := ev["data"].(string)
+				got[ev["type"].(string)].WriteString(data)
+				if ev["marker"] != nil {
+					markers++
+					m := trxMarkerRE.FindStringSubmatch(data)
+					if ev["marker"] != "dropped" || m == nil || m[2] != ev["type"] || m[1] != fmt.Sprint(ev["dropped"]) {
+						t.Errorf("marker event %v: want marker \"dropped\" with its count in dropped and in the text", ev)
+					}
+				}
+			case "result":
+				result, _ = ev["result"].(map[string]any)
+			default:
+				t.Errorf("event %v", ev)
+			}
+		}
+		if got["stdout"].String() != wantOut || got["stderr"].String() != wantErr {
+			t.Errorf("streamed stdout:\n%q\nstderr:\n%q\nwant what a whole answer holds:\n%q\n%q", got["stdout"], got["stderr"], wantOut, wantErr)
+		}
+		if markers != 2 {
+			t.Errorf("%d marker events, want 2", markers)
+		}
+		if result == nil {
+			t.Fatalf("no result event")
+		}
+		if result["stdout"] != "" || result["stderr"] != "" {
+			t.Errorf("the result event repeats the output: stdout %.100q stderr %.100q", result["stdout"], result["stderr"])
+		}
+		if result["stdout_dropped"] != float64(outDropped) || result["stdout_truncated"] != true {
+			t.Errorf("result %v: want stdout_dropped %d", result, outDropped)
+		}
+	})
+
+	t.Run("UnderTheLimit", func(t *testing.T) {
+		res := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", "seq 1 100"}, OutputLimit: limit})
+		want := ""
+		for i := 1; i <= 100; i++ {
+			want += strconv.Itoa(i) + "\n"
+		}
+		if res.Stdout != want || res.StdoutTruncated || res.StdoutDropped != 0 {
+			t.Errorf("under the limit: %q (truncated %v), want all of it", res.Stdout, res.StdoutTruncated)
+		}
+	})
+}
+
+// TestExecBase64: with "encoding": "base64" stdin, stdout, stderr and streamed data
+// are base64 and exact; the default stays UTF-8 text (invalid bytes replaced) for
+// curl. (On main the field was refused: 400 unknown field.)
+func TestExecBase64(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	blob := make([]byte, 0, 512)
+	for i := 0; i < 512; i++ {
+		blob = append(blob, byte(i*7+i/256))
+	}
+	b64 := base64.StdEncoding.EncodeToString(blob)
+	argv := []string{"bash", "-c", "cat; head -c 3 /dev/zero | tr '\\0' '\\377' >&2"}
+
+	body, _ := json.Marshal(map[string]any{"argv": argv, "stdin": b64, "encoding": "base64"})
+	st, b := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", string(body))
+	if st != 200 {
+		t.Fatalf("status %d: %s", st, b)
+	}
+	var res struct {
+		Stdout, Stderr, Encoding string
+		ExitCode                 int `json:"exit_code"`
+	}
+	json.Unmarshal(b, &res)
+	if res.Stdout != b64 || res.Stderr != "////" || res.Encoding != "base64" || res.ExitCode != 0 {
+		t.Fatalf("base64 answer: %s\nwant stdout %q, stderr %q (3 bytes 0xff), encoding base64", b, b64, "////")
+	}
+
+	body, _ = json.Marshal(map[string]any{"argv": argv, "stdin": b64, "encoding": "base64", "stream": true})
+	st, b = dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", string(body))
+	if st != 200 {
+		t.Fatalf("stream: status %d: %s", st, b)
+	}
+	var out, errb []byte
+	for _, ev := range trxEvents(t, b) {
+		data, _ := ev["data"].(string)
+		raw, err := base64.StdEncoding.DecodeString(data)
+		if err != nil {
+			t.Fatalf("stream event %v: data is not base64: %v", ev, err)
+		}
+		switch ev["type"] {
+		case "stdout":
+			out = append(out, raw...)
+		case "stderr":
+			errb = append(errb, raw...)
+		}
+	}
+	if !bytes.Equal(out, blob) || !bytes.Equal(errb, []byte{0xff, 0xff, 0xff}) {
+		t.Fatalf("streamed base64: stdout %d bytes equal %v, stderr %x", len(out), bytes.Equal(out, blob), errb)
+	}
+
+	// The default: text, invalid UTF-8 replaced (documented as lossy).
+	st, b = dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", `{"argv":["printf","a\\377b"]}`)
+	if st != 200 || !strings.Contains(string(b), `"stdout":"a\ufffdb"`) {
+		t.Fatalf("text answer: %d %s, want stdout \"a\\ufffdb\"", st, b)
+	}
+	// Refusals name the field.
+	for _, bad := range []string{`{"argv":["true"],"encoding":"latin1"}`, `{"argv":["cat"],"encoding":"base64","stdin":"%%%"}`} {
+		st, b = dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", bad)
+		if code, msg := dbxErrorBody(t, b); st != 400 || code != "invalid" || !strings.Contains(msg, "encoding") && !strings.Contains(msg, "stdin") {
+			t.Errorf("%s: %d %s, want 400 naming the field", bad, st, b)
+		}
+	}
+	// The Go client is exact: it asks for base64.
+	r, err := d.C.Exec(dbxCtx(t), id, api.ExecRequest{Argv: []string{"cat"}, Stdin: string(blob)})
+	if err != nil || r.Stdout != string(blob) {
+		t.Fatalf("Go client: %v, stdout equal %v", err, r != nil && r.Stdout == string(blob))
+	}
+}
+
+// TestExecDefaultTimeout: a call without timeout_ms gets the API's default (10 min),
+// which the answer reports; -1 is no timeout. (On main nothing bounded such a call.)
+func TestExecDefaultTimeout(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	for _, c := range []struct {
+		body string
+		want any
+	}{
+		{`{"argv":["true"]}`, float64(600000)},
+		{`{"argv":["true"],"timeout_ms":1500}`, float64(1500)},
+		{`{"argv":["true"],"timeout_ms":-1}`, nil},
+		{`{"argv":["true"],"session":"main"}`, float64(600000)},
+	} {
+		st, b := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", c.body)
+		var res map[string]any
+		json.Unmarshal(b, &res)
+		if st != 200 || res["timeout_ms"] != c.want {
+			t.Errorf("%s: %d %s, want timeout_ms %v", c.body, st, b, c.want)
+		}
+	}
+	if st, b := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", `{"argv":["true"],"timeout_ms":-5}`); st != 400 {
+		t.Errorf("timeout_ms -5: %d %s, want 400", st, b)
+	}
+}
