@@ -92,6 +92,10 @@ type Session struct {
 	closed bool
 	gen    int      // process generation: Rebind after a restore starts a new one
 	slave  *os.File // held by NewDetached until Rebind
+
+	// settling is closed when the interruption of an abandoned call's command is over
+	// (nil when none runs): the next call waits for it rather than meet a busy session.
+	settling chan struct{}
 }
 
 var pythonDriver = `
@@ -378,6 +382,24 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		limit = sandbox.DefaultOutputLimit
 	}
 	s.mu.Lock()
+	// A call whose client has just gone is known as such a moment later (the server
+	// reads the closed connection, then the call's context ends): a busy session gets
+	// that moment before the call is refused.
+	for end := time.Now().Add(busyGrace); s.busy && s.settling == nil && time.Now().Before(end); {
+		s.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		s.mu.Lock()
+	}
+	for s.busy && s.settling != nil {
+		ch := s.settling
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		s.mu.Lock()
+	}
 	if s.busy {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("session %s is running another call: %w", s.name, ErrBusy)
@@ -393,6 +415,10 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	defer func() {
 		s.mu.Lock()
 		s.busy = false
+		if s.settling != nil {
+			close(s.settling)
+			s.settling = nil
+		}
 		s.mu.Unlock()
 	}()
 
@@ -417,10 +443,18 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	}
 	out, rc, err := s.await(ctx, id, timeout, limit, onOutput)
 	res := &Result{ExitCode: rc, Duration: time.Since(start)}
-	if errors.Is(err, errTimeout) {
+	// A caller gone (ctx: its client disconnected) interrupts the command as a timeout
+	// does, so that the session is idle again, its marker read, before the next call.
+	abandoned := err != nil && ctx.Err() != nil && !errors.Is(err, errTimeout)
+	if abandoned {
+		s.mu.Lock()
+		s.settling = make(chan struct{})
+		s.mu.Unlock()
+	}
+	if errors.Is(err, errTimeout) || abandoned {
 		res.TimedOut = true
 		// Interrupt the command, not the session: ^C reaches the foreground group.
-		s.master.Write([]byte{0x03})
+		s.interrupt()
 		out2, rc2, err2 := s.await(context.Background(), id, 5*time.Second, limit, onOutput)
 		out = append(out, out2...)
 		res.ExitCode = rc2
@@ -435,6 +469,9 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 			if err3 != nil {
 				return nil, fmt.Errorf("session %s did not come back after its command timed out: %w", s.name, err3)
 			}
+		}
+		if abandoned {
+			return nil, fmt.Errorf("session %s: the call was abandoned and its command interrupted: %w", s.name, ctx.Err())
 		}
 		marker := fmt.Sprintf("\n[deltabox: command timed out after %v and was interrupted; the session lives on]\n", timeout)
 		out = append(out, marker...)
@@ -451,6 +488,34 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	}
 	return res, nil
 }
+
+// interrupt types ^C into the terminal: the kernel sends SIGINT to its foreground
+// process group. A bash session runs a command in a process group it forks; until the
+// child has exec'd the command it has the interactive shell's SIGINT handler, and a
+// ^C then is lost: the command runs on (measured: one ^C in three, right after a
+// command started). So a bash session's ^C waits first, 200 ms at most, while the
+// foreground group is the shell's own or led by the shell's executable (a fork not yet
+// exec'd; a subshell or a bash script also look so, and get the ^C at 200 ms).
+func (s *Session) interrupt() {
+	if s.kind == Bash {
+		fd := int(s.master.Fd())
+		sid, err := unix.IoctlGetInt(fd, unix.TIOCGSID)
+		shell, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", sid))
+		for end := time.Now().Add(200 * time.Millisecond); err == nil && shell != "" && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+			if err != nil {
+				break
+			}
+			if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pg)); pg != sid && exe != shell {
+				break
+			}
+		}
+	}
+	s.master.Write([]byte{0x03})
+}
+
+// busyGrace is how long a call waits for a busy session before it is refused.
+const busyGrace = 250 * time.Millisecond
 
 var errTimeout = errors.New("timed out")
 

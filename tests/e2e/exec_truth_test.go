@@ -10,6 +10,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -257,5 +258,60 @@ func TestExecDefaultTimeout(t *testing.T) {
 	}
 	if st, b := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/exec", `{"argv":["true"],"timeout_ms":-5}`); st != 400 {
 		t.Errorf("timeout_ms -5: %d %s, want 400", st, b)
+	}
+}
+
+// TestExecAbandonedCallIsInterrupted: a client that goes away mid-call interrupts
+// it: a plain command's process group is killed; a session's command gets ^C, and the
+// session answers the next call at once with that call's output alone, even when the
+// call is abandoned right after its command started (bash gives the terminal to it a
+// moment later; a ^C before that was lost). (On main the session's command ran on, the
+// session said it was not busy, and the next call waited for the command and got its
+// output.)
+func TestExecAbandonedCallIsInterrupted(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	for _, sess := range []string{"", "main", "main", "main"} {
+		argv := []string{"bash", "-c", "echo go; sleep 60; echo late"}
+		if sess != "" {
+			argv = []string{"echo go; sleep 60; echo late"}
+		}
+		ctx, cancel := context.WithCancel(dbxCtx(t))
+		_, err := d.C.ExecStream(ctx, id, api.ExecRequest{Argv: argv, Session: sess}, func(stream, data string) {
+			if strings.Contains(data, "go") {
+				cancel()
+			}
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("session %q: the abandoned call returned %v", sess, err)
+		}
+		if sess != "" {
+			start := time.Now()
+			r, err := d.C.Run(dbxCtx(t), id, sess, "echo next", 15*time.Second)
+			if err != nil || r.Stdout != "next\n" || r.TimedOut || time.Since(start) > 3*time.Second {
+				t.Fatalf("the next call: %+v %v after %v; want \"next\\n\" at once", r, err, time.Since(start))
+			}
+			l, err := d.C.Sessions(dbxCtx(t), id)
+			if err != nil || len(l) != 1 || l[0].Busy || !l[0].Running {
+				t.Fatalf("sessions: %+v %v; want main running, not busy", l, err)
+			}
+		}
+		trxNoSleep(t, d, id)
+	}
+}
+
+// trxNoSleep waits up to 5 s for no sleep process in the sandbox.
+func trxNoSleep(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ps := dbxSh(t, d, id, "ps -eo comm")
+		if !strings.Contains(ps, "sleep") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the interrupted command still runs:\n%s", ps)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -131,6 +131,26 @@ class ExecTruthTest(unittest.TestCase):
         r = sb.run("echo next", session="main", timeout=None)
         self.assertEqual((r.stdout, r.timeout), ("next\n", None))
 
+    def test_abandoned_session_call_is_interrupted(self):
+        # On main an abandoned session call ran on: the next call waited for it and
+        # got its output.
+        sb = self.sandbox()
+
+        class Stop(Exception):
+            pass
+
+        def on_output(stream, data):
+            if "go" in data:
+                raise Stop()
+
+        with self.assertRaises(Stop):
+            sb.run("echo go; sleep 60; echo late", session="main", on_output=on_output, timeout=120)
+        start = time.monotonic()
+        r = sb.run("echo next", session="main", timeout=30)
+        self.assertEqual(r.stdout, "next\n")
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertNotIn("sleep", sb.run(["ps", "-eo", "comm"], timeout=30).stdout)
+
 
 if __name__ == "__main__":
     unittest.main()
