@@ -20,6 +20,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,4 +316,161 @@ func trxNoSleep(t *testing.T, d *testutil.Daemon, id string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestCLIExecTimeout: the CLI says on stderr that the command timed out and exits
+// 124. (On main: nothing on stderr, exit 137.)
+func TestCLIExecTimeout(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	for _, sess := range []string{"", "main"} {
+		args := []string{"exec", id, "--timeout", "2s", "--", "bash", "-c", "echo start; sleep 100"}
+		if sess != "" {
+			args = []string{"exec", id, "--session", sess, "--timeout", "2s", "--", "echo start; sleep 100"}
+		}
+		start := time.Now()
+		out, errb, code := trxCLI(t, d, nil, args...)
+		if code != 124 || !strings.HasPrefix(string(out), "start\n") || !strings.Contains(string(errb), "timed out after 2s") {
+			t.Errorf("session %q: exit %d, stdout %q, stderr %q; want 124, start, and a timeout marker on stderr", sess, code, out, errb)
+		}
+		if took := time.Since(start); took > 15*time.Second {
+			t.Errorf("session %q: took %v", sess, took)
+		}
+	}
+}
+
+// TestCLIExecLargeOutput: 100 MB of output through the CLI. By default the first
+// 256 KiB and the last 768 KiB arrive, END included, with the count of the dropped
+// bytes on stderr, exit 0; with --output-limit over the output, all of it arrives and
+// the command's exit code is kept. (On main: 1 MiB, no marker, no END; with a large
+// limit "bufio.Scanner: token too long" and exit 1.)
+func TestCLIExecLargeOutput(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	const n = 100_000_000
+	script := fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x; echo END", n)
+	total := n + 4
+
+	out, errb, code := trxCLI(t, d, nil, "exec", id, "--", "bash", "-c", script)
+	if code != 0 || len(out) != 1<<20 || !bytes.HasSuffix(out, []byte("xxEND\n")) || bytes.Count(out, []byte("x")) != 1<<20-4 {
+		t.Errorf("default limit: exit %d, %d bytes on stdout ending %q; want 0, 1 MiB ending with END", code, len(out), dbxTail(string(out), 20))
+	}
+	m := trxMarkerRE.FindStringSubmatch(string(errb))
+	if m == nil || m[1] != strconv.Itoa(total-1<<20) || m[2] != "stdout" {
+		t.Errorf("stderr %q: want [deltabox: %d bytes of stdout dropped]", dbxTail(string(errb), 300), total-1<<20)
+	}
+
+	out, errb, code = trxCLI(t, d, nil, "exec", id, "--output-limit", "200000000", "--", "bash", "-c", script+"; exit 3")
+	if code != 3 || len(out) != total || !bytes.HasSuffix(out, []byte("xxEND\n")) || len(errb) != 0 {
+		t.Errorf("--output-limit 200000000: exit %d, %d bytes on stdout ending %q, stderr %q; want 3, all %d bytes, nothing on stderr",
+			code, len(out), dbxTail(string(out), 20), dbxTail(string(errb), 300), total)
+	}
+}
+
+// TestCLIExecBinary: exec is binary-safe through the CLI, stdin and stdout. (On main
+// invalid UTF-8 became U+FFFD both ways.)
+func TestCLIExecBinary(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	blob := make([]byte, 0, 256*64)
+	for i := 0; i < 64; i++ {
+		for b := 0; b < 256; b++ {
+			blob = append(blob, byte(b^i))
+		}
+	}
+	out, errb, code := trxCLI(t, d, blob, "exec", "-i", id, "--", "bash", "-c", "cat > /tmp/blob; cat /tmp/blob")
+	if code != 0 || !bytes.Equal(out, blob) {
+		t.Fatalf("exec -i cat: exit %d, %d bytes back (equal %v), stderr %q", code, len(out), bytes.Equal(out, blob), errb)
+	}
+	out, _, code = trxCLI(t, d, nil, "exec", id, "--", "cat", "/tmp/blob")
+	if code != 0 || !bytes.Equal(out, blob) {
+		t.Fatalf("exec cat FILE: exit %d, equal %v", code, bytes.Equal(out, blob))
+	}
+	// And on stderr.
+	_, errb, _ = trxCLI(t, d, nil, "exec", id, "--", "bash", "-c", "cat /tmp/blob >&2")
+	if !bytes.Equal(errb, blob) {
+		t.Fatalf("exec cat FILE >&2: stderr equal %v (%d bytes)", bytes.Equal(errb, blob), len(errb))
+	}
+}
+
+// trxInterrupt starts the CLI with args, waits for "go" on its stdout, sends SIGINT
+// and returns its stderr and exit code.
+func trxInterrupt(t *testing.T, d *testutil.Daemon, args ...string) (string, int) {
+	t.Helper()
+	cmd := testutil.Command(t, 2*time.Minute, testutil.Binary(t), append([]string{"--socket", d.Socket}, args...)...)
+	pr, pw := io.Pipe()
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = pw, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan struct{})
+	var once sync.Once
+	go func() {
+		b := make([]byte, 4096)
+		var acc []byte
+		for {
+			n, err := pr.Read(b)
+			acc = append(acc, b[:n]...)
+			if bytes.Contains(acc, []byte("go\n")) {
+				once.Do(func() { close(seen) })
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-seen:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no output from %q within 30s; stderr %q", args, errb.String())
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	pw.Close()
+	var ee *exec.ExitError
+	code := 0
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return errb.String(), code
+}
+
+// TestCLIExecInterrupt: Ctrl-C of the CLI interrupts the call: "interrupted" on
+// stderr, exit 130, the command is killed; a session's command gets ^C and the session
+// answers the next call at once with that call's output alone. (On main: "use of
+// closed network connection", exit 1; the session's command ran on, and the next call
+// waited for it and got its output.)
+func TestCLIExecInterrupt(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+
+	t.Run("Plain", func(t *testing.T) {
+		errs, code := trxInterrupt(t, d, "exec", id, "--", "bash", "-c", "echo go; sleep 60; echo late")
+		if code != 130 || !strings.Contains(errs, "interrupted") || strings.Contains(errs, "closed network connection") {
+			t.Errorf("exit %d, stderr %q; want 130 and \"interrupted\"", code, errs)
+		}
+		trxNoSleep(t, d, id)
+	})
+
+	t.Run("Session", func(t *testing.T) {
+		errs, code := trxInterrupt(t, d, "exec", id, "--session", "main", "--", "echo go; sleep 60; echo late")
+		if code != 130 || !strings.Contains(errs, "interrupted") {
+			t.Errorf("exit %d, stderr %q; want 130 and \"interrupted\"", code, errs)
+		}
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r, err := d.C.Run(ctx, id, "main", "echo next", 15*time.Second)
+		if err != nil || r.Stdout != "next\n" || r.TimedOut || time.Since(start) > 3*time.Second {
+			t.Fatalf("the next call: %+v %v after %v; want \"next\\n\" at once", r, err, time.Since(start))
+		}
+		trxNoSleep(t, d, id)
+		l, err := d.C.Sessions(dbxCtx(t), id)
+		if err != nil || len(l) != 1 || l[0].Busy || !l[0].Running {
+			t.Fatalf("sessions: %+v %v; want main running, not busy", l, err)
+		}
+	})
 }
