@@ -1,11 +1,13 @@
 package api
 
 import (
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
+	"unicode/utf8"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -175,7 +177,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, in)
+		writeJSON(w, 200, withBytes(in))
 		return nil
 	})
 }
@@ -223,6 +225,10 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		l.PathBase64 = bytesOf(l.Path)
+		for i := range l.Entries {
+			withBytes(&l.Entries[i])
+		}
 		writeJSON(w, 200, l)
 		return nil
 	})
@@ -234,7 +240,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, in)
+		writeJSON(w, 200, withBytes(in))
 		return nil
 	})
 }
@@ -264,7 +270,23 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, MkdirResult{Created: created, Entry: *in})
+		writeJSON(w, 200, MkdirResult{Created: created, Entry: *withBytes(in)})
 		return nil
 	})
+}
+
+// withBytes sets the base64 fields of in's name, path and link target that are not
+// valid UTF-8: JSON text would replace their invalid bytes, and the file could not be
+// named again.
+func withBytes(in *files.Info) *files.Info {
+	in.NameBase64, in.PathBase64, in.LinkTargetBase64 = bytesOf(in.Name), bytesOf(in.Path), bytesOf(in.LinkTarget)
+	return in
+}
+
+// bytesOf is base64 of s when s is not valid UTF-8, else "".
+func bytesOf(s string) string {
+	if utf8.ValidString(s) {
+		return ""
+	}
+	return base64.StdEncoding.EncodeToString([]byte(s))
 }

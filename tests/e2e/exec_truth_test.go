@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"deltabox/internal/api"
+	"deltabox/internal/client"
 	"deltabox/internal/testutil"
 )
 
@@ -473,4 +474,60 @@ func TestCLIExecInterrupt(t *testing.T) {
 			t.Fatalf("sessions: %+v %v; want main running, not busy", l, err)
 		}
 	})
+}
+
+// TestFilesNonUTF8Names: a name that is not UTF-8 is listed with its bytes
+// (name_base64, path_base64) and can be read back by them. (On main the listing
+// replaced the bytes with U+FFFD and no request could name the file.)
+func TestFilesNonUTF8Names(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+	dbxSh(t, d, id, `mkdir d; printf 'content' > d/$'caf\xe9.txt'; ln -s $'caf\xe9.txt' d/link`)
+	st, b := dbxRaw(t, d, "GET", "/sandboxes/"+id+"/files/list?path=d", "")
+	if st != 200 {
+		t.Fatalf("list: %d %s", st, b)
+	}
+	var l struct {
+		Entries []map[string]any
+	}
+	json.Unmarshal(b, &l)
+	name := "caf\xe9.txt"
+	enc := base64.StdEncoding.EncodeToString([]byte(name))
+	encPath := base64.StdEncoding.EncodeToString([]byte("/workspace/d/" + name))
+	var file, link map[string]any
+	for _, e := range l.Entries {
+		switch e["type"] {
+		case "file":
+			file = e
+		case "symlink":
+			link = e
+		}
+	}
+	if file == nil || file["name_base64"] != enc || file["path_base64"] != encPath {
+		t.Fatalf("listing %s: want the file with name_base64 %q and path_base64 %q", b, enc, encPath)
+	}
+	if link == nil || link["link_target_base64"] != enc || link["name_base64"] != nil {
+		t.Fatalf("listing %s: want the link with link_target_base64 %q and no name_base64 (its name is UTF-8)", b, enc)
+	}
+	// Read back by its bytes, through the raw API and the Go client.
+	st, b = dbxRaw(t, d, "GET", "/sandboxes/"+id+"/files?path=d/caf%E9.txt", "")
+	if st != 200 || string(b) != "content" {
+		t.Fatalf("read by the name's bytes: %d %s", st, b)
+	}
+	gl, err := d.C.ListFiles(dbxCtx(t), id, "d", client.ListFilesOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	for _, e := range gl.Entries {
+		if e.Type == "file" {
+			got = e.Path
+		}
+	}
+	if got != "/workspace/d/"+name {
+		t.Fatalf("Go client: path %q, want the name's bytes", got)
+	}
+	if c, err := d.C.ReadFile(dbxCtx(t), id, got); err != nil || string(c) != "content" {
+		t.Fatalf("Go client read of %q: %q %v", got, c, err)
+	}
 }

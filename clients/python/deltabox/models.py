@@ -517,9 +517,25 @@ class Tree:
         return "\n".join(lines)
 
 
+def name_of(d: Dict[str, Any], key: str) -> Optional[str]:
+    """A file name of an answer as ``os.listdir`` gives it: its bytes decoded as UTF-8,
+    with bytes that are not UTF-8 kept as surrogates (``surrogateescape``, taken from
+    the ``KEY_base64`` field the daemon adds for such names), so that the name can be
+    passed back as it is."""
+    b64 = d.get(key + "_base64")
+    if b64:
+        return base64.b64decode(b64).decode("utf-8", "surrogateescape")
+    v = d.get(key)
+    return v if isinstance(v, str) else None
+
+
 @dataclass
 class FileInfo:
     """A file, directory or other entry of a sandbox's filesystem.
+
+    ``name``, ``path`` and ``link_target`` are str as ``os.listdir`` gives them: a
+    name that is not UTF-8 has its bytes as surrogates (``path_bytes`` has them), and
+    works as it is as a path of ``sb.files``.
 
     ``mode`` is the permission bits (setuid/setgid/sticky included) as an int
     (``oct(info.mode)``); ``permissions`` is how ls prints them; ``type`` is one of
@@ -541,8 +557,8 @@ class FileInfo:
     @classmethod
     def from_api(cls, d: Dict[str, Any]) -> "FileInfo":
         return cls(
-            name=d.get("name") or "",
-            path=d.get("path") or "",
+            name=name_of(d, "name") or "",
+            path=name_of(d, "path") or "",
             type=d.get("type") or "",
             size=int(d.get("size") or 0),
             mode=int(d.get("mode") or 0),
@@ -550,9 +566,14 @@ class FileInfo:
             uid=int(d.get("uid") or 0),
             gid=int(d.get("gid") or 0),
             mtime=parse_time(d.get("mtime")),
-            link_target=d.get("link_target") or None,
+            link_target=name_of(d, "link_target") or None,
             mount_point=bool(d.get("mount_point")),
         )
+
+    @property
+    def path_bytes(self) -> bytes:
+        """The path's exact bytes (``os.fsencode`` of it)."""
+        return self.path.encode("utf-8", "surrogateescape")
 
     @property
     def is_dir(self) -> bool:

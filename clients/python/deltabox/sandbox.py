@@ -10,7 +10,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 from ._http import q
 from .errors import NotFound, from_answer
-from .models import Checkpoint, FileInfo, Listing, RestoreResult, Result, Tree, parse_time
+from .models import (Checkpoint, FileInfo, Listing, RestoreResult, Result, Tree, name_of,
+                     parse_time)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -504,7 +505,7 @@ class Files:
                  "depth": depth or None, "max_entries": max_entries or None}
         d = self._sb.client._t.json("GET", self._path("/list"), query=query)
         return Listing([FileInfo.from_api(e) for e in (d.get("entries") or [])],
-                       path=d.get("path") or "", truncated=bool(d.get("truncated")))
+                       path=name_of(d, "path") or "", truncated=bool(d.get("truncated")))
 
     def stat(self, path: str) -> FileInfo:
         """Describes a path without following a final symlink (NotFound if none)."""

@@ -151,6 +151,20 @@ class ExecTruthTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 5)
         self.assertNotIn("sleep", sb.run(["ps", "-eo", "comm"], timeout=30).stdout)
 
+    def test_non_utf8_file_names(self):
+        # On main the listing replaced the bytes with U+FFFD: the file could not be
+        # named again.
+        sb = self.sandbox()
+        sb.run("mkdir d; printf content > d/$'caf\\xe9.txt'; mkdir d/$'r\\xe9p'", timeout=30).check()
+        entries = sb.files.list("d")
+        self.assertEqual(entries.names, ["caf\udce9.txt", "r\udce9p"])
+        sub = sb.files.list(entries[1].path)
+        self.assertEqual(sub.path.encode("utf-8", "surrogateescape"), b"/workspace/d/r\xe9p")
+        e = entries[0]
+        self.assertEqual(e.path_bytes, b"/workspace/d/caf\xe9.txt")
+        self.assertEqual(sb.files.read(e.path), b"content")
+        self.assertEqual(sb.files.stat(e.path).name, e.name)
+
 
 if __name__ == "__main__":
     unittest.main()
