@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
@@ -159,21 +161,64 @@ func rmCmd() *cobra.Command {
 	}
 }
 
+// Exit codes of exec besides the command's own (docs/API.md, "The CLI's exec"): as
+// coreutils timeout and docker run have them, and as a shell reports a signal.
+const (
+	exitTimedOut    = 124 // the command timed out (its process group killed, or ^C in a session)
+	exitFailed      = 125 // deltabox itself failed: the daemon unreachable, the call refused
+	exitInterrupted = 130 // interrupted by SIGINT (Ctrl-C); SIGTERM gives 143
+)
+
+// signalled is a context's cause when the CLI got a signal.
+type signalled struct{ sig syscall.Signal }
+
+func (s signalled) Error() string { return "interrupted (" + unix.SignalName(s.sig) + ")" }
+
+// signalContext is cancelled, with a signalled cause, at SIGINT or SIGTERM.
+func signalContext() (context.Context, func()) {
+	c, cancel := context.WithCancelCause(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if s, ok := <-ch; ok {
+			cancel(signalled{s.(syscall.Signal)})
+		}
+	}()
+	return c, func() { signal.Stop(ch); close(ch); cancel(nil) }
+}
+
 func execCmd() *cobra.Command {
 	var q apitypes.ExecRequest
 	var timeout time.Duration
 	var stdin bool
 	c := &cobra.Command{
 		Use:   "exec SANDBOX [--timeout D] -- CMD [ARG...]",
-		Short: "Run a command in a sandbox; exits with its exit code",
-		Args:  cobra.MinimumNArgs(2),
+		Short: "Run a command in a sandbox; exits with its exit code (124: timed out, 125: deltabox failed, 130: interrupted)",
+		Long: `Run a command in a sandbox, its output shown as it is produced, byte for byte.
+
+Exits with the command's exit code (128+N when a signal N killed it), or:
+  124  the command timed out (--timeout; a session's command is interrupted with ^C)
+  125  deltabox itself failed (the daemon unreachable, the request refused)
+  130  interrupted (Ctrl-C; 143 for SIGTERM): the command was killed, or a session's
+       command interrupted with ^C
+Every marker goes to stderr: "[deltabox: N bytes of stdout dropped]" where output over
+--output-limit was dropped (the first quarter and the last three quarters of the
+limit are kept), the timeout, the interruption.`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			q.Argv = args[1:]
-			q.TimeoutMS = timeout.Milliseconds()
+			switch {
+			case timeout > 0:
+				q.TimeoutMS = max(1, timeout.Milliseconds())
+			case timeout == 0:
+				q.TimeoutMS = -1
+			default:
+				return fmt.Errorf("--timeout %v: want a duration > 0, or 0 for none", timeout)
+			}
 			if stdin {
-				b, err := readAll(os.Stdin)
+				b, err := io.ReadAll(os.Stdin)
 				if err != nil {
-					return err
+					return fmt.Errorf("read stdin: %w", err)
 				}
 				q.Stdin = string(b)
 			}
@@ -181,31 +226,54 @@ func execCmd() *cobra.Command {
 				// exec --session S -- CODE...: the words are one line of shell code.
 				q.Argv = []string{strings.Join(q.Argv, " ")}
 			}
+			c, stop := signalContext()
+			defer stop()
 			var r *apitypes.ExecResult
 			var err error
+			timeoutSaid := false
 			if jsonOut {
-				r, err = cli().Exec(ctx(), args[0], q)
+				r, err = cli().Exec(c, args[0], q)
 				if err == nil {
 					printJSON(r)
 				}
 			} else {
-				// Output is shown as it is produced.
-				r, err = cli().ExecStream(ctx(), args[0], q, func(stream, data string) {
-					if stream == "stderr" {
-						os.Stderr.WriteString(data)
-					} else {
-						os.Stdout.WriteString(data)
+				// Output is written as it comes (one write per event), markers on stderr.
+				r, err = cli().ExecEvents(c, args[0], q, func(ev apitypes.StreamEvent) {
+					switch {
+					case ev.Marker != "":
+						os.Stderr.WriteString(strings.Trim(ev.Data, "\n") + "\n")
+						timeoutSaid = timeoutSaid || ev.Marker == apitypes.MarkerTimeout
+					case ev.Type == "stderr":
+						os.Stderr.WriteString(ev.Data)
+					default:
+						os.Stdout.WriteString(ev.Data)
 					}
 				})
 			}
 			if err != nil {
-				return err
+				var sig signalled
+				if errors.As(context.Cause(c), &sig) {
+					what := "the command was killed"
+					if q.Session != "" {
+						what = "the session's command was interrupted (^C); the session lives on"
+					}
+					fmt.Fprintf(os.Stderr, "[deltabox: %v; %s]\n", sig, what)
+					return exitError(128 + int(sig.sig))
+				}
+				fmt.Fprintln(os.Stderr, "deltabox:", err)
+				return exitError(exitFailed)
 			}
 			if r.SessionRestarted {
 				fmt.Fprintf(os.Stderr, "deltabox: session %s was ended by a checkpoint or restore and started again\n", r.Session)
 			}
 			if r.OOM != "" {
 				fmt.Fprintf(os.Stderr, "deltabox: %s\n", r.OOM)
+			}
+			if r.TimedOut {
+				if !timeoutSaid && !jsonOut {
+					fmt.Fprintf(os.Stderr, "[deltabox: timed out after %v]\n", time.Duration(r.TimeoutMS)*time.Millisecond)
+				}
+				return exitError(exitTimedOut)
 			}
 			if r.ExitCode != 0 {
 				if r.ExitCode < 0 {
@@ -216,10 +284,10 @@ func execCmd() *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "kill the command's process group after this long (0: never)")
+	c.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "kill the command's process group after this long (0: never); exit 124")
 	c.Flags().StringArrayVarP(&q.Env, "env", "e", nil, "KEY=VALUE to add to the environment")
 	c.Flags().StringVarP(&q.Dir, "workdir", "w", "", "working directory (default: the sandbox's)")
-	c.Flags().IntVar(&q.OutputLimit, "output-limit", 0, "bytes kept per stream (default 1 MiB); the rest is dropped with a marker")
+	c.Flags().IntVar(&q.OutputLimit, "output-limit", 0, "bytes kept per stream (default 1 MiB): the first quarter and the last three quarters; what is between is dropped, with a marker on stderr")
 	c.Flags().BoolVarP(&stdin, "interactive", "i", false, "send this command's stdin to the sandboxed command")
 	c.Flags().StringVarP(&q.Session, "session", "s", "", "run as code in this persistent session (\"main\": the default bash session)")
 	return c
@@ -337,17 +405,5 @@ func humanBytes(b int64) string {
 		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 	default:
 		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
-	}
-}
-
-func readAll(f *os.File) ([]byte, error) {
-	var sb strings.Builder
-	b := make([]byte, 64<<10)
-	for {
-		n, err := f.Read(b)
-		sb.Write(b[:n])
-		if err != nil {
-			return []byte(sb.String()), nil
-		}
 	}
 }

@@ -1,12 +1,14 @@
 package api
 
 import (
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -186,7 +188,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, in)
+		writeJSON(w, 200, withBytes(in))
 		return nil
 	})
 }
@@ -234,6 +236,10 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		l.PathBase64 = bytesOf(l.Path)
+		for i := range l.Entries {
+			withBytes(&l.Entries[i])
+		}
 		writeJSON(w, 200, l)
 		return nil
 	})
@@ -245,7 +251,7 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, in)
+		writeJSON(w, 200, withBytes(in))
 		return nil
 	})
 }
@@ -275,7 +281,23 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, MkdirResult{Created: created, Entry: *in})
+		writeJSON(w, 200, MkdirResult{Created: created, Entry: *withBytes(in)})
 		return nil
 	})
+}
+
+// withBytes sets the base64 fields of in's name, path and link target that are not
+// valid UTF-8: JSON text would replace their invalid bytes, and the file could not be
+// named again.
+func withBytes(in *files.Info) *files.Info {
+	in.NameBase64, in.PathBase64, in.LinkTargetBase64 = bytesOf(in.Name), bytesOf(in.Path), bytesOf(in.LinkTarget)
+	return in
+}
+
+// bytesOf is base64 of s when s is not valid UTF-8, else "".
+func bytesOf(s string) string {
+	if utf8.ValidString(s) {
+		return ""
+	}
+	return base64.StdEncoding.EncodeToString([]byte(s))
 }

@@ -6,6 +6,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -189,20 +191,27 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if q.TimeoutMS < 0 {
-		writeErr(w, fmt.Errorf("timeout_ms must be >= 0: %w", errdefs.ErrInvalid))
+	req, err := execRequest(q)
+	if err != nil {
+		writeErr(w, err)
 		return
 	}
-	req := sandbox.ExecRequest{
-		Argv: q.Argv, Env: q.Env, Dir: q.Dir, Stdin: []byte(q.Stdin),
-		Timeout: time.Duration(q.TimeoutMS) * time.Millisecond, OutputLimit: q.OutputLimit,
-		Session: q.Session,
-	}
+	b64 := q.Encoding == apitypes.EncodingBase64
+	// A client that goes away cancels r.Context() (the server reads the connection
+	// once the body is read): a plain command's process group is killed, a session's
+	// command is interrupted (^C) and the session kept.
 	if !q.Stream && r.URL.Query().Get("stream") == "" {
 		res, err := s.m.Exec(r.Context(), r.PathValue("id"), req)
+		s.logAbandoned(r, err)
 		if err != nil {
 			writeErr(w, err)
 			return
+		}
+		res.TimeoutMS = req.Timeout.Milliseconds()
+		if b64 {
+			res.Stdout = base64.StdEncoding.EncodeToString([]byte(res.Stdout))
+			res.Stderr = base64.StdEncoding.EncodeToString([]byte(res.Stderr))
+			res.Encoding = apitypes.EncodingBase64
 		}
 		writeJSON(w, 200, res)
 		return
@@ -210,39 +219,130 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	// Streaming: NDJSON, one event per line, flushed as output arrives. Errors found
 	// before anything was sent keep their status code; later ones become an event.
 	fl, _ := w.(http.Flusher)
-	var mu sync.Mutex
+	var mu sync.Mutex // protects started, carry and the writes
 	started := false
+	// Text: a UTF-8 sequence cut by a read waits for its end, so that the bytes of
+	// a character are not replaced each on its own.
+	carry := map[string][]byte{}
 	enc := json.NewEncoder(w)
-	emit := func(ev StreamEvent) {
-		mu.Lock()
-		defer mu.Unlock()
+	// emit writes ev, with data in the request's encoding. Precondition: mu held.
+	emit := func(ev StreamEvent, data []byte) {
 		if !started {
 			w.Header().Set("Content-Type", "application/x-ndjson")
 			w.WriteHeader(200)
 			started = true
+		}
+		if b64 {
+			ev.Data = base64.StdEncoding.EncodeToString(data)
+		} else {
+			ev.Data = string(data)
 		}
 		enc.Encode(ev)
 		if fl != nil {
 			fl.Flush()
 		}
 	}
-	req.OnOutput = func(stream string, data []byte) { emit(StreamEvent{Type: stream, Data: string(data)}) }
-	res, err := s.m.Exec(r.Context(), r.PathValue("id"), req)
-	if err != nil {
+	// flush sends a stream's carried bytes as they are (before a marker, at the end).
+	flush := func(stream string) {
+		if c := carry[stream]; len(c) > 0 {
+			delete(carry, stream)
+			emit(StreamEvent{Type: stream}, c)
+		}
+	}
+	req.OnOutput = func(stream string, data []byte) {
 		mu.Lock()
-		st := started
-		mu.Unlock()
-		if !st {
+		defer mu.Unlock()
+		if !b64 {
+			data = append(carry[stream], data...)
+			var rest []byte
+			data, rest = cutIncompleteRune(data)
+			carry[stream] = append([]byte(nil), rest...)
+			if len(data) == 0 {
+				return
+			}
+		}
+		emit(StreamEvent{Type: stream}, data)
+	}
+	req.OnMarker = func(stream, kind, text string, dropped int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		flush(stream)
+		emit(StreamEvent{Type: stream, Marker: kind, Dropped: dropped}, []byte(text))
+	}
+	res, err := s.m.Exec(r.Context(), r.PathValue("id"), req)
+	s.logAbandoned(r, err)
+	mu.Lock()
+	defer mu.Unlock()
+	flush("stdout")
+	flush("stderr")
+	if err != nil {
+		if !started {
 			writeErr(w, err)
 			return
 		}
 		_, code := errdefs.HTTPStatus(err)
 		var eb ErrorBody
 		eb.Error.Code, eb.Error.Message = code, err.Error()
-		emit(StreamEvent{Type: "error", Error: &eb})
+		emit(StreamEvent{Type: "error", Error: &eb}, nil)
 		return
 	}
-	emit(StreamEvent{Type: "result", Result: res})
+	// The events carried the output: the result does not repeat it.
+	res.Stdout, res.Stderr = "", ""
+	res.TimeoutMS = req.Timeout.Milliseconds()
+	if b64 {
+		res.Encoding = apitypes.EncodingBase64
+	}
+	emit(StreamEvent{Type: "result", Result: res}, nil)
+}
+
+// execRequest checks an exec request and turns it into the sandbox's form.
+func execRequest(q ExecRequest) (sandbox.ExecRequest, error) {
+	req := sandbox.ExecRequest{Argv: q.Argv, Env: q.Env, Dir: q.Dir, OutputLimit: q.OutputLimit, Session: q.Session}
+	switch {
+	case q.TimeoutMS == 0:
+		req.Timeout = apitypes.DefaultExecTimeoutMS * time.Millisecond
+	case q.TimeoutMS > 0:
+		req.Timeout = time.Duration(q.TimeoutMS) * time.Millisecond
+	case q.TimeoutMS != -1:
+		return req, fmt.Errorf("timeout_ms %d: want milliseconds > 0, 0 for the default (%d, 10 min) or -1 for none: %w",
+			q.TimeoutMS, apitypes.DefaultExecTimeoutMS, errdefs.ErrInvalid)
+	}
+	if q.OutputLimit < 0 {
+		return req, fmt.Errorf("output_limit %d: want bytes > 0, or 0 for the default (1 MiB): %w", q.OutputLimit, errdefs.ErrInvalid)
+	}
+	switch q.Encoding {
+	case "", apitypes.EncodingText:
+		req.Stdin = []byte(q.Stdin)
+	case apitypes.EncodingBase64:
+		b, err := base64.StdEncoding.DecodeString(q.Stdin)
+		if err != nil {
+			return req, fmt.Errorf("stdin is not base64 (encoding is base64): %v: %w", err, errdefs.ErrInvalid)
+		}
+		req.Stdin = b
+	default:
+		return req, fmt.Errorf("encoding %q: want %q (the default) or %q: %w", q.Encoding, apitypes.EncodingText, apitypes.EncodingBase64, errdefs.ErrInvalid)
+	}
+	return req, nil
+}
+
+// logAbandoned logs a call whose client went away: nobody else hears of it.
+func (s *Server) logAbandoned(r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		s.log.Info("exec: the client went away; the command was interrupted", "sandbox", r.PathValue("id"), "err", err)
+	}
+}
+
+// cutIncompleteRune splits b before a UTF-8 sequence that its end cuts short.
+func cutIncompleteRune(b []byte) (whole, rest []byte) {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax+1; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i], b[i:]
+			}
+			break
+		}
+	}
+	return b, nil
 }
 
 func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {

@@ -17,14 +17,21 @@ type FileInfo struct {
 	ModTime     time.Time `json:"mtime"`
 	LinkTarget  string    `json:"link_target,omitempty"` // a symlink's target, as stored
 	MountPoint  bool      `json:"mount_point,omitempty"` // another mount is on it (not reachable)
+	// A name, path or link target that is not valid UTF-8 is also sent as base64 of
+	// its bytes (the text field then has U+FFFD for each invalid byte). A path query
+	// parameter takes the bytes percent-encoded (%E9).
+	NameBase64       string `json:"name_base64,omitempty"`
+	PathBase64       string `json:"path_base64,omitempty"`
+	LinkTargetBase64 string `json:"link_target_base64,omitempty"`
 }
 
 // FileListing is the answer of GET /v1/sandboxes/{id}/files/list (files.Listing in
 // the daemon).
 type FileListing struct {
-	Path      string     `json:"path"`
-	Entries   []FileInfo `json:"entries"`
-	Truncated bool       `json:"truncated"` // max_entries was reached
+	Path       string     `json:"path"`
+	PathBase64 string     `json:"path_base64,omitempty"` // Path's bytes when not UTF-8
+	Entries    []FileInfo `json:"entries"`
+	Truncated  bool       `json:"truncated"` // max_entries was reached
 }
 
 // FileContent is the answer of GET /v1/sandboxes/{id}/files?format=json.

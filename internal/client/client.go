@@ -6,7 +6,9 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -95,13 +97,39 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 	return c.do(ctx, "DELETE", "/sandboxes/"+id, nil, nil)
 }
 
+// Exec runs a command and returns what it did. Output and stdin are bytes: the client
+// asks for base64 on the wire (whatever r.Encoding says) and gives back Stdout and
+// Stderr as the exact bytes in Go strings.
 func (c *Client) Exec(ctx context.Context, id string, r apitypes.ExecRequest) (*apitypes.ExecResult, error) {
 	var out apitypes.ExecResult
-	if err := c.do(ctx, "POST", "/sandboxes/"+id+"/exec", r, &out); err != nil {
+	if err := c.do(ctx, "POST", "/sandboxes/"+id+"/exec", base64Request(r), &out); err != nil {
 		return nil, err
 	}
-	out.Duration = time.Duration(out.DurationMS * float64(time.Millisecond))
+	if err := decodeResult(&out); err != nil {
+		return nil, err
+	}
 	return &out, nil
+}
+
+// base64Request is r asking for base64, with its stdin encoded.
+func base64Request(r apitypes.ExecRequest) apitypes.ExecRequest {
+	r.Encoding = apitypes.EncodingBase64
+	r.Stdin = base64.StdEncoding.EncodeToString([]byte(r.Stdin))
+	return r
+}
+
+// decodeResult turns an answer's base64 output into its bytes and sets Duration.
+func decodeResult(r *apitypes.ExecResult) error {
+	if r.Encoding == apitypes.EncodingBase64 {
+		o, err1 := base64.StdEncoding.DecodeString(r.Stdout)
+		e, err2 := base64.StdEncoding.DecodeString(r.Stderr)
+		if err := errors.Join(err1, err2); err != nil {
+			return fmt.Errorf("the daemon's exec answer has bad base64: %w", err)
+		}
+		r.Stdout, r.Stderr, r.Encoding = string(o), string(e), ""
+	}
+	r.Duration = time.Duration(r.DurationMS * float64(time.Millisecond))
+	return nil
 }
 
 // Sh runs a shell command line (bash -c) with a timeout.

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -50,7 +51,39 @@ func (c *Client) fileJSON(ctx context.Context, method, id, sub string, q url.Val
 		_, err = io.Copy(io.Discard, resp.Body)
 		return err
 	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return err
+	}
+	switch v := out.(type) {
+	case *apitypes.FileInfo:
+		exactNames(v)
+	case *apitypes.MkdirResult:
+		exactNames(&v.Entry)
+	case *apitypes.FileListing:
+		v.Path = exact(v.Path, v.PathBase64)
+		for i := range v.Entries {
+			exactNames(&v.Entries[i])
+		}
+	}
+	return nil
+}
+
+// exactNames puts the bytes of names that are not UTF-8 (sent in base64) in the text
+// fields: Go strings hold any bytes, and a path from a listing then names its file.
+func exactNames(in *apitypes.FileInfo) {
+	in.Name = exact(in.Name, in.NameBase64)
+	in.Path = exact(in.Path, in.PathBase64)
+	in.LinkTarget = exact(in.LinkTarget, in.LinkTargetBase64)
+}
+
+func exact(text, b64 string) string {
+	if b64 == "" {
+		return text
+	}
+	if b, err := base64.StdEncoding.DecodeString(b64); err == nil {
+		return string(b)
+	}
+	return text
 }
 
 // ReadFile returns the content of file p in sandbox id (absolute, or relative to

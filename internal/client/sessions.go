@@ -1,20 +1,47 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
 )
 
-// ExecStream runs a command and calls onOutput with its output as it is produced.
+// ExecStream runs a command and calls onOutput with its output as it is produced
+// (stream "stdout" or "stderr"; DeltaBox's markers included, where they stand). The
+// result holds the whole kept output, as a whole answer would. Output is bytes, as
+// for Exec.
 func (c *Client) ExecStream(ctx context.Context, id string, r apitypes.ExecRequest, onOutput func(stream, data string)) (*apitypes.ExecResult, error) {
+	var out, errb strings.Builder
+	res, err := c.ExecEvents(ctx, id, r, func(ev apitypes.StreamEvent) {
+		if ev.Type == "stderr" {
+			errb.WriteString(ev.Data)
+		} else {
+			out.WriteString(ev.Data)
+		}
+		if onOutput != nil {
+			onOutput(ev.Type, ev.Data)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	res.Stdout, res.Stderr = out.String(), errb.String()
+	return res, nil
+}
+
+// ExecEvents runs a command with a streamed answer and calls onEvent with each
+// "stdout" and "stderr" event (Data as bytes; Marker set on DeltaBox's markers). The
+// result's Stdout and Stderr are empty: the events carried the output.
+func (c *Client) ExecEvents(ctx context.Context, id string, r apitypes.ExecRequest, onEvent func(apitypes.StreamEvent)) (*apitypes.ExecResult, error) {
+	r = base64Request(r)
 	r.Stream = true
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -34,29 +61,44 @@ func (c *Client) ExecStream(ctx context.Context, id string, r apitypes.ExecReque
 		body, _ := io.ReadAll(resp.Body)
 		return nil, errorFrom(resp, body)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 64<<20)
-	for sc.Scan() {
+	// A decoder, not a line scanner: an event has no size limit.
+	dec := json.NewDecoder(resp.Body)
+	for {
 		var ev apitypes.StreamEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return nil, fmt.Errorf("bad stream event: %w", err)
+		if err := dec.Decode(&ev); err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("exec abandoned: %w", ctx.Err())
+			}
+			if err == io.EOF {
+				return nil, fmt.Errorf("the daemon ended the stream without a result")
+			}
+			return nil, fmt.Errorf("reading the daemon's exec stream: %w", err)
 		}
 		switch ev.Type {
 		case "stdout", "stderr":
-			if onOutput != nil {
-				onOutput(ev.Type, ev.Data)
+			d, err := base64.StdEncoding.DecodeString(ev.Data)
+			if err != nil {
+				return nil, fmt.Errorf("bad stream event (data not base64): %w", err)
+			}
+			ev.Data = string(d)
+			if onEvent != nil {
+				onEvent(ev)
 			}
 		case "result":
-			ev.Result.Duration = time.Duration(ev.Result.DurationMS * float64(time.Millisecond))
+			if ev.Result == nil {
+				return nil, fmt.Errorf("the daemon's result event has no result")
+			}
+			if err := decodeResult(ev.Result); err != nil {
+				return nil, err
+			}
 			return ev.Result, nil
 		case "error":
+			if ev.Error == nil {
+				return nil, fmt.Errorf("the daemon's error event has no error")
+			}
 			return nil, &Error{Status: statusOf(ev.Error.Error.Code), Code: ev.Error.Error.Code, Message: ev.Error.Error.Message}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	return nil, fmt.Errorf("the daemon ended the stream without a result")
 }
 
 func statusOf(code string) int {

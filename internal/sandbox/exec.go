@@ -44,9 +44,14 @@ type ExecRequest struct {
 	// Session, if set, runs Argv as shell code in that session (see package session);
 	// the state manager handles it, Exec ignores it.
 	Session string
-	// OnOutput, if set, receives output as it is produced ("stdout" or "stderr").
-	// It may be called from two goroutines at once.
+	// OnOutput, if set, receives the kept output ("stdout" or "stderr"): the head as
+	// it is produced, the tail once the command has ended (whether it will be kept is
+	// known only then). It may be called from two goroutines at once.
 	OnOutput func(stream string, data []byte)
+	// OnMarker, if set with OnOutput, receives DeltaBox's markers in their place in
+	// the output: kind "dropped" (dropped bytes of stream were dropped there) or
+	// "timeout"; text is the marker as a whole answer holds it.
+	OnMarker func(stream, kind, text string, dropped int64)
 }
 
 // ExecResult is what a command did. The wire form is defined once, in apitypes.
@@ -112,8 +117,8 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	}()
 	stdout, stderr := newCapture(limit), newCapture(limit)
 	if r.OnOutput != nil {
-		stdout.emit = func(b []byte) { r.OnOutput("stdout", b) }
-		stderr.emit = func(b []byte) { r.OnOutput("stderr", b) }
+		stdout.live = func(b []byte) { r.OnOutput("stdout", b) }
+		stderr.live = func(b []byte) { r.OnOutput("stderr", b) }
 	}
 	outDone := make(chan struct{}, 2)
 	go func() { stdout.readFrom(outR); outDone <- struct{}{} }()
@@ -160,8 +165,13 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 			<-outDone
 		}
 	}
-	res.Stdout, res.StdoutTruncated = stdout.result("stdout")
-	res.Stderr, res.StderrTruncated = stderr.result("stderr")
+	res.Stdout, res.StdoutDropped = stdout.result("stdout")
+	res.Stderr, res.StderrDropped = stderr.result("stderr")
+	res.StdoutTruncated, res.StderrTruncated = res.StdoutDropped > 0, res.StderrDropped > 0
+	if r.OnOutput != nil {
+		stdout.finish("stdout", r.OnOutput, r.OnMarker)
+		stderr.finish("stderr", r.OnOutput, r.OnMarker)
+	}
 	if ws.Signaled() {
 		res.ExitCode = -1
 		res.Signal = int(ws.Signal())
@@ -169,39 +179,76 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		res.ExitCode = ws.ExitStatus()
 	}
 	if res.TimedOut {
-		res.Stderr += fmt.Sprintf("\n[deltabox: command timed out after %v; its process group was killed]\n", r.Timeout)
+		m := fmt.Sprintf("\n[deltabox: command timed out after %v; its process group was killed]\n", r.Timeout)
+		res.Stderr += m
+		if r.OnMarker != nil {
+			r.OnMarker("stderr", apitypes.MarkerTimeout, m, 0)
+		}
 	}
 	res.DurationMS = float64(res.Duration.Microseconds()) / 1000
 	return res, nil
 }
 
-// capture keeps the first limit bytes of a stream and counts the rest, which it
-// reads and drops so that the writer never blocks on a full pipe.
+// capture keeps what an answer holds of one output stream: its first head bytes and
+// its last tail bytes (head + tail = the limit). What falls between is read, counted
+// and dropped, so that the writer never blocks on a full pipe.
+//
+// Why the tail gets three quarters: what ends a command's output (the failing test,
+// the compiler's last error, the summary) is what an agent needs most, and the head
+// still shows how it started. Streaming (live) sends the head as it is read; the rest
+// waits in the ring until the command ends, since only then is it known which of it
+// is kept (finish).
 type capture struct {
-	buf     bytes.Buffer
-	limit   int
-	dropped int64
-	emit    func([]byte) // streaming: what is kept, as it arrives
+	head    []byte
+	headMax int
+	ring    []byte // the output after the head: its last tailMax bytes at most
+	next    int    // once the ring is full: where its oldest byte is (the next to go)
+	tailMax int
+	total   int64
+	live    func([]byte) // streaming: the head as it arrives
 }
 
-func newCapture(limit int) *capture { return &capture{limit: limit} }
+func newCapture(limit int) *capture {
+	h := limit / 4
+	return &capture{headMax: h, tailMax: limit - h}
+}
+
+// write adds output read from the stream.
+func (c *capture) write(b []byte) {
+	c.total += int64(len(b))
+	if n := min(c.headMax-len(c.head), len(b)); n > 0 {
+		c.head = append(c.head, b[:n]...)
+		if c.live != nil {
+			c.live(b[:n])
+		}
+		b = b[n:]
+	}
+	if len(b) == 0 || c.tailMax == 0 {
+		return
+	}
+	if len(b) >= c.tailMax { // the ring is all of b's end
+		c.ring = append(c.ring[:0], b[len(b)-c.tailMax:]...)
+		c.next = 0
+		return
+	}
+	if room := c.tailMax - len(c.ring); room > 0 { // growing (next stays 0)
+		n := min(room, len(b))
+		c.ring = append(c.ring, b[:n]...)
+		b = b[n:]
+	}
+	for len(b) > 0 { // full: overwrite the oldest
+		n := copy(c.ring[c.next:], b)
+		b = b[n:]
+		c.next = (c.next + n) % c.tailMax
+	}
+}
 
 func (c *capture) readFrom(r io.Reader) {
 	b := make([]byte, 64<<10)
 	for {
 		n, err := r.Read(b)
 		if n > 0 {
-			room := c.limit - c.buf.Len()
-			if room > n {
-				room = n
-			}
-			if room > 0 {
-				c.buf.Write(b[:room])
-				if c.emit != nil {
-					c.emit(b[:room])
-				}
-			}
-			c.dropped += int64(n - room)
+			c.write(b[:n])
 		}
 		if err != nil {
 			return
@@ -209,11 +256,48 @@ func (c *capture) readFrom(r io.Reader) {
 	}
 }
 
-func (c *capture) result(name string) (string, bool) {
-	if c.dropped == 0 {
-		return c.buf.String(), false
+// tail is the ring in order, oldest first.
+func (c *capture) tail() []byte {
+	t := make([]byte, 0, len(c.ring))
+	return append(append(t, c.ring[c.next:]...), c.ring[:c.next]...)
+}
+
+func (c *capture) dropped() int64 { return c.total - int64(len(c.head)) - int64(len(c.ring)) }
+
+// DroppedMarker is the line that stands for dropped output in an answer, between
+// what was kept of its head and of its tail; stream is "stdout", "stderr" or (a
+// session's terminal) "output". docs/API.md documents the form.
+func DroppedMarker(dropped int64, stream string) string {
+	return fmt.Sprintf("\n[deltabox: %d bytes of %s dropped]\n", dropped, stream)
+}
+
+// result is the kept output, with the marker between head and tail when bytes were
+// dropped, and how many were.
+func (c *capture) result(name string) (string, int64) {
+	d := c.dropped()
+	var b bytes.Buffer
+	b.Grow(len(c.head) + len(c.ring) + 64)
+	b.Write(c.head)
+	if d > 0 {
+		b.WriteString(DroppedMarker(d, name))
 	}
-	return c.buf.String() + fmt.Sprintf("\n[deltabox: %s truncated at %d bytes; %d more bytes dropped]\n", name, c.limit, c.dropped), true
+	b.Write(c.ring[c.next:])
+	b.Write(c.ring[:c.next])
+	return b.String(), d
+}
+
+// finish streams what live did not send: the marker, if bytes were dropped, then the
+// tail. Precondition: the reader is done.
+func (c *capture) finish(name string, out func(string, []byte), marker func(stream, kind, text string, dropped int64)) {
+	if d := c.dropped(); d > 0 && marker != nil {
+		marker(name, apitypes.MarkerDropped, DroppedMarker(d, name), d)
+	}
+	t := c.tail()
+	for len(t) > 0 {
+		n := min(len(t), 64<<10)
+		out(name, t[:n])
+		t = t[n:]
+	}
 }
 
 // killWait bounds the wait for a killed command's exit: SIGKILL takes effect when the

@@ -57,6 +57,16 @@ func (o *output) finish(unwound bool) {
 	o.held = o.held[:0]
 }
 
+// holding reports whether a trailing newline is held back.
+func (o *output) holding() bool { return len(o.held) > 0 }
+
+// flushHeld passes on the held-back newline: nothing followed it in time, so it is the
+// command's own.
+func (o *output) flushHeld() {
+	o.pass(o.held)
+	o.held = o.held[:0]
+}
+
 // addNote appends a marker of deltabox's own (a timeout, the session's end) after the
 // output, and streams it.
 func (o *output) addNote(s string) {

@@ -97,6 +97,10 @@ type Session struct {
 	closed bool
 	gen    int      // process generation: Rebind after a restore starts a new one
 	slave  *os.File // held by NewDetached until Rebind
+
+	// settling is closed when the interruption of an abandoned call's command is over
+	// (nil when none runs): the next call waits for it rather than meet a busy session.
+	settling chan struct{}
 }
 
 var pythonDriver = `
@@ -390,6 +394,24 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		limit = sandbox.DefaultOutputLimit
 	}
 	s.mu.Lock()
+	// A call whose client has just gone is known as such a moment later (the server
+	// reads the closed connection, then the call's context ends): a busy session gets
+	// that moment before the call is refused.
+	for end := time.Now().Add(busyGrace); s.busy && s.settling == nil && time.Now().Before(end); {
+		s.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		s.mu.Lock()
+	}
+	for s.busy && s.settling != nil {
+		ch := s.settling
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		s.mu.Lock()
+	}
 	if s.busy {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("session %s is running another call: %w", s.name, ErrBusy)
@@ -405,6 +427,10 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	defer func() {
 		s.mu.Lock()
 		s.busy = false
+		if s.settling != nil {
+			close(s.settling)
+			s.settling = nil
+		}
 		s.mu.Unlock()
 	}()
 
@@ -426,10 +452,19 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		return nil, fmt.Errorf("write to session %s: %w", s.name, err)
 	}
 	end, err := s.await(ctx, id, timeout, out)
-	if errors.Is(err, errTimeout) {
+	// A caller gone (ctx: its client disconnected) interrupts the command as a timeout
+	// does, so that the session is idle again, its marker read, before the next call.
+	var ended *endedError
+	abandoned := err != nil && ctx.Err() != nil && !errors.Is(err, errTimeout) && !errors.As(err, &ended)
+	if abandoned {
+		s.mu.Lock()
+		s.settling = make(chan struct{})
+		s.mu.Unlock()
+	}
+	if errors.Is(err, errTimeout) || abandoned {
 		res.TimedOut = true
 		// Interrupt the command, not the session: ^C reaches the foreground group.
-		s.master.Write([]byte{0x03})
+		s.interrupt()
 		end, err = s.await(context.Background(), id, 5*time.Second, out)
 		if errors.Is(err, errTimeout) {
 			// It ignored SIGINT: kill the terminal's foreground group if it is not the
@@ -442,9 +477,11 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 				return nil, fmt.Errorf("session %s did not come back after its command timed out: %w", s.name, err)
 			}
 		}
+		if abandoned {
+			return nil, fmt.Errorf("session %s: the call was abandoned and its command interrupted: %w", s.name, ctx.Err())
+		}
 	}
 	res.Duration = time.Since(start)
-	var ended *endedError
 	switch {
 	case errors.As(err, &ended):
 		res.ExitCode, res.Signal = ended.status, ended.signal
@@ -461,6 +498,34 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	res.Output, res.Truncated = out.result()
 	return res, nil
 }
+
+// interrupt types ^C into the terminal: the kernel sends SIGINT to its foreground
+// process group. A bash session runs a command in a process group it forks; until the
+// child has exec'd the command it has the interactive shell's SIGINT handler, and a
+// ^C then is lost: the command runs on (measured: one ^C in three, right after a
+// command started). So a bash session's ^C waits first, 200 ms at most, while the
+// foreground group is the shell's own or led by the shell's executable (a fork not yet
+// exec'd; a subshell or a bash script also look so, and get the ^C at 200 ms).
+func (s *Session) interrupt() {
+	if s.kind == Bash {
+		fd := int(s.master.Fd())
+		sid, err := unix.IoctlGetInt(fd, unix.TIOCGSID)
+		shell, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", sid))
+		for end := time.Now().Add(200 * time.Millisecond); err == nil && shell != "" && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+			if err != nil {
+				break
+			}
+			if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pg)); pg != sid && exe != shell {
+				break
+			}
+		}
+	}
+	s.master.Write([]byte{0x03})
+}
+
+// busyGrace is how long a call waits for a busy session before it is refused.
+const busyGrace = 250 * time.Millisecond
 
 var errTimeout = errors.New("timed out")
 
@@ -507,7 +572,22 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A trailing newline out holds back (output.add: maybe the newline bash prints as
+	// exit or errexit unwinds a call, which comes right before the sentinel) is passed on
+	// once heldFlush has gone by with nothing more: a line streamed as it is printed must
+	// not wait for the next one.
+	var flushTimer *time.Timer
+	flush := false
+	defer func() {
+		if flushTimer != nil {
+			flushTimer.Stop()
+		}
+	}()
 	for {
+		if flush && len(s.buf) == 0 {
+			out.flushHeld()
+			flush = false
+		}
 		// Consume the buffer up to a whole sentinel of this call, or up to a 0x1e that
 		// might begin one once more comes; other sentinels (empty ids: the lines of the
 		// call itself) are dropped, stray bytes are output.
@@ -562,9 +642,25 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 			}
 			return sentinel{}, errTimeout
 		}
+		if out.holding() {
+			if flushTimer != nil {
+				flushTimer.Stop()
+			}
+			flush = false
+			flushTimer = time.AfterFunc(heldFlush, func() {
+				s.mu.Lock()
+				flush = true
+				s.cond.Broadcast()
+				s.mu.Unlock()
+			})
+		}
 		s.cond.Wait()
 	}
 }
+
+// heldFlush is how long a held-back trailing newline waits for more output (bash writes
+// the unwind newline and the sentinel back to back).
+const heldFlush = 50 * time.Millisecond
 
 // Logs returns what a session printed that no call consumed (for a command session:
 // the tail of its output, up to 1 MiB).

@@ -193,7 +193,7 @@ class Transport:
     """Sends requests to one daemon. Thread-safe: each request takes a connection of
     its own from a pool of idle kept-alive ones (or opens one)."""
 
-    def __init__(self, socket_path: str, timeout: Optional[float] = 300.0,
+    def __init__(self, socket_path: str, timeout: Optional[float] = 600.0,
                  max_idle: int = 8) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
@@ -243,9 +243,13 @@ class Transport:
     # ---- requests ----
 
     def url(self, path: str, query: Optional[Dict[str, Any]] = None) -> str:
+        """The URL of path with query; a str value is sent as its bytes, with the
+        surrogates of ``surrogateescape`` (a file name that is not UTF-8) as the bytes
+        they stand for."""
         u = API_PREFIX + path
         if query:
-            u += "?" + urlencode([(k, v) for k, v in query.items() if v is not None])
+            u += "?" + urlencode([(k, v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v)
+                                  for k, v in query.items() if v is not None])
         return u
 
     def _unreachable(self, err: BaseException) -> DaemonUnreachable:

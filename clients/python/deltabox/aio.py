@@ -26,7 +26,7 @@ Differences from the synchronous API: ``head`` and ``status`` are coroutine meth
 function or a coroutine function; its output is awaited before the next piece is read,
 so it may apply back-pressure, and if it raises the command is abandoned and killed).
 Cancelling a task that awaits a call does not stop what the daemon already does (a
-command runs until it ends or its ``timeout``).
+command runs until it ends or its ``timeout``: the client's by default).
 """
 
 import asyncio
@@ -41,7 +41,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opt
 
 from .client import Client, OnProgress
 from .models import Checkpoint, FileInfo, Listing, RestoreResult, Result, SandboxMemory, Tree
-from .sandbox import DEFAULT_WAIT, Command, Files, Sandbox, Session, Sessions
+from .sandbox import CLIENT_TIMEOUT, DEFAULT_WAIT, Command, Files, Sandbox, Session, Sessions, Timeout
 
 T = TypeVar("T")
 
@@ -60,7 +60,7 @@ class AsyncClient:
         client: a synchronous client to use instead of making one.
     """
 
-    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 300.0,
+    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 600.0,
                  max_workers: int = 64, client: Optional[Client] = None) -> None:
         self.blocking = client if client is not None else Client(socket_path, timeout=timeout)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="deltabox-aio")
@@ -248,7 +248,7 @@ class AsyncSandbox:
         """:meth:`Sandbox.memory`."""
         return await self.client.call(self.blocking.memory)
 
-    async def run(self, cmd: Command, timeout: Optional[float] = None,
+    async def run(self, cmd: Command, timeout: Timeout = CLIENT_TIMEOUT,
                   session: Union[str, bool, None] = None,
                   env: Union[Mapping[str, Any], Iterable[str], None] = None,
                   cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None,
@@ -330,7 +330,7 @@ class AsyncSession:
             raise ValueError("session %r belongs to no sandbox" % self.name)
         return self._sandbox
 
-    async def run(self, code: str, timeout: Optional[float] = None,
+    async def run(self, code: str, timeout: Timeout = CLIENT_TIMEOUT,
                   on_output: Optional[AsyncOnOutput] = None) -> Result:
         return await self._sb().run(code, timeout=timeout, session=self.name, on_output=on_output)
 
@@ -366,7 +366,7 @@ class AsyncSessions:
     async def logs(self, name: str) -> str:
         return await self._sb.client.call(self._s.logs, name)
 
-    async def run(self, name: str, code: str, timeout: Optional[float] = None,
+    async def run(self, name: str, code: str, timeout: Timeout = CLIENT_TIMEOUT,
                   on_output: Optional[AsyncOnOutput] = None) -> Result:
         return await self._sb.run(code, timeout=timeout, session=name, on_output=on_output)
 

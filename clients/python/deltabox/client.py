@@ -74,13 +74,15 @@ class Client:
     Args:
         socket_path: the daemon's socket; default $DELTABOX_SOCKET, else
             /run/deltabox/deltabox.sock.
-        timeout: seconds to wait for an answer to calls other than ``run`` (which
-            waits for its command's own timeout, plus a minute, or without limit).
+        timeout: seconds that bound every call: the wait for an answer, and the
+            command's timeout of a ``run`` that gives none (the daemon interrupts the
+            command then; the client waits a minute more for its answer). None: no
+            bound (``run`` then has the daemon's default timeout, 10 minutes).
 
     Thread-safe: concurrent calls use separate kept-alive connections.
     """
 
-    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 300.0) -> None:
+    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 600.0) -> None:
         self.socket_path = socket_path_from_env(socket_path)
         self._t = Transport(self.socket_path, timeout=timeout)
         #: ``client.images()`` lists the images; ``client.images.import_(name,

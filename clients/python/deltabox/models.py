@@ -1,6 +1,7 @@
 """The values the client returns: Result, Checkpoint (a node of the snapshot tree),
 Templates, OpMemory, SandboxMemory, RestoreResult, Tree, FileInfo and Listing."""
 
+import base64
 import datetime as _dt
 import re
 from dataclasses import dataclass, field, replace
@@ -48,14 +49,19 @@ class Result:
     Attributes:
         exit_code: the command's status; -1 when it was killed by a signal
             (``signal`` says which), e.g. on timeout.
-        stdout, stderr: its output, decoded as UTF-8 by the daemon (invalid bytes
-            become U+FFFD). In a session, stdout is the terminal's merged output and
-            stderr is empty.
+        stdout, stderr: its output as text, decoded as UTF-8 (invalid bytes become
+            U+FFFD). In a session, stdout is the terminal's merged output and stderr
+            is empty.
+        stdout_bytes, stderr_bytes: the same output, the exact bytes (binary output,
+            other encodings).
         duration: seconds the command took, measured by the daemon.
         timed_out: the timeout was reached: a plain command's process group was
             killed; a session's command was interrupted (^C) and the session lives on.
-        truncated: stdout or stderr went over the output limit and was cut (with a
-            visible marker at the end).
+        timeout: the timeout that applied, in seconds (None: none).
+        truncated: stdout or stderr went over the output limit: its first quarter and
+            last three quarters were kept, with a marker between them,
+            ``[deltabox: N bytes of stdout dropped]``.
+        stdout_dropped, stderr_dropped: how many bytes were dropped.
         session_restarted: the session had been ended by a checkpoint or restore and
             was started again for this call (its state is gone).
         oom: set when the sandbox's memory limit made the kernel kill a process
@@ -77,14 +83,42 @@ class Result:
     stderr_truncated: bool = False
     oom: Optional[str] = None
     argv: Optional[List[str]] = field(default=None, repr=False, compare=False)
+    stdout_bytes: bytes = field(default=b"", repr=False)
+    stderr_bytes: bytes = field(default=b"", repr=False)
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    timeout: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        # Made from text alone (by hand): the bytes are its UTF-8.
+        if not self.stdout_bytes and self.stdout:
+            self.stdout_bytes = self.stdout.encode("utf-8")
+        if not self.stderr_bytes and self.stderr:
+            self.stderr_bytes = self.stderr.encode("utf-8")
 
     @classmethod
-    def from_api(cls, d: Dict[str, Any], argv: Optional[List[str]] = None) -> "Result":
+    def from_api(cls, d: Dict[str, Any], argv: Optional[List[str]] = None,
+                 stdout_bytes: Optional[bytes] = None,
+                 stderr_bytes: Optional[bytes] = None) -> "Result":
+        """A Result from the daemon's answer (``encoding`` base64 or text); a streamed
+        call gives the output its events carried as ``stdout_bytes``/``stderr_bytes``."""
         so, se = bool(d.get("stdout_truncated")), bool(d.get("stderr_truncated"))
+        out, err = stdout_bytes, stderr_bytes
+        if d.get("encoding") == "base64":
+            if out is None:
+                out = base64.b64decode(d.get("stdout") or "")
+            if err is None:
+                err = base64.b64decode(d.get("stderr") or "")
+        else:
+            if out is None:
+                out = (d.get("stdout") or "").encode("utf-8")
+            if err is None:
+                err = (d.get("stderr") or "").encode("utf-8")
+        ms = d.get("timeout_ms")
         return cls(
             exit_code=int(d.get("exit_code", -1)),
-            stdout=d.get("stdout") or "",
-            stderr=d.get("stderr") or "",
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
             duration=float(d.get("duration_ms") or 0.0) / 1000.0,
             timed_out=bool(d.get("timed_out")),
             truncated=so or se,
@@ -95,6 +129,11 @@ class Result:
             stderr_truncated=se,
             oom=d.get("oom") or None,
             argv=argv,
+            stdout_bytes=out,
+            stderr_bytes=err,
+            stdout_dropped=int(d.get("stdout_dropped") or 0),
+            stderr_dropped=int(d.get("stderr_dropped") or 0),
+            timeout=float(ms) / 1000.0 if ms else None,
         )
 
     @property
@@ -619,9 +658,25 @@ def _mib(n: int) -> str:
     return "%.1f MiB" % (n / float(1 << 20))
 
 
+def name_of(d: Dict[str, Any], key: str) -> Optional[str]:
+    """A file name of an answer as ``os.listdir`` gives it: its bytes decoded as UTF-8,
+    with bytes that are not UTF-8 kept as surrogates (``surrogateescape``, taken from
+    the ``KEY_base64`` field the daemon adds for such names), so that the name can be
+    passed back as it is."""
+    b64 = d.get(key + "_base64")
+    if b64:
+        return base64.b64decode(b64).decode("utf-8", "surrogateescape")
+    v = d.get(key)
+    return v if isinstance(v, str) else None
+
+
 @dataclass
 class FileInfo:
     """A file, directory or other entry of a sandbox's filesystem.
+
+    ``name``, ``path`` and ``link_target`` are str as ``os.listdir`` gives them: a
+    name that is not UTF-8 has its bytes as surrogates (``path_bytes`` has them), and
+    works as it is as a path of ``sb.files``.
 
     ``mode`` is the permission bits (setuid/setgid/sticky included) as an int
     (``oct(info.mode)``); ``permissions`` is how ls prints them; ``type`` is one of
@@ -643,8 +698,8 @@ class FileInfo:
     @classmethod
     def from_api(cls, d: Dict[str, Any]) -> "FileInfo":
         return cls(
-            name=d.get("name") or "",
-            path=d.get("path") or "",
+            name=name_of(d, "name") or "",
+            path=name_of(d, "path") or "",
             type=d.get("type") or "",
             size=int(d.get("size") or 0),
             mode=int(d.get("mode") or 0),
@@ -652,9 +707,14 @@ class FileInfo:
             uid=int(d.get("uid") or 0),
             gid=int(d.get("gid") or 0),
             mtime=parse_time(d.get("mtime")),
-            link_target=d.get("link_target") or None,
+            link_target=name_of(d, "link_target") or None,
             mount_point=bool(d.get("mount_point")),
         )
+
+    @property
+    def path_bytes(self) -> bytes:
+        """The path's exact bytes (``os.fsencode`` of it)."""
+        return self.path.encode("utf-8", "surrogateescape")
 
     @property
     def is_dir(self) -> bool:

@@ -1,5 +1,7 @@
 """Sandbox, with its files and sessions."""
 
+import base64
+import codecs
 import datetime as _dt
 import json
 import warnings
@@ -9,7 +11,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 from ._http import q
 from .errors import Conflict, MemoryWarning, NotFound, from_answer
-from .models import (Checkpoint, FileInfo, Listing, RestoreResult, Result, SandboxMemory, Tree,
+from .models import (Checkpoint, FileInfo, Listing, RestoreResult, Result, SandboxMemory, Tree, name_of,
                      parse_time)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -18,8 +20,20 @@ if TYPE_CHECKING:  # pragma: no cover
 OnOutput = Callable[[str, str], None]
 Command = Union[str, Sequence[str]]
 
-# Extra seconds the client waits for an answer beyond a command's own timeout
-# (the daemon reads output for 200 ms more, then answers).
+
+class _ClientTimeout:
+    """The default ``timeout`` of run(): the client's (``Client(timeout=...)``)."""
+
+    def __repr__(self) -> str:
+        return "<the client's timeout>"
+
+
+CLIENT_TIMEOUT = _ClientTimeout()
+Timeout = Union[float, None, _ClientTimeout]
+
+# Extra seconds the client waits for an answer beyond a command's own timeout: the
+# daemon reads output for 200 ms more, waits up to 10 s for a killed command's exit, or
+# up to 10 s for a session's command to stop after ^C, then answers.
 _ANSWER_GRACE = 60.0
 
 # How long checkpoint() and restore() queue behind running commands and file operations
@@ -54,8 +68,9 @@ def _env_list(env: Union[Mapping[str, Any], Iterable[str], None]) -> Optional[Li
 
 
 def _timeout_ms(timeout: Optional[float]) -> Optional[int]:
+    """timeout_ms of a request: None (no timeout) is -1."""
     if timeout is None:
-        return None
+        return -1
     if timeout <= 0:
         raise ValueError("timeout must be > 0 seconds (None: no timeout), got %r" % (timeout,))
     return max(1, int(round(timeout * 1000)))
@@ -73,6 +88,11 @@ def _wait_ms(wait: Optional[float]) -> int:
 def _warn(ws: List[str]) -> None:
     for w in ws:
         warnings.warn(w, MemoryWarning, stacklevel=3)
+
+
+def _stdin_b64(stdin: Union[str, bytes, bytearray, memoryview]) -> str:
+    data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
+    return base64.b64encode(data).decode("ascii")
 
 
 def _mode(mode: Union[int, str, None]) -> Optional[str]:
@@ -250,7 +270,7 @@ class Sandbox:
 
     # ---- commands ----
 
-    def run(self, cmd: Command, timeout: Optional[float] = None,
+    def run(self, cmd: Command, timeout: Timeout = CLIENT_TIMEOUT,
             session: Union[str, bool, None] = None,
             env: Union[Mapping[str, Any], Iterable[str], None] = None,
             cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None,
@@ -265,19 +285,30 @@ class Sandbox:
                 ``session``, the string is code for the session (bash or python).
             timeout: seconds; a plain command's whole process group is then killed,
                 a session's command is interrupted (^C) and the session lives on.
-                Either way ``timed_out`` is set. None: no timeout.
+                Either way ``timed_out`` is set. By default the client's timeout
+                (``Client(timeout=...)``, 600 s unless set; with ``Client(timeout=None)``
+                the daemon's default, 10 minutes); None: no timeout.
             session: run in a persistent session instead of a new process: ``"main"``
                 (or True) is the default bash session, started on first use; other
                 names are started with ``sb.sessions.start``. One call at a time per
                 session (Conflict otherwise).
             env: extra environment, a dict or ``KEY=VALUE`` strings.
             cwd: directory, absolute or relative to the workdir.
-            stdin: text given on the command's standard input.
+            stdin: given on the command's standard input: bytes as they are, str as
+                UTF-8.
             on_output: ``on_output(stream, data)`` is called with each piece of output
-                as it is produced (``stream`` is ``"stdout"`` or ``"stderr"``), in
-                order. If it raises, the call is abandoned and the daemon kills the
-                command.
-            output_limit: cap in bytes of each of stdout and stderr (default 1 MiB).
+                as it is produced (``stream`` is ``"stdout"`` or ``"stderr"``; ``data``
+                is text, decoded as UTF-8 across pieces; the markers of dropped output
+                and of a timeout included), in order. If it raises, the call is
+                abandoned and the daemon kills the command. The result holds the whole
+                output as well.
+            output_limit: cap in bytes of each of stdout and stderr (default 1 MiB):
+                the first quarter and the last three quarters are kept.
+
+        If the call is abandoned (``on_output`` raises, KeyboardInterrupt, the
+        client's wait runs out) the connection closes and the daemon interrupts the
+        command: a plain command's process group is killed, a session's command gets
+        ^C and the session is ready for the next call.
         """
         if session is True:
             session = "main"
@@ -289,35 +320,46 @@ class Sandbox:
             argv = [str(a) for a in cmd]
             if not argv:
                 raise ValueError("empty command")
-        body = {"argv": argv}  # type: Dict[str, Any]
+        body = {"argv": argv, "encoding": "base64"}  # type: Dict[str, Any]
         e = _env_list(env)
         if e:
             body["env"] = e
         if cwd:
             body["dir"] = cwd
         if stdin is not None:
-            body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, (bytes, bytearray)) else stdin
-        ms = _timeout_ms(timeout)
+            body["stdin"] = _stdin_b64(stdin)
+        if isinstance(timeout, _ClientTimeout):
+            t = self.client._t.timeout  # type: Optional[float]
+            ms = None if t is None else _timeout_ms(t)  # None: the daemon's default
+        else:
+            t = timeout
+            ms = _timeout_ms(timeout)
         if ms is not None:
             body["timeout_ms"] = ms
         if output_limit:
             body["output_limit"] = int(output_limit)
         if session:
             body["session"] = session
-        wait = None if timeout is None else timeout + _ANSWER_GRACE
+        wait = None if t is None else t + _ANSWER_GRACE
         path = "/sandboxes/%s/exec" % q(self.id)
         if on_output is None:
             return Result.from_api(self.client._t.json("POST", path, body, timeout=wait), argv)
         body["stream"] = True
-        result = None
+        result = None  # type: Optional[Dict[str, Any]]
+        got = {"stdout": [], "stderr": []}  # type: Dict[str, List[bytes]]
+        text = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in got}
         events = self.client._t.stream("POST", path, body, timeout=wait)
         try:
             for ev in events:
                 kind = ev.get("type")
                 if kind in ("stdout", "stderr"):
-                    on_output(kind, ev.get("data") or "")
+                    data = base64.b64decode(ev.get("data") or "")
+                    got[kind].append(data)
+                    piece = text[kind].decode(data)
+                    if piece:
+                        on_output(kind, piece)
                 elif kind == "result":
-                    result = Result.from_api(ev.get("result") or {}, argv)
+                    result = ev.get("result") or {}
                 elif kind == "error":
                     err = (ev.get("error") or {}).get("error") or {}
                     raise from_answer(None, err.get("code"), err.get("message") or "the command failed")
@@ -325,7 +367,11 @@ class Sandbox:
             events.close()
         if result is None:
             raise from_answer(500, "internal", "the daemon ended the output stream without a result")
-        return result
+        for kind, dec in text.items():
+            rest = dec.decode(b"", final=True)
+            if rest:
+                on_output(kind, rest)
+        return Result.from_api(result, argv, b"".join(got["stdout"]), b"".join(got["stderr"]))
 
     # ---- checkpoints ----
 
@@ -439,7 +485,7 @@ class Session:
                    started=parse_time(d.get("started")), running=bool(d.get("running")),
                    busy=bool(d.get("busy")), exit=d.get("exit") or None, _sandbox=sb)
 
-    def run(self, code: str, timeout: Optional[float] = None,
+    def run(self, code: str, timeout: Timeout = CLIENT_TIMEOUT,
             on_output: Optional[OnOutput] = None) -> Result:
         """Runs code in this session (``sb.run(code, session=name)``)."""
         assert self._sandbox is not None
@@ -502,7 +548,7 @@ class Sessions:
         data, _ = self._sb.client._t.request("GET", self._path(name, "logs"))
         return data.decode("utf-8", "replace")
 
-    def run(self, name: str, code: str, timeout: Optional[float] = None,
+    def run(self, name: str, code: str, timeout: Timeout = CLIENT_TIMEOUT,
             on_output: Optional[OnOutput] = None) -> Result:
         """Runs code in session ``name``."""
         return self._sb.run(code, timeout=timeout, session=name, on_output=on_output)
@@ -563,7 +609,7 @@ class Files:
                  "depth": depth or None, "max_entries": max_entries or None}
         d = self._sb.client._t.json("GET", self._path("/list"), query=query)
         return Listing([FileInfo.from_api(e) for e in (d.get("entries") or [])],
-                       path=d.get("path") or "", truncated=bool(d.get("truncated")))
+                       path=name_of(d, "path") or "", truncated=bool(d.get("truncated")))
 
     def stat(self, path: str) -> FileInfo:
         """Describes a path without following a final symlink (NotFound if none)."""

@@ -572,7 +572,7 @@ class DaemonTest(unittest.TestCase):
         sb = self.sandbox()
         r = sb.run("head -c 100000 /dev/zero | tr '\\0' x", output_limit=1000)
         self.assertTrue(r.truncated and r.stdout_truncated)
-        self.assertIn("truncated", r.stdout)
+        self.assertIn("dropped", r.stdout)
 
     def test_timeout(self):
         sb = self.sandbox()
