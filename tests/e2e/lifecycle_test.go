@@ -97,7 +97,7 @@ func TestLifecycleAPIErrors(t *testing.T) {
 			{"POST", exec, `{"argv":["true"],"bogus":1}`, "bogus"},
 			{"POST", exec, `{}`, "command"},
 			{"POST", exec, `{"argv":[]}`, "command"},
-			{"POST", exec, `{"argv":["true"],"timeout_ms":-1}`, "timeout_ms"},
+			{"POST", exec, `{"argv":["true"],"timeout_ms":-2}`, "timeout_ms"}, // -1 is "no timeout" (docs/API.md)
 			{"POST", "/sandboxes", `{"idd":"x"}`, "idd"},
 			{"POST", "/sandboxes", `{"id":"Bad Id!"}`, "Bad Id!"},
 			{"POST", "/sandboxes/" + id + "/restore", `{}`, "node"},
