@@ -310,6 +310,19 @@ func execRequest(q ExecRequest) (sandbox.ExecRequest, error) {
 	if q.OutputLimit < 0 {
 		return req, fmt.Errorf("output_limit %d: want bytes > 0, or 0 for the default (1 MiB): %w", q.OutputLimit, errdefs.ErrInvalid)
 	}
+	// A session call runs its code in the session's shell or interpreter, with the
+	// session's working directory and environment, and no stdin of its own: these fields
+	// would be ignored, so they are refused rather than dropped silently.
+	if q.Session != "" {
+		for _, f := range []struct {
+			set  bool
+			name string
+		}{{q.Dir != "", "dir"}, {len(q.Env) > 0, "env"}, {q.Stdin != "", "stdin"}} {
+			if f.set {
+				return req, fmt.Errorf("%s is not taken by a session call (it runs in the session's shell, with its own directory and environment): cd or export in the code, start the session with them, or run the command without a session: %w", f.name, errdefs.ErrInvalid)
+			}
+		}
+	}
 	switch q.Encoding {
 	case "", apitypes.EncodingText:
 		req.Stdin = []byte(q.Stdin)

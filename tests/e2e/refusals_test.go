@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/testutil"
 )
 
@@ -96,5 +98,26 @@ func TestAnswersNameSessions(t *testing.T) {
 	}
 	if out := sessRun(t, d, "an", "py", "print(x)"); out != "1\n" {
 		t.Fatalf("python after the restore: %q", out)
+	}
+}
+
+// TestSessionCallRefusesWhatItWouldIgnore: a session call with dir, env or stdin is a
+// 400 naming the field (they were dropped silently: a session call runs in the
+// session's own directory and environment).
+func TestSessionCallRefusesWhatItWouldIgnore(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "sc")
+	for _, r := range []apitypes.ExecRequest{
+		{Argv: []string{"pwd"}, Session: "main", Dir: "/tmp"},
+		{Argv: []string{"echo $X"}, Session: "main", Env: []string{"X=1"}},
+		{Argv: []string{"cat"}, Session: "main", Stdin: "in"},
+	} {
+		_, err := d.C.Exec(dbxCtx(t), "sc", r)
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("session call %+v: %v, want invalid argument", r, err)
+		}
+	}
+	if out := sessRun(t, d, "sc", "main", "pwd"); out != "/workspace\n" {
+		t.Fatalf("session after the refusals: %q", out)
 	}
 }
