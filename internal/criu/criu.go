@@ -252,8 +252,9 @@ func selfTest(ctx context.Context, r *Runner) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	// Its own session, stdio on /dev/null: what CRIU dumps without --shell-job.
-	sleep := exec.Command("sleep", "1000")
+	// Its own session, stdio on /dev/null: what CRIU dumps without --shell-job. Killed
+	// when the self-test returns (deferred below), or with ctx.
+	sleep := exec.CommandContext(ctx, "sleep", "1000")
 	sleep.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if err := sleep.Start(); err != nil {
 		return fmt.Errorf("start a sleep to dump: %w", err)
