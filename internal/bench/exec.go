@@ -99,9 +99,7 @@ type execRun struct {
 }
 
 func (r *execRun) logf(format string, a ...any) {
-	if r.o.Log != nil {
-		fmt.Fprintf(r.o.Log, "[%7.1fs] %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, a...))
-	}
+	progress(r.o.Log, r.start, format, a...)
 }
 
 // RunExec runs the bench on the daemon c talks to.

@@ -121,9 +121,7 @@ type fsRun struct {
 }
 
 func (r *fsRun) logf(format string, a ...any) {
-	if r.o.Log != nil {
-		fmt.Fprintf(r.o.Log, "[%7.1fs] %4d MB: %s\n", time.Since(r.start).Seconds(), r.mb, fmt.Sprintf(format, a...))
-	}
+	progress(r.o.Log, r.start, fmt.Sprintf("%4d MB: ", r.mb)+format, a...)
 }
 
 func (r *fsRun) note(format string, a ...any) {

@@ -277,9 +277,7 @@ type latRun struct {
 }
 
 func (r *latRun) logf(format string, a ...any) {
-	if r.o.Log != nil {
-		fmt.Fprintf(r.o.Log, "[%7.1fs] %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, a...))
-	}
+	progress(r.o.Log, r.start, format, a...)
 }
 
 func (r *latRun) nextStep(label string) latStep {

@@ -414,9 +414,7 @@ type mctsRun struct {
 }
 
 func (r *mctsRun) logf(format string, a ...any) {
-	if r.o.Log != nil {
-		fmt.Fprintf(r.o.Log, "[%7.1fs] %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, a...))
-	}
+	progress(r.o.Log, r.start, format, a...)
 }
 
 // stepTimeout bounds one python step (the search, or one replay) at think seconds per

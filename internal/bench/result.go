@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -296,4 +297,12 @@ func ShellJoin(args []string) string {
 		}
 	}
 	return strings.Join(out, " ")
+}
+
+// progress writes one line of a bench's progress to w (nil: none), stamped with the
+// seconds since start.
+func progress(w io.Writer, start time.Time, format string, a ...any) {
+	if w != nil {
+		fmt.Fprintf(w, "[%7.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
+	}
 }

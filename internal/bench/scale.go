@@ -168,9 +168,7 @@ type scaleRun struct {
 }
 
 func (r *scaleRun) logf(format string, a ...any) {
-	if r.o.Log != nil {
-		fmt.Fprintf(r.o.Log, "[%7.1fs] scale: %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, a...))
-	}
+	progress(r.o.Log, r.start, "scale: "+format, a...)
 }
 
 const (
