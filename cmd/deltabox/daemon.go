@@ -105,6 +105,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 	default:
 		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
 	}
+	switch v := getenv("DELTABOX_ISOLATION"); v {
+	case "", "on":
+	case "off":
+		cfg.NoIsolation = true
+	default:
+		return cfg, bad("DELTABOX_ISOLATION", v, "on or off (off: no user namespace, for comparisons only)")
+	}
 	if v := getenv("DELTABOX_WARM_MAX"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {

@@ -53,6 +53,11 @@ type Sandbox struct {
 	// WarmProcesses turns on the async warm-up of processes after a restore
 	// (state/procwarm.go) for this sandbox.
 	WarmProcesses bool `json:"warm_processes,omitempty"`
+	// UIDBase is the host uid and gid that root of the sandbox's user namespace maps
+	// to; its 65536 ids follow. Each sandbox has a range of its own, allocated at
+	// create and kept in its record. 0: no user namespace (the daemon runs with
+	// isolation off).
+	UIDBase uint32 `json:"uid_base,omitempty"`
 }
 
 // Limits are one sandbox's resource limits (SandboxInfo's "limits"; cgroup.Limits in the

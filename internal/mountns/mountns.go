@@ -72,6 +72,11 @@ var LookedUp = []string{"dev", "proc"}
 // die with its goroutine (Go terminates a thread whose goroutine exits while locked).
 type Builder struct {
 	baseNS int // owned (a dup); closed by Close
+	// fresh, when set, gives a new private copy of the base namespace made inside the
+	// sandbox's user namespace (by its init), which a worker enters instead of
+	// unsharing one itself: a namespace belongs to the user namespace of its creator,
+	// and the sandbox's processes may setns only into namespaces of theirs.
+	fresh func() (int, error)
 	ready  chan *worker
 	stop   chan struct{}
 	done   chan struct{}
@@ -93,8 +98,9 @@ type result struct {
 }
 
 // NewBuilder starts a builder on baseNS (an nsfs fd of the sandbox's base mount
-// namespace, which the builder duplicates) keeping depth workers ready.
-func NewBuilder(baseNS, depth int) (*Builder, error) {
+// namespace, which the builder duplicates) keeping depth workers ready. fresh, if not
+// nil, makes each worker's namespace (see Builder.fresh).
+func NewBuilder(baseNS, depth int, fresh func() (int, error)) (*Builder, error) {
 	if _, err := hostProc(); err != nil { // here, before any worker thread changes namespace
 		return nil, err
 	}
@@ -102,7 +108,7 @@ func NewBuilder(baseNS, depth int) (*Builder, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Builder{baseNS: fd, ready: make(chan *worker, depth), stop: make(chan struct{}), done: make(chan struct{})}
+	b := &Builder{baseNS: fd, fresh: fresh, ready: make(chan *worker, depth), stop: make(chan struct{}), done: make(chan struct{})}
 	go b.fill()
 	return b, nil
 }
@@ -126,7 +132,12 @@ func (b *Builder) prepare() *worker {
 	prepared := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: see Builder
-		err := enter(b.baseNS)
+		var err error
+		if b.fresh != nil {
+			err = enterFresh(b.fresh)
+		} else {
+			err = enter(b.baseNS)
+		}
 		prepared <- err
 		j := <-w.jobs
 		if j.overlayFD < 0 || err != nil {
@@ -186,6 +197,22 @@ func enter(baseNS int) error {
 	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("unshare CLONE_NEWNS: %w", err)
+	}
+	return nil
+}
+
+// enterFresh puts the calling (locked) thread into a namespace that fresh makes.
+func enterFresh(fresh func() (int, error)) error {
+	ns, err := fresh()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ns)
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare CLONE_FS: %w", err)
+	}
+	if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("setns into a copy of the sandbox's base mount namespace: %w", err)
 	}
 	return nil
 }

@@ -15,8 +15,20 @@ import (
 var Winsize = unix.Winsize{Row: 50, Col: 200}
 
 // OpenPTY opens a pseudo-terminal in the sandbox's own devpts instance (so the
-// sandbox's processes see it as /dev/pts/N) and returns the master and the slave.
+// sandbox's processes see it as /dev/pts/N) and returns the master and the slave. It
+// opens it as the sandbox's root (devpts gives the new /dev/pts/N the opener's fsuid):
+// a terminal owned by the daemon's root is one that no process of the sandbox may open
+// by path, as a restored session leader does to take its terminal back.
 func (s *Sandbox) OpenPTY() (master, slave *os.File, err error) {
+	err = s.AsRoot(func() error {
+		var err error
+		master, slave, err = s.openPTY()
+		return err
+	})
+	return master, slave, err
+}
+
+func (s *Sandbox) openPTY() (master, slave *os.File, err error) {
 	// The init's root is the base namespace's tmpfs, whose /dev/pts is the sandbox's
 	// devpts; /proc/PID/root reaches it from the daemon.
 	ptmx := "/proc/" + strconv.Itoa(s.InitPid()) + "/root/dev/pts/ptmx"

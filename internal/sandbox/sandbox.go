@@ -34,6 +34,9 @@ type Sandbox struct {
 	init     *sbinit.Client
 	baseNS   int // nsfs fd of the init's (base) mount namespace
 	builder  *mountns.Builder
+	// idmap is the sandbox's idmapped view of the store (its user namespace's ids);
+	// nil with isolation off.
+	idmap *overlay.IDMapped
 	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
 	builderClosed bool
 
@@ -86,10 +89,18 @@ func (st State) Close() {
 	}
 }
 
+// Isolation is what puts a sandbox in a user namespace of its own: the host ids its
+// root and users map to, and the store whose layers it sees through an idmapped mount.
+type Isolation struct {
+	IDs   sbinit.IDRange
+	Store string // the store's root directory (the mount that is idmapped)
+}
+
 // Start creates the cgroups and the init, and builds the base namespace. dir is the
 // sandbox's private directory in the store (init log, init root mount point). Every
-// command the sandbox runs starts inside lim (zero fields: the defaults).
-func Start(id, hostname, dir string, lim cgroup.Limits) (_ *Sandbox, err error) {
+// command the sandbox runs starts inside lim (zero fields: the defaults). iso nil
+// starts the sandbox without a user namespace (isolation off: for comparisons only).
+func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation) (_ *Sandbox, err error) {
 	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, state: None}
 	defer func() {
 		if err != nil {
@@ -115,6 +126,15 @@ func Start(id, hostname, dir string, lim cgroup.Limits) (_ *Sandbox, err error) 
 	if err = os.MkdirAll(root, 0o755); err != nil {
 		return nil, err
 	}
+	rootDir, err := os.OpenFile(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer rootDir.Close()
+	var ids *sbinit.IDRange
+	if iso != nil {
+		ids = &iso.IDs
+	}
 	log, err := os.OpenFile(filepath.Join(dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -126,9 +146,11 @@ func Start(id, hostname, dir string, lim cgroup.Limits) (_ *Sandbox, err error) 
 	}
 	defer unix.Close(cgfd)
 	s.init, err = sbinit.Start(sbinit.StartOptions{
-		Config:   sbinit.Config{ID: id, Hostname: hostname, Root: root},
+		Config:   sbinit.Config{ID: id, Hostname: hostname},
 		CgroupFD: cgfd,
 		Log:      log,
+		RootDir:  rootDir,
+		IDs:      ids,
 
 		CgroupTasks: tasks,
 	})
@@ -139,7 +161,21 @@ func Start(id, hostname, dir string, lim cgroup.Limits) (_ *Sandbox, err error) 
 	if err != nil {
 		return nil, fmt.Errorf("open the init's mount namespace: %w", err)
 	}
-	if s.builder, err = mountns.NewBuilder(s.baseNS, 2); err != nil {
+	var fresh func() (int, error)
+	if iso != nil {
+		uns, err := unix.Open("/proc/"+strconv.Itoa(s.init.Pid())+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open the init's user namespace: %w", err)
+		}
+		s.idmap, err = overlay.NewIDMapped(iso.Store, uns, iso.IDs.Base)
+		unix.Close(uns)
+		if err != nil {
+			return nil, err
+		}
+		// State namespaces must be the user namespace's (see sbinit.Client.NewMountNS).
+		fresh = s.init.NewMountNS
+	}
+	if s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -165,7 +201,7 @@ func (s *Sandbox) SetState(spec overlay.Spec) error {
 // namespace.
 func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err error) {
 	t0 := time.Now()
-	mfd, err := overlay.Mount(spec)
+	mfd, err := s.mount(spec)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -188,7 +224,7 @@ func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err e
 // namespace (InitPath), so that processes can be moved onto the state without a round
 // trip to init then; a state init could not take is still a state (InitPath "").
 func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
-	mfd, err := overlay.Mount(spec)
+	mfd, err := s.mount(spec)
 	if err != nil {
 		return None, err
 	}
@@ -201,6 +237,26 @@ func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 		st.held = &heldNS{n: n, init: s.init}
 	}
 	return st, nil
+}
+
+// mount makes spec's overlay: through the sandbox's idmapped view of the store, as its
+// root, when it has a user namespace.
+func (s *Sandbox) mount(spec overlay.Spec) (int, error) {
+	if s.idmap != nil {
+		return s.idmap.Mount(spec)
+	}
+	return overlay.Mount(spec)
+}
+
+// AsRoot runs fn with the daemon's file credentials set to the sandbox's root (fsuid and
+// fsgid; capabilities kept), so that what fn creates in the sandbox's files belongs to
+// root inside: through the idmapped layers, the daemon's own ids are not mapped and a
+// create fails with EOVERFLOW. Without a user namespace it just runs fn.
+func (s *Sandbox) AsRoot(fn func() error) error {
+	if s.idmap != nil {
+		return s.idmap.AsRoot(fn)
+	}
+	return fn()
 }
 
 // NSPath returns where a process of the sandbox opens st's namespace (an injected setns
@@ -331,6 +387,7 @@ func (s *Sandbox) Destroy() error {
 		unix.Close(s.baseNS)
 		s.baseNS = -1
 	}
+	s.idmap.Close()
 	if len(errs) > 0 {
 		return fmt.Errorf("destroy sandbox %s: %v", s.ID, errs)
 	}

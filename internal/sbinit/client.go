@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -56,6 +57,20 @@ type StartOptions struct {
 	// stays outside them; its spawn thread joins them just before each fork, so every
 	// command starts inside the limits (see internal/cgroup/v1.go).
 	CgroupTasks []*os.File
+	// RootDir is an fd on an empty directory of the daemon's (the sandbox's directory
+	// in the store) that init mounts its base tmpfs on and pivots into. Init starts with
+	// it as its working directory, so it needs no path to it: root only in its user
+	// namespace, init may not search the store's directories (0700, root's).
+	RootDir *os.File
+	// IDs is the sandbox's user namespace's map (root inside is IDs.Base outside);
+	// nil starts init without a user namespace (isolation off: for comparisons only).
+	IDs *IDRange
+}
+
+// IDRange is a range of host uids and gids, the same for both, that a sandbox's user
+// namespace maps 0..Size-1 onto.
+type IDRange struct {
+	Base, Size uint32
 }
 
 // Start launches a sandbox init and waits for it to report ready.
@@ -72,6 +87,11 @@ func Start(o StartOptions) (*Client, error) {
 	arg, _ := json.Marshal(o.Config)
 	cmd := exec.Command("/proc/self/exe", InitArg, string(arg))
 	cmd.Args[0] = "deltabox-init"
+	if o.RootDir == nil {
+		child.Close()
+		unix.Close(fds[0])
+		return nil, fmt.Errorf("start sandbox init: no root directory")
+	}
 	cmd.ExtraFiles = append([]*os.File{child}, o.CgroupTasks...)
 	logR, logW, err := os.Pipe()
 	if err != nil {
@@ -82,11 +102,24 @@ func Start(o StartOptions) (*Client, error) {
 	cmd.Stdout, cmd.Stderr = logW, logW
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP,
 		UseCgroupFD: o.CgroupFD >= 0,
 		CgroupFD:    o.CgroupFD,
 	}
-	err = cmd.Start()
+	if o.IDs != nil {
+		// One clone makes the user namespace and the others, so it owns them all: root
+		// inside has capabilities over the sandbox's namespaces and nothing else. Go
+		// writes the maps before init execs; setgroups stays allowed (the daemon, root
+		// outside, writes the maps), so root inside may drop groups.
+		cmd.SysProcAttr.Cloneflags |= unix.CLONE_NEWUSER
+		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(o.IDs.Base), Size: int(o.IDs.Size)}}
+		cmd.SysProcAttr.UidMappings, cmd.SysProcAttr.GidMappings = m, m
+		cmd.SysProcAttr.GidMappingsEnableSetgroups = true
+		// The clone keeps the daemon's ids (host root, unmapped inside): init must take
+		// root of its namespace before it execs, or exec drops every capability.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+	}
+	err = startIn(cmd, o.RootDir)
 	// Only init holds its end now: if init dies, the recv below sees the socket close
 	// instead of waiting for ever.
 	child.Close()
@@ -132,6 +165,30 @@ func Start(o StartOptions) (*Client, error) {
 	return c, nil
 }
 
+// startIn starts cmd with dir as its working directory, which it inherits from the
+// thread that forks it: a locked thread with a filesystem state of its own
+// (unshare(CLONE_FS)) that has changed into dir, discarded afterwards (its goroutine
+// ends locked). cmd.Dir would not do: Go changes directory after taking the new
+// credentials, and root of a user namespace may not search the store's directories.
+// With CLONE_NEWNS the child's working directory is the same directory in its copy of
+// the namespace.
+func startIn(cmd *exec.Cmd, dir *os.File) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unshare CLONE_FS: %w", err)
+			return
+		}
+		if err := unix.Fchdir(int(dir.Fd())); err != nil {
+			errc <- fmt.Errorf("change into the init's root directory: %w", err)
+			return
+		}
+		errc <- cmd.Start()
+	}()
+	return <-errc
+}
+
 // Pid is the init's PID in the daemon's PID namespace.
 func (c *Client) Pid() int { return c.proc.Pid }
 
@@ -164,7 +221,6 @@ func (c *Client) readLoop() {
 		if err != nil {
 			break
 		}
-		closeAll(fds)
 		c.mu.Lock()
 		switch {
 		case m.Op == "exit":
@@ -181,10 +237,12 @@ func (c *Client) readLoop() {
 			}
 			if ch, ok := c.pending[m.ID]; ok {
 				delete(c.pending, m.ID)
+				m.fds, fds = fds, nil
 				ch <- m
 			}
 		}
 		c.mu.Unlock()
+		closeAll(fds)
 	}
 	c.mu.Lock()
 	if c.closed == nil {
@@ -239,6 +297,7 @@ func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Messag
 		select {
 		case r = <-ch: // the reply came as the timer fired
 		default:
+			// A reply that comes later finds no one waiting: readLoop closes its fds.
 			return nil, fmt.Errorf("sandbox init (pid %d) did not answer %s within %v", c.proc.Pid, m.Op, callTimeout)
 		}
 	}
@@ -306,6 +365,26 @@ func (c *Client) Hold(fd int) (int, error) {
 		return -1, err
 	}
 	return r.Count, nil
+}
+
+// NewMountNS returns an nsfs fd on a fresh private copy of init's base mount
+// namespace, made by a thread of init: a namespace's owner is the user namespace of
+// the task that creates it, and an injected setns by a process of the sandbox (root
+// only in the sandbox's user namespace) is refused for a namespace the daemon made.
+// The daemon then mounts a state's overlay in it (mountns.Builder).
+func (c *Client) NewMountNS() (int, error) {
+	r, err := c.call(&Message{Op: "mkns"}, nil, nil)
+	if err != nil {
+		if r != nil {
+			closeAll(r.fds)
+		}
+		return -1, fmt.Errorf("a mount namespace from the sandbox's init: %w", err)
+	}
+	if len(r.fds) != 1 {
+		closeAll(r.fds)
+		return -1, fmt.Errorf("the sandbox's init answered mkns with %d fds, not 1", len(r.fds))
+	}
+	return r.fds[0], nil
 }
 
 // Release closes an fd kept by Hold.

@@ -26,9 +26,6 @@ const InitArg = "__sandbox-init"
 type Config struct {
 	ID       string `json:"id"`
 	Hostname string `json:"hostname"`
-	// Root is an empty directory (on the host) that init mounts a tmpfs on and
-	// pivots into; it becomes the base mount namespace's root.
-	Root string `json:"root"`
 	// TaskFDs are fds (inherited) on the "tasks" files of the sandbox's v1 cgroups:
 	// each spawn thread writes "0" into them before it forks (StartOptions.CgroupTasks).
 	TaskFDs []int `json:"task_fds,omitempty"`
@@ -110,7 +107,9 @@ func fatal(f string, a ...any) {
 
 // setupRoot builds the base mount namespace: a tmpfs root with /proc and a minimal /dev
 // (each state's overlay is stacked on it: mountns), then pivots into it so nothing of
-// the host stays visible.
+// the host stays visible. Init starts in the empty directory to mount it on (see
+// startIn); paths are relative: inside its user namespace init may not search the
+// store's directories by path.
 func setupRoot(cfg *Config) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
@@ -120,25 +119,42 @@ func setupRoot(cfg *Config) error {
 			return fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	r := cfg.Root
-	if err := unix.Mount("deltabox", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
-		return fmt.Errorf("mount tmpfs root: %w", err)
+	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen tmpfs: %w", err)
+	}
+	defer unix.Close(fsfd)
+	for _, kv := range [][2]string{{"mode", "0755"}, {"size", "1m"}} {
+		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+			return fmt.Errorf("tmpfs root option %s: %w", kv[0], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return fmt.Errorf("create the tmpfs root: %w", err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return fmt.Errorf("fsmount the tmpfs root: %w", err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, ".", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the tmpfs root: %w", err)
+	}
+	if err := unix.Fchdir(mfd); err != nil {
+		return err
 	}
 	for _, d := range []string{"proc", "dev"} {
-		if err := os.Mkdir(filepath.Join(r, d), 0o755); err != nil {
+		if err := os.Mkdir(d, 0o755); err != nil {
 			return err
 		}
 	}
-	if err := unix.Mount("proc", filepath.Join(r, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+	if err := unix.Mount("proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount proc: %w", err)
 	}
-	if err := setupDev(filepath.Join(r, "dev")); err != nil {
+	if err := setupDev("dev"); err != nil {
 		return err
 	}
 	if err := loopbackUp(); err != nil {
-		return err
-	}
-	if err := unix.Chdir(r); err != nil {
 		return err
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -163,19 +179,20 @@ func setupDev(dev string) error {
 	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("mount /dev: %w", err)
 	}
-	// Device nodes are made with mknod rather than bound from the host: one mount
-	// each would be copied into, and torn down with, every state namespace. (Inside a
-	// user namespace mknod is refused; the isolation work will bind them instead.)
-	for _, d := range []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		p := filepath.Join(dev, d.name)
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
-		}
-		if err := unix.Chmod(p, 0o666); err != nil { // umask
+	// The devices are the host's own nodes, bound one by one (called before the pivot,
+	// while the host's /dev is in view): inside a user namespace mknod is refused, and
+	// a filesystem mounted there is nodev whatever its nodes. Each bind is one more mount
+	// that every state namespace copies (mountns); the binds are what the sandbox can
+	// open of the host's devices, and nothing else.
+	for _, name := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		p := filepath.Join(dev, name)
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+		if err != nil {
 			return err
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind the host's /dev/%s: %w", name, err)
 		}
 	}
 	for _, d := range []string{"pts", "shm"} {
@@ -366,6 +383,16 @@ func (s *server) serve() {
 				unix.Close(m.Pid)
 				delete(s.held, m.Pid)
 			}
+		case "mkns":
+			fd, err := newMountNS()
+			if err != nil {
+				reply.Err = err.Error()
+				break
+			}
+			closeAll(fds)
+			s.send(reply, []int{fd})
+			unix.Close(fd)
+			continue
 		case "ping":
 		default:
 			reply.Err = fmt.Sprintf("unknown op %q", m.Op)
@@ -373,6 +400,32 @@ func (s *server) serve() {
 		closeAll(fds)
 		s.send(reply, nil)
 	}
+}
+
+// newMountNS returns an nsfs fd on a new private copy of init's (base) mount namespace,
+// made by a thread of init so that the sandbox's user namespace owns it (see
+// Client.NewMountNS). The thread is locked and never unlocked: it no longer shares
+// init's filesystem state, so it dies with its goroutine.
+func newMountNS() (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			ch <- result{-1, fmt.Errorf("unshare a mount namespace: %w", err)}
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			err = fmt.Errorf("open the new mount namespace: %w", err)
+		}
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	return r.fd, r.err
 }
 
 // killAllBut kills every process of the namespace except init and keep (templates and

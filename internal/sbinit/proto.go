@@ -2,8 +2,9 @@
 // client for it, and NS (kernelns.go): the daemon's handle on init's IPC and UTS
 // namespaces, to read and reset what the sandbox shares there.
 //
-// The daemon starts init by re-executing its own binary with new PID, mount, UTS, IPC
-// and network namespaces, inside the sandbox's cgroup. Init builds the base mount
+// The daemon starts init by re-executing its own binary with new user, PID, mount,
+// UTS, IPC, network and cgroup namespaces, inside the sandbox's cgroup (with isolation
+// off, the daemon's switch for comparisons, without the user namespace). Init builds the base mount
 // namespace (see package mountns), then serves requests on fd 3, one end of a
 // SOCK_SEQPACKET socketpair whose other end the daemon keeps:
 //
@@ -27,6 +28,9 @@
 //	  |<------------- {id,count=fd} -----------|   injected setns: /proc/1/fd/N)
 //	  |-- {id,op:release,pid=fd} ------------->|   close a held fd
 //	  |<------------- {id} --------------------|
+//	  |-- {id,op:mkns} ----------------------->|   a thread of init unshares a copy of the
+//	  |<------------- {id} + fd ---------------|   base mount namespace (owned by the
+//	  |                                        |   sandbox's user namespace): a state's
 //	  |-- {id,op:ping} ----------------------->|   liveness
 //	  |<------------- {id} --------------------|
 //
@@ -65,6 +69,9 @@ type Message struct {
 	// hold's reply carries the held fd in Count; release names it in Pid.
 
 	Err string `json:"err,omitempty"`
+
+	// fds rode along with a reply (mkns); the receiver owns them.
+	fds []int
 }
 
 // maxMessage bounds one datagram (argv and env included).

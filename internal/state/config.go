@@ -22,6 +22,10 @@ type Config struct {
 	// AnswerDelay is how long background work waits after the answer it follows
 	// (background.go; DELTABOX_ANSWER_DELAY).
 	AnswerDelay time.Duration
+	// NoIsolation starts sandboxes without a user namespace of their own, their root
+	// the host's root (DELTABOX_ISOLATION=off). It exists to measure what isolation
+	// costs (bench latency and fs, side by side); never run untrusted code so.
+	NoIsolation bool
 }
 
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.

@@ -37,5 +37,7 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 	c.start()
 	s.opMu.Unlock()
 	defer unix.Close(root)
-	return fn(root, workdir)
+	// As the sandbox's root: files made through its idmapped layers must belong to an
+	// id of its user namespace.
+	return s.rt.AsRoot(func() error { return fn(root, workdir) })
 }

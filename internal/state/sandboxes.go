@@ -89,6 +89,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 
 	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
 	if err == nil {
+		_, _, err = m.isolation(s)
+	}
+	if err == nil {
 		s.rec.Upper = upper
 		s.rec.Limits = cgroup.WithDefaults(lim)
 		err = m.boot(s)
@@ -126,7 +129,17 @@ func (m *Manager) boot(s *sb) error {
 		return fmt.Errorf("reset the upper's workdir: %w", err)
 	}
 	s.rec.Limits = cgroup.WithDefaults(s.rec.Limits) // records older than limits
-	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits)
+	iso, changed, err := m.isolation(s)
+	if err != nil {
+		return err
+	}
+	if changed {
+		// A sandbox recorded before it had a range (isolation was off) keeps the one it
+		// gets now. (Create allocates a new sandbox's before boot: its record, written
+		// after boot, has it.)
+		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
+	}
+	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits, iso)
 	if err != nil {
 		return err
 	}

@@ -94,8 +94,16 @@ func (s *Store) LayerDir(id uint64) string {
 }
 func (s *Store) LayerDiff(id uint64) string { return filepath.Join(s.LayerDir(id), "diff") }
 func (s *Store) LayerWork(id uint64) string { return filepath.Join(s.LayerDir(id), "work") }
+// ImageRootfs is the directory of image name's files. An image directory that is a
+// symbolic link (a test's store shares the main store's images so) is followed here,
+// once: an overlay's layers are reached through the sandbox's idmapped view of the
+// store's filesystem (overlay.IDMapped), and an absolute link would lead out of it.
 func (s *Store) ImageRootfs(name string) string {
-	return filepath.Join(s.Root, "images", name, "rootfs")
+	dir := filepath.Join(s.Root, "images", name)
+	if t, err := os.Readlink(dir); err == nil && filepath.IsAbs(t) {
+		dir = t
+	}
+	return filepath.Join(dir, "rootfs")
 }
 func (s *Store) SandboxDir(id string) string { return filepath.Join(s.Root, "sandboxes", id) }
 

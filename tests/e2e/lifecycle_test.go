@@ -249,7 +249,9 @@ func dbxCount(t *testing.T, d *testutil.Daemon, cgRoot string) dbxCounts {
 }
 
 // dbxOverlayMounts lists the overlay mounts, in every mount namespace that some thread
-// is in, whose options name root; deduplicated by (namespace, mount id).
+// is in, whose options name root (or its directory under the store's mount: with
+// isolation on, layers are named through the sandbox's idmapped clone of the mount,
+// /proc/self/fd/N/...); deduplicated by (namespace, mount id).
 func dbxOverlayMounts(root string) []string {
 	seen := map[string]string{}
 	// Every thread: a daemon thread that entered a sandbox's namespace counts too.
@@ -268,7 +270,8 @@ func dbxOverlayMounts(root string) []string {
 		for sc.Scan() {
 			line := sc.Text()
 			_, after, ok := strings.Cut(line, " - ")
-			if !ok || !strings.HasPrefix(after, "overlay ") || !strings.Contains(line, root) {
+			if !ok || !strings.HasPrefix(after, "overlay ") ||
+				!(strings.Contains(line, root) || strings.Contains(line, "/"+filepath.Base(root)+"/")) {
 				continue
 			}
 			id, _, _ := strings.Cut(line, " ")
