@@ -77,9 +77,9 @@ type Builder struct {
 	// unsharing one itself: a namespace belongs to the user namespace of its creator,
 	// and the sandbox's processes may setns only into namespaces of theirs.
 	fresh func() (int, error)
-	ready  chan *worker
-	stop   chan struct{}
-	done   chan struct{}
+	ready chan *worker
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 type worker struct {

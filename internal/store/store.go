@@ -94,6 +94,7 @@ func (s *Store) LayerDir(id uint64) string {
 }
 func (s *Store) LayerDiff(id uint64) string { return filepath.Join(s.LayerDir(id), "diff") }
 func (s *Store) LayerWork(id uint64) string { return filepath.Join(s.LayerDir(id), "work") }
+
 // ImageRootfs is the directory of image name's files. An image directory that is a
 // symbolic link (a test's store shares the main store's images so) is followed here,
 // once: an overlay's layers are reached through the sandbox's idmapped view of the
