@@ -130,13 +130,13 @@ func (h *Held) Fork() (*Template, error) {
 	return tmpl, nil
 }
 
-// Move puts the held process onto the state whose namespace it can open at nsPath
+// Move puts the held process onto the state whose namespace is ns (the daemon's fd)
 // (setns, chdir, every file and directory fd reopened at the same offset and flags), so
 // that it shares no open file description with its template. On error it is moved
 // back (MoveBack) before Move returns, or killed if even that fails (the error says so).
-func (h *Held) Move(nsPath string) error {
+func (h *Held) Move(ns int) error {
 	h.moved = true
-	err := h.tr.Do(func() error { return move(h.t, h.P, nsPath) })
+	err := h.tr.Do(func() error { return move(h.t, h.P, ns) })
 	if err == nil {
 		return nil
 	}
@@ -324,15 +324,15 @@ func holdTemplate(tr *remote.Tracer, tmpl *Template) (*remote.Tracee, error) {
 }
 
 // Revive forks the template into a process with the PID the live process had (which
-// must be free: killed and reaped), moves it onto the state at nsPath and gives it
+// must be free: killed and reaped), moves it onto the state whose namespace is ns and gives it
 // ptyPath as its session's controlling terminal. The process stays stopped (traced)
 // until Commit; the template is parked again. On error the child is killed and the
 // template parked as it was.
-func (r *Revival) Revive(nsPath, ptyPath string) error {
+func (r *Revival) Revive(ns int, ptyPath string) error {
 	var child *remote.Tracee
 	err := r.tr.Do(func() error {
 		var err error
-		child, err = r.fork(nsPath, ptyPath)
+		child, err = r.fork(ns, ptyPath)
 		// The template is put back as it was in the same hand-off, still held.
 		if perr := r.tt.Restore(); err == nil && perr != nil {
 			err = fmt.Errorf("put the template back: %w", perr)
@@ -352,19 +352,24 @@ func (r *Revival) Revive(nsPath, ptyPath string) error {
 
 // fork is Revive's work on the tracer's thread; the child, if made, is returned with
 // the error. Precondition: inside Do.
-func (r *Revival) fork(nsPath, ptyPath string) (*remote.Tracee, error) {
+func (r *Revival) fork(ns int, ptyPath string) (*remote.Tracee, error) {
 	child, err := r.tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{r.Tmpl.Pid}})
 	if err != nil {
 		return nil, fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
 	}
 	// Moved onto the state, a new session, the terminal: one batch.
+	nsfd, err := handFD(child, ns)
+	if err != nil {
+		return child, err
+	}
 	var b remote.Batch
-	maps := moveCalls(&b, &r.Tmpl.Proc, nsPath)
+	maps := moveCalls(&b, &r.Tmpl.Proc, nsfd)
 	b.Add("setsid", unix.SYS_SETSID)
 	terminalCalls(&b, &r.Tmpl.Proc, ptyPath)
 	lockCalls(&b, &r.Tmpl.Proc)
 	res, err := child.RunBatch(&b)
 	if err != nil {
+		closeHanded(child, err, 1, nsfd)
 		return child, err
 	}
 	if err := checkMaps(res, maps, r.Tmpl.Maps); err != nil {

@@ -254,7 +254,7 @@ func TestMoveReopensDevicesAndMoveBackGivesThemBack(t *testing.T) {
 		h.Abort()
 		t.Fatal(err)
 	}
-	if err := h.Move("/proc/self/ns/mnt"); err != nil {
+	if err := h.Move(ownMountNS(t)); err != nil {
 		h.Abort()
 		t.Fatal(err)
 	}

@@ -497,28 +497,44 @@ func giveBack(c *remote.Tracee, tmpl *Template) error {
 	return nil
 }
 
-// move puts the tracee onto the state at nsPath: setns, chdir, files and directories
-// reopened at the same offset and flags, shared mappings that can write mapped again from
-// the state's files. The calls run as one batch (one hand-off, not one per call).
+// move puts the tracee onto the state whose namespace is ns (the daemon's fd): setns,
+// chdir, files and directories reopened at the same offset and flags, shared mappings
+// that can write mapped again from the state's files. The namespace is handed over
+// first (handFD), then the calls run as one batch (one hand-off, not one per call).
 // Precondition: on tr's thread (inside Do).
-func move(t *remote.Tracee, p *Proc, nsPath string) error {
+func move(t *remote.Tracee, p *Proc, ns int) error {
+	nsfd, err := handFD(t, ns)
+	if err != nil {
+		return err
+	}
 	var b remote.Batch
 	unlockCalls(&b, p)
-	maps := moveCalls(&b, p, nsPath)
+	closeAt := b.Len() + 1
+	maps := moveCalls(&b, p, nsfd)
 	lockCalls(&b, p)
 	res, err := t.RunBatch(&b)
 	if err != nil {
+		closeHanded(t, err, closeAt, nsfd)
 		return err
 	}
 	return checkMaps(res, maps, p.Maps)
 }
 
+// closeHanded closes the handed namespace fd nsfd in t if the batch that was to close
+// it (its call closeAt) failed before that call.
+func closeHanded(t *remote.Tracee, err error, closeAt, nsfd int) {
+	var be *remote.BatchError
+	if errors.As(err, &be) && be.Index < closeAt {
+		t.Close(nsfd)
+	}
+}
+
 // moveCalls appends move's calls to b and returns the mmaps' results (checked by
-// checkMaps once b has run).
-func moveCalls(b *remote.Batch, p *Proc, nsPath string) []remote.Ref {
-	ns := b.Add("open the new state's namespace", unix.SYS_OPENAT, unix.AT_FDCWD, nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	b.Add("setns", unix.SYS_SETNS, ns, unix.CLONE_NEWNS)
-	b.Close("close the namespace fd", ns)
+// checkMaps once b has run). nsfd is the tracee's fd on the new namespace (handFD),
+// which the batch closes.
+func moveCalls(b *remote.Batch, p *Proc, nsfd int) []remote.Ref {
+	b.Add("setns", unix.SYS_SETNS, nsfd, unix.CLONE_NEWNS)
+	b.Add("close the namespace fd", unix.SYS_CLOSE, nsfd) // call Len()+1 of the caller's (closeHanded)
 	b.Add("chdir "+p.Cwd, unix.SYS_CHDIR, p.Cwd)
 	for _, f := range p.FDs {
 		if !reopened(f.Kind) {

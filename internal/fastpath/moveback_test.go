@@ -146,7 +146,7 @@ func TestMoveBackMapsBack(t *testing.T) {
 		return st.Ino
 	}
 	mapped := func() uint64 { return inode(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End)) }
-	if err := h.Move("/proc/self/ns/mnt"); err != nil {
+	if err := h.Move(ownMountNS(t)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := mapped(), inode(file); got != want {
@@ -246,4 +246,15 @@ func TestForkRecordsPendingSignals(t *testing.T) {
 	if m := shd(sub.pid); m != both {
 		t.Errorf("subject's ShdPnd after the fork %#x, want %#x", m, both)
 	}
+}
+
+// ownMountNS is an fd on the test's own mount namespace, the one its tracees are in
+// (a move onto it is a move onto the same namespace), closed at the test's end.
+func ownMountNS(t *testing.T) int {
+	fd, err := unix.Open("/proc/self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
 }

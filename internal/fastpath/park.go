@@ -9,7 +9,7 @@ import (
 )
 
 // Park moves a template onto a read-only view of its node's layers, whose mount
-// namespace it can open at nsPath: injected setns and chdir to its working directory,
+// namespace ns (the daemon's fd, handed over): injected setns and chdir to its working directory,
 // and every file or directory fd reopened there read-only at the same offset. Until then
 // the template sits in the namespace of the state it was forked on, whose read-write
 // overlay has, since the checkpoint, a frozen layer's directory as its upper; parked, it
@@ -25,15 +25,15 @@ import (
 // ptrace-stop for its whole life (Template.tr says why). If Park fails half way the template is still
 // a valid template (each fd is either the old one or its read-only replacement) and
 // stays where it is.
-func Park(tr *remote.Tracer, tmpl *Template, nsPath string) error {
+func Park(tr *remote.Tracer, tmpl *Template, ns int) error {
 	t, err := holdTemplate(tr, tmpl)
 	if err != nil {
 		return err
 	}
 	err = tr.Do(func() error {
-		fd, err := t.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		fd, err := handFD(t, ns)
 		if err != nil {
-			return fmt.Errorf("open the read-only view's namespace: %w", err)
+			return fmt.Errorf("hand over the read-only view's namespace: %w", err)
 		}
 		err = t.Setns(fd, unix.CLONE_NEWNS)
 		t.Close(fd)

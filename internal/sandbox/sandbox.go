@@ -45,47 +45,23 @@ type Sandbox struct {
 }
 
 // State is one filesystem state of a sandbox: its mount namespace and an fd on the root
-// of its overlay (for path-confined file access with openat2 RESOLVE_IN_ROOT).
+// of its overlay (for path-confined file access with openat2 RESOLVE_IN_ROOT). No
+// process of the sandbox holds either: the fast path hands the namespace to each
+// process it moves, for that move (fastpath's handFD).
 type State struct {
 	NS, Root int
-	held     *heldNS // init's duplicate of NS, if any (InitPath)
-}
-
-// heldNS is a state's namespace fd kept by init as fd n, so that a process of the
-// sandbox can open it (an injected setns onto the state).
-type heldNS struct {
-	n    int
-	init *sbinit.Client
-	// once: copies of a State share this, and a second release could close the fd
-	// number init has since given to another state's hold (a move would then open the
-	// wrong namespace).
-	once sync.Once
 }
 
 // None is the absence of a state.
 var None = State{NS: -1, Root: -1}
 
-// InitPath is where a process of the sandbox opens the state's namespace (init's
-// duplicate, /proc/1/fd/N), or "" when init holds none.
-func (st State) InitPath() string {
-	if st.held == nil {
-		return ""
-	}
-	return "/proc/1/fd/" + strconv.Itoa(st.held.n)
-}
-
 // Close releases the state; once no process is left in it, its overlay is unmounted.
-// init's duplicate is released in the background (a round trip to init that no caller
-// needs to wait for).
 func (st State) Close() {
 	if st.NS >= 0 {
 		unix.Close(st.NS)
 	}
 	if st.Root >= 0 {
 		unix.Close(st.Root)
-	}
-	if h := st.held; h != nil {
-		h.once.Do(func() { go h.init.Release(h.n) })
 	}
 }
 
@@ -220,9 +196,7 @@ func (s *Sandbox) SetStateTimed(spec overlay.Spec) (ovl, ns time.Duration, err e
 }
 
 // BuildState mounts spec and builds its namespace without installing it (a state
-// prepared ahead of time; PutState installs it). init is given a duplicate of the
-// namespace (InitPath), so that processes can be moved onto the state without a round
-// trip to init then; a state init could not take is still a state (InitPath "").
+// prepared ahead of time; PutState installs it).
 func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 	mfd, err := s.mount(spec)
 	if err != nil {
@@ -232,11 +206,7 @@ func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 	if err != nil {
 		return None, err
 	}
-	st := State{NS: nsfd, Root: mfd}
-	if n, err := s.init.Hold(nsfd); err == nil {
-		st.held = &heldNS{n: n, init: s.init}
-	}
-	return st, nil
+	return State{NS: nsfd, Root: mfd}, nil
 }
 
 // mount makes spec's overlay: through the sandbox's idmapped view of the store, as its
@@ -257,40 +227,6 @@ func (s *Sandbox) AsRoot(fn func() error) error {
 		return s.idmap.AsRoot(fn)
 	}
 	return fn()
-}
-
-// NSPath returns where a process of the sandbox opens st's namespace (an injected setns
-// onto it): init's duplicate made by BuildState, else one made now, which release drops
-// (a no-op for BuildState's, released with the state).
-func (s *Sandbox) NSPath(st State) (path string, release func(), err error) {
-	if p := st.InitPath(); p != "" {
-		return p, func() {}, nil
-	}
-	return s.holdNS(st.NS)
-}
-
-// StateNSPath is NSPath of the current state.
-func (s *Sandbox) StateNSPath() (path string, release func(), err error) {
-	s.mu.Lock()
-	p := s.state.InitPath()
-	s.mu.Unlock()
-	if p != "" {
-		return p, func() {}, nil
-	}
-	ns, err := s.StateNS()
-	if err != nil {
-		return "", nil, err
-	}
-	defer unix.Close(ns)
-	return s.holdNS(ns)
-}
-
-func (s *Sandbox) holdNS(ns int) (string, func(), error) {
-	n, err := s.init.Hold(ns)
-	if err != nil {
-		return "", nil, err
-	}
-	return "/proc/1/fd/" + strconv.Itoa(n), func() { s.init.Release(n) }, nil
 }
 
 // TakeState detaches the current state and hands it to the caller, who closes it when

@@ -358,15 +358,6 @@ func (c *Client) Unwatch(pid int) {
 	delete(c.exits, pid)
 }
 
-// Hold makes init keep a duplicate of fd; it returns the fd's number in init.
-func (c *Client) Hold(fd int) (int, error) {
-	r, err := c.call(&Message{Op: "hold"}, []int{fd}, nil)
-	if err != nil {
-		return -1, err
-	}
-	return r.Count, nil
-}
-
 // NewMountNS returns an nsfs fd on a fresh private copy of init's base mount
 // namespace, made by a thread of init: a namespace's owner is the user namespace of
 // the task that creates it, and an injected setns by a process of the sandbox (root
@@ -385,12 +376,6 @@ func (c *Client) NewMountNS() (int, error) {
 		return -1, fmt.Errorf("the sandbox's init answered mkns with %d fds, not 1", len(r.fds))
 	}
 	return r.fds[0], nil
-}
-
-// Release closes an fd kept by Hold.
-func (c *Client) Release(n int) error {
-	_, err := c.call(&Message{Op: "release", Pid: n}, nil, nil)
-	return err
 }
 
 // Signal sends sig to pid (or its process group) inside the sandbox.

@@ -46,6 +46,13 @@ func Main(arg string) {
 	if os.Getpid() != 1 {
 		fatal("init must be PID 1 of a new PID namespace (got pid %d)", os.Getpid())
 	}
+	// Not dumpable: ptrace, /proc/1/mem, /proc/1/fd and pidfd_getfd of init then need
+	// CAP_SYS_PTRACE, which no process of the sandbox has (the spawn thread drops it),
+	// though they share init's uid. Init's control socket, through which exits are
+	// reported, is out of their reach; so is init's memory.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fatal("prctl(PR_SET_DUMPABLE, 0): %v", err)
+	}
 	// Nothing init holds may reach the sandbox's processes: not the control socket
 	// (a process holding it could command init), not what the daemon inherited.
 	CloseOnExecFrom(3)
@@ -75,7 +82,7 @@ func Main(arg string) {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
-	s := &server{fd: ctlFD, held: map[int]bool{}}
+	s := &server{fd: ctlFD}
 	go s.reapLoop(sigc)
 	if err := s.send(&Message{Op: "ready"}, nil); err != nil {
 		fatal("ready: %v", err)
@@ -267,7 +274,6 @@ func loopbackUp() error {
 // always sent after the reply that names its pid.
 type server struct {
 	fd     int
-	held   map[int]bool // fds kept for the daemon (hold/release); serve's goroutine only
 	sendMu sync.Mutex
 	reapMu sync.Mutex
 }
@@ -369,20 +375,6 @@ func (s *server) serve() {
 				reply.Err = err.Error()
 			}
 			s.reapMu.Unlock()
-		case "hold":
-			// Keep the fd; processes of the sandbox reach it as /proc/1/fd/N.
-			if len(fds) != 1 {
-				reply.Err = "hold needs one fd"
-			} else {
-				reply.Count = fds[0]
-				s.held[fds[0]] = true
-				fds = nil
-			}
-		case "release":
-			if s.held[m.Pid] {
-				unix.Close(m.Pid)
-				delete(s.held, m.Pid)
-			}
 		case "mkns":
 			fd, err := newMountNS()
 			if err != nil {

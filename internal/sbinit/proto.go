@@ -24,10 +24,6 @@
 //	  |                                        |   reap them all
 //	  |-- {id,op:reap,keep} ------------------>|   reap just keep (children the daemon
 //	  |<------------- {id,count} --------------|   killed), their exit events first
-//	  |-- {id,op:hold} + fd ------------------>|   keep fd open (a state's namespace, for
-//	  |<------------- {id,count=fd} -----------|   injected setns: /proc/1/fd/N)
-//	  |-- {id,op:release,pid=fd} ------------->|   close a held fd
-//	  |<------------- {id} --------------------|
 //	  |-- {id,op:mkns} ----------------------->|   a thread of init unshares a copy of the
 //	  |<------------- {id} + fd ---------------|   base mount namespace (owned by the
 //	  |                                        |   sandbox's user namespace): a state's
@@ -66,7 +62,6 @@ type Message struct {
 	Status int   `json:"status,omitempty"` // wait status as returned by wait4
 	Count  int   `json:"count,omitempty"`
 	Keep   []int `json:"keep,omitempty"` // killall: PIDs (in the sandbox) to spare; reap: the PIDs to reap
-	// hold's reply carries the held fd in Count; release names it in Pid.
 
 	Err string `json:"err,omitempty"`
 

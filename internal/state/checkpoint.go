@@ -12,6 +12,8 @@ import (
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
+
+	"golang.org/x/sys/unix"
 )
 
 // CheckpointOptions are a checkpoint's options.
@@ -324,15 +326,14 @@ func (c *checkpoint) move() error {
 	if len(c.held) == 0 {
 		return c.inject()
 	}
-	nsPath, release, err := s.rt.StateNSPath()
+	ns, err := s.rt.StateNS()
 	if err != nil {
 		return err
 	}
-	// init lets go of the namespace fd after the answer: a round trip to init (0.2-0.3
-	// ms) that nothing here waits for. Whatever happens, and only once the checkpoint is
-	// over (queued now, the release could run before the last process has moved).
-	c.after = append(c.after, release)
-	return m.moveHeld(s, c.held, nsPath, c.inject, &c.undo)
+	// Closed once the checkpoint is over, whatever happens: an undo moves processes
+	// back, and the namespace must outlive every move (queued now, not closed here).
+	c.after = append(c.after, func() { unix.Close(ns) })
+	return m.moveHeld(s, c.held, ns, c.inject, &c.undo)
 }
 
 // publish is step 8: from here nothing fails.

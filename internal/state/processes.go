@@ -275,14 +275,14 @@ func (m *Manager) forkHeld(held []*heldProc, sandbox string, undo *undoList) err
 	return nil
 }
 
-// moveHeld moves every held process onto the state at nsPath, and pushes onto undo, as
+// moveHeld moves every held process onto the state whose namespace is ns, and pushes onto undo, as
 // each has moved, its move back (fastpath.Held.MoveBack; one that cannot be put back
 // exactly is killed, never left half-moved, and its session ends). afterFirst runs once
 // the first has moved (the fault-injection point that proves a partial move is undone).
 // A Move that fails moves its process back itself.
-func (m *Manager) moveHeld(s *sb, held []*heldProc, nsPath string, afterFirst func() error, undo *undoList) error {
+func (m *Manager) moveHeld(s *sb, held []*heldProc, ns int, afterFirst func() error, undo *undoList) error {
 	for i, l := range held {
-		if err := l.h.Move(nsPath); err != nil {
+		if err := l.h.Move(ns); err != nil {
 			return fmt.Errorf("%s: %w", l.what, err)
 		}
 		undo.push(func() {

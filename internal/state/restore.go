@@ -329,12 +329,12 @@ func (r *restore) revive() error {
 	if len(r.rvs) == 0 {
 		return r.inject()
 	}
-	nsPath, release, err := s.rt.StateNSPath()
+	ns, err := s.rt.StateNS()
 	if err != nil {
 		return err
 	}
-	r.after = append(r.after, release) // as at a checkpoint
-	return m.reviveAll(s, r.rvs, nsPath, r.inject)
+	r.after = append(r.after, func() { unix.Close(ns) }) // as at a checkpoint
+	return m.reviveAll(s, r.rvs, ns, r.inject)
 }
 
 // publish is step 7: from here nothing fails.

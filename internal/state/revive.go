@@ -82,15 +82,15 @@ func (m *Manager) prepareSession(s *sb, rv *revival) error {
 	return err
 }
 
-// reviveAll forks every template into its session's PID on the state at nsPath; the new
+// reviveAll forks every template into its session's PID on the state whose namespace is ns; the new
 // processes stay stopped until commitRevivals. afterFirst runs once the first is made.
 // On error the caller aborts (abortRevivals).
-func (m *Manager) reviveAll(s *sb, rvs []*revival, nsPath string, afterFirst func() error) error {
+func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() error) error {
 	for i, rv := range rvs {
 		if rv.sess != nil {
 			rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
 		}
-		if err := rv.r.Revive(nsPath, rv.pts); err != nil {
+		if err := rv.r.Revive(ns, rv.pts); err != nil {
 			return fmt.Errorf("%s: %w", rv.pt.what, err)
 		}
 		if i == 0 {

@@ -68,16 +68,11 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 		return err
 	}
 	defer view.Close() // the parked templates keep the namespace
-	nsPath, release, err := rt.NSPath(view)
-	if err != nil {
-		return err
-	}
-	defer release()
 	var first error
 	for _, t := range tps {
 		s.tmplMu.Lock()
 		if !t.parked && templateAlive(t.tmpl) {
-			err = fastpath.Park(tr, t.tmpl, nsPath)
+			err = fastpath.Park(tr, t.tmpl, view.NS)
 			t.parked = err == nil
 		}
 		s.tmplMu.Unlock()
