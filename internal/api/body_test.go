@@ -36,15 +36,3 @@ func TestBodyOverLimit(t *testing.T) {
 		t.Fatalf("a body of exactly %d bytes: %v %+v", maxBody, err, v)
 	}
 }
-
-// TestOutputLimitBounded: an exec's output_limit, which the daemon holds in memory for
-// each stream, is refused past 64 MiB, naming the bound.
-func TestOutputLimitBounded(t *testing.T) {
-	if _, err := execRequest(ExecRequest{Argv: []string{"true"}, OutputLimit: maxOutputLimit}); err != nil {
-		t.Fatal(err)
-	}
-	_, err := execRequest(ExecRequest{Argv: []string{"true"}, OutputLimit: maxOutputLimit + 1})
-	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "at most 67108864") {
-		t.Fatalf("output_limit over 64 MiB: %v", err)
-	}
-}

@@ -33,10 +33,6 @@ const Version = apitypes.Version
 // into the daemon's memory before it is decoded.
 const maxBody = 16 << 20
 
-// maxOutputLimit caps an exec's output_limit: the daemon keeps up to that much of each
-// stream (and of a session call's output) in memory until the answer is sent.
-const maxOutputLimit = 64 << 20
-
 // The request and answer bodies of the routes in this file; their wire form is defined
 // once, in apitypes.
 type (
@@ -314,9 +310,8 @@ func execRequest(q ExecRequest) (sandbox.ExecRequest, error) {
 		return req, fmt.Errorf("timeout_ms %d: want milliseconds > 0, 0 for the default (%d, 10 min) or -1 for none: %w",
 			q.TimeoutMS, apitypes.DefaultExecTimeoutMS, errdefs.ErrInvalid)
 	}
-	if q.OutputLimit < 0 || q.OutputLimit > maxOutputLimit {
-		return req, fmt.Errorf("output_limit %d: want bytes > 0 and at most %d (64 MiB: the daemon holds that much of each stream), or 0 for the default (1 MiB); write larger output to a file and read it with the files API: %w",
-			q.OutputLimit, maxOutputLimit, errdefs.ErrInvalid)
+	if q.OutputLimit < 0 {
+		return req, fmt.Errorf("output_limit %d: want bytes > 0, or 0 for the default (1 MiB): %w", q.OutputLimit, errdefs.ErrInvalid)
 	}
 	// A session call runs its code in the session's shell or interpreter, with the
 	// session's working directory and environment, and no stdin of its own: these fields
