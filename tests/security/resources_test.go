@@ -145,6 +145,7 @@ func TestOutputFloodBounded(t *testing.T) {
 // TestIdleSessionsPinNoThreads: an idle session costs the daemon no OS thread (a
 // blocking read on each terminal's master held one: Go aborts at 10,000 threads).
 func TestIdleSessionsPinNoThreads(t *testing.T) {
+	t.Setenv("DELTABOX_MAX_SESSIONS_PER_SANDBOX", "256") // past the default caps
 	t.Setenv("DELTABOX_MAX_SESSIONS", "256")
 	d := testutil.StartDaemon(t)
 	create(t, d, apitypes.CreateOptions{ID: "res-threads"})
