@@ -79,6 +79,8 @@ func daemonCmd() *cobra.Command {
 //	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
 //	DELTABOX_WARM_MAX=N       warm restore states kept per sandbox (0: none)
 //	DELTABOX_ANSWER_DELAY=D   how long background work waits after an answer (Go duration)
+//	DELTABOX_MAX_SESSIONS_PER_SANDBOX=N  sessions a sandbox may hold at once (default 64)
+//	DELTABOX_MAX_SESSIONS=N   sessions all sandboxes may hold at once (default 1024)
 func configFromEnv(getenv func(string) string) (state.Config, error) {
 	cfg := state.DefaultConfig()
 	bad := func(name, v, want string) error {
@@ -125,6 +127,18 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 			return cfg, bad("DELTABOX_ANSWER_DELAY", v, "a duration >= 0, like 2ms")
 		}
 		cfg.AnswerDelay = d
+	}
+	for _, c := range []struct {
+		name string
+		to   *int
+	}{{"DELTABOX_MAX_SESSIONS_PER_SANDBOX", &cfg.MaxSessionsPerSandbox}, {"DELTABOX_MAX_SESSIONS", &cfg.MaxSessions}} {
+		if v := getenv(c.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return cfg, bad(c.name, v, "a count >= 1")
+			}
+			*c.to = n
+		}
 	}
 	return cfg, nil
 }

@@ -15,12 +15,15 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Fatalf("empty environment: %+v, %v; want the defaults", cfg, err)
 	}
 	cfg, err = configFromEnv(env(map[string]string{"DELTABOX_FASTPATH": "0", "DELTABOX_WARM_PROC": "1",
-		"DELTABOX_NO_PREPARE": "1", "DELTABOX_WARM_MAX": "3", "DELTABOX_ANSWER_DELAY": "5ms"}))
-	want := state.Config{FastPath: false, WarmProcesses: true, Prepare: false, WarmMax: 3, AnswerDelay: 5 * time.Millisecond}
+		"DELTABOX_NO_PREPARE": "1", "DELTABOX_WARM_MAX": "3", "DELTABOX_ANSWER_DELAY": "5ms",
+		"DELTABOX_MAX_SESSIONS_PER_SANDBOX": "8", "DELTABOX_MAX_SESSIONS": "20"}))
+	want := state.Config{FastPath: false, WarmProcesses: true, Prepare: false, WarmMax: 3, AnswerDelay: 5 * time.Millisecond,
+		MaxSessionsPerSandbox: 8, MaxSessions: 20}
 	if err != nil || cfg != want {
 		t.Fatalf("got %+v, %v; want %+v", cfg, err, want)
 	}
-	for k, v := range map[string]string{"DELTABOX_FASTPATH": "off", "DELTABOX_WARM_MAX": "-1", "DELTABOX_ANSWER_DELAY": "2"} {
+	for k, v := range map[string]string{"DELTABOX_FASTPATH": "off", "DELTABOX_WARM_MAX": "-1", "DELTABOX_ANSWER_DELAY": "2",
+		"DELTABOX_MAX_SESSIONS_PER_SANDBOX": "0", "DELTABOX_MAX_SESSIONS": "many"} {
 		if _, err := configFromEnv(env(map[string]string{k: v})); err == nil || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s=%s: error %v, want one naming it", k, v, err)
 		}

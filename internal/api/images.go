@@ -22,7 +22,7 @@ type (
 
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	var q ImportRequest
-	if err := decode(r, &q); err != nil {
+	if err := decode(w, r, &q); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -29,7 +29,8 @@ import (
 // Version is the API version prefix.
 const Version = apitypes.Version
 
-// maxBody caps request bodies (exec stdin included).
+// maxBody caps JSON request bodies (exec stdin included): the body is read whole
+// into the daemon's memory before it is decoded.
 const maxBody = 16 << 20
 
 // The request and answer bodies of the routes in this file; their wire form is defined
@@ -126,14 +127,16 @@ func writeErr(w http.ResponseWriter, err error) {
 	writeJSON(w, status, b)
 }
 
-// decode reads a JSON body into v; an empty body leaves v as it is.
-func decode(r *http.Request, v any) error {
-	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+// decode reads a JSON body into v; an empty body leaves v as it is. A body over maxBody
+// is a 413 (http.MaxBytesReader also closes the connection after the answer, so the
+// rest of the body is never read).
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
+		return fmt.Errorf("request body over the limit of %d bytes (16 MiB): send files with PUT /v1/sandboxes/{id}/files?path=P (up to 64 MiB a write) rather than in an exec's stdin: %w", maxBody, errdefs.ErrTooLarge)
+	}
 	if err != nil {
 		return fmt.Errorf("read body: %v: %w", err, errdefs.ErrInvalid)
-	}
-	if len(b) > maxBody {
-		return fmt.Errorf("request body over %d bytes: %w", maxBody, errdefs.ErrInvalid)
 	}
 	if len(b) == 0 {
 		return nil
@@ -156,7 +159,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	var o state.CreateOptions
-	if err := decode(r, &o); err != nil {
+	if err := decode(w, r, &o); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -187,7 +190,7 @@ func (s *Server) removeSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	var q ExecRequest
-	if err := decode(r, &q); err != nil {
+	if err := decode(w, r, &q); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -360,7 +363,7 @@ func cutIncompleteRune(b []byte) (whole, rest []byte) {
 
 func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 	var q CheckpointRequest
-	if err := decode(r, &q); err != nil {
+	if err := decode(w, r, &q); err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -379,7 +382,7 @@ func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 	var q RestoreRequest
-	if err := decode(r, &q); err != nil {
+	if err := decode(w, r, &q); err != nil {
 		writeErr(w, err)
 		return
 	}

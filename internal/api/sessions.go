@@ -9,7 +9,7 @@ import (
 
 func (s *Server) startSession(w http.ResponseWriter, r *http.Request) {
 	var o state.SessionOptions
-	if err := decode(r, &o); err != nil {
+	if err := decode(w, r, &o); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -5,6 +5,7 @@ package errdefs
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 )
 
@@ -18,6 +19,9 @@ var (
 	ErrInvalid = errors.New("invalid argument")
 	// ErrUnavailable: the machine lacks something (store not set up, kernel feature).
 	ErrUnavailable = errors.New("unavailable")
+	// ErrTooLarge: a request body over the API's limit (413). It is an ErrInvalid too,
+	// as such a request was (a 400) before it had a status of its own.
+	ErrTooLarge = fmt.Errorf("too large: %w", ErrInvalid)
 )
 
 // HTTPStatus maps an error to its HTTP status and a short code string.
@@ -29,6 +33,8 @@ func HTTPStatus(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict, "conflict"
+	case errors.Is(err, ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, "too_large"
 	case errors.Is(err, ErrInvalid):
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnavailable):
@@ -48,6 +54,8 @@ func FromStatus(status int) error {
 		return ErrConflict
 	case http.StatusBadRequest:
 		return ErrInvalid
+	case http.StatusRequestEntityTooLarge:
+		return ErrTooLarge
 	case http.StatusServiceUnavailable:
 		return ErrUnavailable
 	default:

@@ -29,7 +29,16 @@
 // empty id, which no call awaits.
 //
 // Concurrency: one call at a time per session (ErrBusy otherwise). One goroutine
-// (readLoop) owns reading the master; mu guards the buffer and the state it feeds.
+// (readLoop) owns reading the master; mu guards the buffers and the state they feed.
+//
+// Bounds. Whatever the sandbox prints, a session holds at most logCap bytes of output no
+// call consumes (log, a ring with an exact count of what it dropped) and, during a call,
+// pendingCap bytes the call has not yet taken: past that readLoop stops reading and the
+// terminal's own buffer pushes back on the writer. A call keeps its output within its
+// limit (output.go), and a stray 0x1e holds back at most maxSentinel bytes. The master
+// is nonblocking, on Go's netpoller: an idle session's reader is a parked goroutine,
+// not an OS thread blocked in read(2) (200 idle sessions took 198 threads; Go aborts
+// at 10,000). Every write to the terminal has a deadline (writeTimeout).
 package session
 
 import (
@@ -67,8 +76,16 @@ var ErrBusy = errors.New("session busy")
 var ErrNotCallable = errors.New("not a shell or interpreter session")
 
 // logCap bounds what a session keeps of the output no call consumed (a command
-// session's log): the tail. The buffer is trimmed to it when it grows past twice that.
+// session's log): the tail, in a ring (logbuf.go).
 const logCap = 1 << 20
+
+// pendingCap bounds the output a running call has not consumed yet (it consumes as
+// output arrives; this is only reached when its answer's reader is slow).
+const pendingCap = 256 << 10
+
+// writeTimeout bounds each write to the terminal (a call's code, ^C): a process that
+// no longer reads its terminal makes the call fail rather than hang.
+const writeTimeout = 30 * time.Second
 
 // chunk is how much encoded code goes on one line (under the terminal's 4095).
 const chunk = 3000
@@ -88,7 +105,8 @@ type Session struct {
 
 	mu     sync.Mutex // guards everything below
 	cond   *sync.Cond
-	buf    []byte // output not yet consumed by a call (command sessions: the tail)
+	buf    []byte  // while busy: output the call has not consumed yet (at most pendingCap)
+	log    *logBuf // while not busy: output no call consumes
 	dead   bool
 	exit   string
 	reaped bool             // watch reported the end of this generation's process
@@ -160,13 +178,13 @@ func newID() string { return rand.Text() }
 // NewDetached makes a session with a fresh terminal and no process yet, for a process
 // restored from a template after the original session was killed (Rebind attaches it).
 func NewDetached(rt *sandbox.Sandbox, name string, kind Kind, argv []string) (*Session, error) {
-	master, slave, err := rt.OpenPTY()
+	master, slave, err := openPTY(rt)
 	if err != nil {
 		return nil, err
 	}
 	// The slave stays open here until the restored process has opened it by path
 	// (PtsPath): with no slave open, reads on the master fail with EIO.
-	s := &Session{name: name, kind: kind, argv: argv, started: time.Now().UTC(), rt: rt, master: master, slave: slave, dead: true, exit: "not started"}
+	s := &Session{name: name, kind: kind, argv: argv, started: time.Now().UTC(), rt: rt, master: master, slave: slave, dead: true, exit: "not started", log: newLogBuf(logCap)}
 	s.cond = sync.NewCond(&s.mu)
 	go s.readLoop()
 	return s, nil
@@ -186,7 +204,7 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 	default:
 		return nil, fmt.Errorf("unknown session kind %q (bash, python or command)", kind)
 	}
-	master, slave, err := rt.OpenPTY()
+	master, slave, err := openPTY(rt)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +220,7 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 	if kind == Python {
 		shown = []string{"python3"} // not the driver's source
 	}
-	s := &Session{name: name, kind: kind, argv: shown, pid: p.Pid, started: time.Now().UTC(), rt: rt, master: master}
+	s := &Session{name: name, kind: kind, argv: shown, pid: p.Pid, started: time.Now().UTC(), rt: rt, master: master, log: newLogBuf(logCap)}
 	s.cond = sync.NewCond(&s.mu)
 	go s.readLoop()
 	s.watch(p.Exit, 0)
@@ -215,11 +233,15 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 	if kind == Python {
 		setup = "R" + id + "\n"
 	}
-	if _, err := master.WriteString(setup); err != nil {
-		s.Close()
-		return nil, err
+	s.mu.Lock()
+	s.busy = true
+	s.mu.Unlock()
+	err = s.write([]byte(setup))
+	if err == nil {
+		_, err = s.await(context.Background(), id, 10*time.Second, nil)
 	}
-	if _, err := s.await(context.Background(), id, 10*time.Second, nil); err != nil {
+	s.endCall()
+	if err != nil {
 		s.Close()
 		return nil, fmt.Errorf("session %s did not come up: %w", name, err)
 	}
@@ -280,10 +302,6 @@ func (s *Session) Pid() int {
 // Kind is what runs in the session.
 func (s *Session) Kind() Kind { return s.kind }
 
-// Master is the terminal's master side (termios and window size are read and set
-// there).
-func (s *Session) Master() *os.File { return s.master }
-
 // TermState is what a checkpoint keeps of a session's terminal beside its process (a
 // template's terminal is gone by the time it is restored): the line discipline settings,
 // the window size, and the output no call consumed (a command session's log: a restore
@@ -292,21 +310,23 @@ type TermState struct {
 	termios *unix.Termios
 	winsize *unix.Winsize
 	log     []byte
+	dropped int64 // what the log had dropped before it
 }
 
 // SaveTerm reads the session's terminal settings (what it cannot read stays unset, and
 // RestoreTerm then leaves it as it is) and copies its log.
 func (s *Session) SaveTerm() TermState {
 	var t TermState
-	fd := int(s.master.Fd())
-	if tio, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
-		t.termios = tio
-	}
-	if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
-		t.winsize = ws
-	}
+	s.control(func(fd int) {
+		if tio, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
+			t.termios = tio
+		}
+		if ws, err := unix.IoctlGetWinsize(fd, unix.TIOCGWINSZ); err == nil {
+			t.winsize = ws
+		}
+	})
 	s.mu.Lock()
-	t.log = append([]byte(nil), s.buf[max(0, len(s.buf)-logCap):]...)
+	t.log, t.dropped = s.log.bytes(), s.log.dropped
 	s.mu.Unlock()
 	return t
 }
@@ -314,15 +334,16 @@ func (s *Session) SaveTerm() TermState {
 // RestoreTerm sets the session's terminal and log to t (a restore, before its process
 // resumes; what the session held before is dropped).
 func (s *Session) RestoreTerm(t TermState) {
-	fd := int(s.master.Fd())
-	if t.termios != nil {
-		unix.IoctlSetTermios(fd, unix.TCSETS, t.termios)
-	}
-	if t.winsize != nil {
-		unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
-	}
+	s.control(func(fd int) {
+		if t.termios != nil {
+			unix.IoctlSetTermios(fd, unix.TCSETS, t.termios)
+		}
+		if t.winsize != nil {
+			unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
+		}
+	})
 	s.mu.Lock()
-	s.buf = append(s.buf[:0], t.log...)
+	s.log.set(t.log, t.dropped)
 	s.mu.Unlock()
 }
 
@@ -330,7 +351,13 @@ func (s *Session) RestoreTerm(t TermState) {
 // so nothing in the sandbox can substitute another file), close-on-exec and not as a
 // controlling terminal. The caller closes the fd.
 func (s *Session) OpenPeer() (int, error) {
-	r, _, errno := unix.Syscall(unix.SYS_IOCTL, s.master.Fd(), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	var r uintptr
+	var errno unix.Errno
+	if err := s.control(func(fd int) {
+		r, _, errno = unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	}); err != nil {
+		return -1, fmt.Errorf("open the terminal's slave: %w", err)
+	}
 	if errno != 0 {
 		return -1, fmt.Errorf("open the terminal's slave: %w", errno)
 	}
@@ -339,11 +366,81 @@ func (s *Session) OpenPeer() (int, error) {
 
 // PtsPath is the terminal's slave as the sandbox names it (/dev/pts/N).
 func (s *Session) PtsPath() (string, error) {
-	n, err := unix.IoctlGetUint32(int(s.master.Fd()), unix.TIOCGPTN)
+	var n uint32
+	var err error
+	if cerr := s.control(func(fd int) { n, err = unix.IoctlGetUint32(fd, unix.TIOCGPTN) }); cerr != nil {
+		err = cerr
+	}
 	if err != nil {
 		return "", err
 	}
 	return "/dev/pts/" + strconv.Itoa(int(n)), nil
+}
+
+// openPTY opens a terminal in the sandbox with its master on Go's netpoller: the fd is
+// duplicated (the *os.File OpenPTY made is blocking, and closed here) and made
+// nonblocking before os.NewFile, which then registers it with the poller. From here on
+// the master's fd is reached only through control: File.Fd would make it blocking
+// again, and each reader an OS thread again.
+func openPTY(rt *sandbox.Sandbox) (master, slave *os.File, err error) {
+	m, slave, err := rt.OpenPTY()
+	if err != nil {
+		return nil, nil, err
+	}
+	if master, err = pollable(m); err != nil {
+		slave.Close()
+		return nil, nil, err
+	}
+	return master, slave, nil
+}
+
+// pollable returns f's file as a nonblocking *os.File on the netpoller, and closes f.
+func pollable(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f.Close()
+	if err == nil {
+		if err = unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("make the terminal's master nonblocking: %w", err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// control runs f with the master's fd (an ioctl), without making it blocking.
+func (s *Session) control(f func(fd int)) error {
+	rc, err := s.master.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Control(func(fd uintptr) { f(int(fd)) })
+}
+
+// write writes b to the terminal within writeTimeout.
+func (s *Session) write(b []byte) error {
+	s.master.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, err := s.master.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("the session's process took no input for %v (it no longer reads its terminal: kill the session)", writeTimeout)
+	}
+	return err
+}
+
+// endCall ends a call (or Start's readiness check): what the call left unconsumed
+// joins the log, and readLoop, which may wait for the call to consume, goes on.
+func (s *Session) endCall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.busy = false
+	s.log.write(s.buf)
+	s.buf = nil
+	if s.settling != nil {
+		close(s.settling)
+		s.settling = nil
+	}
+	s.cond.Broadcast()
 }
 
 func (s *Session) readLoop() {
@@ -352,11 +449,10 @@ func (s *Session) readLoop() {
 		n, err := s.master.Read(b)
 		s.mu.Lock()
 		if n > 0 {
-			s.buf = append(s.buf, b[:n]...)
-			// Between calls (and always in a command session) nothing consumes the
-			// buffer: keep its tail. A call's await consumes it as it grows.
-			if len(s.buf) > 2*logCap && (s.kind == Command || !s.busy) {
-				s.buf = s.buf[:copy(s.buf, s.buf[len(s.buf)-logCap:])]
+			if s.busy {
+				s.buf = append(s.buf, b[:n]...) // await consumes it as it grows
+			} else {
+				s.log.write(b[:n])
 			}
 		}
 		if err != nil {
@@ -367,6 +463,11 @@ func (s *Session) readLoop() {
 			}
 		}
 		s.cond.Broadcast()
+		// A call consumes what it is given; when it falls behind (a slow reader of a
+		// streamed answer) the terminal's buffer holds the rest, and its writer waits.
+		for err == nil && s.busy && len(s.buf) >= pendingCap && !s.closed {
+			s.cond.Wait()
+		}
 		s.mu.Unlock()
 		if err != nil {
 			return
@@ -423,16 +524,9 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	s.busy = true
 	id := newID()
 	s.buf = s.buf[:0]
+	s.log.reset() // what came before the call is not its output
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.busy = false
-		if s.settling != nil {
-			close(s.settling)
-			s.settling = nil
-		}
-		s.mu.Unlock()
-	}()
+	defer s.endCall()
 
 	var w bytes.Buffer
 	switch s.kind {
@@ -448,7 +542,7 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 	out := newOutput(limit, onOutput)
 	res := &Result{}
 	start := time.Now()
-	if _, err := s.master.Write(w.Bytes()); err != nil {
+	if err := s.write(w.Bytes()); err != nil {
 		return nil, fmt.Errorf("write to session %s: %w", s.name, err)
 	}
 	end, err := s.await(ctx, id, timeout, out)
@@ -469,9 +563,11 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		if errors.Is(err, errTimeout) {
 			// It ignored SIGINT: kill the terminal's foreground group if it is not the
 			// session itself.
-			if pg, e := unix.IoctlGetInt(int(s.master.Fd()), unix.TIOCGPGRP); e == nil && pg > 1 {
-				unix.Kill(-pg, unix.SIGKILL)
-			}
+			s.control(func(fd int) {
+				if pg, e := unix.IoctlGetInt(fd, unix.TIOCGPGRP); e == nil && pg > 1 {
+					unix.Kill(-pg, unix.SIGKILL)
+				}
+			})
 			end, err = s.await(context.Background(), id, 5*time.Second, out)
 			if errors.Is(err, errTimeout) {
 				return nil, fmt.Errorf("session %s did not come back after its command timed out: %w", s.name, err)
@@ -508,11 +604,12 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 // exec'd; a subshell or a bash script also look so, and get the ^C at 200 ms).
 func (s *Session) interrupt() {
 	if s.kind == Bash {
-		fd := int(s.master.Fd())
-		sid, err := unix.IoctlGetInt(fd, unix.TIOCGSID)
+		var sid, pg int
+		var err error
+		s.control(func(fd int) { sid, err = unix.IoctlGetInt(fd, unix.TIOCGSID) })
 		shell, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", sid))
 		for end := time.Now().Add(200 * time.Millisecond); err == nil && shell != "" && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			pg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+			s.control(func(fd int) { pg, err = unix.IoctlGetInt(fd, unix.TIOCGPGRP) })
 			if err != nil {
 				break
 			}
@@ -521,7 +618,7 @@ func (s *Session) interrupt() {
 			}
 		}
 	}
-	s.master.Write([]byte{0x03})
+	s.write([]byte{0x03})
 }
 
 // busyGrace is how long a call waits for a busy session before it is refused.
@@ -584,6 +681,9 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 		}
 	}()
 	for {
+		if len(s.buf) > 0 {
+			s.cond.Broadcast() // readLoop may wait for room (pendingCap)
+		}
 		if flush && len(s.buf) == 0 {
 			out.flushHeld()
 			flush = false
@@ -663,11 +763,12 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 const heldFlush = 50 * time.Millisecond
 
 // Logs returns what a session printed that no call consumed (for a command session:
-// the tail of its output, up to 1 MiB).
+// the tail of its output, up to 1 MiB), after a marker counting what went before it if
+// anything did.
 func (s *Session) Logs() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]byte(nil), s.buf[max(0, len(s.buf)-logCap):]...)
+	return s.log.withMarker()
 }
 
 // Info describes the session.
@@ -698,6 +799,7 @@ func (s *Session) close(kill bool) {
 		return
 	}
 	s.closed = true
+	s.cond.Broadcast() // readLoop may wait for a call to consume
 	s.mu.Unlock()
 	if kill {
 		s.rt.Signal(s.Pid(), unix.SIGKILL, true)

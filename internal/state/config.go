@@ -26,9 +26,24 @@ type Config struct {
 	// the host's root (DELTABOX_ISOLATION=off). It exists to measure what isolation
 	// costs (bench latency and fs, side by side); never run untrusted code so.
 	NoIsolation bool
+	// MaxSessionsPerSandbox and MaxSessions cap the sessions a sandbox, and all of them,
+	// hold at once (DELTABOX_MAX_SESSIONS_PER_SANDBOX, DELTABOX_MAX_SESSIONS): each holds
+	// a terminal, a reader goroutine and up to 1 MiB of output in the daemon. Past a cap
+	// a start is refused (409); a restore brings back the sessions its node holds even
+	// past the total cap (they were within the caps when it was taken).
+	MaxSessionsPerSandbox int
+	MaxSessions           int
 }
+
+// The session caps' defaults: an agent uses a handful of sessions; 1024 sessions at
+// their 1 MiB log cap each are 1 GiB of the daemon's memory at worst.
+const (
+	DefaultMaxSessionsPerSandbox = 64
+	DefaultMaxSessions           = 1024
+)
 
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
-	return Config{FastPath: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay}
+	return Config{FastPath: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
+		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions}
 }

@@ -28,6 +28,8 @@ type Manager struct {
 	nodes     map[string]*node
 	sandboxes map[string]*sb
 	nextLayer uint64
+	// sessionStarts counts the sessions being started (reserveSession), under mu.
+	sessionStarts int
 
 	templates map[string][]*procTemplate // node id -> its process templates (templates.go)
 

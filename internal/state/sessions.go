@@ -65,6 +65,11 @@ func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions)
 
 // startSession starts o in s. Precondition: s.opMu held (no state switch meanwhile).
 func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error) {
+	release, err := m.reserveSession(s, o.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer release() // after the session is in s.sessions, where the caps count it
 	dir := o.Dir
 	if !filepath.IsAbs(dir) { // "" too: the workdir, as for exec
 		dir = filepath.Join(s.rec.Workdir, dir)
@@ -82,6 +87,52 @@ func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error
 	delete(s.ended, o.Name)
 	s.mu.Unlock()
 	return sess, nil
+}
+
+// reserveSession takes a place for a session named name in s within the session caps
+// (Config.MaxSessionsPerSandbox, MaxSessions), or refuses it: each session holds a
+// terminal, a goroutine and up to 1 MiB of output in the daemon. A session that
+// replaces one of the same name takes no new place. The caller releases the place once
+// the session is in s.sessions (or failed to start). Precondition: s.opMu held, so
+// that s's own count cannot change meanwhile; starts in other sandboxes count through
+// sessionStarts.
+func (m *Manager) reserveSession(s *sb, name string) (release func(), err error) {
+	perSB, total := m.cfg.MaxSessionsPerSandbox, m.cfg.MaxSessions
+	if perSB <= 0 {
+		perSB = DefaultMaxSessionsPerSandbox
+	}
+	if total <= 0 {
+		total = DefaultMaxSessions
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	own, all := 0, m.sessionStarts
+	for _, o := range m.sandboxes {
+		o.mu.Lock()
+		n := len(o.sessions)
+		if o == s {
+			if _, ok := o.sessions[name]; ok {
+				n--
+			}
+			own = n
+		}
+		o.mu.Unlock()
+		all += n
+	}
+	if own >= perSB {
+		return nil, fmt.Errorf("sandbox %s holds %d sessions, its limit (the daemon's DELTABOX_MAX_SESSIONS_PER_SANDBOX): kill the sessions it no longer needs (deltabox session kill %s NAME; DELETE /v1/sandboxes/%s/sessions/NAME): %w",
+			s.rec.ID, own, s.rec.ID, s.rec.ID, errdefs.ErrConflict)
+	}
+	if all >= total {
+		return nil, fmt.Errorf("the daemon holds %d sessions, its limit (DELTABOX_MAX_SESSIONS): kill the sessions no longer needed, in this sandbox or others (deltabox session kill SANDBOX NAME), or remove sandboxes no longer used: %w",
+			all, errdefs.ErrConflict)
+	}
+	m.sessionStarts++
+	return func() {
+		m.mu.Lock()
+		m.sessionStarts--
+		m.mu.Unlock()
+	}, nil
 }
 
 // Sessions lists a sandbox's sessions, live and ended.

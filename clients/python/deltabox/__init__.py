@@ -26,7 +26,7 @@ from ._http import DEFAULT_SOCKET
 from .client import Client, default_client
 from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
-                     MemoryWarning, NotFound, RequestTimeout, Unavailable)
+                     MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable)
 from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
                      SandboxMemory, Templates, Tree)
 from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
@@ -59,6 +59,7 @@ __all__ = [
     "Session",
     "Sessions",
     "Templates",
+    "TooLarge",
     "Tree",
     "Unavailable",
     "default_client",

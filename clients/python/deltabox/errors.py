@@ -38,6 +38,11 @@ class InvalidRequest(DeltaBoxError):
     """400 ``invalid``: malformed request, bad id, path or argument."""
 
 
+class TooLarge(InvalidRequest):
+    """413 ``too_large``: a request body over the daemon's limit (16 MiB: an exec's
+    stdin included); send files with ``sandbox.files.write`` instead."""
+
+
 class NotFound(DeltaBoxError):
     """404 ``not_found``: unknown sandbox, checkpoint (node), session, file or route."""
 
@@ -107,6 +112,7 @@ class CommandError(DeltaBoxError):
 
 _BY_CODE = {
     "invalid": InvalidRequest,
+    "too_large": TooLarge,
     "not_found": NotFound,
     "conflict": Conflict,
     "unavailable": Unavailable,
@@ -116,6 +122,7 @@ _CODE_BY_STATUS = {
     400: "invalid",
     404: "not_found",
     409: "conflict",
+    413: "too_large",
     503: "unavailable",
     500: "internal",
 }
