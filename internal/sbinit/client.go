@@ -97,7 +97,7 @@ func Start(o StartOptions) (*Client, error) {
 	cmd.Stdout, cmd.Stderr = logW, logW
 	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP,
 		UseCgroupFD: o.CgroupFD >= 0,
 		CgroupFD:    o.CgroupFD,
 	}

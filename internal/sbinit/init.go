@@ -519,6 +519,14 @@ func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 				return
 			}
 		}
+		// A cgroup namespace rooted where the command starts (the sandbox's cgroup2
+		// group, the v1 limit groups just joined): a cgroup mount inside shows the
+		// sandbox's own groups, not the host's or another sandbox's. Init's own
+		// (CLONE_NEWCGROUP at its clone) is rooted at the v1 groups it was started in.
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			ch <- result{0, -1, fmt.Errorf("unshare CLONE_NEWCGROUP: %w", err)}
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			ch <- result{0, -1, fmt.Errorf("unshare CLONE_FS: %w", err)}
 			return
