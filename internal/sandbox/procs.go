@@ -15,9 +15,10 @@ import (
 // nothing the sandbox mounts or plants is followed. Nested PID namespaces are seen too
 // (their processes are in the sandbox's namespace as well, with a PID there).
 //
-// Measured on this VM (a sandbox of 3 processes, host of ~90): listing that proc, p50
-// 9 us (openat, getdents64, close); the cgroup's cgroup.procs 7 us; a scan of the host's
-// /proc comparing each process's ns/pid 1.3 ms. So the listing replaces the cgroup read.
+// Measured on this VM (2000 runs of a Go loop; a PID namespace of 4 processes, a host
+// of ~130): listing that proc p50 12 us (openat, getdents64, close); a scan of the
+// host's /proc reading every process's ns/pid 1.1 ms. So the listing replaces the
+// cgroup read on the checkpoint path, and the host scan was not taken.
 
 // openInitMount opens (O_PATH) the directory rel beneath init's root, which must be a
 // filesystem of type magic. Called at start, before anything of the sandbox runs.
