@@ -119,16 +119,20 @@ func (g *Group) Destroy(timeout time.Duration) error {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	for {
-		err := unix.Rmdir(g.Path)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
+	// Children first: groups a process of the sandbox made in its cgroup namespace.
+	for _, sub := range subtree(g.Path) {
+		for {
+			err := unix.Rmdir(sub)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+				return fmt.Errorf("remove cgroup %s: %w", sub, err)
+			}
+			time.Sleep(2 * time.Millisecond)
 		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			return fmt.Errorf("remove cgroup %s: %w", g.Path, err)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
+	return nil
 }
 
 // List returns the ids of existing sandbox cgroups (for the startup sweep).

@@ -414,20 +414,35 @@ func (v *V1) Destroy(timeout time.Duration) error {
 		if d == "" {
 			continue
 		}
-		for {
-			err := unix.Rmdir(d)
-			if err == nil || errors.Is(err, unix.ENOENT) {
-				break
+		for _, sub := range subtree(d) {
+			for {
+				err := unix.Rmdir(sub)
+				if err == nil || errors.Is(err, unix.ENOENT) {
+					break
+				}
+				if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+					errs = append(errs, fmt.Errorf("remove cgroup %s: %w", sub, err))
+					break
+				}
+				killTasks(sub)
+				time.Sleep(2 * time.Millisecond)
 			}
-			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
-				break
-			}
-			killTasks(d)
-			time.Sleep(2 * time.Millisecond)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// subtree lists the groups under d (children a sandbox made in its cgroup namespace
+// too: a group cannot be removed before its children), deepest first, d last.
+func subtree(d string) []string {
+	var out []string
+	ents, _ := os.ReadDir(d)
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, subtree(filepath.Join(d, e.Name()))...)
+		}
+	}
+	return append(out, d)
 }
 
 // killTasks SIGKILLs the threads' processes still listed in a v1 directory.

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"fmt"
 	"os"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -29,10 +28,14 @@ func (s *Sandbox) OpenPTY() (master, slave *os.File, err error) {
 }
 
 func (s *Sandbox) openPTY() (master, slave *os.File, err error) {
-	// The init's root is the base namespace's tmpfs, whose /dev/pts is the sandbox's
-	// devpts; /proc/PID/root reaches it from the daemon.
-	ptmx := "/proc/" + strconv.Itoa(s.InitPid()) + "/root/dev/pts/ptmx"
-	mfd, err := unix.Open(ptmx, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	// Beneath the sandbox's devpts as it was at the start (s.devpts), no symlink, no
+	// other mount: /proc/INIT/root/dev/pts/ptmx, resolved by the daemon as root, followed
+	// whatever a process of the sandbox had mounted or planted there (an absolute
+	// symlink resolves against the daemon's root: a host path of its choosing).
+	mfd, err := unix.Openat2(s.devpts, "ptmx", &unix.OpenHow{
+		Flags:   unix.O_RDWR | unix.O_NOCTTY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the sandbox's ptmx: %w", err)
 	}

@@ -33,7 +33,10 @@ type Sandbox struct {
 	lim      *cgroup.V1 // its limits (v1 controllers)
 	init     *sbinit.Client
 	baseNS   int // nsfs fd of the init's (base) mount namespace
-	builder  *mountns.Builder
+	// proc and devpts: O_PATH fds on the proc of the sandbox's PID namespace and on its
+	// devpts, opened at start before any code of the sandbox ran (procs.go, pty.go).
+	proc, devpts int
+	builder      *mountns.Builder
 	// idmap is the sandbox's idmapped view of the store (its user namespace's ids);
 	// nil with isolation off.
 	idmap *overlay.IDMapped
@@ -77,7 +80,7 @@ type Isolation struct {
 // command the sandbox runs starts inside lim (zero fields: the defaults). iso nil
 // starts the sandbox without a user namespace (isolation off: for comparisons only).
 func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation) (_ *Sandbox, err error) {
-	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, state: None}
+	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
 	defer func() {
 		if err != nil {
 			s.Destroy()
@@ -131,6 +134,16 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation) (_ *Sand
 		CgroupTasks: tasks,
 	})
 	if err != nil {
+		return nil, err
+	}
+	// Before the first spawn: nothing of the sandbox has run yet.
+	if s.proc, err = openInitMount(s.init.Pid(), "proc", unix.PROC_SUPER_MAGIC); err != nil {
+		return nil, err
+	}
+	if err = checkProcOf(s.proc, s.init.Pid()); err != nil {
+		return nil, err
+	}
+	if s.devpts, err = openInitMount(s.init.Pid(), "dev/pts", unix.DEVPTS_SUPER_MAGIC); err != nil {
 		return nil, err
 	}
 	s.baseNS, err = unix.Open("/proc/"+strconv.Itoa(s.init.Pid())+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -248,10 +261,10 @@ func (s *Sandbox) PutState(st State) {
 	old.Close()
 }
 
-// OnlyInit reports whether init is the sandbox's only process, read from the cgroup
-// (a few microseconds, against a round trip to init for KillAll).
+// OnlyInit reports whether init is the sandbox's only process, read from its PID
+// namespace (a few microseconds, against a round trip to init for KillAll).
 func (s *Sandbox) OnlyInit() bool {
-	pids, err := s.cg.Pids()
+	pids, err := s.Procs()
 	return err == nil && len(pids) == 1
 }
 
@@ -319,9 +332,11 @@ func (s *Sandbox) Destroy() error {
 		s.builder.Close()
 		s.builderClosed = true
 	}
-	if s.baseNS >= 0 {
-		unix.Close(s.baseNS)
-		s.baseNS = -1
+	for _, fd := range []*int{&s.baseNS, &s.proc, &s.devpts} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
 	}
 	s.idmap.Close()
 	if len(errs) > 0 {
@@ -343,7 +358,9 @@ func (s *Sandbox) Alive() bool {
 // Dead is closed when the init has exited.
 func (s *Sandbox) Dead() <-chan struct{} { return s.init.Done() }
 
-// Pids lists the sandbox's processes (host PIDs), init included.
+// Pids lists the processes in the sandbox's cgroup (host PIDs), init included: an
+// index from host PIDs for the processes Procs finds, not the list of the sandbox's
+// processes (a process can leave the cgroup; procs.go).
 func (s *Sandbox) Pids() ([]int, error) { return s.cg.Pids() }
 
 // Usage is what the sandbox's commands use of their limits (init excluded).

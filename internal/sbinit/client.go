@@ -40,9 +40,16 @@ type Client struct {
 	mu        sync.Mutex
 	nextID    int64
 	pending   map[int64]chan *Message
-	exits     map[int]chan unix.WaitStatus   // spawned pids still running
+	exits     map[int]*watch                 // spawned (or watched) pids still running
 	spawnExit map[int64]chan unix.WaitStatus // spawn requests awaiting their reply
 	closed    error
+}
+
+// watch is one pid whose exit the daemon waits for: its channel, and a pidfd of the
+// process when init made one at the spawn (-1 for Watch).
+type watch struct {
+	ch    chan unix.WaitStatus
+	pidfd int
 }
 
 // StartOptions configures a new init.
@@ -78,6 +85,14 @@ func Start(o StartOptions) (*Client, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
+	}
+	// Every message then carries its sender's PID, set by the kernel: readLoop drops
+	// what does not come from init (a process of the sandbox holding init's end of the
+	// socket, taken with pidfd_getfd, could otherwise speak for init).
+	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, fmt.Errorf("init socket: SO_PASSCRED: %w", err)
 	}
 	child := os.NewFile(uintptr(fds[1]), "init-ctl")
 	o.Config.TaskFDs = nil
@@ -141,7 +156,7 @@ func Start(o StartOptions) (*Client, error) {
 		proc:      cmd.Process,
 		done:      make(chan struct{}),
 		pending:   map[int64]chan *Message{},
-		exits:     map[int]chan unix.WaitStatus{},
+		exits:     map[int]*watch{},
 		spawnExit: map[int64]chan unix.WaitStatus{},
 	}
 	go func() { cmd.Wait(); close(c.done) }()
@@ -209,13 +224,20 @@ func (c *Client) Kill() {
 
 func (c *Client) readLoop() {
 	buf := make([]byte, maxMessage)
-	oob := make([]byte, 64)
+	oob := make([]byte, unix.CmsgSpace(4*8)+unix.CmsgSpace(unix.SizeofUcred))
 	var err error
 	for {
 		var m *Message
 		var fds []int
-		m, fds, err = recv(c.fd, buf, oob)
+		var from int
+		m, fds, from, err = recvFrom(c.fd, buf, oob)
 		if err == unix.EINTR {
+			continue
+		}
+		if from != c.proc.Pid && (err == nil || from != 0) {
+			// Not init: a process of the sandbox that holds init's end of the socket
+			// (its garbage, or an empty datagram, must not end the sandbox either).
+			closeAll(fds)
 			continue
 		}
 		if err != nil {
@@ -224,15 +246,24 @@ func (c *Client) readLoop() {
 		c.mu.Lock()
 		switch {
 		case m.Op == "exit":
-			if ch, ok := c.exits[m.Pid]; ok {
-				ch <- unix.WaitStatus(m.Status)
-				delete(c.exits, m.Pid)
+			if w, ok := c.exits[m.Pid]; ok {
+				if st, ok := exitStatus(w.pidfd, m.Status); ok {
+					w.ch <- st
+					delete(c.exits, m.Pid)
+					if w.pidfd >= 0 {
+						unix.Close(w.pidfd)
+					}
+				}
 			}
 		default:
 			if exit, ok := c.spawnExit[m.ID]; ok {
 				delete(c.spawnExit, m.ID)
 				if m.Err == "" && m.Pid > 0 {
-					c.exits[m.Pid] = exit
+					w := &watch{ch: exit, pidfd: -1}
+					if len(fds) == 1 && isChildOf(fds[0], c.proc.Pid) {
+						w.pidfd, fds = fds[0], nil
+					}
+					c.exits[m.Pid] = w
 				}
 			}
 			if ch, ok := c.pending[m.ID]; ok {
@@ -252,8 +283,11 @@ func (c *Client) readLoop() {
 		ch <- &Message{ID: id, Err: c.closed.Error()}
 		delete(c.pending, id)
 	}
-	for pid, ch := range c.exits {
-		close(ch)
+	for pid, w := range c.exits {
+		close(w.ch)
+		if w.pidfd >= 0 {
+			unix.Close(w.pidfd)
+		}
 		delete(c.exits, pid)
 	}
 	c.mu.Unlock()
@@ -347,7 +381,7 @@ func (c *Client) Watch(pid int) <-chan unix.WaitStatus {
 		close(ch)
 		return ch
 	}
-	c.exits[pid] = ch
+	c.exits[pid] = &watch{ch: ch, pidfd: -1}
 	return ch
 }
 
@@ -355,6 +389,9 @@ func (c *Client) Watch(pid int) <-chan unix.WaitStatus {
 func (c *Client) Unwatch(pid int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if w, ok := c.exits[pid]; ok && w.pidfd >= 0 {
+		unix.Close(w.pidfd)
+	}
 	delete(c.exits, pid)
 }
 

@@ -330,13 +330,19 @@ func (s *server) serve() {
 		switch m.Op {
 		case "spawn":
 			s.reapMu.Lock()
-			pid, err := spawn(m, fds)
+			pid, pidfd, err := spawn(m, fds)
 			reply.Pid = pid
+			var out []int
 			if err != nil {
 				reply.Err = err.Error()
+			} else if pidfd >= 0 {
+				out = []int{pidfd}
 			}
-			s.send(reply, nil)
+			s.send(reply, out)
 			s.reapMu.Unlock()
+			if pidfd >= 0 {
+				unix.Close(pidfd)
+			}
 			closeAll(fds)
 			continue
 		case "signal":
@@ -524,26 +530,27 @@ func closeAll(fds []int) {
 	}
 }
 
-// spawn starts m.Argv with fds[0..2] as stdio in the state mount namespace fds[3].
+// spawn starts m.Argv with fds[0..2] as stdio in the state mount namespace fds[3], and
+// returns its PID and a pidfd of it (-1 on error).
 // It forks from a fresh locked thread that first enters that namespace (setns resets
 // the thread's root and cwd to the namespace's root), so the child starts there; the
 // thread is discarded afterwards because it no longer shares the process's fs state.
-func spawn(m *Message, fds []int) (int, error) {
+func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 	if len(fds) != 4 {
-		return 0, fmt.Errorf("spawn needs 4 fds (stdin, stdout, stderr, mntns), got %d", len(fds))
+		return 0, -1, fmt.Errorf("spawn needs 4 fds (stdin, stdout, stderr, mntns), got %d", len(fds))
 	}
 	if len(m.Argv) == 0 {
-		return 0, fmt.Errorf("empty command")
+		return 0, -1, fmt.Errorf("empty command")
 	}
 	type result struct {
-		pid int
-		err error
+		pid, pidfd int
+		err        error
 	}
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
 		if err := dropCapabilities(); err != nil {
-			ch <- result{0, err}
+			ch <- result{0, -1, err}
 			return
 		}
 		// Join the sandbox's limits, this thread only (v1 places threads; "0" is the
@@ -553,21 +560,29 @@ func spawn(m *Message, fds []int) (int, error) {
 		// to its template thread).
 		for _, fd := range taskFDs {
 			if _, err := unix.Write(fd, []byte("0")); err != nil {
-				ch <- result{0, fmt.Errorf("join the sandbox's cgroup (limits): %w", err)}
+				ch <- result{0, -1, fmt.Errorf("join the sandbox's cgroup (limits): %w", err)}
 				return
 			}
 		}
+		// A cgroup namespace rooted where the command starts (the sandbox's cgroup2
+		// group, the v1 limit groups just joined): a cgroup mount inside shows the
+		// sandbox's own groups, not the host's or another sandbox's. Init's own
+		// (CLONE_NEWCGROUP at its clone) is rooted at the v1 groups it was started in.
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			ch <- result{0, -1, fmt.Errorf("unshare CLONE_NEWCGROUP: %w", err)}
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			ch <- result{0, fmt.Errorf("unshare CLONE_FS: %w", err)}
+			ch <- result{0, -1, fmt.Errorf("unshare CLONE_FS: %w", err)}
 			return
 		}
 		if err := unix.Setns(fds[3], unix.CLONE_NEWNS); err != nil {
-			ch <- result{0, fmt.Errorf("enter the sandbox's mount namespace: %w", err)}
+			ch <- result{0, -1, fmt.Errorf("enter the sandbox's mount namespace: %w", err)}
 			return
 		}
 		path, err := lookPath(m.Argv[0], m.Env)
 		if err != nil {
-			ch <- result{0, err}
+			ch <- result{0, -1, err}
 			return
 		}
 		dir := m.Dir
@@ -575,22 +590,25 @@ func spawn(m *Message, fds []int) (int, error) {
 			dir = "/"
 		}
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			ch <- result{0, fmt.Errorf("working directory %s does not exist in the sandbox", dir)}
+			ch <- result{0, -1, fmt.Errorf("working directory %s does not exist in the sandbox", dir)}
 			return
 		}
+		// A pidfd made by the clone itself (no window in which the PID could be
+		// reaped and reused): the daemon reads the exit status from it (Client.Spawn).
+		pidfd := -1
 		pid, err := syscall.ForkExec(path, m.Argv, &syscall.ProcAttr{
 			Dir:   dir,
 			Env:   m.Env,
 			Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
-			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid, Setctty: m.Setsid && m.Ctty, Ctty: 0},
+			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid, Setctty: m.Setsid && m.Ctty, Ctty: 0, PidFD: &pidfd},
 		})
 		if err != nil {
 			err = fmt.Errorf("exec %s: %w", m.Argv[0], err)
 		}
-		ch <- result{pid, err}
+		ch <- result{pid, pidfd, err}
 	}()
 	r := <-ch
-	return r.pid, r.err
+	return r.pid, r.pidfd, r.err
 }
 
 // lookPath resolves name with the PATH of env, in the calling thread's filesystem view.

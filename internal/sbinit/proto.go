@@ -87,6 +87,40 @@ func send(fd int, m *Message, fds []int) error {
 	return unix.Sendmsg(fd, b, oob, nil, 0)
 }
 
+// recvFrom is recv on a socket with SO_PASSCRED, also returning the sender's PID as the
+// kernel recorded it (in the receiver's PID namespace; 0 if none came).
+func recvFrom(fd int, buf, oob []byte) (*Message, []int, int, error) {
+	n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	var fds []int
+	pid := 0
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		for _, cm := range msgs {
+			if r, err := unix.ParseUnixRights(&cm); err == nil {
+				fds = append(fds, r...)
+			} else if cred, err := unix.ParseUnixCredentials(&cm); err == nil {
+				pid = int(cred.Pid)
+			}
+		}
+	}
+	if n == 0 {
+		closeAll(fds)
+		return nil, nil, pid, fmt.Errorf("peer closed the init socket")
+	}
+	m := new(Message)
+	if err := json.Unmarshal(buf[:n], m); err != nil {
+		closeAll(fds)
+		return nil, nil, pid, fmt.Errorf("bad message from peer: %w", err)
+	}
+	return m, fds, pid, nil
+}
+
 func recv(fd int, buf, oob []byte) (*Message, []int, error) {
 	n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {

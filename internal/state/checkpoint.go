@@ -191,8 +191,7 @@ func (c *checkpoint) fork() error {
 func (c *checkpoint) kill() error {
 	m, s := c.m, c.s
 	if !c.settled {
-		keep, keepHost := m.keepPids(s, c.held)
-		n, err := killAll(s, keep, keepHost)
+		n, err := killAll(s, m.keepPids(s, c.held), false)
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -309,10 +310,10 @@ func (m *Manager) fail(op string, k int) error {
 
 // killAll ends every process but init and keep (sandbox PIDs: live sessions being
 // checkpointed, templates); it skips the round trip to init (and init's walk of /proc)
-// when the cgroup holds only keepHost (host PIDs of the same processes, and init's; nil:
-// always ask init). (Counting is not enough: keep may name templates that died.)
-func killAll(s *sb, keep []int, keepHost map[int]bool) (int, error) {
-	if keepHost != nil && onlyKept(s, keepHost) {
+// when the sandbox's PID namespace holds only init and keep, unless always. (Counting
+// is not enough: keep may name templates that died.)
+func killAll(s *sb, keep []int, always bool) (int, error) {
+	if !always && onlyKept(s, keep) {
 		return 0, nil
 	}
 	n, err := s.rt.KillAll(keep...)
@@ -322,14 +323,15 @@ func killAll(s *sb, keep []int, keepHost map[int]bool) (int, error) {
 	return n, nil
 }
 
-// onlyKept reports whether every process in s's cgroup is in keep (host PIDs).
-func onlyKept(s *sb, keep map[int]bool) bool {
-	pids, err := s.rt.Pids()
+// onlyKept reports whether every process in s's PID namespace (not its cgroup, which a
+// process can leave: sandbox.Procs) is init or in keep (sandbox PIDs).
+func onlyKept(s *sb, keep []int) bool {
+	pids, err := s.rt.Procs()
 	if err != nil {
 		return false
 	}
 	for _, p := range pids {
-		if !keep[p] {
+		if p != 1 && !slices.Contains(keep, p) {
 			return false
 		}
 	}

@@ -100,11 +100,11 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 // endBackground, is left to the checkpoint's kill (step 3) as before. On error the
 // processes held here are let go untouched (the caller lets held go).
 //
-// settled reports that the cgroup held nothing but init, the processes in held and the
-// sandbox's templates when it was read: all stopped but init, which spawns nothing while
-// s.opMu is held, so no process can have appeared since, and the checkpoint's kill has
-// nothing to do and need not read the cgroup again (a read of ~100 PIDs, templates
-// included, took 80 us in the daemon). Any other process unsettles it, even one then
+// settled reports that the sandbox's PID namespace held nothing but init, the processes
+// in held and the sandbox's templates when it was read: all stopped but init, which
+// spawns nothing while s.opMu is held, so no process can have appeared since, and the
+// checkpoint's kill has nothing to do and need not read it again (a read of ~100 PIDs,
+// templates included, took 80 us in the daemon). Any other process unsettles it, even one then
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
@@ -114,22 +114,66 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 	}
 	initHost := s.rt.InitPid()
 	known := map[int]bool{initHost: true}
+	knownSb := map[int]bool{1: true} // the same, as sandbox PIDs
 	for _, l := range held {
 		known[l.h.P.HostPid] = true
+		knownSb[l.h.P.Pid] = true
 	}
 	for _, t := range m.sandboxTemplates(s) {
 		known[t.HostPid] = true
+		knownSb[t.SelfPid] = true
 	}
-	pids, err := s.rt.Pids()
+	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
+	// a process can move out of a cgroup directory. Settled: nothing else.
+	sbPids, err := s.rt.Procs()
+	if err != nil {
+		return nil, false, err
+	}
+	var unknown []int
+	for _, p := range sbPids {
+		if !knownSb[p] {
+			unknown = append(unknown, p)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil, true, nil
+	}
+	// Their host PIDs, from the cgroup (an index; each checked to be in the sandbox's
+	// PID namespace, so that a process of another sandbox moved into this cgroup is
+	// not taken for one of ours).
+	cgPids, err := s.rt.Pids()
 	if err != nil {
 		return nil, false, fmt.Errorf("list the sandbox's processes: %w", err)
 	}
+	hostOf := map[int]int{}
+	for _, h := range cgPids {
+		if !known[h] && fastpath.SamePidNS(h, initHost) {
+			if p := fastpath.SandboxPid(h, initHost); p != 0 {
+				hostOf[p] = h
+			}
+		}
+	}
+	var pids []int
+	for _, p := range unknown {
+		if h, ok := hostOf[p]; ok {
+			pids = append(pids, h)
+			continue
+		}
+		if st := s.rt.ProcState(p); st == 0 || st == 'Z' || st == 'X' {
+			continue // gone, or a zombie
+		}
+		// In the PID namespace, not in the cgroup: it left it (a cgroup2 mount of its
+		// own), or runs in a nested PID namespace. Not taken; the kill at step 3 (init's,
+		// by PID namespace) ends it.
+		err := &fastpath.Ineligible{Pid: p, Reason: "it is not in the sandbox's cgroup (it moved out of it) or runs in a PID namespace of its own"}
+		if !endBackground {
+			return nil, false, fmt.Errorf("%w (outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, errdefs.ErrConflict)
+		}
+	}
 	tr := m.tracer(s)
-	// Settled only if the cgroup held nothing but known processes when it was read:
-	// then nothing but init (which spawns only when asked, under s.opMu) was running,
-	// and nothing can appear. A process found running could fork (or clone with
-	// CLONE_PARENT, or double-fork) before its seizure, and what it made is not listed.
-	settled = true
+	// Not settled: a process found running could fork (or clone with CLONE_PARENT, or
+	// double-fork) before its seizure, and what it made is not listed.
+	settled = false
 	refuse := func(host int, err error) error {
 		m.abortHeld(out)
 		return fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
@@ -140,10 +184,6 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 	kind := map[int]int{}
 	tracers := map[int]int{} // tracer -> a process it traces (host PIDs)
 	for _, host := range pids {
-		if known[host] {
-			continue
-		}
-		settled = false
 		k, tracer := fastpath.Other(host)
 		kind[host] = k
 		if tracer != 0 {
@@ -151,9 +191,6 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		}
 	}
 	for _, host := range pids {
-		if known[host] {
-			continue
-		}
 		switch kind[host] {
 		case fastpath.Zombie, fastpath.Traced: // gone; a memory holder (killed after its restore)
 			continue
@@ -328,24 +365,19 @@ func (m *Manager) releaseHeld(held []*heldProc) []error {
 	return errs
 }
 
-// keepPids are the processes a kill must spare: the live sessions being checkpointed,
-// their new templates, and every template of this sandbox; as sandbox PIDs (for init)
-// and as host PIDs, with init's (to see from the cgroup that there is nothing to kill).
-func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int, host map[int]bool) {
-	host = map[int]bool{s.rt.InitPid(): true}
+// keepPids are the processes a kill must spare, as sandbox PIDs: the live sessions being
+// checkpointed, their new templates, and every template of this sandbox.
+func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int) {
 	for _, l := range held {
 		keep = append(keep, l.h.P.Pid)
-		host[l.h.P.HostPid] = true
 		if l.pt != nil {
 			keep = append(keep, l.pt.tmpl.SelfPid)
-			host[l.pt.tmpl.HostPid] = true
 		}
 	}
 	for _, t := range m.sandboxTemplates(s) {
 		keep = append(keep, t.SelfPid)
-		host[t.HostPid] = true
 	}
-	return keep, host
+	return keep
 }
 
 // tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.

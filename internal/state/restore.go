@@ -248,8 +248,8 @@ func (r *restore) kill() error {
 	m.discardNext(s)
 	r.discarded = true
 	tp := time.Now()
-	keep, keepHost := m.keepPids(s, nil)
-	holders, holderHosts, ended, endedHosts := m.endLive(s)
+	keep := m.keepPids(s, nil)
+	holders, holderHosts, ended, _ := m.endLive(s)
 	phase(res, "kill", &tp) // the session processes: seized, memory handed over, killed
 	if len(holders) > 0 {
 		keep = append(keep, holders...)
@@ -266,7 +266,7 @@ func (r *restore) kill() error {
 		}()
 	}
 	if len(ended) == 0 {
-		n, err := killAll(s, keep, keepHost)
+		n, err := killAll(s, keep, false)
 		if err != nil {
 			return err
 		}
@@ -279,17 +279,14 @@ func (r *restore) kill() error {
 	// init's exit messages for them must come before the revived processes' watchers
 	// (same PIDs) are set: init answers after both. init reaps just them (no scan of
 	// /proc: 0.1-0.2 ms); its kill-all runs only if the sandbox holds anything else.
-	for _, h := range append(holderHosts, endedHosts...) {
-		keepHost[h] = true
-	}
 	res.Killed = len(ended)
 	if _, err := s.rt.Reap(ended...); err != nil {
 		return fmt.Errorf("reap the sandbox's ended processes: %w", err)
 	}
 	// What else the sandbox runs (background jobs of execs) is killed after. (Reading
 	// the cgroup while init reaps was tried: no difference in MCTS's reap phase.)
-	if !onlyKept(s, keepHost) {
-		n, err := killAll(s, keep, nil)
+	if !onlyKept(s, keep) {
+		n, err := killAll(s, keep, true)
 		if err != nil {
 			return err
 		}

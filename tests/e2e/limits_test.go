@@ -91,7 +91,20 @@ func limCheckFiles(t *testing.T, d *testutil.Daemon, id string, l cgroup.Limits)
 // /proc/self/cgroup shows them (no cgroup namespace: host paths).
 func limCheckPlaced(t *testing.T, d *testutil.Daemon, id string) {
 	t.Helper()
-	out := dbxSh(t, d, id, "cat /proc/self/cgroup")
+	// Inside, a command's cgroups are the roots of its cgroup namespace; the host's
+	// view of a command (a sleep left running, found by its argument) names the groups.
+	if in := dbxSh(t, d, id, "grep -c ':/$' /proc/self/cgroup"); strings.TrimSpace(in) == "0" {
+		t.Errorf("%s: a command sees cgroups other than its namespace's roots", id)
+	}
+	dbxSh(t, d, id, "sleep 3.1415 >/dev/null 2>&1 </dev/null &")
+	out := ""
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == "sleep\x003.1415\x00" {
+			c, _ := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+			out = string(c)
+		}
+	}
 	cgroup.SetRootFor(d.Root, store.DefaultRoot)
 	want := "/" + filepath.Base(cgroup.Root) + "/" + id
 	for _, c := range []string{"memory", "pids", "cpu", "cpuacct"} {
