@@ -28,12 +28,15 @@ import (
 type Sandbox struct {
 	ID       string
 	Hostname string
-	dir      string
-	cg       *cgroup.Group
-	lim      *cgroup.V1 // its limits (v1 controllers)
-	init     *sbinit.Client
-	baseNS   int // nsfs fd of the init's (base) mount namespace
-	builder  *mountns.Builder
+	// User is who sessions and execs run as unless an exec names another
+	// (sbinit.SpawnOptions.User); "": root. Set before the first command.
+	User    string
+	dir     string
+	cg      *cgroup.Group
+	lim     *cgroup.V1 // its limits (v1 controllers)
+	init    *sbinit.Client
+	baseNS  int // nsfs fd of the init's (base) mount namespace
+	builder *mountns.Builder
 	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
 	builderClosed bool
 
