@@ -128,6 +128,9 @@ type PathCounts struct {
 	// Restore: the node's templates are in the sandbox that made it (a fork cannot
 	// leave its PID namespace).
 	OtherSandbox int `json:"other_sandbox"`
+	// The sandbox runs as a user (CreateOptions.User): the fast path needs root to move
+	// a process onto a state (docs/API.md), so sessions end at each operation.
+	RunAs int `json:"run_as,omitempty"`
 	// Failed or refused (nothing changed; see the error), and among them: a session that
 	// cannot be checkpointed with its state (checkpoint), a template of the node that is
 	// gone (restore).
