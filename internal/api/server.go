@@ -300,7 +300,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 
 // execRequest checks an exec request and turns it into the sandbox's form.
 func execRequest(q ExecRequest) (sandbox.ExecRequest, error) {
-	req := sandbox.ExecRequest{Argv: q.Argv, Env: q.Env, Dir: q.Dir, OutputLimit: q.OutputLimit, Session: q.Session}
+	req := sandbox.ExecRequest{Argv: q.Argv, Env: q.Env, Dir: q.Dir, User: q.User, OutputLimit: q.OutputLimit, Session: q.Session}
 	switch {
 	case q.TimeoutMS == 0:
 		req.Timeout = apitypes.DefaultExecTimeoutMS * time.Millisecond
@@ -320,7 +320,7 @@ func execRequest(q ExecRequest) (sandbox.ExecRequest, error) {
 		for _, f := range []struct {
 			set  bool
 			name string
-		}{{q.Dir != "", "dir"}, {len(q.Env) > 0, "env"}, {q.Stdin != "", "stdin"}} {
+		}{{q.Dir != "", "dir"}, {len(q.Env) > 0, "env"}, {q.Stdin != "", "stdin"}, {q.User != "", "user"}} {
 			if f.set {
 				return req, fmt.Errorf("%s is not taken by a session call (it runs in the session's shell, with its own directory and environment): cd or export in the code, start the session with them, or run the command without a session: %w", f.name, errdefs.ErrInvalid)
 			}

@@ -8,6 +8,9 @@ type ExecRequest struct {
 	Argv []string `json:"argv"`
 	Env  []string `json:"env,omitempty"`
 	Dir  string   `json:"dir,omitempty"`
+	// User runs this command as another user than the sandbox's (CreateOptions.User;
+	// "root" or "0" for root). Not with Session: a session runs as the sandbox's user.
+	User string `json:"user,omitempty"`
 	// Stdin is in Encoding: text, or base64 of any bytes.
 	Stdin string `json:"stdin,omitempty"`
 	// TimeoutMS bounds the call: 0 (or absent) is DefaultExecTimeoutMS, -1 is none.

@@ -8,6 +8,12 @@ type CreateOptions struct {
 	Image    string `json:"image,omitempty"`
 	Workdir  string `json:"workdir,omitempty"`
 	Hostname string `json:"hostname,omitempty"`
+	// User runs sessions and execs as that user instead of root: "NAME", "UID",
+	// "NAME:GROUP" or "UID:GID", resolved in the sandbox's own /etc/passwd and
+	// /etc/group at every start of a command (a numeric one need not be listed). A
+	// name the sandbox does not list is a 400. Not a limit on the API's caller: an exec
+	// may name another user, root included (ExecRequest.User).
+	User string `json:"user,omitempty"`
 	// Limits (0: the default; see cgroup.DefaultLimits and docs/API.md). MemoryMB is
 	// in MiB.
 	MemoryMB int64   `json:"memory_mb,omitempty"`
@@ -40,13 +46,15 @@ type SandboxInfo struct {
 // Sandbox is the persistent record of a sandbox, as the daemon's index stores it
 // (store.Sandbox); SandboxInfo embeds it.
 type Sandbox struct {
-	ID       string    `json:"id"`
-	Image    string    `json:"image"`
-	Head     string    `json:"head,omitempty"` // node the current state descends from
-	Upper    uint64    `json:"upper"`          // layer id of the writable upper
-	Workdir  string    `json:"workdir"`
-	Hostname string    `json:"hostname"`
-	Created  time.Time `json:"created"`
+	ID       string `json:"id"`
+	Image    string `json:"image"`
+	Head     string `json:"head,omitempty"` // node the current state descends from
+	Upper    uint64 `json:"upper"`          // layer id of the writable upper
+	Workdir  string `json:"workdir"`
+	Hostname string `json:"hostname"`
+	// User is CreateOptions.User as given ("": root).
+	User    string    `json:"user,omitempty"`
+	Created time.Time `json:"created"`
 	// Limits are resolved at create time (no zero field) and applied again whenever the
 	// sandbox starts; zero fields in records older than limits mean the defaults.
 	Limits Limits `json:"limits"`
@@ -125,6 +133,9 @@ type PathCounts struct {
 	// Restore: the node's templates are in the sandbox that made it (a fork cannot
 	// leave its PID namespace).
 	OtherSandbox int `json:"other_sandbox"`
+	// The sandbox runs as a user (CreateOptions.User): the fast path needs root to move
+	// a process onto a state (docs/API.md), so sessions end at each operation.
+	RunAs int `json:"run_as,omitempty"`
 	// Failed or refused (nothing changed; see the error), and among them: a session that
 	// cannot be checkpointed with its state (checkpoint), a template of the node that is
 	// gone (restore).

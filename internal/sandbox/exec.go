@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -26,8 +27,17 @@ var DefaultEnv = []string{
 }
 
 // env is the environment of a command: HOSTNAME and DefaultEnv, then extra (later wins).
-func (s *Sandbox) env(extra []string) []string {
-	return append(append([]string{"HOSTNAME=" + s.Hostname}, DefaultEnv...), extra...)
+// A command run as a user (user != "") gets no HOME here: init sets HOME from the
+// sandbox's /etc/passwd, unless extra sets it (sbinit.SpawnOptions.User).
+func (s *Sandbox) env(extra []string, user string) []string {
+	env := append(make([]string, 0, 1+len(DefaultEnv)+len(extra)), "HOSTNAME="+s.Hostname)
+	for _, e := range DefaultEnv {
+		if user != "" && strings.HasPrefix(e, "HOME=") {
+			continue
+		}
+		env = append(env, e)
+	}
+	return append(env, extra...)
 }
 
 // DefaultOutputLimit caps each of stdout and stderr unless the request says otherwise.
@@ -35,9 +45,12 @@ const DefaultOutputLimit = 1 << 20
 
 // ExecRequest is one command to run.
 type ExecRequest struct {
-	Argv        []string
-	Env         []string // KEY=VALUE, appended to DefaultEnv (later wins)
-	Dir         string
+	Argv []string
+	Env  []string // KEY=VALUE, appended to DefaultEnv (later wins)
+	Dir  string
+	// User runs the command as that user (sbinit.SpawnOptions.User); "": the
+	// sandbox's (Sandbox.User).
+	User        string
 	Stdin       []byte
 	Timeout     time.Duration // 0: none
 	OutputLimit int           // per stream; 0: DefaultOutputLimit
@@ -100,9 +113,13 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	if err != nil {
 		return nil, err
 	}
-	env := s.env(r.Env)
+	user := r.User
+	if user == "" {
+		user = s.User
+	}
+	env := s.env(r.Env, user)
 	start := time.Now()
-	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir},
+	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir, User: user},
 		[3]int{int(inR.Fd()), int(outW.Fd()), int(errW.Fd())}, ns)
 	if err != nil {
 		return nil, fmt.Errorf("start %q: %w", r.Argv[0], err)

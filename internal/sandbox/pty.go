@@ -58,16 +58,16 @@ func (s *Sandbox) openPTY() (master, slave *os.File, err error) {
 }
 
 // SpawnSession starts a session leader whose stdio and controlling terminal is the
-// pty slave, in the current state.
+// pty slave, in the current state, as the sandbox's user (User).
 func (s *Sandbox) SpawnSession(argv, env []string, dir string, slave *os.File) (*sbinit.Process, error) {
 	ns, err := s.StateNS()
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(ns)
-	env = s.env(env)
+	env = s.env(env, s.User)
 	fd := int(slave.Fd())
-	return s.init.Spawn(sbinit.SpawnOptions{Argv: argv, Env: env, Dir: dir, Setsid: true, Ctty: true}, [3]int{fd, fd, fd}, ns)
+	return s.init.Spawn(sbinit.SpawnOptions{Argv: argv, Env: env, Dir: dir, Setsid: true, Ctty: true, User: s.User}, [3]int{fd, fd, fd}, ns)
 }
 
 // Signal sends sig to a process (or its group) of the sandbox, by its PID there.

@@ -28,11 +28,14 @@ import (
 type Sandbox struct {
 	ID       string
 	Hostname string
-	dir      string
-	cg       *cgroup.Group
-	lim      *cgroup.V1 // its limits (v1 controllers)
-	init     *sbinit.Client
-	baseNS   int // nsfs fd of the init's (base) mount namespace
+	// User is who sessions and execs run as unless an exec names another
+	// (sbinit.SpawnOptions.User); "": root. Set before the first command.
+	User   string
+	dir    string
+	cg     *cgroup.Group
+	lim    *cgroup.V1 // its limits (v1 controllers)
+	init   *sbinit.Client
+	baseNS int // nsfs fd of the init's (base) mount namespace
 	// proc and devpts: O_PATH fds on the proc of the sandbox's PID namespace and on its
 	// devpts, opened at start before any code of the sandbox ran (procs.go, pty.go).
 	proc, devpts int

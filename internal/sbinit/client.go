@@ -357,12 +357,16 @@ type SpawnOptions struct {
 	Setsid bool
 	// Ctty (with Setsid) makes stdin, a pty, the session's controlling terminal.
 	Ctty bool
+	// User, if set, is who the process runs as: "NAME", "UID", "NAME:GROUP" or
+	// "UID:GID", resolved by init in the state's /etc/passwd and /etc/group
+	// (LookupUser). HOME, USER and LOGNAME come from passwd unless Env sets them.
+	User string
 }
 
 // Spawn starts a process in the state mount namespace mntns with the given stdio.
 func (c *Client) Spawn(o SpawnOptions, stdio [3]int, mntns int) (*Process, error) {
 	exit := make(chan unix.WaitStatus, 1)
-	m := &Message{Op: "spawn", Argv: o.Argv, Env: o.Env, Dir: o.Dir, Setsid: o.Setsid, Ctty: o.Ctty}
+	m := &Message{Op: "spawn", Argv: o.Argv, Env: o.Env, Dir: o.Dir, Setsid: o.Setsid, Ctty: o.Ctty, User: o.User}
 	r, err := c.call(m, []int{stdio[0], stdio[1], stdio[2], mntns}, exit)
 	if err != nil {
 		return nil, err

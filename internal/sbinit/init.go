@@ -596,12 +596,17 @@ func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 		// A pidfd made by the clone itself (no window in which the PID could be
 		// reaped and reused): the daemon reads the exit status from it (Client.Spawn).
 		pidfd := -1
-		pid, err := syscall.ForkExec(path, m.Argv, &syscall.ProcAttr{
+		attr := &syscall.ProcAttr{
 			Dir:   dir,
 			Env:   m.Env,
 			Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])},
 			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid, Setctty: m.Setsid && m.Ctty, Ctty: 0, PidFD: &pidfd},
-		})
+		}
+		if err := runAs(m, attr, fds[0]); err != nil {
+			ch <- result{0, -1, err}
+			return
+		}
+		pid, err := syscall.ForkExec(path, m.Argv, attr)
 		if err != nil {
 			err = fmt.Errorf("exec %s: %w", m.Argv[0], err)
 		}
@@ -609,6 +614,49 @@ func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 	}()
 	r := <-ch
 	return r.pid, r.pidfd, r.err
+}
+
+// runAs makes attr start the process as m.User, resolved in the sandbox's own
+// /etc/passwd and /etc/group (LookupUser), through the calling thread's root: the state's,
+// since the spawn thread has entered its mount namespace. It sets HOME, USER and LOGNAME
+// unless the request's environment has them, and gives a session's terminal (stdin, with
+// Ctty) to the user, as login(1) does, so that tools that reopen or chmod their tty
+// work. No m.User: root, as before. Precondition: on the spawn thread, after its setns.
+func runAs(m *Message, attr *syscall.ProcAttr, stdin int) error {
+	if m.User == "" {
+		return nil
+	}
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	u, err := LookupUser(root, m.User)
+	unix.Close(root)
+	if err != nil {
+		return err
+	}
+	attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+	set := map[string]bool{}
+	for _, e := range attr.Env {
+		k, _, _ := strings.Cut(e, "=")
+		set[k] = true
+	}
+	add := func(k, v string) {
+		if !set[k] {
+			attr.Env = append(attr.Env, k+"="+v)
+		}
+	}
+	add("HOME", u.Home)
+	if u.Name != "" {
+		add("USER", u.Name)
+		add("LOGNAME", u.Name)
+	}
+	if m.Setsid && m.Ctty {
+		if err := unix.Fchown(stdin, int(u.UID), -1); err != nil {
+			return fmt.Errorf("give the terminal to user %s: %w", m.User, err)
+		}
+	}
+	return nil
 }
 
 // lookPath resolves name with the PATH of env, in the calling thread's filesystem view.

@@ -54,6 +54,7 @@ type Message struct {
 	Dir    string   `json:"dir,omitempty"`
 	Setsid bool     `json:"setsid,omitempty"`
 	Ctty   bool     `json:"ctty,omitempty"` // with Setsid: stdin (a pty) becomes the controlling terminal
+	User   string   `json:"user,omitempty"` // run as (LookupUser's spec, in the sandbox's files); "": root
 
 	// signal / exit / spawn reply
 	Pid    int   `json:"pid,omitempty"`

@@ -200,8 +200,9 @@ func (c *checkpoint) kill() error {
 			return err
 		}
 	}
-	if !m.cfg.FastPath {
-		c.res.SessionsEnded = m.endSessions(s, "ended by a checkpoint (the daemon runs without the fast path: process state is not kept)")
+	if !m.fastPath(s) {
+		_, why := m.filesOnlyPath(s)
+		c.res.SessionsEnded = m.endSessions(s, "ended by a checkpoint ("+why+")")
 	}
 	return nil
 }
@@ -372,8 +373,9 @@ func (c *checkpoint) publish() error {
 	switch {
 	case len(tps) > 0:
 		m.countPath(s, "checkpoint", pathProcess)
-	case !m.cfg.FastPath:
-		m.countPath(s, "checkpoint", pathFastPathOff)
+	case !m.fastPath(s):
+		p, _ := m.filesOnlyPath(s)
+		m.countPath(s, "checkpoint", p)
 	default:
 		m.countPath(s, "checkpoint", pathNoSessions)
 	}

@@ -63,7 +63,7 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // that it can be checkpointed with its state. On error every process already seized is
 // let go untouched. Precondition: s.opMu held, no exec running.
 func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
-	if !m.cfg.FastPath {
+	if !m.fastPath(s) {
 		return nil, nil
 	}
 	names, sess := liveSessions(s)
@@ -109,7 +109,7 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
 func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out []*heldProc, settled bool, err error) {
-	if !m.cfg.FastPath {
+	if !m.fastPath(s) {
 		return nil, false, nil
 	}
 	initHost := s.rt.InitPid()
@@ -264,7 +264,7 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 // sandbox and host PIDs of the processes it killed (init must reap them). Precondition:
 // s.opMu held, step 4 of Restore.
 func (m *Manager) endLive(s *sb) (pids, hosts, killed, killedHosts []int) {
-	if !m.cfg.FastPath {
+	if !m.fastPath(s) {
 		return nil, nil, nil, nil
 	}
 	names, sess := liveSessions(s)

@@ -362,8 +362,9 @@ func (r *restore) publish() error {
 	switch {
 	case res.Processes > 0:
 		m.countPath(s, "restore", pathProcess)
-	case !m.cfg.FastPath:
-		m.countPath(s, "restore", pathFastPathOff)
+	case !m.fastPath(s):
+		p, _ := m.filesOnlyPath(s)
+		m.countPath(s, "restore", p)
 	case m.nodeHasTemplatesElsewhere(s, r.nodeID):
 		m.countPath(s, "restore", pathOtherSandbox)
 	default:

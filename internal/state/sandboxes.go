@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -81,7 +82,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses})
+	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -96,6 +97,10 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		s.rec.Limits = cgroup.WithDefaults(lim)
 		err = m.boot(s)
 	}
+	var user *sbinit.User
+	if err == nil && o.User != "" {
+		user, err = m.lookupUser(s)
+	}
 	if err != nil {
 		m.mu.Lock()
 		delete(m.sandboxes, o.ID)
@@ -109,10 +114,26 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	}
 	// The directories exist before the record that names them.
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
-	if err := m.ensureWorkdir(ctx, s); err != nil {
+	if err := m.ensureWorkdir(ctx, s, user); err != nil {
 		m.log.Warn("workdir", "sandbox", o.ID, "err", err)
 	}
 	return m.info(s), nil
+}
+
+// lookupUser resolves s's user in its current state's /etc/passwd and /etc/group, by
+// openat2 confined to the state's root (sbinit.LookupUser), so that a bad user is a 400
+// at create. Init resolves it again at every spawn: the files may change.
+func (m *Manager) lookupUser(s *sb) (*sbinit.User, error) {
+	root, err := s.rt.RootFD()
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
+	u, err := sbinit.LookupUser(root, s.rec.User)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	return u, nil
 }
 
 // boot starts the runtime of s on its head's stack and its upper.
@@ -143,6 +164,7 @@ func (m *Manager) boot(s *sb) error {
 	if err != nil {
 		return err
 	}
+	rt.User = s.rec.User
 	if err := rt.SetState(spec); err != nil {
 		rt.Destroy()
 		return err
@@ -161,15 +183,51 @@ func (m *Manager) boot(s *sb) error {
 	return nil
 }
 
-func (m *Manager) ensureWorkdir(ctx context.Context, s *sb) error {
-	r, err := s.rt.Exec(ctx, sandbox.ExecRequest{Argv: []string{"/bin/mkdir", "-p", s.rec.Workdir}, Dir: "/", Timeout: 10 * time.Second})
-	if err != nil {
+// ensureWorkdir makes the workdir, as root. With a run-as user, a workdir it made, or
+// one the image has empty, is given to that user: it is the user's project directory
+// (Docker leaves its WORKDIR to root, and the first thing users then do is chown it).
+// A workdir the image has filled keeps its owners.
+func (m *Manager) ensureWorkdir(ctx context.Context, s *sb, u *sbinit.User) error {
+	run := func(argv ...string) error {
+		r, err := s.rt.Exec(ctx, sandbox.ExecRequest{Argv: argv, Dir: "/", User: "0", Timeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		if r.ExitCode != 0 {
+			return fmt.Errorf("%s %s: %s", argv[0], s.rec.Workdir, r.Stderr)
+		}
+		return nil
+	}
+	give := u != nil && m.workdirEmpty(s)
+	if err := run("/bin/mkdir", "-p", s.rec.Workdir); err != nil || !give {
 		return err
 	}
-	if r.ExitCode != 0 {
-		return fmt.Errorf("mkdir %s: %s", s.rec.Workdir, r.Stderr)
+	return run("/bin/chown", "-h", fmt.Sprintf("%d:%d", u.UID, u.GID), s.rec.Workdir)
+}
+
+// workdirEmpty reports whether s's workdir is missing or an empty directory, looked up
+// confined to the state (a symlink in the image's path must not lead the daemon to a
+// host path).
+func (m *Manager) workdirEmpty(s *sb) bool {
+	root, err := s.rt.RootFD()
+	if err != nil {
+		return false
 	}
-	return nil
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, s.rec.Workdir, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	d := os.NewFile(uintptr(fd), s.rec.Workdir)
+	defer d.Close()
+	_, err = d.Readdirnames(1)
+	return err == io.EOF
 }
 
 func (m *Manager) get(id string) (*sb, error) {

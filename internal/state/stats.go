@@ -25,6 +25,7 @@ const (
 	pathFastPathOff
 	pathNoSessions
 	pathOtherSandbox
+	pathRunAs
 
 	pathNoTemplates = pathNoSessions // a restore's name for it
 )
@@ -56,6 +57,8 @@ func (m *Manager) countPath(s *sb, op string, p opPath) {
 		c.NoSessions++
 	case pathOtherSandbox:
 		c.OtherSandbox++
+	case pathRunAs:
+		c.RunAs++
 	}
 	c.FilesOnly++
 }

@@ -40,7 +40,7 @@ func (m *Manager) sandboxTemplates(s *sb) []*fastpath.Template {
 // templatesFor returns node's templates usable in sandbox s, and an error if one of them
 // is gone (its process state is lost: the restore must not pretend otherwise).
 func (m *Manager) templatesFor(s *sb, node string) ([]*procTemplate, error) {
-	if !m.cfg.FastPath {
+	if !m.fastPath(s) {
 		return nil, nil
 	}
 	m.mu.Lock()

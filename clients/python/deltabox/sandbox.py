@@ -138,7 +138,8 @@ class Sandbox:
                name: Optional[str] = None, memory_mb: Optional[int] = None,
                pids: Optional[int] = None, cpus: Optional[float] = None,
                hostname: Optional[str] = None, warm_processes: bool = False,
-               client: Optional["Client"] = None, remove_nodes: bool = False) -> "Sandbox":
+               client: Optional["Client"] = None, remove_nodes: bool = False,
+               user: Optional[str] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -147,6 +148,13 @@ class Sandbox:
             name: the sandbox id, 1-63 of ``a-z 0-9 . _ -`` (default: generated).
             memory_mb, pids, cpus: limits (None: the daemon's defaults).
             hostname: default: the id.
+            user: run sessions and commands as this user of the sandbox's own
+                ``/etc/passwd`` instead of root: ``"NAME"``, ``"UID"``,
+                ``"NAME:GROUP"`` or ``"UID:GID"`` (a numeric one need not be listed).
+                A name the sandbox does not list is an InvalidRequest. The workdir, if
+                created or empty, is given to the user. Checkpoints and restores of
+                such a sandbox keep its files only: its sessions start afresh
+                (docs/API.md says why).
             warm_processes: after each restore, pre-fault in the background the
                 pages the restored processes had written (faster first command
                 after a pause, slower next restore; see docs/DESIGN.md).
@@ -159,7 +167,7 @@ class Sandbox:
         c = _client_or_default(client)
         body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
         for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
-                     ("pids", pids), ("cpus", cpus)):
+                     ("pids", pids), ("cpus", cpus), ("user", user)):
             if v is not None:
                 body[k] = v
         if warm_processes:
