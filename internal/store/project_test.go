@@ -1,8 +1,12 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"strings"
 	"path/filepath"
 	"testing"
 	"time"
@@ -197,4 +201,122 @@ func TestBulkstatCost(t *testing.T) {
 	walk := time.Since(start)
 	t.Logf("store of %d inodes: bulkstat pass %v (%.2f µs/inode), walk %v (%.2f µs/inode)",
 		inodes, bulk, float64(bulk.Nanoseconds())/1e3/float64(inodes), walk, float64(walk.Nanoseconds())/1e3/float64(inodes))
+}
+
+// smallXFS loop-mounts a fresh XFS of size MiB (reflink, as scripts/setup.sh makes
+// the store) and returns its mount point, unmounted at the end of the test.
+func smallXFS(t *testing.T, mib int) string {
+	t.Helper()
+	skip.Require(t, os.Geteuid() == 0, "needs root (loop mount)")
+	_, err := exec.LookPath("mkfs.xfs")
+	skip.Require(t, err == nil, "no mkfs.xfs: %v", err)
+	dir := t.TempDir()
+	img, mnt := filepath.Join(dir, "store.img"), filepath.Join(dir, "mnt")
+	run := func(name string, args ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, name, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(int64(mib) << 20)
+	f.Close()
+	run("mkfs.xfs", "-q", "-m", "reflink=1", img)
+	os.Mkdir(mnt, 0o755)
+	run("mount", "-o", "loop", img, mnt)
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	return mnt
+}
+
+// fill writes a file until the store has no room left (ENOSPC), as a disk filler in a
+// sandbox would, and returns its size.
+func fill(t *testing.T, dir string) int64 {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		w, err := f.Write(buf)
+		n += int64(w)
+		if errors.Is(err, unix.ENOSPC) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Sync() // delayed allocations are reserved at write: nothing more to find
+	return n
+}
+
+// TestIndexCommitsOnFullStore: with the store filled to its last block by a writer
+// that is not the daemon, the index still commits (its headroom past the end of
+// index.db, then the reserve), reports it, and a reopened index has every change.
+func TestIndexCommitsOnFullStore(t *testing.T) {
+	root := smallXFS(t, 320)
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := s.Warning(); w != "" {
+		t.Fatalf("a new store warns: %s", w)
+	}
+	filled := fill(t, root)
+	if free, _ := s.FreeBytes(); free > 1<<20 {
+		t.Fatalf("%d bytes still free after the filler wrote %d", free, filled)
+	}
+	// 4000 nodes of ~1 KiB each: index.db grows by several MiB past its first size.
+	pad := strings.Repeat("x", 1000)
+	var last uint64
+	for i := range 4000 {
+		last = s.Index.Apply(Op{PutNode: &Node{ID: fmt.Sprintf("n%d", i), Parent: pad, Own: true, Layer: uint64(i + 1)}})
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Index.WaitDurable(last) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("commit on a full store: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no commit 30 s after a full store: %v", s.Index.Err())
+	}
+	t.Logf("filler wrote %d MiB; index committed 4000 nodes in its headroom; warning: %q", filled>>20, s.Warning())
+	// 40000 more: past the headroom, the committer releases the reserve and says so.
+	for i := range 40000 {
+		last = s.Index.Apply(Op{PutNode: &Node{ID: fmt.Sprintf("m%d", i), Parent: pad, Own: true, Layer: uint64(i + 1)}})
+	}
+	if err := s.Index.WaitDurable(last); err != nil {
+		t.Fatalf("commit past the headroom: %v", err)
+	}
+	if s.Warning() == "" {
+		t.Error("the reserve was used and Warning says nothing")
+	}
+	t.Logf("40000 more committed; warning: %q", s.Warning())
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	nodes, _, err := s.Index.Load()
+	if err != nil || len(nodes) != 44000 {
+		t.Fatalf("reopened: %d nodes, %v; want 44000", len(nodes), err)
+	}
+	// Room back: the reserve is made again, and the warning goes.
+	os.Remove(filepath.Join(root, "filler"))
+	if err := s.TopUp(); err != nil || s.Warning() != "" {
+		t.Fatalf("after the filler went: %v, warning %q", err, s.Warning())
+	}
 }

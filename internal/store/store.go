@@ -56,7 +56,8 @@ type Store struct {
 	Root  string
 	Index *Index
 
-	noProjects atomic.Bool // the filesystem refused a project id (NewLayer)
+	noProjects  atomic.Bool // the filesystem refused a project id (NewLayer)
+	reserveUsed atomic.Bool // the index committer released the reserve (reserve.go)
 }
 
 // Open checks that root is a usable store and opens its index.
@@ -73,7 +74,14 @@ func Open(root string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{Root: root, Index: idx}, nil
+	s := &Store{Root: root, Index: idx}
+	idx.OnNoSpace = s.releaseForIndex
+	if err := s.TopUp(); err != nil {
+		// Not fatal: the daemon must start on a full store to let its sandboxes be
+		// deleted; the watcher tries again (state/diskquota.go).
+		s.reserveUsed.Store(true)
+	}
+	return s, nil
 }
 
 // Close stops the committer after it has written everything queued.
