@@ -18,6 +18,8 @@ var (
 	ErrInvalid = errors.New("invalid argument")
 	// ErrUnavailable: the machine lacks something (store not set up, kernel feature).
 	ErrUnavailable = errors.New("unavailable")
+	// ErrQuota: the sandbox is over its disk quota (disk_mb), or the store is full.
+	ErrQuota = errors.New("insufficient storage")
 )
 
 // HTTPStatus maps an error to its HTTP status and a short code string.
@@ -33,6 +35,8 @@ func HTTPStatus(err error) (int, string) {
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnavailable):
 		return http.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, ErrQuota):
+		return http.StatusInsufficientStorage, "insufficient_storage"
 	default:
 		return http.StatusInternalServerError, "internal"
 	}
@@ -50,6 +54,8 @@ func FromStatus(status int) error {
 		return ErrInvalid
 	case http.StatusServiceUnavailable:
 		return ErrUnavailable
+	case http.StatusInsufficientStorage:
+		return ErrQuota
 	default:
 		return nil
 	}
