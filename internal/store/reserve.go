@@ -99,6 +99,15 @@ func (s *Store) Warning() string {
 	return fmt.Sprintf("the store ran out of space (%d MiB free now) and the index used its reserve: delete sandboxes, nodes or files; DeltaBox makes the reserve again when %d MiB are free", free>>20, 2*ReserveBytes>>20)
 }
 
+// Space is the store's free bytes (FreeBytes) and its used bytes (statfs, ~2 µs).
+func (s *Store) Space() (free, used int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.Root, &st); err != nil {
+		return 0, 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
+
 // FreeBytes is what an unprivileged writer may still allocate on the store.
 func (s *Store) FreeBytes() (int64, error) {
 	var st unix.Statfs_t

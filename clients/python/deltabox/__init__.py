@@ -26,7 +26,8 @@ from ._http import DEFAULT_SOCKET
 from .client import Client, default_client
 from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
-                     MemoryWarning, NotFound, RequestTimeout, Unavailable)
+                     MemoryWarning, NotFound, RequestTimeout, Unavailable,
+                     DiskQuotaExceeded)
 from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
                      SandboxMemory, Templates, Tree)
 from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
@@ -61,6 +62,7 @@ __all__ = [
     "Templates",
     "Tree",
     "Unavailable",
+    "DiskQuotaExceeded",
     "default_client",
     "__version__",
 ]

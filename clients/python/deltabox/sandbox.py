@@ -138,7 +138,8 @@ class Sandbox:
                name: Optional[str] = None, memory_mb: Optional[int] = None,
                pids: Optional[int] = None, cpus: Optional[float] = None,
                hostname: Optional[str] = None, warm_processes: bool = False,
-               client: Optional["Client"] = None, remove_nodes: bool = False) -> "Sandbox":
+               client: Optional["Client"] = None, remove_nodes: bool = False,
+               disk_mb: Optional[int] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -146,6 +147,11 @@ class Sandbox:
             workdir: the directory commands run in (created if missing).
             name: the sandbox id, 1-63 of ``a-z 0-9 . _ -`` (default: generated).
             memory_mb, pids, cpus: limits (None: the daemon's defaults).
+            disk_mb: quota on what the sandbox writes between checkpoints (its
+                writable layer), in MiB (None: 10240). Over it, its processes are
+                killed and commands, file writes and checkpoints raise
+                :class:`DiskQuotaExceeded` until files are deleted or a checkpoint
+                restored.
             hostname: default: the id.
             warm_processes: after each restore, pre-fault in the background the
                 pages the restored processes had written (faster first command
@@ -159,7 +165,7 @@ class Sandbox:
         c = _client_or_default(client)
         body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
         for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
-                     ("pids", pids), ("cpus", cpus)):
+                     ("pids", pids), ("cpus", cpus), ("disk_mb", disk_mb)):
             if v is not None:
                 body[k] = v
         if warm_processes:
