@@ -12,6 +12,10 @@
 //	                           again; diff and work go once the index names the node
 //	ROOT/sandboxes/ID/         per-sandbox files (init root mount point, init log)
 //	ROOT/tmp/                  scratch, emptied at every start
+//	ROOT/reserve               room the index committer frees on ENOSPC (reserve.go)
+//
+// Every layer directory carries its XFS project id (project.go), inherited by all made
+// in it; usage.go measures the uppers by project for the disk quota.
 //
 // Crash safety. The index is the truth; the filesystem is made to agree with it at
 // every start (Sweep). New directories are created before the index names them, and
