@@ -320,3 +320,41 @@ func TestIndexCommitsOnFullStore(t *testing.T) {
 		t.Fatalf("after the filler went: %v, warning %q", err, s.Warning())
 	}
 }
+
+// TestProjectUsagePrealloc: what fallocate reserves past a file's end counts (a way to
+// take space without writing); XFS's speculative preallocation of a file being
+// appended counts too (up to as much again as its size), as a project quota charges it.
+func TestProjectUsagePrealloc(t *testing.T) {
+	s := xfsStore(t)
+	if err := s.NewLayer(13); err != nil {
+		t.Fatal(err)
+	}
+	mib := make([]byte, 1<<20)
+	f, err := os.OpenFile(filepath.Join(s.LayerDiff(13), "appended"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for range 32 {
+		f.Write(mib)
+	}
+	u, err := s.ProjectUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	appended := u[ProjectOf(13)].Bytes
+	if appended < 32<<20 || appended > 65<<20 {
+		t.Errorf("32 MiB appended count %d bytes, want 32 to 64 MiB", appended)
+	}
+	if err := fallocate(filepath.Join(s.LayerDiff(13), "reserved"), 0, 16<<20, true); err != nil {
+		t.Fatal(err)
+	}
+	u, err = s.ProjectUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := u[ProjectOf(13)].Bytes - appended; got < 16<<20 {
+		t.Errorf("16 MiB fallocated past an empty file's end count %d bytes", got)
+	}
+	t.Logf("32 MiB appended (1 MiB writes) count %d MiB", appended>>20)
+}

@@ -83,7 +83,11 @@ func TestDiskQuotaStopsFiller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("filler: exit %d signal %d %q; disk %+v; store free %d MiB", r.ExitCode, r.Signal, r.Stdout, in.Disk, free>>20)
+	var size int64
+	if fi, err := d.C.StatFile(c, "hog", "/workspace/fill"); err == nil {
+		size = fi.Size
+	}
+	t.Logf("filler: exit %d signal %d %q; wrote %d MiB; disk %+v; store free %d MiB", r.ExitCode, r.Signal, r.Stdout, size>>20, in.Disk, free>>20)
 	if in.Disk == nil || in.Disk.Exceeded == "" {
 		t.Fatalf("the filler was not stopped by its quota: disk %+v, the store has %d MiB free", in.Disk, free>>20)
 	}
