@@ -118,6 +118,12 @@ func TestDiskQuotaStopsFiller(t *testing.T) {
 	if _, err := d.C.Checkpoint(c, "victim", ""); err != nil {
 		t.Errorf("victim checkpoint: %v", err)
 	}
+	// The quota is in the sandbox's record: a restarted daemon keeps it.
+	d.Stop()
+	d = testutil.StartDaemonOn(t, root)
+	if in, err := d.C.Get(c, "hog"); err != nil || in.DiskMB != 64 || in.Disk == nil || in.Disk.LimitMB != 64 {
+		t.Errorf("after a restart: %+v, %v; want disk_mb 64", in, err)
+	}
 }
 
 // TestDiskFillerKeepsOthersCommitting: a sandbox under its quota fills the whole store
