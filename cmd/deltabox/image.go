@@ -63,7 +63,7 @@ and fifos (except under /dev, skipped), setuid/setgid files and file capabilitie
 		},
 	}
 	c.Flags().BoolVar(&q.AllowSetuid, "allow-setuid", false, "keep setuid/setgid files and file capabilities (refused otherwise)")
-	c.Flags().Int64Var(&q.MaxBytes, "max-bytes", 0, "refuse an import that extracts more bytes than this (default 16 GiB)")
+	c.Flags().Int64Var(&q.MaxBytes, "max-bytes", 0, "refuse an import that extracts more bytes than this (default 4 GiB)")
 	c.Flags().Int64Var(&q.MaxEntries, "max-entries", 0, "refuse an import of more entries than this (default 4194304)")
 	return c
 }

@@ -82,14 +82,17 @@ func printJSON(v any) {
 
 func createCmd() *cobra.Command {
 	var o apitypes.CreateOptions
-	var memory string
+	var memory, disk string
 	c := &cobra.Command{
-		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--pids 512] [--cpus 1.5] [--warm-processes]",
+		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--disk 10G] [--pids 512] [--cpus 1.5] [--warm-processes]",
 		Short: "Create and start a sandbox; prints its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.MemoryMB, err = parseMemoryMB(memory); err != nil {
+				return err
+			}
+			if o.DiskMB, err = parseSizeMB("--disk", disk); err != nil {
 				return err
 			}
 			in, err := cli().Create(ctx(), o)
@@ -110,6 +113,7 @@ func createCmd() *cobra.Command {
 	c.Flags().StringVar(&o.Hostname, "hostname", "", "hostname (default: the id)")
 	c.Flags().StringVar(&o.User, "user", "", "run sessions and commands as this user of the sandbox's /etc/passwd: NAME, UID, NAME:GROUP or UID:GID (default: root)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit, e.g. 512M, 2G, 1.5G (K/M/G/T are binary; a bare number is MiB; default 4G or half the host's RAM)")
+	c.Flags().StringVar(&disk, "disk", "", "quota on what the sandbox writes between checkpoints (its upper layer), e.g. 500M, 20G (default 10G); over it its processes are killed and writes answer 507")
 	c.Flags().Int64Var(&o.Pids, "pids", 0, "limit on processes and threads at once (default 1024)")
 	c.Flags().BoolVar(&o.WarmProcesses, "warm-processes", false, "after each restore, pre-fault the pages the restored processes had written while their sessions wait (see docs/DESIGN.md)")
 	c.Flags().Float64Var(&o.CPUs, "cpus", 0, "CPU time per wall-clock time, e.g. 0.5 or 1.5 (default: all host CPUs, no throttling)")

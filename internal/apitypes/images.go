@@ -16,7 +16,7 @@ type ImportRequest struct {
 	Name        string `json:"name"`
 	Source      string `json:"source"` // a path on the daemon's host
 	AllowSetuid bool   `json:"allow_setuid,omitempty"`
-	MaxBytes    int64  `json:"max_bytes,omitempty"`   // 0: the default (16 GiB; image.DefaultMaxBytes)
+	MaxBytes    int64  `json:"max_bytes,omitempty"`   // 0: the default (4 GiB; image.DefaultMaxBytes)
 	MaxEntries  int64  `json:"max_entries,omitempty"` // 0: the default (4194304; image.DefaultMaxEntries)
 }
 

@@ -19,6 +19,9 @@ type CreateOptions struct {
 	MemoryMB int64   `json:"memory_mb,omitempty"`
 	Pids     int64   `json:"pids,omitempty"`
 	CPUs     float64 `json:"cpus,omitempty"`
+	// DiskMB caps what the sandbox's upper layer holds (its changes since its last
+	// checkpoint or restore), in MiB of allocated blocks (0: 10240; docs/API.md, Disk).
+	DiskMB int64 `json:"disk_mb,omitempty"`
 	// WarmProcesses: after each restore, pre-fault the pages the restored processes
 	// had written, while their sessions wait for input (state/procwarm.go). Default:
 	// off, or on for every sandbox when the daemon runs with DELTABOX_WARM_PROC=1.
@@ -41,6 +44,23 @@ type SandboxInfo struct {
 	Usage *Usage `json:"usage,omitempty"`
 	// Templates totals the sandbox's process templates (every node's) and their memory.
 	Templates *TemplateInfo `json:"templates,omitempty"`
+	// Disk is its upper's usage against its quota (disk_mb).
+	Disk *DiskInfo `json:"disk,omitempty"`
+}
+
+// DiskInfo is a sandbox's disk usage (SandboxInfo's "disk"), as the daemon's watcher
+// last measured it (state/diskquota.go).
+type DiskInfo struct {
+	LimitMB int64 `json:"limit_mb"` // disk_mb
+	// UpperBytes: the blocks allocated to the files of its upper layer (its changes since
+	// the last checkpoint or restore), deleted files still open included.
+	UpperBytes    int64 `json:"upper_bytes"`
+	MeasuredMSAgo int64 `json:"measured_ms_ago"`
+	// Exceeded says why the sandbox's processes were stopped and its writes answer 507,
+	// until files are deleted or a node restored; "" when they are not.
+	Exceeded string `json:"exceeded,omitempty"`
+	// Warning: the store ran out of space and the index used its reserve.
+	Warning string `json:"warning,omitempty"`
 }
 
 // Sandbox is the persistent record of a sandbox, as the daemon's index stores it
@@ -66,6 +86,9 @@ type Sandbox struct {
 	// create and kept in its record. 0: no user namespace (the daemon runs with
 	// isolation off).
 	UIDBase uint32 `json:"uid_base,omitempty"`
+	// DiskMB is the quota on its upper layer, resolved at create (0 in records older than
+	// quotas: the default).
+	DiskMB int64 `json:"disk_mb,omitempty"`
 }
 
 // Limits are one sandbox's resource limits (SandboxInfo's "limits"; cgroup.Limits in the

@@ -22,6 +22,8 @@ var (
 	// ErrTooLarge: a request body over the API's limit (413). It is an ErrInvalid too,
 	// as such a request was (a 400) before it had a status of its own.
 	ErrTooLarge = fmt.Errorf("too large: %w", ErrInvalid)
+	// ErrQuota: the sandbox is over its disk quota (disk_mb), or the store is full.
+	ErrQuota = errors.New("insufficient storage")
 )
 
 // HTTPStatus maps an error to its HTTP status and a short code string.
@@ -39,6 +41,8 @@ func HTTPStatus(err error) (int, string) {
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnavailable):
 		return http.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, ErrQuota):
+		return http.StatusInsufficientStorage, "insufficient_storage"
 	default:
 		return http.StatusInternalServerError, "internal"
 	}
@@ -58,6 +62,8 @@ func FromStatus(status int) error {
 		return ErrTooLarge
 	case http.StatusServiceUnavailable:
 		return ErrUnavailable
+	case http.StatusInsufficientStorage:
+		return ErrQuota
 	default:
 		return nil
 	}

@@ -70,8 +70,11 @@ import (
 )
 
 const (
-	// DefaultMaxBytes caps the bytes an import extracts unless Options.MaxBytes says otherwise.
-	DefaultMaxBytes int64 = 16 << 30
+	// DefaultMaxBytes caps the bytes an import extracts unless Options.MaxBytes says
+	// otherwise: 4 GiB, 14 times the default image (293 MiB: python, gcc, node, git) and
+	// room for a toolchain image, while one import can take at most a sixteenth of a
+	// 64 GiB store (it was 16 GiB, a quarter) before the caller raises it.
+	DefaultMaxBytes int64 = 4 << 30
 	// DefaultMaxEntries caps the entries of an import unless Options.MaxEntries says otherwise.
 	DefaultMaxEntries int64 = 4 << 20
 	maxLayers               = 1000

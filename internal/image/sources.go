@@ -132,7 +132,7 @@ func importGzip(ctx context.Context, t *tree, staging string, f *os.File, size i
 		return "", fmt.Errorf("decompress: %w", err)
 	}
 	if n > limit {
-		return "", refuse("the archive decompresses to over %d bytes (max_bytes + 1 GiB): refused as a size bomb", limit)
+		return "", refuse("the archive decompresses to over %d bytes (max_bytes + 1 GiB): refused as a size bomb (raise max_bytes, deltabox image import --max-bytes)", limit)
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return "", err

@@ -328,10 +328,10 @@ func (t *tree) apply(m member) error {
 	case tar.TypeDir:
 	case tar.TypeReg, tar.TypeGNUSparse:
 		if h.Size < 0 || h.Size > t.opts.MaxBytes {
-			return refuse("entry %q declares %d bytes, over the import's cap of %d bytes (max_bytes): refused as a size bomb", h.Name, h.Size, t.opts.MaxBytes)
+			return refuse("entry %q declares %d bytes, over the import's cap of %d bytes: refused as a size bomb (raise it with max_bytes, deltabox image import --max-bytes)", h.Name, h.Size, t.opts.MaxBytes)
 		}
 		if t.bytes+h.Size > t.opts.MaxBytes {
-			return refuse("entry %q (%d bytes) brings the extracted total over the import's cap of %d bytes (max_bytes): refused as a size bomb", h.Name, h.Size, t.opts.MaxBytes)
+			return refuse("entry %q (%d bytes) brings the extracted total over the import's cap of %d bytes: refused as a size bomb (raise it with max_bytes, deltabox image import --max-bytes)", h.Name, h.Size, t.opts.MaxBytes)
 		}
 		if !t.opts.AllowSetuid && mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
 			what := "setuid"

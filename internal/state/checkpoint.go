@@ -110,11 +110,21 @@ type checkpoint struct {
 // steps are checkpointSteps. The answer reports the sandbox's memory after it
 // (reportMemory), outside the operation's locks.
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
+	// Over its disk quota a sandbox is not checkpointed: the node would keep the
+	// oversized layer.
+	if s, err := m.get(id); err != nil {
+		return nil, err
+	} else if err := m.diskRefusal(s); err != nil {
+		return nil, err
+	}
 	res, err := m.checkpointLocked(ctx, id, o)
 	if err != nil {
 		return nil, err
 	}
 	m.reportMemory(res, id, res.Node.ID)
+	if w := m.st.Warning(); w != "" {
+		res.Warnings = append(res.Warnings, w)
+	}
 	return res, nil
 }
 

@@ -29,6 +29,7 @@
 //	views.go       templates parked on a read-only view of their node
 //	procwarm.go    the warm-up of restored processes' memory
 //	background.go  work after the answer, and the gate that keeps it out of operations
+//	diskquota.go   the disk watcher: uppers measured by XFS project, disk_mb enforced
 //	sandboxes.go, sessions.go, files.go, images.go   the rest of the API's verbs
 //
 // # Locking
@@ -37,6 +38,8 @@
 // those below):
 //
 //	lock               guards                                             held by
+//	Manager.diskMu     one disk usage pass at a time (diskquota.go)       the watcher; a call of
+//	                                                                      a sandbox over quota
 //	sb.opMu            a sandbox's position (rec), runtime, tracer, kns,  checkpoint, restore, rm,
 //	                   hostPids; serialises its state changes             the start of an exec
 //	Manager.treeMu     node layers on disk: shared to mount a stack,      checkpoint, restore (R);
@@ -49,7 +52,7 @@
 //	                                                                      mount, fork or index wait
 //	sb.mu              execs, adm (the queue of calls and switches),      briefly
 //	                   removed, sessions, sessionOpts, ended, warming,
-//	                   stats, oomSeen
+//	                   stats, oomSeen, disk
 //
 // session.Session's and background's own mutexes are leaves: nothing is taken under them.
 //
@@ -57,7 +60,7 @@
 //
 // API handlers run operations on their own goroutines. The manager starts these, each
 // counted in Manager.wg, which Close waits for after it has stopped every sandbox:
-// fillUppers (until Close), the work queued after an answer (background.go: next and
+// fillUppers and watchDisk (until Close), the work queued after an answer (background.go: next and
 // warm state builds, parking, closing old namespaces), the release of dropped states
 // (prepare.go, warm.go), the kill of memory holders after a restore (restore.go), and
 // the warm-up of restored processes (procwarm.go, stopped by stopProcWarm). The

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -22,6 +23,12 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 	s, err := m.get(id)
 	if err != nil {
 		return err
+	}
+	// Over its disk quota, a sandbox's files may be read and deleted, not written.
+	if strings.HasPrefix(what, "files write ") || strings.HasPrefix(what, "files mkdir ") {
+		if err := m.diskRefusal(s); err != nil {
+			return err
+		}
 	}
 	c, err := m.enterCall(ctx, s, what)
 	if err != nil {

@@ -33,6 +33,9 @@ type Manager struct {
 
 	templates map[string][]*procTemplate // node id -> its process templates (templates.go)
 
+	// diskMu serialises the disk usage passes (diskquota.go); taken under no other lock.
+	diskMu sync.Mutex
+
 	cfg    Config
 	uppers chan uint64    // empty layers made ahead of time (fillUppers)
 	stop   chan struct{}  // closed by Close
@@ -98,6 +101,7 @@ type sb struct {
 	warming     *procWarm         // the running warm-up of restored processes (procwarm.go)
 
 	stats Stats
+	disk  diskState // what the disk watcher measured (diskquota.go)
 }
 
 func (m *Manager) newSB(r store.Sandbox) *sb {
@@ -170,8 +174,9 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			m.nextLayer = r.Upper
 		}
 	}
-	m.wg.Add(1)
+	m.wg.Add(2)
 	go m.fillUppers()
+	go m.watchDisk()
 	for _, s := range m.sandboxes {
 		if err := m.boot(s); err != nil {
 			s.err = err

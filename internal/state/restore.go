@@ -112,6 +112,14 @@ func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) 
 		return nil, err
 	}
 	m.reportMemory(res, id, "")
+	if s, err := m.get(id); err == nil {
+		s.mu.Lock()
+		s.disk = diskState{} // a new upper: under any quota until measured
+		s.mu.Unlock()
+	}
+	if w := m.st.Warning(); w != "" {
+		res.Warnings = append(res.Warnings, w)
+	}
 	return res, nil
 }
 

@@ -69,6 +69,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	if o.MemoryMB > 1<<40 { // 1 EiB: far over any host's RAM (Check refuses it), and no overflow
 		o.MemoryMB = 1 << 40
 	}
+	if o.DiskMB < 0 || o.DiskMB > 1<<40 {
+		return nil, fmt.Errorf("disk_mb %d: want 1 to 2^40 MiB (0: the default, %d): %w", o.DiskMB, DefaultDiskMB, errdefs.ErrInvalid)
+	}
+	if o.DiskMB == 0 {
+		o.DiskMB = DefaultDiskMB
+	}
 	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
 	if err := cgroup.CheckLimits(lim); err != nil {
 		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
@@ -82,7 +88,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses})
+	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -281,6 +287,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	in.Stats = s.stats
 	s.mu.Unlock()
 	in.WarmStates = m.warmCount(s)
+	in.Disk = m.diskInfo(s)
 	return in
 }
 
@@ -384,6 +391,9 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	}
 	s, err := m.get(id)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.diskRefusal(s); err != nil {
 		return nil, err
 	}
 	c, err := m.enterCall(ctx, s, describeExec(r))

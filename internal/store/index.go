@@ -2,11 +2,13 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -45,6 +47,9 @@ type Index struct {
 
 	// SyncFS is called before each commit that names new layer data.
 	SyncFS func() error
+	// OnNoSpace is called when a commit fails with ENOSPC; true means it freed room
+	// (the store's reserve: reserve.go), and the commit is tried again at once.
+	OnNoSpace func() bool
 }
 
 // Op is one queued change. Exactly one field is set.
@@ -207,6 +212,10 @@ func (x *Index) committer() {
 		x.mu.Unlock()
 
 		n, err := x.commit(batch)
+		// A full store: the reserve's room, and the same batch again at once, before
+		// anyone is told of the error (a waiter would give up on a change that is
+		// about to commit).
+		retry := err != nil && errors.Is(err, unix.ENOSPC) && x.OnNoSpace != nil && x.OnNoSpace()
 
 		x.mu.Lock()
 		if n > 0 {
@@ -222,6 +231,11 @@ func (x *Index) committer() {
 		// What was not committed goes back to the head of the queue, before what was
 		// queued meanwhile.
 		x.queue = append(batch[n:len(batch):len(batch)], x.queue...)
+		if retry {
+			x.cond.Broadcast() // for what did commit
+			x.mu.Unlock()
+			continue
+		}
 		x.err = fmt.Errorf("index commit failed: %w; %d change(s) wait to be written again (free space on the store if it is full)", err, len(x.queue))
 		x.cond.Broadcast()
 		x.mu.Unlock()

@@ -12,6 +12,10 @@
 //	                           again; diff and work go once the index names the node
 //	ROOT/sandboxes/ID/         per-sandbox files (init root mount point, init log)
 //	ROOT/tmp/                  scratch, emptied at every start
+//	ROOT/reserve               room the index committer frees on ENOSPC (reserve.go)
+//
+// Every layer directory carries its XFS project id (project.go), inherited by all made
+// in it; usage.go measures the uppers by project for the disk quota.
 //
 // Crash safety. The index is the truth; the filesystem is made to agree with it at
 // every start (Sweep). New directories are created before the index names them, and
@@ -29,6 +33,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -54,6 +59,9 @@ type (
 type Store struct {
 	Root  string
 	Index *Index
+
+	noProjects  atomic.Bool // the filesystem refused a project id (NewLayer)
+	reserveUsed atomic.Bool // the index committer released the reserve (reserve.go)
 }
 
 // Open checks that root is a usable store and opens its index.
@@ -70,7 +78,14 @@ func Open(root string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{Root: root, Index: idx}, nil
+	s := &Store{Root: root, Index: idx}
+	idx.OnNoSpace = s.releaseForIndex
+	if err := s.TopUp(); err != nil {
+		// Not fatal: the daemon must start on a full store to let its sandboxes be
+		// deleted; the watcher tries again (state/diskquota.go).
+		s.reserveUsed.Store(true)
+	}
+	return s, nil
 }
 
 // Close stops the committer after it has written everything queued.
@@ -108,13 +123,32 @@ func (s *Store) ImageRootfs(name string) string {
 }
 func (s *Store) SandboxDir(id string) string { return filepath.Join(s.Root, "sandboxes", id) }
 
-// NewLayer creates the directories of a fresh, empty upper layer id.
+// NewLayer creates the directories of a fresh, empty upper layer id. The layer's
+// directory gets the layer's XFS project id first (project.go), so that diff/, work/
+// and the frozen/ made later inherit it, and everything made in them.
 func (s *Store) NewLayer(id uint64) error {
-	if err := os.MkdirAll(s.LayerDiff(id), 0o755); err != nil {
+	dir := s.LayerDir(id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if !s.noProjects.Load() {
+		if err := SetProject(dir, ProjectOf(id)); err != nil {
+			if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
+				return err
+			}
+			// btrfs (CheckFS accepts it) has no project ids: usage falls back to a walk.
+			s.noProjects.Store(true)
+		}
+	}
+	if err := os.Mkdir(s.LayerDiff(id), 0o755); err != nil {
 		return err
 	}
 	return os.Mkdir(s.LayerWork(id), 0o700)
 }
+
+// Projects reports whether layers carry XFS project ids (false until a layer was made,
+// and on a filesystem without them).
+func (s *Store) Projects() bool { return !s.noProjects.Load() }
 
 // RemoveAll removes a directory tree. Overlay work dirs hold 000-mode entries, which
 // root removes anyway.

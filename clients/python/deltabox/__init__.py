@@ -26,7 +26,8 @@ from ._http import DEFAULT_SOCKET
 from .client import Client, default_client
 from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
-                     MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable)
+                     MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable,
+                     DiskQuotaExceeded)
 from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
                      SandboxMemory, Templates, Tree)
 from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
@@ -62,6 +63,7 @@ __all__ = [
     "TooLarge",
     "Tree",
     "Unavailable",
+    "DiskQuotaExceeded",
     "default_client",
     "__version__",
 ]

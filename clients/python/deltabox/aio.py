@@ -196,13 +196,14 @@ class AsyncSandbox:
                      pids: Optional[int] = None, cpus: Optional[float] = None,
                      hostname: Optional[str] = None, warm_processes: bool = False,
                      client: Optional[AsyncClient] = None,
-                     remove_nodes: bool = False, user: Optional[str] = None) -> "AsyncSandbox":
+                     remove_nodes: bool = False, user: Optional[str] = None,
+                     disk_mb: Optional[int] = None) -> "AsyncSandbox":
         """:meth:`Sandbox.create`."""
         c = _async_client(client)
         sb = await c.call(Sandbox.create, image=image, workdir=workdir, name=name,
                           memory_mb=memory_mb, pids=pids, cpus=cpus, hostname=hostname,
                           warm_processes=warm_processes, client=c.blocking,
-                          remove_nodes=remove_nodes, user=user)
+                          remove_nodes=remove_nodes, user=user, disk_mb=disk_mb)
         return cls(sb, c)
 
     @classmethod

@@ -65,6 +65,13 @@ class Unavailable(DeltaBoxError):
     """503 ``unavailable``: the daemon's store is not set up (run scripts/setup.sh)."""
 
 
+class DiskQuotaExceeded(DeltaBoxError):
+    """507 ``insufficient_storage``: the sandbox's writable layer went over its quota
+    (``disk_mb``), or the store filled up: its processes were killed, and commands,
+    file writes and checkpoints are refused until files are deleted
+    (``sb.files.remove``) or a checkpoint restored."""
+
+
 class DaemonUnreachable(DeltaBoxError, ConnectionError):
     """The daemon's socket is missing, refuses connections, cannot be opened, or the
     daemon hung up before answering."""
@@ -116,6 +123,7 @@ _BY_CODE = {
     "not_found": NotFound,
     "conflict": Conflict,
     "unavailable": Unavailable,
+    "insufficient_storage": DiskQuotaExceeded,
 }
 
 _CODE_BY_STATUS = {
@@ -124,6 +132,7 @@ _CODE_BY_STATUS = {
     409: "conflict",
     413: "too_large",
     503: "unavailable",
+    507: "insufficient_storage",
     500: "internal",
 }
 

@@ -139,7 +139,8 @@ class Sandbox:
                pids: Optional[int] = None, cpus: Optional[float] = None,
                hostname: Optional[str] = None, warm_processes: bool = False,
                client: Optional["Client"] = None, remove_nodes: bool = False,
-               user: Optional[str] = None) -> "Sandbox":
+               user: Optional[str] = None,
+               disk_mb: Optional[int] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -147,6 +148,11 @@ class Sandbox:
             workdir: the directory commands run in (created if missing).
             name: the sandbox id, 1-63 of ``a-z 0-9 . _ -`` (default: generated).
             memory_mb, pids, cpus: limits (None: the daemon's defaults).
+            disk_mb: quota on what the sandbox writes between checkpoints (its
+                writable layer), in MiB (None: 10240). Over it, its processes are
+                killed and commands, file writes and checkpoints raise
+                :class:`DiskQuotaExceeded` until files are deleted or a checkpoint
+                restored.
             hostname: default: the id.
             user: run sessions and commands as this user of the sandbox's own
                 ``/etc/passwd`` instead of root: ``"NAME"``, ``"UID"``,
@@ -167,7 +173,7 @@ class Sandbox:
         c = _client_or_default(client)
         body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
         for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
-                     ("pids", pids), ("cpus", cpus), ("user", user)):
+                     ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb)):
             if v is not None:
                 body[k] = v
         if warm_processes:
