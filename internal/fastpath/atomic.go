@@ -109,6 +109,12 @@ func (h *Held) Fork() (*Template, error) {
 		if _, err := child.Setsid(); err != nil {
 			return fmt.Errorf("template setsid: %w", err)
 		}
+		if tmpl.Dumpable, err = child.Prctl(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil {
+			return fmt.Errorf("template PR_GET_DUMPABLE: %w", err)
+		}
+		if _, err := child.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+			return fmt.Errorf("template not dumpable (Template.Dumpable): %w", err)
+		}
 		// SelfPid is the template's PID as the live process sees it (MoveBack opens its
 		// /proc entries from there; the sandbox's PID namespace).
 		tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), child.ClonedAs(), child.SyscallAddr()
@@ -160,7 +166,20 @@ func (h *Held) MoveBack() error {
 		return fmt.Errorf("process %d was moved without a template to move back from: killed", h.P.Pid)
 	}
 	base := "/proc/" + strconv.Itoa(h.Tmpl.SelfPid)
-	err := h.tr.Do(func() error {
+	tt, err := holdTemplate(h.tr, h.Tmpl)
+	if err != nil {
+		h.t.Kill()
+		h.killed = true
+		return fmt.Errorf("%w: process %d killed rather than left half-moved", err, h.P.Pid)
+	}
+	err = h.tr.Do(func() error {
+		// The process reads its template's /proc entries below: the template is made
+		// dumpable again for that (Template.Dumpable). No code of the sandbox runs
+		// meanwhile (this is the undo of a checkpoint, every process held or ended),
+		// and the template is killed after (DropTemplate).
+		if _, err := tt.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("template dumpable for the move back: %w", err)
+		}
 		ns, err := h.t.Open(base+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("open the template's namespace: %w", err)
@@ -364,6 +383,11 @@ func (r *Revival) fork(ns int, ptyPath string) (*remote.Tracee, error) {
 	}
 	var b remote.Batch
 	maps := moveCalls(&b, &r.Tmpl.Proc, nsfd)
+	dumpable := r.Tmpl.Dumpable
+	if dumpable != 1 {
+		dumpable = 0 // 2 (root-only, suid_dumpable) cannot be set by prctl: the stricter
+	}
+	b.Add("dumpable as it was", unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, dumpable, 0, 0, 0)
 	b.Add("setsid", unix.SYS_SETSID)
 	terminalCalls(&b, &r.Tmpl.Proc, ptyPath)
 	lockCalls(&b, &r.Tmpl.Proc)

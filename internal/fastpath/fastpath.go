@@ -434,6 +434,14 @@ type Template struct {
 	// (Proc.Timers, copied, hold the POSIX timers' settings.)
 	Itimers [3]unix.Itimerval      // ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF: left, interval
 	Signals []remote.PendingSignal // pending signals, but the POSIX timers' own
+	// Dumpable is the process's PR_GET_DUMPABLE. The template itself is made not
+	// dumpable from its fork on: a process of the sandbox has its uid and a subset of
+	// its capabilities, and so could otherwise open /proc/TEMPLATE/mem and rewrite the
+	// state that a restore brings back (and keep the fd: access is checked at open).
+	// Without CAP_SYS_PTRACE, which the sandbox lacks, a non-dumpable process's /proc
+	// entries, memory and ptrace are closed to it. Each restored child gets Dumpable
+	// back.
+	Dumpable uintptr
 }
 
 // Alive reports whether the template still exists and is stopped (it may have been
