@@ -31,7 +31,16 @@ const (
 	// baseOptions are set at seize and kept: an injected clone3 reports its child
 	// (PTRACE_EVENT_FORK when exit_signal is SIGCHLD, PTRACE_EVENT_CLONE otherwise), and the
 	// child is traced by the same thread from its first instruction.
-	baseOptions = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE
+	//
+	// PTRACE_O_SUSPEND_SECCOMP: the injected calls are the daemon's, not the tracee's
+	// code, and a sandbox's filter refuses setns and gives clone3 ENOSYS
+	// (internal/sbinit/seccomp.go). The kernel copies the option to a child that a
+	// traced clone3 makes (ptrace_init_task), so the child's own injected calls are
+	// exempt too, and it ends with the detach: the tracee runs none of its own code
+	// while attached (the package doc). Setting it needs CAP_SYS_ADMIN in the initial
+	// user namespace and no filter on the tracer (the daemon), and a kernel with
+	// CONFIG_CHECKPOINT_RESTORE.
+	baseOptions = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_SUSPEND_SECCOMP
 	// While a tracee differs from its saved state (registers, scratch memory, held
 	// signals), PTRACE_O_EXITKILL is added: if the tracer thread dies then (daemon crash),
 	// the kernel kills the tracee rather than letting it run half-modified. A clean tracee
