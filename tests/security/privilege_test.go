@@ -2,7 +2,9 @@ package security
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"deltabox/internal/apitypes"
@@ -224,5 +226,35 @@ ping -c1 -W1 127.0.0.1 >/dev/null 2>&1 && echo ping ok || echo ping absent
 		if !strings.Contains(r.Stdout, want) {
 			t.Errorf("%q missing (exit %d):\n%s%s", want, r.ExitCode, r.Stdout, r.Stderr)
 		}
+	}
+}
+
+// TestDeviceNodeInLayerCannotBeOpened: a device node in a layer (an image's, or one
+// made while the sandbox had CAP_MKNOD) cannot be opened from inside: overlays are
+// mounted nodev. The node is planted from the host, in the sandbox's upper (its path is
+// in the overlay's options), as a character device 1:3 (/dev/null: harmless if opened).
+func TestDeviceNodeInLayerCannotBeOpened(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: "sec-nodev"}); err != nil {
+		t.Fatal(err)
+	}
+	mi := sh(t, d, "sec-nodev", "grep ' / / ' /proc/self/mountinfo")
+	_, opts, ok := strings.Cut(mi, "upperdir=")
+	if !ok {
+		t.Fatalf("no upperdir in the root's mountinfo: %q", mi)
+	}
+	upper, _, _ := strings.Cut(opts, ",")
+	node := filepath.Join(strings.TrimSpace(upper), "planted-null")
+	if err := syscall.Mknod(node, syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
+		t.Fatal(err)
+	}
+	out := sh(t, d, "sec-nodev", `python3 -c "
+import os
+try:
+    os.close(os.open('/planted-null', os.O_RDONLY)); print('opened')
+except OSError as e:
+    print(e.strerror)"`)
+	if out != "Permission denied\n" {
+		t.Fatalf("opening a device node of a layer from inside: %q, want Permission denied (nodev)", out)
 	}
 }
