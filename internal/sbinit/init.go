@@ -149,7 +149,7 @@ func setupRoot(cfg *Config) error {
 	if err := setupDev(filepath.Join(r, "dev")); err != nil {
 		return err
 	}
-	if err := maskProc(filepath.Join(r, "proc"), filepath.Join(r, "dev", "null")); err != nil {
+	if err := MaskProc(filepath.Join(r, "proc"), filepath.Join(r, "dev", "null")); err != nil {
 		return err
 	}
 	if err := loopbackUp(); err != nil {
@@ -235,11 +235,12 @@ var maskedProc = []string{"kcore", "keys", "latency_stats", "timer_list", "timer
 // runs a program as host root), sysrq-trigger, and the bus, fs and irq knobs.
 var readOnlyProc = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
 
-// maskProc mounts the masks on the base namespace's /proc. They are mounts under it, so
+// MaskProc mounts the masks on the base namespace's /proc (null: a /dev/null to bind
+// onto files). They are mounts under it, so
 // every state's namespace, which clones /proc recursively (mountns), carries them; the
 // sandbox cannot take them off: umount and the mount calls are filtered (seccomp.go).
 // Cost: each state's clone copies 10 more mounts here (measured in docs/DESIGN.md).
-func maskProc(proc, null string) error {
+func MaskProc(proc, null string) error {
 	for _, name := range maskedProc {
 		p := filepath.Join(proc, name)
 		fi, err := os.Stat(p)
