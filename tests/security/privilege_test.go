@@ -3,9 +3,11 @@ package security
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/testutil"
@@ -257,4 +259,64 @@ except OSError as e:
 	if out != "Permission denied\n" {
 		t.Fatalf("opening a device node of a layer from inside: %q, want Permission denied (nodev)", out)
 	}
+}
+
+// TestLeastPrivilegeAcrossCheckpointAndRestore: the filter, the bounded capabilities
+// and the /proc masks are those of every process of the sandbox in every state: a bash
+// and a python session, as started, after a checkpoint (moved onto a new namespace) and
+// after a restore (forked from their templates by injected clone3, seized with
+// PTRACE_O_SUSPEND_SECCOMP, then detached: the python makes the refused call itself, so
+// its filter is not left suspended).
+func TestLeastPrivilegeAcrossCheckpointAndRestore(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "sec-priv-cr"
+	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.StartSession(ctx(t), id, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(sess, code string) string {
+		t.Helper()
+		r, err := d.C.Run(ctx(t), id, sess, code, 30*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", sess, code, err)
+		}
+		return r.Stdout
+	}
+	run("py", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)")
+	// CapBnd: CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP
+	// NET_BIND_SERVICE NET_RAW SYS_CHROOT SYS_ADMIN AUDIT_WRITE SETFCAP.
+	const bash = `grep -E '^(CapBnd|CapEff|CapInh|Seccomp):' /proc/$$/status | tr -s '\t' ' '
+unshare -m true 2>/dev/null && echo unshared
+echo x 2>/dev/null > /proc/sys/kernel/hostname || echo sysctl read-only
+grep -c ' /proc/' /proc/self/mountinfo`
+	const wantBash = "CapInh: 0000000000000000\nCapEff: 00000000a02425fb\nCapBnd: 00000000a02425fb\nSeccomp: 2\nsysctl read-only\n"
+	const py = "print(libc.unshare(0x20000), ctypes.get_errno(), open('/proc/self/status').read().count('Seccomp:\\t2'))"
+	check := func(when string) {
+		t.Helper()
+		got := run("main", bash)
+		if !strings.HasPrefix(got, wantBash) {
+			t.Errorf("bash session %s:\n%s\nwant it to begin with\n%s", when, got, wantBash)
+		}
+		// The masks that this kernel has files for (keys, timer_list, sched_debug, bus, fs,
+		// irq, sys: sbinit.MaskProc) are mounts under /proc in every state's namespace.
+		if n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(got, wantBash))); n < 7 {
+			t.Errorf("bash session %s: %d mounts under /proc, want the masks:\n%s", when, n, got)
+		}
+		if got := run("py", py); got != "-1 1 1\n" {
+			t.Errorf("python session %s: unshare, errno, filtered: %q, want \"-1 1 1\"", when, got)
+		}
+	}
+	check("as started")
+	op, err := d.C.Checkpoint(ctx(t), id, "one")
+	if err != nil || op.Processes != 2 {
+		t.Fatalf("checkpoint: %v %+v", err, op)
+	}
+	check("after a checkpoint")
+	run("main", "echo after > /root/after")
+	if _, err := d.C.Restore(ctx(t), id, op.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	check("after a restore")
 }
