@@ -158,7 +158,7 @@ func (tr *Tracer) seize(pid int) (*Tracee, error) {
 		return nil, fmt.Errorf("remote: seize %d: %w (%d threads)", pid, ErrMultiThreaded, st.threads)
 	}
 	if err := ptrace(unix.PTRACE_SEIZE, pid, 0, baseOptions); err != nil {
-		return nil, fmt.Errorf("remote: PTRACE_SEIZE %d: %w (traced by someone else, or not permitted)", pid, err)
+		return nil, fmt.Errorf("remote: PTRACE_SEIZE %d: %w (traced by someone else, or not permitted: PTRACE_O_SUSPEND_SECCOMP needs the daemon to run as root with CAP_SYS_ADMIN and no seccomp filter of its own, e.g. not under systemd SystemCallFilter= or a container runtime's profile)", pid, err)
 	}
 	t := &Tracee{tr: tr, pid: pid, state: attached}
 	if err := ptrace(unix.PTRACE_INTERRUPT, pid, 0, 0); err != nil {

@@ -28,6 +28,16 @@ import (
 // listed. Calls newer than this table (lastReviewed) fail with ENOSYS, as in Docker's
 // profile, so a new kernel's calls are refused until someone reads them.
 //
+// Where this differs from Docker's profile, beyond what the tables below say:
+//   - 32-bit (i386, via int 0x80) and x32 calls are refused; Docker allows both
+//     architectures. Their numbers differ from x86-64's, so a deny list would need a
+//     table each; agents run 64-bit programs.
+//   - Allowed here, refused by Docker without CAP_SYS_NICE: mbind, set_mempolicy,
+//     migrate_pages, move_pages. On the caller's own memory they are harmless (numpy's
+//     BLAS and hwloc call mbind); on another process's they need CAP_SYS_NICE, dropped.
+//   - unshare and clone are refused only with namespace flags (Docker: unshare refused
+//     outright without CAP_SYS_ADMIN); unshare(CLONE_FS|CLONE_FILES) is harmless.
+//
 // The fast path's injected calls (setns, clone3 with set_tid) are not filtered: the
 // daemon seizes with PTRACE_O_SUSPEND_SECCOMP (internal/remote), which a tracer may set
 // only with CAP_SYS_ADMIN in the initial user namespace and no filter of its own.
