@@ -93,9 +93,12 @@ func Mount(s Spec) (int, error) {
 	if err := unix.FsconfigCreate(fsfd); err != nil {
 		return -1, fmt.Errorf("create overlay (%d lowers, upper %q): %w%s", len(s.Lowers), s.Upper, err, kernelLog(fsfd))
 	}
-	var attrs int
+	// nodev: a device node in an image or a layer cannot be opened, whatever made it
+	// (the sandbox has no CAP_MKNOD, but an image or an older layer may hold one); the
+	// sandbox's devices are the ones of its read-only /dev (sbinit).
+	attrs := unix.MOUNT_ATTR_NODEV
 	if s.Upper == "" {
-		attrs = unix.MOUNT_ATTR_RDONLY
+		attrs |= unix.MOUNT_ATTR_RDONLY
 	}
 	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, attrs)
 	if err != nil {

@@ -45,9 +45,10 @@
 //   - It is not a vfork child (it would share the parent's memory) and not inside an rseq
 //     critical section that needs an abort (glibc 2.36 and CPython have none): the kernel
 //     may clear rseq_cs when the injected rip is outside the section.
-//   - Injected syscalls run with the tracee's credentials and seccomp filter: a filter may
-//     refuse them (a SECCOMP_RET_TRACE rule fails with ENOSYS, since the tracer does not ask
-//     for seccomp stops; a SECCOMP_RET_TRAP SIGSYS raised by the injection is dropped).
+//   - Injected syscalls run with the tracee's credentials (capabilities: a sandbox keeps
+//     CAP_SYS_ADMIN for setns and set_tid) but not its seccomp filter: tracees are seized
+//     with PTRACE_O_SUSPEND_SECCOMP, which needs the caller to have CAP_SYS_ADMIN in the
+//     initial user namespace and no filter of its own.
 //   - An injected syscall that blocks (open of a FIFO, a read) blocks the Tracer's thread
 //     and all its tracees until it returns. Seize waits up to 10 ms for a process in
 //     uninterruptible sleep (a vfork parent, for instance) and then returns

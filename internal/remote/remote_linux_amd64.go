@@ -31,7 +31,16 @@ const (
 	// baseOptions are set at seize and kept: an injected clone3 reports its child
 	// (PTRACE_EVENT_FORK when exit_signal is SIGCHLD, PTRACE_EVENT_CLONE otherwise), and the
 	// child is traced by the same thread from its first instruction.
-	baseOptions = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE
+	//
+	// PTRACE_O_SUSPEND_SECCOMP: the injected calls are the daemon's, not the tracee's
+	// code, and a sandbox's filter refuses setns and gives clone3 ENOSYS
+	// (internal/sbinit/seccomp.go). The kernel copies the option to a child that a
+	// traced clone3 makes (ptrace_init_task), so the child's own injected calls are
+	// exempt too, and it ends with the detach: the tracee runs none of its own code
+	// while attached (the package doc). Setting it needs CAP_SYS_ADMIN in the initial
+	// user namespace and no filter on the tracer (the daemon), and a kernel with
+	// CONFIG_CHECKPOINT_RESTORE.
+	baseOptions = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_SUSPEND_SECCOMP
 	// While a tracee differs from its saved state (registers, scratch memory, held
 	// signals), PTRACE_O_EXITKILL is added: if the tracer thread dies then (daemon crash),
 	// the kernel kills the tracee rather than letting it run half-modified. A clean tracee
@@ -149,7 +158,7 @@ func (tr *Tracer) seize(pid int) (*Tracee, error) {
 		return nil, fmt.Errorf("remote: seize %d: %w (%d threads)", pid, ErrMultiThreaded, st.threads)
 	}
 	if err := ptrace(unix.PTRACE_SEIZE, pid, 0, baseOptions); err != nil {
-		return nil, fmt.Errorf("remote: PTRACE_SEIZE %d: %w (traced by someone else, or not permitted)", pid, err)
+		return nil, fmt.Errorf("remote: PTRACE_SEIZE %d: %w (traced by someone else, or not permitted: PTRACE_O_SUSPEND_SECCOMP needs the daemon to run as root with CAP_SYS_ADMIN and no seccomp filter of its own, e.g. not under systemd SystemCallFilter= or a container runtime's profile)", pid, err)
 	}
 	t := &Tracee{tr: tr, pid: pid, state: attached}
 	if err := ptrace(unix.PTRACE_INTERRUPT, pid, 0, 0); err != nil {

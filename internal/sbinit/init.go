@@ -78,7 +78,7 @@ func Main(arg string) {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
-	if err := denyKeyrings(); err != nil {
+	if _, err := filter(); err != nil { // a bad table fails the sandbox's start, not each spawn
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
@@ -161,6 +161,9 @@ func setupRoot(cfg *Config) error {
 	if err := setupDev("dev"); err != nil {
 		return err
 	}
+	if err := MaskProc("proc", "dev/null"); err != nil {
+		return err
+	}
 	if err := loopbackUp(); err != nil {
 		return err
 	}
@@ -231,17 +234,128 @@ func setupDev(dev string) error {
 	return nil
 }
 
-// dropCapabilities takes out of the calling thread's bounding set what no process of
-// the sandbox may have, because a checkpoint cannot carry its effect:
-// CAP_LINUX_IMMUTABLE (chattr +i, +a). overlayfs keeps those flags of an upper file in
-// an xattr (trusted.overlay.protattr) that it reads on upper files only, so they would
-// vanish when the layer is frozen; chattr fails with EPERM instead, as in Docker's
-// default capability set. The bounding set is per thread, and exec computes a root
-// process's capabilities from it: each spawning thread (locked, then discarded) calls
-// this before it forks.
+// maskedProc are the files and directories of /proc that Docker masks (its default
+// MaskedPaths): the kernel's memory (kcore), the host's keys, and what tells of other
+// processes' timing or the hardware. A file is covered by /dev/null, a directory by an
+// empty read-only tmpfs. Those a kernel lacks (this one has no kcore) are skipped.
+var maskedProc = []string{"kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug",
+	"acpi", "asound", "scsi"}
+
+// readOnlyProc are read-only as in Docker (its ReadonlyPaths): sysctls (core_pattern
+// runs a program as host root), sysrq-trigger, and the bus, fs and irq knobs.
+var readOnlyProc = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
+
+// MaskProc mounts the masks on the base namespace's /proc (null: a /dev/null to bind
+// onto files). They are mounts under it, so every state's namespace, which clones /proc
+// recursively (mountns), carries them, and the fast path sees them as the state's own
+// (they are init's too); the sandbox cannot take them off: umount and the mount calls
+// are filtered (seccomp.go). Cost: 10-15 us more per state build, for the clone of
+// these mounts (mountns BenchmarkBuild).
+func MaskProc(proc, null string) error {
+	for _, name := range maskedProc {
+		p := filepath.Join(proc, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue // not in this kernel
+		}
+		if fi.IsDir() {
+			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+		} else {
+			err = unix.Mount(null, p, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return fmt.Errorf("mask /proc/%s: %w", name, err)
+		}
+	}
+	for _, name := range readOnlyProc {
+		p := filepath.Join(proc, name)
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind /proc/%s: %w", name, err)
+		}
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("make /proc/%s read-only: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// sandboxCaps is the bounding set of every process of the sandbox: Docker's default
+// set, less CAP_MKNOD, plus CAP_SYS_ADMIN.
+//
+//   - CAP_MKNOD: /dev is read-only and holds what the sandbox needs, overlays are nodev
+//     (a node in a layer cannot be opened), and a block device node was the way to the
+//     store's loop devices (every sandbox's layers). FIFOs and sockets need no
+//     capability. Docker keeps it behind its device cgroup, which DeltaBox has not.
+//   - CAP_SYS_ADMIN: the fast path's injected calls run with the tracee's credentials:
+//     setns into a state's mount namespace (CAP_SYS_ADMIN and CAP_SYS_CHROOT), clone3
+//     with set_tid (CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), TIOCSCTTY taking a session's
+//     terminal back. The rest of what it grants is behind the seccomp filter (mount and
+//     the new mount API, setns, unshare, bpf, perf, swapon, quotactl, fanotify, RT I/O
+//     priority, keyrings: seccomp.go), so the sandbox's own code keeps what Docker's set
+//     gives plus sethostname in its own UTS namespace (the node records it), trusted.*
+//     xattrs on its own overlay (overlayfs escapes them), and exceeding RLIMIT_NPROC (the
+//     pids cgroup still bounds it).
+//
+// Dropped, among others: CAP_SYS_PTRACE (gdb and strace on the sandbox's own processes
+// need none: same uid and capabilities), CAP_DAC_READ_SEARCH (open_by_handle_at),
+// CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_TIME, CAP_SYS_BOOT, CAP_NET_ADMIN,
+// CAP_SYS_RESOURCE, CAP_BPF, CAP_PERFMON, CAP_SYSLOG (kallsyms shows zeros), CAP_MAC_*,
+// CAP_AUDIT_CONTROL, CAP_IPC_LOCK, CAP_IPC_OWNER, CAP_SYS_NICE, CAP_LEASE,
+// CAP_CHECKPOINT_RESTORE, CAP_WAKE_ALARM, CAP_BLOCK_SUSPEND, CAP_SYS_PACCT,
+// CAP_SYS_TTY_CONFIG, and CAP_LINUX_IMMUTABLE: a checkpoint cannot carry chattr +i and +a
+// (overlayfs keeps them of an upper file in trusted.overlay.protattr, which it reads on
+// upper files only, so they would vanish when the layer is frozen).
+var sandboxCaps = []int{
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FSETID, unix.CAP_FOWNER, unix.CAP_SETGID,
+	unix.CAP_SETUID, unix.CAP_SETFCAP, unix.CAP_SETPCAP, unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_RAW,
+	unix.CAP_SYS_CHROOT, unix.CAP_KILL, unix.CAP_AUDIT_WRITE, unix.CAP_SYS_ADMIN,
+}
+
+// dropCapabilities bounds the calling thread to sandboxCaps: the bounding set (exec
+// gives a root process exactly its bounding set, and a setuid program no more), the
+// permitted and effective sets, an empty inheritable set (exec adds it to a root
+// process's capabilities, bounding set or not) and no ambient ones. Capabilities are
+// per thread: each spawning thread (locked, then discarded) calls this before it forks.
 func dropCapabilities() error {
-	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_LINUX_IMMUTABLE, 0, 0, 0); err != nil {
-		return fmt.Errorf("drop CAP_LINUX_IMMUTABLE from the bounding set: %w", err)
+	var keep uint64
+	for _, c := range sandboxCaps {
+		keep |= 1 << c
+	}
+	for c := 0; c < 64; c++ {
+		if keep&(1<<c) != 0 {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err == unix.EINVAL {
+			break // past the kernel's last capability
+		} else if err != nil {
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	return setCaps(keep)
+}
+
+// setCaps sets the calling thread's permitted and effective sets to what it has of
+// keep, its inheritable set to none, and clears its ambient set.
+func setCaps(keep uint64) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	for i := range data {
+		k := uint32(keep >> (32 * i))
+		data[i].Permitted &= k
+		data[i].Effective &= k
+		data[i].Inheritable = 0
+	}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
 	}
 	return nil
 }
@@ -603,6 +717,12 @@ func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid, Setctty: m.Setsid && m.Ctty, Ctty: 0, PidFD: &pidfd},
 		}
 		if err := runAs(m, attr, fds[0]); err != nil {
+			ch <- result{0, -1, err}
+			return
+		}
+		// Last, on this thread alone: it has entered the namespace (setns is filtered) and
+		// forks next; the child and everything it starts inherit the filter.
+		if err := installFilter(); err != nil {
 			ch <- result{0, -1, err}
 			return
 		}

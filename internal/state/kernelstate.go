@@ -41,7 +41,7 @@ import (
 //     processes: the record is kept in the daemon's memory, like templates): the sandbox
 //     then gets the names it started with (its hostname, the daemon's domain name).
 //   - Kernel keyrings belong to no namespace of the sandbox: its processes cannot use
-//     them (sbinit's denyKeyrings says why).
+//     them (sbinit's seccomp filter refuses the calls: seccomp.go says why).
 //
 // Both are read and changed from the daemon, on a thread that enters the sandbox's IPC
 // and UTS namespaces for the call (sbinit.NS; sb.kns). On the critical path of every

@@ -68,29 +68,23 @@ func TestFastPathLongPathRefused(t *testing.T) {
 	}
 }
 
-// TestFastPathMountInsideRefused: an fd, a working directory or a writable shared mapping
-// on a tmpfs mounted inside the sandbox is refused with 409 naming it and the mount
-// (reopened by path on the new state it would become the overlay's file under the mount
-// point), and nothing changes. Files on the state's own mounts (/proc, /dev) are taken. Once nothing holds the tmpfs, a checkpoint goes through, and the mount is
-// gone from the new state (documented in the README's Limits).
+// TestFastPathMountInsideRefused: a tmpfs cannot be mounted inside the sandbox (an fd, a
+// working directory or a writable shared mapping on one was refused with 409 naming it:
+// reopened by path on the new state it would become the overlay's file under the mount
+// point). Files on the state's own mounts (/proc, /dev) are taken.
 func TestFastPathMountInsideRefused(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	dbxCreate(t, d, "mi")
-	sessRun(t, d, "mi", "main", "mkdir -p /mnt/t && echo under > /mnt/t/f && mount -t tmpfs none /mnt/t && echo intmpfs > /mnt/t/f")
-	exPython(t, d, "mi", "import mmap, os\nh = open('/mnt/t/f', 'r+')")
-	fpRefused(t, d, "mi", "session py", "/mnt/t/f", "a tmpfs mounted inside the sandbox on /mnt/t")
-	exOut(t, d, "mi", "py", "print(h.read(), end='')", "intmpfs\n")
-	sessRun(t, d, "mi", "py", "h.seek(0)\nm = mmap.mmap(h.fileno(), 0)\nh.close()")
-	fpRefused(t, d, "mi", "session py", "writable shared mapping", "a tmpfs mounted inside the sandbox on /mnt/t")
-	sessRun(t, d, "mi", "py", "m.close()")
-	sessRun(t, d, "mi", "main", "cd /mnt/t")
-	fpRefused(t, d, "mi", "session main", "working directory /mnt/t", "a tmpfs mounted inside the sandbox on /mnt/t")
-	exOut(t, d, "mi", "main", "cat f", "intmpfs\n")
+	// Nothing can be mounted inside any more (the sandbox's seccomp filter refuses mount
+	// and the new mount API: internal/sbinit/seccomp.go), so no fd, working directory or
+	// mapping can be on such a mount; the fast path's refusal of one stays, unreachable.
+	sessRun(t, d, "mi", "main", "mkdir -p /mnt/t && echo under > /mnt/t/f")
+	exOut(t, d, "mi", "main", "mount -t tmpfs none /mnt/t 2>/dev/null; echo $?", "32\n")
 	// The state's own mounts are taken: /proc and /dev (clones of the base's).
 	// (/dev/shm, a bind of the overlay, is taken too, but its files do not survive a
 	// checkpoint yet: the /dev/shm work's.)
 	sessRun(t, d, "mi", "main", "cd /dev/pts")
-	sessRun(t, d, "mi", "py", "st = open('/proc/self/status')\npts = os.open('/dev/pts', os.O_RDONLY)")
+	exPython(t, d, "mi", "import os\nst = open('/proc/self/status')\npts = os.open('/dev/pts', os.O_RDONLY)")
 	op := dbxCheckpoint(t, d, "mi", "ok")
 	if op.Processes != 2 {
 		t.Fatalf("checkpoint: %d processes: %v", op.Processes, op.ProcessErrors)
