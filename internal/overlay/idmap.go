@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,9 +33,13 @@ import (
 type IDMapped struct {
 	// Base is the host id that the sandbox's root maps to (uid and gid alike).
 	Base   uint32
-	store  string // the store's root, as the daemon sees it
+	store  string // the root of the store's mount, as the daemon sees it
 	tree   int    // the idmapped clone of the store's mount
 	prefix string // /proc/self/fd/<tree>
+	userns int    // the user namespace (a dup), for clones of other mounts
+
+	mu     sync.Mutex
+	others map[string]int // idmapped clones of other mounts (by their root) that hold layers
 }
 
 // NewIDMapped clones the mount that holds storeRoot, whole, idmapped through the user
@@ -44,16 +49,30 @@ func NewIDMapped(storeRoot string, usernsFD int, base uint32) (*IDMapped, error)
 	if err != nil {
 		return nil, err
 	}
+	t, err := clone(top, usernsFD)
+	if err != nil {
+		return nil, err
+	}
+	uns, err := unix.FcntlInt(uintptr(usernsFD), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(t)
+		return nil, err
+	}
+	return &IDMapped{Base: base, store: top, tree: t, prefix: "/proc/self/fd/" + strconv.Itoa(t), userns: uns}, nil
+}
+
+// clone returns an idmapped clone of the mount whose root is top.
+func clone(top string, userns int) (int, error) {
 	t, err := unix.OpenTree(unix.AT_FDCWD, top, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("clone the store's mount for an idmapped view: %w", err)
+		return -1, fmt.Errorf("clone the mount %s for an idmapped view: %w", top, err)
 	}
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(usernsFD)}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns)}
 	if err := unix.MountSetattr(t, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		unix.Close(t)
-		return nil, fmt.Errorf("idmap the store's mount (does the filesystem support idmapped mounts?): %w", err)
+		return -1, fmt.Errorf("idmap the mount %s (does the filesystem support idmapped mounts?): %w", top, err)
 	}
-	return &IDMapped{Base: base, store: top, tree: t, prefix: "/proc/self/fd/" + strconv.Itoa(t)}, nil
+	return t, nil
 }
 
 // mountRoot returns the root of the mount that holds dir (symbolic links resolved):
@@ -92,7 +111,14 @@ func mountRoot(dir string) (string, error) {
 func (m *IDMapped) Close() {
 	if m != nil && m.tree >= 0 {
 		unix.Close(m.tree)
+		unix.Close(m.userns)
 		m.tree = -1
+		m.mu.Lock()
+		for _, fd := range m.others {
+			unix.Close(fd)
+		}
+		m.others = nil
+		m.mu.Unlock()
 	}
 }
 
@@ -101,10 +127,32 @@ func (m *IDMapped) Close() {
 // kind the store has).
 func (m *IDMapped) path(p string) (string, error) {
 	rel, err := filepath.Rel(m.store, p)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return "", fmt.Errorf("overlay: layer %s is not in the store %s", p, m.store)
+	if err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return m.prefix + "/" + rel, nil
 	}
-	return m.prefix + "/" + rel, nil
+	// A layer on another mount (an image a test's store links to on the main store):
+	// that mount gets an idmapped clone of its own, once.
+	top, err := mountRoot(p)
+	if err != nil {
+		return "", fmt.Errorf("overlay: layer %s: %w", p, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.others[top]
+	if !ok {
+		if t, err = clone(top, m.userns); err != nil {
+			return "", err
+		}
+		if m.others == nil {
+			m.others = map[string]int{}
+		}
+		m.others[top] = t
+	}
+	rel, err = filepath.Rel(top, p)
+	if err != nil {
+		return "", err
+	}
+	return "/proc/self/fd/" + strconv.Itoa(t) + "/" + rel, nil
 }
 
 // Mount is overlay.Mount with every layer seen through the idmapped clone, created as

@@ -22,9 +22,11 @@ func TestTemplateMemoryUnreachable(t *testing.T) {
 	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.C.Run(ctx(t), id, "main", "x=checkpointed; echo $$", 30*time.Second); err != nil {
+	r0, err := d.C.Run(ctx(t), id, "main", "x=checkpointed; echo $$", 30*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
+	pid := strings.TrimSpace(r0.Stdout)
 	cp, err := d.C.Checkpoint(ctx(t), id, "one")
 	if err != nil {
 		t.Fatal(err)
@@ -38,12 +40,12 @@ for s in /proc/[0-9]*/stat; do
   echo "stopped $p $comm"
   exec 7<>/proc/$p/mem 2>/dev/null && echo "OPENED /proc/$p/mem rw" && exec 7>&-
   cat /proc/$p/environ >/dev/null 2>&1 && echo "READ /proc/$p/environ"
-  ls /proc/$p/fd >/dev/null 2>&1 && echo "LISTED /proc/$p/fd"
+  for f in /proc/$p/fd/*; do readlink "$f" >/dev/null 2>&1 && echo "READLINK $f"; done
 done`)
 	if !strings.Contains(out, "stopped ") {
 		t.Fatalf("no template seen from inside (the scan is blind): %q", out)
 	}
-	for _, bad := range []string{"OPENED", "READ", "LISTED"} {
+	for _, bad := range []string{"OPENED", "READ"} {
 		if strings.Contains(out, bad) {
 			t.Errorf("a template is reachable from inside the sandbox:\n%s", out)
 			break
@@ -65,10 +67,7 @@ done`)
 	}
 	// And the restored process is dumpable again, as it was: the sandbox may debug its
 	// own processes.
-	pid := strings.TrimSpace(sh(t, d, id, `pgrep -o -x bash || true`))
-	if pid != "" {
-		if got := sh(t, d, id, "cat /proc/"+pid+"/environ >/dev/null && echo ok"); !strings.Contains(got, "ok") {
-			t.Errorf("the restored session's /proc/%s/environ is unreadable from inside: %q", pid, got)
-		}
+	if got := sh(t, d, id, "cat /proc/"+pid+"/environ >/dev/null && echo ok"); !strings.Contains(got, "ok") {
+		t.Errorf("the restored session's /proc/%s/environ is unreadable from inside: %q", pid, got)
 	}
 }
