@@ -89,7 +89,7 @@ func qPath(q url.Values, optional bool) (string, error) {
 
 // fileOp runs fn on sandbox id's filesystem with the request's path resolved, and
 // writes the error if fn has not written an answer.
-func (s *Server) fileOp(w http.ResponseWriter, r *http.Request, optionalPath bool, fn func(root int, p string) error) {
+func (s *Server) fileOp(w http.ResponseWriter, r *http.Request, optionalPath bool, fn func(root int, p string, view func(*files.Info) *files.Info) error) {
 	p, err := qPath(r.URL.Query(), optionalPath)
 	if err != nil {
 		writeErr(w, err)
@@ -100,7 +100,13 @@ func (s *Server) fileOp(w http.ResponseWriter, r *http.Request, optionalPath boo
 		if err != nil {
 			return err
 		}
-		return fn(root, ap)
+		// Owners as the sandbox sees them: the daemon reads host ids through the
+		// sandbox's idmapped layers (root inside is uid_base outside).
+		base := s.m.IDBase(r.PathValue("id"))
+		return fn(root, ap, func(in *files.Info) *files.Info {
+			in.UID, in.GID = files.SandboxID(in.UID, base), files.SandboxID(in.GID, base)
+			return withBytes(in)
+		})
 	})
 	if err != nil {
 		writeErr(w, err)
@@ -134,7 +140,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("format=%q: want raw or json: %w", format, errdefs.ErrInvalid))
 		return
 	}
-	s.fileOp(w, r, false, func(root int, p string) error {
+	s.fileOp(w, r, false, func(root int, p string, view func(*files.Info) *files.Info) error {
 		f, in, err := files.Open(root, p)
 		if err != nil {
 			return err
@@ -183,12 +189,12 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("the content (%d bytes) is over the limit of %d bytes per write: %w", r.ContentLength, files.DefaultMaxWrite, errdefs.ErrInvalid))
 		return
 	}
-	s.fileOp(w, r, false, func(root int, p string) error {
+	s.fileOp(w, r, false, func(root int, p string, view func(*files.Info) *files.Info) error {
 		in, err := files.Write(root, p, r.Body, files.WriteOptions{Mode: mode, HasMode: hasMode, MkdirParents: mkdir})
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, withBytes(in))
+		writeJSON(w, 200, view(in))
 		return nil
 	})
 }
@@ -199,7 +205,7 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	s.fileOp(w, r, false, func(root int, p string) error {
+	s.fileOp(w, r, false, func(root int, p string, view func(*files.Info) *files.Info) error {
 		if err := files.Remove(root, p, recursive); err != nil {
 			return err
 		}
@@ -231,14 +237,14 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o.MaxDepth, o.MaxEntries = int(depth), int(max)
-	s.fileOp(w, r, true, func(root int, p string) error {
+	s.fileOp(w, r, true, func(root int, p string, view func(*files.Info) *files.Info) error {
 		l, err := files.List(root, p, o)
 		if err != nil {
 			return err
 		}
 		l.PathBase64 = bytesOf(l.Path)
 		for i := range l.Entries {
-			withBytes(&l.Entries[i])
+			view(&l.Entries[i])
 		}
 		writeJSON(w, 200, l)
 		return nil
@@ -246,12 +252,12 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) {
-	s.fileOp(w, r, true, func(root int, p string) error {
+	s.fileOp(w, r, true, func(root int, p string, view func(*files.Info) *files.Info) error {
 		in, err := files.Stat(root, p)
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, withBytes(in))
+		writeJSON(w, 200, view(in))
 		return nil
 	})
 }
@@ -272,7 +278,7 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.fileOp(w, r, false, func(root int, p string) error {
+	s.fileOp(w, r, false, func(root int, p string, view func(*files.Info) *files.Info) error {
 		created, err := files.Mkdir(root, p, mode, parents)
 		if err != nil {
 			return err
@@ -281,7 +287,7 @@ func (s *Server) mkdirFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		writeJSON(w, 200, MkdirResult{Created: created, Entry: *withBytes(in)})
+		writeJSON(w, 200, MkdirResult{Created: created, Entry: *view(in)})
 		return nil
 	})
 }

@@ -405,3 +405,17 @@ func list(dfd int, p string, depth int, o ListOptions, l *Listing) error {
 	}
 	return nil
 }
+
+// SandboxID is host id as a sandbox whose user namespace maps 0..65535 to
+// base..base+65535 sees it: 65534 (the kernel's overflow id) for an id outside the
+// range, id itself when base is 0 (no user namespace).
+func SandboxID(id, base uint32) uint32 {
+	switch {
+	case base == 0:
+		return id
+	case id >= base && id-base < 1<<16:
+		return id - base
+	default:
+		return 65534
+	}
+}

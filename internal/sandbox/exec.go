@@ -94,8 +94,14 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 			f.Close()
 		}
 	}()
-	pipe := func() (*os.File, *os.File, error) {
-		r, w, err := os.Pipe()
+	// Pipes belong to the fsuid that makes them: made as the sandbox's root, so that a
+	// command may reopen its stdio by path (echo x > /dev/stdout opens /proc/self/fd/1),
+	// which a pipe of the host's root (unmapped inside) would refuse.
+	pipe := func() (r, w *os.File, err error) {
+		s.AsRoot(func() error {
+			r, w, err = os.Pipe()
+			return nil
+		})
 		if err == nil {
 			closers = append(closers, r, w)
 		}

@@ -204,6 +204,23 @@ func setupDev(dev string) error {
 		if err := unix.Mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind the host's /dev/%s: %w", name, err)
 		}
+		// Read-only: the node is the host's, and touch or chmod through a writable bind
+		// would change the host's /dev/null. (Reading and writing the device is not a
+		// write to the filesystem.) The flags the host's mount has are kept: inside a
+		// user namespace a remount may add flags, never drop those it inherited.
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err != nil {
+			return err
+		}
+		keep := uintptr(0)
+		for _, f := range [][2]uintptr{{unix.ST_NODEV, unix.MS_NODEV}, {unix.ST_NOATIME, unix.MS_NOATIME}, {unix.ST_NODIRATIME, unix.MS_NODIRATIME}, {unix.ST_RELATIME, unix.MS_RELATIME}} {
+			if uintptr(st.Flags)&f[0] != 0 {
+				keep |= f[1]
+			}
+		}
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC|keep, ""); err != nil {
+			return fmt.Errorf("make the bind of /dev/%s read-only: %w", name, err)
+		}
 	}
 	for _, d := range []string{"pts", "shm"} {
 		if err := os.Mkdir(filepath.Join(dev, d), 0o755); err != nil {

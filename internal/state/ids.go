@@ -59,3 +59,17 @@ func (m *Manager) isolation(s *sb) (*sandbox.Isolation, bool, error) {
 	}
 	return &sandbox.Isolation{IDs: sbinit.IDRange{Base: s.rec.UIDBase, Size: idsPerSandbox}, Store: m.st.Root}, changed, nil
 }
+
+// IDBase is the host uid that root of sandbox id maps to, 0 if it has no user namespace
+// (or no such sandbox).
+func (m *Manager) IDBase(id string) uint32 {
+	if m.cfg.NoIsolation {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s, ok := m.sandboxes[id]; ok {
+		return s.rec.UIDBase
+	}
+	return 0
+}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,13 +97,27 @@ func limCheckPlaced(t *testing.T, d *testutil.Daemon, id string) {
 	if in := dbxSh(t, d, id, "grep -c ':/$' /proc/self/cgroup"); strings.TrimSpace(in) == "0" {
 		t.Errorf("%s: a command sees cgroups other than its namespace's roots", id)
 	}
-	dbxSh(t, d, id, "sleep 3.1415 >/dev/null 2>&1 </dev/null &")
+	// An argument of this call's own: another sandbox's check may have its sleep running.
+	arg := fmt.Sprintf("3.%d", time.Now().UnixNano()%1_000_000_000)
+	dbxSh(t, d, id, "sleep "+arg+" >/dev/null 2>&1 </dev/null &")
 	out := ""
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == "sleep\x003.1415\x00" {
-			c, _ := os.ReadFile("/proc/" + e.Name() + "/cgroup")
-			out = string(c)
+	for try := 0; out == "" && try < 50; try++ {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == "sleep\x00"+arg+"\x00" {
+				c, _ := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+				out = string(c)
+				// Gone before the caller counts the sandbox's processes.
+				if pid, err := strconv.Atoi(e.Name()); err == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+					for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+						time.Sleep(10 * time.Millisecond)
+					}
+				}
+			}
+		}
+		if out == "" {
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	cgroup.SetRootFor(d.Root, store.DefaultRoot)
