@@ -377,12 +377,13 @@ func (r *Revival) fork(ns int, ptyPath string) (*remote.Tracee, error) {
 		return nil, fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
 	}
 	// Moved onto the state, a new session, the terminal: one batch.
-	nsfd, err := handFD(child, ns)
+	h, err := handFD(child, ns)
 	if err != nil {
 		return child, err
 	}
 	var b remote.Batch
-	maps := moveCalls(&b, &r.Tmpl.Proc, nsfd)
+	h.recvCalls(&b)
+	maps := moveCalls(&b, &r.Tmpl.Proc, h.tx)
 	dumpable := r.Tmpl.Dumpable
 	if dumpable != 1 {
 		dumpable = 0 // 2 (root-only, suid_dumpable) cannot be set by prctl: the stricter
@@ -393,7 +394,7 @@ func (r *Revival) fork(ns int, ptyPath string) (*remote.Tracee, error) {
 	lockCalls(&b, &r.Tmpl.Proc)
 	res, err := child.RunBatch(&b)
 	if err != nil {
-		closeHanded(child, err, 1, nsfd)
+		h.cleanup(child)
 		return child, err
 	}
 	if err := checkMaps(res, maps, r.Tmpl.Maps); err != nil {

@@ -508,33 +508,24 @@ func giveBack(c *remote.Tracee, tmpl *Template) error {
 // move puts the tracee onto the state whose namespace is ns (the daemon's fd): setns,
 // chdir, files and directories reopened at the same offset and flags, shared mappings
 // that can write mapped again from the state's files. The namespace is handed over
-// first (handFD), then the calls run as one batch (one hand-off, not one per call).
-// Precondition: on tr's thread (inside Do).
+// first (handFD), then the calls, its receipt first, run as one batch (one hand-off,
+// not one per call). Precondition: on tr's thread (inside Do).
 func move(t *remote.Tracee, p *Proc, ns int) error {
-	nsfd, err := handFD(t, ns)
+	h, err := handFD(t, ns)
 	if err != nil {
 		return err
 	}
 	var b remote.Batch
+	h.recvCalls(&b)
 	unlockCalls(&b, p)
-	closeAt := b.Len() + 1
-	maps := moveCalls(&b, p, nsfd)
+	maps := moveCalls(&b, p, h.tx)
 	lockCalls(&b, p)
 	res, err := t.RunBatch(&b)
 	if err != nil {
-		closeHanded(t, err, closeAt, nsfd)
+		h.cleanup(t)
 		return err
 	}
 	return checkMaps(res, maps, p.Maps)
-}
-
-// closeHanded closes the handed namespace fd nsfd in t if the batch that was to close
-// it (its call closeAt) failed before that call.
-func closeHanded(t *remote.Tracee, err error, closeAt, nsfd int) {
-	var be *remote.BatchError
-	if errors.As(err, &be) && be.Index < closeAt {
-		t.Close(nsfd)
-	}
 }
 
 // moveCalls appends move's calls to b and returns the mmaps' results (checked by
@@ -542,7 +533,7 @@ func closeHanded(t *remote.Tracee, err error, closeAt, nsfd int) {
 // which the batch closes.
 func moveCalls(b *remote.Batch, p *Proc, nsfd int) []remote.Ref {
 	b.Add("setns", unix.SYS_SETNS, nsfd, unix.CLONE_NEWNS)
-	b.Add("close the namespace fd", unix.SYS_CLOSE, nsfd) // call Len()+1 of the caller's (closeHanded)
+	b.Add("close the namespace fd", unix.SYS_CLOSE, nsfd)
 	b.Add("chdir "+p.Cwd, unix.SYS_CHDIR, p.Cwd)
 	for _, f := range p.FDs {
 		if !reopened(f.Kind) {

@@ -31,14 +31,17 @@ func Park(tr *remote.Tracer, tmpl *Template, ns int) error {
 		return err
 	}
 	err = tr.Do(func() error {
-		fd, err := handFD(t, ns)
+		h, err := handFD(t, ns)
 		if err != nil {
 			return fmt.Errorf("hand over the read-only view's namespace: %w", err)
 		}
-		err = t.Setns(fd, unix.CLONE_NEWNS)
-		t.Close(fd)
-		if err != nil {
-			return fmt.Errorf("setns: %w", err)
+		var b remote.Batch
+		h.recvCalls(&b)
+		b.Add("setns", unix.SYS_SETNS, h.tx, unix.CLONE_NEWNS)
+		b.Add("close the namespace fd", unix.SYS_CLOSE, h.tx)
+		if _, err := t.RunBatch(&b); err != nil {
+			h.cleanup(t)
+			return fmt.Errorf("enter the read-only view: %w", err)
 		}
 		if err := t.Chdir(tmpl.Cwd); err != nil {
 			return fmt.Errorf("chdir %s: %w", tmpl.Cwd, err)

@@ -1024,6 +1024,19 @@ func (t *Tracee) ReadMem(addr uintptr, n int) ([]byte, error) {
 	return buf, err
 }
 
+// WriteScratch overwrites bytes of scratch memory that Scratch returned (addr and data
+// within that allocation): a structure whose pointers are addresses of other parts of
+// the same allocation, known only once it is placed. Writing anywhere else would change
+// the tracee's own memory, which Restore would not put back.
+func (t *Tracee) WriteScratch(addr uintptr, data []byte) error {
+	return t.tr.Do(func() error {
+		if err := t.usable(); err != nil {
+			return err
+		}
+		return t.writeMem(addr, data)
+	})
+}
+
 // scratch is the memory used for syscall arguments. It grows down from below the red zone
 // of the saved rsp, in the main stack, where the tracee keeps nothing: data there is dead
 // (the ABI lets signal handlers overwrite it at any time). The original bytes are read
