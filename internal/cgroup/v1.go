@@ -361,6 +361,22 @@ func (v *V1) Usage() Usage {
 	return u
 }
 
+// MemoryAnon is the part of the memory usage that reclaim cannot free: anonymous and
+// shared memory (memory.stat's total_rss + total_shmem), without the page cache, which
+// a sandbox that wrote a large workspace holds a lot of (a longer read than
+// MemoryUsage's: memory.stat has some forty lines).
+func (v *V1) MemoryAnon() int64 {
+	d := v.dirs["memory"]
+	if d == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(d, "memory.stat"))
+	if err != nil {
+		return 0
+	}
+	return parseKey(b, "total_rss") + parseKey(b, "total_shmem")
+}
+
 // MemoryUsage is Usage's MemoryBytes alone (one read, for answers that report it).
 func (v *V1) MemoryUsage() int64 {
 	d := v.dirs["memory"]

@@ -372,5 +372,8 @@ func (s *Sandbox) Usage() cgroup.Usage { return s.lim.Usage() }
 // MemoryUsage is Usage().MemoryBytes, read alone.
 func (s *Sandbox) MemoryUsage() int64 { return s.lim.MemoryUsage() }
 
+// MemoryAnon is the anonymous and shared memory of the sandbox's commands (cgroup.V1.MemoryAnon).
+func (s *Sandbox) MemoryAnon() int64 { return s.lim.MemoryAnon() }
+
 // OOMKills is Usage().OOMKills, read alone.
 func (s *Sandbox) OOMKills() int64 { return s.lim.OOMKills() }
