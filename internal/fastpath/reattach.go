@@ -1,0 +1,250 @@
+package fastpath
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/remote"
+)
+
+// A template outlives the daemon that made it. The tracer that forked it keeps it in a
+// ptrace-stop with a SIGSTOP queued (Template.tr); when that tracer's thread exits (the
+// daemon killed, or Tracer.Close) the kernel detaches it (__ptrace_unlink), wakes it
+// once, and it takes the queued SIGSTOP into a group stop (state T) before returning to
+// user space: it ran kernel code only (TestReattachDetachedTemplateIsGroupStopped
+// measures this). A TemplateRecord, written in the index with its node, lets the next
+// daemon find it and seize it again (Reattach), after checking that it is the same
+// process (PID and start time) and that it never ran an instruction of its own since it
+// was last parked (its scheduler counters).
+//
+// Why the counters prove it. /proc/PID/schedstat's third field (sched_info.pcount) counts
+// the times the task was scheduled in. A template in its ptrace-stop is never scheduled
+// (a signal other than SIGKILL does not wake a TASK_TRACED task), so the count is fixed
+// from its parking on; the tracer's death adds exactly one (the wake-up that takes the
+// SIGSTOP). A SIGCONT from inside the sandbox while nobody traces it wakes it from the
+// group stop (one more) and it runs its own code; to be found stopped again it must have
+// been stopped again (one more at least), or it is found not stopped. So: state T, and at
+// most detachRuns more runs than recorded. The only way to run user code within that
+// count is a SIGCONT that arrives in the microseconds between the tracer's death and the
+// template's wake-up, followed by a SIGSTOP before the template first blocks; the
+// runtime bound (detachRuntime) narrows that further. A template refused for having run
+// is killed: its process state is no longer the checkpoint's.
+
+// detachRuns is how many times a template may have been scheduled in since it was parked
+// and still be known not to have run: the one wake-up of the tracer's detach.
+const detachRuns = 1
+
+// detachRuntime bounds the CPU time the detach's wake-up may cost (kernel only: return
+// from ptrace_stop, dequeue SIGSTOP, do_signal_stop). Measured at 5-40 us on these VMs
+// (TestReattachDetachedTemplateIsGroupStopped logs it); 2 ms leaves room for a loaded
+// host and is still far less than a program's run after a SIGCONT usually takes.
+const detachRuntime = 2 * time.Millisecond
+
+// ErrTemplateGone is returned by Reattach for a template that is no longer there (its
+// PID is free or now another process's): nothing was done to the process at that PID.
+var ErrTemplateGone = errors.New("the template is gone")
+
+// ErrTemplateRan is returned by Reattach for a template that ran since it was parked (a
+// SIGCONT reached it while no daemon held it): it was killed.
+var ErrTemplateRan = errors.New("the template ran since its checkpoint")
+
+// parkMark is what a template's scheduler counters read when it was last parked by its
+// tracer (Fork, Revive, Abort, Reattach): the reference of Reattach's check.
+type parkMark struct {
+	Runtime uint64 // /proc/PID/schedstat field 1: ns spent on a CPU
+	Runs    uint64 // /proc/PID/schedstat field 3: times scheduled in
+}
+
+// TemplateRecord is what the next daemon needs to take a template back and revive from
+// it exactly as the daemon that forked it would: everything in Template, and the
+// template's identity. It is encoded as JSON (encoding/json: every field is exported and
+// round-trips; TestTemplateRecordRoundTrip).
+type TemplateRecord struct {
+	Proc     Proc                   // the process at the checkpoint: fds, mappings, POSIX timers
+	HostPid  int                    // the template's PID on the host
+	SelfPid  int                    // the template's PID in the sandbox
+	Start    uint64                 // /proc/PID/stat field 22 (starttime, clock ticks since boot)
+	Runtime  uint64                 // parkMark.Runtime when the record was made
+	Runs     uint64                 // parkMark.Runs when the record was made
+	Syscall  uint64                 // a syscall instruction's address in it (Template.sc)
+	Itimers  [3]unix.Itimerval      // Template.Itimers
+	Signals  []remote.PendingSignal // Template.Signals
+	Dumpable uintptr                // Template.Dumpable
+}
+
+// Record returns tmpl's record as of its last parking.
+func (t *Template) Record() (TemplateRecord, error) {
+	t.markMu.Lock()
+	m, start, merr := t.mark, t.start, t.markErr
+	t.markMu.Unlock()
+	if start == 0 {
+		return TemplateRecord{}, fmt.Errorf("template %d: no identity recorded at its parking: %v", t.HostPid, merr)
+	}
+	return TemplateRecord{
+		Proc: t.Proc, HostPid: t.HostPid, SelfPid: t.SelfPid, Start: start,
+		Runtime: m.Runtime, Runs: m.Runs, Syscall: uint64(t.sc),
+		Itimers: t.Itimers, Signals: t.Signals, Dumpable: t.Dumpable,
+	}, nil
+}
+
+// remark reads the template's identity and counters, right after its tracer put it back
+// in its stop. Precondition: it is in its ptrace-stop (counters do not move).
+func (t *Template) remark() error {
+	st, err := readIdentity(t.HostPid)
+	t.markMu.Lock()
+	defer t.markMu.Unlock()
+	if err != nil {
+		t.start, t.markErr = 0, fmt.Errorf("template %d: %w", t.HostPid, err)
+		return t.markErr
+	}
+	t.markErr = nil
+	t.mark, t.start = st.mark, st.start
+	return nil
+}
+
+// identity is what /proc says of a process for Reattach.
+type identity struct {
+	state byte
+	start uint64
+	mark  parkMark
+}
+
+// readIdentity reads /proc/pid/stat (state, field 3; starttime, field 22) and
+// /proc/pid/schedstat.
+func readIdentity(pid int) (identity, error) {
+	var id identity
+	base := "/proc/" + strconv.Itoa(pid)
+	b, err := os.ReadFile(base + "/stat")
+	if err != nil {
+		return id, err
+	}
+	i := bytes.LastIndexByte(b, ')') // comm may hold spaces and parentheses
+	if i < 0 {
+		return id, fmt.Errorf("%s/stat: unexpected format", base)
+	}
+	f := bytes.Fields(b[i+1:]) // f[0] is field 3
+	if len(f) < 20 {
+		return id, fmt.Errorf("%s/stat: %d fields", base, len(f)+2)
+	}
+	id.state = f[0][0]
+	if id.start, err = strconv.ParseUint(string(f[19]), 10, 64); err != nil {
+		return id, fmt.Errorf("%s/stat: starttime: %w", base, err)
+	}
+	b, err = os.ReadFile(base + "/schedstat")
+	if err != nil {
+		return id, fmt.Errorf("%w (schedstat needs CONFIG_SCHED_INFO)", err)
+	}
+	s := bytes.Fields(b)
+	if len(s) != 3 {
+		return id, fmt.Errorf("%s/schedstat: %q", base, b)
+	}
+	if id.mark.Runtime, err = strconv.ParseUint(string(s[0]), 10, 64); err == nil {
+		id.mark.Runs, err = strconv.ParseUint(string(s[2]), 10, 64)
+	}
+	if err != nil {
+		return id, fmt.Errorf("%s/schedstat: %w", base, err)
+	}
+	return id, nil
+}
+
+// Reattach takes back, with tr, the template rec describes, left by a daemon that died
+// (or closed its Tracer): it checks that the process at rec.HostPid is that template
+// (start time, else ErrTemplateGone, and the process is left alone) and that it did not
+// run since it was parked (stopped, scheduler counters: else ErrTemplateRan, and it is
+// killed), seizes it (the options Hold and SeizeTemplate use, PTRACE_O_SUSPEND_SECCOMP
+// included), checks that it was seized in its group stop, and parks it again in a
+// ptrace-stop with SIGSTOP queued (remote.Tracee.KeepStopped), as Fork left it: Revive
+// works on the result as on a template that never left its tracer. Both errors are
+// conflicts (errdefs.ErrConflict): that node's process state is lost.
+func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
+	pid := rec.HostPid
+	gone := func(why string) error {
+		return fmt.Errorf("template %d of process %d: %s: %w (%w)", pid, rec.Proc.Pid, why, ErrTemplateGone, errdefs.ErrConflict)
+	}
+	ran := func(why string) error {
+		unix.Kill(pid, unix.SIGKILL) // ours (start time checked): its state is not the checkpoint's
+		return fmt.Errorf("template %d of process %d: %s; killed: %w (%w)", pid, rec.Proc.Pid, why, ErrTemplateRan, errdefs.ErrConflict)
+	}
+	id, err := readIdentity(pid)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, gone("no such process")
+	case err != nil:
+		return nil, fmt.Errorf("reattach template %d: %w", pid, err)
+	case id.start != rec.Start:
+		return nil, gone(fmt.Sprintf("pid reused (start time %d, recorded %d)", id.start, rec.Start))
+	case id.state == 'Z' || id.state == 'X':
+		return nil, gone("it exited")
+	case id.state != 'T':
+		return nil, ran(fmt.Sprintf("found in state %c, not stopped", id.state))
+	}
+	if err := ranSince(rec, id.mark); err != nil {
+		return nil, ran(err.Error())
+	}
+	tmpl := &Template{Proc: rec.Proc, HostPid: pid, SelfPid: rec.SelfPid, sc: uintptr(rec.Syscall), tr: tr,
+		Itimers: rec.Itimers, Signals: rec.Signals, Dumpable: rec.Dumpable}
+	err = tr.Do(func() error {
+		t, err := tr.Seize(pid)
+		if err != nil {
+			return fmt.Errorf("seize template %d: %w", pid, err)
+		}
+		// Seized: it can no longer exit unseen, so its PID cannot be reused from here on.
+		after, err := readIdentity(pid)
+		if err == nil && after.start != rec.Start {
+			err = fmt.Errorf("pid reused while seizing (start time %d, recorded %d)", after.start, rec.Start)
+		}
+		if err != nil {
+			t.Detach()
+			return gone(err.Error())
+		}
+		// In a group stop the interrupt trap carries the stop signal: a SIGCONT between
+		// the check above and the seize would have ended it.
+		if !t.WasStopped() {
+			t.Kill()
+			return ran("seized out of its group stop (continued meanwhile)")
+		}
+		if rec.Syscall != 0 {
+			if err := t.UseSyscallAddr(uintptr(rec.Syscall)); err != nil {
+				t.Kill()
+				return fmt.Errorf("template %d: recorded syscall address %#x: %w", pid, rec.Syscall, err)
+			}
+		}
+		if err := t.KeepStopped(); err != nil {
+			t.Kill()
+			return fmt.Errorf("park template %d again: %w", pid, err)
+		}
+		return tmpl.remark()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return tmpl, nil
+}
+
+// ranSince says why counters now show that a template parked at rec ran, or nil.
+func ranSince(rec TemplateRecord, now parkMark) error {
+	if now.Runs > rec.Runs+detachRuns {
+		return fmt.Errorf("scheduled in %d times since it was parked (a detach accounts for %d)", now.Runs-rec.Runs, detachRuns)
+	}
+	if now.Runtime > rec.Runtime+uint64(detachRuntime) {
+		return fmt.Errorf("%v on a CPU since it was parked (a detach accounts for under %v)", time.Duration(now.Runtime-rec.Runtime), detachRuntime)
+	}
+	return nil
+}
+
+// markState is the part of Template that remark writes and Record reads, from different
+// goroutines (the tracer's thread, the publisher).
+type markState struct {
+	markMu  sync.Mutex
+	mark    parkMark
+	start   uint64 // /proc/PID/stat starttime; 0: unknown (markErr says why)
+	markErr error
+}
