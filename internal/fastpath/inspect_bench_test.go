@@ -12,7 +12,7 @@ import (
 
 // startInspectSubject starts a python3 holding 20 open files, a writable shared file
 // mapping, /dev/null as stdin/stdout/stderr, its cwd on the files' directory.
-func startInspectSubject(b *testing.B) int {
+func startInspectSubject(b testing.TB) int {
 	b.Helper()
 	skip.Require(b, os.Geteuid() == 0, "needs root (/proc/PID/map_files)")
 	py, err := exec.LookPath("python3")

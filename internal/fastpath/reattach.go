@@ -25,22 +25,26 @@ import (
 // process (PID and start time) and that it never ran an instruction of its own since it
 // was last parked (its scheduler counters).
 //
-// Why the counters prove it. /proc/PID/schedstat's third field (sched_info.pcount) counts
-// the times the task was scheduled in. A template in its ptrace-stop is never scheduled
-// (a signal other than SIGKILL does not wake a TASK_TRACED task), so the count is fixed
-// from its parking on; the tracer's death adds exactly one (the wake-up that takes the
-// SIGSTOP). A SIGCONT from inside the sandbox while nobody traces it wakes it from the
-// group stop (one more) and it runs its own code; to be found stopped again it must have
-// been stopped again (one more at least), or it is found not stopped. So: state T, and at
-// most detachRuns more runs than recorded. The only way to run user code within that
-// count is a SIGCONT that arrives in the microseconds between the tracer's death and the
-// template's wake-up, followed by a SIGSTOP before the template first blocks; the
-// runtime bound (detachRuntime) narrows that further. A template refused for having run
-// is killed: its process state is no longer the checkpoint's.
+// Why the counters prove it. A task in a ptrace-stop is never scheduled (a signal other
+// than SIGKILL does not wake a TASK_TRACED task), so its counters are fixed from its
+// parking on: /proc/PID/schedstat's third field (sched_info.pcount, the times it was
+// scheduled in) and /proc/PID/status's voluntary_ctxt_switches (the times it went to
+// sleep). The tracer's death wakes it once and it sleeps once, in its group stop:
+// one more voluntary switch, one more run (measured: 40 of 40 detaches; a preemption on
+// the way adds a run and an involuntary switch, seen about once in 10 detaches in a
+// tight benchmark loop). A SIGCONT from inside the sandbox while nobody traces it wakes
+// it from the group stop and it runs its own code; to be found stopped again it must
+// have gone to sleep again (a second voluntary switch), or it is found not stopped.
+// So: state T, at most detachSleeps voluntary switches more than recorded, and no run
+// more than those and the preemptions explain. The only way to run user code within
+// those counts is a SIGCONT that arrives in the microseconds between the tracer's death
+// and the template's wake-up, followed by a SIGSTOP before the template first blocks;
+// the runtime bound (detachRuntime) narrows that further. A template refused for having
+// run is killed: its process state is no longer the checkpoint's.
 
-// detachRuns is how many times a template may have been scheduled in since it was parked
-// and still be known not to have run: the one wake-up of the tracer's detach.
-const detachRuns = 1
+// detachSleeps is how many times a template may have gone to sleep since it was parked
+// and still be known not to have run: into its group stop, after the tracer's detach.
+const detachSleeps = 1
 
 // detachRuntime bounds the CPU time the detach's wake-up may cost (kernel only: return
 // from ptrace_stop, dequeue SIGSTOP, do_signal_stop). Measured at 5-40 us on these VMs
@@ -59,8 +63,10 @@ var ErrTemplateRan = errors.New("the template ran since its checkpoint")
 // parkMark is what a template's scheduler counters read when it was last parked by its
 // tracer (Fork, Revive, Abort, Reattach): the reference of Reattach's check.
 type parkMark struct {
-	Runtime uint64 // /proc/PID/schedstat field 1: ns spent on a CPU
-	Runs    uint64 // /proc/PID/schedstat field 3: times scheduled in
+	Runtime     uint64 // /proc/PID/schedstat field 1: ns spent on a CPU
+	Runs        uint64 // /proc/PID/schedstat field 3: times scheduled in
+	Voluntary   uint64 // /proc/PID/status voluntary_ctxt_switches: times it slept
+	Involuntary uint64 // /proc/PID/status nonvoluntary_ctxt_switches: preemptions
 }
 
 // TemplateRecord is what the next daemon needs to take a template back and revive from
@@ -72,8 +78,7 @@ type TemplateRecord struct {
 	HostPid  int                    // the template's PID on the host
 	SelfPid  int                    // the template's PID in the sandbox
 	Start    uint64                 // /proc/PID/stat field 22 (starttime, clock ticks since boot)
-	Runtime  uint64                 // parkMark.Runtime when the record was made
-	Runs     uint64                 // parkMark.Runs when the record was made
+	Mark     parkMark               // its counters when it was last parked
 	Syscall  uint64                 // a syscall instruction's address in it (Template.sc)
 	Itimers  [3]unix.Itimerval      // Template.Itimers
 	Signals  []remote.PendingSignal // Template.Signals
@@ -90,7 +95,7 @@ func (t *Template) Record() (TemplateRecord, error) {
 	}
 	return TemplateRecord{
 		Proc: t.Proc, HostPid: t.HostPid, SelfPid: t.SelfPid, Start: start,
-		Runtime: m.Runtime, Runs: m.Runs, Syscall: uint64(t.sc),
+		Mark: m, Syscall: uint64(t.sc),
 		Itimers: t.Itimers, Signals: t.Signals, Dumpable: t.Dumpable,
 	}, nil
 }
@@ -151,6 +156,32 @@ func readIdentity(pid int) (identity, error) {
 	}
 	if err != nil {
 		return id, fmt.Errorf("%s/schedstat: %w", base, err)
+	}
+	if b, err = os.ReadFile(base + "/status"); err != nil {
+		return id, err
+	}
+	found := 0
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		f := bytes.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		var dst *uint64
+		switch string(f[0]) {
+		case "voluntary_ctxt_switches:":
+			dst = &id.mark.Voluntary
+		case "nonvoluntary_ctxt_switches:":
+			dst = &id.mark.Involuntary
+		default:
+			continue
+		}
+		if *dst, err = strconv.ParseUint(string(f[1]), 10, 64); err != nil {
+			return id, fmt.Errorf("%s/status: %s: %w", base, f[0], err)
+		}
+		found++
+	}
+	if found != 2 {
+		return id, fmt.Errorf("%s/status: no context switch counts", base)
 	}
 	return id, nil
 }
@@ -231,11 +262,17 @@ func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
 
 // ranSince says why counters now show that a template parked at rec ran, or nil.
 func ranSince(rec TemplateRecord, now parkMark) error {
-	if now.Runs > rec.Runs+detachRuns {
-		return fmt.Errorf("scheduled in %d times since it was parked (a detach accounts for %d)", now.Runs-rec.Runs, detachRuns)
-	}
-	if now.Runtime > rec.Runtime+uint64(detachRuntime) {
-		return fmt.Errorf("%v on a CPU since it was parked (a detach accounts for under %v)", time.Duration(now.Runtime-rec.Runtime), detachRuntime)
+	was := rec.Mark
+	sleeps, preempted := now.Voluntary-was.Voluntary, now.Involuntary-was.Involuntary
+	switch {
+	case now.Voluntary < was.Voluntary || now.Involuntary < was.Involuntary || now.Runs < was.Runs || now.Runtime < was.Runtime:
+		return fmt.Errorf("its counters went back (%+v, recorded %+v)", now, was)
+	case sleeps > detachSleeps:
+		return fmt.Errorf("it went to sleep %d times since it was parked (a detach accounts for %d)", sleeps, detachSleeps)
+	case now.Runs-was.Runs > sleeps+preempted:
+		return fmt.Errorf("scheduled in %d times since it was parked, for %d sleeps and %d preemptions", now.Runs-was.Runs, sleeps, preempted)
+	case now.Runtime-was.Runtime > uint64(detachRuntime):
+		return fmt.Errorf("%v on a CPU since it was parked (a detach accounts for under %v)", time.Duration(now.Runtime-was.Runtime), detachRuntime)
 	}
 	return nil
 }
