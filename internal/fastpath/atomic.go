@@ -124,9 +124,6 @@ func (h *Held) Fork() (*Template, error) {
 			child = nil
 			return fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
 		}
-		// Its identity and counters, now fixed while it stays parked (reattach.go). Not
-		// being able to read them costs only the record: Record then says why.
-		tmpl.remark()
 		return nil
 	})
 	if err != nil {
@@ -359,8 +356,6 @@ func (r *Revival) Revive(ns int, ptyPath string) error {
 		if perr := r.tt.Restore(); err == nil && perr != nil {
 			err = fmt.Errorf("put the template back: %w", perr)
 		}
-		// The fork ran it (in the kernel): new counters for its record (reattach.go).
-		r.Tmpl.remark()
 		return err
 	})
 	r.tt = nil
@@ -426,11 +421,7 @@ func (r *Revival) Abort() {
 		r.child = nil
 	}
 	if r.tt != nil {
-		r.tr.Do(func() error {
-			r.tt.Restore() // still held, as it was
-			r.Tmpl.remark()
-			return nil
-		})
+		r.tt.Restore() // still held, as it was
 		r.tt = nil
 	}
 }

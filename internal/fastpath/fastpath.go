@@ -442,10 +442,6 @@ type Template struct {
 	// entries, memory and ptrace are closed to it. Each restored child gets Dumpable
 	// back.
 	Dumpable uintptr
-
-	// The template's identity and scheduler counters as of its last parking, for its
-	// TemplateRecord (reattach.go).
-	markState
 }
 
 // Alive reports whether the template still exists and is stopped (it may have been

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,8 +21,10 @@ import (
 // user space: it ran kernel code only (TestReattachDetachedTemplateIsGroupStopped
 // measures this). A TemplateRecord, written in the index with its node, lets the next
 // daemon find it and seize it again (Reattach), after checking that it is the same
-// process (PID and start time) and that it never ran an instruction of its own since it
-// was last parked (its scheduler counters).
+// process (PID and start time) and that it never ran an instruction of its own since the
+// record was taken (its scheduler counters). The record is read on demand (Record), not
+// at every parking: nothing is added to a checkpoint's or a restore's critical path, and
+// the counters of a template held in its ptrace-stop do not move between the two.
 //
 // Why the counters prove it. A task in a ptrace-stop is never scheduled (a signal other
 // than SIGKILL does not wake a TASK_TRACED task), so its counters are fixed from its
@@ -47,8 +48,8 @@ import (
 const detachSleeps = 1
 
 // detachRuntime bounds the CPU time the detach's wake-up may cost (kernel only: return
-// from ptrace_stop, dequeue SIGSTOP, do_signal_stop). Measured at 5-40 us on these VMs
-// (TestReattachDetachedTemplateIsGroupStopped logs it); 2 ms leaves room for a loaded
+// from ptrace_stop, dequeue SIGSTOP, do_signal_stop). Measured at 5-20 us on these VMs
+// (TestReattachRevive logs it); 2 ms leaves room for a loaded
 // host and is still far less than a program's run after a SIGCONT usually takes.
 const detachRuntime = 2 * time.Millisecond
 
@@ -60,8 +61,8 @@ var ErrTemplateGone = errors.New("the template is gone")
 // SIGCONT reached it while no daemon held it): it was killed.
 var ErrTemplateRan = errors.New("the template ran since its checkpoint")
 
-// parkMark is what a template's scheduler counters read when it was last parked by its
-// tracer (Fork, Revive, Abort, Reattach): the reference of Reattach's check.
+// parkMark is what a template's scheduler counters read when its record was taken, while
+// its tracer held it: the reference of Reattach's check.
 type parkMark struct {
 	Runtime     uint64 // /proc/PID/schedstat field 1: ns spent on a CPU
 	Runs        uint64 // /proc/PID/schedstat field 3: times scheduled in
@@ -78,41 +79,37 @@ type TemplateRecord struct {
 	HostPid  int                    // the template's PID on the host
 	SelfPid  int                    // the template's PID in the sandbox
 	Start    uint64                 // /proc/PID/stat field 22 (starttime, clock ticks since boot)
-	Mark     parkMark               // its counters when it was last parked
+	Mark     parkMark               // its counters when the record was taken
 	Syscall  uint64                 // a syscall instruction's address in it (Template.sc)
 	Itimers  [3]unix.Itimerval      // Template.Itimers
 	Signals  []remote.PendingSignal // Template.Signals
 	Dumpable uintptr                // Template.Dumpable
 }
 
-// Record returns tmpl's record as of its last parking.
+// Record returns t's record, its counters read now, on its tracer's thread: there the
+// template is in its ptrace-stop (state t) and not being revived, so they are those of
+// its last parking. A template's record must be taken again after each revive from it
+// (the clone ran in it, in the kernel) and after a Reattach.
 func (t *Template) Record() (TemplateRecord, error) {
-	t.markMu.Lock()
-	m, start, merr := t.mark, t.start, t.markErr
-	t.markMu.Unlock()
-	if start == 0 {
-		return TemplateRecord{}, fmt.Errorf("template %d: no identity recorded at its parking: %v", t.HostPid, merr)
+	var id identity
+	err := t.tr.Do(func() error {
+		var err error
+		if id, err = readIdentity(t.HostPid); err != nil {
+			return err
+		}
+		if id.state != 't' {
+			return fmt.Errorf("state %c, not in its tracer's stop", id.state)
+		}
+		return nil
+	})
+	if err != nil {
+		return TemplateRecord{}, fmt.Errorf("record template %d: %w", t.HostPid, err)
 	}
 	return TemplateRecord{
-		Proc: t.Proc, HostPid: t.HostPid, SelfPid: t.SelfPid, Start: start,
-		Mark: m, Syscall: uint64(t.sc),
+		Proc: t.Proc, HostPid: t.HostPid, SelfPid: t.SelfPid, Start: id.start,
+		Mark: id.mark, Syscall: uint64(t.sc),
 		Itimers: t.Itimers, Signals: t.Signals, Dumpable: t.Dumpable,
 	}, nil
-}
-
-// remark reads the template's identity and counters, right after its tracer put it back
-// in its stop. Precondition: it is in its ptrace-stop (counters do not move).
-func (t *Template) remark() error {
-	st, err := readIdentity(t.HostPid)
-	t.markMu.Lock()
-	defer t.markMu.Unlock()
-	if err != nil {
-		t.start, t.markErr = 0, fmt.Errorf("template %d: %w", t.HostPid, err)
-		return t.markErr
-	}
-	t.markErr = nil
-	t.mark, t.start = st.mark, st.start
-	return nil
 }
 
 // identity is what /proc says of a process for Reattach.
@@ -200,8 +197,19 @@ func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
 	gone := func(why string) error {
 		return fmt.Errorf("template %d of process %d: %s: %w (%w)", pid, rec.Proc.Pid, why, ErrTemplateGone, errdefs.ErrConflict)
 	}
+	// The pidfd is opened before the start time is read: if they agree, it names the
+	// template, and a kill through it cannot reach a process that took the PID since
+	// (a kill by PID could: the sandbox can end a template that ran and fork until the
+	// PID comes round again).
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, gone("no such process")
+	} else if err != nil {
+		return nil, fmt.Errorf("reattach template %d: pidfd_open: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
 	ran := func(why string) error {
-		unix.Kill(pid, unix.SIGKILL) // ours (start time checked): its state is not the checkpoint's
+		unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) // its state is not the checkpoint's
 		return fmt.Errorf("template %d of process %d: %s; killed: %w (%w)", pid, rec.Proc.Pid, why, ErrTemplateRan, errdefs.ErrConflict)
 	}
 	id, err := readIdentity(pid)
@@ -252,7 +260,7 @@ func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
 			t.Kill()
 			return fmt.Errorf("park template %d again: %w", pid, err)
 		}
-		return tmpl.remark()
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -275,13 +283,4 @@ func ranSince(rec TemplateRecord, now parkMark) error {
 		return fmt.Errorf("%v on a CPU since it was parked (a detach accounts for under %v)", time.Duration(now.Runtime-was.Runtime), detachRuntime)
 	}
 	return nil
-}
-
-// markState is the part of Template that remark writes and Record reads, from different
-// goroutines (the tracer's thread, the publisher).
-type markState struct {
-	markMu  sync.Mutex
-	mark    parkMark
-	start   uint64 // /proc/PID/stat starttime; 0: unknown (markErr says why)
-	markErr error
 }
