@@ -506,14 +506,3 @@ func removeV1Roots() {
 		unix.Rmdir(v1Parent(c))
 	}
 }
-
-// Template memory: a measured fact for whoever builds the budget: a
-// template's pages stay charged to the sandbox's memory cgroup (the live process
-// faulted them first; after its copy-on-write the old page is the template's alone),
-// and on this kernel (6.18, cgroup v1) they cannot be moved out: writing 3 (both
-// charge types; other values untried) to memory.move_charge_at_immigrate fails with EINVAL, and dmesg says
-// "Cgroup memory moving (move_charge_at_immigrate) is deprecated" (tested 2026-12-04).
-// A parent cgroup of limit live+budget with the live processes in a child does not
-// help either: the pages stay charged to the child. What remains is accounting: a
-// kernel limit of memory_mb plus the template budget, with the templates' share
-// measured after each checkpoint's answer and admission refused (507) over budget.
