@@ -193,20 +193,8 @@ func TestForkRecordsPendingSignals(t *testing.T) {
 	if err := unix.Kill(sub.pid, unix.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	shd := func(pid int) uint64 {
-		t.Helper()
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m [2]uint64
-		for _, l := range strings.Split(string(b), "\n") {
-			parsePending(strings.Fields(l), &m)
-		}
-		return m[1]
-	}
 	both := uint64(1<<(unix.SIGUSR1-1) | 1<<(unix.SIGUSR2-1))
-	if m := shd(sub.pid); m != both {
+	if m := shdPnd(t, sub.pid); m != both {
 		t.Fatalf("subject's ShdPnd %#x, want %#x", m, both)
 	}
 	tr := remote.NewTracer()
@@ -228,7 +216,7 @@ func TestForkRecordsPendingSignals(t *testing.T) {
 		t.Fatal("the template did not reach its stop")
 	}
 	// Its own SIGSTOP stays queued while the tracer holds it (KeepStopped); nothing else.
-	if m := shd(tmpl.HostPid) &^ (1 << (unix.SIGSTOP - 1)); m != 0 {
+	if m := shdPnd(t, tmpl.HostPid) &^ (1 << (unix.SIGSTOP - 1)); m != 0 {
 		t.Errorf("fork left signals pending in the template: %#x", m)
 	}
 	var got []string
@@ -243,7 +231,7 @@ func TestForkRecordsPendingSignals(t *testing.T) {
 	if err := h.Abort(); err != nil {
 		t.Fatal(err)
 	}
-	if m := shd(sub.pid); m != both {
+	if m := shdPnd(t, sub.pid); m != both {
 		t.Errorf("subject's ShdPnd after the fork %#x, want %#x", m, both)
 	}
 }

@@ -159,6 +159,7 @@ func fdList(t *testing.T, pid int) []string {
 	return out
 }
 
+// shdPnd returns pid's ShdPnd: the signals pending for its whole thread group.
 func shdPnd(t *testing.T, pid int) uint64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -170,6 +171,22 @@ func shdPnd(t *testing.T, pid int) uint64 {
 		parsePending(strings.Fields(l), &m)
 	}
 	return m[1]
+}
+
+// detachedTemplate starts a mapper and forks its template in a daemon that dies (a child
+// of the test binary), and returns both once the template is in its group stop.
+func detachedTemplate(t *testing.T) (*mapper, TemplateRecord) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(file, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sub := startMapper(t, file)
+	rec := forkInDyingDaemon(t, sub.pid)
+	if s := waitState(rec.HostPid, "T", 5*time.Second); s != 'T' {
+		t.Fatalf("template state %q, want T", s)
+	}
+	return sub, rec
 }
 
 // TestReattachRevive: a template whose daemon died is found in a SIGSTOP group stop,
@@ -302,15 +319,7 @@ func TestReattachRevive(t *testing.T) {
 func TestReattachRefusesTemplateThatRan(t *testing.T) {
 	for _, continued := range []bool{true, false} {
 		t.Run(fmt.Sprintf("continued=%v", continued), func(t *testing.T) {
-			file := filepath.Join(t.TempDir(), "data")
-			if err := os.WriteFile(file, make([]byte, 4096), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			sub := startMapper(t, file)
-			rec := forkInDyingDaemon(t, sub.pid)
-			if s := waitState(rec.HostPid, "T", 5*time.Second); s != 'T' {
-				t.Fatalf("template state %q, want T", s)
-			}
+			_, rec := detachedTemplate(t)
 			if continued {
 				unix.Kill(rec.HostPid, unix.SIGCONT)
 				if s := waitState(rec.HostPid, "S", 5*time.Second); s != 'S' {
@@ -337,15 +346,7 @@ func TestReattachRefusesTemplateThatRan(t *testing.T) {
 // TestReattachRefusesReusedPid: a process at the recorded PID with another start time
 // is not the template: ErrTemplateGone, and that process is left alone.
 func TestReattachRefusesReusedPid(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "data")
-	if err := os.WriteFile(file, make([]byte, 4096), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sub := startMapper(t, file)
-	rec := forkInDyingDaemon(t, sub.pid)
-	if s := waitState(rec.HostPid, "T", 5*time.Second); s != 'T' {
-		t.Fatalf("template state %q, want T", s)
-	}
+	_, rec := detachedTemplate(t)
 	other := rec
 	other.Start-- // as a record of an earlier process at that PID would say
 	tr := remote.NewTracer()
