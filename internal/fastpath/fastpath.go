@@ -454,12 +454,11 @@ func (t *Template) Alive() bool {
 // procState returns the state letter of /proc/hostPid/stat (R, S, T, t, Z...), or 0 if
 // the process is gone.
 func procState(hostPid int) byte {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/stat")
-	i := bytes.LastIndexByte(b, ')')
-	if err != nil || i < 0 || i+2 >= len(b) {
+	f, err := procfs.Stat(hostPid)
+	if err != nil {
 		return 0
 	}
-	return b[i+2]
+	return f[0][0]
 }
 
 // Kill kills the template; the Tracer holding it, if any, collects it in the background.

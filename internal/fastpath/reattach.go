@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
 
@@ -119,20 +120,15 @@ type identity struct {
 	mark  parkMark
 }
 
-// readIdentity reads /proc/pid/stat (state, field 3; starttime, field 22) and
-// /proc/pid/schedstat.
+// readIdentity reads /proc/pid/stat (state, field 3; starttime, field 22),
+// /proc/pid/schedstat and the context switch counts of /proc/pid/status.
 func readIdentity(pid int) (identity, error) {
 	var id identity
 	base := "/proc/" + strconv.Itoa(pid)
-	b, err := os.ReadFile(base + "/stat")
+	f, err := procfs.Stat(pid)
 	if err != nil {
 		return id, err
 	}
-	i := bytes.LastIndexByte(b, ')') // comm may hold spaces and parentheses
-	if i < 0 {
-		return id, fmt.Errorf("%s/stat: unexpected format", base)
-	}
-	f := bytes.Fields(b[i+1:]) // f[0] is field 3
 	if len(f) < 20 {
 		return id, fmt.Errorf("%s/stat: %d fields", base, len(f)+2)
 	}
@@ -140,7 +136,7 @@ func readIdentity(pid int) (identity, error) {
 	if id.start, err = strconv.ParseUint(string(f[19]), 10, 64); err != nil {
 		return id, fmt.Errorf("%s/stat: starttime: %w", base, err)
 	}
-	b, err = os.ReadFile(base + "/schedstat")
+	b, err := os.ReadFile(base + "/schedstat")
 	if err != nil {
 		return id, fmt.Errorf("%w (schedstat needs CONFIG_SCHED_INFO)", err)
 	}
@@ -157,28 +153,11 @@ func readIdentity(pid int) (identity, error) {
 	if b, err = os.ReadFile(base + "/status"); err != nil {
 		return id, err
 	}
-	found := 0
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		f := bytes.Fields(l)
-		if len(f) != 2 {
-			continue
-		}
-		var dst *uint64
-		switch string(f[0]) {
-		case "voluntary_ctxt_switches:":
-			dst = &id.mark.Voluntary
-		case "nonvoluntary_ctxt_switches:":
-			dst = &id.mark.Involuntary
-		default:
-			continue
-		}
-		if *dst, err = strconv.ParseUint(string(f[1]), 10, 64); err != nil {
-			return id, fmt.Errorf("%s/status: %s: %w", base, f[0], err)
-		}
-		found++
+	if id.mark.Voluntary, err = procfs.StatusUint(b, "voluntary_ctxt_switches"); err == nil {
+		id.mark.Involuntary, err = procfs.StatusUint(b, "nonvoluntary_ctxt_switches")
 	}
-	if found != 2 {
-		return id, fmt.Errorf("%s/status: no context switch counts", base)
+	if err != nil {
+		return id, fmt.Errorf("%s/status: %w", base, err)
 	}
 	return id, nil
 }

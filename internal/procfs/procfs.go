@@ -1,5 +1,5 @@
 // Package procfs reads the few facts the daemon needs about a process from
-// /proc/PID/status, parsed in one place.
+// /proc/PID/status and /proc/PID/stat, parsed in one place.
 //
 // A process's PID differs in every PID namespace it is visible in: the daemon sees
 // host PIDs, a sandbox's init and its commands see the sandbox's. The kernel lists them
@@ -61,4 +61,36 @@ func InnerPid(hostPid int) (int, error) {
 		return 0, err
 	}
 	return ns[len(ns)-1], nil
+}
+
+// Stat returns the fields of /proc/pid/stat from field 3 (state) on: the comm before
+// them may hold spaces and parentheses, so the fields start after its last ')'. Field n
+// of proc(5) is at index n-3 (starttime, 22, at 19).
+func Stat(pid int) ([][]byte, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, errors.New("/proc/" + strconv.Itoa(pid) + "/stat: no comm")
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) == 0 {
+		return nil, errors.New("/proc/" + strconv.Itoa(pid) + "/stat: no fields after comm")
+	}
+	return f, nil
+}
+
+// StatusUint returns the number on the line "key:" of a /proc/PID/status file's content
+// (voluntary_ctxt_switches, for one).
+func StatusUint(status []byte, key string) (uint64, error) {
+	for _, l := range bytes.Split(status, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(l, []byte(key+":"))
+		if !ok {
+			continue
+		}
+		return strconv.ParseUint(string(bytes.TrimSpace(rest)), 10, 64)
+	}
+	return 0, errors.New("no " + key + " line in /proc/PID/status")
 }

@@ -3,6 +3,7 @@ package procfs
 import (
 	"os"
 	"reflect"
+	"strconv"
 	"testing"
 )
 
@@ -35,5 +36,31 @@ func TestNSpidSelf(t *testing.T) {
 	}
 	if _, err := NSpid(1 << 30); err == nil {
 		t.Fatal("NSpid of a PID that cannot exist: no error")
+	}
+}
+
+func TestStatSelf(t *testing.T) {
+	f, err := Stat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f) < 20 || f[0][0] != 'R' {
+		t.Fatalf("own stat fields from state on: %q", f)
+	}
+	if string(f[1]) != strconv.Itoa(os.Getppid()) {
+		t.Errorf("field 4 (ppid) %q, want %d", f[1], os.Getppid())
+	}
+}
+
+func TestStatusUint(t *testing.T) {
+	st := []byte("Name:\tx\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n")
+	if n, err := StatusUint(st, "voluntary_ctxt_switches"); err != nil || n != 12 {
+		t.Errorf("voluntary: %d, %v", n, err)
+	}
+	if n, err := StatusUint(st, "nonvoluntary_ctxt_switches"); err != nil || n != 3 {
+		t.Errorf("nonvoluntary: %d, %v", n, err)
+	}
+	if _, err := StatusUint(st, "Threads"); err == nil {
+		t.Error("a missing key gave no error")
 	}
 }
