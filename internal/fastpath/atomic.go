@@ -288,7 +288,7 @@ func (h *Held) Abort() error {
 func (t *Template) WaitStopped(d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
-		switch s := procState(t.HostPid); {
+		switch s := procfs.State(t.HostPid); {
 		case s == 'T' || s == 't':
 			return true
 		case s == 0 || s == 'Z' || s == 'X' || time.Now().After(deadline):

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 	"deltabox/internal/testutil/skip"
 )
@@ -167,7 +168,7 @@ func TestForkCopyFindsDontforkAndWipeonfork(t *testing.T) {
 			t.Fatal(err)
 		}
 		pid := cmd.Process.Pid
-		for i := 0; i < 500 && procState(pid) != 'S'; i++ {
+		for i := 0; i < 500 && procfs.State(pid) != 'S'; i++ {
 			time.Sleep(2 * time.Millisecond)
 		}
 		h, err := Hold(tr, pid)
@@ -187,7 +188,7 @@ func TestForkCopyFindsDontforkAndWipeonfork(t *testing.T) {
 		if err := h.Abort(); err != nil {
 			t.Errorf("%+v: abort: %v", c, err)
 		}
-		if s := procState(pid); s != 'S' && s != 'R' {
+		if s := procfs.State(pid); s != 'S' && s != 'R' {
 			t.Errorf("%+v: the process is %c after the refusal", c, s)
 		}
 		cmd.Process.Kill()
@@ -214,7 +215,7 @@ func TestMoveReopensDevicesAndMoveBackGivesThemBack(t *testing.T) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	pid := cmd.Process.Pid
-	for i := 0; i < 500 && procState(pid) != 'S'; i++ {
+	for i := 0; i < 500 && procfs.State(pid) != 'S'; i++ {
 		time.Sleep(2 * time.Millisecond)
 	}
 	// Copies of its descriptions (pidfd_getfd), to compare with (kcmp).

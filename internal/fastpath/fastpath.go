@@ -447,18 +447,8 @@ type Template struct {
 // Alive reports whether the template still exists and is stopped (it may have been
 // killed from inside the sandbox; that node's process state is then gone).
 func (t *Template) Alive() bool {
-	s := procState(t.HostPid)
+	s := procfs.State(t.HostPid)
 	return s == 'T' || s == 't'
-}
-
-// procState returns the state letter of /proc/hostPid/stat (R, S, T, t, Z...), or 0 if
-// the process is gone.
-func procState(hostPid int) byte {
-	f, err := procfs.Stat(hostPid)
-	if err != nil {
-		return 0
-	}
-	return f[0][0]
 }
 
 // Kill kills the template; the Tracer holding it, if any, collects it in the background.
@@ -680,7 +670,7 @@ func SandboxPid(hostPid, initHost int) int {
 
 // Exists reports whether hostPid is a live (not zombie) process.
 func Exists(hostPid int) bool {
-	s := procState(hostPid)
+	s := procfs.State(hostPid)
 	return s != 0 && s != 'Z' && s != 'X'
 }
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
 
@@ -123,7 +124,7 @@ func reap(pid int) {
 func waitState(pid int, want string, d time.Duration) byte {
 	deadline := time.Now().Add(d)
 	for {
-		s := procState(pid)
+		s := procfs.State(pid)
 		if s == 0 || strings.IndexByte(want, s) >= 0 || time.Now().After(deadline) {
 			return s
 		}
@@ -245,7 +246,7 @@ func TestReattachRevive(t *testing.T) {
 		t.Fatal("template not traced after Reattach")
 	}
 	// Parked as Fork parks: ptrace-stop (t), SIGSTOP queued.
-	if s := procState(rec.HostPid); s != 't' {
+	if s := procfs.State(rec.HostPid); s != 't' {
 		t.Errorf("template state %q after Reattach, want t (ptrace-stop)", s)
 	}
 	if m := shdPnd(t, rec.HostPid); m != 1<<(unix.SIGSTOP-1) {
@@ -264,7 +265,7 @@ func TestReattachRevive(t *testing.T) {
 	// A SIGCONT from the sandbox does not end a ptrace-stop.
 	unix.Kill(rec.HostPid, unix.SIGCONT)
 	time.Sleep(20 * time.Millisecond)
-	if s := procState(rec.HostPid); s != 't' {
+	if s := procfs.State(rec.HostPid); s != 't' {
 		t.Fatalf("template state %q after SIGCONT, want t", s)
 	}
 
@@ -300,7 +301,7 @@ func TestReattachRevive(t *testing.T) {
 		t.Errorf("revived process reads %q, want map=before", l)
 	}
 	// The template is parked again, with fresh counters, and can be recorded again.
-	if s := procState(rec.HostPid); s != 't' {
+	if s := procfs.State(rec.HostPid); s != 't' {
 		t.Errorf("template state %q after the revive, want t", s)
 	}
 	if _, err := tmpl.Record(); err != nil {
@@ -356,7 +357,7 @@ func TestReattachRefusesReusedPid(t *testing.T) {
 		t.Fatalf("Reattach: %v, want ErrTemplateGone (a conflict)", err)
 	}
 	t.Log(err)
-	if s := procState(rec.HostPid); s != 'T' {
+	if s := procfs.State(rec.HostPid); s != 'T' {
 		t.Errorf("the process at the reused PID: state %q, want T, untouched", s)
 	}
 	if tp := tracerPid(t, rec.HostPid); tp != "0" {

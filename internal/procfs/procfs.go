@@ -67,19 +67,35 @@ func InnerPid(hostPid int) (int, error) {
 // them may hold spaces and parentheses, so the fields start after its last ')'. Field n
 // of proc(5) is at index n-3 (starttime, 22, at 19).
 func Stat(pid int) ([][]byte, error) {
+	rest, err := afterComm(pid)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Fields(rest), nil
+}
+
+// State returns the state letter of /proc/pid/stat (R, S, T, t, Z...), or 0 if the
+// process is gone. It splits nothing: a restore asks it of every template.
+func State(pid int) byte {
+	rest, err := afterComm(pid)
+	if err != nil {
+		return 0
+	}
+	return rest[1]
+}
+
+// afterComm returns /proc/pid/stat from the space after the comm's last ')' on, at
+// least two bytes (the space and the state).
+func afterComm(pid int) ([]byte, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return nil, err
 	}
 	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil, errors.New("/proc/" + strconv.Itoa(pid) + "/stat: no comm")
+	if i < 0 || i+2 >= len(b) {
+		return nil, errors.New("/proc/" + strconv.Itoa(pid) + "/stat: no state after the comm")
 	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) == 0 {
-		return nil, errors.New("/proc/" + strconv.Itoa(pid) + "/stat: no fields after comm")
-	}
-	return f, nil
+	return b[i+1:], nil
 }
 
 // StatusUint returns the number on the line "key:" of a /proc/PID/status file's content

@@ -47,6 +47,9 @@ func TestStatSelf(t *testing.T) {
 	if len(f) < 20 || f[0][0] != 'R' {
 		t.Fatalf("own stat fields from state on: %q", f)
 	}
+	if s := State(os.Getpid()); s != 'R' {
+		t.Errorf("own state %q, want R", s)
+	}
 	if string(f[1]) != strconv.Itoa(os.Getppid()) {
 		t.Errorf("field 4 (ppid) %q, want %d", f[1], os.Getppid())
 	}
