@@ -39,6 +39,15 @@ func (s *Store) TopUp() error {
 	if err != nil {
 		return err
 	}
+	if free < 2*ReserveBytes+2*IndexHeadroom {
+		// XFS frees an unlinked file's blocks in the background (inode inactivation
+		// is deferred to a per-CPU worker since 5.19), and statfs only nudges that
+		// worker: right after a large delete the space is not yet counted as free.
+		// syncfs waits for it. Only paid when short of room.
+		if free, err = s.settledFreeBytes(); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	if fi, err := os.Stat(s.reservePath()); err != nil || fi.Size() < ReserveBytes {
 		if free < 2*ReserveBytes {
@@ -115,6 +124,21 @@ func (s *Store) FreeBytes() (int64, error) {
 		return 0, err
 	}
 	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// settledFreeBytes is FreeBytes after a syncfs of the store, which waits for the
+// blocks of deleted files to be freed.
+func (s *Store) settledFreeBytes() (int64, error) {
+	fd, err := unix.Open(s.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	err = unix.Syncfs(fd)
+	unix.Close(fd)
+	if err != nil {
+		return 0, fmt.Errorf("syncfs %s: %w", s.Root, err)
+	}
+	return s.FreeBytes()
 }
 
 func fallocate(p string, off, n int64, keepSize bool) error {
