@@ -107,6 +107,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 	default:
 		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
 	}
+	switch v := getenv("DELTABOX_STOP_SANDBOXES"); v {
+	case "", "0":
+	case "1":
+		cfg.StopSandboxes = true
+	default:
+		return cfg, bad("DELTABOX_STOP_SANDBOXES", v, "0 or 1")
+	}
 	switch v := getenv("DELTABOX_ISOLATION"); v {
 	case "", "on":
 	case "off":

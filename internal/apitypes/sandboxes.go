@@ -89,6 +89,16 @@ type Sandbox struct {
 	// DiskMB is the quota on its upper layer, resolved at create (0 in records older than
 	// quotas: the default).
 	DiskMB int64 `json:"disk_mb,omitempty"`
+	// Init names the running init for the next daemon, which adopts the sandbox, its
+	// processes and sessions instead of starting it afresh; nil: none recorded.
+	Init *InitRef `json:"init,omitempty"`
+}
+
+// InitRef names one process for good: its host PID and its /proc/PID/stat starttime
+// (clock ticks after boot), which a reused PID does not have.
+type InitRef struct {
+	Pid   int    `json:"pid"`
+	Start uint64 `json:"start"`
 }
 
 // Limits are one sandbox's resource limits (SandboxInfo's "limits"; cgroup.Limits in the

@@ -28,8 +28,13 @@ func SetRootFor(storeRoot, defaultStore string) {
 	if filepath.Clean(storeRoot) == filepath.Clean(defaultStore) {
 		return
 	}
+	Root = RootFor(storeRoot)
+}
+
+// RootFor is the cgroup directory of a store other than the default one.
+func RootFor(storeRoot string) string {
 	h := sha256.Sum256([]byte(filepath.Clean(storeRoot)))
-	Root = "/sys/fs/cgroup/unified/deltabox-" + hex.EncodeToString(h[:4])
+	return "/sys/fs/cgroup/unified/deltabox-" + hex.EncodeToString(h[:4])
 }
 
 // RemoveRoot removes this daemon's (empty) cgroup directories at shutdown (the v1

@@ -17,7 +17,12 @@ package mountns
 
 import (
 	"fmt"
+	"io"
+	"os"
+	"regexp"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -277,4 +282,85 @@ func CheckImage(rootfs string) error {
 		}
 	}
 	return nil
+}
+
+// Inspect returns an fd on the root of the state namespace nsfd (O_PATH, its overlay's
+// root) and the layer id of its overlay's upper, read from the namespace's own
+// mountinfo: the line of the mount on "/", whose options name the upper as
+// ".../layers/ID/diff" (overlay.Mount). A thread enters the namespace for this and is
+// discarded; so the root is the namespace's, whatever root a process in it chose
+// (chroot). Used by a daemon that adopts a running sandbox (sandbox.Adopt).
+func Inspect(nsfd int) (root int, upper uint64, err error) {
+	type result struct {
+		root  int
+		upper uint64
+		err   error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread leaves the daemon's namespace
+		r := result{root: -1}
+		defer func() { ch <- r }()
+		hp, err := hostProc()
+		if err != nil {
+			r.err = err
+			return
+		}
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			r.err = fmt.Errorf("unshare CLONE_FS: %w", err)
+			return
+		}
+		if err := unix.Setns(nsfd, unix.CLONE_NEWNS); err != nil {
+			r.err = fmt.Errorf("setns into the state's namespace: %w", err)
+			return
+		}
+		fd, err := unix.Openat(hp, "thread-self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			r.err = fmt.Errorf("open the state's mountinfo: %w", err)
+			return
+		}
+		f := os.NewFile(uintptr(fd), "mountinfo")
+		b, err := io.ReadAll(f)
+		f.Close()
+		if err != nil {
+			r.err = fmt.Errorf("read the state's mountinfo: %w", err)
+			return
+		}
+		if r.upper, r.err = rootUpper(b); r.err != nil {
+			return
+		}
+		if r.root, err = unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			r.err = fmt.Errorf("open the state's root: %w", err)
+		}
+	}()
+	r := <-ch
+	return r.root, r.upper, r.err
+}
+
+// upperRE finds an overlay's upper layer id in its mount options.
+var upperRE = regexp.MustCompile(`(?:^|,)upperdir=[^,]*/layers/([0-9]+)/diff(?:,|$)`)
+
+// rootUpper returns the upper layer id of the overlay mounted on "/" in mountinfo (the
+// topmost: the last such line).
+func rootUpper(mountinfo []byte) (uint64, error) {
+	var opts string
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || f[4] != "/" {
+			continue
+		}
+		g := strings.Fields(post)
+		if len(g) >= 3 && g[0] == "overlay" {
+			opts = g[2]
+		}
+	}
+	if opts == "" {
+		return 0, fmt.Errorf("no overlay on / in the state's mountinfo")
+	}
+	m := upperRE.FindStringSubmatch(opts)
+	if m == nil {
+		return 0, fmt.Errorf("the overlay on / names no upper layer (%s)", opts)
+	}
+	return strconv.ParseUint(m[1], 10, 64)
 }

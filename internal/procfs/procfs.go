@@ -11,6 +11,7 @@ package procfs
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 )
@@ -109,4 +110,18 @@ func StatusUint(status []byte, key string) (uint64, error) {
 		return strconv.ParseUint(string(bytes.TrimSpace(rest)), 10, 64)
 	}
 	return 0, errors.New("no " + key + " line in /proc/PID/status")
+}
+
+// StartTime returns /proc/pid/stat's starttime (field 22, clock ticks after boot): with
+// the PID, what names one process for good (a PID is reused, a PID and start time are
+// not).
+func StartTime(pid int) (uint64, error) {
+	f, err := Stat(pid)
+	if err != nil {
+		return 0, err
+	}
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields, no starttime", pid, len(f)+2)
+	}
+	return strconv.ParseUint(string(f[19]), 10, 64)
 }

@@ -34,7 +34,8 @@ var (
 // channel. mu protects nextID, pending, exits and closed.
 type Client struct {
 	fd   int
-	proc *os.Process // the init, a child of the daemon
+	pid  int          // the init's host PID
+	kill func() error // SIGKILL to the init, by pidfd (never by a PID that may be reused)
 	done chan struct{}
 
 	mu        sync.Mutex
@@ -43,6 +44,9 @@ type Client struct {
 	exits     map[int]*watch                 // spawned (or watched) pids still running
 	spawnExit map[int64]chan unix.WaitStatus // spawn requests awaiting their reply
 	closed    error
+	// early holds the exits init queued while no daemon was connected, for processes
+	// no Watch names yet (Reconnect: a session's process found later); nil otherwise.
+	early map[int]unix.WaitStatus
 }
 
 // watch is one pid whose exit the daemon waits for: its channel, and a pidfd of the
@@ -151,14 +155,7 @@ func Start(o StartOptions) (*Client, error) {
 		}
 	}
 	go copyLog(logR, logDup)
-	c := &Client{
-		fd:        fds[0],
-		proc:      cmd.Process,
-		done:      make(chan struct{}),
-		pending:   map[int64]chan *Message{},
-		exits:     map[int]*watch{},
-		spawnExit: map[int64]chan unix.WaitStatus{},
-	}
+	c := newClient(fds[0], cmd.Process.Pid, cmd.Process.Kill)
 	go func() { cmd.Wait(); close(c.done) }()
 	// The first message is ready (or the setup error). Past readyTimeout init is
 	// killed, which closes its end of the socket and ends the recv.
@@ -204,15 +201,27 @@ func startIn(cmd *exec.Cmd, dir *os.File) error {
 	return <-errc
 }
 
+func newClient(fd, pid int, kill func() error) *Client {
+	return &Client{
+		fd:        fd,
+		pid:       pid,
+		kill:      kill,
+		done:      make(chan struct{}),
+		pending:   map[int64]chan *Message{},
+		exits:     map[int]*watch{},
+		spawnExit: map[int64]chan unix.WaitStatus{},
+	}
+}
+
 // Pid is the init's PID in the daemon's PID namespace.
-func (c *Client) Pid() int { return c.proc.Pid }
+func (c *Client) Pid() int { return c.pid }
 
 // Done is closed once the init has exited and been reaped.
 func (c *Client) Done() <-chan struct{} { return c.done }
 
 // Kill kills the init (and with it its PID namespace) and closes the socket.
 func (c *Client) Kill() {
-	c.proc.Kill()
+	c.kill()
 	c.mu.Lock()
 	if c.closed == nil {
 		c.closed = fmt.Errorf("sandbox init was stopped: %w", ErrInitGone)
@@ -234,7 +243,7 @@ func (c *Client) readLoop() {
 		if err == unix.EINTR {
 			continue
 		}
-		if from != c.proc.Pid && (err == nil || from != 0) {
+		if from != c.pid && (err == nil || from != 0) {
 			// Not init: a process of the sandbox that holds init's end of the socket
 			// (its garbage, or an empty datagram, must not end the sandbox either).
 			closeAll(fds)
@@ -246,6 +255,9 @@ func (c *Client) readLoop() {
 		c.mu.Lock()
 		switch {
 		case m.Op == "exit":
+			if _, ok := c.exits[m.Pid]; !ok && c.early != nil && len(c.early) < maxBacklog {
+				c.early[m.Pid] = unix.WaitStatus(m.Status)
+			}
 			if w, ok := c.exits[m.Pid]; ok {
 				if st, ok := exitStatus(w.pidfd, m.Status); ok {
 					w.ch <- st
@@ -260,7 +272,7 @@ func (c *Client) readLoop() {
 				delete(c.spawnExit, m.ID)
 				if m.Err == "" && m.Pid > 0 {
 					w := &watch{ch: exit, pidfd: -1}
-					if len(fds) == 1 && isChildOf(fds[0], c.proc.Pid) {
+					if len(fds) == 1 && isChildOf(fds[0], c.pid) {
 						w.pidfd, fds = fds[0], nil
 					}
 					c.exits[m.Pid] = w
@@ -298,6 +310,10 @@ func (c *Client) readLoop() {
 // registers exit for the pid named in the reply before it reads the next message, so
 // the pid's exit event (which init always sends after the reply) finds it.
 func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Message, error) {
+	return c.callWithin(m, fds, exit, callTimeout)
+}
+
+func (c *Client) callWithin(m *Message, fds []int, exit chan unix.WaitStatus, timeout time.Duration) (*Message, error) {
 	ch := make(chan *Message, 1)
 	c.mu.Lock()
 	if c.closed != nil {
@@ -318,7 +334,7 @@ func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Messag
 		return nil, fmt.Errorf("send to sandbox init: %w", err)
 	}
 	c.mu.Unlock()
-	timer := time.NewTimer(callTimeout)
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var r *Message
 	select {
@@ -332,7 +348,7 @@ func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Messag
 		case r = <-ch: // the reply came as the timer fired
 		default:
 			// A reply that comes later finds no one waiting: readLoop closes its fds.
-			return nil, fmt.Errorf("sandbox init (pid %d) did not answer %s within %v", c.proc.Pid, m.Op, callTimeout)
+			return nil, fmt.Errorf("sandbox init (pid %d) did not answer %s within %v", c.pid, m.Op, timeout)
 		}
 	}
 	if r.Err != "" {
@@ -383,6 +399,11 @@ func (c *Client) Watch(pid int) <-chan unix.WaitStatus {
 	defer c.mu.Unlock()
 	if c.closed != nil {
 		close(ch)
+		return ch
+	}
+	if st, ok := c.early[pid]; ok { // it exited while no daemon was connected
+		delete(c.early, pid)
+		ch <- st
 		return ch
 	}
 	c.exits[pid] = &watch{ch: ch, pidfd: -1}

@@ -1,7 +1,6 @@
 package sbinit
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,8 +19,7 @@ func TestCallDeadline(t *testing.T) {
 	defer unix.Close(fds[1]) // a stuck init: it holds the socket and never reads
 	defer func(d time.Duration) { callTimeout = d }(callTimeout)
 	callTimeout = 100 * time.Millisecond
-	c := &Client{fd: fds[0], proc: &os.Process{Pid: 4242}, done: make(chan struct{}),
-		pending: map[int64]chan *Message{}, exits: map[int]*watch{}, spawnExit: map[int64]chan unix.WaitStatus{}}
+	c := newClient(fds[0], 4242, func() error { return nil })
 	start := time.Now()
 	err = c.Signal(7, unix.SIGTERM, false)
 	if err == nil || !strings.Contains(err.Error(), "sandbox init (pid 4242) did not answer signal within 100ms") {

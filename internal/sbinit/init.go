@@ -82,7 +82,12 @@ func Main(arg string) {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
-	s := &server{fd: ctlFD}
+	spare, err := newSpare()
+	if err != nil {
+		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
+		fatal("setup: %v", err)
+	}
+	s := &server{fd: ctlFD, spare: spare, kept: map[string]kept{}}
 	go s.reapLoop(sigc)
 	if err := s.send(&Message{Op: "ready"}, nil); err != nil {
 		fatal("ready: %v", err)
@@ -403,16 +408,36 @@ func loopbackUp() error {
 // Lock order: reapMu is taken by the reaper and by spawn/killall; sendMu is only taken
 // inside send. spawn holds reapMu from fork to its reply, so a child's exit event is
 // always sent after the reply that names its pid.
+//
+// fd, spare, orphaned, backlog and dropped are guarded by sendMu (serve, the only
+// reader of fd, changes it under sendMu); kept is serve's alone.
 type server struct {
-	fd     int
-	sendMu sync.Mutex
-	reapMu sync.Mutex
+	fd       int // the control socket
+	spare    int // init's end of the spare socket (restart.go); -1 while it serves as fd
+	orphaned bool
+	backlog  []*Message // exit events queued while orphaned
+	dropped  int        // exit events dropped from a full backlog
+	kept     map[string]kept
+	sendMu   sync.Mutex
+	reapMu   sync.Mutex
 }
 
+// send sends m on the control socket. Exit events that cannot go (no daemon) are queued
+// for the next one.
 func (s *server) send(m *Message, fds []int) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
-	return send(s.fd, m, fds)
+	if s.orphaned {
+		if m.Op == "exit" {
+			s.queueLocked(m)
+		}
+		return fmt.Errorf("no daemon connected")
+	}
+	err := send(s.fd, m, fds)
+	if err != nil && m.Op == "exit" {
+		s.queueLocked(m)
+	}
+	return err
 }
 
 func (s *server) reapLoop(sigc <-chan os.Signal) {
@@ -454,11 +479,30 @@ func (s *server) serve() {
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
-			// The daemon is gone: a sandbox without its daemon has no one to serve.
-			fatal("control socket: %v", err)
+			// The daemon is gone: wait for the next one on the spare (restart.go).
+			fmt.Fprintf(os.Stderr, "deltabox-init: control socket: %v; waiting for a daemon\n", err)
+			s.orphan()
+			continue
 		}
 		reply := &Message{ID: m.ID}
 		switch m.Op {
+		case "hello":
+			closeAll(fds)
+			s.hello(m)
+			continue
+		case "keep":
+			if err := s.keep(m, fds); err != nil {
+				reply.Err = err.Error()
+				closeAll(fds)
+			}
+			s.send(reply, nil)
+			continue
+		case "forget":
+			s.forget(m.Key)
+		case "kept":
+			closeAll(fds)
+			s.send(reply, s.keptReply(reply))
+			continue
 		case "spawn":
 			s.reapMu.Lock()
 			pid, pidfd, err := spawn(m, fds)

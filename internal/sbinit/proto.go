@@ -29,6 +29,24 @@
 //	  |                                        |   sandbox's user namespace): a state's
 //	  |-- {id,op:ping} ----------------------->|   liveness
 //	  |<------------- {id} --------------------|
+//	  |-- {id,op:keep,key,data} + fd --------->|   init keeps fd and data under key for the
+//	  |<------------- {id} --------------------|   next daemon (a session's terminal)
+//	  |-- {id,op:forget,key} ----------------->|
+//	  |<------------- {id} --------------------|
+//	  |-- {id,op:kept} ----------------------->|   everything kept, fds in keys' order
+//	  |<------------- {id,keys,datas} + fds ---|
+//
+// Init outlives its daemon (restart.go). When the control socket closes, init goes on
+// reaping, queues the exit events (at most maxBacklog), and waits on its spare socket,
+// whose other end it keeps at fd spareFD. A new daemon takes that end with pidfd_getfd
+// and says hello:
+//
+//	new daemon                               init (orphaned)
+//	  |  pidfd_open(init), start time checked  |
+//	  |  pidfd_getfd(init, spareFD)            |
+//	  |-- {id,op:hello} ---------------------->|   the spare becomes the control socket;
+//	  |<------------- {op:exit,...} ... -------|   a new spare replaces fd spareFD;
+//	  |<------------- {id,count} --------------|   count: exit events dropped (backlog full)
 //
 // Every reply carries err when the request failed. One message is one JSON object in one
 // datagram; file descriptors ride along as SCM_RIGHTS. Init handles requests in order,
@@ -66,6 +84,12 @@ type Message struct {
 
 	Err string `json:"err,omitempty"`
 
+	// keep / forget / kept (restart.go): what init keeps for the next daemon.
+	Key   string   `json:"key,omitempty"`
+	Data  string   `json:"data,omitempty"`
+	Keys  []string `json:"keys,omitempty"`
+	Datas []string `json:"datas,omitempty"`
+
 	// fds rode along with a reply (mkns); the receiver owns them.
 	fds []int
 }
@@ -85,7 +109,9 @@ func send(fd int, m *Message, fds []int) error {
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	return unix.Sendmsg(fd, b, oob, nil, 0)
+	// MSG_NOSIGNAL: a daemon that died is EPIPE here, never a SIGPIPE.
+	_, err = unix.SendmsgN(fd, b, oob, nil, unix.MSG_NOSIGNAL)
+	return err
 }
 
 // recvFrom is recv on a socket with SO_PASSCRED, also returning the sender's PID as the

@@ -392,5 +392,8 @@ func (c *checkpoint) publish() error {
 	m.prepareNext(s)
 	m.warmNode(s, c.n.ID)
 	m.parkTemplates(s, c.n.ID, tps)
+	if len(tps) == 0 {
+		m.afterAnswer(s, func() { m.keepSessions(s) })
+	}
 	return nil
 }

@@ -33,6 +33,10 @@ type Config struct {
 	// past the total cap (they were within the caps when it was taken).
 	MaxSessionsPerSandbox int
 	MaxSessions           int
+	// StopSandboxes ends every sandbox's processes when the daemon stops
+	// (DELTABOX_STOP_SANDBOXES=1). By default they keep running, and the next daemon
+	// adopts them (restart.go).
+	StopSandboxes bool
 }
 
 // The session caps' defaults: an agent uses a handful of sessions; 1024 sessions at

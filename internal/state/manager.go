@@ -86,6 +86,10 @@ type sb struct {
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
 	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
 	hostPids map[int]int
+	// keepMu serialises keepSessions; kept is what it last handed init (under keepMu).
+	keepMu sync.Mutex
+	kept   map[string]keptMark
+
 	// tmplMu is held by whoever seizes this sandbox's templates (a restore while it
 	// forks from them, parking in the background), so that no template is seized twice.
 	tmplMu sync.Mutex
@@ -105,7 +109,7 @@ type sb struct {
 }
 
 func (m *Manager) newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}}
+	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}}
 }
 
 // Stats counts what happened to a sandbox (countPath, countFailed). The wire form is
@@ -126,13 +130,41 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load index: %w", err)
 	}
+	for _, n := range nodes {
+		m.nodes[n.ID] = &node{Node: n}
+	}
+	// Sandboxes whose init still runs are adopted, with their processes (restart.go);
+	// the others' cgroups, and anything left in them, go.
+	procs := m.loadProcesses()
+	adopted := map[string]*sb{}
+	for _, r := range sbs {
+		if why := m.adoptable(r); why != "" {
+			if r.Init != nil {
+				log.Info("sandbox restarts afresh", "id", r.ID, "why", why)
+			}
+			continue
+		}
+		s := m.newSB(r)
+		if err := m.adopt(s, procs); err != nil {
+			log.Warn("sandbox not adopted: it restarts afresh, files only", "id", r.ID, "err", err)
+			continue
+		}
+		adopted[r.ID] = s
+		log.Info("adopted a running sandbox", "id", r.ID, "init", r.Init.Pid, "sessions", len(s.sessions))
+	}
 	for _, id := range cgroup.List() {
+		if adopted[id] != nil {
+			continue
+		}
 		g := &cgroup.Group{Path: filepath.Join(cgroup.Root, id)}
 		if err := g.Destroy(5 * time.Second); err != nil {
 			log.Warn("stale sandbox cgroup", "id", id, "err", err)
 		}
 	}
 	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
+		if adopted[id] != nil {
+			continue
+		}
 		if err := cgroup.OpenV1(id).Destroy(5 * time.Second); err != nil {
 			log.Warn("stale sandbox cgroup (v1)", "id", id, "err", err)
 		}
@@ -162,13 +194,15 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	}
 	m.nextLayer = st.MaxLayerID()
 	for _, n := range nodes {
-		m.nodes[n.ID] = &node{Node: n}
 		if n.Layer > m.nextLayer {
 			m.nextLayer = n.Layer
 		}
 	}
 	for _, r := range sbs {
-		s := m.newSB(r)
+		s := adopted[r.ID]
+		if s == nil {
+			s = m.newSB(r)
+		}
 		m.sandboxes[r.ID] = s
 		if r.Upper > m.nextLayer {
 			m.nextLayer = r.Upper
@@ -178,17 +212,37 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	go m.fillUppers()
 	go m.watchDisk()
 	for _, s := range m.sandboxes {
+		if adopted[s.rec.ID] != nil {
+			m.prepareNext(s)
+			for node, tps := range m.templates {
+				if len(tps) > 0 && tps[0].sandbox == s.rec.ID {
+					// Reattach moved their counters: the records are taken again.
+					m.recordTemplates(s, node, tps)
+				}
+			}
+			continue
+		}
 		if err := m.boot(s); err != nil {
 			s.err = err
 			log.Error("sandbox did not restart", "id", s.rec.ID, "err", err)
+			continue
 		}
+		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec}) // its new init
+
 	}
 	return m, nil
 }
 
-// Close stops every sandbox (their records stay) and flushes the index.
+// Close lets go of every sandbox, which keeps running for the next daemon (restart.go),
+// or with Config.StopSandboxes stops them (their records stay); then it flushes the
+// index.
 func (m *Manager) Close() error {
 	close(m.stop)
+	if !m.cfg.StopSandboxes {
+		// Background work first (parking and recording templates, keeping sessions), so
+		// that what the next daemon adopts is recorded.
+		m.wg.Wait()
+	}
 	m.mu.Lock()
 	var all []*sb
 	for _, s := range m.sandboxes {
@@ -202,6 +256,11 @@ func (m *Manager) Close() error {
 		}
 		m.discardNext(s)
 		m.closeWarm(s)
+		if !m.cfg.StopSandboxes && s.rt != nil && s.rt.Alive() {
+			m.detachSandbox(s)
+			s.opMu.Unlock()
+			continue
+		}
 		// The tracer first: a template it holds that dies stays a zombie until the tracer
 		// has waited for it, and init's exit waits for every process of its namespace.
 		if s.tracer != nil {

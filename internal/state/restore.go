@@ -380,5 +380,12 @@ func (r *restore) publish() error {
 	}
 	m.warmNode(s, r.nodeID) // for the next restore to this node
 	m.startProcWarm(s, r.rvs)
+	tps, node := r.tps, r.nodeID
+	m.afterAnswer(s, func() {
+		m.keepSessions(s)
+		if len(tps) > 0 {
+			m.recordTemplates(s, node, tps)
+		}
+	})
 	return nil
 }

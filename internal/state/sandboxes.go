@@ -182,6 +182,7 @@ func (m *Manager) boot(s *sb) error {
 	}
 	s.rt, s.kns = rt, kns
 	s.err = nil
+	m.recordInit(s) // written with the record by the caller
 	s.mu.Lock()
 	s.oomSeen = rt.OOMKills() // 0: a new cgroup
 	s.mu.Unlock()

@@ -86,6 +86,7 @@ func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error
 	s.sessionOpts[o.Name] = o
 	delete(s.ended, o.Name)
 	s.mu.Unlock()
+	m.keepSessions(s)
 	return sess, nil
 }
 
@@ -189,6 +190,7 @@ func (m *Manager) KillSession(id, name string) error {
 	if sess != nil {
 		sess.Close()
 	}
+	m.keepSessions(s)
 	return nil
 }
 

@@ -45,6 +45,10 @@ func (m *Manager) parkTemplates(s *sb, node string, tps []*procTemplate) {
 		if err := m.park(s, rt, tr, image, node, tps); err != nil {
 			m.log.Debug("park templates", "sandbox", s.rec.ID, "node", node, "err", err)
 		}
+		// Recorded once parked: a template found by the next daemon is then where a
+		// recorded one is (restart.go).
+		m.recordTemplates(s, node, tps)
+		m.keepSessions(s)
 	})
 }
 

@@ -33,6 +33,18 @@ func (s *Store) IsFrozen(id uint64) bool {
 	return err == nil
 }
 
+// FrozenHasEntries reports whether layer id's frozen/ exists and holds entries: a freeze
+// happened (a prepared frozen/, made ahead by PrepareFrozen, is empty until one does).
+func (s *Store) FrozenHasEntries(id uint64) bool {
+	d, err := os.Open(s.LayerFrozen(id))
+	if err != nil {
+		return false
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(1)
+	return len(names) > 0
+}
+
 // Freeze moves layer id's upper content into frozen/ (made here, or beforehand by
 // PrepareFrozen). The root directory's mode, owner and xattrs are copied first, its
 // atime and mtime last (they are "/"'s: see RootAttrs). On failure it moves back what

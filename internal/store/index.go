@@ -14,6 +14,10 @@ import (
 var (
 	bucketNodes     = []byte("nodes")
 	bucketSandboxes = []byte("sandboxes")
+	// bucketProcesses holds, per node, what the next daemon needs to take its process
+	// templates back (the state manager's JSON; opaque here). A node's entry goes with
+	// the node.
+	bucketProcesses = []byte("processes")
 )
 
 // Index is the bbolt index with an ordered, asynchronous committer.
@@ -58,6 +62,8 @@ type Op struct {
 	DeleteNode    string
 	PutSandbox    *Sandbox
 	DeleteSandbox string
+	// PutProcesses sets a node's process record (nil Data deletes it).
+	PutProcesses *Processes
 	After         func() // runs after the transaction that holds the ops before it
 	// MetaOnly marks a PutNode that changes no layer data (a size measured later),
 	// so the committer need not sync the store for it.
@@ -71,7 +77,7 @@ func openIndex(path string) (*Index, error) {
 		return nil, fmt.Errorf("open index %s (is another daemon running?): %w", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketNodes, bucketSandboxes} {
+		for _, b := range [][]byte{bucketNodes, bucketSandboxes, bucketProcesses} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -110,6 +116,24 @@ func (x *Index) Load() (nodes []Node, sandboxes []Sandbox, err error) {
 		})
 	})
 	return
+}
+
+// Processes is a node's process record: Data, the state manager's encoding.
+type Processes struct {
+	Node string
+	Data []byte
+}
+
+// LoadProcesses reads every node's process record.
+func (x *Index) LoadProcesses() (map[string][]byte, error) {
+	out := map[string][]byte{}
+	err := x.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketProcesses).ForEach(func(k, v []byte) error {
+			out[string(k)] = append([]byte(nil), v...)
+			return nil
+		})
+	})
+	return out, err
 }
 
 // Apply queues ops and returns the sequence number of the last one. The records are
@@ -299,7 +323,7 @@ func (x *Index) commitTx(ops []Op) error {
 		}
 	}
 	return x.db.Update(func(tx *bolt.Tx) error {
-		nb, sb := tx.Bucket(bucketNodes), tx.Bucket(bucketSandboxes)
+		nb, sb, pb := tx.Bucket(bucketNodes), tx.Bucket(bucketSandboxes), tx.Bucket(bucketProcesses)
 		for _, op := range ops {
 			var err error
 			switch {
@@ -311,6 +335,13 @@ func (x *Index) commitTx(ops []Op) error {
 				}
 			case op.DeleteNode != "":
 				err = nb.Delete([]byte(op.DeleteNode))
+				if err == nil {
+					err = pb.Delete([]byte(op.DeleteNode))
+				}
+			case op.PutProcesses != nil && op.PutProcesses.Data == nil:
+				err = pb.Delete([]byte(op.PutProcesses.Node))
+			case op.PutProcesses != nil:
+				err = pb.Put([]byte(op.PutProcesses.Node), op.PutProcesses.Data)
 			case op.PutSandbox != nil:
 				var b []byte
 				b, err = json.Marshal(op.PutSandbox)

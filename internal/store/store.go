@@ -53,6 +53,8 @@ type (
 	Sandbox = apitypes.Sandbox
 	// Image is an imported image (image.json).
 	Image = apitypes.Image
+	// InitRef names a sandbox's running init (Sandbox.Init).
+	InitRef = apitypes.InitRef
 )
 
 // Store is an opened state directory.

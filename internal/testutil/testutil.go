@@ -12,11 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"deltabox/internal/cgroup"
 	"deltabox/internal/client"
 	"deltabox/internal/deadline"
 	"deltabox/internal/store"
@@ -119,11 +121,28 @@ func NewStore(t testing.TB) string {
 		os.Symlink(filepath.Join(MainRoot(), "images", im.Name()), filepath.Join(root, "images", im.Name()))
 	}
 	t.Cleanup(func() {
+		// Sandboxes outlive their daemon (a test's daemon is stopped or killed before
+		// this runs): end what is left of this store's, by its cgroups.
+		EndSandboxes(root)
 		if !t.Failed() {
 			os.RemoveAll(root)
 		}
 	})
 	return root
+}
+
+// EndSandboxes kills every process of the sandboxes of the store at root, through the
+// cgroup2 directory its daemons use (cgroup.SetRootFor), and waits until they are gone.
+func EndSandboxes(root string) {
+	dir := cgroup.RootFor(root)
+	os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	for i := 0; i < 500; i++ {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+		if err != nil || strings.Contains(string(b), "populated 0") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // StartDaemon starts a daemon on a fresh test store.

@@ -1,0 +1,436 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/fastpath"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
+	"deltabox/internal/session"
+	"deltabox/internal/store"
+)
+
+// Sandboxes outlive the daemon. A daemon that stops (unless Config.StopSandboxes), crashes
+// or is killed leaves every sandbox running: its init waits for the next daemon
+// (sbinit/restart.go), its sessions' terminals are kept by init (keepSessions), and its
+// templates stay stopped (a tracer's death leaves each in a group stop with SIGSTOP
+// queued: fastpath/reattach.go). The next daemon adopts each sandbox (adopt) whose
+// record names its running init (store.Sandbox.Init):
+//
+//  1. init: reconnected after its PID and start time are checked (sandbox.Adopt);
+//  2. templates: taken back with fastpath.Reattach from the records written in the
+//     index after each parking and each restore (recordTemplates: index bucket
+//     processes, one JSON nodeProcesses per node); one that is gone or ran is dropped,
+//     and its node restores files only (409, as for a template killed from inside);
+//  3. the current state: the mount namespace the sandbox's processes stand in, if its
+//     overlay's upper is the record's (sandbox.Sandbox.AdoptState). Processes anywhere
+//     else are killed: a checkpoint or restore cut before its record reached the index
+//     (a template not recorded, a process moved to a state the record does not name, a
+//     restore's memory holder). If none stands on the record's upper, every live process
+//     is killed and the record's state mounted afresh, as a restart did before;
+//  4. sessions: each one init kept whose process is among the live ones is adopted on
+//     its kept terminal (session.Adopt); the others are reported ended.
+//
+// A sandbox whose record says a checkpoint was cut between its freeze and its record
+// (the record's upper is frozen: the start-up repair gives it back) is not adopted: the
+// live processes may stand on a state the repair changes under them. It is started
+// afresh, files only, as is one whose init is gone. So a checkpoint or restore that a
+// crash cut is undone unless its record reached the index (its answer's durable, or
+// POST /v1/sync), and never half done.
+
+// sessionKey prefixes the keys under which init keeps sessions' terminals.
+const sessionKey = "session/"
+
+// keptSession is the data init keeps with a session's terminal.
+type keptSession struct {
+	Opts    SessionOptions `json:"opts"`
+	Kind    session.Kind   `json:"kind"`
+	Argv    []string       `json:"argv"`
+	Pid     int            `json:"pid"`
+	Started time.Time      `json:"started"`
+}
+
+// keptMark is what keepSessions last handed init for one session.
+type keptMark struct {
+	sess *session.Session
+	pid  int
+}
+
+// keepSessions makes what s's init keeps agree with s's live sessions: the terminal of
+// each (again after a restore gave it a new one), and nothing of a session that ended.
+// One round trip to init per change, none when nothing changed. Called after a session
+// starts or is killed, and in the background after checkpoints and restores; a crash
+// before it ran loses the sessions that changed since (their terminals hang up with the
+// daemon's masters).
+func (m *Manager) keepSessions(s *sb) {
+	s.keepMu.Lock()
+	defer s.keepMu.Unlock()
+	s.mu.Lock()
+	want := map[string]*session.Session{}
+	opts := map[string]SessionOptions{}
+	for name, sess := range s.sessions {
+		if sess.Alive() {
+			want[name] = sess
+			opts[name] = s.sessionOpts[name]
+		}
+	}
+	s.mu.Unlock()
+	for name, sess := range want {
+		in := sess.Info()
+		if k, ok := s.kept[name]; ok && k.sess == sess && k.pid == in.Pid {
+			continue
+		}
+		data, _ := json.Marshal(keptSession{Opts: opts[name], Kind: in.Kind, Argv: in.Argv, Pid: in.Pid, Started: in.Started})
+		if err := sess.Keep(sessionKey+name, string(data)); err != nil {
+			m.log.Debug("keep session", "sandbox", s.rec.ID, "session", name, "err", err)
+			continue
+		}
+		s.kept[name] = keptMark{sess, in.Pid}
+	}
+	for name, k := range s.kept {
+		if _, ok := want[name]; !ok {
+			k.sess.Forget(sessionKey + name)
+			delete(s.kept, name)
+		}
+	}
+}
+
+// nodeProcesses is a node's process record in the index: what adopt needs to take its
+// templates back.
+type nodeProcesses struct {
+	Sandbox   string           `json:"sandbox"`
+	UTS       *sbinit.UTS      `json:"uts,omitempty"`
+	Templates []templateRecord `json:"templates"`
+}
+
+type templateRecord struct {
+	Session  string                  `json:"session,omitempty"`
+	What     string                  `json:"what"`
+	Kind     session.Kind            `json:"kind,omitempty"`
+	Argv     []string                `json:"argv,omitempty"`
+	Term     session.TermState       `json:"term"`
+	Template fastpath.TemplateRecord `json:"template"`
+}
+
+// recordTemplates writes node's process record: its templates' records, read now (on
+// the tracer's thread, under tmplMu: no revive runs). In the background, after the
+// templates are parked and after each restore from them (a revive moves their
+// counters). A template that cannot be recorded (gone) is left out.
+func (m *Manager) recordTemplates(s *sb, node string, tps []*procTemplate) {
+	rec := nodeProcesses{Sandbox: s.rec.ID}
+	for _, t := range tps {
+		s.tmplMu.Lock()
+		tr, err := t.tmpl.Record()
+		s.tmplMu.Unlock()
+		if err != nil {
+			m.log.Debug("record template", "sandbox", s.rec.ID, "node", node, "err", err)
+			continue
+		}
+		rec.Templates = append(rec.Templates, templateRecord{Session: t.session, What: t.what, Kind: t.kind, Argv: t.argv, Term: t.term, Template: tr})
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.nodes[node]
+	if n == nil || n.removing {
+		return // RemoveNode deletes the record with the node
+	}
+	rec.UTS = n.uts
+	b, err := json.Marshal(rec)
+	if err != nil {
+		m.log.Warn("record templates", "node", node, "err", err)
+		return
+	}
+	m.st.Index.Apply(store.Op{PutProcesses: &store.Processes{Node: node, Data: b}})
+}
+
+// adoptable reports why s's record cannot be adopted ("" when it can be tried).
+func (m *Manager) adoptable(r store.Sandbox) string {
+	switch {
+	case r.Init == nil:
+		return "no running init recorded"
+	case m.st.FrozenHasEntries(r.Upper):
+		return "a checkpoint was cut after its freeze, before its record"
+	case m.cfg.NoIsolation != (r.UIDBase == 0):
+		return "the daemon's isolation setting changed"
+	}
+	return ""
+}
+
+// adopt takes over s's running sandbox (see the top of this file). On error nothing of
+// it is kept and the caller destroys it and boots it afresh. procs are the index's
+// process records, by node.
+func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
+	r := s.rec
+	iso, _, err := m.isolation(s)
+	if err != nil {
+		return err
+	}
+	rt, warn, err := sandbox.Adopt(r.ID, r.Hostname, m.st.SandboxDir(r.ID), iso, r.Init.Pid, r.Init.Start)
+	if err != nil {
+		return err
+	}
+	if warn != nil {
+		m.log.Warn("adopt sandbox", "id", r.ID, "warning", warn)
+	}
+	rt.User = r.User
+	fail := func(err error) error {
+		if s.tracer != nil {
+			s.tracer.Close()
+			s.tracer = nil
+		}
+		m.dropSandboxTemplates(r.ID)
+		rt.Detach()
+		return err
+	}
+	// 2. Templates.
+	keep := map[int]bool{1: true}
+	nodes := make([]string, 0, len(procs))
+	for n := range procs {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	for _, node := range nodes {
+		np := procs[node]
+		if np.Sandbox != r.ID {
+			continue
+		}
+		m.mu.Lock()
+		nd := m.nodes[node]
+		m.mu.Unlock()
+		if nd == nil {
+			continue
+		}
+		var tps []*procTemplate
+		for _, tr := range np.Templates {
+			t, err := fastpath.Reattach(m.tracer(s), tr.Template)
+			if err != nil {
+				m.log.Warn("template not taken back: its node restores files only", "sandbox", r.ID, "node", node, "process", tr.What, "err", err)
+				continue
+			}
+			keep[t.SelfPid] = true
+			tps = append(tps, &procTemplate{session: tr.Session, what: tr.What, kind: tr.Kind, argv: tr.Argv, sandbox: r.ID, tmpl: t, term: tr.Term, parked: true})
+		}
+		if len(tps) > 0 {
+			m.mu.Lock()
+			m.templates[node] = tps
+			nd.uts = np.UTS
+			m.mu.Unlock()
+		}
+	}
+	// 3. The current state: the namespace of the live processes, if on the record's upper.
+	live, err := m.adoptState(s, rt, keep)
+	if err != nil {
+		return fail(err)
+	}
+	var spare []int
+	for p := range keep {
+		if p != 1 {
+			spare = append(spare, p)
+		}
+	}
+	for p := range live {
+		spare = append(spare, p)
+	}
+	if n, err := rt.KillAll(spare...); err != nil {
+		return fail(fmt.Errorf("end what no record names: %w", err))
+	} else if n > 0 {
+		m.log.Info("adopt sandbox: ended processes no record names", "id", r.ID, "count", n)
+	}
+	if len(live) == 0 {
+		spec, err := m.spec(r.Image, r.Head, r.Upper)
+		if err == nil {
+			err = m.st.ResetWork(r.Upper) // no overlay is left on it: its processes are gone
+		}
+		if err == nil {
+			err = rt.SetState(spec)
+		}
+		if err != nil {
+			return fail(fmt.Errorf("mount the recorded state: %w", err))
+		}
+	}
+	// 4. Sessions.
+	kept, err := rt.Kept()
+	if err != nil {
+		return fail(fmt.Errorf("the sessions init kept: %w", err))
+	}
+	s.rt = rt
+	for key, k := range kept {
+		name, ok := strings.CutPrefix(key, sessionKey)
+		var ks keptSession
+		if ok {
+			ok = json.Unmarshal([]byte(k.Data), &ks) == nil
+		}
+		if !ok || !live[ks.Pid] {
+			unix.Close(k.FD)
+			rt.Forget(key)
+			if ok {
+				s.sessionOpts[name] = ks.Opts
+				s.ended[name] = "its process ended while the daemon was down"
+			}
+			continue
+		}
+		sess, err := session.Adopt(rt, name, ks.Kind, ks.Argv, ks.Pid, ks.Started, os.NewFile(uintptr(k.FD), "ptmx"), rt.Watch(ks.Pid))
+		if err != nil {
+			m.log.Warn("adopt session", "sandbox", r.ID, "session", name, "err", err)
+			continue
+		}
+		s.sessions[name], s.sessionOpts[name] = sess, ks.Opts
+		s.kept[name] = keptMark{sess, ks.Pid}
+	}
+	rt.DropEarly()
+	kns, err := openKernelNS(rt)
+	if err != nil {
+		s.rt = nil
+		m.endSessions(s, "the daemon could not adopt the sandbox")
+		return fail(err)
+	}
+	s.kns = kns
+	s.err = nil
+	s.mu.Lock()
+	s.oomSeen = rt.OOMKills()
+	s.mu.Unlock()
+	return nil
+}
+
+// adoptState finds the state namespace the sandbox's live processes (every process but
+// init and keep) stand in whose overlay's upper is the record's, and makes it rt's
+// current state. It returns the processes in it (sandbox PIDs); none when no process
+// stands on the record's upper (the caller mounts the state).
+func (m *Manager) adoptState(s *sb, rt *sandbox.Sandbox, keep map[int]bool) (map[int]bool, error) {
+	pids, err := rt.Procs()
+	if err != nil {
+		return nil, err
+	}
+	byNS := map[uint64][]int{}
+	fds := map[uint64]int{}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for _, p := range pids {
+		if keep[p] || strayTemplate(rt, p) {
+			continue
+		}
+		fd, err := rt.OpenProcNS(p, "mnt")
+		if err != nil {
+			continue // gone
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			continue
+		}
+		if _, ok := fds[st.Ino]; ok {
+			unix.Close(fd)
+		} else {
+			fds[st.Ino] = fd
+		}
+		byNS[st.Ino] = append(byNS[st.Ino], p)
+	}
+	for ino, fd := range fds {
+		err := rt.AdoptState(fd, s.rec.Upper)
+		if errors.Is(err, sandbox.ErrNotThisState) {
+			m.log.Info("adopt sandbox: processes on another state are ended", "id", s.rec.ID, "pids", fmt.Sprint(byNS[ino]), "why", err)
+			continue
+		}
+		if err != nil {
+			m.log.Info("adopt sandbox: a namespace not inspected", "id", s.rec.ID, "pids", fmt.Sprint(byNS[ino]), "err", err)
+			continue
+		}
+		live := map[int]bool{}
+		for _, p := range byNS[ino] {
+			live[p] = true
+		}
+		return live, nil
+	}
+	return map[int]bool{}, nil
+}
+
+// strayTemplate reports whether the sandbox's process pid looks like a template that
+// was never recorded (a checkpoint cut before its templates were parked and recorded,
+// when nothing changed in the files: they still stand in the current state): stopped,
+// a child of init, leading a session of its own without a terminal, as a fork of the
+// fast path is left (fastpath.Held.Fork). Such a process is not live, and adopt ends
+// it: taken for a live one, a SIGCONT would run a second copy of its process.
+func strayTemplate(rt *sandbox.Sandbox, pid int) bool {
+	b, err := rt.ReadProcFile(pid, "stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := bytes.Fields(b[i+1:]) // state, ppid, pgrp, session, tty_nr...
+	return len(f) > 4 && string(f[0]) == "T" && string(f[1]) == "1" &&
+		string(f[3]) == strconv.Itoa(pid) && string(f[4]) == "0"
+}
+
+// loadProcesses reads the index's process records; those of nodes the index no longer
+// has are deleted.
+func (m *Manager) loadProcesses() map[string]nodeProcesses {
+	raw, err := m.st.Index.LoadProcesses()
+	if err != nil {
+		m.log.Warn("process records not read: templates are not taken back", "err", err)
+		return nil
+	}
+	out := map[string]nodeProcesses{}
+	for node, b := range raw {
+		var np nodeProcesses
+		if _, ok := m.nodes[node]; !ok || json.Unmarshal(b, &np) != nil {
+			m.st.Index.Apply(store.Op{PutProcesses: &store.Processes{Node: node}})
+			continue
+		}
+		out[node] = np
+	}
+	return out
+}
+
+// recordInit records s's running init for the next daemon. Precondition: s.opMu held
+// or s not yet shared.
+func (m *Manager) recordInit(s *sb) {
+	start, err := s.rt.InitStartTime()
+	if err != nil {
+		m.log.Warn("record init", "sandbox", s.rec.ID, "err", err)
+		return
+	}
+	m.mu.Lock()
+	s.rec.Init = &store.InitRef{Pid: s.rt.InitPid(), Start: start}
+	m.mu.Unlock()
+}
+
+
+
+// detachSandbox lets go of s and leaves it running for the next daemon: its sessions'
+// terminals with init, its templates in a group stop (the tracer detaches them, with
+// SIGSTOP queued), its processes where they are. Precondition: s.opMu held, no
+// background work of s left to start (Close).
+func (m *Manager) detachSandbox(s *sb) {
+	m.keepSessions(s)
+	if s.tracer != nil {
+		s.tracer.Close()
+		s.tracer = nil
+	}
+	if s.kns != nil {
+		s.kns.Close()
+		s.kns = nil
+	}
+	s.mu.Lock()
+	for _, sess := range s.sessions {
+		sess.Release() // closes the daemon's master; init keeps its own
+	}
+	s.mu.Unlock()
+	s.rt.Detach()
+	s.rt = nil
+}
