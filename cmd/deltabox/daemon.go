@@ -107,6 +107,7 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 	default:
 		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
 	}
+	cfg.CrashAt = getenv("DELTABOX_CRASH_AT")
 	switch v := getenv("DELTABOX_STOP_SANDBOXES"); v {
 	case "", "0":
 	case "1":

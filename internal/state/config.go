@@ -37,6 +37,11 @@ type Config struct {
 	// (DELTABOX_STOP_SANDBOXES=1). By default they keep running, and the next daemon
 	// adopts them (restart.go).
 	StopSandboxes bool
+	// CrashAt ("checkpoint:K", "restore:K"; DELTABOX_CRASH_AT) is a test hook: the daemon
+	// kills itself with SIGKILL just before step K of that operation (K one past the
+	// last: after the last step, before the answer), to test what the next daemon makes
+	// of an operation cut there (tests/e2e/restart_test.go).
+	CrashAt string
 }
 
 // The session caps' defaults: an agent uses a handful of sessions; 1024 sessions at

@@ -3,10 +3,14 @@ package state
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -302,6 +306,7 @@ func (m *Manager) queueOp(ctx context.Context, s *sb, what string, wait time.Dur
 
 // fail is the fault-injection point of step k of op (Manager.FailStep; tests only).
 func (m *Manager) fail(op string, k int) error {
+	m.crashPoint(op, k)
 	if m.FailStep != nil {
 		return m.FailStep(op, k)
 	}
@@ -366,5 +371,16 @@ func runSteps[T any](m *Manager, name string, steps []step[T], op T, inject *fun
 		}
 		phase(res, st.phase, &tp)
 	}
+	// After the last step, before the answer and the index commit (a crash hook only).
+	m.crashPoint(name, len(steps)+1)
 	return nil
+}
+
+// crashPoint is Config.CrashAt's hook: the daemon dies here as under kill -9.
+func (m *Manager) crashPoint(op string, k int) {
+	if m.cfg.CrashAt != "" && m.cfg.CrashAt == op+":"+strconv.Itoa(k) {
+		m.log.Warn("DELTABOX_CRASH_AT: the daemon kills itself", "op", op, "step", k)
+		unix.Kill(os.Getpid(), unix.SIGKILL)
+		select {}
+	}
 }

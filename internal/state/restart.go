@@ -36,8 +36,10 @@ import (
 //     overlay's upper is the record's (sandbox.Sandbox.AdoptState). Processes anywhere
 //     else are killed: a checkpoint or restore cut before its record reached the index
 //     (a template not recorded, a process moved to a state the record does not name, a
-//     restore's memory holder). If none stands on the record's upper, every live process
-//     is killed and the record's state mounted afresh, as a restart did before;
+//     restore's memory holder, a template not recorded yet: strayTemplate). If none
+//     stands on the record's upper, every live process is killed and the record's state
+//     mounted afresh, as a restart did before. (What the daemon held when it died, the
+//     kernel killed: PTRACE_O_EXITKILL while a tracee is changed, internal/remote);
 //  4. sessions: each one init kept whose process is among the live ones is adopted on
 //     its kept terminal (session.Adopt); the others are reported ended.
 //
@@ -319,8 +321,11 @@ func (m *Manager) adoptState(s *sb, rt *sandbox.Sandbox, keep map[int]bool) (map
 		}
 	}()
 	for _, p := range pids {
-		if keep[p] || strayTemplate(rt, p) {
+		if keep[p] {
 			continue
+		}
+		if strayTemplate(rt, p) {
+			continue // not live: KillAll ends it
 		}
 		fd, err := rt.OpenProcNS(p, "mnt")
 		if err != nil {
@@ -357,12 +362,16 @@ func (m *Manager) adoptState(s *sb, rt *sandbox.Sandbox, keep map[int]bool) (map
 	return map[int]bool{}, nil
 }
 
-// strayTemplate reports whether the sandbox's process pid looks like a template that
-// was never recorded (a checkpoint cut before its templates were parked and recorded,
-// when nothing changed in the files: they still stand in the current state): stopped,
-// a child of init, leading a session of its own without a terminal, as a fork of the
-// fast path is left (fastpath.Held.Fork). Such a process is not live, and adopt ends
-// it: taken for a live one, a SIGCONT would run a second copy of its process.
+// strayTemplate reports whether the sandbox's process pid, which no record names, looks
+// like a template: stopped, a child of init, leading a session of its own without a
+// terminal, as a fork of the fast path is left (fastpath.Held.Fork). A daemon that died
+// during a checkpoint leaves such templates, not yet recorded. The live processes it
+// held then are gone: a tracee the daemon has changed has PTRACE_O_EXITKILL set
+// (internal/remote), so the kernel killed it with the daemon rather than let it run
+// half-modified. Taken for a live process, a template would run a second copy of its
+// process at the next SIGCONT, so adopt ends it. (A job the user stopped has its
+// session's terminal, or a parent other than init; a process outside the sessions that
+// someone stopped after it left its terminal and its parent would be ended too.)
 func strayTemplate(rt *sandbox.Sandbox, pid int) bool {
 	b, err := rt.ReadProcFile(pid, "stat")
 	if err != nil {
@@ -373,7 +382,7 @@ func strayTemplate(rt *sandbox.Sandbox, pid int) bool {
 		return false
 	}
 	f := bytes.Fields(b[i+1:]) // state, ppid, pgrp, session, tty_nr...
-	return len(f) > 4 && string(f[0]) == "T" && string(f[1]) == "1" &&
+	return len(f) > 4 && (string(f[0]) == "T" || string(f[0]) == "t") && string(f[1]) == "1" &&
 		string(f[3]) == strconv.Itoa(pid) && string(f[4]) == "0"
 }
 
@@ -409,8 +418,6 @@ func (m *Manager) recordInit(s *sb) {
 	s.rec.Init = &store.InitRef{Pid: s.rt.InitPid(), Start: start}
 	m.mu.Unlock()
 }
-
-
 
 // detachSandbox lets go of s and leaves it running for the next daemon: its sessions'
 // terminals with init, its templates in a group stop (the tracer detaches them, with

@@ -64,7 +64,7 @@ type Op struct {
 	DeleteSandbox string
 	// PutProcesses sets a node's process record (nil Data deletes it).
 	PutProcesses *Processes
-	After         func() // runs after the transaction that holds the ops before it
+	After        func() // runs after the transaction that holds the ops before it
 	// MetaOnly marks a PutNode that changes no layer data (a size measured later),
 	// so the committer need not sync the store for it.
 	MetaOnly bool

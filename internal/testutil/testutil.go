@@ -154,6 +154,12 @@ func StartDaemon(t testing.TB) *Daemon {
 // StartDaemonOn starts a daemon on root (reused across a restart).
 func StartDaemonOn(t testing.TB, root string) *Daemon {
 	t.Helper()
+	return StartDaemonEnv(t, root)
+}
+
+// StartDaemonEnv starts a daemon on root with env (NAME=VALUE) added to its environment.
+func StartDaemonEnv(t testing.TB, root string, env ...string) *Daemon {
+	t.Helper()
 	d := &Daemon{Root: root, Socket: filepath.Join(root, "deltabox.sock"), t: t}
 	var err error
 	d.log, err = os.OpenFile(filepath.Join(root, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -163,6 +169,9 @@ func StartDaemonOn(t testing.TB, root string) *Daemon {
 	// Not waited for until Stop, which gives it 20 s; it must answer within 20 s.
 	d.cmd = exec.Command(Binary(t), "daemon", "--root", root, "--socket", d.Socket)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if len(env) > 0 {
+		d.cmd.Env = append(os.Environ(), env...)
+	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -184,7 +193,9 @@ func StartDaemonOn(t testing.TB, root string) *Daemon {
 	return d
 }
 
-// Stop stops the daemon gracefully (SIGTERM); its sandboxes stop with it.
+// Stop stops the daemon gracefully (SIGTERM); its sandboxes keep running (unless it runs
+// with DELTABOX_STOP_SANDBOXES=1), for the next daemon on the store or NewStore's
+// cleanup (EndSandboxes).
 func (d *Daemon) Stop() {
 	if d.cmd == nil || d.cmd.Process == nil {
 		return

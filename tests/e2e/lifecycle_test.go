@@ -405,11 +405,51 @@ func dbxRestartCase(t *testing.T, d *testutil.Daemon, id string) (n1 string, pid
 	return n1, pids
 }
 
+// dbxCheckAdopted checks a sandbox the new daemon adopted: the same init, every process
+// alive, the files and the tree as before, and checkpoints and restores go on.
+func dbxCheckAdopted(t *testing.T, d *testutil.Daemon, id, n1 string, oldPids []int) {
+	t.Helper()
+	in, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatalf("after the restart: get %s: %v\ndaemon log:\n%s", id, err, d.Log())
+	}
+	if in.Status != "running" || in.Head != n1 || !slices.Contains(oldPids, in.InitPid) {
+		t.Fatalf("after the restart: sandbox %+v, want running on %s with its init among %v\ndaemon log:\n%s", in, n1, oldPids, d.Log())
+	}
+	for _, p := range oldPids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err != nil {
+			t.Errorf("process %d of the sandbox did not survive the restart", p)
+		}
+	}
+	want := "committed\nmore\netc\nuncommitted\ntmp\nno-motd\n"
+	if got := dbxSh(t, d, id, dbxRestartFiles); got != want {
+		t.Errorf("files after the restart:\n%s\nwant\n%s", got, want)
+	}
+	n2 := dbxCheckpoint(t, d, id, "after restart").Node
+	if n2.Parent != n1 || !n2.Own {
+		t.Errorf("checkpoint after the restart: parent %q own %v, want %s and a layer of its own", n2.Parent, n2.Own, n1)
+	}
+	dbxRestore(t, d, id, n1)
+	if got := dbxSh(t, d, id, dbxRestartFiles); got != "committed\netc\nno-uncommitted\nmotd\n" {
+		t.Errorf("restore to %s after the restart: files\n%s", n1, got)
+	}
+	dbxRestore(t, d, id, n2.ID)
+	if got := dbxSh(t, d, id, dbxRestartFiles); got != want {
+		t.Errorf("restore to %s after the restart: files\n%s\nwant\n%s", n2.ID, got, want)
+	}
+}
+
 const dbxRestartFiles = `cat /workspace/committed /etc/committed; cat /workspace/uncommitted /tmp/uncommitted 2>/dev/null || echo no-uncommitted
 [ -e /etc/motd ] && echo motd || echo no-motd`
 
-func dbxCheckRestarted(t *testing.T, d *testutil.Daemon, id, n1 string, oldPids []int) {
+// dbxCheckRestarted checks the sandbox after its daemon restarted: kept, adopted with its
+// processes (oldPids alive, init the same); else started afresh, files only.
+func dbxCheckRestarted(t *testing.T, d *testutil.Daemon, id, n1 string, oldPids []int, kept bool) {
 	t.Helper()
+	if kept {
+		dbxCheckAdopted(t, d, id, n1, oldPids)
+		return
+	}
 	in, err := d.C.Get(dbxCtx(t), id)
 	if err != nil {
 		t.Fatalf("after the restart: get %s: %v\ndaemon log:\n%s", id, err, d.Log())
@@ -455,18 +495,29 @@ func dbxCheckRestarted(t *testing.T, d *testutil.Daemon, id, n1 string, oldPids 
 	}
 }
 
-// TestLifecycleDaemonRestart: a graceful stop and start brings sandboxes back with
-// their files (committed and not), without their processes.
+// TestLifecycleDaemonRestart: after a graceful stop and start the sandboxes are still
+// running, with their processes and files (committed and not).
 func TestLifecycleDaemonRestart(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	n1, pids := dbxRestartCase(t, d, "restart")
 	d.Stop()
 	d = testutil.StartDaemonOn(t, d.Root)
-	dbxCheckRestarted(t, d, "restart", n1, pids)
+	dbxCheckRestarted(t, d, "restart", n1, pids, true)
+}
+
+// TestLifecycleDaemonStopSandboxes: a daemon told to stop its sandboxes
+// (DELTABOX_STOP_SANDBOXES=1) ends their processes; the next one starts them afresh with
+// their files (committed and not).
+func TestLifecycleDaemonStopSandboxes(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_STOP_SANDBOXES=1")
+	n1, pids := dbxRestartCase(t, d, "stop")
+	d.Stop()
+	d = testutil.StartDaemonOn(t, d.Root)
+	dbxCheckRestarted(t, d, "stop", n1, pids, false)
 }
 
 // TestLifecycleDaemonCrash: the same after SIGKILL of the daemon, and the startup sweep
-// removes what the index does not name.
+// removes what the index does not name (and nothing the adopted sandbox uses).
 func TestLifecycleDaemonCrash(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	n1, pids := dbxRestartCase(t, d, "crash")
@@ -485,7 +536,7 @@ func TestLifecycleDaemonCrash(t *testing.T) {
 	}
 	os.MkdirAll(filepath.Join(d.Root, "layers", "99999", "diff", "junk"), 0o755)
 	d = testutil.StartDaemonOn(t, d.Root)
-	dbxCheckRestarted(t, d, "crash", n1, pids)
+	dbxCheckRestarted(t, d, "crash", n1, pids, true)
 	for _, o := range orphans {
 		if _, err := os.Stat(o); err == nil {
 			t.Errorf("orphan %s survived the startup sweep", o)

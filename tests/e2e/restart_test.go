@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// Sandboxes outlive their daemon (internal/state/restart.go): these kill the daemon with
+// SIGKILL, or stop it, and check what the next daemon on the store gives back.
+
+// restartSetup makes sandbox id with a python session (x = 41) and a bash session (cd
+// /tmp, FOO=bar), checkpoints it (the node's templates hold x = 41), sets x = 42, and
+// returns the node and the sessions' PIDs.
+func restartSetup(t *testing.T, d *testutil.Daemon, id string) (node, pyPid, bashPid string) {
+	t.Helper()
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid = strings.TrimSpace(sessRun(t, d, id, "py", "import os; x = 41; os.getpid()"))
+	bashPid = strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; echo $$"))
+	op := dbxCheckpoint(t, d, id, "x41")
+	if op.Processes != 2 {
+		t.Fatalf("checkpoint took %d processes, want 2: %v", op.Processes, op.ProcessErrors)
+	}
+	sessRun(t, d, id, "py", "x = 42")
+	if err := d.C.Sync(dbxCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	// The templates are recorded after they are parked, in the background.
+	time.Sleep(300 * time.Millisecond)
+	return op.Node.ID, pyPid, bashPid
+}
+
+// restartCheckSessions checks that the sessions answer with their state and PIDs, and
+// that node still restores their processes (x back to 41), then sets x = 42 again.
+func restartCheckSessions(t *testing.T, d *testutil.Daemon, id, node, pyPid, bashPid, when string) {
+	t.Helper()
+	r, err := d.C.Run(dbxCtx(t), id, "py", "(x, os.getpid())", 30*time.Second)
+	if err != nil || r.SessionRestarted || r.Stdout != fmt.Sprintf("(42, %s)\n", pyPid) {
+		t.Fatalf("%s: python session: %+v %v, want (42, %s) from the same process\ndaemon log:\n%s", when, r, err, pyPid, d.Log())
+	}
+	if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$"); got != "/tmp bar "+bashPid+"\n" {
+		t.Fatalf("%s: bash session: %q, want \"/tmp bar %s\"", when, got, bashPid)
+	}
+	res := dbxRestore(t, d, id, node)
+	if res.Processes != 2 {
+		t.Fatalf("%s: restore to %s brought back %d processes, want 2 (its templates taken back): %v\ndaemon log:\n%s", when, node, res.Processes, res.ProcessErrors, d.Log())
+	}
+	if got := sessRun(t, d, id, "py", "(x, os.getpid())"); got != fmt.Sprintf("(41, %s)\n", pyPid) {
+		t.Fatalf("%s: after the restore: python %q, want (41, %s)", when, got, pyPid)
+	}
+	sessRun(t, d, id, "py", "x = 42")
+	if err := d.C.Sync(dbxCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the node's records are taken again after a restore
+}
+
+// TestRestartKeepsSessionsAndTemplates: after a SIGKILL of the daemon, then another after
+// a restore from a template the first restart took back, then a graceful stop, the
+// sessions answer with their state from the same processes, and the node restores its
+// processes each time.
+func TestRestartKeepsSessionsAndTemplates(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	node, pyPid, bashPid := restartSetup(t, d, "rs")
+	d.Kill()
+	d = testutil.StartDaemonOn(t, d.Root)
+	restartCheckSessions(t, d, "rs", node, pyPid, bashPid, "after a kill -9")
+	d.Kill()
+	d = testutil.StartDaemonOn(t, d.Root)
+	restartCheckSessions(t, d, "rs", node, pyPid, bashPid, "after a second kill -9")
+	d.Stop()
+	d = testutil.StartDaemonOn(t, d.Root)
+	restartCheckSessions(t, d, "rs", node, pyPid, bashPid, "after a stop")
+	// Templates: one per session at the node, nothing else stopped.
+	if st := fpStoppedPids(t, d, "rs"); len(st) != 2 {
+		t.Errorf("%d stopped processes after three restarts, want the node's 2 templates: %v", len(st), st)
+	}
+}
+
+// TestRestartAfterCutAtEveryStep: the daemon dies (SIGKILL, DELTABOX_CRASH_AT) before
+// each step of a checkpoint and of a restore, and after the last; the next daemon gives
+// back a sandbox whose files and processes agree (files and processes are one atomic
+// pair: x in the python session equals the file's content, unless the session was
+// started afresh), whose tree holds every node recorded before, and that checkpoints
+// and restores with its processes again; nothing is left behind once it is removed.
+func TestRestartAfterCutAtEveryStep(t *testing.T) {
+	cases := []string{}
+	for k := 1; k <= 9; k++ {
+		cases = append(cases, fmt.Sprintf("checkpoint:%d", k))
+	}
+	for k := 1; k <= 8; k++ {
+		cases = append(cases, fmt.Sprintf("restore:%d", k))
+	}
+	for _, at := range cases {
+		t.Run(strings.ReplaceAll(at, ":", "-"), func(t *testing.T) {
+			root := testutil.NewStore(t)
+			d := testutil.StartDaemonEnv(t, root, "DELTABOX_CRASH_AT="+at)
+			id := "cut"
+			dbxCreate(t, d, id)
+			if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+				t.Fatal(err)
+			}
+			set := func(v int) {
+				sessRun(t, d, id, "py", fmt.Sprintf("x = %d; open('/workspace/x', 'w').write('%d')", v, v))
+			}
+			set(1)
+			var n1 string
+			if strings.HasPrefix(at, "restore") {
+				n1 = dbxCheckpoint(t, d, id, "x1").Node.ID
+				set(2)
+				// A node the client was told is durable (and its templates, recorded in
+				// the background once parked) must survive the cut.
+				if err := d.C.Sync(dbxCtx(t)); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(300 * time.Millisecond)
+				if _, err := d.C.Restore(dbxCtx(t), id, n1); err == nil {
+					t.Fatalf("the restore answered: the daemon did not die at %s", at)
+				}
+			} else if _, err := d.C.Checkpoint(dbxCtx(t), id, "x1"); err == nil {
+				t.Fatalf("the checkpoint answered: the daemon did not die at %s", at)
+			}
+			d.Kill()
+			d = testutil.StartDaemonOn(t, root)
+			in, err := d.C.Get(dbxCtx(t), id)
+			if err != nil || in.Status != "running" {
+				t.Fatalf("after the restart: %+v %v\ndaemon log:\n%s", in, err, d.Log())
+			}
+			file := sessRunSh(t, d, id, "cat /workspace/x")
+			how := "adopted"
+			r, err := d.C.Run(dbxCtx(t), id, "py", "x", 30*time.Second)
+			if err != nil && strings.Contains(err.Error(), "not found") {
+				// The sandbox was started afresh: its sessions are gone with its processes.
+				how = "gone (sandbox restarted, files only)"
+				if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+					t.Fatal(err)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			} else if r.SessionRestarted || r.ExitCode != 0 {
+				how = "restarted"
+			} else if strings.TrimSpace(r.Stdout) != file {
+				t.Fatalf("files and processes disagree after a cut at %s: x = %q, the file %q\ndaemon log:\n%s", at, r.Stdout, file, d.Log())
+			}
+			t.Logf("cut at %s: sandbox on %q, file %s, python session %s", at, in.Head, file, how)
+			tr, err := d.C.Tree(dbxCtx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n1 != "" && dbxTreeNode(tr, n1) == nil {
+				t.Fatalf("node %s, recorded before the cut, is gone", n1)
+			}
+			if in.Head != "" && dbxTreeNode(tr, in.Head) == nil {
+				t.Fatalf("the sandbox stands on %s, which the tree lacks", in.Head)
+			}
+			// It works on: a checkpoint with its processes, a change, a restore.
+			set(7)
+			op := dbxCheckpoint(t, d, id, "x7")
+			if op.Processes < 1 {
+				t.Fatalf("checkpoint after the restart took no process: %v", op.ProcessErrors)
+			}
+			set(8)
+			res := dbxRestore(t, d, id, op.Node.ID)
+			if res.Processes < 1 {
+				t.Fatalf("restore after the restart brought back no process: %v", res.ProcessErrors)
+			}
+			if got := sessRun(t, d, id, "py", "x"); got != "7\n" || sessRunSh(t, d, id, "cat /workspace/x") != "7" {
+				t.Fatalf("after the restart, restore to %s: x %q", op.Node.ID, got)
+			}
+			// Nothing is left behind: the sandbox removed and its daemon stopped, no
+			// process, cgroup or overlay of the store remains.
+			if err := d.C.Remove(dbxCtx(t), id); err != nil {
+				t.Fatal(err)
+			}
+			d.Stop()
+			restartNoLeftovers(t, root, dbxCgroupRoot(root))
+		})
+	}
+}
+
+// sessRunSh runs a command by exec (not in a session) and returns its output, trimmed.
+func sessRunSh(t *testing.T, d *testutil.Daemon, id, script string) string {
+	t.Helper()
+	return strings.TrimSpace(dbxSh(t, d, id, script))
+}
+
+// restartNoLeftovers checks that no process is in the store's sandbox cgroups and no
+// overlay mount names the store.
+func restartNoLeftovers(t *testing.T, root, cg string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		procs := 0
+		filepath.WalkDir(cg, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				procs += len(dbxReadPids(filepath.Join(p, "cgroup.procs")))
+			}
+			return nil
+		})
+		mounts := dbxOverlayMounts(root)
+		if procs == 0 && len(mounts) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind: %d processes in %s, overlay mounts %v", procs, cg, mounts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
