@@ -41,6 +41,9 @@ func openWith(t *testing.T, root string, cfg state.Config) *state.Manager {
 		t.Fatal(err)
 	}
 	cgroup.SetRootFor(root, store.DefaultRoot)
+	// The test process is the daemon here: sandboxes left running at Close would outlive
+	// it (adoption is tested end to end: tests/e2e/restart_test.go).
+	cfg.StopSandboxes = true
 	m, err := state.New(st, slog.New(slog.NewTextHandler(io.Discard, nil)), cfg)
 	if err != nil {
 		t.Fatal(err)
