@@ -30,6 +30,8 @@
 //	procwarm.go    the warm-up of restored processes' memory
 //	background.go  work after the answer, and the gate that keeps it out of operations
 //	diskquota.go   the disk watcher: uppers measured by XFS project, disk_mb enforced
+//	restart.go     sandboxes outliving the daemon: what init keeps, template records,
+//	               adoption by the next daemon
 //	sandboxes.go, sessions.go, files.go, images.go   the rest of the API's verbs
 //
 // # Locking
@@ -54,7 +56,9 @@
 //	                   removed, sessions, sessionOpts, ended, warming,
 //	                   stats, oomSeen, disk
 //
-// session.Session's and background's own mutexes are leaves: nothing is taken under them.
+// sb.keepMu (restart.go: keepSessions) is taken under no lock but opMu, and takes sb.mu
+// briefly; it is held across round trips to init. session.Session's and background's
+// own mutexes are leaves: nothing is taken under them.
 //
 // # Goroutines
 //
