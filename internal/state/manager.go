@@ -238,17 +238,25 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 // index.
 func (m *Manager) Close() error {
 	close(m.stop)
-	if !m.cfg.StopSandboxes {
-		// Background work first (parking and recording templates, keeping sessions), so
-		// that what the next daemon adopts is recorded.
-		m.wg.Wait()
-	}
 	m.mu.Lock()
 	var all []*sb
 	for _, s := range m.sandboxes {
 		all = append(all, s)
 	}
 	m.mu.Unlock()
+	if !m.cfg.StopSandboxes {
+		// Background work first (parking and recording templates, keeping sessions), so
+		// that what the next daemon adopts is recorded; the warm-ups of restored processes,
+		// which run until stopped, are stopped before.
+		for _, s := range all {
+			s.opMu.Lock()
+			if err := m.stopProcWarm(s); err != nil {
+				m.log.Warn("close", "sandbox", s.rec.ID, "err", err)
+			}
+			s.opMu.Unlock()
+		}
+		m.wg.Wait()
+	}
 	for _, s := range all {
 		s.opMu.Lock()
 		if err := m.stopProcWarm(s); err != nil {
