@@ -428,7 +428,8 @@ func TestLimitsSurviveRestart(t *testing.T) {
 	check("after a graceful restart")
 
 	// A crash leaves the v1 directories (with a process in one) and a stray one; the
-	// next start sweeps them and makes fresh ones.
+	// next start adopts the sandbox with its directories and its process, and sweeps the
+	// stray one.
 	dbxSh(t, d, lim.ID, "sleep 1000 >/dev/null 2>&1 & echo started")
 	dirs := limDirs(t, d, lim.ID)
 	stray := filepath.Join(filepath.Dir(dirs["pids"]), "stray")
@@ -441,11 +442,15 @@ func TestLimitsSurviveRestart(t *testing.T) {
 		t.Errorf("the stray cgroup %s survived the startup sweep (%v)", stray, err)
 	}
 	check("after a crash")
-	if got := limRead(t, limDirs(t, d, lim.ID)["pids"], "pids.current"); got != "0" {
-		t.Errorf("after the crash: pids.current %s, want 0 (the old sleep was killed)", got)
+	if got := limRead(t, limDirs(t, d, lim.ID)["pids"], "pids.current"); got != "1" {
+		t.Errorf("after the crash: pids.current %s, want 1 (the sleep, adopted with its sandbox)", got)
 	}
 
-	// A graceful stop leaves no v1 directory behind, not even the store's parents.
+	// A graceful stop of a daemon that stops its sandboxes leaves no v1 directory behind,
+	// not even the store's parents.
+	d.Stop()
+	d = testutil.StartDaemonEnv(t, d.Root, "DELTABOX_STOP_SANDBOXES=1")
+	check("after a restart that stops them")
 	d.Stop()
 	cgroup.SetRootFor(d.Root, store.DefaultRoot)
 	for _, c := range []string{"memory", "pids", "cpu", "cpuacct"} {
