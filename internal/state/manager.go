@@ -137,16 +137,20 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	// the others' cgroups, and anything left in them, go.
 	procs := m.loadProcesses()
 	adopted := map[string]*sb{}
+	byID := map[string]*sb{}
 	for _, r := range sbs {
+		s := m.newSB(r)
+		byID[r.ID] = s
 		if why := m.adoptable(r); why != "" {
 			if r.Init != nil {
 				log.Info("sandbox restarts afresh", "id", r.ID, "why", why)
+				m.salvageSessions(s)
 			}
 			continue
 		}
-		s := m.newSB(r)
 		if err := m.adopt(s, procs); err != nil {
 			log.Warn("sandbox not adopted: it restarts afresh, files only", "id", r.ID, "err", err)
+			m.salvageSessions(s)
 			continue
 		}
 		adopted[r.ID] = s
@@ -199,10 +203,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		}
 	}
 	for _, r := range sbs {
-		s := adopted[r.ID]
-		if s == nil {
-			s = m.newSB(r)
-		}
+		s := byID[r.ID]
 		m.sandboxes[r.ID] = s
 		if r.Upper > m.nextLayer {
 			m.nextLayer = r.Upper

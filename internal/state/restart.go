@@ -168,6 +168,36 @@ func (m *Manager) adoptable(r store.Sandbox) string {
 	return ""
 }
 
+// salvageSessions reads, from the init of a sandbox that is not adopted (it restarts
+// afresh), the sessions it kept, so that they are known as ended rather than unknown:
+// the next call to one starts it again with its options (session_restarted), as after a
+// restore that ended it. Nothing is changed in the sandbox (the caller then ends it).
+func (m *Manager) salvageSessions(s *sb) {
+	r := s.rec.Init
+	if r == nil {
+		return
+	}
+	c, _ := sbinit.Reconnect(r.Pid, r.Start)
+	if c == nil {
+		return
+	}
+	defer c.Detach()
+	kept, err := c.Kept()
+	if err != nil {
+		return
+	}
+	for key, k := range kept {
+		unix.Close(k.FD)
+		name, ok := strings.CutPrefix(key, sessionKey)
+		var ks keptSession
+		if !ok || json.Unmarshal([]byte(k.Data), &ks) != nil {
+			continue
+		}
+		s.sessionOpts[name] = ks.Opts
+		s.ended[name] = "ended: the daemon restarted and could not keep the sandbox's processes (files only)"
+	}
+}
+
 // adopt takes over s's running sandbox (see the top of this file). On error nothing of
 // it is kept and the caller destroys it and boots it afresh. procs are the index's
 // process records, by node.
