@@ -1,0 +1,90 @@
+package fastpath
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/remote"
+)
+
+// A durable image of a template is made from a copy of it. CRIU must seize the process it
+// dumps, and a template is held by its tracer from its fork on (Template.tr); letting the
+// template go for the dump (0.2-0.5 s for a 50 MB python) would make a restore to its
+// node wait for the dump. So CopyTemplate forks the template (as Fork forks a live
+// process: clone3 injected, CLONE_PARENT, setsid, not dumpable) into a copy that no one
+// traces, left in a group stop, and the template goes back to its parking at once. The
+// copy shares the template's memory copy-on-write (its cost is a fork's: page tables);
+// the caller dumps it and kills it. An image restored later is such a copy: stopped,
+// not traced, in the sandbox's PID namespace, and AdoptStopped makes it the node's
+// template again. The copy's registers are the template's saved ones (the live
+// process's at its checkpoint): the injected clone3 is undone in it before the detach.
+
+// CopyTemplate returns the host PID of a stopped, untraced copy of tmpl (above).
+// Precondition: tmpl is not being revived meanwhile (the caller holds the sandbox's
+// template lock).
+func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, error) {
+	tt, err := holdTemplate(tr, tmpl)
+	if err != nil {
+		return 0, err
+	}
+	pid := 0
+	err = tr.Do(func() error {
+		child, err := tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT})
+		if err != nil {
+			if perr := tt.Restore(); perr != nil {
+				return fmt.Errorf("fork a copy of template %d: %w (and put it back: %v)", tmpl.HostPid, err, perr)
+			}
+			return fmt.Errorf("fork a copy of template %d: %w", tmpl.HostPid, err)
+		}
+		err = tt.Restore()
+		if err == nil {
+			_, err = child.Setsid()
+		}
+		if err == nil {
+			err = child.DetachStopped()
+		}
+		if err != nil {
+			child.Kill()
+			return fmt.Errorf("copy of template %d: %w", tmpl.HostPid, err)
+		}
+		pid = child.Pid()
+		return nil
+	})
+	return pid, err
+}
+
+// AdoptStopped makes the stopped, untraced process at hostPid (a copy of a template:
+// CopyTemplate's, or one restored from its durable image) a template with rec's
+// contents (the record of the template it copies): seized with the usual options,
+// required to be in its group stop, parked as Fork parks (ptrace-stop, SIGSTOP queued).
+// Unlike Reattach it checks no identity: the caller made or restored the process.
+func AdoptStopped(tr *remote.Tracer, rec TemplateRecord, hostPid, selfPid int) (*Template, error) {
+	tmpl := &Template{Proc: rec.Proc, HostPid: hostPid, SelfPid: selfPid, sc: uintptr(rec.Syscall), tr: tr,
+		Itimers: rec.Itimers, Signals: rec.Signals, Dumpable: rec.Dumpable}
+	err := tr.Do(func() error {
+		t, err := tr.Seize(hostPid)
+		if err != nil {
+			return fmt.Errorf("seize process %d: %w", hostPid, err)
+		}
+		if !t.WasStopped() {
+			t.Kill()
+			return fmt.Errorf("process %d was not stopped: killed", hostPid)
+		}
+		if rec.Syscall != 0 {
+			if err := t.UseSyscallAddr(uintptr(rec.Syscall)); err != nil {
+				t.Kill()
+				return fmt.Errorf("process %d: recorded syscall address %#x: %w", hostPid, rec.Syscall, err)
+			}
+		}
+		if err := t.KeepStopped(); err != nil {
+			t.Kill()
+			return fmt.Errorf("park process %d as a template: %w", hostPid, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return tmpl, nil
+}

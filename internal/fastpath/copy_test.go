@@ -1,0 +1,107 @@
+package fastpath
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/procfs"
+	"deltabox/internal/remote"
+)
+
+// TestCopyTemplateRevives: a copy of a template (what a durable image is dumped from) is
+// a stopped, untraced process with the template's memory and fds, while the template
+// stays parked; adopted as a template (AdoptStopped), with the original gone, it revives
+// the process as the original would: same PID, memory, fds, pending signal.
+func TestCopyTemplateRevives(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(file, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sub := startMapper(t, file)
+	if l := sub.ask("write before"); l != "ok" {
+		t.Fatalf("subject says %q", l)
+	}
+	if err := unix.Kill(sub.pid, unix.SIGUSR1); err != nil { // blocked: stays pending
+		t.Fatal(err)
+	}
+	pts, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", sub.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := fdList(t, sub.pid)
+	rec := forkInDyingDaemon(t, sub.pid)
+	if s := waitState(rec.HostPid, "T", 5*time.Second); s != 'T' {
+		t.Fatalf("template state %q, want T", s)
+	}
+	tr := remote.NewTracer()
+	defer tr.Close()
+	tmpl, err := Reattach(tr, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cp, err := CopyTemplate(tr, tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("CopyTemplate: %v", time.Since(start))
+	t.Cleanup(func() { unix.Kill(cp, unix.SIGKILL); reap(cp) })
+	if s := waitState(cp, "T", 5*time.Second); s != 'T' {
+		t.Fatalf("copy state %q, want T (group stop)", s)
+	}
+	if tp := tracerPid(t, cp); tp != "0" {
+		t.Fatalf("copy traced by %s", tp)
+	}
+	if s := procfs.State(tmpl.HostPid); s != 't' {
+		t.Errorf("template state %q after the copy, want t (parked)", s)
+	}
+	if got, want := fdList(t, cp), fdList(t, tmpl.HostPid); !reflect.DeepEqual(got, want) {
+		t.Errorf("copy's fds %v, template's %v", got, want)
+	}
+	// The copy becomes the template; the original goes.
+	inner, err := procfs.InnerPid(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl2, err := AdoptStopped(tr, rec, cp, inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.Kill()
+	if err := unix.Kill(sub.pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(sub.pid, &ws, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	rv, err := SeizeTemplate(tr, tmpl2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rv.Revive(ownMountNS(t), pts); err != nil {
+		t.Fatal(err)
+	}
+	if rv.HostPid != sub.pid {
+		t.Fatalf("revived with pid %d, want %d", rv.HostPid, sub.pid)
+	}
+	t.Cleanup(func() { reap(sub.pid) })
+	if got := shdPnd(t, sub.pid); got&(1<<(unix.SIGUSR1-1)) == 0 {
+		t.Errorf("revived ShdPnd %#x: SIGUSR1 lost", got)
+	}
+	if got := fdList(t, sub.pid); !reflect.DeepEqual(got, fds) {
+		t.Errorf("revived fds %v, want %v", got, fds)
+	}
+	if err := rv.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if l := sub.ask("read"); l != "map=before" {
+		t.Errorf("revived process reads %q, want map=before", l)
+	}
+}
