@@ -26,6 +26,12 @@ type Sandbox struct {
 	// User, Net, IPC, UTS: the sandbox's. Mnt: the mount namespace of the state the
 	// tree is restored onto (its files are opened there by path).
 	User, Net, IPC, UTS, Mnt *os.File
+	// Time is the sandbox's time namespace (the host's). Without it CRIU gives the
+	// root task a time namespace of its own, its clocks shifted back to the dump's,
+	// owned by the host's user namespace: the sandbox's other processes then disagree
+	// with it on CLOCK_MONOTONIC, and the next dump of it fails ("One or more
+	// namespaces doesn't belong to the target user namespace").
+	Time *os.File
 	// TTYs gives, for each of the manifest's TTYs, the slave of the terminal the
 	// restored tree gets in its place. It must be owned by the sandbox's root (CRIU
 	// sets its owner as the image has it, from inside the sandbox's user namespace).
@@ -60,8 +66,8 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	if err != nil {
 		return nil, err
 	}
-	if sb.PID == nil || sb.User == nil || sb.Net == nil || sb.IPC == nil || sb.UTS == nil || sb.Mnt == nil {
-		return nil, errors.New("restore needs all of the sandbox's namespaces (pid, user, net, ipc, uts, mnt)")
+	if sb.PID == nil || sb.User == nil || sb.Net == nil || sb.IPC == nil || sb.UTS == nil || sb.Mnt == nil || sb.Time == nil {
+		return nil, errors.New("restore needs all of the sandbox's namespaces (pid, user, net, ipc, uts, mnt, time)")
 	}
 	// CRIU runs in a mount namespace of its own (a /proc of the sandbox): a directory
 	// reached through /proc/self/fd/N of ours is a mount of our namespace there, and
@@ -104,7 +110,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	for _, j := range []struct {
 		ns string
 		f  *os.File
-	}{{"user", sb.User}, {"net", sb.Net}, {"ipc", sb.IPC}, {"uts", sb.UTS}, {"mnt", sb.Mnt}} {
+	}{{"user", sb.User}, {"net", sb.Net}, {"ipc", sb.IPC}, {"uts", sb.UTS}, {"mnt", sb.Mnt}, {"time", sb.Time}} {
 		opts.JoinNs = append(opts.JoinNs, &rpc.JoinNamespace{Ns: proto.String(j.ns),
 			NsFile: proto.String(fmt.Sprintf("/proc/self/fd/%d", fdOf(len(files))))})
 		files = append(files, j.f)

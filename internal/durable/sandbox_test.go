@@ -100,7 +100,7 @@ func nsFiles(t testing.TB, pid int) Sandbox {
 		t.Cleanup(func() { f.Close() })
 		return f
 	}
-	return Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"), Mnt: open("mnt")}
+	return Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"), Mnt: open("mnt"), Time: open("time")}
 }
 
 // pty is a new pseudo-terminal in the devpts that pid sees (the sandbox's own), its
@@ -224,17 +224,36 @@ func TestDumpRestoreSession(t *testing.T) {
 	if m.Pid != s.pid || len(m.TTYs) != 1 {
 		t.Fatalf("manifest: pid %d (want %d), ttys %v (want the session's one)", m.Pid, s.pid, m.TTYs)
 	}
+	// Its pages go to a page store (the image keeps refs) and come back for the restore.
+	ps, err := OpenPageStore(filepath.Join(s.d.Root, "durable", "pages"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	ist, err := ps.Ingest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ingest: %+v", *ist)
 	// The dump left it running: it answers, and changes after the image.
 	if got := s.run(t, "state['n'] += 1; x[0] ^= 0xff; state['n']"); got != "42" {
 		t.Fatalf("after the dump: %q, want 42", got)
 	}
 
+	cgroups, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", s.hostPid))
+	if err != nil {
+		t.Fatal(err)
+	}
 	sb := nsFiles(t, s.hostPid)
 	p := newPty(t, s.hostPid)
 	sb.TTYs = map[string]*os.File{m.TTYs[0]: p.slave}
 	kill(t, s.hostPid)
 
 	t0 = time.Now()
+	if err := ps.Materialize(dir); err != nil {
+		t.Fatal(err)
+	}
+	materialized := time.Since(t0)
 	st, err := Restore(t.Context(), r, dir, sb, RestoreOptions{LogLevel: logLevelFromEnv()})
 	if err != nil {
 		t.Fatal(err)
@@ -249,7 +268,7 @@ func TestDumpRestoreSession(t *testing.T) {
 	p.slave.Close()
 	got := p.call(t, "(os.getpid(), state['n'], hashlib.sha256(x).hexdigest())", 30*time.Second)
 	answered := time.Since(t0)
-	t.Logf("restore: %v (CRIU %.3f s), first answer %v after the restore began", restored, st.CRIUS, answered)
+	t.Logf("restore: %v (pages back %v, CRIU %.3f s), first answer %v after the restore began", restored, materialized, st.CRIUS, answered)
 	t.Cleanup(func() { syscall.Kill(st.HostPid, syscall.SIGKILL) })
 	if want := fmt.Sprintf("(%d, 41, %s)", s.pid, h); got != want {
 		t.Fatalf("restored session answered %q, want %q", got, want)
@@ -259,6 +278,9 @@ func TestDumpRestoreSession(t *testing.T) {
 	}
 	if pp := ppid(st.HostPid); pp != s.initPid {
 		t.Fatalf("restored process %d has parent %d, want the sandbox's init %d", st.HostPid, pp, s.initPid)
+	}
+	if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.HostPid)); !bytes.Equal(cg, cgroups) {
+		t.Fatalf("restored process's cgroups:\n%s\nbefore:\n%s", cg, cgroups)
 	}
 }
 

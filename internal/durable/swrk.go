@@ -17,7 +17,7 @@ import (
 
 	"deltabox/internal/criu"
 	"deltabox/internal/deadline"
-	_ "deltabox/internal/mainthread" // call discards the thread whose pid_for_children it changed
+	_ "deltabox/internal/mainthread" // call.start may discard a thread whose pid_for_children it changed
 )
 
 // call is one request to a `criu swrk` server started for it, as runc's
@@ -97,20 +97,33 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	return resp, nil
 }
 
-// start starts cmd; with pidNS, from a thread whose pid_for_children is that namespace.
-// That thread is never given back: its goroutine exits locked, and the thread with it.
+// start starts cmd; with pidNS, from a thread whose pid_for_children is that namespace
+// for the fork, and ours again after it. The thread is given back rather than
+// discarded: a thread's exit sends the parent-death signal (PR_SET_PDEATHSIG) of every
+// child it forked, and a discarded thread that had started, say, a test's daemon with
+// Pdeathsig killed that daemon, its sandboxes' inits and this CRIU with them (seen
+// once in six runs). Only when the way back fails is the thread discarded.
 func (c *call) start(cmd *deadline.Cmd) error {
 	if c.pidNS == nil {
 		return cmd.Start()
 	}
+	own, err := os.Open("/proc/self/ns/pid")
+	if err != nil {
+		return fmt.Errorf("%s: our PID namespace: %w", c.what, err)
+	}
+	defer own.Close()
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		if err := unix.Setns(int(c.pidNS.Fd()), unix.CLONE_NEWPID); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("%s: setns into the sandbox's PID namespace for CRIU's children: %w", c.what, err)
 			return
 		}
 		errc <- cmd.Start()
+		if unix.Setns(int(own.Fd()), unix.CLONE_NEWPID) == nil {
+			runtime.UnlockOSThread()
+		} // else: exits locked, and the thread with it (package mainthread)
 	}()
 	return <-errc
 }
