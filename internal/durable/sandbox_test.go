@@ -290,3 +290,101 @@ func logLevelFromEnv() int32 {
 	n, _ := strconv.Atoi(os.Getenv("DELTABOX_CRIU_LOG"))
 	return int32(n)
 }
+
+// stoppedProg makes itself non-dumpable, fills 10 MB, stops itself (a group stop, as a
+// template that its tracer let go), and once continued writes what it then is to
+// /tmp/out: its PID, whether it is dumpable, the hash of its heap.
+const stoppedProg = `
+import ctypes, hashlib, os, signal
+libc = ctypes.CDLL(None)
+libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+x = bytearray(os.urandom(10 << 20))
+open('/tmp/hash', 'w').write(hashlib.sha256(x).hexdigest())
+os.kill(os.getpid(), signal.SIGSTOP)
+open('/tmp/out.tmp', 'w').write('%d %d %s' % (os.getpid(), libc.prctl(3, 0, 0, 0, 0), hashlib.sha256(x).hexdigest()))
+os.rename('/tmp/out.tmp', '/tmp/out')
+`
+
+// TestDumpStoppedNonDumpable: a non-dumpable process in a group stop (what a template
+// is once its tracer lets it go) is dumped and stays stopped, with SIGSTOP still
+// queued; restored from the image it is stopped again, with its PID, and once
+// continued runs on, non-dumpable, with its heap.
+func TestDumpStoppedNonDumpable(t *testing.T) {
+	r := runner(t)
+	s := newSandboxSession(t, "stp")
+	res, err := s.d.C.Exec(t.Context(), s.id, apitypes.ExecRequest{Argv: []string{"sh", "-c",
+		"setsid python3 -c \"$0\" </dev/null >/dev/null 2>&1 & echo $!", stoppedProg}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("start: %v %+v", err, res)
+	}
+	inner, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	var hp int
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if hp = childWithInnerPid(s.initPid, inner); hp != 0 && procfs.State(hp) == 'T' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox pid %d (host %d) did not stop itself within 20 s", inner, hp)
+		}
+	}
+	root := fmt.Sprintf("/proc/%d/root", hp)
+	h, err := os.ReadFile(root + "/tmp/hash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(s.d.Root, "durable", "stopped")
+	os.MkdirAll(dir, 0o700)
+	m, err := Dump(t.Context(), r, hp, dir, DumpOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := procfs.State(hp); st != 'T' {
+		t.Fatalf("after the dump the process is in state %c, want T (stopped)", st)
+	}
+	if shd := statusField(hp, "ShdPnd"); shd&(1<<(syscall.SIGSTOP-1)) == 0 {
+		t.Fatalf("after the dump SIGSTOP is not queued (ShdPnd %#x)", shd)
+	}
+	if len(m.TTYs) != 0 {
+		t.Fatalf("terminals %v in the image of a process on /dev/null", m.TTYs)
+	}
+
+	sb := nsFiles(t, hp)
+	kill(t, hp)
+	st, err := Restore(t.Context(), r, dir, sb, RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(st.HostPid, syscall.SIGKILL) })
+	if got := procfs.State(st.HostPid); got != 'T' {
+		t.Fatalf("restored process in state %c, want T (stopped)", got)
+	}
+	if pp := ppid(st.HostPid); pp != s.initPid {
+		t.Fatalf("restored process's parent %d, want init %d", pp, s.initPid)
+	}
+	syscall.Kill(st.HostPid, syscall.SIGCONT)
+	root = fmt.Sprintf("/proc/%d/root", st.HostPid)
+	var out []byte
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if out, err = os.ReadFile(root + "/tmp/out"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the continued process wrote nothing within 10 s (state %c)", procfs.State(st.HostPid))
+		}
+	}
+	if want := fmt.Sprintf("%d 0 %s", inner, h); string(out) != want {
+		t.Fatalf("the restored process says %q, want %q (pid, dumpable, heap hash)", out, want)
+	}
+}
+
+// statusField is the hex mask on the line "key:" of /proc/PID/status (0 if none).
+func statusField(pid int, key string) uint64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, key+":"); ok {
+			v, _ := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
+			return v
+		}
+	}
+	return 0
+}
