@@ -82,7 +82,8 @@ func mb(b int64) float64 { return float64(b) / (1 << 20) }
 // TestTimings measures, for a 50 MB python session, the durable path's dump, page
 // store intake, restore and restore until the session's first answer, beside plain
 // CRIU (command lines, as bench latency runs it) dumping and restoring a 50 MB python
-// of the host, DELTABOX_DURABLE_ROUNDS rounds each (default 5), and logs p50 and max.
+// of the host, DELTABOX_DURABLE_ROUNDS rounds (default 5), the two interleaved in each
+// round so that both see the same load, and logs p50 and max.
 func TestTimings(t *testing.T) {
 	r := runner(t)
 	rounds := 5
@@ -96,8 +97,29 @@ func TestTimings(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ps.Close()
-	var dump, ingest, restore, answer, pagesBack []time.Duration
-	var imageBytes, storedBytes []int64
+
+	// Plain CRIU: Debian's python3, as in the sandbox's image (not PATH's, which may be
+	// another build), on the host.
+	ready := filepath.Join(t.TempDir(), "ready")
+	py := exec.Command("/usr/bin/python3", "-c", "import os, sys, time\nx = bytearray(os.urandom(50 << 20))\nopen(sys.argv[1], 'w').close()\ntime.sleep(1e6)", ready)
+	py.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := py.Start(); err != nil {
+		t.Fatal(err)
+	}
+	hp := py.Process.Pid
+	go py.Wait()
+	t.Cleanup(func() { syscall.Kill(hp, syscall.SIGKILL) })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the host python did not fill its 50 MB within 20 s")
+		}
+	}
+
+	var dump, ingest, restore, answer, pagesBack, pdump, prestore []time.Duration
+	var imageBytes, storedBytes, plainBytes []int64
 	pid := s.hostPid
 	var p *pty
 	for i := 0; i < rounds; i++ {
@@ -116,6 +138,15 @@ func TestTimings(t *testing.T) {
 		}
 		ingest = append(ingest, time.Since(t0))
 		imageBytes, storedBytes = append(imageBytes, ist.ImageBytes), append(storedBytes, ist.StoredBytes)
+
+		pdir := filepath.Join(s.d.Root, "plain", fmt.Sprint(i))
+		os.MkdirAll(pdir, 0o700)
+		t0 = time.Now()
+		if err := r.Dump(hp, pdir, false).Run(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		pdump = append(pdump, time.Since(t0))
+		plainBytes = append(plainBytes, dirBytes(pdir))
 
 		sb := nsFiles(t, pid)
 		old := p
@@ -143,50 +174,18 @@ func TestTimings(t *testing.T) {
 		answer = append(answer, time.Since(t0))
 		pid = st.HostPid
 		DropPages(dir)
-	}
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
 
-	// Plain CRIU: a host python of the same size, dumped and restored by command lines.
-	var pdump, prestore []time.Duration
-	// Debian's python3, as in the sandbox's image (not a python of PATH's, which may
-	// be another build).
-	ready := filepath.Join(t.TempDir(), "ready")
-	py := exec.Command("/usr/bin/python3", "-c", "import os, sys, time\nx = bytearray(os.urandom(50 << 20))\nopen(sys.argv[1], 'w').close()\ntime.sleep(1e6)", ready)
-	py.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := py.Start(); err != nil {
-		t.Fatal(err)
-	}
-	hp := py.Process.Pid
-	go py.Wait()
-	t.Cleanup(func() { syscall.Kill(hp, syscall.SIGKILL) })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the host python did not fill its 50 MB within 20 s")
-		}
-	}
-	var pbytesAll []int64
-	for i := 0; i < rounds; i++ {
-		dir := filepath.Join(s.d.Root, "plain", fmt.Sprint(i))
-		os.MkdirAll(dir, 0o700)
-		t0 := time.Now()
-		if err := r.Dump(hp, dir, false).Run(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		pdump = append(pdump, time.Since(t0))
-		pbytesAll = append(pbytesAll, dirBytes(dir))
-		// CRIU killed it (no --leave-running): its PID is free for the restore.
+		// CRIU killed the host python (no --leave-running): its PID is free.
 		waitGone(t, hp)
 		t0 = time.Now()
-		if err := r.Restore(dir).Run(t.Context()); err != nil {
+		if err := r.Restore(pdir).Run(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		prestore = append(prestore, time.Since(t0))
 	}
-
-	t.Logf("50 MB python, %d rounds, p50 / max:", rounds)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	load, _ := os.ReadFile("/proc/loadavg")
+	t.Logf("50 MB python, %d rounds, p50 / max [each round, ms]; load average %s", rounds, strings.Join(strings.Fields(string(load))[:3], " "))
 	t.Logf("  durable dump (criu swrk, sandbox)   %s", stats(dump))
 	t.Logf("  page store intake                   %s", stats(ingest))
 	t.Logf("  pages back (copy_file_range)        %s", stats(pagesBack))
@@ -194,7 +193,9 @@ func TestTimings(t *testing.T) {
 	t.Logf("  restore until first answer          %s", stats(answer))
 	t.Logf("  plain criu dump (host python)       %s", stats(pdump))
 	t.Logf("  plain criu restore -d               %s", stats(prestore))
-	t.Logf("  bytes: image %v, stored %v; plain criu image %v", imageBytes, storedBytes, pbytesAll)
+	t.Logf("  bytes: image %v", imageBytes)
+	t.Logf("         stored %v", storedBytes)
+	t.Logf("         plain criu image %v", plainBytes)
 }
 
 func waitGone(t testing.TB, pid int) {

@@ -221,6 +221,9 @@ func TestDumpRestoreSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("dump: %v (CRIU %.3f s), ttys %v", time.Since(t0), m.DumpS, m.TTYs)
+	if d := os.Getenv("DELTABOX_DEBUG"); d != "" {
+		exec.Command("cp", filepath.Join(dir, DumpLog), d).Run()
+	}
 	if m.Pid != s.pid || len(m.TTYs) != 1 {
 		t.Fatalf("manifest: pid %d (want %d), ttys %v (want the session's one)", m.Pid, s.pid, m.TTYs)
 	}
