@@ -58,6 +58,10 @@ type DumpOptions struct {
 	LogLevel int32
 	// Timeout bounds CRIU; 0 means DumpTimeout.
 	Timeout time.Duration
+	// Sync makes the image durable before Dump returns: CRIU syncs nothing, so every
+	// file and the directory are synced before the manifest is written (and it after).
+	// Without it, PageStore.Ingest is what makes the image durable.
+	Sync bool
 }
 
 // Dump writes the images of the process tree rooted at host PID pid, a process of a
@@ -136,8 +140,18 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}
+	if o.Sync {
+		if err := syncDir(dir); err != nil {
+			return nil, err
+		}
+	}
 	if err := writeJSON(filepath.Join(dir, ManifestFile), m); err != nil {
 		return nil, err
+	}
+	if o.Sync {
+		if err := syncDir(dir); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
@@ -272,6 +286,33 @@ func tree(pid int) []int {
 		}
 	}
 	return out
+}
+
+// syncDir fsyncs every regular file in dir, then dir.
+func syncDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range append(ents, nil) {
+		name := dir
+		if e != nil {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			name = filepath.Join(dir, e.Name())
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("sync %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 func writeJSON(path string, v any) error {

@@ -123,7 +123,8 @@ type IngestStats struct {
 }
 
 // Ingest takes the pages of the CRIU image in dir into the store: each pages-N.img is
-// replaced by pages-N.refs.
+// replaced by pages-N.refs. When it returns the image is durable: the store's new
+// pages, the refs, the image's other files and the directory are synced.
 func (s *PageStore) Ingest(dir string) (*IngestStats, error) {
 	pms, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
 	if err != nil {
@@ -152,6 +153,9 @@ func (s *PageStore) Ingest(dir string) (*IngestStats, error) {
 		if err := s.ingestPages(dir, m, st); err != nil {
 			return nil, err
 		}
+	}
+	if err := syncDir(dir); err != nil {
+		return nil, err
 	}
 	return st, nil
 }

@@ -262,6 +262,9 @@ func TestDumpRestoreSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restored: host pid %d, state %c", st.HostPid, procfs.State(st.HostPid))
+	if d := os.Getenv("DELTABOX_DEBUG"); d != "" {
+		exec.Command("cp", filepath.Join(dir, RestoreLog), d+".restore").Run()
+	}
 	if os.Getenv("DELTABOX_DEBUG") != "" {
 		n, _ := unix.IoctlGetInt(int(p.master.Fd()), unix.TIOCGPTN)
 		out, _ := exec.Command("sh", "-c", fmt.Sprintf("ls -l /proc/%d/fd/; grep -E 'State|PPid|NSpid' /proc/%d/status; stat -L -c '%%t %%T %%D' /proc/%d/fd/0", st.HostPid, st.HostPid, st.HostPid)).CombinedOutput()
