@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"deltabox/internal/criu"
+	"deltabox/internal/testutil"
 )
 
 // TestIncrementalDumps: a 50 MB python session dumped six times, rewriting 2 MB of its
@@ -83,9 +87,17 @@ func mb(b int64) float64 { return float64(b) / (1 << 20) }
 // store intake, restore and restore until the session's first answer, beside plain
 // CRIU (command lines, as bench latency runs it) dumping and restoring a 50 MB python
 // of the host, DELTABOX_DURABLE_ROUNDS rounds (default 5), the two interleaved in each
-// round so that both see the same load, and logs p50 and max.
+// round so that both see the same load, and logs p50 and max. DELTABOX_CRIU_PLAIN
+// names another CRIU binary for the plain runs (stock CRIU, say).
 func TestTimings(t *testing.T) {
 	r := runner(t)
+	plain := r
+	if b := os.Getenv("DELTABOX_CRIU_PLAIN"); b != "" {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		plain = criu.Probe(ctx, b)
+		cancel()
+		testutil.Require(t, plain.Usable(), "plain CRIU %s does not work here: %s", b, plain)
+	}
 	rounds := 5
 	if n, err := strconv.Atoi(os.Getenv("DELTABOX_DURABLE_ROUNDS")); err == nil && n > 0 {
 		rounds = n
@@ -142,7 +154,7 @@ func TestTimings(t *testing.T) {
 		pdir := filepath.Join(s.d.Root, "plain", fmt.Sprint(i))
 		os.MkdirAll(pdir, 0o700)
 		t0 = time.Now()
-		if err := r.Dump(hp, pdir, false).Run(t.Context()); err != nil {
+		if err := plain.Dump(hp, pdir, false).Run(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		pdump = append(pdump, time.Since(t0))
@@ -178,14 +190,15 @@ func TestTimings(t *testing.T) {
 		// CRIU killed the host python (no --leave-running): its PID is free.
 		waitGone(t, hp)
 		t0 = time.Now()
-		if err := r.Restore(pdir).Run(t.Context()); err != nil {
+		if err := plain.Restore(pdir).Run(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		prestore = append(prestore, time.Since(t0))
 	}
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
 	load, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("50 MB python, %d rounds, p50 / max [each round, ms]; load average %s", rounds, strings.Join(strings.Fields(string(load))[:3], " "))
+	t.Logf("50 MB python, %d rounds, p50 / max [each round, ms]; load average %s; durable: %s; plain: %s", rounds,
+		strings.Join(strings.Fields(string(load))[:3], " "), r.Bin, plain.Bin)
 	t.Logf("  durable dump (criu swrk, sandbox)   %s", stats(dump))
 	t.Logf("  page store intake                   %s", stats(ingest))
 	t.Logf("  pages back (copy_file_range)        %s", stats(pagesBack))
