@@ -58,6 +58,11 @@ type DumpOptions struct {
 	LogLevel int32
 	// Timeout bounds CRIU; 0 means DumpTimeout.
 	Timeout time.Duration
+	// Background runs CRIU at the lowest CPU and I/O priority (nice 19, idle I/O
+	// class), for dumps off the agent's critical path. The dumped tree is stopped
+	// for the whole dump, so this lengthens its pause when the machine is busy: for
+	// templates, which are stopped anyway.
+	Background bool
 	// Sync makes the image durable before Dump returns: CRIU syncs nothing, so every
 	// file and the directory are synced before the manifest is written (and it after).
 	// Without it, PageStore.Ingest is what makes the image durable.
@@ -133,7 +138,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d},
 		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
-		timeout: cmp(o.Timeout, DumpTimeout)}
+		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
 	start := time.Now()
 	if _, err := c.run(ctx); err != nil {
 		return nil, err

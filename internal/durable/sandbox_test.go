@@ -340,7 +340,8 @@ func TestDumpStoppedNonDumpable(t *testing.T) {
 	}
 	dir := filepath.Join(s.d.Root, "durable", "stopped")
 	os.MkdirAll(dir, 0o700)
-	m, err := Dump(t.Context(), r, hp, dir, DumpOptions{})
+	// As a template would be: in the background, durable when Dump returns.
+	m, err := Dump(t.Context(), r, hp, dir, DumpOptions{Background: true, Sync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

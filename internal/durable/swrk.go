@@ -42,6 +42,9 @@ type call struct {
 	// the host's PID 1). CRIU's own PIDs and the /proc it reads must agree: with the
 	// host's /proc it fails at start ("Can't open 43/maps on procfs").
 	pidNS *os.File
+	// background lowers CRIU's CPU and I/O priority (nice 19, idle I/O class) right
+	// after its start: a background dump must not slow the agents' operations.
+	background bool
 }
 
 // fdOf is the number the i-th of files has in CRIU.
@@ -75,6 +78,9 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 		return nil, err
 	}
 	srv.Close() // CRIU's alone now: its exit is our EOF
+	if c.background {
+		lowerPriority(cmd.Process.Pid)
+	}
 
 	resp, rerr := c.exchange(cln)
 	cln.Close() // CRIU exits when the socket closes
@@ -126,6 +132,20 @@ func (c *call) start(cmd *deadline.Cmd) error {
 		} // else: exits locked, and the thread with it (package mainthread)
 	}()
 	return <-errc
+}
+
+// I/O priority classes and the ioprio_set target (linux/ioprio.h).
+const (
+	ioprioWhoProcess = 1
+	ioprioClassIdle  = 3
+	ioprioClassShift = 13
+)
+
+// lowerPriority sets pid's nice to 19 and its I/O class to idle; what it forks after
+// inherits both. Best effort: a dump at normal priority is still a dump.
+func lowerPriority(pid int) {
+	unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
+	unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(pid), ioprioClassIdle<<ioprioClassShift)
 }
 
 // exchange sends the request and answers CRIU's notifications until its final answer.
