@@ -36,6 +36,16 @@ type Sandbox struct {
 	// restored tree gets in its place. It must be owned by the sandbox's root (CRIU
 	// sets its owner as the image has it, from inside the sandbox's user namespace).
 	TTYs map[string]*os.File
+	// Cgroups are the cgroup directories (CgroupsOf a process of the sandbox) that
+	// CRIU is moved into before it forks the tree, which then starts there. CRIU's own
+	// cgroup handling cannot do it: a child task moves itself after its parent joined
+	// the sandbox's user namespace, and the host's cgroup.procs refuses it ("Can't
+	// move 20 into unified//deltabox-.../cgroup.procs: Permission denied"). CRIU's
+	// memory is charged to the sandbox meanwhile.
+	Cgroups []string
+	// Cgroup is the sandbox's cgroup namespace, in which CRIU starts and the tree with
+	// it; without it the tree would see the host's cgroup paths.
+	Cgroup *os.File
 }
 
 // RestoreOptions are Restore's choices.
@@ -66,8 +76,11 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	if err != nil {
 		return nil, err
 	}
-	if sb.PID == nil || sb.User == nil || sb.Net == nil || sb.IPC == nil || sb.UTS == nil || sb.Mnt == nil || sb.Time == nil {
-		return nil, errors.New("restore needs all of the sandbox's namespaces (pid, user, net, ipc, uts, mnt, time)")
+	if len(sb.Cgroups) == 0 {
+		return nil, errors.New("restore needs the sandbox's cgroups (CgroupsOf one of its processes)")
+	}
+	if sb.PID == nil || sb.User == nil || sb.Net == nil || sb.IPC == nil || sb.UTS == nil || sb.Mnt == nil || sb.Time == nil || sb.Cgroup == nil {
+		return nil, errors.New("restore needs all of the sandbox's namespaces (pid, user, net, ipc, uts, mnt, time, cgroup)")
 	}
 	// CRIU runs in a mount namespace of its own (a /proc of the sandbox): a directory
 	// reached through /proc/self/fd/N of ours is a mount of our namespace there, and
@@ -104,6 +117,8 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		// joined below.
 		AutoExtMnt:  proto.Bool(true),
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
+		// The tree inherits CRIU's cgroups: Sandbox.Cgroups says why.
+		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
 	}
 	// CRIU opens the join_ns files itself, in its own mount namespace with a /proc of
 	// the sandbox's PID namespace: /proc/self/fd/N is its own fd N there.
@@ -123,7 +138,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(k), Fd: proto.Int32(fdOf(len(files)))})
 		files = append(files, f)
 	}
-	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID,
+	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID, cgroupNS: sb.Cgroup, cgroups: sb.Cgroups,
 		what: fmt.Sprintf("criu restore of sandbox pid %d from %s", m.Pid, dir), dir: dir, log: RestoreLog,
 		timeout: cmp(o.Timeout, RestoreTimeout)}
 	start := time.Now()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,7 +90,7 @@ func childWithInnerPid(initPid, inner int) int {
 	return 0
 }
 
-// nsFiles opens the namespaces of pid as Restore wants them.
+// nsFiles opens the namespaces of pid as Restore wants them, and lists its cgroups.
 func nsFiles(t testing.TB, pid int) Sandbox {
 	t.Helper()
 	open := func(n string) *os.File {
@@ -100,7 +101,12 @@ func nsFiles(t testing.TB, pid int) Sandbox {
 		t.Cleanup(func() { f.Close() })
 		return f
 	}
-	return Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"), Mnt: open("mnt"), Time: open("time")}
+	cg, err := CgroupsOf(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"), Mnt: open("mnt"), Time: open("time"),
+		Cgroup: open("cgroup"), Cgroups: cg}
 }
 
 // pty is a new pseudo-terminal in the devpts that pid sees (the sandbox's own), its
@@ -247,6 +253,7 @@ func TestDumpRestoreSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cgns := nsLink(s.hostPid, "cgroup")
 	sb := nsFiles(t, s.hostPid)
 	p := newPty(t, s.hostPid)
 	sb.TTYs = map[string]*os.File{m.TTYs[0]: p.slave}
@@ -287,6 +294,13 @@ func TestDumpRestoreSession(t *testing.T) {
 	}
 	if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.HostPid)); !bytes.Equal(cg, cgroups) {
 		t.Fatalf("restored process's cgroups:\n%s\nbefore:\n%s", cg, cgroups)
+	}
+	if a := nsLink(st.HostPid, "cgroup"); a != cgns {
+		t.Fatalf("restored process's cgroup namespace %s, the session's was %s (init's %s)", a, cgns, nsLink(s.initPid, "cgroup"))
+	}
+	// As the process sees it: relative to the sandbox's cgroup namespace.
+	if got := p.call(t, "open('/proc/self/cgroup').read().splitlines()[-1]", 10*time.Second); got != "'0::/'" {
+		t.Fatalf("the restored process sees its cgroup2 as %s, want '0::/'", got)
 	}
 }
 
@@ -394,4 +408,104 @@ func statusField(pid int, key string) uint64 {
 		}
 	}
 	return 0
+}
+
+// pipeline is a tree of three: sh, and two pythons it started, one writing a counter
+// into a pipe to the other, which keeps the last value in /tmp/last.
+const pipeline = `python3 -u -c 'import itertools, time
+for i in itertools.count():
+    print(i); time.sleep(0.01)' | python3 -c 'import os, sys
+for l in sys.stdin:
+    open("/tmp/last.tmp", "w").write(l); os.rename("/tmp/last.tmp", "/tmp/last")'`
+
+// TestDumpRestoreTree: a process tree with a pipe inside (what the fast path refuses:
+// children, a pipe between two processes) is dumped and restored with every PID and
+// parent, and the pipe carries data again.
+func TestDumpRestoreTree(t *testing.T) {
+	r := runner(t)
+	s := newSandboxSession(t, "tree")
+	res, err := s.d.C.Exec(t.Context(), s.id, apitypes.ExecRequest{Argv: []string{"sh", "-c",
+		"setsid sh -c \"$0\" </dev/null >/dev/null 2>&1 & echo $!", pipeline}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("start: %v %+v", err, res)
+	}
+	inner, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	var hp int
+	var tr []int
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if hp = childWithInnerPid(s.initPid, inner); hp != 0 {
+			if tr = tree(hp); len(tr) == 3 {
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/tmp/last", hp)); err == nil {
+					break
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox pid %d (host %d): tree %v, no /tmp/last within 20 s", inner, hp, tr)
+		}
+	}
+	innerOf := func(hosts []int) (out []string) {
+		for _, p := range hosts {
+			in, _ := procfs.InnerPid(p)
+			out = append(out, fmt.Sprintf("%d<-%d", in, innerPPid(p)))
+		}
+		slices.Sort(out)
+		return out
+	}
+	before := innerOf(tr)
+	if os.Getenv("DELTABOX_DEBUG") != "" {
+		for _, p := range tr {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p))
+			t.Logf("%d:\n%s", p, b)
+		}
+	}
+	dir := filepath.Join(s.d.Root, "durable", "tree")
+	os.MkdirAll(dir, 0o700)
+	if _, err := Dump(t.Context(), r, hp, dir, DumpOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sb := nsFiles(t, hp)
+	for _, p := range tr {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	for _, p := range tr {
+		kill(t, p)
+	}
+	st, err := Restore(t.Context(), r, dir, sb, RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := tree(st.HostPid)
+	t.Cleanup(func() {
+		for _, p := range after {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	if got := innerOf(after); !slices.Equal(got, before) {
+		t.Fatalf("restored tree (pid<-parent, in the sandbox) %v, dumped %v", got, before)
+	}
+	if pp := ppid(st.HostPid); pp != s.initPid {
+		t.Fatalf("restored root's parent %d, want init %d", pp, s.initPid)
+	}
+	last := func() int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/root/tmp/last", st.HostPid))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	v0 := last()
+	time.Sleep(300 * time.Millisecond)
+	if v1 := last(); v1 <= v0 {
+		t.Fatalf("the restored pipeline does not move: /tmp/last %d, then %d 300 ms later", v0, v1)
+	}
+}
+
+// innerPPid is pid's parent's PID in the sandbox (0 for a parent outside it).
+func innerPPid(pid int) int {
+	in, _ := procfs.InnerPid(ppid(pid))
+	return in
+}
+
+func nsLink(pid int, ns string) string {
+	l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+	return l
 }

@@ -42,9 +42,14 @@ type call struct {
 	// the host's PID 1). CRIU's own PIDs and the /proc it reads must agree: with the
 	// host's /proc it fails at start ("Can't open 43/maps on procfs").
 	pidNS *os.File
+	// cgroupNS, with pidNS, is the cgroup namespace CRIU starts in, which the restored
+	// tree inherits (CRIU cannot join one: --join-ns has no cgroup).
+	cgroupNS *os.File
 	// background lowers CRIU's CPU and I/O priority (nice 19, idle I/O class) right
 	// after its start: a background dump must not slow the agents' operations.
 	background bool
+	// cgroups: CRIU is moved into these before the request is sent.
+	cgroups []string
 }
 
 // fdOf is the number the i-th of files has in CRIU.
@@ -81,6 +86,11 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	if c.background {
 		lowerPriority(cmd.Process.Pid)
 	}
+	if err := joinCgroups(cmd.Process.Pid, c.cgroups); err != nil {
+		cln.Close()
+		cmd.Wait()
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
 
 	resp, rerr := c.exchange(cln)
 	cln.Close() // CRIU exits when the socket closes
@@ -103,33 +113,56 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	return resp, nil
 }
 
-// start starts cmd; with pidNS, from a thread whose pid_for_children is that namespace
-// for the fork, and ours again after it. The thread is given back rather than
-// discarded: a thread's exit sends the parent-death signal (PR_SET_PDEATHSIG) of every
-// child it forked, and a discarded thread that had started, say, a test's daemon with
-// Pdeathsig killed that daemon, its sandboxes' inits and this CRIU with them (seen
-// once in six runs). Only when the way back fails is the thread discarded.
+// start starts cmd; with pidNS (and cgroupNS), from a thread whose pid_for_children
+// (and cgroup namespace) are the sandbox's for the fork, and ours again after it. The
+// thread is given back rather than discarded: a thread's exit sends the parent-death
+// signal (PR_SET_PDEATHSIG) of every child it forked, and a discarded thread that had
+// started, say, a test's daemon with Pdeathsig killed that daemon, its sandboxes' inits
+// and this CRIU with them (seen once in six runs). Only when the way back fails is the
+// thread discarded.
 func (c *call) start(cmd *deadline.Cmd) error {
 	if c.pidNS == nil {
 		return cmd.Start()
 	}
-	own, err := os.Open("/proc/self/ns/pid")
-	if err != nil {
-		return fmt.Errorf("%s: our PID namespace: %w", c.what, err)
+	type ns struct {
+		to    *os.File
+		own   string
+		flag  int
+		name  string
+		owned *os.File
 	}
-	defer own.Close()
+	nss := []*ns{{to: c.pidNS, own: "/proc/self/ns/pid", flag: unix.CLONE_NEWPID, name: "PID"}}
+	if c.cgroupNS != nil {
+		nss = append(nss, &ns{to: c.cgroupNS, own: "/proc/thread-self/ns/cgroup", flag: unix.CLONE_NEWCGROUP, name: "cgroup"})
+	}
+	for _, n := range nss {
+		f, err := os.Open(n.own)
+		if err != nil {
+			return fmt.Errorf("%s: our %s namespace: %w", c.what, n.name, err)
+		}
+		defer f.Close()
+		n.owned = f
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := unix.Setns(int(c.pidNS.Fd()), unix.CLONE_NEWPID); err != nil {
+		back := func() {
+			for _, n := range nss {
+				if unix.Setns(int(n.owned.Fd()), n.flag) != nil {
+					return // exits locked, and the thread with it (package mainthread)
+				}
+			}
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("%s: setns into the sandbox's PID namespace for CRIU's children: %w", c.what, err)
-			return
+		}
+		for _, n := range nss {
+			if err := unix.Setns(int(n.to.Fd()), n.flag); err != nil {
+				back()
+				errc <- fmt.Errorf("%s: setns into the sandbox's %s namespace for CRIU: %w", c.what, n.name, err)
+				return
+			}
 		}
 		errc <- cmd.Start()
-		if unix.Setns(int(own.Fd()), unix.CLONE_NEWPID) == nil {
-			runtime.UnlockOSThread()
-		} // else: exits locked, and the thread with it (package mainthread)
+		back()
 	}()
 	return <-errc
 }
