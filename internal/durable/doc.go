@@ -28,8 +28,12 @@
 // namespaces it joins; see restore.go for each step's reason):
 //
 //	daemon thread                   criu swrk (via unshare --mount-proc)      root task
-//	setns(sandbox pidns) ---fork--> in the sandbox's PID namespace,
-//	setns(own pidns), unlock          a /proc of it, a private mount ns
+//	setns(sandbox pidns,
+//	      sandbox cgroupns) --fork--> in the sandbox's PID and cgroup
+//	setns(own ones), unlock           namespaces, a /proc of it, a
+//	                                  private mount ns
+//	CRIU's pid into the sandbox's
+//	cgroup.procs (v1, v2)
 //	RESTORE request over   ------>   reads images (symlink to dir)
 //	SEQPACKET                        clone3(set_tid = image PID) ---------->  new time ns,
 //	                                                                          setns net, ipc,
