@@ -23,9 +23,15 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// runner is CRIU as it works here, or a skip saying why not.
+// runner is CRIU as it works here, or a skip saying why not. The test fails if a
+// restore could not give back the thread it started CRIU from.
 func runner(t testing.TB) *criu.Runner {
 	t.Helper()
+	t.Cleanup(func() {
+		if n := threadsDiscarded.Load(); n != 0 {
+			t.Errorf("%d threads discarded by restores (their way back to our namespaces failed)", n)
+		}
+	})
 	testutil.Require(t, os.Geteuid() == 0, "needs root (CRIU)")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

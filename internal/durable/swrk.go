@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -149,6 +150,7 @@ func (c *call) start(cmd *deadline.Cmd) error {
 		back := func() {
 			for _, n := range nss {
 				if unix.Setns(int(n.owned.Fd()), n.flag) != nil {
+					threadsDiscarded.Add(1)
 					return // exits locked, and the thread with it (package mainthread)
 				}
 			}
@@ -161,11 +163,18 @@ func (c *call) start(cmd *deadline.Cmd) error {
 				return
 			}
 		}
-		errc <- cmd.Start()
+		err := cmd.Start()
+		// Back before start returns: its deferred Close of our namespaces' files
+		// would otherwise race this setns (EBADF, or another file by then), and a
+		// failed way back discards the thread (seen: 1 run in 5 lost its daemon).
 		back()
+		errc <- err
 	}()
 	return <-errc
 }
+
+// threadsDiscarded counts the threads start could not give back (tests check it).
+var threadsDiscarded atomic.Int32
 
 // I/O priority classes and the ioprio_set target (linux/ioprio.h).
 const (
