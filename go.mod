@@ -3,10 +3,12 @@ module deltabox
 go 1.26.8
 
 require (
+	github.com/checkpoint-restore/go-criu/v7 v7.2.0
 	github.com/spf13/cobra v1.10.2
 	go.etcd.io/bbolt v1.5.0
 	golang.org/x/sys v0.50.0
 	gonum.org/v1/plot v0.17.0
+	google.golang.org/protobuf v1.34.2
 )
 
 require (

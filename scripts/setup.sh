@@ -44,6 +44,17 @@ CRIU_BIN=$CRIU_PREFIX/sbin/criu # the Go code looks here first, then on PATH
 CRIU_SRC_DIR=/var/cache/deltabox/criu-src
 CRIU_TARBALL=$CRIU_SRC_DIR/criu_${CRIU_VERSION}.orig.tar.xz
 TRIXIE_SRC_LIST=/etc/apt/sources.list.d/deltabox-trixie-src.sources
+# DeltaBox's patches to CRIU (applied in name order): 0001 lets a restore join the
+# sandbox's namespaces (internal/durable), 0002 faults restored pages in before reading
+# them (a restore 2x faster here). CRIU keeps what it probed of the kernel in
+# RUNDIR/criu.kdat, only on a tmpfs: /run is not one on this machine kind, so every CRIU
+# run probed again (50-100 ms each); RUNDIR is a root-only directory on /dev/shm instead,
+# which internal/criu makes (it is gone after a reboot). The installed build is stamped
+# with the version and a digest of the patches and RUNDIR ($CRIU_PREFIX/VERSION), so a
+# change rebuilds it.
+CRIU_PATCHES=("$SCRIPT_DIR"/criu/*.patch)
+CRIU_KDAT_DIR=/dev/shm/deltabox-criu # internal/criu/criu.go:KdatDir
+CRIU_STAMP="$CRIU_VERSION+deltabox.$({ cat "${CRIU_PATCHES[@]}"; echo "RUNDIR=$CRIU_KDAT_DIR"; } | sha256sum | cut -c1-12)"
 
 # Go is preinstalled on this machine kind at /usr/local/go; make it visible to this script.
 PATH=$PATH:/usr/local/go/bin
@@ -62,7 +73,7 @@ PATH=$PATH:/usr/local/go/bin
 # libnl-route-3-dev, asciidoc/xmlto (docs); GnuTLS is switched off (NO_GNUTLS=1: DeltaBox
 # never uses CRIU's TLS page server).
 RUNTIME_PKGS=(xfsprogs uidmap mmdebstrap iproute2 util-linux mount e2fsprogs python3 git xz-utils)
-CRIU_BUILD_PKGS=(gcc make libc6-dev pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
+CRIU_BUILD_PKGS=(gcc make patch libc6-dev pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
 	libnl-3-dev libcap-dev libnet1-dev uuid-dev libbsd-dev libnftables-dev)
 # Checks: mypy, which scripts/test.sh runs on the Python client (--strict), examples/ and
 # workload/ (Debian's: bookworm has 1.0.1, which checks for Python 3.9).
@@ -137,13 +148,11 @@ criu_passes() {
 	[[ -x $1 ]] && out=$("$1" check 2>&1) && [[ $out == *"Looks good."* ]]
 }
 
-# find_good_criu: print the first criu (project prefix, then PATH) whose `criu check` passes.
+# find_good_criu: print $CRIU_BIN if it is this script's build (stamp: version and
+# patches) and `criu check` passes. A criu on PATH does not do: it lacks the patches.
 find_good_criu() {
-	local c
-	for c in "$CRIU_BIN" "$(command -v criu 2>/dev/null || true)"; do
-		[[ -n $c ]] && criu_passes "$c" && { echo "$c"; return 0; }
-	done
-	return 1
+	[[ -f $CRIU_PREFIX/VERSION && $(cat "$CRIU_PREFIX/VERSION") == "$CRIU_STAMP" ]] || return 1
+	criu_passes "$CRIU_BIN" && echo "$CRIU_BIN"
 }
 
 # ensure_trixie_src: a deb-src entry for trixie, same mirror and key as the host's bookworm
@@ -185,8 +194,8 @@ step_criu() {
 		return
 	fi
 	if [[ $MODE == check ]]; then
-		say "no criu that passes 'criu check' (looked at $CRIU_BIN and PATH)"
-		probe "criu check" MISSING "no working criu; setup.sh builds $CRIU_VERSION into $CRIU_PREFIX"
+		say "no criu $CRIU_STAMP at $CRIU_BIN that passes 'criu check'"
+		probe "criu check" MISSING "no working criu $CRIU_STAMP; setup.sh builds $CRIU_VERSION with scripts/criu/*.patch into $CRIU_PREFIX"
 		return
 	fi
 	mkdir -p "$CRIU_SRC_DIR"
@@ -210,21 +219,27 @@ step_criu() {
 	rm -rf /var/cache/deltabox/criu-build.* # left by an interrupted or failed build
 	build=$(mktemp -d /var/cache/deltabox/criu-build.XXXXXX)
 	tar -xJf "$CRIU_TARBALL" -C "$build"
-	local src="$build/criu-$CRIU_VERSION" log="$CRIU_SRC_DIR/build.log"
-	if ! make -C "$src" -j2 criu NO_GNUTLS=1 >"$log" 2>&1; then
+	local src="$build/criu-$CRIU_VERSION" log="$CRIU_SRC_DIR/build.log" p
+	for p in "${CRIU_PATCHES[@]}"; do
+		patch -d "$src" -p1 --quiet <"$p" >"$log" 2>&1 || {
+			cat "$log" >&2
+			die "patch $(basename "$p") does not apply to criu $CRIU_VERSION" "fix the patch in scripts/criu/"
+		}
+	done
+	if ! make -C "$src" -j2 criu NO_GNUTLS=1 RUNDIR="$CRIU_KDAT_DIR" >"$log" 2>&1; then
 		tail -n 15 "$log" >&2
 		die "building criu $CRIU_VERSION failed (full log: $log)" \
 			"install the -dev package the log names, then re-run"
 	fi
 	install -D -m 0755 "$src/criu/criu" "$CRIU_BIN.new"
 	mv -f "$CRIU_BIN.new" "$CRIU_BIN"
-	printf '%s\n' "$CRIU_VERSION" >"$CRIU_PREFIX/VERSION"
+	printf '%s\n' "$CRIU_STAMP" >"$CRIU_PREFIX/VERSION"
 	rm -rf "$build"
 	criu_passes "$CRIU_BIN" || {
 		"$CRIU_BIN" check >&2 || true
 		die "$CRIU_BIN was built but 'criu check' fails (output above)" "see the kernel features it names"
 	}
-	say "built criu $CRIU_VERSION in $(secs_since "$t") s: $CRIU_BIN (criu check: Looks good.)"
+	say "built criu $CRIU_STAMP in $(secs_since "$t") s: $CRIU_BIN (criu check: Looks good.)"
 	probe "criu check" ok "$CRIU_BIN"
 	probe_uffd "$CRIU_BIN"
 }

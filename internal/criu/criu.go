@@ -225,6 +225,7 @@ func Probe(ctx context.Context, bin string) *Runner {
 	if r := probed[bin]; r != nil {
 		return r
 	}
+	ensureKdatDir()
 	start := time.Now()
 	r := &Runner{Bin: bin}
 	if err := selfTest(ctx, r); err == nil {
@@ -243,6 +244,41 @@ func Probe(ctx context.Context, bin string) *Runner {
 		probed[bin] = r
 	}
 	return r
+}
+
+// KdatDir is where CRIU (as scripts/setup.sh builds it: RUNDIR) keeps what it found
+// out about the kernel, criu.kdat, which it writes into KdatTemp first (O_EXCL) and
+// renames. CRIU keeps it only on a tmpfs, and /run is not one on this machine kind:
+// every run probed the kernel again, 50-100 ms of each dump and restore (a restore's
+// log: "File /run/criu.kdat does not exist", 83 ms to "PAGEMAP_SCAN is supported",
+// a veth made...). /dev/shm is a tmpfs but anyone may write there, and CRIU trusts the
+// file: the directory must be root's alone (ensureKdatDir).
+const (
+	KdatDir  = "/dev/shm/deltabox-criu"
+	KdatTemp = KdatDir + "/criu.kdat.tmp"
+)
+
+// ensureKdatDir makes KdatDir root's alone: made if missing (after a boot), replaced
+// if anyone else could have written in it.
+func ensureKdatDir() {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(KdatDir, &st); err == nil {
+		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR && st.Uid == 0 && st.Mode&0o077 == 0 {
+			clearStaleKdat()
+			return
+		}
+		os.RemoveAll(KdatDir)
+	}
+	os.Mkdir(KdatDir, 0o700)
+}
+
+// clearStaleKdat removes a KdatTemp that a CRIU killed while saving left behind: CRIU
+// skips its save while that file exists, so every later run would probe again. One a
+// minute old is no running CRIU's: a save takes microseconds.
+func clearStaleKdat() {
+	if st, err := os.Stat(KdatTemp); err == nil && time.Since(st.ModTime()) > time.Minute {
+		os.Remove(KdatTemp)
+	}
 }
 
 // selfTest dumps a fresh sleep the way r runs CRIU and checks that it goes on running.

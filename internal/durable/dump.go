@@ -1,0 +1,342 @@
+package durable
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"deltabox/internal/criu"
+	"deltabox/internal/procfs"
+)
+
+// Keys under which the sandbox's namespaces are external in an image: Restore hands
+// CRIU the sandbox's PID namespace under pidKey and joins the others.
+const (
+	pidKey = "pidns"
+	netKey = "netns"
+)
+
+// Deadlines: a dump of a 50 MB python takes 0.16-0.3 s here, its restore 0.3 s.
+const (
+	DumpTimeout    = 30 * time.Second
+	RestoreTimeout = 30 * time.Second
+)
+
+// ManifestFile is written into the image directory by Dump, last.
+const ManifestFile = "durable.json"
+
+// Manifest is what Restore needs to know of an image besides CRIU's own files.
+type Manifest struct {
+	// Pid is the root task's PID in the sandbox (what it gets back); HostPid its PID
+	// on the host at the dump.
+	Pid, HostPid int
+	// TTYs are the terminals the tree held, as CRIU's external keys
+	// ("tty[rdev:dev]", hex): Restore needs a terminal for each.
+	TTYs []string
+	// Namespaces' inode numbers at the dump, for diagnostics.
+	PidNS, NetNS uint64
+	Dumped       time.Time
+	DumpS        float64 // CRIU's time, seconds
+}
+
+// DumpOptions are Dump's choices; the zero value is a dump that leaves the tree as it
+// was (running, or stopped if it was stopped).
+type DumpOptions struct {
+	// Kill ends the tree after the dump (CRIU kills it) instead of leaving it running.
+	Kill bool
+	// LogLevel is CRIU's (0-4); 0 means 2: errors and warnings.
+	LogLevel int32
+	// Timeout bounds CRIU; 0 means DumpTimeout.
+	Timeout time.Duration
+	// Background runs CRIU at the lowest CPU and I/O priority (nice 19, idle I/O
+	// class), for dumps off the agent's critical path. The dumped tree is stopped
+	// for the whole dump, so this lengthens its pause when the machine is busy: for
+	// templates, which are stopped anyway.
+	Background bool
+	// Sync makes the image durable before Dump returns: CRIU syncs nothing, so every
+	// file and the directory are synced before the manifest is written (and it after).
+	// Without it, PageStore.Ingest is what makes the image durable.
+	Sync bool
+}
+
+// Dump writes the images of the process tree rooted at host PID pid, a process of a
+// sandbox (its own user, PID, mount, network, IPC, UTS namespaces), into dir, which
+// must exist and be empty. The sandbox's PID and network namespaces and every mount
+// are external to the image (it holds none of them: they belong to the sandbox and its
+// state), and so is each terminal the tree holds: Restore puts the process back into
+// the same sandbox, given a terminal for each (Manifest.TTYs).
+//
+// CRIU must be the tree's tracer: a process held in a ptrace-stop (a template) is let go
+// first by its tracer; a process in a group stop stays stopped after the dump, with its
+// SIGSTOP queued, and its image records it stopped (measured on a non-dumpable python
+// stopped by SIGSTOP: docs/research/criu-sandbox/).
+func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOptions) (*Manifest, error) {
+	if !r.Usable() {
+		return nil, fmt.Errorf("CRIU cannot dump on this machine: %s", r)
+	}
+	pidNS, err := nsIno(pid, "pid")
+	if err != nil {
+		return nil, err
+	}
+	netNS, err := nsIno(pid, "net")
+	if err != nil {
+		return nil, err
+	}
+	ttys, err := treeTTYs(pid)
+	if err != nil {
+		return nil, err
+	}
+	nspid, err := procfs.InnerPid(pid)
+	if err != nil {
+		return nil, err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	ext := []string{
+		fmt.Sprintf("pid[%d]:%s", pidNS, pidKey),
+		fmt.Sprintf("net[%d]:%s", netNS, netKey),
+		// Every mount: the image names files by path, resolved in the state the
+		// restored process joins (its mount namespace).
+		"mnt[]",
+	}
+	ext = append(ext, ttys...)
+	skip, err := tmpfsMounts(pid)
+	if err != nil {
+		return nil, err
+	}
+	opts := &rpc.CriuOpts{
+		// CRIU's own fd by path: it would resolve images_dir_fd as /proc/<our
+		// pid>/fd/N (SO_PEERCRED), which a restore's CRIU, with a /proc of the
+		// sandbox, cannot see; and it readlinks images_dir, so a plain path fails.
+		ImagesDirFd:  proto.Int32(-1),
+		ImagesDir:    proto.String(fmt.Sprintf("/proc/self/fd/%d", fdOf(0))),
+		Pid:          proto.Int32(int32(pid)),
+		LeaveRunning: proto.Bool(!o.Kill),
+		LogLevel:     proto.Int32(logLevel(o.LogLevel)),
+		LogFile:      proto.String(DumpLog),
+		External:     ext,
+		// CRIU archives the files of every tmpfs it dumps (tar, gzip: 64 ms of a
+		// 0.5 s dump here, for the sandbox's /dev and a /proc mask), which Restore
+		// never reads: it joins the state's mount namespace instead of making one.
+		SkipMnt: skip,
+		// The sandbox has lo only; nothing to lock (and iptables, CRIU's default
+		// method, is not installed).
+		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
+	}
+	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d},
+		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
+		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
+	start := time.Now()
+	if _, err := c.run(ctx); err != nil {
+		return nil, err
+	}
+	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
+		DumpS: time.Since(start).Seconds()}
+	if o.Sync {
+		if err := syncDir(dir); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeJSON(filepath.Join(dir, ManifestFile), m); err != nil {
+		return nil, err
+	}
+	if o.Sync {
+		if err := syncDir(dir); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// Log files CRIU writes into the images directory.
+const (
+	DumpLog    = "dump.log"
+	RestoreLog = "restore.log"
+)
+
+func logLevel(l int32) int32 {
+	if l == 0 {
+		return 2
+	}
+	return l
+}
+
+func cmp(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// nsIno is the inode number of /proc/PID/ns/NAME.
+func nsIno(pid int, name string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/%s", pid, name), &st); err != nil {
+		return 0, fmt.Errorf("the %s namespace of pid %d: %w", name, pid, err)
+	}
+	return st.Ino, nil
+}
+
+// treeTTYs lists, as CRIU's external keys, the pseudo-terminal slaves that the tree
+// rooted at pid holds open. Each terminal belongs to a session of the daemon (its
+// master is the daemon's), so it cannot be in the image.
+func treeTTYs(pid int) ([]string, error) {
+	var keys []string
+	for _, p := range tree(pid) {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		if err != nil {
+			if p == pid {
+				return nil, fmt.Errorf("the files of pid %d: %w", pid, err)
+			}
+			continue // gone since
+		}
+		for _, e := range ents {
+			var st unix.Stat_t
+			if unix.Stat(fmt.Sprintf("/proc/%d/fd/%s", p, e.Name()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+				continue
+			}
+			// UNIX98 pty slaves: majors 136-143.
+			if m := unix.Major(st.Rdev); m < 136 || m > 143 {
+				continue
+			}
+			k := fmt.Sprintf("tty[%x:%x]", st.Rdev, st.Dev)
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	return keys, nil
+}
+
+// tmpfsMounts lists the mount points of the tmpfs mounts pid sees, as it sees them,
+// and of every mount below one (CRIU refuses to skip a mount and keep its children:
+// "No parent found for mountpoint").
+func tmpfsMounts(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return nil, fmt.Errorf("the mounts of pid %d: %w", pid, err)
+	}
+	var tmpfs, all []string
+	for _, l := range strings.Split(string(b), "\n") {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+		f := strings.Fields(l)
+		i := slices.Index(f, "-")
+		if i < 5 || i+1 >= len(f) {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		all = append(all, mp)
+		if f[i+1] == "tmpfs" && mp != "/" {
+			tmpfs = append(tmpfs, mp)
+		}
+	}
+	var out []string
+	for _, mp := range all {
+		for _, t := range tmpfs {
+			if mp == t || strings.HasPrefix(mp, t+"/") {
+				if !slices.Contains(out, mp) {
+					out = append(out, mp)
+				}
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// tree is pid and its descendants (through /proc/PID/task/TID/children).
+func tree(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					out = append(out, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// syncDir fsyncs every regular file in dir, then dir.
+func syncDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range append(ents, nil) {
+		name := dir
+		if e != nil {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			name = filepath.Join(dir, e.Name())
+		}
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("sync %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o600)
+}
+
+// ReadManifest reads the manifest Dump wrote into dir.
+func ReadManifest(dir string) (*Manifest, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("not a complete durable image (%s is written last): %w", ManifestFile, err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%s in %s: %w", ManifestFile, dir, err)
+	}
+	return &m, nil
+}

@@ -1,0 +1,371 @@
+package durable
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// PageStore keeps the memory pages of CRIU images, each distinct 4 KiB page once, so
+// that images of the same process at successive checkpoints cost what changed between
+// them. This kernel has no soft-dirty tracking (CONFIG_MEM_SOFT_DIRTY is off, so CRIU's
+// pre-dump and --track-mem do nothing here): every dump is a full one, and the changed
+// pages are found afterwards by content.
+//
+// On disk, in its directory:
+//
+//	pages.pack  the pages, page k (k >= 1) at offset (k-1)*4096; only appended
+//	pages.idx   the SHA-256 of each page of the pack, 32 bytes each, in pack order
+//
+// and in each image directory it took in (Ingest), pages-N.img is replaced by
+// pages-N.refs: one little-endian uint64 per page of pages-N.img, its number in the
+// pack, 0 for a page of zeros (not stored). Materialize writes pages-N.img back for a
+// restore; with the pack on the same reflink filesystem as the image, copy_file_range
+// shares the pack's blocks instead of copying them.
+//
+// Crash order: the pack's new pages are synced before the index names them, and a
+// refs file is synced before the pages-N.img it replaces is removed; at open, index
+// records past the pack's end and a pack's tail the index does not name are dropped.
+// Pages that no image names any more stay (no collection yet).
+type PageStore struct {
+	dir string
+
+	mu     sync.Mutex // guards everything below
+	pack   *os.File
+	idx    *os.File
+	byHash map[[32]byte]uint64
+	n      uint64 // pages in the pack
+}
+
+const (
+	packFile = "pages.pack"
+	idxFile  = "pages.idx"
+	refsExt  = ".refs"
+	hashLen  = sha256.Size
+)
+
+var zeroPage [pageSize]byte
+
+// OpenPageStore opens (creating it if need be) the page store in dir.
+func OpenPageStore(dir string) (*PageStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	pack, err := os.OpenFile(filepath.Join(dir, packFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	idx, err := os.OpenFile(filepath.Join(dir, idxFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		pack.Close()
+		return nil, err
+	}
+	s := &PageStore{dir: dir, pack: pack, idx: idx, byHash: map[[32]byte]uint64{}}
+	if err := s.load(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("page store %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+func (s *PageStore) load() error {
+	pst, err := s.pack.Stat()
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(s.idx)
+	if err != nil {
+		return err
+	}
+	n := min(uint64(len(b))/hashLen, uint64(pst.Size())/pageSize)
+	for i := uint64(0); i < n; i++ {
+		var h [32]byte
+		copy(h[:], b[i*hashLen:])
+		s.byHash[h] = i + 1
+	}
+	s.n = n
+	// What a crash left half written.
+	if err := s.idx.Truncate(int64(n * hashLen)); err != nil {
+		return err
+	}
+	return s.pack.Truncate(int64(n * pageSize))
+}
+
+// Close closes the store's files.
+func (s *PageStore) Close() error {
+	return errors.Join(s.pack.Close(), s.idx.Close())
+}
+
+// Pages is how many distinct pages the store holds.
+func (s *PageStore) Pages() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// IngestStats says what Ingest found and kept.
+type IngestStats struct {
+	Pages     int64 // pages in the image's pages-*.img
+	ZeroPages int64 // of which zeros (not stored)
+	NewPages  int64 // of which the store did not have: what it grew by
+	// ImageBytes is the image directory's size as CRIU wrote it; StoredBytes what it
+	// costs once ingested: the new pages, the refs and the other image files.
+	ImageBytes, StoredBytes int64
+}
+
+// Ingest takes the pages of the CRIU image in dir into the store: each pages-N.img is
+// replaced by pages-N.refs. When it returns the image is durable: the store's new
+// pages, the refs, the image's other files and the directory are synced.
+func (s *PageStore) Ingest(dir string) (*IngestStats, error) {
+	pms, err := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
+	if err != nil {
+		return nil, err
+	}
+	st := &IngestStats{}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			st.ImageBytes += fi.Size()
+			if !strings.HasPrefix(e.Name(), "pages-") {
+				st.StoredBytes += fi.Size()
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, pm := range pms {
+		m, err := readPagemap(pm)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.ingestPages(dir, m, st); err != nil {
+			return nil, err
+		}
+	}
+	if err := syncDir(dir); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// ingestPages replaces pages-<m.PagesID>.img by its refs. Precondition: s.mu held.
+func (s *PageStore) ingestPages(dir string, m *pagemapFile, st *IngestStats) error {
+	name := filepath.Join(dir, fmt.Sprintf("pages-%d.img", m.PagesID))
+	f, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	want := m.presentPages()
+	if fi.Size() != want*pageSize {
+		return fmt.Errorf("%s has %d bytes, its pagemap lists %d pages", name, fi.Size(), want)
+	}
+	refs := make([]byte, 8*want)
+	var newHashes []byte
+	var batch []byte // new pages, written to the pack in one go per MiB
+	packEnd := int64(s.n) * pageSize
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		if _, err := s.pack.WriteAt(batch, packEnd); err != nil {
+			return err
+		}
+		packEnd += int64(len(batch))
+		batch = batch[:0]
+		return nil
+	}
+	n := s.n
+	added := map[[32]byte]uint64{}
+	buf := make([]byte, 256*pageSize)
+	var i int64
+	for i < want {
+		k := min(int64(len(buf)/pageSize), want-i)
+		if _, err := io.ReadFull(f, buf[:k*pageSize]); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		for j := int64(0); j < k; j++ {
+			pg := buf[j*pageSize : (j+1)*pageSize]
+			var ref uint64
+			if bytes.Equal(pg, zeroPage[:]) {
+				st.ZeroPages++
+			} else {
+				h := sha256.Sum256(pg)
+				var ok bool
+				if ref, ok = s.byHash[h]; !ok {
+					if ref, ok = added[h]; !ok {
+						n++
+						ref = n
+						added[h] = ref
+						newHashes = append(newHashes, h[:]...)
+						batch = append(batch, pg...)
+						st.NewPages++
+						if len(batch) >= 1<<20 {
+							if err := flush(); err != nil {
+								return err
+							}
+						}
+					}
+				}
+			}
+			binary.LittleEndian.PutUint64(refs[8*(i+j):], ref)
+		}
+		i += k
+	}
+	st.Pages += want
+	if err := flush(); err != nil {
+		return err
+	}
+	// The pages before the index that names them, the index before the refs that
+	// point into the pack, the refs before the pages-N.img they replace goes.
+	if len(newHashes) > 0 {
+		if err := s.pack.Sync(); err != nil {
+			return err
+		}
+		if _, err := s.idx.WriteAt(newHashes, int64(s.n)*hashLen); err != nil {
+			return err
+		}
+		if err := s.idx.Sync(); err != nil {
+			return err
+		}
+	}
+	for h, ref := range added {
+		s.byHash[h] = ref
+	}
+	s.n = n
+	refsName := strings.TrimSuffix(name, ".img") + refsExt
+	if err := writeSynced(refsName, refs); err != nil {
+		return err
+	}
+	st.StoredBytes += int64(len(refs)) + st.NewPages*pageSize
+	return os.Remove(name)
+}
+
+func writeSynced(name string, b []byte) error {
+	tmp := name + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, name)
+}
+
+// Materialize writes back every pages-N.img of the image in dir from its refs, for a
+// restore: runs of consecutive pack pages in one copy_file_range each (on a reflink
+// filesystem, shared blocks, not copies), zero pages left as holes.
+func (s *PageStore) Materialize(dir string) error {
+	refsFiles, err := filepath.Glob(filepath.Join(dir, "pages-*"+refsExt))
+	if err != nil {
+		return err
+	}
+	for _, rf := range refsFiles {
+		if err := s.materialize(rf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *PageStore) materialize(refsName string) error {
+	b, err := os.ReadFile(refsName)
+	if err != nil {
+		return err
+	}
+	if len(b)%8 != 0 {
+		return fmt.Errorf("%s: %d bytes, not a refs file", refsName, len(b))
+	}
+	n := int64(len(b) / 8)
+	s.mu.Lock()
+	have := s.n
+	s.mu.Unlock()
+	name := strings.TrimSuffix(refsName, refsExt) + ".img"
+	out, err := os.OpenFile(name+".tmp", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(n * pageSize); err != nil {
+		return err
+	}
+	ref := func(i int64) uint64 { return binary.LittleEndian.Uint64(b[8*i:]) }
+	for i := int64(0); i < n; {
+		r := ref(i)
+		if r == 0 {
+			i++
+			continue
+		}
+		if r > have {
+			return fmt.Errorf("%s: page %d is pack page %d, the pack has %d", refsName, i, r, have)
+		}
+		j := i + 1
+		for j < n && ref(j) == r+uint64(j-i) {
+			j++
+		}
+		if err := copyRange(s.pack, int64(r-1)*pageSize, out, i*pageSize, (j-i)*pageSize); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		i = j
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Rename(name+".tmp", name)
+}
+
+// copyRange copies n bytes from src at off to dst at doff by copy_file_range (which
+// reflinks on XFS when both are on it and aligned).
+func copyRange(src *os.File, off int64, dst *os.File, doff int64, n int64) error {
+	for n > 0 {
+		c, err := unix.CopyFileRange(int(src.Fd()), &off, int(dst.Fd()), &doff, int(n), 0)
+		if err != nil {
+			return fmt.Errorf("copy_file_range: %w", err)
+		}
+		if c == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		n -= int64(c)
+	}
+	return nil
+}
+
+// DropPages removes the pages-N.img that Materialize wrote (the refs stay).
+func DropPages(dir string) error {
+	refsFiles, err := filepath.Glob(filepath.Join(dir, "pages-*"+refsExt))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, rf := range refsFiles {
+		if err := os.Remove(strings.TrimSuffix(rf, refsExt) + ".img"); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

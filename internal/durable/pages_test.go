@@ -1,0 +1,119 @@
+package durable
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"google.golang.org/protobuf/proto"
+)
+
+// writeImage writes a pagemap-1.img and pages-<id>.img as CRIU does: one present run
+// holding pages, then a run in a parent image (no data).
+func writeImage(t testing.TB, dir string, id uint32, pages []byte) {
+	t.Helper()
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, [2]uint32{imgCommonMagic, pagemapMagic})
+	entry := func(m proto.Message) {
+		p, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.Write(&b, binary.LittleEndian, uint32(len(p)))
+		b.Write(p)
+	}
+	entry(&pagemap.PagemapHead{PagesId: proto.Uint32(id)})
+	entry(&pagemap.PagemapEntry{Vaddr: proto.Uint64(0x400000), NrPages: proto.Uint32(uint32(len(pages) / pageSize)), Flags: proto.Uint32(pePresent)})
+	entry(&pagemap.PagemapEntry{Vaddr: proto.Uint64(0x800000), NrPages: proto.Uint32(3), Flags: proto.Uint32(peParent)})
+	if err := os.WriteFile(filepath.Join(dir, "pagemap-1.img"), b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("pages-%d.img", id)), pages, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "core-1.img"), []byte("core"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPageStoreDedup: three images of one memory, each after a few pages changed, cost
+// the store the changed pages only; zero pages cost nothing; every image comes back
+// byte for byte; a reopened store knows its pages.
+func TestPageStoreDedup(t *testing.T) {
+	root := t.TempDir()
+	s, err := OpenPageStore(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewSource(1))
+	const n = 1000
+	mem := make([]byte, n*pageSize)
+	rng.Read(mem[:900*pageSize]) // the last 100 pages stay zeros
+	copy(mem[10*pageSize:11*pageSize], mem[20*pageSize:21*pageSize])
+	var want [][]byte
+	for step := 0; step < 3; step++ {
+		if step > 0 {
+			for k := 0; k < 25; k++ { // 25 random pages rewritten
+				rng.Read(mem[rng.Intn(900)*pageSize:][:pageSize])
+			}
+		}
+		dir := filepath.Join(root, fmt.Sprint(step))
+		os.Mkdir(dir, 0o700)
+		writeImage(t, dir, 7, mem)
+		want = append(want, bytes.Clone(mem))
+		st, err := s.Ingest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("image %d: %+v", step, *st)
+		if st.Pages != n || st.ZeroPages != 100 {
+			t.Fatalf("image %d: %d pages, %d zero, want %d and 100", step, st.Pages, st.ZeroPages, n)
+		}
+		if step == 0 && st.NewPages != 899 { // one page twice
+			t.Fatalf("first image: %d new pages, want 899", st.NewPages)
+		}
+		if step > 0 && (st.NewPages == 0 || st.NewPages > 25) {
+			t.Fatalf("image %d: %d new pages after 25 rewritten", step, st.NewPages)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "pages-7.img")); !os.IsNotExist(err) {
+			t.Fatalf("pages-7.img still there after Ingest: %v", err)
+		}
+	}
+	s.Close()
+	if s, err = OpenPageStore(filepath.Join(root, "store")); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for step := range want {
+		dir := filepath.Join(root, fmt.Sprint(step))
+		if err := s.Materialize(dir); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(dir, "pages-7.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want[step]) {
+			t.Fatalf("image %d: materialized pages differ", step)
+		}
+		if err := DropPages(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Taken in again after a reopen: nothing new.
+	st, err := s.Ingest(filepath.Join(root, "2"))
+	if err == nil {
+		t.Fatalf("ingest of an image without pages-N.img: %+v, want an error", st)
+	}
+	dir := filepath.Join(root, "again")
+	os.Mkdir(dir, 0o700)
+	writeImage(t, dir, 7, want[2])
+	if st, err = s.Ingest(dir); err != nil || st.NewPages != 0 {
+		t.Fatalf("the same image again: %+v, %v; want no new page", st, err)
+	}
+}
