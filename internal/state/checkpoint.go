@@ -27,6 +27,8 @@ type CheckpointOptions struct {
 	// checkpoint arrives, for this long at most, instead of refusing while one runs
 	// (op.go: admission). 0: refuse at once.
 	Wait time.Duration
+	// Pin pins the new node (budget.go: its templates are never evicted).
+	Pin bool
 }
 
 // Checkpoint is CheckpointWith the label and no other option.
@@ -116,10 +118,26 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		return nil, err
 	} else if err := m.diskRefusal(s); err != nil {
 		return nil, err
+	} else {
+		// Over its template budget (or the daemon's total) a checkpoint waits for room
+		// before it takes any lock (budget.go), and that wait counts against its wait_ms.
+		waited, err := m.admitCheckpoint(ctx, s, o.Wait)
+		if err != nil {
+			m.countFailed(s, "checkpoint", "")
+			return nil, err
+		}
+		if o.Wait > 0 {
+			o.Wait = max(o.Wait-waited, time.Millisecond)
+		}
+		defer m.afterOpMeasure(s)
 	}
 	res, err := m.checkpointLocked(ctx, id, o)
 	if err != nil {
 		return nil, err
+	}
+	if o.Pin {
+		m.PinNode(res.Node.ID, true)
+		res.Node.Pinned = true
 	}
 	m.reportMemory(res, id, res.Node.ID)
 	if w := m.st.Warning(); w != "" {

@@ -183,7 +183,11 @@ func (m *Manager) memoryNow(s *sb) *OpMemory {
 	if s.rt == nil {
 		return nil
 	}
-	return &OpMemory{LimitBytes: s.rec.Limits.MemoryBytes, UsageBytes: s.rt.MemoryUsage()}
+	mem := &OpMemory{LimitBytes: s.rec.Limits.MemoryBytes, UsageBytes: s.rt.MemoryUsage()}
+	if b := m.templateBudget(s); b > 0 {
+		mem.TemplateBudgetBytes = b
+	}
+	return mem
 }
 
 // reportMemory completes res.Memory after an operation of sandbox id, outside its
@@ -214,6 +218,13 @@ func (m *Manager) reportMemory(res *OpResult, id, node string) {
 				mem.NodeTemplatesRSS += rss
 			}
 		}
+	}
+	if mem.TemplateBudgetBytes > 0 {
+		// Templates have a budget of their own (budget.go): the live processes keep
+		// memory_mb whatever the templates hold, and checkpoints past the budget wait,
+		// then fail. Warned past half of the budget, measured as admission would.
+		m.budgetWarning(res, id)
+		return
 	}
 	if mem.LimitBytes <= 0 || mem.UsageBytes <= mem.LimitBytes/2 {
 		return

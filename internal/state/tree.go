@@ -76,13 +76,19 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 	if n == nil {
 		return nil
 	}
-	return &NodeInfo{
+	in := &NodeInfo{
 		Node:      n.Node,
 		Durable:   m.st.Index.Durable(n.seq),
 		Children:  ch[id],
 		Sandboxes: st[id],
 		Depth:     len(m.stack(id)),
+		Pinned:    n.pinned,
 	}
+	if !n.lastRestore.IsZero() {
+		t := n.lastRestore.UTC()
+		in.LastRestored = &t
+	}
+	return in
 }
 
 // Tree is the whole snapshot tree. The wire form is defined once, in apitypes.

@@ -1,0 +1,398 @@
+package state
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/errdefs"
+)
+
+// ---- the template memory budget (issue 17, item 3) ----
+//
+// A page is charged to the memory cgroup of the process that first faulted it, so after
+// a live process's copy-on-write the old page, now its template's alone, stays charged
+// to the sandbox; and the charge cannot be moved on this kernel (cgroup v1's
+// memory.move_charge_at_immigrate = 3 fails with EINVAL). So the budget is accounting,
+// not a second cgroup:
+//
+//   - the sandbox's kernel limit is memory_mb plus its template budget (boot), so that
+//     templates within their budget cannot get a live process OOM-killed;
+//   - what the templates hold is measured after each checkpoint and restore answer, in
+//     the background (measureBudget): the sum of their pss_anon_bytes, the anonymous
+//     pages they hold, a page shared with k other processes counting 1/(k+1). Pages a
+//     template shares with a live process therefore count in part: the figure is at
+//     least the templates' own share (what no live process maps) and at most that plus
+//     half of what they share with the live processes;
+//   - a checkpoint is admitted (admitCheckpoint, before it takes any lock) while its
+//     sandbox's templates are within its budget and every sandbox's within the total;
+//     else it waits for room (its wait_ms, or defaultBudgetWait), polling, and then
+//     fails with 507 (errdefs.ErrTemplateBudget) naming the budget, the usage and what
+//     to do. The admission reads only the sandbox's cgroup usage (one pread, kept open)
+//     while that is under the budget: the templates' anonymous pages are charged to
+//     the sandbox, so they cannot hold more than it uses. Past that it adds what the
+//     sandbox came to use since the last measure to that measure, and walks the
+//     templates' page tables again (smaps_rollup, about 1 ms per 100 MB) only when that
+//     bound is over the budget.
+//
+// Over budget, templates may be evicted (evictForRoom): those of unpinned nodes whose
+// process image is complete, least recently restored first; a pinned node's never. No
+// image exists yet (durable images are item 2 of issue 17), so nothing is evicted:
+// the hook finds no candidate and a checkpoint over budget waits, then fails.
+
+// defaultBudgetWait is how long a checkpoint without a wait_ms waits for room under its
+// template budgets: long enough for a concurrent DELETE of nodes, short enough for an
+// agent that is told to remove nodes.
+const defaultBudgetWait = time.Second
+
+// budgetPoll is how often a waiting checkpoint measures again.
+const budgetPoll = 100 * time.Millisecond
+
+// budgetMeasure is what measureBudget last found of a sandbox's templates (sb.budget,
+// under sb.mu).
+type budgetMeasure struct {
+	used   int64     // the templates' pss_anon_bytes (or a bound on it, see exact)
+	usage  int64     // the sandbox's cgroup usage when measured
+	exact  bool      // used was measured; else it is the usage, a bound
+	at     time.Time // zero: never measured
+	pinned int64     // of used, the templates of pinned nodes (exact measures only)
+	pnodes int       // pinned nodes with templates in the sandbox
+}
+
+// templateBudget is s's template budget in bytes, -1 for none. The record's value is
+// fixed at create; a record older than budgets (0) has the daemon's default.
+func (m *Manager) templateBudget(s *sb) int64 {
+	switch mb := s.budgetMB; {
+	case mb < 0:
+		return -1
+	case mb == 0:
+		return m.cfg.TemplateBudgetBytes
+	default:
+		return mb << 20
+	}
+}
+
+// kernelMemoryLimit is the memory limit s's cgroup gets: memory_mb plus its template
+// budget (none: memory_mb alone, templates share it).
+func (m *Manager) kernelMemoryLimit(s *sb) int64 {
+	l := s.rec.Limits.MemoryBytes
+	if b := m.templateBudget(s); b > 0 {
+		l += b
+	}
+	return l
+}
+
+// sandboxUsage is s's memory cgroup usage now (0 when it is not running).
+func sandboxUsage(s *sb) int64 {
+	s.opMu.Lock()
+	rt := s.rt
+	s.opMu.Unlock()
+	if rt == nil {
+		return 0
+	}
+	return rt.MemoryUsage()
+}
+
+// measureBudget measures what s's templates hold and records it (sb.budget). With walk
+// false, a sandbox using under half its budget, while every sandbox's measures are
+// under half the total, records its usage as a bound instead of walking the templates
+// (an MCTS step would otherwise walk every template of its tree, about 1 ms per 100 MB,
+// once a second); maxAge is the templates' cache (templateMemory).
+func (m *Manager) measureBudget(s *sb, walk bool, maxAge time.Duration) budgetMeasure {
+	usage := sandboxUsage(s)
+	b := m.templateBudget(s)
+	if !walk && (b < 0 || usage <= b/2) && m.totalUsed(s)+usage <= m.cfg.TemplateBudgetTotalBytes/2 {
+		bm := budgetMeasure{used: usage, usage: usage, at: time.Now()}
+		s.mu.Lock()
+		s.budget = bm
+		s.mu.Unlock()
+		return bm
+	}
+	perNode, perSandbox, _ := m.templateCosts(nil, s.rec.ID, maxAge)
+	bm := budgetMeasure{usage: usage, exact: true, at: time.Now()}
+	if t := perSandbox[s.rec.ID]; t != nil {
+		bm.used = t.PssAnon
+	}
+	m.mu.Lock()
+	for id, t := range perNode {
+		if n := m.nodes[id]; n != nil && n.pinned {
+			bm.pinned += t.PssAnon
+			bm.pnodes++
+		}
+	}
+	m.mu.Unlock()
+	s.mu.Lock()
+	s.budget = bm
+	s.mu.Unlock()
+	return bm
+}
+
+// totalUsed sums the last measures of every sandbox but except.
+func (m *Manager) totalUsed(except *sb) int64 {
+	m.mu.Lock()
+	all := make([]*sb, 0, len(m.sandboxes))
+	for _, s := range m.sandboxes {
+		if s != except {
+			all = append(all, s)
+		}
+	}
+	m.mu.Unlock()
+	var sum int64
+	for _, s := range all {
+		s.mu.Lock()
+		sum += s.budget.used
+		s.mu.Unlock()
+	}
+	return sum
+}
+
+// budgetCheck is what an admission compares: a sandbox's templates against its budget,
+// and every sandbox's against the total.
+type budgetCheck struct {
+	sandbox     string
+	budget      int64 // bytes; < 0: none
+	used        int64 // the sandbox's templates (pss_anon)
+	total       int64 // bytes; <= 0: none
+	totalUsed   int64 // every sandbox's templates, this one's included
+	pinned      int64 // of used, pinned nodes' templates
+	evictable   int64 // of used, templates that could be evicted (none yet)
+	topNodes    string
+	nodesInSbox int
+}
+
+// over says what the checkpoint waits for ("" when it may go).
+func (c budgetCheck) over() string {
+	if c.budget >= 0 && c.used > c.budget {
+		return fmt.Sprintf("sandbox %s's template budget: its checkpoints' templates hold %s of template_budget_mb %s", c.sandbox, mib(c.used), mib(c.budget))
+	}
+	if c.total > 0 && c.totalUsed > c.total {
+		return fmt.Sprintf("the daemon's total template budget: the templates of every sandbox hold %s of %s (DELTABOX_TEMPLATE_BUDGET_TOTAL; this sandbox's hold %s)", mib(c.totalUsed), mib(c.total), mib(c.used))
+	}
+	return ""
+}
+
+// refusal is the 507 of a checkpoint that waited for room in vain.
+func (c budgetCheck) refusal(waited time.Duration) error {
+	what := c.over()
+	pinned := ""
+	if c.pinned > 0 {
+		pinned = fmt.Sprintf("; %s of it pinned", mib(c.pinned))
+	}
+	return fmt.Errorf("checkpoint of %s waited %v for room under %s (%d nodes%s%s; none can be evicted: templates without a durable image are never dropped): remove nodes you will not restore (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with a larger template_budget_mb: %w",
+		c.sandbox, roundDur(waited), what, c.nodesInSbox, c.topNodes, pinned, errdefs.ErrTemplateBudget)
+}
+
+// waitForRoom polls check until it finds room (nil), ctx ends, or deadline passes (the
+// 507 naming the last check). evict is given each over-budget check first, to make room
+// if it can.
+func waitForRoom(ctx context.Context, deadline time.Time, check func(fresh bool) budgetCheck, evict func(budgetCheck) bool) error {
+	t0 := time.Now()
+	c := check(false)
+	for first := true; ; first = false {
+		if c.over() == "" {
+			return nil
+		}
+		if !first || evict == nil || !evict(c) {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return c.refusal(time.Since(t0))
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("checkpoint of %s abandoned while it waited for room under %s: %w", c.sandbox, c.over(), ctx.Err())
+			case <-time.After(min(left, budgetPoll)):
+			}
+		}
+		c = check(true)
+		if c.over() != "" && evict != nil && evict(c) {
+			c = check(true)
+		}
+	}
+}
+
+// admitCheckpoint admits a checkpoint of s under the template budgets, waiting for room
+// up to wait (0: defaultBudgetWait); see the top of this file. It holds no lock while it
+// waits. It returns how long it waited.
+func (m *Manager) admitCheckpoint(ctx context.Context, s *sb, wait time.Duration) (time.Duration, error) {
+	if !m.fastPath(s) {
+		return 0, nil // no templates
+	}
+	if wait <= 0 {
+		wait = defaultBudgetWait
+	}
+	t0 := time.Now()
+	check := func(fresh bool) budgetCheck {
+		c := budgetCheck{sandbox: s.rec.ID, budget: m.templateBudget(s), total: m.cfg.TemplateBudgetTotalBytes}
+		usage := sandboxUsage(s)
+		s.mu.Lock()
+		last := s.budget
+		s.mu.Unlock()
+		used := usage // a bound: the templates' anonymous pages are charged to s
+		if !last.at.IsZero() && last.used+max(0, usage-last.usage) < used {
+			used = last.used + max(0, usage-last.usage)
+		}
+		c.used, c.totalUsed = used, m.totalUsed(s)+used
+		if fresh || c.over() != "" {
+			bm := m.measureBudget(s, true, 0)
+			c.used, c.totalUsed, c.pinned = bm.used, m.totalUsed(s)+bm.used, bm.pinned
+			if c.over() != "" {
+				c.nodesInSbox, c.topNodes = m.budgetNodes(s)
+			}
+		}
+		return c
+	}
+	err := waitForRoom(ctx, t0.Add(wait), check, func(c budgetCheck) bool { return m.evictForRoom(s, c) > 0 })
+	return time.Since(t0), err
+}
+
+// budgetNodes counts s's nodes with templates and names the three that hold most.
+func (m *Manager) budgetNodes(s *sb) (int, string) {
+	perNode, _, _ := m.templateCosts(nil, s.rec.ID, time.Second)
+	return len(perNode), topNodes(perNode, 3)
+}
+
+// afterOpMeasure queues the measure of s's templates after an answer.
+func (m *Manager) afterOpMeasure(s *sb) {
+	m.afterAnswer(s, func() { m.measureBudget(s, false, time.Second) })
+}
+
+// ---- eviction (a hook until durable images exist) ----
+
+// imageComplete reports whether node's process image is complete, so that its
+// templates may be dropped and its processes restored from the image: Manager.imageDone,
+// which durable images (issue 17, item 2) will set; until then, never.
+func (m *Manager) imageComplete(node string) bool {
+	return m.imageDone != nil && m.imageDone(node)
+}
+
+// evictionOrder lists s's nodes whose templates may be evicted, least recently restored
+// (or, never restored, made) first: unpinned, with a complete image. Precondition: m.mu.
+func (m *Manager) evictionOrder(s *sb) []string {
+	var ids []string
+	for id, ts := range m.templates {
+		n := m.nodes[id]
+		if n == nil || n.pinned || !m.imageComplete(id) {
+			continue
+		}
+		for _, t := range ts {
+			if t.sandbox == s.rec.ID {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	used := func(id string) time.Time {
+		n := m.nodes[id]
+		if n.lastRestore.IsZero() {
+			return n.Created
+		}
+		return n.lastRestore
+	}
+	sort.Slice(ids, func(i, j int) bool { return used(ids[i]).Before(used(ids[j])) })
+	return ids
+}
+
+// evictForRoom drops the templates of s's evictable nodes (evictionOrder) until the
+// check's excess is freed, and returns how many nodes it evicted. It takes s.tmplMu, so
+// that no restore is forking from what it drops.
+func (m *Manager) evictForRoom(s *sb, c budgetCheck) int {
+	need := max(c.used-c.budget, c.totalUsed-c.total)
+	if c.budget < 0 {
+		need = c.totalUsed - c.total
+	}
+	s.tmplMu.Lock()
+	defer s.tmplMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, id := range m.evictionOrder(s) {
+		if need <= 0 {
+			break
+		}
+		var keep []*procTemplate
+		for _, t := range m.templates[id] {
+			if t.sandbox != s.rec.ID {
+				keep = append(keep, t)
+				continue
+			}
+			if mem, err := templateMemory(t.tmpl.HostPid, time.Minute); err == nil {
+				need -= mem.PssAnon
+			}
+			t.tmpl.Kill()
+		}
+		m.templates[id] = keep
+		if len(keep) == 0 {
+			delete(m.templates, id)
+		}
+		n++
+		m.log.Info("evicted a node's templates over the template budget", "sandbox", s.rec.ID, "node", id)
+	}
+	return n
+}
+
+// ---- pins ----
+
+// PinNode pins (or unpins) a node: a hint that the client will restore it again, so
+// that its templates are never evicted over a template budget.
+func (m *Manager) PinNode(id string, pinned bool) (*NodeInfo, error) {
+	m.mu.Lock()
+	n := m.nodes[id]
+	if n != nil {
+		n.pinned = pinned
+	}
+	m.mu.Unlock()
+	if n == nil {
+		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", id, errdefs.ErrNotFound)
+	}
+	return m.nodeInfo(id), nil
+}
+
+// budgetInfo is SandboxInfo's template_budget: s's templates (perSandbox, measured by
+// the caller) against its budget and the total.
+func (m *Manager) budgetInfo(s *sb, used *TemplateInfo, perNode map[string]*TemplateInfo) *TemplateBudget {
+	tb := &TemplateBudget{BudgetBytes: m.templateBudget(s), TotalBudgetBytes: m.cfg.TemplateBudgetTotalBytes}
+	if used != nil {
+		tb.UsedBytes = used.PssAnon
+	}
+	m.mu.Lock()
+	for id, t := range perNode {
+		if n := m.nodes[id]; n != nil && n.pinned {
+			tb.PinnedBytes += t.PssAnon
+			tb.PinnedNodes++
+		}
+		if n := m.nodes[id]; n != nil && !n.pinned && m.imageComplete(id) {
+			tb.EvictableBytes += t.PssAnon
+		}
+	}
+	m.mu.Unlock()
+	tb.TotalUsedBytes = m.totalUsed(s) + tb.UsedBytes
+	return tb
+}
+
+// TemplateBudget is SandboxInfo's template_budget. The wire form is defined once, in
+// apitypes.
+type TemplateBudget = apitypes.TemplateBudget
+
+// budgetWarning warns in a checkpoint's or restore's answer when s's templates hold over
+// half their budget. It walks the templates only when the sandbox uses over half of it
+// (the bound of admitCheckpoint), with the templates' one-second cache.
+func (m *Manager) budgetWarning(res *OpResult, id string) {
+	s, err := m.get(id)
+	if err != nil {
+		return
+	}
+	b := m.templateBudget(s)
+	if b <= 0 || sandboxUsage(s) <= b/2 {
+		return
+	}
+	perNode, perSandbox, _ := m.templateCosts(nil, id, time.Second)
+	t := perSandbox[id]
+	if t == nil || t.PssAnon <= b/2 {
+		return
+	}
+	res.Memory.Templates = t
+	res.Warnings = append(res.Warnings, fmt.Sprintf("the templates of this sandbox's checkpoints hold %s of their %s budget (template_budget_mb; %d processes kept by %d nodes%s): past it, checkpoints wait and then fail with 507. Remove the nodes you no longer need (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with a larger template_budget_mb",
+		mib(t.PssAnon), mib(b), t.Processes, len(perNode), topNodes(perNode, 3)))
+}
