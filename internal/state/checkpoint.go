@@ -126,8 +126,8 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 			m.countFailed(s, "checkpoint", "")
 			return nil, err
 		}
-		if o.Wait > 0 {
-			o.Wait = max(o.Wait-waited, time.Millisecond)
+		if o.Wait > 0 { // what is left, in whole ms (a 409 names it)
+			o.Wait = max((o.Wait - waited).Round(time.Millisecond), time.Millisecond)
 		}
 		defer m.afterOpMeasure(s)
 	}

@@ -183,7 +183,8 @@ class Templates:
 class OpMemory:
     """The sandbox's memory after a checkpoint or restore (``ckpt.memory``,
     ``result.memory``). A node's process templates are stopped processes of the
-    sandbox: they count against its memory limit (docs/API.md, "Memory of checkpoints").
+    sandbox, within a budget of their own (``template_budget_bytes``; docs/API.md,
+    "Template memory").
 
     Attributes:
         limit_bytes: the sandbox's memory limit.
@@ -201,6 +202,7 @@ class OpMemory:
     usage_bytes: int = 0
     node_templates_rss_bytes: int = 0
     templates: Optional[Templates] = None
+    template_budget_bytes: int = 0
 
     @classmethod
     def from_api(cls, d: Any) -> Optional["OpMemory"]:
@@ -209,7 +211,8 @@ class OpMemory:
         return cls(limit_bytes=int(d.get("limit_bytes") or 0),
                    usage_bytes=int(d.get("usage_bytes") or 0),
                    node_templates_rss_bytes=int(d.get("node_templates_rss_bytes") or 0),
-                   templates=Templates.from_api(d.get("templates")))
+                   templates=Templates.from_api(d.get("templates")),
+                   template_budget_bytes=int(d.get("template_budget_bytes") or 0))
 
 
 @dataclass
@@ -225,6 +228,11 @@ class SandboxMemory:
         templates: its templates' total (None when it has none); ``pss_bytes`` is
             their share of the usage, ``private_dirty_bytes`` what removing their nodes
             frees.
+        template_budget: the templates' memory against their budget, as the daemon
+            answers it (``budget_bytes``, ``used_bytes``, ``pinned_bytes``,
+            ``pinned_nodes``, ``evictable_bytes``, ``total_budget_bytes``,
+            ``total_used_bytes``; docs/API.md, Template memory); None from a daemon
+            without budgets.
     """
 
     limit_bytes: int = 0
@@ -232,6 +240,7 @@ class SandboxMemory:
     peak_bytes: int = 0
     oom_kills: int = 0
     templates: Optional[Templates] = None
+    template_budget: Optional[Dict[str, int]] = None
 
     @classmethod
     def from_info(cls, info: Dict[str, Any]) -> "SandboxMemory":
@@ -241,7 +250,14 @@ class SandboxMemory:
                    usage_bytes=int(usage.get("memory_bytes") or 0),
                    peak_bytes=int(usage.get("memory_peak_bytes") or 0),
                    oom_kills=int(usage.get("oom_kills") or 0),
-                   templates=Templates.from_api(info.get("templates")))
+                   templates=Templates.from_api(info.get("templates")),
+                   template_budget=_budget(info.get("template_budget")))
+
+
+def _budget(d: Any) -> Optional[Dict[str, int]]:
+    if not isinstance(d, dict):
+        return None
+    return {str(k): int(v) for k, v in d.items()}
 
 
 def _phases(d: Dict[str, Any]) -> Dict[str, int]:
@@ -274,6 +290,9 @@ class Checkpoint:
             their memory), in nodes from :meth:`Client.tree`, :meth:`refresh` and
             ``client.checkpoint(id)``; None when it has none, and in the answer of a
             checkpoint (``ckpt.refresh().templates``).
+        pinned: the hint that it will be restored again (:meth:`pin`): its templates
+            are never evicted over the template budget.
+        last_restored: its last restore (aware datetime, UTC), None if never.
 
     Set only when this object is the answer of ``sb.checkpoint()`` (None, or empty,
     otherwise):
@@ -316,6 +335,8 @@ class Checkpoint:
     sandboxes: List[str] = field(default_factory=list)
     depth: int = 0
     templates: Optional[Templates] = None
+    pinned: bool = False
+    last_restored: Optional[_dt.datetime] = None
     processes: Optional[int] = None
     process_errors: List[str] = field(default_factory=list)
     sessions: Optional[List[str]] = None
@@ -349,6 +370,8 @@ class Checkpoint:
             sandboxes=list(d.get("sandboxes") or []),
             depth=int(d.get("depth") or 0),
             templates=Templates.from_api(d.get("templates")),
+            pinned=bool(d.get("pinned")),
+            last_restored=parse_time(d.get("last_restored")),
             _client=client,
             _workdir=workdir,
         )
@@ -437,6 +460,12 @@ class Checkpoint:
         """Removes this node and its subtree; returns the removed ids. Conflict if a
         sandbox stands on a node of the subtree."""
         return self._need_client().remove_checkpoint(self.id)
+
+    def pin(self, pinned: bool = True) -> "Checkpoint":
+        """Pins this node (``pinned=False`` unpins it): a hint that it will be restored
+        again, so that its process templates are never evicted over the template
+        budget. Returns the node as the daemon sees it now."""
+        return self._need_client().pin_checkpoint(self.id, pinned)
 
 
 @dataclass
