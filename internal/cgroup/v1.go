@@ -392,6 +392,13 @@ func (v *V1) MemoryUsage() int64 {
 	return readInt(p)
 }
 
+// V1MemoryUsageAll is the memory usage of every sandbox of this daemon together: their
+// v1 memory parent's usage (hierarchical accounting, always on in this kernel), one
+// read. 0 if it cannot be read.
+func V1MemoryUsageAll() int64 {
+	return readInt(filepath.Join(v1Parent("memory"), "memory.usage_in_bytes"))
+}
+
 // OOMKills is Usage's OOMKills alone: how many processes the memory limit made the
 // kernel kill so far (read after each call to tell whether the call saw one). Safe for
 // concurrent use.

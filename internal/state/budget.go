@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
 )
 
@@ -50,6 +51,10 @@ const defaultBudgetWait = time.Second
 // budgetPoll is how often a waiting checkpoint measures again.
 const budgetPoll = 100 * time.Millisecond
 
+// minMeasureGap spaces the walks of a sandbox's templates after answers: an MCTS
+// step every few ms would otherwise walk every template of the tree each time.
+const minMeasureGap = 250 * time.Millisecond
+
 // budgetMeasure is what measureBudget last found of a sandbox's templates (sb.budget,
 // under sb.mu).
 type budgetMeasure struct {
@@ -84,15 +89,54 @@ func (m *Manager) kernelMemoryLimit(s *sb) int64 {
 	return l
 }
 
-// sandboxUsage is s's memory cgroup usage now (0 when it is not running).
+// sandboxUsage is s's memory cgroup usage now (0 when it is not running): one pread of
+// a file kept open.
 func sandboxUsage(s *sb) int64 {
-	s.opMu.Lock()
-	rt := s.rt
-	s.opMu.Unlock()
+	s.mu.Lock()
+	rt := s.memRT
+	s.mu.Unlock()
 	if rt == nil {
 		return 0
 	}
 	return rt.MemoryUsage()
+}
+
+// bound is what s's templates may hold now, at most, from its last measure: the
+// templates' anonymous pages are charged to s, so they hold no more than its usage, and
+// since the measure they gained no more than its usage grew (a live process's
+// copy-on-write charges the copy). (Exceptions make the bound lenient, never strict:
+// a live process's exit or a restore hands pages it shared with templates to them
+// without growth; the next measure, after that answer, sees them.)
+func (s *sb) bound(usage int64) int64 {
+	s.mu.Lock()
+	last := s.budget
+	s.mu.Unlock()
+	if last.at.IsZero() {
+		return usage
+	}
+	return min(usage, last.used+max(0, usage-last.usage))
+}
+
+// othersBound bounds what every sandbox's templates but except's hold now, for the
+// total: the daemon's memory cgroup's usage (one read: its sandboxes' sum) less except's
+// when that is within total, else each sandbox's bound.
+func (m *Manager) othersBound(except *sb, exceptUsage, total int64) int64 {
+	if all := cgroup.V1MemoryUsageAll(); all > 0 && all <= total {
+		return max(0, all-exceptUsage)
+	}
+	m.mu.Lock()
+	var others []*sb
+	for _, s := range m.sandboxes {
+		if s != except {
+			others = append(others, s)
+		}
+	}
+	m.mu.Unlock()
+	var sum int64
+	for _, s := range others {
+		sum += s.bound(sandboxUsage(s))
+	}
+	return sum
 }
 
 // measureBudget measures what s's templates hold and records it (sb.budget). With walk
@@ -103,12 +147,20 @@ func sandboxUsage(s *sb) int64 {
 func (m *Manager) measureBudget(s *sb, walk bool, maxAge time.Duration) budgetMeasure {
 	usage := sandboxUsage(s)
 	b := m.templateBudget(s)
-	if !walk && (b < 0 || usage <= b/2) && m.totalUsed(s)+usage <= m.cfg.TemplateBudgetTotalBytes/2 {
-		bm := budgetMeasure{used: usage, usage: usage, at: time.Now()}
+	if !walk {
 		s.mu.Lock()
-		s.budget = bm
+		last := s.budget
 		s.mu.Unlock()
-		return bm
+		switch {
+		case (b < 0 || usage <= b/2) && m.totalUsed(s)+usage <= m.cfg.TemplateBudgetTotalBytes/2:
+			bm := budgetMeasure{used: usage, usage: usage, at: time.Now()}
+			s.mu.Lock()
+			s.budget = bm
+			s.mu.Unlock()
+			return bm
+		case last.exact && time.Since(last.at) < minMeasureGap:
+			return last // its bound (sb.bound) holds until the next
+		}
 	}
 	perNode, perSandbox, _ := m.templateCosts(nil, s.rec.ID, maxAge)
 	bm := budgetMeasure{usage: usage, exact: true, at: time.Now()}
@@ -146,6 +198,21 @@ func (m *Manager) totalUsed(except *sb) int64 {
 		s.mu.Unlock()
 	}
 	return sum
+}
+
+// measureOthers measures the templates of every sandbox but except (for the total).
+func (m *Manager) measureOthers(except *sb) {
+	m.mu.Lock()
+	var all []*sb
+	for _, s := range m.sandboxes {
+		if s != except {
+			all = append(all, s)
+		}
+	}
+	m.mu.Unlock()
+	for _, s := range all {
+		m.measureBudget(s, true, 0)
+	}
 }
 
 // budgetCheck is what an admission compares: a sandbox's templates against its budget,
@@ -226,17 +293,17 @@ func (m *Manager) admitCheckpoint(ctx context.Context, s *sb, wait time.Duration
 	check := func(fresh bool) budgetCheck {
 		c := budgetCheck{sandbox: s.rec.ID, budget: m.templateBudget(s), total: m.cfg.TemplateBudgetTotalBytes}
 		usage := sandboxUsage(s)
-		s.mu.Lock()
-		last := s.budget
-		s.mu.Unlock()
-		used := usage // a bound: the templates' anonymous pages are charged to s
-		if !last.at.IsZero() && last.used+max(0, usage-last.usage) < used {
-			used = last.used + max(0, usage-last.usage)
-		}
-		c.used, c.totalUsed = used, m.totalUsed(s)+used
+		c.used = s.bound(usage)
+		c.totalUsed = c.used + m.othersBound(s, usage, c.total)
 		if fresh || c.over() != "" {
 			bm := m.measureBudget(s, true, 0)
-			c.used, c.totalUsed, c.pinned = bm.used, m.totalUsed(s)+bm.used, bm.pinned
+			c.used, c.pinned = bm.used, bm.pinned
+			c.totalUsed = c.used + m.othersBound(s, bm.usage, c.total)
+			if c.total > 0 && c.totalUsed > c.total {
+				// Over the total on the others' bounds: measure them.
+				m.measureOthers(s)
+				c.totalUsed = c.used + m.othersBound(s, bm.usage, c.total)
+			}
 			if c.over() != "" {
 				c.nodesInSbox, c.topNodes = m.budgetNodes(s)
 			}
@@ -255,7 +322,7 @@ func (m *Manager) budgetNodes(s *sb) (int, string) {
 
 // afterOpMeasure queues the measure of s's templates after an answer.
 func (m *Manager) afterOpMeasure(s *sb) {
-	m.afterAnswer(s, func() { m.measureBudget(s, false, time.Second) })
+	m.afterAnswer(s, func() { m.measureBudget(s, false, 0) })
 }
 
 // ---- eviction (a hook until durable images exist) ----

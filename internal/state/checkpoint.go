@@ -114,6 +114,7 @@ type checkpoint struct {
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
 	// Over its disk quota a sandbox is not checkpointed: the node would keep the
 	// oversized layer.
+	var admitted time.Duration
 	if s, err := m.get(id); err != nil {
 		return nil, err
 	} else if err := m.diskRefusal(s); err != nil {
@@ -126,6 +127,7 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 			m.countFailed(s, "checkpoint", "")
 			return nil, err
 		}
+		admitted = waited
 		if o.Wait > 0 { // what is left, in whole ms (a 409 names it)
 			o.Wait = max((o.Wait - waited).Round(time.Millisecond), time.Millisecond)
 		}
@@ -134,6 +136,9 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 	res, err := m.checkpointLocked(ctx, id, o)
 	if err != nil {
 		return nil, err
+	}
+	if res.PhasesUS != nil { // the admission, before the operation's own clock started
+		res.PhasesUS["admit"] = admitted.Microseconds()
 	}
 	if o.Pin {
 		m.PinNode(res.Node.ID, true)

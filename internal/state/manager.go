@@ -114,6 +114,9 @@ type sb struct {
 	stats  Stats
 	disk   diskState     // what the disk watcher measured (diskquota.go)
 	budget budgetMeasure // what its templates held when last measured (budget.go)
+	// memRT is rt, for reads of its memory usage by other sandboxes' admissions
+	// (budget.go), which must not wait for this sandbox's opMu.
+	memRT *sandbox.Sandbox
 
 	// budgetMB is the record's TemplateBudgetMB, fixed at create (budget.go:
 	// templateBudget); read without a lock.
@@ -235,6 +238,9 @@ func (m *Manager) Close() error {
 		if s.rt != nil {
 			s.rt.Destroy()
 			s.rt = nil
+			s.mu.Lock()
+			s.memRT = nil
+			s.mu.Unlock()
 		}
 		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()

@@ -192,6 +192,7 @@ func (m *Manager) boot(s *sb) error {
 	s.rt, s.kns = rt, kns
 	s.err = nil
 	s.mu.Lock()
+	s.memRT = rt
 	s.oomSeen = rt.OOMKills() // 0: a new cgroup
 	s.mu.Unlock()
 	m.prepareNext(s)
@@ -371,6 +372,9 @@ func (m *Manager) Remove(id string) error {
 		derr = s.rt.Destroy()
 		s.rt = nil
 	}
+	s.mu.Lock()
+	s.memRT = nil
+	s.mu.Unlock()
 	m.endSessions(s, "sandbox removed")
 	m.dropSandboxTemplates(id)
 	m.forgetKernelState(id)

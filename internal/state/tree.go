@@ -165,6 +165,15 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	m.mu.Lock()
 	var ops []store.Op
 	var dirs []string
+	// The sandboxes whose templates go measure them again (budget.go), in the
+	// background: their last measures count them still.
+	for _, n := range sub {
+		for _, t := range m.templates[n] {
+			if s := m.sandboxes[t.sandbox]; s != nil {
+				m.afterOpMeasure(s)
+			}
+		}
+	}
 	m.dropTemplatesLocked(sub)
 	for _, n := range sub {
 		if m.nodes[n].Own {

@@ -259,3 +259,54 @@ func TestTemplateBudgetDefault(t *testing.T) {
 		t.Fatalf("template_budget_mb -2: %d %s", st, raw)
 	}
 }
+
+// TestTemplateBudgetTotal: the daemon's total counts every sandbox's templates: a
+// checkpoint of one sandbox waits for, and is refused over, what another's templates
+// hold, and goes once that sandbox is removed.
+func TestTemplateBudgetTotal(t *testing.T) {
+	t.Setenv("DELTABOX_TEMPLATE_BUDGET_TOTAL", "128M")
+	d := testutil.StartDaemon(t)
+	for _, id := range []string{"bud-a", "bud-b"} {
+		if st, raw := dbxRaw(t, d, "POST", "/sandboxes", fmt.Sprintf(`{"id":%q,"memory_mb":512,"template_budget_mb":1024}`, id)); st != 201 {
+			t.Fatalf("create %s: %d %s", id, st, raw)
+		}
+		if st, raw := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/sessions", `{"name":"py","kind":"python"}`); st != 201 {
+			t.Fatalf("session: %d %s", st, raw)
+		}
+	}
+	// a: one template holding 100 MiB alone.
+	budPy(t, d, "bud-a", "h = bytearray(100 << 20)\nstep = 0\nfor i in range(0, len(h), 4096): h[i] = 1\n")
+	if s, _, m := wtOp(t, d, "bud-a", "", nil); s != 201 {
+		t.Fatalf("checkpoint a: %d %s", s, m)
+	}
+	budPy(t, d, "bud-a", budRewrite)
+	// b: 60 MiB; its first checkpoint fits (its template shares its heap), its second
+	// does not: a's 100 and b's 60 are over 128.
+	budPy(t, d, "bud-b", "h = bytearray(60 << 20)\nstep = 0\nfor i in range(0, len(h), 4096): h[i] = 1\n")
+	s, a, m := wtOp(t, d, "bud-b", "", nil)
+	if s != 201 {
+		t.Fatalf("checkpoint b: %d %s", s, m)
+	}
+	if _, ok := a["phases_us"].(map[string]any)["admit"]; !ok {
+		t.Fatalf("phases_us has no admit: %v", a["phases_us"])
+	}
+	budPy(t, d, "bud-b", budRewrite)
+	st, raw := dbxRaw(t, d, "POST", "/sandboxes/bud-b/checkpoint", `{"wait_ms":300}`)
+	if st != 507 {
+		t.Fatalf("checkpoint of b over the total: %d %s", st, raw)
+	}
+	if _, msg := dbxErrorBody(t, raw); !strings.Contains(msg, "total template budget") || !strings.Contains(msg, "of 128 MiB") {
+		t.Fatalf("507 message %q does not name the total", msg)
+	}
+	info := budInfo(t, d, "bud-b")
+	if tot := budNum(info, "template_budget", "total_budget_bytes"); tot != 128<<20 {
+		t.Fatalf("total_budget_bytes %v", tot)
+	}
+	// a goes: room again.
+	if st, raw := dbxRaw(t, d, "DELETE", "/sandboxes/bud-a", ""); st != 200 {
+		t.Fatalf("remove a: %d %s", st, raw)
+	}
+	if s, _, m := wtOp(t, d, "bud-b", "", map[string]any{"wait_ms": 3000}); s != 201 {
+		t.Fatalf("checkpoint of b once a is gone: %d %s", s, m)
+	}
+}
