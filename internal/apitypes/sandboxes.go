@@ -77,6 +77,10 @@ type TemplateBudget struct {
 	// last measured (after each checkpoint and restore, in the background; a sandbox far
 	// under its budgets counts its whole memory usage instead, a bound).
 	TotalUsedBytes int64 `json:"total_used_bytes"`
+	// KernelLimitBytes is the kernel's memory limit of the sandbox: memory_mb plus the
+	// anonymous resident memory of its templates (what they may come to hold alone), up
+	// to the budget.
+	KernelLimitBytes int64 `json:"kernel_limit_bytes"`
 }
 
 // DiskInfo is a sandbox's disk usage (SandboxInfo's "disk"), as the daemon's watcher
@@ -200,6 +204,9 @@ type PathCounts struct {
 	Failed       int `json:"failed"`
 	Ineligible   int `json:"ineligible,omitempty"`
 	TemplateGone int `json:"template_gone,omitempty"`
+	// OverBudget: checkpoints refused with 507 after waiting for room under a template
+	// budget (docs/API.md, Template memory).
+	OverBudget int `json:"over_budget,omitempty"`
 }
 
 // TemplateInfo is what a node's process templates cost (Memory explains the figures):

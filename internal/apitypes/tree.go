@@ -119,6 +119,10 @@ type OpMemory struct {
 	// TemplateBudgetBytes is the templates' budget (template_budget_mb), apart from
 	// LimitBytes: the kernel caps UsageBytes at their sum. Absent: no budget (-1).
 	TemplateBudgetBytes int64 `json:"template_budget_bytes,omitempty"`
+	// KernelLimitBytes is the kernel's memory limit of the sandbox now: LimitBytes plus
+	// what its templates may come to hold, up to the budget (docs/API.md, Template
+	// memory). Absent without a budget (it is LimitBytes).
+	KernelLimitBytes int64 `json:"kernel_limit_bytes,omitempty"`
 	// UsageBytes is what the sandbox's processes, its templates included, and their page
 	// cache use now (the memory cgroup's count, which the limit caps).
 	UsageBytes int64 `json:"usage_bytes"`

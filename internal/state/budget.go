@@ -3,7 +3,10 @@ package state
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -19,8 +22,11 @@ import (
 // memory.move_charge_at_immigrate = 3 fails with EINVAL). So the budget is accounting,
 // not a second cgroup:
 //
-//   - the sandbox's kernel limit is memory_mb plus its template budget (boot), so that
-//     templates within their budget cannot get a live process OOM-killed;
+//   - the sandbox's kernel limit is memory_mb plus what its templates may come to hold
+//     alone, up to their budget (fitKernelLimit): templates within their budget cannot
+//     get a live process OOM-killed, and the live processes cannot use the budget for
+//     themselves beyond the pages they share with templates (a sandbox without
+//     templates has memory_mb, as before budgets);
 //   - what the templates hold is measured after each checkpoint and restore answer, in
 //     the background (measureBudget): the sum of their pss_anon_bytes, the anonymous
 //     pages they hold, a page shared with k other processes counting 1/(k+1). Pages a
@@ -79,14 +85,75 @@ func (m *Manager) templateBudget(s *sb) int64 {
 	}
 }
 
-// kernelMemoryLimit is the memory limit s's cgroup gets: memory_mb plus its template
-// budget (none: memory_mb alone, templates share it).
-func (m *Manager) kernelMemoryLimit(s *sb) int64 {
-	l := s.rec.Limits.MemoryBytes
-	if b := m.templateBudget(s); b > 0 {
-		l += b
+// fitKernelLimit sets s's kernel memory limit to memory_mb plus what its templates
+// could come to hold alone, up to their budget: the sum of their anonymous resident
+// memory (RssAnon, read once per template: a stopped process's does not change). A
+// template's pages are all it can ever hold alone (it is stopped), so the live
+// processes keep memory_mb whatever they rewrite; and without templates the limit is
+// memory_mb, a sandbox's containment as before budgets. (The sum counts a page several
+// templates share once per template: the limit is then higher than needed, up to
+// memory_mb plus the budget.) Called after each checkpoint, before its answer (its new
+// templates), and after answers and node removals (it comes down; the kernel refuses,
+// EBUSY, while it cannot reclaim to the lower limit: then the next call tries again).
+func (m *Manager) fitKernelLimit(s *sb) {
+	b := m.templateBudget(s)
+	if b <= 0 {
+		return // no budget of their own: memory_mb, templates included
 	}
-	return l
+	s.limitMu.Lock()
+	defer s.limitMu.Unlock()
+	m.mu.Lock()
+	var ts []*procTemplate
+	for _, tl := range m.templates {
+		for _, t := range tl {
+			if t.sandbox == s.rec.ID {
+				ts = append(ts, t)
+			}
+		}
+	}
+	m.mu.Unlock()
+	var sum int64
+	for _, t := range ts {
+		if t.rssAnon == 0 {
+			t.rssAnon = max(rssAnon(t.tmpl.HostPid), 1) // 1: read (a template gone holds nothing)
+		}
+		sum += t.rssAnon
+	}
+	want := s.rec.Limits.MemoryBytes + min(b, sum)
+	s.mu.Lock()
+	rt := s.memRT
+	s.mu.Unlock()
+	if want == s.kernelLimit || rt == nil {
+		return
+	}
+	if err := rt.SetMemoryLimit(want); err != nil {
+		m.log.Debug("template budget: kernel memory limit not changed", "sandbox", s.rec.ID, "from", s.kernelLimit, "to", want, "err", err)
+		return
+	}
+	s.kernelLimit = want
+}
+
+// rssAnon is hostPid's anonymous resident memory (/proc/PID/status RssAnon; kernel
+// counters, no walk), 0 if gone.
+func rssAnon(hostPid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "RssAnon:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// kernelLimitNow is the kernel memory limit fitKernelLimit last wrote.
+func (s *sb) kernelLimitNow() int64 {
+	s.limitMu.Lock()
+	defer s.limitMu.Unlock()
+	return s.kernelLimit
 }
 
 // sandboxUsage is s's memory cgroup usage now (0 when it is not running): one pread of
@@ -322,7 +389,10 @@ func (m *Manager) budgetNodes(s *sb) (int, string) {
 
 // afterOpMeasure queues the measure of s's templates after an answer.
 func (m *Manager) afterOpMeasure(s *sb) {
-	m.afterAnswer(s, func() { m.measureBudget(s, false, 0) })
+	m.afterAnswer(s, func() {
+		m.fitKernelLimit(s)
+		m.measureBudget(s, false, 0)
+	})
 }
 
 // ---- eviction (a hook until durable images exist) ----
@@ -396,6 +466,9 @@ func (m *Manager) evictForRoom(s *sb, c budgetCheck) int {
 		n++
 		m.log.Info("evicted a node's templates over the template budget", "sandbox", s.rec.ID, "node", id)
 	}
+	if n > 0 {
+		m.afterOpMeasure(s) // the kernel limit comes down, and they are measured again
+	}
 	return n
 }
 
@@ -435,6 +508,7 @@ func (m *Manager) budgetInfo(s *sb, used *TemplateInfo, perNode map[string]*Temp
 	}
 	m.mu.Unlock()
 	tb.TotalUsedBytes = m.totalUsed(s) + tb.UsedBytes
+	tb.KernelLimitBytes = s.kernelLimitNow()
 	return tb
 }
 

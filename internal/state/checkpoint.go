@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
@@ -124,7 +125,11 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		// before it takes any lock (budget.go), and that wait counts against its wait_ms.
 		waited, err := m.admitCheckpoint(ctx, s, o.Wait)
 		if err != nil {
-			m.countFailed(s, "checkpoint", "")
+			why := ""
+			if errors.Is(err, errdefs.ErrTemplateBudget) {
+				why = "over_budget"
+			}
+			m.countFailed(s, "checkpoint", why)
 			return nil, err
 		}
 		admitted = waited
@@ -176,6 +181,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 		return nil, err
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
+	m.fitKernelLimit(s) // room for what the new templates may come to hold (budget.go)
 	c.res.DurationMS = ms(time.Since(t0))
 	c.res.Memory = m.memoryNow(s)
 	return c.res, nil

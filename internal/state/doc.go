@@ -51,6 +51,8 @@
 //	sb.buildMu         one background build of a next or warm state       the build (~1 ms of mounts)
 //	                   at a time per sandbox
 //	sb.prepMu          next, nextGen, warm, building, warmClosed          briefly, around each access
+//	sb.limitMu         the kernel memory limit (kernelLimit), templates'  a checkpoint; after answers
+//	                   rssAnon (budget.go: fitKernelLimit)
 //	Manager.mu         nodes (uts, pinned, lastRestore too), sandboxes,   briefly; never across a
 //	                   templates, nextLayer                               mount, fork or index wait
 //	sb.mu              execs, adm (the queue of calls and switches),      briefly

@@ -114,6 +114,11 @@ type sb struct {
 	stats  Stats
 	disk   diskState     // what the disk watcher measured (diskquota.go)
 	budget budgetMeasure // what its templates held when last measured (budget.go)
+	// limitMu serialises the changes of the kernel's memory limit (budget.go:
+	// fitKernelLimit) and guards kernelLimit, the limit written last.
+	limitMu     sync.Mutex
+	kernelLimit int64
+
 	// memRT is rt, for reads of its memory usage by other sandboxes' admissions
 	// (budget.go), which must not wait for this sandbox's opMu.
 	memRT *sandbox.Sandbox

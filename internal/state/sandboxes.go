@@ -172,10 +172,9 @@ func (m *Manager) boot(s *sb) error {
 		// after boot, has it.)
 		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
 	}
-	// The kernel's limit is memory_mb plus the template budget (budget.go).
-	lim := s.rec.Limits
-	lim.MemoryBytes = m.kernelMemoryLimit(s)
-	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, lim, iso)
+	// The kernel's limit is memory_mb, no template yet: it grows with them
+	// (budget.go: fitKernelLimit).
+	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits, iso)
 	if err != nil {
 		return err
 	}
@@ -191,6 +190,9 @@ func (m *Manager) boot(s *sb) error {
 	}
 	s.rt, s.kns = rt, kns
 	s.err = nil
+	s.limitMu.Lock()
+	s.kernelLimit = s.rec.Limits.MemoryBytes
+	s.limitMu.Unlock()
 	s.mu.Lock()
 	s.memRT = rt
 	s.oomSeen = rt.OOMKills() // 0: a new cgroup

@@ -137,6 +137,10 @@ func TestTemplateBudgetReproduction(t *testing.T) {
 			if b := budNum(a, "memory", "template_budget_bytes"); b != 1<<30 {
 				t.Fatalf("checkpoint answer's memory.template_budget_bytes %v, want 1 GiB: %v", b, a["memory"])
 			}
+			// The kernel's limit grows by what the new template may come to hold alone.
+			if k, want := budNum(a, "memory", "kernel_limit_bytes"), float64(512<<20+(i+1)*150<<20); k < want || k > want+float64((i+1)*30<<20) {
+				t.Fatalf("checkpoint %d: memory.kernel_limit_bytes %v, want 512 MiB + %d x ~155 MiB", i+1, k, i+1)
+			}
 			nodes = append(nodes, wtNode(t, a))
 			budPy(t, d, id, budRewrite)
 		}
@@ -219,6 +223,9 @@ func TestTemplateBudgetReproduction(t *testing.T) {
 		t.Logf("507 after %v: %s", waited.Round(time.Millisecond), msg)
 		if after := budPy(t, d, id, budState); after != before {
 			t.Fatalf("session after the refused checkpoint: %q, before %q", after, before)
+		}
+		if n := budNum(budInfo(t, d, id), "stats", "checkpoint_paths", "over_budget"); n != 1 {
+			t.Fatalf("stats.checkpoint_paths.over_budget %v, want 1", n)
 		}
 		if tr, _ := d.C.Tree(dbxCtx(t)); len(tr.Nodes) != 0 {
 			for _, n := range tr.Nodes {

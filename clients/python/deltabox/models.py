@@ -196,6 +196,10 @@ class OpMemory:
         templates: every template of the sandbox and what they hold
             (``pss_bytes``: their share), measured only when the sandbox uses over half
             its limit (None otherwise: they cannot hold more than half of it).
+        template_budget_bytes: the templates' budget (``template_budget_mb``; 0:
+            none, they count against ``limit_bytes``).
+        kernel_limit_bytes: the kernel's memory limit now: ``limit_bytes`` plus what
+            the templates may come to hold alone, up to their budget.
     """
 
     limit_bytes: int = 0
@@ -203,6 +207,7 @@ class OpMemory:
     node_templates_rss_bytes: int = 0
     templates: Optional[Templates] = None
     template_budget_bytes: int = 0
+    kernel_limit_bytes: int = 0
 
     @classmethod
     def from_api(cls, d: Any) -> Optional["OpMemory"]:
@@ -212,7 +217,8 @@ class OpMemory:
                    usage_bytes=int(d.get("usage_bytes") or 0),
                    node_templates_rss_bytes=int(d.get("node_templates_rss_bytes") or 0),
                    templates=Templates.from_api(d.get("templates")),
-                   template_budget_bytes=int(d.get("template_budget_bytes") or 0))
+                   template_budget_bytes=int(d.get("template_budget_bytes") or 0),
+                   kernel_limit_bytes=int(d.get("kernel_limit_bytes") or 0))
 
 
 @dataclass
