@@ -30,9 +30,10 @@ import (
 //   - what the templates hold is measured after each checkpoint and restore answer, in
 //     the background (measureBudget): the sum of their pss_anon_bytes, the anonymous
 //     pages they hold, a page shared with k other processes counting 1/(k+1). Pages a
-//     template shares with a live process therefore count in part: the figure is at
-//     least the templates' own share (what no live process maps) and at most that plus
-//     half of what they share with the live processes;
+//     template shares with a live process therefore count in part (k/(k+1) of a page k
+//     templates share with one live process): the figure is at least the templates'
+//     own share (what no live process maps), and over it by a part of what they still
+//     share with the live processes;
 //   - a checkpoint is admitted (admitCheckpoint, before it takes any lock) while its
 //     sandbox's templates are within its budget and every sandbox's within the total;
 //     else it waits for room (its wait_ms, or defaultBudgetWait), polling, and then
@@ -42,7 +43,13 @@ import (
 //     the sandbox, so they cannot hold more than it uses. Past that it adds what the
 //     sandbox came to use since the last measure to that measure, and walks the
 //     templates' page tables again (smaps_rollup, about 1 ms per 100 MB) only when that
-//     bound is over the budget.
+//     bound is over the budget. For the total, one read of the daemon's memory cgroup
+//     (its sandboxes' sum) bounds every sandbox's templates while under the total; past
+//     it, each sandbox's bound, and walks of all of them only when that is over.
+//
+// The budget is soft by one checkpoint: one admitted just under it makes templates that
+// share the live processes' pages at first, and the budget is passed as those rewrite
+// them; the next checkpoint waits. The kernel's limit is the hard one.
 //
 // Over budget, templates may be evicted (evictForRoom): those of unpinned nodes whose
 // process image is complete, least recently restored first; a pinned node's never. No
