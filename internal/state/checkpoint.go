@@ -181,7 +181,9 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 		return nil, err
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
-	m.fitKernelLimit(s) // room for what the new templates may come to hold (budget.go)
+	tl := time.Now()
+	m.fitKernelLimit(s, true) // room for what the new templates may come to hold (budget.go)
+	phase(c.res, "limit", &tl)
 	c.res.DurationMS = ms(time.Since(t0))
 	c.res.Memory = m.memoryNow(s)
 	return c.res, nil
