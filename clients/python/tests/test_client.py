@@ -1239,6 +1239,8 @@ class DaemonTest(unittest.TestCase):
         # A budget of their own: past it a checkpoint waits, then raises
         # TemplateBudgetExceeded naming it, and the session is unchanged; pins show on
         # the node and in the sandbox's memory.
+        warnings.simplefilter("ignore", MemoryWarning)  # past half the budget: expected
+        self.addCleanup(warnings.resetwarnings)
         sb = self.sandbox(memory_mb=256, template_budget_mb=64)
         sb.sessions.start("py", kind="python")
         sb.run("h = bytearray(60 << 20)\nfor i in range(0, len(h), 4096): h[i] = 1\n", session="py").check()
