@@ -408,19 +408,63 @@ func (v *V1) MemoryUsage() int64 {
 
 // V1MemoryUsageAll is the memory usage of every sandbox of this daemon together: their
 // v1 memory parent's usage (hierarchical accounting, always on in this kernel), one
-// pread of a file kept open (each checkpoint's admission reads it). 0 if it cannot be
-// read. Precondition: Root is set (SetRootFor) before the first call.
+// pread of the file OpenV1MemoryUsageAll keeps open (each checkpoint's admission reads
+// it), else one read. 0 if it cannot be read.
 func V1MemoryUsageAll() int64 {
 	p := filepath.Join(v1Parent("memory"), "memory.usage_in_bytes")
-	var b [64]byte
-	if c, ok := parentUsageFile.read(p, b[:]); ok {
-		n, _ := strconv.ParseInt(strings.TrimSpace(string(c)), 10, 64)
-		return n
+	parentUsage.mu.Lock()
+	f := parentUsage.f
+	parentUsage.mu.Unlock()
+	if f != nil {
+		var b [64]byte
+		if n, err := f.ReadAt(b[:], 0); err == nil || errors.Is(err, io.EOF) {
+			v, _ := strconv.ParseInt(strings.TrimSpace(string(b[:n])), 10, 64)
+			return v
+		}
 	}
 	return readInt(p)
 }
 
-var parentUsageFile keptFile
+// parentUsage is the daemon's memory parent's usage file, open from the manager's start
+// to its close (a fd for the daemon's life, not per sandbox).
+var parentUsage struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+// OpenV1MemoryUsageAll makes this daemon's memory parent (it exists otherwise from the
+// first sandbox on) and keeps its usage file open for V1MemoryUsageAll. Precondition:
+// Root is set (SetRootFor).
+func OpenV1MemoryUsageAll() error {
+	if !v1Mounted("memory") {
+		return nil
+	}
+	d := v1Parent("memory")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(d, "memory.usage_in_bytes"))
+	if err != nil {
+		return err
+	}
+	parentUsage.mu.Lock()
+	if parentUsage.f != nil {
+		parentUsage.f.Close()
+	}
+	parentUsage.f = f
+	parentUsage.mu.Unlock()
+	return nil
+}
+
+// CloseV1MemoryUsageAll closes what OpenV1MemoryUsageAll opened.
+func CloseV1MemoryUsageAll() {
+	parentUsage.mu.Lock()
+	defer parentUsage.mu.Unlock()
+	if parentUsage.f != nil {
+		parentUsage.f.Close()
+		parentUsage.f = nil
+	}
+}
 
 // OOMKills is Usage's OOMKills alone: how many processes the memory limit made the
 // kernel kill so far (read after each call to tell whether the call saw one). Safe for

@@ -160,6 +160,10 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			log.Warn("stale sandbox cgroup", "id", id, "err", err)
 		}
 	}
+	// The daemon's memory usage, read by every checkpoint's admission (budget.go).
+	if err := cgroup.OpenV1MemoryUsageAll(); err != nil {
+		log.Warn("template budget: the daemon's memory cgroup", "err", err)
+	}
 	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
 		if err := cgroup.OpenV1(id).Destroy(5 * time.Second); err != nil {
 			log.Warn("stale sandbox cgroup (v1)", "id", id, "err", err)
@@ -253,6 +257,7 @@ func (m *Manager) Close() error {
 	// Work queued after answers runs to its end (it finds its sandbox closed), and the
 	// index is closed after the last of it.
 	m.wg.Wait()
+	cgroup.CloseV1MemoryUsageAll()
 	return m.st.Close()
 }
 
