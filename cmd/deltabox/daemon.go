@@ -81,6 +81,10 @@ func daemonCmd() *cobra.Command {
 //	DELTABOX_ANSWER_DELAY=D   how long background work waits after an answer (Go duration)
 //	DELTABOX_MAX_SESSIONS_PER_SANDBOX=N  sessions a sandbox may hold at once (default 64)
 //	DELTABOX_MAX_SESSIONS=N   sessions all sandboxes may hold at once (default 1024)
+//	DELTABOX_TEMPLATE_BUDGET=SIZE        a sandbox's template memory budget when its
+//	                          create names none (512M, 2G; default an eighth of RAM)
+//	DELTABOX_TEMPLATE_BUDGET_TOTAL=SIZE  every sandbox's templates together (default a
+//	                          quarter of RAM); docs/API.md, Template memory
 func configFromEnv(getenv func(string) string) (state.Config, error) {
 	cfg := state.DefaultConfig()
 	bad := func(name, v, want string) error {
@@ -146,6 +150,18 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 				return cfg, bad(c.name, v, "a count >= 1")
 			}
 			*c.to = n
+		}
+	}
+	for _, c := range []struct {
+		name string
+		to   *int64
+	}{{"DELTABOX_TEMPLATE_BUDGET", &cfg.TemplateBudgetBytes}, {"DELTABOX_TEMPLATE_BUDGET_TOTAL", &cfg.TemplateBudgetTotalBytes}} {
+		if v := getenv(c.name); v != "" {
+			mb, err := parseSizeMB(c.name, v)
+			if err != nil {
+				return cfg, bad(c.name, v, "a size like 512M or 2G")
+			}
+			*c.to = mb << 20
 		}
 	}
 	return cfg, nil

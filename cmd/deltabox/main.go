@@ -82,9 +82,9 @@ func printJSON(v any) {
 
 func createCmd() *cobra.Command {
 	var o apitypes.CreateOptions
-	var memory, disk string
+	var memory, disk, budget string
 	c := &cobra.Command{
-		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--disk 10G] [--pids 512] [--cpus 1.5] [--warm-processes]",
+		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--template-budget 1G] [--disk 10G] [--pids 512] [--cpus 1.5] [--warm-processes]",
 		Short: "Create and start a sandbox; prints its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -93,6 +93,11 @@ func createCmd() *cobra.Command {
 				return err
 			}
 			if o.DiskMB, err = parseSizeMB("--disk", disk); err != nil {
+				return err
+			}
+			if budget == "none" {
+				o.TemplateBudgetMB = -1
+			} else if o.TemplateBudgetMB, err = parseSizeMB("--template-budget", budget); err != nil {
 				return err
 			}
 			in, err := cli().Create(ctx(), o)
@@ -113,6 +118,7 @@ func createCmd() *cobra.Command {
 	c.Flags().StringVar(&o.Hostname, "hostname", "", "hostname (default: the id)")
 	c.Flags().StringVar(&o.User, "user", "", "run sessions and commands as this user of the sandbox's /etc/passwd: NAME, UID, NAME:GROUP or UID:GID (default: root)")
 	c.Flags().StringVar(&memory, "memory", "", "memory limit, e.g. 512M, 2G, 1.5G (K/M/G/T are binary; a bare number is MiB; default 4G or half the host's RAM)")
+	c.Flags().StringVar(&budget, "template-budget", "", "memory the process templates of its checkpoints may hold apart from --memory, e.g. 1G (default: the daemon's, an eighth of its RAM; none: they count against --memory); past it checkpoints wait, then answer 507")
 	c.Flags().StringVar(&disk, "disk", "", "quota on what the sandbox writes between checkpoints (its upper layer), e.g. 500M, 20G (default 10G); over it its processes are killed and writes answer 507")
 	c.Flags().Int64Var(&o.Pids, "pids", 0, "limit on processes and threads at once (default 1024)")
 	c.Flags().BoolVar(&o.WarmProcesses, "warm-processes", false, "after each restore, pre-fault the pages the restored processes had written while their sessions wait (see docs/DESIGN.md)")
@@ -306,7 +312,7 @@ func checkpointCmd() *cobra.Command {
 	var q apitypes.CheckpointRequest
 	var wait time.Duration
 	c := &cobra.Command{
-		Use:   "checkpoint SANDBOX [--label L] [--end-background] [--wait D]",
+		Use:   "checkpoint SANDBOX [--label L] [--end-background] [--wait D] [--pin]",
 		Short: "Checkpoint a sandbox; prints the new node's id",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -327,6 +333,7 @@ func checkpointCmd() *cobra.Command {
 	c.Flags().StringVar(&q.Label, "label", "", "a label for the node")
 	c.Flags().BoolVar(&q.EndBackground, "end-background", false, "end the processes outside sessions that cannot be checkpointed with their state (a pipe, a socket, children...) instead of refusing")
 	c.Flags().DurationVar(&wait, "wait", 0, waitFlagUsage)
+	c.Flags().BoolVar(&q.Pin, "pin", false, "pin the new node: its templates are never evicted over the template budget")
 	return c
 }
 

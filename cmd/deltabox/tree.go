@@ -34,6 +34,28 @@ func treeCmd() *cobra.Command {
 			return nil
 		},
 	}
+	var unpin bool
+	pin := &cobra.Command{
+		Use:   "pin NODE [--unpin]",
+		Short: "Pin a node you will restore again: its templates are never evicted over the template budget",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := cli().PinNode(ctx(), args[0], !unpin)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(n)
+			} else if n.Pinned {
+				fmt.Printf("pinned %s\n", n.ID)
+			} else {
+				fmt.Printf("unpinned %s\n", n.ID)
+			}
+			return nil
+		},
+	}
+	pin.Flags().BoolVar(&unpin, "unpin", false, "unpin it instead")
+	c.AddCommand(pin)
 	c.AddCommand(&cobra.Command{
 		Use:   "rm NODE",
 		Short: "Remove a node and its subtree (refused while a sandbox stands in it)",
@@ -87,6 +109,9 @@ func printTree(t *apitypes.Tree) {
 		if !n.Durable {
 			line += "  (not yet durable)"
 		}
+		if n.Pinned {
+			line += "  (pinned)"
+		}
 		if tp := n.Templates; tp != nil && tp.Processes > 0 {
 			who := append([]string(nil), tp.Sessions...)
 			if n := tp.Processes - len(tp.Sessions); n > 0 {
@@ -128,8 +153,11 @@ func printSandboxPaths(t *apitypes.Tree, sbs []*apitypes.SandboxInfo) {
 	for _, sb := range sbs {
 		st := sb.Stats
 		fmt.Printf("%s  checkpoints %s  restores %s\n", sb.ID, pathCounts(st.CheckpointPaths), pathCounts(st.RestorePaths))
-		if tp := sb.Templates; tp != nil && tp.Processes > 0 {
-			// Templates count against the sandbox's memory limit.
+		if tp := sb.Templates; tp != nil && tp.Processes > 0 && sb.TemplateBudgetMB > 0 {
+			// Templates have a budget of their own (docs/API.md, Template memory).
+			fmt.Printf("%s  templates %d: private dirty %s, anonymous PSS %s of its %s template budget\n", strings.Repeat(" ", len(sb.ID)), tp.Processes, humanBytes(tp.PrivateDirty), humanBytes(tp.PssAnon), humanBytes(sb.TemplateBudgetMB<<20))
+		} else if tp != nil && tp.Processes > 0 {
+			// Without one they count against the sandbox's memory limit.
 			fmt.Printf("%s  templates %d: private dirty %s, PSS %s of its %s memory limit\n", strings.Repeat(" ", len(sb.ID)), tp.Processes, humanBytes(tp.PrivateDirty), humanBytes(tp.Pss), humanBytes(sb.Limits.MemoryBytes))
 		}
 	}

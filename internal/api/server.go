@@ -70,6 +70,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("GET /v1/tree", s.tree)
 	h("GET /v1/nodes/{id}", s.getNode)
 	h("DELETE /v1/nodes/{id}", s.removeNode)
+	h("POST /v1/nodes/{id}/pin", s.pinNode)
 	h("GET /v1/images", s.images)
 	s.imageRoutes()
 	h("POST /v1/sync", s.sync)
@@ -372,7 +373,7 @@ func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait})
+	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait, Pin: q.Pin})
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -415,6 +416,21 @@ func (s *Server) tree(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200
 
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
 	n, err := s.m.Node(r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, n)
+}
+
+// pinNode pins or unpins a node ({"pinned": false} unpins; an empty body pins).
+func (s *Server) pinNode(w http.ResponseWriter, r *http.Request) {
+	q := apitypes.PinRequest{Pinned: true}
+	if err := decode(w, r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	n, err := s.m.PinNode(r.PathValue("id"), q.Pinned)
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -30,6 +30,7 @@
 //	GET    /tree                                Tree
 //	GET    /nodes/{id}                          NodeInfo
 //	DELETE /nodes/{id}                          NodesRemoved
+//	POST   /nodes/{id}/pin                      PinRequest -> NodeInfo
 //	GET    /images                              ImageList
 //	POST   /images                              ImportRequest -> Image (201), or ImportEvent lines
 //	DELETE /images/{name}                       Removed

@@ -27,6 +27,7 @@ func wireTypes() map[string]any {
 		"SandboxList": &SandboxList{}, "SessionList": &SessionList{}, "ImageList": &ImageList{},
 		"Removed": &Removed{}, "NodesRemoved": &NodesRemoved{}, "SessionKilled": &SessionKilled{},
 		"Synced": &Synced{}, "Health": &Health{},
+		"TemplateBudget": &TemplateBudget{}, "PinRequest": &PinRequest{},
 	}
 }
 

@@ -26,6 +26,12 @@ type CreateOptions struct {
 	// had written, while their sessions wait for input (state/procwarm.go). Default:
 	// off, or on for every sandbox when the daemon runs with DELTABOX_WARM_PROC=1.
 	WarmProcesses bool `json:"warm_processes,omitempty"`
+	// TemplateBudgetMB is the memory the templates of the sandbox's checkpoints may hold,
+	// in MiB, apart from MemoryMB (docs/API.md, Template memory): the kernel limit is
+	// their sum, and a checkpoint while the templates hold more waits, then fails with
+	// 507. 0: the daemon's default (DELTABOX_TEMPLATE_BUDGET); -1: no budget of their
+	// own, templates count against memory_mb (as before the budget existed).
+	TemplateBudgetMB int64 `json:"template_budget_mb,omitempty"`
 }
 
 // SandboxInfo is what the API shows of a sandbox: the answer of POST /v1/sandboxes,
@@ -46,6 +52,35 @@ type SandboxInfo struct {
 	Templates *TemplateInfo `json:"templates,omitempty"`
 	// Disk is its upper's usage against its quota (disk_mb).
 	Disk *DiskInfo `json:"disk,omitempty"`
+	// TemplateBudget is its templates' memory against their budget (template_budget_mb).
+	TemplateBudget *TemplateBudget `json:"template_budget,omitempty"`
+}
+
+// TemplateBudget is what a sandbox's templates hold against their budget, and the
+// daemon's total against its own (SandboxInfo's "template_budget"; state/budget.go).
+// Used figures are the templates' pss_anon_bytes (Memory), measured at most a second
+// ago: pages a template shares with a live process count in part.
+type TemplateBudget struct {
+	BudgetBytes int64 `json:"budget_bytes"` // template_budget_mb; -1: none
+	UsedBytes   int64 `json:"used_bytes"`
+	// PinnedBytes: held by the templates of pinned nodes (never evicted).
+	PinnedBytes int64 `json:"pinned_bytes"`
+	PinnedNodes int   `json:"pinned_nodes"`
+	// EvictableBytes: held by templates that may be evicted over budget, those of
+	// unpinned nodes whose process image is complete. Always 0 until durable images
+	// exist: no template is evicted yet (docs/DESIGN.md, Known limits).
+	EvictableBytes int64 `json:"evictable_bytes"`
+	// TotalBudgetBytes and TotalUsedBytes: every sandbox's templates together
+	// (DELTABOX_TEMPLATE_BUDGET_TOTAL).
+	TotalBudgetBytes int64 `json:"total_budget_bytes"`
+	// TotalUsedBytes adds to this sandbox's figure what the others' templates held when
+	// last measured (after each checkpoint and restore, in the background; a sandbox far
+	// under its budgets counts its whole memory usage instead, a bound).
+	TotalUsedBytes int64 `json:"total_used_bytes"`
+	// KernelLimitBytes is the kernel's memory limit of the sandbox: memory_mb plus the
+	// anonymous resident memory of its templates (what they may come to hold alone), up
+	// to the budget.
+	KernelLimitBytes int64 `json:"kernel_limit_bytes"`
 }
 
 // DiskInfo is a sandbox's disk usage (SandboxInfo's "disk"), as the daemon's watcher
@@ -89,6 +124,10 @@ type Sandbox struct {
 	// DiskMB is the quota on its upper layer, resolved at create (0 in records older than
 	// quotas: the default).
 	DiskMB int64 `json:"disk_mb,omitempty"`
+	// TemplateBudgetMB is CreateOptions.TemplateBudgetMB resolved at create (-1: none; 0
+	// in records older than budgets: the daemon's default). The sandbox's kernel memory
+	// limit is Limits.MemoryBytes plus this.
+	TemplateBudgetMB int64 `json:"template_budget_mb,omitempty"`
 	// Init names the running init for the next daemon, which adopts the sandbox, its
 	// processes and sessions instead of starting it afresh; nil: none recorded.
 	Init *InitRef `json:"init,omitempty"`
@@ -175,6 +214,9 @@ type PathCounts struct {
 	Failed       int `json:"failed"`
 	Ineligible   int `json:"ineligible,omitempty"`
 	TemplateGone int `json:"template_gone,omitempty"`
+	// OverBudget: checkpoints refused with 507 after waiting for room under a template
+	// budget (docs/API.md, Template memory).
+	OverBudget int `json:"over_budget,omitempty"`
 }
 
 // TemplateInfo is what a node's process templates cost (Memory explains the figures):
@@ -196,8 +238,12 @@ type TemplateInfo struct {
 // keeps that no live process shares (what removing the node frees), and it grows as the
 // live process dirties memory; Pss splits shared pages between their sharers, so the
 // sum of Pss over every process is the memory they use together.
+//
+// PssAnon is the anonymous part of Pss: what the template budgets count (file pages are
+// page cache, charged to whoever read them first and reclaimable).
 type Memory struct {
 	Rss          int64 `json:"rss_bytes"`
 	Pss          int64 `json:"pss_bytes"`
+	PssAnon      int64 `json:"pss_anon_bytes"`
 	PrivateDirty int64 `json:"private_dirty_bytes"`
 }

@@ -29,6 +29,16 @@ type NodeInfo struct {
 	// Templates: the node's process templates and their memory (GET /v1/tree and
 	// /v1/nodes/ID only; not in checkpoint and restore answers).
 	Templates *TemplateInfo `json:"templates,omitempty"`
+	// Pinned: a hint that the client will restore it again, so its templates are never
+	// evicted over the template budget (CheckpointRequest.Pin, POST /v1/nodes/ID/pin).
+	Pinned bool `json:"pinned,omitempty"`
+	// LastRestored: its last restore (eviction goes least recently restored first).
+	LastRestored *time.Time `json:"last_restored,omitempty"`
+}
+
+// PinRequest is the body of POST /v1/nodes/{id}/pin: pin (true) or unpin a node.
+type PinRequest struct {
+	Pinned bool `json:"pinned"`
 }
 
 // Tree is the whole snapshot tree: the answer of GET /v1/tree.
@@ -53,6 +63,8 @@ type CheckpointRequest struct {
 	// meanwhile wait behind the checkpoint. 0 (the default): refuse at once. At most
 	// 600000 (docs/API.md: "Checkpoints that wait").
 	WaitMS int64 `json:"wait_ms,omitempty"`
+	// Pin the new node (NodeInfo.Pinned).
+	Pin bool `json:"pin,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
@@ -103,7 +115,14 @@ type OpResult struct {
 // The templates a checkpoint forks are processes of the sandbox: they count against its
 // memory limit.
 type OpMemory struct {
-	LimitBytes int64 `json:"limit_bytes"` // the sandbox's memory limit
+	LimitBytes int64 `json:"limit_bytes"` // the sandbox's memory limit (memory_mb)
+	// TemplateBudgetBytes is the templates' budget (template_budget_mb), apart from
+	// LimitBytes: the kernel caps UsageBytes at their sum. Absent: no budget (-1).
+	TemplateBudgetBytes int64 `json:"template_budget_bytes,omitempty"`
+	// KernelLimitBytes is the kernel's memory limit of the sandbox now: LimitBytes plus
+	// what its templates may come to hold, up to the budget (docs/API.md, Template
+	// memory). Absent without a budget (it is LimitBytes).
+	KernelLimitBytes int64 `json:"kernel_limit_bytes,omitempty"`
 	// UsageBytes is what the sandbox's processes, its templates included, and their page
 	// cache use now (the memory cgroup's count, which the limit caps).
 	UsageBytes int64 `json:"usage_bytes"`

@@ -265,31 +265,45 @@ func parseKey(b []byte, key string) int64 {
 	return 0
 }
 
+// SetMemoryLimit sets the memory limit alone (memory and memory+swap). Lowering it under
+// the usage makes the kernel reclaim; it fails with EBUSY when it cannot, the limit
+// unchanged.
+func (v *V1) SetMemoryLimit(b int64) error {
+	d := v.dirs["memory"]
+	if d == "" {
+		return nil
+	}
+	// memory.memsw (memory+swap) must stay >= memory.limit: raise it first when
+	// growing, lower the limit first when shrinking. Capping memsw at the same value
+	// means a sandbox cannot escape its limit into swap.
+	lim := filepath.Join(d, "memory.limit_in_bytes")
+	sw := filepath.Join(d, "memory.memsw.limit_in_bytes")
+	val := strconv.FormatInt(b, 10)
+	_, swErr := os.Stat(sw)
+	order := []string{lim, sw}
+	if b > readInt(lim) {
+		order = []string{sw, lim}
+	}
+	for _, p := range order {
+		if p == sw && swErr != nil {
+			continue // no swap accounting in this kernel
+		}
+		if err := writeFile(p, val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // SetLimits writes l (which must have no zero field) into the controllers.
 func (v *V1) SetLimits(l Limits) error {
 	if l.MemoryBytes <= 0 || l.Pids <= 0 || l.CPUs <= 0 {
 		return fmt.Errorf("SetLimits(%+v): every limit must be set (WithDefaults)", l)
 	}
+	if err := v.SetMemoryLimit(l.MemoryBytes); err != nil {
+		return err
+	}
 	if d := v.dirs["memory"]; d != "" {
-		// memory.memsw (memory+swap) must stay >= memory.limit: raise it first when
-		// growing, lower the limit first when shrinking. Capping memsw at the same value
-		// means a sandbox cannot escape its limit into swap.
-		lim := filepath.Join(d, "memory.limit_in_bytes")
-		sw := filepath.Join(d, "memory.memsw.limit_in_bytes")
-		val := strconv.FormatInt(l.MemoryBytes, 10)
-		_, swErr := os.Stat(sw)
-		order := []string{lim, sw}
-		if l.MemoryBytes > readInt(lim) {
-			order = []string{sw, lim}
-		}
-		for _, p := range order {
-			if p == sw && swErr != nil {
-				continue // no swap accounting in this kernel
-			}
-			if err := writeFile(p, val); err != nil {
-				return err
-			}
-		}
 		// Keep the OOM killer on (the default): a runaway is killed inside the sandbox
 		// rather than left hanging in the allocator.
 		if err := writeFile(filepath.Join(d, "memory.oom_control"), "0"); err != nil {
@@ -390,6 +404,66 @@ func (v *V1) MemoryUsage() int64 {
 		return n
 	}
 	return readInt(p)
+}
+
+// V1MemoryUsageAll is the memory usage of every sandbox of this daemon together: their
+// v1 memory parent's usage (hierarchical accounting, always on in this kernel), one
+// pread of the file OpenV1MemoryUsageAll keeps open (each checkpoint's admission reads
+// it), else one read. 0 if it cannot be read.
+func V1MemoryUsageAll() int64 {
+	p := filepath.Join(v1Parent("memory"), "memory.usage_in_bytes")
+	parentUsage.mu.Lock()
+	f := parentUsage.f
+	parentUsage.mu.Unlock()
+	if f != nil {
+		var b [64]byte
+		if n, err := f.ReadAt(b[:], 0); err == nil || errors.Is(err, io.EOF) {
+			v, _ := strconv.ParseInt(strings.TrimSpace(string(b[:n])), 10, 64)
+			return v
+		}
+	}
+	return readInt(p)
+}
+
+// parentUsage is the daemon's memory parent's usage file, open from the manager's start
+// to its close (a fd for the daemon's life, not per sandbox).
+var parentUsage struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+// OpenV1MemoryUsageAll makes this daemon's memory parent (it exists otherwise from the
+// first sandbox on) and keeps its usage file open for V1MemoryUsageAll. Precondition:
+// Root is set (SetRootFor).
+func OpenV1MemoryUsageAll() error {
+	if !v1Mounted("memory") {
+		return nil
+	}
+	d := v1Parent("memory")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(d, "memory.usage_in_bytes"))
+	if err != nil {
+		return err
+	}
+	parentUsage.mu.Lock()
+	if parentUsage.f != nil {
+		parentUsage.f.Close()
+	}
+	parentUsage.f = f
+	parentUsage.mu.Unlock()
+	return nil
+}
+
+// CloseV1MemoryUsageAll closes what OpenV1MemoryUsageAll opened.
+func CloseV1MemoryUsageAll() {
+	parentUsage.mu.Lock()
+	defer parentUsage.mu.Unlock()
+	if parentUsage.f != nil {
+		parentUsage.f.Close()
+		parentUsage.f = nil
+	}
 }
 
 // OOMKills is Usage's OOMKills alone: how many processes the memory limit made the

@@ -167,6 +167,13 @@ func (c *Client) Node(ctx context.Context, id string) (*apitypes.NodeInfo, error
 	return &out, c.do(ctx, "GET", "/nodes/"+id, nil, &out)
 }
 
+// PinNode pins (pinned true) or unpins a node: its templates are never evicted over a
+// template budget (docs/API.md, Template memory).
+func (c *Client) PinNode(ctx context.Context, id string, pinned bool) (*apitypes.NodeInfo, error) {
+	var out apitypes.NodeInfo
+	return &out, c.do(ctx, "POST", "/nodes/"+id+"/pin", apitypes.PinRequest{Pinned: pinned}, &out)
+}
+
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
 	var out apitypes.NodesRemoved
 	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)

@@ -24,6 +24,10 @@ var (
 	ErrTooLarge = fmt.Errorf("too large: %w", ErrInvalid)
 	// ErrQuota: the sandbox is over its disk quota (disk_mb), or the store is full.
 	ErrQuota = errors.New("insufficient storage")
+	// ErrTemplateBudget: a checkpoint waited for room under a template memory budget
+	// (the sandbox's template_budget_mb, or the daemon's total) and found none (507). It
+	// is an ErrQuota too: a client that knows only the status sees that class.
+	ErrTemplateBudget = fmt.Errorf("template memory budget: %w", ErrQuota)
 )
 
 // HTTPStatus maps an error to its HTTP status and a short code string.
@@ -41,6 +45,8 @@ func HTTPStatus(err error) (int, string) {
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnavailable):
 		return http.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, ErrTemplateBudget):
+		return http.StatusInsufficientStorage, "template_budget"
 	case errors.Is(err, ErrQuota):
 		return http.StatusInsufficientStorage, "insufficient_storage"
 	default:

@@ -25,6 +25,7 @@ type Memory = apitypes.Memory
 func AddMemory(m *Memory, o Memory) {
 	m.Rss += o.Rss
 	m.Pss += o.Pss
+	m.PssAnon += o.PssAnon
 	m.PrivateDirty += o.PrivateDirty
 }
 
@@ -50,6 +51,8 @@ func ReadMemory(hostPid int) (Memory, error) {
 			m.Rss = v << 10
 		case "Pss:":
 			m.Pss = v << 10
+		case "Pss_Anon:":
+			m.PssAnon = v << 10
 		case "Private_Dirty:":
 			m.PrivateDirty = v << 10
 		}

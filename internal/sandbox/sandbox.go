@@ -375,5 +375,8 @@ func (s *Sandbox) MemoryUsage() int64 { return s.lim.MemoryUsage() }
 // MemoryAnon is the anonymous and shared memory of the sandbox's commands (cgroup.V1.MemoryAnon).
 func (s *Sandbox) MemoryAnon() int64 { return s.lim.MemoryAnon() }
 
+// SetMemoryLimit changes the kernel's memory limit of the sandbox (cgroup.V1.SetMemoryLimit).
+func (s *Sandbox) SetMemoryLimit(b int64) error { return s.lim.SetMemoryLimit(b) }
+
 // OOMKills is Usage().OOMKills, read alone.
 func (s *Sandbox) OOMKills() int64 { return s.lim.OOMKills() }

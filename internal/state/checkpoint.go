@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
@@ -27,6 +28,8 @@ type CheckpointOptions struct {
 	// checkpoint arrives, for this long at most, instead of refusing while one runs
 	// (op.go: admission). 0: refuse at once.
 	Wait time.Duration
+	// Pin pins the new node (budget.go: its templates are never evicted).
+	Pin bool
 }
 
 // Checkpoint is CheckpointWith the label and no other option.
@@ -112,14 +115,39 @@ type checkpoint struct {
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
 	// Over its disk quota a sandbox is not checkpointed: the node would keep the
 	// oversized layer.
+	var admitted time.Duration
 	if s, err := m.get(id); err != nil {
 		return nil, err
 	} else if err := m.diskRefusal(s); err != nil {
 		return nil, err
+	} else {
+		// Over its template budget (or the daemon's total) a checkpoint waits for room
+		// before it takes any lock (budget.go), and that wait counts against its wait_ms.
+		waited, err := m.admitCheckpoint(ctx, s, o.Wait)
+		if err != nil {
+			why := ""
+			if errors.Is(err, errdefs.ErrTemplateBudget) {
+				why = "over_budget"
+			}
+			m.countFailed(s, "checkpoint", why)
+			return nil, err
+		}
+		admitted = waited
+		if o.Wait > 0 { // what is left, in whole ms (a 409 names it)
+			o.Wait = max((o.Wait - waited).Round(time.Millisecond), time.Millisecond)
+		}
+		defer m.afterOpMeasure(s)
 	}
 	res, err := m.checkpointLocked(ctx, id, o)
 	if err != nil {
 		return nil, err
+	}
+	if res.PhasesUS != nil { // the admission, before the operation's own clock started
+		res.PhasesUS["admit"] = admitted.Microseconds()
+	}
+	if o.Pin {
+		m.PinNode(res.Node.ID, true)
+		res.Node.Pinned = true
 	}
 	m.reportMemory(res, id, res.Node.ID)
 	if w := m.st.Warning(); w != "" {
@@ -153,6 +181,9 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 		return nil, err
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
+	tl := time.Now()
+	m.fitKernelLimit(s, true) // room for what the new templates may come to hold (budget.go)
+	phase(c.res, "limit", &tl)
 	c.res.DurationMS = ms(time.Since(t0))
 	c.res.Memory = m.memoryNow(s)
 	return c.res, nil

@@ -1,6 +1,10 @@
 package state
 
-import "time"
+import (
+	"time"
+
+	"deltabox/internal/cgroup"
+)
 
 // Config is the manager's configuration, fixed for its life. The daemon fills it once at
 // start (from its flags and environment: cmd/deltabox/daemon.go); nothing in this
@@ -42,6 +46,13 @@ type Config struct {
 	// last: after the last step, before the answer), to test what the next daemon makes
 	// of an operation cut there (tests/e2e/restart_test.go).
 	CrashAt string
+	// TemplateBudgetBytes is a sandbox's template budget when its create names none
+	// (template_budget_mb 0; DELTABOX_TEMPLATE_BUDGET), and TemplateBudgetTotalBytes
+	// the budget of every sandbox's templates together (DELTABOX_TEMPLATE_BUDGET_TOTAL);
+	// budget.go. 0 in either: the default, a fraction of the host's RAM
+	// (DefaultTemplateBudgets).
+	TemplateBudgetBytes      int64
+	TemplateBudgetTotalBytes int64
 }
 
 // The session caps' defaults: an agent uses a handful of sessions; 1024 sessions at
@@ -51,8 +62,22 @@ const (
 	DefaultMaxSessions           = 1024
 )
 
+// DefaultTemplateBudgets are the template budgets' defaults: an eighth of the host's RAM
+// per sandbox and a quarter in total (3 and 6 GiB on a 24 GiB host), so that a few
+// sandboxes' templates cannot push the host into its global OOM killer, while a search
+// over a python of a few hundred MB keeps tens of nodes' processes.
+func DefaultTemplateBudgets() (perSandbox, total int64) {
+	ram := cgroup.HostMemoryBytes()
+	if ram <= 0 {
+		ram = 8 << 30
+	}
+	return ram / 8, ram / 4
+}
+
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
+	per, total := DefaultTemplateBudgets()
 	return Config{FastPath: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
-		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions}
+		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions,
+		TemplateBudgetBytes: per, TemplateBudgetTotalBytes: total}
 }

@@ -32,6 +32,8 @@
 //	diskquota.go   the disk watcher: uppers measured by XFS project, disk_mb enforced
 //	restart.go     sandboxes outliving the daemon: what init keeps, template records,
 //	               adoption by the next daemon
+//	budget.go      the template memory budget: the kernel limit, measures after answers,
+//	               the admission of checkpoints (507), the eviction hook, pins
 //	sandboxes.go, sessions.go, files.go, images.go   the rest of the API's verbs
 //
 // # Locking
@@ -46,15 +48,18 @@
 //	                   hostPids; serialises its state changes             the start of an exec
 //	Manager.treeMu     node layers on disk: shared to mount a stack,      checkpoint, restore (R);
 //	                   exclusive to delete one                            RemoveNode (W)
-//	sb.tmplMu          the seizure of the sandbox's templates             restore, parking (views.go)
+//	sb.tmplMu          the seizure of the sandbox's templates             restore, parking (views.go),
+//	                                                                      eviction (budget.go)
 //	sb.buildMu         one background build of a next or warm state       the build (~1 ms of mounts)
 //	                   at a time per sandbox
 //	sb.prepMu          next, nextGen, warm, building, warmClosed          briefly, around each access
-//	Manager.mu         nodes (uts too), sandboxes, templates, nextLayer   briefly; never across a
-//	                                                                      mount, fork or index wait
+//	sb.limitMu         the kernel memory limit (kernelLimit), templates'  a checkpoint; after answers
+//	                   rssAnon (budget.go: fitKernelLimit)
+//	Manager.mu         nodes (uts, pinned, lastRestore too), sandboxes,   briefly; never across a
+//	                   templates, nextLayer                               mount, fork or index wait
 //	sb.mu              execs, adm (the queue of calls and switches),      briefly
 //	                   removed, sessions, sessionOpts, ended, warming,
-//	                   stats, oomSeen, disk
+//	                   stats, oomSeen, disk, budget
 //
 // sb.keepMu (restart.go: keepSessions) is taken under no lock but opMu, and takes sb.mu
 // briefly; it is held across round trips to init. session.Session's and background's
@@ -65,7 +70,7 @@
 // API handlers run operations on their own goroutines. The manager starts these, each
 // counted in Manager.wg, which Close waits for after it has stopped every sandbox:
 // fillUppers and watchDisk (until Close), the work queued after an answer (background.go: next and
-// warm state builds, parking, closing old namespaces), the release of dropped states
+// warm state builds, parking, closing old namespaces, the measure of templates' memory), the release of dropped states
 // (prepare.go, warm.go), the kill of memory holders after a restore (restore.go), and
 // the warm-up of restored processes (procwarm.go, stopped by stopProcWarm). The
 // ptrace of a sandbox's processes is owned by its remote.Tracer's thread (processes.go).

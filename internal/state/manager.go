@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -41,6 +42,11 @@ type Manager struct {
 	stop   chan struct{}  // closed by Close
 	wg     sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
+	// imageDone reports whether a node's durable process image is complete (budget.go:
+	// eviction may then drop its templates). nil until durable images exist: nothing is
+	// evicted. Set before the manager serves; read under mu.
+	imageDone func(node string) bool
+
 	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
 	// to prove that every failure leaves the sandbox as it was.
 	FailStep func(op string, step int) error
@@ -53,6 +59,11 @@ type node struct {
 	// uts: the host and domain names its checkpoint read, for restores by the sandbox
 	// that made it (kernelstate.go); nil after a daemon restart, like its templates.
 	uts *sbinit.UTS
+	// pinned: the client's hint that it will restore the node again (budget.go: never
+	// evicted); lastRestore: its last restore, for eviction's order. In memory, like its
+	// templates.
+	pinned      bool
+	lastRestore time.Time
 }
 
 type sb struct {
@@ -104,12 +115,25 @@ type sb struct {
 	ended       map[string]string // sessions a checkpoint/restore ended, and why
 	warming     *procWarm         // the running warm-up of restored processes (procwarm.go)
 
-	stats Stats
-	disk  diskState // what the disk watcher measured (diskquota.go)
+	stats  Stats
+	disk   diskState     // what the disk watcher measured (diskquota.go)
+	budget budgetMeasure // what its templates held when last measured (budget.go)
+	// limitMu serialises the changes of the kernel's memory limit (budget.go:
+	// fitKernelLimit) and guards kernelLimit, the limit written last.
+	limitMu     sync.Mutex
+	kernelLimit int64
+
+	// memRT is rt, for reads of its memory usage by other sandboxes' admissions
+	// (budget.go), which must not wait for this sandbox's opMu.
+	memRT *sandbox.Sandbox
+
+	// budgetMB is the record's TemplateBudgetMB, fixed at create (budget.go:
+	// templateBudget); read without a lock.
+	budgetMB int64
 }
 
 func (m *Manager) newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}}
+	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}, budgetMB: r.TemplateBudgetMB}
 }
 
 // Stats counts what happened to a sandbox (countPath, countFailed). The wire form is
@@ -120,6 +144,10 @@ type Stats = apitypes.Stats
 // what a previous daemon left running, and restarts every sandbox of the index on its
 // head with its upper (files survive a daemon restart; processes do not).
 func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
+	if per, total := DefaultTemplateBudgets(); cfg.TemplateBudgetBytes <= 0 || cfg.TemplateBudgetTotalBytes <= 0 {
+		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)
+		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
+	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
 		uppers: make(chan uint64, 4), stop: make(chan struct{})}
 	if err := mountns.OpenHostProc(); err != nil {
@@ -164,6 +192,10 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		if err := g.Destroy(5 * time.Second); err != nil {
 			log.Warn("stale sandbox cgroup", "id", id, "err", err)
 		}
+	}
+	// The daemon's memory usage, read by every checkpoint's admission (budget.go).
+	if err := cgroup.OpenV1MemoryUsageAll(); err != nil {
+		log.Warn("template budget: the daemon's memory cgroup", "err", err)
 	}
 	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
 		if adopted[id] != nil {
@@ -283,6 +315,9 @@ func (m *Manager) Close() error {
 		if s.rt != nil {
 			s.rt.Destroy()
 			s.rt = nil
+			s.mu.Lock()
+			s.memRT = nil
+			s.mu.Unlock()
 		}
 		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()
@@ -290,6 +325,7 @@ func (m *Manager) Close() error {
 	// Work queued after answers runs to its end (it finds its sandbox closed), and the
 	// index is closed after the last of it.
 	m.wg.Wait()
+	cgroup.CloseV1MemoryUsageAll()
 	return m.st.Close()
 }
 

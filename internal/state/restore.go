@@ -116,7 +116,13 @@ func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) 
 		s.mu.Lock()
 		s.disk = diskState{} // a new upper: under any quota until measured
 		s.mu.Unlock()
+		m.afterOpMeasure(s)
 	}
+	m.mu.Lock()
+	if n := m.nodes[o.Node]; n != nil {
+		n.lastRestore = time.Now() // eviction's order (budget.go)
+	}
+	m.mu.Unlock()
 	if w := m.st.Warning(); w != "" {
 		res.Warnings = append(res.Warnings, w)
 	}

@@ -75,6 +75,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	if o.DiskMB == 0 {
 		o.DiskMB = DefaultDiskMB
 	}
+	switch {
+	case o.TemplateBudgetMB < -1 || o.TemplateBudgetMB > 1<<40:
+		return nil, fmt.Errorf("template_budget_mb %d: want 1 to 2^40 MiB (0: the default, %d; -1: none, templates count against memory_mb): %w", o.TemplateBudgetMB, m.cfg.TemplateBudgetBytes>>20, errdefs.ErrInvalid)
+	case o.TemplateBudgetMB == 0:
+		o.TemplateBudgetMB = max(m.cfg.TemplateBudgetBytes>>20, 1)
+	}
 	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
 	if err := cgroup.CheckLimits(lim); err != nil {
 		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
@@ -88,7 +94,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB})
+	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -166,6 +172,8 @@ func (m *Manager) boot(s *sb) error {
 		// after boot, has it.)
 		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
 	}
+	// The kernel's limit is memory_mb, no template yet: it grows with them
+	// (budget.go: fitKernelLimit).
 	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits, iso)
 	if err != nil {
 		return err
@@ -183,7 +191,11 @@ func (m *Manager) boot(s *sb) error {
 	s.rt, s.kns = rt, kns
 	s.err = nil
 	m.recordInit(s) // written with the record by the caller
+	s.limitMu.Lock()
+	s.kernelLimit = s.rec.Limits.MemoryBytes
+	s.limitMu.Unlock()
 	s.mu.Lock()
+	s.memRT = rt
 	s.oomSeen = rt.OOMKills() // 0: a new cgroup
 	s.mu.Unlock()
 	m.prepareNext(s)
@@ -301,8 +313,9 @@ func (m *Manager) Get(id string) (*SandboxInfo, error) {
 	s.opMu.Lock()
 	in := m.info(s)
 	s.opMu.Unlock()
-	_, perSandbox, _ := m.templateCosts(nil, id, time.Second)
+	perNode, perSandbox, _ := m.templateCosts(nil, id, time.Second)
 	in.Templates = perSandbox[id]
+	in.TemplateBudget = m.budgetInfo(s, in.Templates, perNode)
 	return in, nil
 }
 
@@ -362,6 +375,9 @@ func (m *Manager) Remove(id string) error {
 		derr = s.rt.Destroy()
 		s.rt = nil
 	}
+	s.mu.Lock()
+	s.memRT = nil
+	s.mu.Unlock()
 	m.endSessions(s, "sandbox removed")
 	m.dropSandboxTemplates(id)
 	m.forgetKernelState(id)

@@ -64,7 +64,7 @@ func (m *Manager) countPath(s *sb, op string, p opPath) {
 }
 
 // countFailed counts a failed or refused checkpoint or restore; why is "ineligible",
-// "template_gone" or "".
+// "template_gone", "over_budget" or "".
 func (m *Manager) countFailed(s *sb, op, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -78,6 +78,8 @@ func (m *Manager) countFailed(s *sb, op, why string) {
 		c.Ineligible++
 	case "template_gone":
 		c.TemplateGone++
+	case "over_budget":
+		c.OverBudget++
 	}
 }
 
@@ -183,7 +185,11 @@ func (m *Manager) memoryNow(s *sb) *OpMemory {
 	if s.rt == nil {
 		return nil
 	}
-	return &OpMemory{LimitBytes: s.rec.Limits.MemoryBytes, UsageBytes: s.rt.MemoryUsage()}
+	mem := &OpMemory{LimitBytes: s.rec.Limits.MemoryBytes, UsageBytes: s.rt.MemoryUsage()}
+	if b := m.templateBudget(s); b > 0 {
+		mem.TemplateBudgetBytes, mem.KernelLimitBytes = b, s.kernelLimitNow()
+	}
+	return mem
 }
 
 // reportMemory completes res.Memory after an operation of sandbox id, outside its
@@ -214,6 +220,13 @@ func (m *Manager) reportMemory(res *OpResult, id, node string) {
 				mem.NodeTemplatesRSS += rss
 			}
 		}
+	}
+	if mem.TemplateBudgetBytes > 0 {
+		// Templates have a budget of their own (budget.go): the live processes keep
+		// memory_mb whatever the templates hold, and checkpoints past the budget wait,
+		// then fail. Warned past half of the budget, measured as admission would.
+		m.budgetWarning(res, id)
+		return
 	}
 	if mem.LimitBytes <= 0 || mem.UsageBytes <= mem.LimitBytes/2 {
 		return
@@ -246,7 +259,14 @@ func (m *Manager) oomNote(id string, limit, kills int64) string {
 	} else {
 		held = "; no checkpoint template holds any of it: the sandbox's own processes used it (create the sandbox with more memory: memory_mb)"
 	}
-	return fmt.Sprintf("the sandbox's memory limit (%s) was reached: the kernel killed %d of its processes%s", mib(limit), kills, held)
+	lim := mib(limit)
+	if s, err := m.get(id); err == nil {
+		if b := m.templateBudget(s); b > 0 {
+			// The kernel's limit is memory_mb plus the templates' budget (budget.go).
+			lim = fmt.Sprintf("%s, plus %s for its templates (template_budget_mb)", mib(limit), mib(b))
+		}
+	}
+	return fmt.Sprintf("the sandbox's memory limit (%s) was reached: the kernel killed %d of its processes%s", lim, kills, held)
 }
 
 // topNodes names the n nodes whose templates hold the most (pss), for messages.

@@ -20,6 +20,9 @@ type procTemplate struct {
 	tmpl    *fastpath.Template
 	term    session.TermState // its session's terminal at the checkpoint
 	parked  bool              // on its node's read-only view (views.go); under the sandbox's tmplMu
+	// rssAnon is its anonymous resident memory (RssAnon), read once (fitKernelLimit): a
+	// stopped process's never changes. Under the sandbox's limitMu.
+	rssAnon int64
 }
 
 // sandboxTemplates returns every template s holds, at any node.

@@ -76,13 +76,19 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 	if n == nil {
 		return nil
 	}
-	return &NodeInfo{
+	in := &NodeInfo{
 		Node:      n.Node,
 		Durable:   m.st.Index.Durable(n.seq),
 		Children:  ch[id],
 		Sandboxes: st[id],
 		Depth:     len(m.stack(id)),
+		Pinned:    n.pinned,
 	}
+	if !n.lastRestore.IsZero() {
+		t := n.lastRestore.UTC()
+		in.LastRestored = &t
+	}
+	return in
 }
 
 // Tree is the whole snapshot tree. The wire form is defined once, in apitypes.
@@ -159,6 +165,15 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	m.mu.Lock()
 	var ops []store.Op
 	var dirs []string
+	// The sandboxes whose templates go measure them again (budget.go), in the
+	// background: their last measures count them still.
+	for _, n := range sub {
+		for _, t := range m.templates[n] {
+			if s := m.sandboxes[t.sandbox]; s != nil {
+				m.afterOpMeasure(s)
+			}
+		}
+	}
 	m.dropTemplatesLocked(sub)
 	for _, n := range sub {
 		if m.nodes[n].Own {

@@ -20,13 +20,14 @@ import (
 // template keeps the old pages.
 const memHeap = "h = bytearray(60 << 20)\nfor i in range(0, len(h), 4096): h[i] = 1\n"
 
-// memSetup creates a sandbox with 256 MiB of memory and a python session holding
+// memSetup creates a sandbox with 256 MiB of memory, and no template budget of its own
+// (template_budget_mb -1: templates count against memory_mb), and a python session holding
 // 60 MiB, and checkpoints it three times, rewriting the heap in between: the first two
 // templates then hold their 60 MiB alone, the third shares its with the live process.
 // It returns the sandbox and the answers.
 func memSetup(t *testing.T, d *testutil.Daemon, id string) []map[string]any {
 	t.Helper()
-	if _, err := d.C.Create(dbxCtx(t), state.CreateOptions{ID: id, MemoryMB: 256}); err != nil {
+	if _, err := d.C.Create(dbxCtx(t), state.CreateOptions{ID: id, MemoryMB: 256, TemplateBudgetMB: -1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {

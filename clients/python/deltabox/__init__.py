@@ -27,7 +27,7 @@ from .client import Client, default_client
 from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
                      MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable,
-                     DiskQuotaExceeded)
+                     DiskQuotaExceeded, TemplateBudgetExceeded)
 from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
                      SandboxMemory, Templates, Tree)
 from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
@@ -64,6 +64,7 @@ __all__ = [
     "Tree",
     "Unavailable",
     "DiskQuotaExceeded",
+    "TemplateBudgetExceeded",
     "default_client",
     "__version__",
 ]

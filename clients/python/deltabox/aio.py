@@ -115,6 +115,10 @@ class AsyncClient:
     async def remove_checkpoint(self, id: str) -> List[str]:
         return await self.call(self.blocking.remove_checkpoint, id)
 
+    async def pin_checkpoint(self, id: str, pinned: bool = True) -> Checkpoint:
+        """:meth:`Client.pin_checkpoint`."""
+        return await self.call(self.blocking.pin_checkpoint, id, pinned)
+
     async def fork(self, checkpoint: Checkpoint, count: int = 1,
                    **create_kwargs: Any) -> List["AsyncSandbox"]:
         """:meth:`Checkpoint.fork`: ``count`` new sandboxes on the checkpoint."""
@@ -197,13 +201,15 @@ class AsyncSandbox:
                      hostname: Optional[str] = None, warm_processes: bool = False,
                      client: Optional[AsyncClient] = None,
                      remove_nodes: bool = False, user: Optional[str] = None,
-                     disk_mb: Optional[int] = None) -> "AsyncSandbox":
+                     disk_mb: Optional[int] = None,
+                     template_budget_mb: Optional[int] = None) -> "AsyncSandbox":
         """:meth:`Sandbox.create`."""
         c = _async_client(client)
         sb = await c.call(Sandbox.create, image=image, workdir=workdir, name=name,
                           memory_mb=memory_mb, pids=pids, cpus=cpus, hostname=hostname,
                           warm_processes=warm_processes, client=c.blocking,
-                          remove_nodes=remove_nodes, user=user, disk_mb=disk_mb)
+                          remove_nodes=remove_nodes, user=user, disk_mb=disk_mb,
+                          template_budget_mb=template_budget_mb)
         return cls(sb, c)
 
     @classmethod
@@ -264,10 +270,10 @@ class AsyncSandbox:
                                       output_limit=output_limit)
 
     async def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
-                         wait: Optional[float] = DEFAULT_WAIT) -> Checkpoint:
+                         wait: Optional[float] = DEFAULT_WAIT, pin: bool = False) -> Checkpoint:
         """:meth:`Sandbox.checkpoint` (it queues behind running commands for ``wait``
         seconds: those of other tasks of this sandbox)."""
-        return await self.client.call(self.blocking.checkpoint, label, end_background, wait)
+        return await self.client.call(self.blocking.checkpoint, label, end_background, wait, pin)
 
     async def restore(self, checkpoint: Union[Checkpoint, str],
                       wait: Optional[float] = DEFAULT_WAIT) -> RestoreResult:

@@ -143,6 +143,12 @@ class Client:
         """Removes a node and its subtree; returns the removed ids."""
         return list(self._t.json("DELETE", "/nodes/" + q(id)).get("removed") or [])
 
+    def pin_checkpoint(self, id: str, pinned: bool = True) -> Checkpoint:
+        """Pins (or unpins) a node: its templates are never evicted over the template
+        budget (:meth:`Checkpoint.pin`)."""
+        return Checkpoint.from_api(self._t.json("POST", "/nodes/%s/pin" % q(id),
+                                                {"pinned": bool(pinned)}), self)
+
 
 _default = None  # type: Optional[Client]
 _default_lock = threading.Lock()

@@ -72,6 +72,14 @@ class DiskQuotaExceeded(DeltaBoxError):
     (``sb.files.remove``) or a checkpoint restored."""
 
 
+class TemplateBudgetExceeded(DeltaBoxError):
+    """507 ``template_budget``: a checkpoint waited for room under a template memory
+    budget (the sandbox's ``template_budget_mb``, or the daemon's total) and found
+    none; nothing changed. The message names the budget, what the templates hold and
+    the nodes that hold most: remove nodes you will not restore (``ckpt.remove()``), or
+    create the sandbox with a larger ``template_budget_mb``."""
+
+
 class DaemonUnreachable(DeltaBoxError, ConnectionError):
     """The daemon's socket is missing, refuses connections, cannot be opened, or the
     daemon hung up before answering."""
@@ -124,6 +132,7 @@ _BY_CODE = {
     "conflict": Conflict,
     "unavailable": Unavailable,
     "insufficient_storage": DiskQuotaExceeded,
+    "template_budget": TemplateBudgetExceeded,
 }
 
 _CODE_BY_STATUS = {
@@ -137,6 +146,7 @@ _CODE_BY_STATUS = {
 }
 
 _STATUS_BY_CODE = {v: k for k, v in _CODE_BY_STATUS.items()}
+_STATUS_BY_CODE["template_budget"] = 507
 
 
 def from_answer(status: Optional[int], code: Optional[str], message: str) -> DeltaBoxError:

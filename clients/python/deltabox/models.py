@@ -183,7 +183,8 @@ class Templates:
 class OpMemory:
     """The sandbox's memory after a checkpoint or restore (``ckpt.memory``,
     ``result.memory``). A node's process templates are stopped processes of the
-    sandbox: they count against its memory limit (docs/API.md, "Memory of checkpoints").
+    sandbox, within a budget of their own (``template_budget_bytes``; docs/API.md,
+    "Template memory").
 
     Attributes:
         limit_bytes: the sandbox's memory limit.
@@ -195,12 +196,18 @@ class OpMemory:
         templates: every template of the sandbox and what they hold
             (``pss_bytes``: their share), measured only when the sandbox uses over half
             its limit (None otherwise: they cannot hold more than half of it).
+        template_budget_bytes: the templates' budget (``template_budget_mb``; 0:
+            none, they count against ``limit_bytes``).
+        kernel_limit_bytes: the kernel's memory limit now: ``limit_bytes`` plus what
+            the templates may come to hold alone, up to their budget.
     """
 
     limit_bytes: int = 0
     usage_bytes: int = 0
     node_templates_rss_bytes: int = 0
     templates: Optional[Templates] = None
+    template_budget_bytes: int = 0
+    kernel_limit_bytes: int = 0
 
     @classmethod
     def from_api(cls, d: Any) -> Optional["OpMemory"]:
@@ -209,7 +216,9 @@ class OpMemory:
         return cls(limit_bytes=int(d.get("limit_bytes") or 0),
                    usage_bytes=int(d.get("usage_bytes") or 0),
                    node_templates_rss_bytes=int(d.get("node_templates_rss_bytes") or 0),
-                   templates=Templates.from_api(d.get("templates")))
+                   templates=Templates.from_api(d.get("templates")),
+                   template_budget_bytes=int(d.get("template_budget_bytes") or 0),
+                   kernel_limit_bytes=int(d.get("kernel_limit_bytes") or 0))
 
 
 @dataclass
@@ -225,6 +234,11 @@ class SandboxMemory:
         templates: its templates' total (None when it has none); ``pss_bytes`` is
             their share of the usage, ``private_dirty_bytes`` what removing their nodes
             frees.
+        template_budget: the templates' memory against their budget, as the daemon
+            answers it (``budget_bytes``, ``used_bytes``, ``pinned_bytes``,
+            ``pinned_nodes``, ``evictable_bytes``, ``total_budget_bytes``,
+            ``total_used_bytes``; docs/API.md, Template memory); None from a daemon
+            without budgets.
     """
 
     limit_bytes: int = 0
@@ -232,6 +246,7 @@ class SandboxMemory:
     peak_bytes: int = 0
     oom_kills: int = 0
     templates: Optional[Templates] = None
+    template_budget: Optional[Dict[str, int]] = None
 
     @classmethod
     def from_info(cls, info: Dict[str, Any]) -> "SandboxMemory":
@@ -241,7 +256,14 @@ class SandboxMemory:
                    usage_bytes=int(usage.get("memory_bytes") or 0),
                    peak_bytes=int(usage.get("memory_peak_bytes") or 0),
                    oom_kills=int(usage.get("oom_kills") or 0),
-                   templates=Templates.from_api(info.get("templates")))
+                   templates=Templates.from_api(info.get("templates")),
+                   template_budget=_budget(info.get("template_budget")))
+
+
+def _budget(d: Any) -> Optional[Dict[str, int]]:
+    if not isinstance(d, dict):
+        return None
+    return {str(k): int(v) for k, v in d.items()}
 
 
 def _phases(d: Dict[str, Any]) -> Dict[str, int]:
@@ -274,6 +296,9 @@ class Checkpoint:
             their memory), in nodes from :meth:`Client.tree`, :meth:`refresh` and
             ``client.checkpoint(id)``; None when it has none, and in the answer of a
             checkpoint (``ckpt.refresh().templates``).
+        pinned: the hint that it will be restored again (:meth:`pin`): its templates
+            are never evicted over the template budget.
+        last_restored: its last restore (aware datetime, UTC), None if never.
 
     Set only when this object is the answer of ``sb.checkpoint()`` (None, or empty,
     otherwise):
@@ -316,6 +341,8 @@ class Checkpoint:
     sandboxes: List[str] = field(default_factory=list)
     depth: int = 0
     templates: Optional[Templates] = None
+    pinned: bool = False
+    last_restored: Optional[_dt.datetime] = None
     processes: Optional[int] = None
     process_errors: List[str] = field(default_factory=list)
     sessions: Optional[List[str]] = None
@@ -349,6 +376,8 @@ class Checkpoint:
             sandboxes=list(d.get("sandboxes") or []),
             depth=int(d.get("depth") or 0),
             templates=Templates.from_api(d.get("templates")),
+            pinned=bool(d.get("pinned")),
+            last_restored=parse_time(d.get("last_restored")),
             _client=client,
             _workdir=workdir,
         )
@@ -437,6 +466,12 @@ class Checkpoint:
         """Removes this node and its subtree; returns the removed ids. Conflict if a
         sandbox stands on a node of the subtree."""
         return self._need_client().remove_checkpoint(self.id)
+
+    def pin(self, pinned: bool = True) -> "Checkpoint":
+        """Pins this node (``pinned=False`` unpins it): a hint that it will be restored
+        again, so that its process templates are never evicted over the template
+        budget. Returns the node as the daemon sees it now."""
+        return self._need_client().pin_checkpoint(self.id, pinned)
 
 
 @dataclass

@@ -140,7 +140,8 @@ class Sandbox:
                hostname: Optional[str] = None, warm_processes: bool = False,
                client: Optional["Client"] = None, remove_nodes: bool = False,
                user: Optional[str] = None,
-               disk_mb: Optional[int] = None) -> "Sandbox":
+               disk_mb: Optional[int] = None,
+               template_budget_mb: Optional[int] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -153,6 +154,11 @@ class Sandbox:
                 killed and commands, file writes and checkpoints raise
                 :class:`DiskQuotaExceeded` until files are deleted or a checkpoint
                 restored.
+            template_budget_mb: the memory the process templates of its checkpoints
+                may hold, in MiB, apart from ``memory_mb`` (None: the daemon's
+                default, an eighth of its RAM; -1: none, templates count against
+                ``memory_mb``). A checkpoint while they hold more waits (``wait``),
+                then raises :class:`TemplateBudgetExceeded`.
             hostname: default: the id.
             user: run sessions and commands as this user of the sandbox's own
                 ``/etc/passwd`` instead of root: ``"NAME"``, ``"UID"``,
@@ -173,7 +179,8 @@ class Sandbox:
         c = _client_or_default(client)
         body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
         for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
-                     ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb)):
+                     ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb),
+                     ("template_budget_mb", template_budget_mb)):
             if v is not None:
                 body[k] = v
         if warm_processes:
@@ -278,8 +285,8 @@ class Sandbox:
 
     def memory(self) -> SandboxMemory:
         """Its memory limit, what it uses, and what the process templates of its
-        checkpoints hold (:class:`SandboxMemory`): templates count against the limit
-        (docs/API.md, "Memory of checkpoints")."""
+        checkpoints hold (:class:`SandboxMemory`), against their budget
+        (docs/API.md, "Template memory")."""
         return SandboxMemory.from_info(self.info())
 
     # ---- commands ----
@@ -390,7 +397,7 @@ class Sandbox:
     # ---- checkpoints ----
 
     def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
-                   wait: Optional[float] = DEFAULT_WAIT) -> Checkpoint:
+                   wait: Optional[float] = DEFAULT_WAIT, pin: bool = False) -> Checkpoint:
         """Freezes the sandbox's files and its processes (its bash and python sessions',
         and background jobs a command left) into a new node of the tree, in one atomic
         step, and returns it: ``ckpt.processes`` says how many processes the node
@@ -409,8 +416,16 @@ class Sandbox:
         ``ckpt.memory`` is the sandbox's memory after it (the new templates' resident
         memory included); when the templates of its checkpoints hold over half its
         memory limit, ``ckpt.warnings`` says so and a :class:`~deltabox.MemoryWarning`
-        is warned."""
+        is warned.
+
+        While the templates of the sandbox's checkpoints hold more than its
+        ``template_budget_mb`` (or every sandbox's more than the daemon's total), it
+        waits for room (``wait``; with ``wait=0``, a second), then raises
+        :class:`~deltabox.TemplateBudgetExceeded` naming the budget. ``pin=True`` pins
+        the new node (:meth:`Checkpoint.pin`)."""
         body = {}  # type: Dict[str, Any]
+        if pin:
+            body["pin"] = True
         if label:
             body["label"] = label
         if end_background:

@@ -168,6 +168,11 @@ class OfflineTest(unittest.TestCase):
             self.assertIs(type(e), cls)
         e = from_answer(500, "internal", "boom")
         self.assertIs(type(e), DeltaBoxError)
+        # Two codes share 507: the code decides, the status alone means the disk quota.
+        e = from_answer(507, "template_budget", "m")
+        self.assertIs(type(e), deltabox.TemplateBudgetExceeded)
+        self.assertEqual(from_answer(None, "template_budget", "m").status, 507)
+        self.assertIs(type(from_answer(507, None, "m")), deltabox.DiskQuotaExceeded)
 
     def test_result_check(self):
         ok = Result(exit_code=0, stdout="x")
@@ -1190,9 +1195,10 @@ class DaemonTest(unittest.TestCase):
         self.assertFalse(sb.files.exists("g"))
 
     def test_memory_of_checkpoints_and_oom(self):
-        # Templates count against the memory limit: the answers show it, warn, and a
-        # command the limit kills says so.
-        sb = self.sandbox(memory_mb=256)
+        # Without a budget of their own (template_budget_mb=-1), templates count
+        # against the memory limit: the answers show it, warn, and a command the limit
+        # kills says so.
+        sb = self.sandbox(memory_mb=256, template_budget_mb=-1)
         sb.sessions.start("py", kind="python")
         heap = "h = bytearray(60 << 20)\nfor i in range(0, len(h), 4096): h[i] = 1\n"
         cks = []
@@ -1228,6 +1234,34 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("memory limit (256 MiB)", str(cm.exception))
         self.assertIsNone(sb.run("true").oom)
         self.assertEqual(sb.memory().oom_kills, 1)
+
+    def test_template_budget_and_pins(self):
+        # A budget of their own: past it a checkpoint waits, then raises
+        # TemplateBudgetExceeded naming it, and the session is unchanged; pins show on
+        # the node and in the sandbox's memory.
+        warnings.simplefilter("ignore", MemoryWarning)  # past half the budget: expected
+        self.addCleanup(warnings.resetwarnings)
+        sb = self.sandbox(memory_mb=256, template_budget_mb=64)
+        sb.sessions.start("py", kind="python")
+        sb.run("h = bytearray(60 << 20)\nfor i in range(0, len(h), 4096): h[i] = 1\n", session="py").check()
+        first = sb.checkpoint(pin=True)
+        self.assertTrue(first.pinned)
+        self.assertEqual(first.memory.template_budget_bytes, 64 << 20)
+        sb.run("for i in range(0, len(h), 4096): h[i] = 2\n", session="py").check()
+        sb.checkpoint()  # the first template holds 60 MiB: under 64
+        sb.run("for i in range(0, len(h), 4096): h[i] = 3\n", session="py").check()
+        t0 = time.monotonic()
+        with self.assertRaises(deltabox.TemplateBudgetExceeded) as cm:
+            sb.checkpoint(wait=0.3)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.3)
+        self.assertEqual((cm.exception.status, cm.exception.code), (507, "template_budget"))
+        self.assertIn("template_budget_mb 64 MiB", str(cm.exception))
+        self.assertEqual(sb.run("print(h[4096])", session="py").check().stdout.strip(), "3")
+        mem = sb.memory()
+        self.assertEqual(mem.template_budget["budget_bytes"], 64 << 20)
+        self.assertEqual(mem.template_budget["pinned_nodes"], 1)
+        self.assertFalse(first.pin(False).pinned)
+        self.assertTrue(self.client.checkpoint(first.id).pin().pinned)
 
     # ---- context managers ----
 
