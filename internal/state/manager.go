@@ -246,6 +246,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	go m.watchDisk()
 	for _, s := range m.sandboxes {
 		if adopted[s.rec.ID] != nil {
+			m.fitKernelLimit(s, false)
 			m.prepareNext(s)
 			for node, tps := range m.templates {
 				if len(tps) > 0 && tps[0].sandbox == s.rec.ID {

@@ -333,7 +333,11 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	}
 	s.kns = kns
 	s.err = nil
+	s.limitMu.Lock()
+	s.kernelLimit = -1 // unknown: the next fitKernelLimit writes it (New calls it)
+	s.limitMu.Unlock()
 	s.mu.Lock()
+	s.memRT = rt
 	s.oomSeen = rt.OOMKills()
 	s.mu.Unlock()
 	return nil
@@ -499,4 +503,7 @@ func (m *Manager) detachSandbox(s *sb) {
 	s.mu.Unlock()
 	s.rt.Detach()
 	s.rt = nil
+	s.mu.Lock()
+	s.memRT = nil
+	s.mu.Unlock()
 }
