@@ -112,6 +112,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
 	}
 	cfg.CrashAt = getenv("DELTABOX_CRASH_AT")
+	switch v := getenv("DELTABOX_DURABLE"); v {
+	case "", "1":
+	case "0":
+		cfg.Durable = false
+	default:
+		return cfg, bad("DELTABOX_DURABLE", v, "0 or 1")
+	}
 	switch v := getenv("DELTABOX_STOP_SANDBOXES"); v {
 	case "", "0":
 	case "1":

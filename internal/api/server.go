@@ -71,6 +71,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("GET /v1/nodes/{id}", s.getNode)
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("POST /v1/nodes/{id}/pin", s.pinNode)
+	h("POST /v1/nodes/{id}/evict", s.evictNode)
 	h("GET /v1/images", s.images)
 	s.imageRoutes()
 	h("POST /v1/sync", s.sync)
@@ -431,6 +432,17 @@ func (s *Server) pinNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, err := s.m.PinNode(r.PathValue("id"), q.Pinned)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, n)
+}
+
+// evictNode drops a node's templates; its durable image brings them back at its next
+// restore (409 without one).
+func (s *Server) evictNode(w http.ResponseWriter, r *http.Request) {
+	n, err := s.m.EvictNode(r.PathValue("id"))
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -194,7 +194,10 @@ type Stats struct {
 // templates forked at a checkpoint, forked back at a restore) or files only, with the
 // reason, and the operations that failed or were refused.
 type PathCounts struct {
-	Process   int `json:"process"`
+	Process int `json:"process"`
+	// Restore: of Process, those whose templates came back from the node's durable
+	// image first (evicted or lost).
+	Image     int `json:"image,omitempty"`
 	FilesOnly int `json:"files_only"` // the sum of the reasons below
 	// The daemon runs without the fast path (DELTABOX_FASTPATH=0).
 	FastPathOff int `json:"fastpath_off"`

@@ -34,6 +34,27 @@ type NodeInfo struct {
 	Pinned bool `json:"pinned,omitempty"`
 	// LastRestored: its last restore (eviction goes least recently restored first).
 	LastRestored *time.Time `json:"last_restored,omitempty"`
+	// ProcessImage: the node's durable process image (absent: none asked for, as for a
+	// node without templates, or images are off).
+	ProcessImage *ImageInfo `json:"process_image,omitempty"`
+}
+
+// ImageInfo is a node's durable process image (NodeInfo's "process_image"): written in the
+// background after its checkpoint (state/durable.go).
+type ImageInfo struct {
+	// State: pending (queued or being written), complete (its processes can come back
+	// from it: the node's templates may be evicted), failed (see Error).
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+	// StoredBytes is what the image added to the store (new pages, CRIU's other
+	// files); FullBytes what its full CRIU images were (what a plain dump stores).
+	StoredBytes int64 `json:"stored_bytes,omitempty"`
+	FullBytes   int64 `json:"full_bytes,omitempty"`
+	// LagMS: how long it has been waiting (pending), or how long after its queueing it
+	// was complete.
+	LagMS int64 `json:"lag_ms"`
+	// DumpMS: the time its dump and storing took.
+	DumpMS int64 `json:"dump_ms,omitempty"`
 }
 
 // PinRequest is the body of POST /v1/nodes/{id}/pin: pin (true) or unpin a node.
@@ -97,6 +118,9 @@ type OpResult struct {
 	// Warm: the restore installed a state of the node mounted ahead of time
 	// (state/warm.go).
 	Warm bool `json:"warm,omitempty"`
+	// FromImage: the node's templates were gone (evicted, killed) and the restore
+	// brought them back from the node's durable image first (state/durable.go).
+	FromImage bool `json:"from_image,omitempty"`
 	// Prepared: the checkpoint used the next state mounted ahead of time.
 	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.

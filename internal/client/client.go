@@ -174,6 +174,13 @@ func (c *Client) PinNode(ctx context.Context, id string, pinned bool) (*apitypes
 	return &out, c.do(ctx, "POST", "/nodes/"+id+"/pin", apitypes.PinRequest{Pinned: pinned}, &out)
 }
 
+// EvictNode drops a node's templates, which its durable image brings back at its next
+// restore (POST /v1/nodes/ID/evict).
+func (c *Client) EvictNode(ctx context.Context, id string) (*apitypes.NodeInfo, error) {
+	var out apitypes.NodeInfo
+	return &out, c.do(ctx, "POST", "/nodes/"+id+"/evict", nil, &out)
+}
+
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
 	var out apitypes.NodesRemoved
 	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)

@@ -176,3 +176,19 @@ func (s *Sandbox) Kept() (map[string]sbinit.KeptFile, error) {
 
 // DropEarly: see sbinit.Client.DropEarly.
 func (s *Sandbox) DropEarly() { s.init.DropEarly() }
+
+// OpenInitNS opens namespace kind ("pid", "user", "net", "ipc", "uts", "time",
+// "cgroup"...) of the sandbox's init: its PID namespace is the sandbox's.
+func (s *Sandbox) OpenInitNS(kind string) (*os.File, error) {
+	return os.Open("/proc/" + strconv.Itoa(s.init.Pid()) + "/ns/" + kind)
+}
+
+// CgroupDirs lists the cgroup directories the sandbox's commands run in: its cgroup2
+// group and its v1 limit groups (init itself stays outside the latter).
+func (s *Sandbox) CgroupDirs() []string {
+	dirs := []string{s.cg.Path}
+	for _, d := range s.lim.Dirs() {
+		dirs = append(dirs, d)
+	}
+	return dirs
+}

@@ -41,6 +41,9 @@ type Config struct {
 	// (DELTABOX_STOP_SANDBOXES=1). By default they keep running, and the next daemon
 	// adopts them (restart.go).
 	StopSandboxes bool
+	// Durable writes every node's templates to durable CRIU images in the background
+	// (durable.go; DELTABOX_DURABLE=0 turns it off), where CRIU works here.
+	Durable bool
 	// CrashAt ("checkpoint:K", "restore:K"; DELTABOX_CRASH_AT) is a test hook: the daemon
 	// kills itself with SIGKILL just before step K of that operation (K one past the
 	// last: after the last step, before the answer), to test what the next daemon makes
@@ -77,7 +80,7 @@ func DefaultTemplateBudgets() (perSandbox, total int64) {
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
 	per, total := DefaultTemplateBudgets()
-	return Config{FastPath: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
+	return Config{FastPath: true, Durable: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
 		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions,
 		TemplateBudgetBytes: per, TemplateBudgetTotalBytes: total}
 }

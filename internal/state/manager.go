@@ -33,6 +33,10 @@ type Manager struct {
 	sessionStarts int
 
 	templates map[string][]*procTemplate // node id -> its process templates (templates.go)
+	// procRecs is each node's last process record (restart.go: recordTemplates), under mu.
+	procRecs map[string]*nodeProcesses
+	// img: durable images of templates (durable.go).
+	img *images
 
 	// diskMu serialises the disk usage passes (diskquota.go); taken under no other lock.
 	diskMu sync.Mutex
@@ -148,7 +152,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
-	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{},
+	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
 		uppers: make(chan uint64, 4), stop: make(chan struct{})}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
@@ -241,6 +245,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			m.nextLayer = r.Upper
 		}
 	}
+	m.startImages()
 	m.wg.Add(2)
 	go m.fillUppers()
 	go m.watchDisk()

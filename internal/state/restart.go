@@ -153,6 +153,10 @@ func (m *Manager) recordTemplates(s *sb, node string, tps []*procTemplate) {
 		return
 	}
 	m.st.Index.Apply(store.Op{PutProcesses: &store.Processes{Node: node, Data: b}})
+	if len(rec.Templates) == len(tps) {
+		m.procRecs[node] = &rec
+		m.queueImage(node) // lock order: m.mu, then img.mu
+	}
 }
 
 // adoptable reports why s's record cannot be adopted ("" when it can be tried).
@@ -465,6 +469,7 @@ func (m *Manager) loadProcesses() map[string]nodeProcesses {
 			continue
 		}
 		out[node] = np
+		m.procRecs[node] = &np
 	}
 	return out
 }

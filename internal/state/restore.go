@@ -188,6 +188,17 @@ func (r *restore) templates() error {
 	s.tmplMu.Lock()
 	r.tmplLocked = true
 	tps, err := m.templatesFor(s, r.nodeID)
+	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasImage(r.nodeID) {
+		// Evicted or lost: the node's durable image brings them back (durable.go).
+		m.dropNodeTemplates(s, r.nodeID)
+		itps, ierr := m.restoreImage(s, r.nodeID)
+		switch {
+		case ierr != nil:
+			err = ierr
+		case len(itps) > 0:
+			tps, err, r.res.FromImage = itps, nil, true
+		}
+	}
 	if err != nil {
 		r.refused = "template_gone"
 		return err
@@ -376,6 +387,11 @@ func (r *restore) publish() error {
 	switch {
 	case res.Processes > 0:
 		m.countPath(s, "restore", pathProcess)
+		if res.FromImage {
+			s.mu.Lock()
+			s.stats.RestorePaths.Image++
+			s.mu.Unlock()
+		}
 	case !m.fastPath(s):
 		p, _ := m.filesOnlyPath(s)
 		m.countPath(s, "restore", p)

@@ -107,3 +107,23 @@ func (m *Manager) dropSandboxTemplates(id string) {
 		}
 	}
 }
+
+// dropNodeTemplates kills and forgets node's templates in s (gone ones, before its
+// durable image replaces them). Precondition: s.tmplMu held.
+func (m *Manager) dropNodeTemplates(s *sb, node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var keep []*procTemplate
+	for _, t := range m.templates[node] {
+		if t.sandbox == s.rec.ID {
+			t.tmpl.Kill()
+			continue
+		}
+		keep = append(keep, t)
+	}
+	if len(keep) == 0 {
+		delete(m.templates, node)
+	} else {
+		m.templates[node] = keep
+	}
+}

@@ -88,6 +88,7 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 		t := n.lastRestore.UTC()
 		in.LastRestored = &t
 	}
+	in.ProcessImage = m.imageInfo(id)
 	return in
 }
 
@@ -180,7 +181,12 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 			dirs = append(dirs, m.st.LayerDir(m.nodes[n].Layer))
 		}
 		delete(m.nodes, n)
+		delete(m.procRecs, n)
 		ops = append(ops, store.Op{DeleteNode: n})
+		if m.img != nil {
+			dirs = append(dirs, m.imagesDir(n))
+			m.forgetImage(n)
+		}
 	}
 	ops = append(ops, store.Op{After: func() {
 		for _, d := range dirs {

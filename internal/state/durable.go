@@ -1,0 +1,556 @@
+package state
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/criu"
+	"deltabox/internal/durable"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
+	"deltabox/internal/overlay"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/store"
+)
+
+// Durable images of templates. Every node's templates are written, in the background,
+// to CRIU images (internal/durable) whose pages go into one page store, each distinct
+// page once (durable.PageStore): the store grows with what changed between checkpoints,
+// not with the processes' size. A node whose image is complete can lose its templates
+// (evicted over the template budget, budget.go; killed from inside; evicted by the
+// client) and still restore its processes: the image is restored into the sandbox as a
+// stopped copy of the template (fastpath.AdoptStopped), which becomes the node's
+// template again, and the restore forks from it as from any template.
+//
+// What is dumped is a copy of each template (fastpath.CopyTemplate: a fork, copy-on-write,
+// a few ms under the sandbox's tmplMu), never the template itself: CRIU must seize what it
+// dumps, and a restore to the node must not wait for a dump. The copy is made when the
+// template is parked, just before: CRIU finds the mount of each file a process maps in
+// that process's mount namespace, and a parked template's mappings (its executable, its
+// libraries) stay on the state it was forked on, which the copy still stands in. The
+// copy waits stopped, sharing the template's pages, until CRIU dumps it, at the lowest
+// CPU and I/O priority, and ends it. One worker dumps at a time, in
+// the order checkpoints are made; the queue is bounded (maxImageQueue): past it the
+// oldest job is dropped (that node stays without an image) and counted.
+//
+// On disk, under ROOT/durable (the store's filesystem: pages are copied by reflink):
+//
+//	pages/              the page store
+//	nodes/NODE/K/       template K's image: CRIU's files, its pages as references
+//	                    into the store, template.json (its record), durable.json
+//	nodes/NODE/complete written (and synced) last, once every template's image is in
+//
+// A node's directory goes after its record (RemoveNode), and start-up removes those of
+// nodes the index does not have; an incomplete one is removed and dumped again if its
+// templates are there.
+
+// maxImageQueue bounds the nodes waiting for their images.
+const maxImageQueue = 256
+
+// imageState is what the API shows of a node's durable image.
+type imageState struct {
+	state   string // "pending", "complete", "failed"
+	err     string
+	bytes   int64 // bytes the store took for it (new pages and CRIU's other files)
+	full    int64 // what a full dump's pages would be
+	dumped  time.Time
+	queued  time.Time
+	dumpDur time.Duration
+}
+
+// images is the durable images' state (Manager.img). mu guards everything but runner,
+// which is set once by probe.
+type images struct {
+	root   string
+	pages  *durable.PageStore
+	runner *criu.Runner // nil until probed; not usable: no images
+	ready  chan struct{}
+
+	mu      sync.Mutex
+	nodes   map[string]*imageState
+	queue   []string
+	copies  map[string][]imageCopy // per queued node, its templates' copies, in order
+	dropped int
+	wake    chan struct{}
+}
+
+// imageCopy is a template's copy waiting for its dump: its host PID and a pidfd, by which
+// it is ended (never by its PID, which the sandbox's init may have reaped and reused).
+type imageCopy struct{ pid, pidfd int }
+
+func (c imageCopy) kill() {
+	if c.pidfd >= 0 {
+		unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
+		unix.Close(c.pidfd)
+	}
+}
+
+// copyForImage makes the copy of t that node's image is dumped from (see above), if
+// images are on. Called by park, before it parks t. Precondition: s.tmplMu held.
+func (m *Manager) copyForImage(s *sb, node string, t *procTemplate) {
+	if m.img == nil || m.img.pages == nil {
+		return
+	}
+	c := imageCopy{pid: -1, pidfd: -1} // a failed copy: the image fails, saying so
+	cp, err := fastpath.CopyTemplate(m.tracer(s), t.tmpl)
+	if err == nil {
+		var fd int
+		if fd, err = unix.PidfdOpen(cp, 0); err == nil {
+			c = imageCopy{pid: cp, pidfd: fd}
+		}
+	}
+	if err != nil {
+		m.log.Debug("copy a template for its image", "node", node, "err", err)
+	}
+	m.img.mu.Lock()
+	m.img.copies[node] = append(m.img.copies[node], c)
+	m.img.mu.Unlock()
+}
+
+// killCopies ends the copies made for node's image. Precondition: img.mu held.
+func (m *Manager) killCopiesLocked(node string) {
+	for _, c := range m.img.copies[node] {
+		c.kill()
+	}
+	delete(m.img.copies, node)
+}
+
+func (m *Manager) imagesDir(node string) string {
+	return filepath.Join(m.img.root, "nodes", node)
+}
+
+// startImages opens the page store, reads which nodes have complete images (removing
+// what no node names), and starts the CRIU probe and the worker. Called by New.
+func (m *Manager) startImages() {
+	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, copies: map[string][]imageCopy{},
+		wake: make(chan struct{}, 1), ready: make(chan struct{})}
+	if !m.cfg.Durable || !m.cfg.FastPath {
+		m.img.runner = &criu.Runner{Mode: criu.Unusable, Reason: "durable images are off (DELTABOX_DURABLE=0)"}
+		close(m.img.ready)
+		return
+	}
+	var err error
+	if err = os.MkdirAll(filepath.Join(m.img.root, "nodes"), 0o700); err == nil {
+		m.img.pages, err = durable.OpenPageStore(filepath.Join(m.img.root, "pages"))
+	}
+	if err != nil {
+		m.log.Warn("durable images are off", "err", err)
+		m.img.runner = &criu.Runner{Mode: criu.Unusable, Reason: err.Error()}
+		close(m.img.ready)
+		return
+	}
+	ents, _ := os.ReadDir(filepath.Join(m.img.root, "nodes"))
+	for _, e := range ents {
+		node := e.Name()
+		_, known := m.nodes[node]
+		_, err := os.Stat(filepath.Join(m.imagesDir(node), "complete"))
+		if !known || err != nil {
+			store.RemoveAll(m.imagesDir(node))
+			continue
+		}
+		m.img.nodes[node] = &imageState{state: "complete"}
+	}
+	m.imageDone = m.hasImage
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-m.stop; cancel() }()
+		r := criu.Probe(ctx, "")
+		m.img.mu.Lock()
+		m.img.runner = r
+		m.img.mu.Unlock()
+		close(m.img.ready)
+		if !r.Usable() {
+			m.log.Warn("durable images are off: CRIU is unusable here", "why", r.Reason)
+			return
+		}
+		m.log.Info("durable images on", "criu", r.String())
+		m.imageWorker()
+	}()
+}
+
+// hasImage reports whether node's durable image is complete (Manager.imageDone, which
+// budget.go's eviction asks through imageComplete; the restore's fallback).
+func (m *Manager) hasImage(node string) bool {
+	if m.img == nil {
+		return false
+	}
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	st := m.img.nodes[node]
+	return st != nil && st.state == "complete"
+}
+
+// imageInfo is NodeInfo's process_image (nil when none is known).
+func (m *Manager) imageInfo(node string) *apitypes.ImageInfo {
+	if m.img == nil {
+		return nil
+	}
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	st := m.img.nodes[node]
+	if st == nil {
+		return nil
+	}
+	in := &apitypes.ImageInfo{State: st.state, Error: st.err, StoredBytes: st.bytes, FullBytes: st.full, DumpMS: st.dumpDur.Milliseconds()}
+	switch {
+	case st.state == "pending" && !st.queued.IsZero():
+		in.LagMS = time.Since(st.queued).Milliseconds()
+	case !st.dumped.IsZero() && !st.queued.IsZero():
+		in.LagMS = st.dumped.Sub(st.queued).Milliseconds()
+	}
+	return in
+}
+
+// EvictNode drops a node's templates (in every sandbox), which its durable image can
+// bring back at its next restore: a client's hint that it will not restore the node
+// soon (the budget evicts least recently restored nodes by itself). 409 without a
+// complete image.
+func (m *Manager) EvictNode(id string) (*NodeInfo, error) {
+	m.mu.Lock()
+	n := m.nodes[id]
+	var sbs []*sb
+	for _, t := range m.templates[id] {
+		if s := m.sandboxes[t.sandbox]; s != nil {
+			sbs = append(sbs, s)
+		}
+	}
+	m.mu.Unlock()
+	if n == nil {
+		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", id, errdefs.ErrNotFound)
+	}
+	if !m.hasImage(id) {
+		return nil, fmt.Errorf("node %s has no complete durable image (GET /v1/nodes/%s: process_image): its templates are its only process state: %w", id, id, errdefs.ErrConflict)
+	}
+	for _, s := range sbs {
+		s.tmplMu.Lock()
+		m.dropNodeTemplates(s, id)
+		s.tmplMu.Unlock()
+		m.afterOpMeasure(s)
+	}
+	return m.nodeInfo(id), nil
+}
+
+// forgetImage drops what is known of node's image (its node is removed; its directory
+// goes after the record).
+func (m *Manager) forgetImage(node string) {
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	delete(m.img.nodes, node)
+	m.killCopiesLocked(node)
+	for i, n := range m.img.queue {
+		if n == node {
+			m.img.queue = append(m.img.queue[:i], m.img.queue[i+1:]...)
+			break
+		}
+	}
+}
+
+// queueImage asks for node's image (after its templates are parked and recorded).
+func (m *Manager) queueImage(node string) {
+	if m.img == nil || m.img.pages == nil {
+		return
+	}
+	m.img.mu.Lock()
+	if st := m.img.nodes[node]; st != nil && (st.state == "complete" || st.state == "pending") || len(m.img.copies[node]) == 0 {
+		m.img.mu.Unlock()
+		return
+	}
+	if len(m.img.queue) >= maxImageQueue {
+		old := m.img.queue[0]
+		m.img.queue = m.img.queue[1:]
+		m.killCopiesLocked(old)
+		m.img.dropped++
+		m.img.nodes[old] = &imageState{state: "failed", err: "dropped: too many nodes were waiting for their images"}
+	}
+	m.img.queue = append(m.img.queue, node)
+	m.img.nodes[node] = &imageState{state: "pending", queued: time.Now()}
+	m.img.mu.Unlock()
+	select {
+	case m.img.wake <- struct{}{}:
+	default:
+	}
+}
+
+// imageWorker dumps queued nodes one at a time until the manager stops.
+func (m *Manager) imageWorker() {
+	for {
+		m.img.mu.Lock()
+		var node string
+		if len(m.img.queue) > 0 {
+			node, m.img.queue = m.img.queue[0], m.img.queue[1:]
+		}
+		m.img.mu.Unlock()
+		if node == "" {
+			select {
+			case <-m.stop:
+				return
+			case <-m.img.wake:
+				continue
+			}
+		}
+		start := time.Now()
+		bytes, full, err := m.dumpNode(node)
+		m.img.mu.Lock()
+		st := m.img.nodes[node]
+		if st == nil {
+			st = &imageState{}
+			m.img.nodes[node] = st
+		}
+		st.dumpDur = time.Since(start)
+		if err != nil {
+			st.state, st.err = "failed", err.Error()
+			m.log.Info("durable image failed", "node", node, "err", err)
+		} else {
+			st.state, st.bytes, st.full, st.dumped = "complete", bytes, full, time.Now().UTC()
+		}
+		m.img.mu.Unlock()
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+	}
+}
+
+// dumpNode writes node's image: each template copied, dumped and ingested, then the
+// complete mark. It returns the bytes the store took and what full dumps' pages are.
+func (m *Manager) dumpNode(node string) (int64, int64, error) {
+	m.img.mu.Lock()
+	copies := m.img.copies[node]
+	delete(m.img.copies, node)
+	m.img.mu.Unlock()
+	defer func() {
+		for _, c := range copies {
+			c.kill() // ended by CRIU once dumped; here if not
+		}
+	}()
+	recs := m.processRecord(node)
+	if recs == nil || len(recs.Templates) != len(copies) {
+		return 0, 0, errors.New("the node's templates are not recorded")
+	}
+	dir := m.imagesDir(node)
+	store.RemoveAll(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, 0, err
+	}
+	var bytes, full int64
+	for i, c := range copies {
+		cp := c.pid
+		what := recs.Templates[i].What
+		if cp <= 0 {
+			return 0, 0, fmt.Errorf("%s: its template could not be copied", what)
+		}
+		sub := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.Mkdir(sub, 0o700); err != nil {
+			return 0, 0, err
+		}
+		if _, err := durable.Dump(context.Background(), m.img.runner, cp, sub, durable.DumpOptions{Kill: true, Background: true}); err != nil {
+			return 0, 0, fmt.Errorf("dump %s: %w", what, err)
+		}
+		if err := writeJSONFile(filepath.Join(sub, "template.json"), recs.Templates[i]); err != nil {
+			return 0, 0, err
+		}
+		is, err := m.img.pages.Ingest(sub)
+		if err != nil {
+			return 0, 0, fmt.Errorf("store the pages of %s: %w", what, err)
+		}
+		bytes += is.StoredBytes
+		full += is.ImageBytes
+	}
+	if err := writeJSONFile(filepath.Join(dir, "complete"), map[string]any{"templates": len(copies), "at": time.Now().UTC()}); err != nil {
+		return 0, 0, err
+	}
+	return bytes, full, nil
+}
+
+func writeJSONFile(p string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// processRecord returns node's last process record (recordTemplates keeps it).
+func (m *Manager) processRecord(node string) *nodeProcesses {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.procRecs[node]
+}
+
+// restoreImage brings node's templates back into s from its durable image: each
+// template's image restored into the node's read-only view, as a child of init, stopped,
+// then adopted as a template (fastpath.AdoptStopped). Precondition: s.opMu held (a
+// restore's first step), the node has no template in s.
+func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
+	<-m.img.ready
+	dir := m.imagesDir(node)
+	if !m.hasImage(node) {
+		return nil, nil
+	}
+	m.mu.Lock()
+	n := m.nodes[node]
+	var image string
+	if n != nil {
+		image = n.Image
+	}
+	uts := m.procRecs[node]
+	m.mu.Unlock()
+	if n == nil || n.Sandbox != s.rec.ID {
+		return nil, nil // an image restores into the sandbox that made it (its PIDs)
+	}
+	view, err := m.nodeView(s.rt, image, node)
+	if err != nil {
+		return nil, err
+	}
+	defer view.Close()
+	sbx, closeAll, err := m.durableSandbox(s.rt, view.NS)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var tps []*procTemplate
+	fail := func(err error) ([]*procTemplate, error) {
+		for _, t := range tps {
+			t.tmpl.Kill()
+		}
+		return nil, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		sub := filepath.Join(dir, e.Name())
+		var tr templateRecord
+		b, err := os.ReadFile(filepath.Join(sub, "template.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &tr)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		man, err := durable.ReadManifest(sub)
+		if err != nil {
+			return fail(err)
+		}
+		// A terminal for each the template held (its session's): a fresh one, owned by the
+		// sandbox's root; the revive gives the process its session's terminal anyway.
+		var masters []*os.File
+		sbx.TTYs = map[string]*os.File{}
+		for _, key := range man.TTYs {
+			ms, sl, err := s.rt.OpenPTY()
+			if err != nil {
+				return fail(err)
+			}
+			masters = append(masters, ms)
+			sbx.TTYs[key] = sl
+		}
+		err = m.img.pages.Materialize(sub)
+		var rs *durable.RestoreStats
+		if err == nil {
+			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{})
+		}
+		durable.DropPages(sub)
+		for _, f := range masters {
+			f.Close()
+		}
+		for _, f := range sbx.TTYs {
+			f.Close()
+		}
+		if err != nil {
+			return fail(err)
+		}
+		inner, err := procfs.InnerPid(rs.HostPid)
+		if err != nil {
+			unix.Kill(rs.HostPid, unix.SIGKILL)
+			return fail(err)
+		}
+		t, err := fastpath.AdoptStopped(m.tracer(s), tr.Template, rs.HostPid, inner)
+		if err != nil {
+			return fail(err)
+		}
+		tps = append(tps, &procTemplate{session: tr.Session, what: tr.What, kind: tr.Kind, argv: tr.Argv,
+			sandbox: s.rec.ID, tmpl: t, term: tr.Term, parked: true})
+	}
+	m.mu.Lock()
+	m.templates[node] = tps
+	if n.uts == nil && uts != nil {
+		n.uts = uts.UTS
+	}
+	m.mu.Unlock()
+	return tps, nil
+}
+
+// durableSandbox opens what durable.Restore needs of rt: its init's namespaces, the
+// state namespace ns to restore onto, its cgroups. closeAll closes the files.
+func (m *Manager) durableSandbox(rt *sandbox.Sandbox, ns int) (durable.Sandbox, func(), error) {
+	var files []*os.File
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	open := func(kind string) *os.File {
+		f, err := rt.OpenInitNS(kind)
+		if err != nil {
+			return nil
+		}
+		files = append(files, f)
+		return f
+	}
+	mnt, err := unix.FcntlInt(uintptr(ns), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return durable.Sandbox{}, closeAll, err
+	}
+	mf := os.NewFile(uintptr(mnt), "state-mnt-ns")
+	files = append(files, mf)
+	sbx := durable.Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"),
+		Time: open("time"), Cgroup: open("cgroup"), Mnt: mf, Cgroups: rt.CgroupDirs()}
+	if sbx.PID == nil || sbx.User == nil || sbx.Net == nil {
+		closeAll()
+		return durable.Sandbox{}, func() {}, errors.New("the sandbox's namespaces could not be opened")
+	}
+	return sbx, closeAll, nil
+}
+
+// nodeView builds a read-only view of node's layers (as templates are parked on).
+func (m *Manager) nodeView(rt *sandbox.Sandbox, image, node string) (sandbox.State, error) {
+	spec, err := m.spec(image, node, 0)
+	if err != nil {
+		return sandbox.None, err
+	}
+	lowers := spec.Lowers
+	if len(lowers) == 1 {
+		empty := filepath.Join(m.st.Root, "tmp", "empty-lower")
+		if err := os.MkdirAll(empty, 0o755); err != nil {
+			return sandbox.None, err
+		}
+		lowers = append(lowers[:1:1], empty)
+	}
+	return rt.BuildState(overlay.Spec{Lowers: lowers})
+}
