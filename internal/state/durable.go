@@ -18,8 +18,8 @@ import (
 	"deltabox/internal/durable"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
-	"deltabox/internal/procfs"
 	"deltabox/internal/overlay"
+	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
 )
