@@ -41,6 +41,28 @@ func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, error) {
 		if err == nil {
 			_, err = child.Setsid()
 		}
+		// Its terminal's fds become /dev/null: the terminal is its session's, which the
+		// copy is not in (CRIU refuses a terminal whose session it does not dump: "ctty
+		// inheritance detected"), and a revive gives the process its session's terminal
+		// on those fds anyway (terminalCalls). Not closed: the revive's open of the
+		// terminal would take the lowest free fd, one of them, and dup3 onto itself fails.
+		if err == nil {
+			var b remote.Batch
+			var null remote.Ref = -1
+			for _, f := range tmpl.Proc.FDs {
+				if f.Kind != "pty" {
+					continue
+				}
+				if null < 0 {
+					null = b.Add("open /dev/null", unix.SYS_OPENAT, unix.AT_FDCWD, "/dev/null", unix.O_RDWR, 0)
+				}
+				b.Add(fmt.Sprintf("/dev/null on terminal fd %d", f.Num), unix.SYS_DUP3, null, f.Num, f.Flags&unix.O_CLOEXEC)
+			}
+			if null >= 0 {
+				b.Close("close /dev/null", null)
+				_, err = child.RunBatch(&b)
+			}
+		}
 		if err == nil {
 			err = child.DetachStopped()
 		}

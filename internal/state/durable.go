@@ -87,7 +87,11 @@ type images struct {
 
 // imageCopy is a template's copy waiting for its dump: its host PID and a pidfd, by which
 // it is ended (never by its PID, which the sandbox's init may have reaped and reused).
-type imageCopy struct{ pid, pidfd int }
+type imageCopy struct {
+	pid, pidfd int
+	self       int    // its PID in the sandbox
+	sandbox    string // the sandbox it is in
+}
 
 func (c imageCopy) kill() {
 	if c.pidfd >= 0 {
@@ -107,7 +111,11 @@ func (m *Manager) copyForImage(s *sb, node string, t *procTemplate) {
 	if err == nil {
 		var fd int
 		if fd, err = unix.PidfdOpen(cp, 0); err == nil {
-			c = imageCopy{pid: cp, pidfd: fd}
+			c = imageCopy{pid: cp, pidfd: fd, sandbox: s.rec.ID}
+			if c.self, err = procfs.InnerPid(cp); err != nil {
+				c.kill()
+				c = imageCopy{pid: -1, pidfd: -1}
+			}
 		}
 	}
 	if err != nil {
@@ -116,6 +124,24 @@ func (m *Manager) copyForImage(s *sb, node string, t *procTemplate) {
 	m.img.mu.Lock()
 	m.img.copies[node] = append(m.img.copies[node], c)
 	m.img.mu.Unlock()
+}
+
+// sandboxCopies lists the copies waiting in s (host and sandbox PIDs): a checkpoint
+// neither takes nor refuses them, a restore does not end them (processes.go).
+func (m *Manager) sandboxCopies(s *sb) (hosts, selfs []int) {
+	if m.img == nil {
+		return nil, nil
+	}
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	for _, cs := range m.img.copies {
+		for _, c := range cs {
+			if c.sandbox == s.rec.ID && c.pid > 0 {
+				hosts, selfs = append(hosts, c.pid), append(selfs, c.self)
+			}
+		}
+	}
+	return hosts, selfs
 }
 
 // killCopies ends the copies made for node's image. Precondition: img.mu held.
@@ -268,6 +294,12 @@ func (m *Manager) queueImage(node string) {
 		m.img.mu.Unlock()
 		return
 	}
+	if r := m.img.runner; r != nil && !r.Usable() {
+		m.killCopiesLocked(node)
+		m.img.nodes[node] = &imageState{state: "failed", err: "CRIU is unusable here: " + r.Reason}
+		m.img.mu.Unlock()
+		return
+	}
 	if len(m.img.queue) >= maxImageQueue {
 		old := m.img.queue[0]
 		m.img.queue = m.img.queue[1:]
@@ -330,12 +362,13 @@ func (m *Manager) imageWorker() {
 func (m *Manager) dumpNode(node string) (int64, int64, error) {
 	m.img.mu.Lock()
 	copies := m.img.copies[node]
-	delete(m.img.copies, node)
 	m.img.mu.Unlock()
 	defer func() {
-		for _, c := range copies {
-			c.kill() // ended by CRIU once dumped; here if not
-		}
+		// Listed until they are gone (sandboxCopies: a checkpoint meanwhile must not
+		// take them for processes of the sandbox).
+		m.img.mu.Lock()
+		m.killCopiesLocked(node) // ended by CRIU once dumped; here if not
+		m.img.mu.Unlock()
 	}()
 	recs := m.processRecord(node)
 	if recs == nil || len(recs.Templates) != len(copies) {

