@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	criustats "github.com/checkpoint-restore/go-criu/v7/stats"
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/criu"
@@ -147,6 +148,20 @@ func TestTimings(t *testing.T) {
 		}
 	}
 	var dump, ingest, restore, answer, pagesBack, pdump, prestore []time.Duration
+	// CRIU's own account of each dump (stats-dump): frozen time, of which memdump
+	// (pages drained into pipes) and memwrite (pipes to the image files).
+	var frozen, memdump, memwrite, pfrozen, pmemdump, pmemwrite []time.Duration
+	criuStats := func(dir string, fr, md, mw *[]time.Duration) {
+		f, err := os.Open(dir)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		if st, err := criustats.CriuGetDumpStats(f); err == nil {
+			us := func(v uint32) time.Duration { return time.Duration(v) * time.Microsecond }
+			*fr, *md, *mw = append(*fr, us(st.GetFrozenTime())), append(*md, us(st.GetMemdumpTime())), append(*mw, us(st.GetMemwriteTime()))
+		}
+	}
 	var imageBytes, storedBytes, plainBytes []int64
 	pid := s.hostPid
 	var p *pty
@@ -160,6 +175,7 @@ func TestTimings(t *testing.T) {
 			t.Fatal(err)
 		}
 		dump = append(dump, time.Since(t0))
+		criuStats(dir, &frozen, &memdump, &memwrite)
 		t0 = time.Now()
 		ist, err := ps.Ingest(dir)
 		if err != nil {
@@ -176,6 +192,7 @@ func TestTimings(t *testing.T) {
 			t.Fatal(err)
 		}
 		pdump = append(pdump, time.Since(t0))
+		criuStats(pdir, &pfrozen, &pmemdump, &pmemwrite)
 		plainBytes = append(plainBytes, dirBytes(pdir))
 
 		sb := nsFiles(t, pid)
@@ -226,6 +243,14 @@ func TestTimings(t *testing.T) {
 	t.Logf("  restore until first answer          %s", stats(answer))
 	t.Logf("  plain criu dump (host python)       %s", stats(pdump))
 	t.Logf("  plain criu restore -d               %s", stats(prestore))
+	if len(frozen) == rounds && len(pfrozen) == rounds {
+		t.Logf("  CRIU's stats, durable: frozen %s", stats(frozen))
+		t.Logf("                         memdump %s", stats(memdump))
+		t.Logf("                        memwrite %s", stats(memwrite))
+		t.Logf("  CRIU's stats, plain:   frozen %s", stats(pfrozen))
+		t.Logf("                         memdump %s", stats(pmemdump))
+		t.Logf("                        memwrite %s", stats(pmemwrite))
+	}
 	t.Logf("  bytes: image %v", imageBytes)
 	t.Logf("         stored %v", storedBytes)
 	t.Logf("         plain criu image %v", plainBytes)
