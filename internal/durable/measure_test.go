@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	criustats "github.com/checkpoint-restore/go-criu/v7/stats"
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/criu"
 	"deltabox/internal/testutil"
 )
@@ -88,7 +91,8 @@ func mb(b int64) float64 { return float64(b) / (1 << 20) }
 // CRIU (command lines, as bench latency runs it) dumping and restoring a 50 MB python
 // of the host, DELTABOX_DURABLE_ROUNDS rounds (default 5), the two interleaved in each
 // round so that both see the same load, and logs p50 and max. DELTABOX_CRIU_PLAIN
-// names another CRIU binary for the plain runs (stock CRIU, say).
+// names another CRIU binary for the plain runs (stock CRIU, say); DELTABOX_DURABLE_MB
+// sets the pythons' heap (default 50 MB).
 func TestTimings(t *testing.T) {
 	r := runner(t)
 	plain := r
@@ -102,8 +106,12 @@ func TestTimings(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("DELTABOX_DURABLE_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
+	size := 50 // MB of random bytes in each python
+	if n, err := strconv.Atoi(os.Getenv("DELTABOX_DURABLE_MB")); err == nil && n > 0 {
+		size = n
+	}
 	s := newSandboxSession(t, "tim")
-	s.run(t, "import os, hashlib\nx = bytearray(os.urandom(50 << 20))\nn = 0")
+	s.run(t, fmt.Sprintf("import os, hashlib\nx = bytearray(os.urandom(%d << 20))\nn = 0", size))
 	ps, err := OpenPageStore(filepath.Join(s.d.Root, "durable", "pages"))
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +121,7 @@ func TestTimings(t *testing.T) {
 	// Plain CRIU: Debian's python3, as in the sandbox's image (not PATH's, which may be
 	// another build), on the host.
 	ready := filepath.Join(t.TempDir(), "ready")
-	py := exec.Command("/usr/bin/python3", "-c", "import os, sys, time\nx = bytearray(os.urandom(50 << 20))\nopen(sys.argv[1], 'w').close()\ntime.sleep(1e6)", ready)
+	py := exec.Command("/usr/bin/python3", "-c", fmt.Sprintf("import os, sys, time\nx = bytearray(os.urandom(%d << 20))\nopen(sys.argv[1], 'w').close()\ntime.sleep(1e6)", size), ready)
 	py.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := py.Start(); err != nil {
 		t.Fatal(err)
@@ -126,23 +134,48 @@ func TestTimings(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the host python did not fill its 50 MB within 20 s")
+			t.Fatalf("the host python did not fill its %d MB within 20 s", size)
 		}
 	}
 
+	// settle writes the store's dirty pages back before a timed step, so that no step
+	// pays for the previous one's writeback (balance_dirty_pages throttled whichever
+	// dump came after 500 MB of unwritten images).
+	settle := func() {
+		if f, err := os.Open(s.d.Root); err == nil {
+			unix.Syncfs(int(f.Fd()))
+			f.Close()
+		}
+	}
 	var dump, ingest, restore, answer, pagesBack, pdump, prestore []time.Duration
+	// CRIU's own account of each dump (stats-dump): frozen time, of which memdump
+	// (pages drained into pipes) and memwrite (pipes to the image files).
+	var frozen, memdump, memwrite, pfrozen, pmemdump, pmemwrite []time.Duration
+	criuStats := func(dir string, fr, md, mw *[]time.Duration) {
+		f, err := os.Open(dir)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		if st, err := criustats.CriuGetDumpStats(f); err == nil {
+			us := func(v uint32) time.Duration { return time.Duration(v) * time.Microsecond }
+			*fr, *md, *mw = append(*fr, us(st.GetFrozenTime())), append(*md, us(st.GetMemdumpTime())), append(*mw, us(st.GetMemwriteTime()))
+		}
+	}
 	var imageBytes, storedBytes, plainBytes []int64
 	pid := s.hostPid
 	var p *pty
 	for i := 0; i < rounds; i++ {
 		dir := filepath.Join(s.d.Root, "durable", fmt.Sprint(i))
 		os.MkdirAll(dir, 0o700)
+		settle()
 		t0 := time.Now()
 		m, err := Dump(t.Context(), r, pid, dir, DumpOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		dump = append(dump, time.Since(t0))
+		criuStats(dir, &frozen, &memdump, &memwrite)
 		t0 = time.Now()
 		ist, err := ps.Ingest(dir)
 		if err != nil {
@@ -153,11 +186,13 @@ func TestTimings(t *testing.T) {
 
 		pdir := filepath.Join(s.d.Root, "plain", fmt.Sprint(i))
 		os.MkdirAll(pdir, 0o700)
+		settle()
 		t0 = time.Now()
 		if err := plain.Dump(hp, pdir, false).Run(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		pdump = append(pdump, time.Since(t0))
+		criuStats(pdir, &pfrozen, &pmemdump, &pmemwrite)
 		plainBytes = append(plainBytes, dirBytes(pdir))
 
 		sb := nsFiles(t, pid)
@@ -168,6 +203,7 @@ func TestTimings(t *testing.T) {
 		if old != nil {
 			old.master.Close()
 		}
+		settle()
 		t0 = time.Now()
 		if err := ps.Materialize(dir); err != nil {
 			t.Fatal(err)
@@ -189,6 +225,7 @@ func TestTimings(t *testing.T) {
 
 		// CRIU killed the host python (no --leave-running): its PID is free.
 		waitGone(t, hp)
+		settle()
 		t0 = time.Now()
 		if err := plain.Restore(pdir).Run(t.Context()); err != nil {
 			t.Fatal(err)
@@ -197,7 +234,7 @@ func TestTimings(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
 	load, _ := os.ReadFile("/proc/loadavg")
-	t.Logf("50 MB python, %d rounds, p50 / max [each round, ms]; load average %s; durable: %s; plain: %s", rounds,
+	t.Logf("%d MB python, %d rounds, p50 / max [each round, ms]; load average %s; durable: %s; plain: %s", size, rounds,
 		strings.Join(strings.Fields(string(load))[:3], " "), r.Bin, plain.Bin)
 	t.Logf("  durable dump (criu swrk, sandbox)   %s", stats(dump))
 	t.Logf("  page store intake                   %s", stats(ingest))
@@ -206,6 +243,14 @@ func TestTimings(t *testing.T) {
 	t.Logf("  restore until first answer          %s", stats(answer))
 	t.Logf("  plain criu dump (host python)       %s", stats(pdump))
 	t.Logf("  plain criu restore -d               %s", stats(prestore))
+	if len(frozen) == rounds && len(pfrozen) == rounds {
+		t.Logf("  CRIU's stats, durable: frozen %s", stats(frozen))
+		t.Logf("                         memdump %s", stats(memdump))
+		t.Logf("                        memwrite %s", stats(memwrite))
+		t.Logf("  CRIU's stats, plain:   frozen %s", stats(pfrozen))
+		t.Logf("                         memdump %s", stats(pmemdump))
+		t.Logf("                        memwrite %s", stats(pmemwrite))
+	}
 	t.Logf("  bytes: image %v", imageBytes)
 	t.Logf("         stored %v", storedBytes)
 	t.Logf("         plain criu image %v", plainBytes)

@@ -93,10 +93,16 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	}
 	// The root task reads some images (tty-info.img) after it joined the sandbox's
 	// user namespace, as the sandbox's root: the directory must let others search it
-	// (CRIU's images are 0644; the store's parents stay closed to the host's users).
+	// (CRIU's images are 0644; the store's parents stay closed to the host's users),
+	// for the restore's time.
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.Chmod(abs, 0o711); err != nil {
 		return nil, err
 	}
+	defer os.Chmod(abs, fi.Mode().Perm())
 	tmp, err := os.MkdirTemp("", "deltabox-restore-")
 	if err != nil {
 		return nil, err

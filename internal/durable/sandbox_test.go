@@ -515,3 +515,31 @@ func nsLink(pid int, ns string) string {
 	l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
 	return l
 }
+
+// TestRestoreRefusesTakenPid: a restore while the dumped process still lives fails,
+// saying the PID is taken, and leaves that process as it was.
+func TestRestoreRefusesTakenPid(t *testing.T) {
+	r := runner(t)
+	s := newSandboxSession(t, "taken")
+	s.run(t, "v = 7")
+	dir := filepath.Join(s.d.Root, "durable", "taken")
+	os.MkdirAll(dir, 0o700)
+	m, err := Dump(t.Context(), r, s.hostPid, dir, DumpOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := nsFiles(t, s.hostPid)
+	p := newPty(t, s.hostPid)
+	sb.TTYs = map[string]*os.File{m.TTYs[0]: p.slave}
+	st, err := Restore(t.Context(), r, dir, sb, RestoreOptions{})
+	if err == nil {
+		syscall.Kill(st.HostPid, syscall.SIGKILL)
+		t.Fatalf("restore over a live pid %d succeeded (host pid %d)", s.pid, st.HostPid)
+	}
+	if !strings.Contains(err.Error(), "is taken") {
+		t.Errorf("error does not say the PID is taken: %v", err)
+	}
+	if got := s.run(t, "v += 1; v"); got != "8" {
+		t.Fatalf("the live session after the refused restore: %q", got)
+	}
+}
