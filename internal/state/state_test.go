@@ -44,6 +44,10 @@ func openWith(t *testing.T, root string, cfg state.Config) *state.Manager {
 	// The test process is the daemon here: sandboxes left running at Close would outlive
 	// it (adoption is tested end to end: tests/e2e/restart_test.go).
 	cfg.StopSandboxes = true
+	// Durable images make stopped copies of templates for a while after each checkpoint
+	// (durable.go), which these tests would count as templates; images are tested end to
+	// end (tests/e2e/durable_test.go).
+	cfg.Durable = false
 	m, err := state.New(st, slog.New(slog.NewTextHandler(io.Discard, nil)), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -18,10 +18,39 @@ import (
 	"deltabox/internal/testutil"
 )
 
+// dbxWaitImages waits until no node's durable image is pending: until then a stopped
+// copy of each of its templates waits for its dump (state/durable.go), which counts of
+// stopped processes would take for a template.
+func dbxWaitImages(t *testing.T, d *testutil.Daemon) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		tr, err := d.C.Tree(dbxCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending := 0
+		for _, n := range tr.Nodes {
+			if n.ProcessImage != nil && n.ProcessImage.State == "pending" {
+				pending++
+			}
+		}
+		if pending == 0 {
+			time.Sleep(50 * time.Millisecond) // the last copy, killed, is reaped
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d nodes' durable images still pending after 2 minutes", pending)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // fpStoppedPids lists the sandbox's processes that are in a stop (templates), as host
 // PIDs, with their user CPU time (ticks).
 func fpStoppedPids(t *testing.T, d *testutil.Daemon, id string) map[int]string {
 	t.Helper()
+	dbxWaitImages(t, d)
 	info, err := d.C.Get(dbxCtx(t), id)
 	if err != nil {
 		t.Fatal(err)
