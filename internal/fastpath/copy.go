@@ -20,13 +20,16 @@ import (
 // template again. The copy's registers are the template's saved ones (the live
 // process's at its checkpoint): the injected clone3 is undone in it before the detach.
 
-// CopyTemplate returns the host PID of a stopped, untraced copy of tmpl (above).
-// Precondition: tmpl is not being revived meanwhile (the caller holds the sandbox's
-// template lock).
-func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, error) {
+// CopyTemplate returns the host PID of a stopped, untraced copy of tmpl (above), and the
+// registers it was left with: an image of it whose registers differ (durable.ImageRegs)
+// is of a copy that ran in between (a SIGCONT from the sandbox ends a group stop), not of
+// the template. Precondition: tmpl is not being revived meanwhile (the caller holds the
+// sandbox's template lock).
+func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, unix.PtraceRegs, error) {
+	var regs unix.PtraceRegs
 	tt, err := holdTemplate(tr, tmpl)
 	if err != nil {
-		return 0, err
+		return 0, regs, err
 	}
 	pid := 0
 	err = tr.Do(func() error {
@@ -64,6 +67,7 @@ func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, error) {
 			}
 		}
 		if err == nil {
+			regs = child.SavedRegs()
 			err = child.DetachStopped()
 		}
 		if err != nil {
@@ -73,7 +77,7 @@ func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, error) {
 		pid = child.Pid()
 		return nil
 	})
-	return pid, err
+	return pid, regs, err
 }
 
 // AdoptStopped makes the stopped, untraced process at hostPid (a copy of a template:

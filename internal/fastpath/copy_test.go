@@ -47,7 +47,7 @@ func TestCopyTemplateRevives(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	cp, err := CopyTemplate(tr, tmpl)
+	cp, _, err := CopyTemplate(tr, tmpl)
 	if err != nil {
 		t.Fatal(err)
 	}

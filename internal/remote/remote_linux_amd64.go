@@ -1237,3 +1237,7 @@ func describe(ws unix.WaitStatus) string {
 	}
 	return fmt.Sprintf("wait status %#x", int(ws))
 }
+
+// SavedRegs returns the registers the tracee had when it was seized (a clone3 child: its
+// parent's), which Restore and Detach put back.
+func (t *Tracee) SavedRegs() unix.PtraceRegs { return t.saved }

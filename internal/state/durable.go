@@ -89,6 +89,7 @@ type images struct {
 // it is ended (never by its PID, which the sandbox's init may have reaped and reused).
 type imageCopy struct {
 	pid, pidfd int
+	regs       unix.PtraceRegs // its registers when it was left (fastpath.CopyTemplate)
 	self       int    // its PID in the sandbox
 	sandbox    string // the sandbox it is in
 }
@@ -107,11 +108,11 @@ func (m *Manager) copyForImage(s *sb, node string, t *procTemplate) {
 		return
 	}
 	c := imageCopy{pid: -1, pidfd: -1} // a failed copy: the image fails, saying so
-	cp, err := fastpath.CopyTemplate(m.tracer(s), t.tmpl)
+	cp, regs, err := fastpath.CopyTemplate(m.tracer(s), t.tmpl)
 	if err == nil {
 		var fd int
 		if fd, err = unix.PidfdOpen(cp, 0); err == nil {
-			c = imageCopy{pid: cp, pidfd: fd, sandbox: s.rec.ID}
+			c = imageCopy{pid: cp, pidfd: fd, sandbox: s.rec.ID, regs: regs}
 			if c.self, err = procfs.InnerPid(cp); err != nil {
 				c.kill()
 				c = imageCopy{pid: -1, pidfd: -1}
@@ -392,6 +393,22 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		}
 		if _, err := durable.Dump(context.Background(), m.img.runner, cp, sub, durable.DumpOptions{Kill: true, Background: true}); err != nil {
 			return 0, 0, fmt.Errorf("dump %s: %w", what, err)
+		}
+		// The copy waited in a group stop, which a SIGCONT from the sandbox ends: an image
+		// of a copy that ran is not the template's.
+		got, err := durable.ImageRegs(sub)
+		if err != nil {
+			return 0, 0, err
+		}
+		r := c.regs
+		want := durable.Regs{IP: r.Rip, SP: r.Rsp, BP: r.Rbp, BX: r.Rbx, R12: r.R12, R13: r.R13, R14: r.R14, R15: r.R15}
+		if int64(r.Orig_rax) != -1 && got.IP == want.IP-2 {
+			// Seized in a blocking syscall: its detach set it to restart the syscall
+			// (remote.Tracee.Detach), one 2-byte instruction back.
+			want.IP = got.IP
+		}
+		if got != want {
+			return 0, 0, fmt.Errorf("%s: its copy ran before its dump (a SIGCONT from the sandbox?): the image is not the template's", what)
 		}
 		if err := writeJSONFile(filepath.Join(sub, "template.json"), recs.Templates[i]); err != nil {
 			return 0, 0, err

@@ -151,6 +151,15 @@ func StartDaemon(t testing.TB) *Daemon {
 	return StartDaemonOn(t, NewStore(t))
 }
 
+// StartDaemonNoImages starts a daemon on a fresh test store without durable images
+// (DELTABOX_DURABLE=0): for tests of the templates' memory and the template budget, which
+// the images' short-lived copies of templates (they share the templates' pages, and are
+// evictions' precondition) would blur.
+func StartDaemonNoImages(t testing.TB) *Daemon {
+	t.Helper()
+	return StartDaemonEnv(t, NewStore(t), "DELTABOX_DURABLE=0")
+}
+
 // StartDaemonOn starts a daemon on root (reused across a restart).
 func StartDaemonOn(t testing.TB, root string) *Daemon {
 	t.Helper()

@@ -100,7 +100,7 @@ func budNum(v any, keys ...string) float64 {
 
 // TestTemplateBudgetReproduction is the report's case, with and without a budget.
 func TestTemplateBudgetReproduction(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonNoImages(t)
 
 	// Without a budget of their own (the behaviour before it): the third rewrite finds
 	// the live heap and three templates' 150 MiB each charged to 512 MiB.
@@ -251,7 +251,7 @@ func TestTemplateBudgetReproduction(t *testing.T) {
 // TestTemplateBudgetDefault: a sandbox created without one gets the daemon's default,
 // an eighth of the host's RAM, in its record and its answers.
 func TestTemplateBudgetDefault(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonNoImages(t)
 	st, raw := dbxRaw(t, d, "POST", "/sandboxes", `{"id":"bud-def"}`)
 	if st != 201 {
 		t.Fatalf("create: %d %s", st, raw)
@@ -272,7 +272,7 @@ func TestTemplateBudgetDefault(t *testing.T) {
 // hold, and goes once that sandbox is removed.
 func TestTemplateBudgetTotal(t *testing.T) {
 	t.Setenv("DELTABOX_TEMPLATE_BUDGET_TOTAL", "128M")
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonNoImages(t)
 	for _, id := range []string{"bud-a", "bud-b"} {
 		if st, raw := dbxRaw(t, d, "POST", "/sandboxes", fmt.Sprintf(`{"id":%q,"memory_mb":512,"template_budget_mb":1024}`, id)); st != 201 {
 			t.Fatalf("create %s: %d %s", id, st, raw)

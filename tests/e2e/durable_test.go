@@ -105,3 +105,75 @@ func TestDurableImageRestore(t *testing.T) {
 		t.Errorf("restore_paths.image %d, want 2", in.Stats.RestorePaths.Image)
 	}
 }
+
+// TestDurableImageCopyThatRanIsRefused: a node's image is dumped from a stopped copy of
+// each template, which waits in a group stop (state/durable.go); a SIGCONT from inside
+// the sandbox (kill -CONT -1) lets the copies that still wait run on. An image of a copy
+// that ran is not the template's: it fails, and its node keeps its templates. Every image
+// that completes restores the node's own state.
+func TestDurableImageCopyThatRanIsRefused(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "durcont"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, id, "py", "import os, random; heap = [random.randbytes(1<<20) for _ in range(16)]; x = 0")
+	var nodes []string
+	for i := 1; i <= 4; i++ {
+		sessRun(t, d, id, "py", fmt.Sprintf("x = %d", i))
+		nodes = append(nodes, dbxCheckpoint(t, d, id, fmt.Sprintf("x%d", i)).Node.ID)
+	}
+	// Every process the sandbox may signal: the live ones, the templates (in a
+	// ptrace-stop: SIGCONT does not end it) and the copies waiting for their dumps.
+	dbxSh(t, d, id, "kill -CONT -1 2>/dev/null; true")
+	failed := 0
+	for i, n := range nodes {
+		deadline := time.Now().Add(2 * time.Minute)
+		var im *apitypes.ImageInfo
+		for {
+			nd, err := d.C.Node(dbxCtx(t), n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			im = nd.ProcessImage
+			if im != nil && im.State != "pending" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s: image still pending", n)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		testutil.Require(t, !strings.Contains(im.Error, "CRIU is unusable"), "no durable images here: %s", im.Error)
+		if im.State == "failed" {
+			failed++
+			t.Logf("node %d (%s): image failed: %s", i+1, n, im.Error)
+			continue
+		}
+		if _, err := d.C.EvictNode(dbxCtx(t), n); err != nil {
+			t.Fatal(err)
+		}
+		res := dbxRestore(t, d, id, n)
+		if !res.FromImage {
+			t.Fatalf("restore to evicted %s did not come from its image", n)
+		}
+		if got := sessRun(t, d, id, "py", "x"); got != fmt.Sprintf("%d\n", i+1) {
+			t.Fatalf("node %d restored from its image after the SIGCONT: x = %q", i+1, got)
+		}
+	}
+	t.Logf("%d of %d images failed after the SIGCONT (the copies that still waited ran)", failed, len(nodes))
+	// A node whose image failed still restores its processes from its templates.
+	for i, n := range nodes {
+		nd, _ := d.C.Node(dbxCtx(t), n)
+		if nd.ProcessImage != nil && nd.ProcessImage.State == "failed" {
+			res := dbxRestore(t, d, id, n)
+			if res.FromImage || res.Processes != 1 {
+				t.Fatalf("restore to %s (image failed): from_image %v, %d processes", n, res.FromImage, res.Processes)
+			}
+			if got := sessRun(t, d, id, "py", "x"); got != fmt.Sprintf("%d\n", i+1) {
+				t.Fatalf("node %d from its templates: x = %q", i+1, got)
+			}
+		}
+	}
+}

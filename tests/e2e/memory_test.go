@@ -73,7 +73,7 @@ func memWarnings(ans map[string]any) string {
 // and its new templates' resident memory; once the templates hold over half the limit
 // it totals them and warns, naming the nodes; sandbox info and the tree show them too.
 func TestTemplateMemoryInAnswers(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonNoImages(t)
 	id := "mem1"
 	ans := memSetup(t, d, id)
 	first := ans[0]
@@ -129,7 +129,7 @@ func TestTemplateMemoryInAnswers(t *testing.T) {
 // sandbox's memory limit killed say so: the limit, and how much of it the templates of
 // the sandbox's checkpoints hold, by node.
 func TestOOMMessageNamesLimitAndTemplates(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonNoImages(t)
 	id := "mem2"
 	ans := memSetup(t, d, id)
 	n1 := wtNode(t, ans[0])

@@ -29,7 +29,7 @@ func TestPythonClient(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	testutil.Require(t, err == nil, "needs python3 for the Python client's tests: %v", err)
 	repo := pycRepo(t)
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonNoImages(t)
 	env := map[string]string{
 		"DELTABOX_SOCKET":         d.Socket,
 		"PYTHONDONTWRITEBYTECODE": "1",
