@@ -90,8 +90,8 @@ type images struct {
 type imageCopy struct {
 	pid, pidfd int
 	regs       unix.PtraceRegs // its registers when it was left (fastpath.CopyTemplate)
-	self       int    // its PID in the sandbox
-	sandbox    string // the sandbox it is in
+	self       int             // its PID in the sandbox
+	sandbox    string          // the sandbox it is in
 }
 
 func (c imageCopy) kill() {
