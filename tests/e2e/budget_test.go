@@ -239,8 +239,22 @@ func TestTemplateBudgetReproduction(t *testing.T) {
 		if s, _, m := wtOp(t, d, id, nodes[0], nil); s != 200 {
 			t.Fatalf("restore: %d %s", s, m)
 		}
+		klBefore := budNum(budInfo(t, d, id), "template_budget", "kernel_limit_bytes")
+		if klBefore != 712<<20 {
+			t.Fatalf("kernel limit with two templates of ~155 MiB: %v, want 512 + 200 MiB (the budget)", klBefore)
+		}
 		if st, raw := dbxRaw(t, d, "DELETE", "/nodes/"+nodes[1], ""); st != 200 {
 			t.Fatalf("remove %s: %d %s", nodes[1], st, raw)
+		}
+		// The kernel limit comes down to memory_mb plus the one template left.
+		var after float64
+		for t0 := time.Now(); time.Since(t0) < 3*time.Second; time.Sleep(50 * time.Millisecond) {
+			if after = budNum(budInfo(t, d, id), "template_budget", "kernel_limit_bytes"); after < klBefore {
+				break
+			}
+		}
+		if after < 512<<20+140<<20 || after > 512<<20+180<<20 {
+			t.Fatalf("kernel limit after the removal: %v MiB, want 512 + ~155", after/(1<<20))
 		}
 		if s, _, m := wtOp(t, d, id, "", nil); s != 201 {
 			t.Fatalf("checkpoint after making room: %d %s", s, m)
