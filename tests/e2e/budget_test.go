@@ -331,3 +331,50 @@ func TestTemplateBudgetTotal(t *testing.T) {
 		t.Fatalf("checkpoint of b once a is gone: %d %s", s, m)
 	}
 }
+
+// TestTemplateBudgetEvictsNodesWithImages: over its template budget, a checkpoint evicts
+// the templates of the least recently restored node whose durable image is complete
+// instead of failing with 507; that node then restores its process from the image, with
+// the state it had.
+func TestTemplateBudgetEvictsNodesWithImages(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "budevict"
+	budCreate(t, d, id, 200)
+	var nodes []string
+	var states []string
+	checkpoint := func() {
+		t.Helper()
+		st, raw := dbxRaw(t, d, "POST", "/sandboxes/"+id+"/checkpoint", `{}`)
+		if st != 201 {
+			t.Fatalf("checkpoint %d: %d %s", len(nodes)+1, st, raw)
+		}
+		var a struct {
+			Node struct{ ID string } `json:"node"`
+		}
+		json.Unmarshal(raw, &a)
+		nodes = append(nodes, a.Node.ID)
+		states = append(states, budPy(t, d, id, budState))
+		durWaitImage(t, d, a.Node.ID)
+	}
+	checkpoint()
+	budPy(t, d, id, budRewrite)
+	checkpoint()
+	budPy(t, d, id, budRewrite)
+	// The templates now hold two heaps (300 MiB) of a 200 MiB budget: the third
+	// checkpoint evicts the first node's.
+	checkpoint()
+	n1, err := d.C.Node(dbxCtx(t), nodes[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n1.Templates != nil && n1.Templates.Processes > 0 {
+		t.Fatalf("node %s still has %d templates over the budget", nodes[0], n1.Templates.Processes)
+	}
+	res := dbxRestore(t, d, id, nodes[0])
+	if !res.FromImage || res.Processes != 1 {
+		t.Fatalf("restore of the evicted node: from_image %v, %d processes %v", res.FromImage, res.Processes, res.ProcessErrors)
+	}
+	if got := budPy(t, d, id, budState); got != states[0] {
+		t.Fatalf("the evicted node restored from its image holds %q, want %q", got, states[0])
+	}
+}
