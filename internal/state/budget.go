@@ -51,10 +51,10 @@ import (
 // share the live processes' pages at first, and the budget is passed as those rewrite
 // them; the next checkpoint waits. The kernel's limit is the hard one.
 //
-// Over budget, templates may be evicted (evictForRoom): those of unpinned nodes whose
-// process image is complete, least recently restored first; a pinned node's never. No
-// image exists yet (durable images are item 2 of issue 17), so nothing is evicted:
-// the hook finds no candidate and a checkpoint over budget waits, then fails.
+// Over budget, templates are evicted (evictForRoom): those of unpinned nodes whose
+// durable image is complete (durable.go), least recently restored first; a pinned
+// node's never. The node's next restore brings them back from its image. With no such
+// node, a checkpoint over budget waits, then fails.
 
 // defaultBudgetWait is how long a checkpoint without a wait_ms waits for room under its
 // template budgets: long enough for a concurrent DELETE of nodes, short enough for an
@@ -306,7 +306,7 @@ type budgetCheck struct {
 	total       int64 // bytes; <= 0: none
 	totalUsed   int64 // every sandbox's templates, this one's included
 	pinned      int64 // of used, pinned nodes' templates
-	evictable   int64 // of used, templates that could be evicted (none yet)
+	evictable   int64 // of used, templates that could be evicted (a complete image, not pinned)
 	topNodes    string
 	nodesInSbox int
 }
@@ -329,7 +329,7 @@ func (c budgetCheck) refusal(waited time.Duration) error {
 	if c.pinned > 0 {
 		pinned = fmt.Sprintf("; %s of it pinned", mib(c.pinned))
 	}
-	return fmt.Errorf("checkpoint of %s waited %v for room under %s (%d nodes%s%s; none can be evicted: templates without a durable image are never dropped): remove nodes you will not restore (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with a larger template_budget_mb: %w",
+	return fmt.Errorf("checkpoint of %s waited %v for room under %s (%d nodes%s%s; none can be evicted: templates without a complete durable image, or pinned, are never dropped): remove nodes you will not restore (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with a larger template_budget_mb: %w",
 		c.sandbox, roundDur(waited), what, c.nodesInSbox, c.topNodes, pinned, errdefs.ErrTemplateBudget)
 }
 
@@ -410,7 +410,7 @@ func (m *Manager) afterOpMeasure(s *sb) {
 	})
 }
 
-// ---- eviction (a hook until durable images exist) ----
+// ---- eviction ----
 
 // imageComplete reports whether node's process image is complete, so that its
 // templates may be dropped and its processes restored from the image: Manager.imageDone,
