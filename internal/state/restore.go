@@ -197,6 +197,7 @@ func (r *restore) templates() error {
 			err = ierr
 		case len(itps) > 0:
 			tps, err, r.res.FromImage = itps, nil, true
+			m.log.Info("restored a node's templates from its durable image", "sandbox", s.rec.ID, "node", r.nodeID, "processes", len(itps))
 		}
 	}
 	if err != nil {
