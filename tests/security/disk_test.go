@@ -43,6 +43,8 @@ func smallStore(t *testing.T, mib int) string {
 	os.Mkdir(root, 0o700)
 	run("mount", "-o", "loop", img, root)
 	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	// Run before the unmount (cleanups run last first): the sandboxes outlive their daemon.
+	t.Cleanup(func() { testutil.EndSandboxes(root) })
 	os.Mkdir(filepath.Join(root, "images"), 0o700)
 	ims, _ := os.ReadDir(filepath.Join(testutil.MainRoot(), "images"))
 	for _, im := range ims {
