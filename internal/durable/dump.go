@@ -43,6 +43,10 @@ type Manifest struct {
 	// TTYs are the terminals the tree held, as CRIU's external keys
 	// ("tty[rdev:dev]", hex): Restore needs a terminal for each.
 	TTYs []string
+	// ExtFiles are the files the tree maps or holds on mounts its mount namespace does
+	// not have (extfiles.go), by CRIU's key, with their paths: Restore opens each in
+	// the state it restores onto.
+	ExtFiles map[string]string `json:",omitempty"`
 	// Namespaces' inode numbers at the dump, for diagnostics.
 	PidNS, NetNS uint64
 	Dumped       time.Time
@@ -113,6 +117,13 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		"mnt[]",
 	}
 	ext = append(ext, ttys...)
+	extFiles, err := externalFiles(pid)
+	if err != nil {
+		return nil, err
+	}
+	for k := range extFiles {
+		ext = append(ext, k)
+	}
 	skip, err := tmpfsMounts(pid)
 	if err != nil {
 		return nil, err
@@ -143,7 +154,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if _, err := c.run(ctx); err != nil {
 		return nil, err
 	}
-	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
+	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}
 	if o.Sync {
 		if err := syncDir(dir); err != nil {

@@ -43,6 +43,10 @@ type Sandbox struct {
 	// move 20 into unified//deltabox-.../cgroup.procs: Permission denied"). CRIU's
 	// memory is charged to the sandbox meanwhile.
 	Cgroups []string
+	// Root is the root of the state the tree is restored onto (Mnt's), where the files
+	// the image holds as external (Manifest.ExtFiles) are opened; needed only when it
+	// has some.
+	Root *os.File
 	// Cgroup is the sandbox's cgroup namespace, in which CRIU starts and the tree with
 	// it; without it the tree would see the host's cgroup paths.
 	Cgroup *os.File
@@ -141,6 +145,18 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		if f == nil {
 			return nil, fmt.Errorf("the image in %s holds terminal %s: restore needs a terminal for it", dir, k)
 		}
+		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(k), Fd: proto.Int32(fdOf(len(files)))})
+		files = append(files, f)
+	}
+	for k, path := range m.ExtFiles {
+		if sb.Root == nil {
+			return nil, fmt.Errorf("the image in %s holds %s as external: restore needs the state's root", dir, path)
+		}
+		f, err := openExternal(sb.Root, path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(k), Fd: proto.Int32(fdOf(len(files)))})
 		files = append(files, f)
 	}

@@ -480,6 +480,12 @@ func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
 		return nil, err
 	}
 	defer closeAll()
+	rootFD, err := unix.FcntlInt(uintptr(view.Root), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	sbx.Root = os.NewFile(uintptr(rootFD), "view-root")
+	defer sbx.Root.Close()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err

@@ -51,8 +51,12 @@ func TestDurableImageRestore(t *testing.T) {
 	}
 	pyPid := strings.TrimSpace(sessRun(t, d, id, "py", "import os, random; random.seed(1); heap = [random.randbytes(1<<20) for _ in range(24)]; x = 41; os.getpid()"))
 	bashPid := strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; echo $$"))
+	// Files change before each checkpoint: each moves the sessions onto a new state,
+	// while their executables stay mapped from the first (durable/extfiles.go).
+	sessRun(t, d, id, "main", "echo 41 > /workspace/x")
 	n1 := dbxCheckpoint(t, d, id, "x41").Node.ID
 	sessRun(t, d, id, "py", "x = 42; heap[0] = random.randbytes(1<<20); heap[1] = random.randbytes(1<<20)")
+	sessRun(t, d, id, "main", "echo 42 > /workspace/x")
 	n2 := dbxCheckpoint(t, d, id, "x42").Node.ID
 	sessRun(t, d, id, "py", "x = 43")
 	im1 := durWaitImage(t, d, n1)
@@ -72,7 +76,7 @@ func TestDurableImageRestore(t *testing.T) {
 		if got := sessRun(t, d, id, "py", "(x, os.getpid(), len(heap), sum(map(len, heap)))"); got != fmt.Sprintf("(%d, %s, 24, %d)\n", x, pyPid, 24<<20) {
 			t.Fatalf("%s: python after the restore from the image: %q", how, got)
 		}
-		if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$"); got != "/tmp bar "+bashPid+"\n" {
+		if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$ $(cat /workspace/x)"); got != fmt.Sprintf("/tmp bar %s %d\n", bashPid, x) {
 			t.Fatalf("%s: bash after the restore from the image: %q", how, got)
 		}
 		sessRun(t, d, id, "py", "x = 99")

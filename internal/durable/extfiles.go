@@ -1,0 +1,119 @@
+package durable
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A process of a sandbox maps files from mounts its mount namespace no longer has: its
+// executable and libraries stay mapped from the state it started on, while the fast path
+// moves it onto a new state's namespace at every checkpoint and restore (only its fds,
+// cwd and writable shared mappings follow). CRIU looks up each mapped file's mount in the
+// dumped process's namespace and fails ("Can't lookup mount=N ... path=/usr/bin/python3").
+// Such files are made external (CRIU's file[MNT_ID:INODE]): the image names them by that
+// key and by their path (Manifest.ExtFiles), and Restore hands CRIU the file at that path
+// in the state it restores onto (Sandbox.Root), where the node's files are the same.
+
+// externalFiles returns, for pid, CRIU's keys of the files it maps, holds open or runs
+// (exe) whose mount is not in its mount namespace, with each one's path there.
+func externalFiles(pid int) (map[string]string, error) {
+	base := "/proc/" + strconv.Itoa(pid)
+	mounts, err := mountIDs(base + "/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	add := func(link string) error {
+		fd, err := unix.Open(link, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil // gone, or not a file (anon_inode, socket)
+		}
+		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return nil
+		}
+		mnt, err := fdMountID(fd)
+		if err != nil {
+			return err
+		}
+		if mounts[mnt] {
+			return nil
+		}
+		path, err := os.Readlink(link)
+		if err != nil {
+			return nil
+		}
+		if strings.HasSuffix(path, " (deleted)") {
+			return fmt.Errorf("%s is a deleted file on a mount the process no longer has", path)
+		}
+		out[fmt.Sprintf("file[%x:%x]", mnt, st.Ino)] = path
+		return nil
+	}
+	for _, dir := range []string{base + "/map_files", base + "/fd"} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			if err := add(filepath.Join(dir, e.Name())); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := add(base + "/exe"); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// mountIDs reads the mount ids of a mountinfo file.
+func mountIDs(path string) (map[int]bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ids := map[int]bool{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if id, err := strconv.Atoi(strings.SplitN(sc.Text(), " ", 2)[0]); err == nil {
+			ids[id] = true
+		}
+	}
+	return ids, sc.Err()
+}
+
+// fdMountID is the mnt_id of our fd, from /proc/self/fdinfo.
+func fdMountID(fd int) (int, error) {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "mnt_id:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("fdinfo of fd %d has no mnt_id", fd)
+}
+
+// openExternal opens path in the state whose root is root, confined to it (the state's
+// files are the sandbox's: a symlink there must not lead out of it), for reading.
+func openExternal(root *os.File, path string) (*os.File, error) {
+	fd, err := unix.Openat2(int(root.Fd()), path, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s in the state restored onto: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
