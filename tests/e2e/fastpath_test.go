@@ -23,7 +23,8 @@ import (
 // stopped processes would take for a template.
 func dbxWaitImages(t *testing.T, d *testutil.Daemon) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	start := time.Now()
+	deadline := start.Add(2 * time.Minute)
 	for {
 		tr, err := d.C.Tree(dbxCtx(t))
 		if err != nil {
@@ -31,7 +32,12 @@ func dbxWaitImages(t *testing.T, d *testutil.Daemon) {
 		}
 		pending := 0
 		for _, n := range tr.Nodes {
-			if n.ProcessImage != nil && n.ProcessImage.State == "pending" {
+			switch {
+			case n.ProcessImage != nil && n.ProcessImage.State == "pending":
+				pending++
+			case n.ProcessImage == nil && n.Templates != nil && n.Templates.Processes > 0 && time.Since(start) < 5*time.Second:
+				// Not asked for yet (its templates are parked and copied in the background
+				// after the answer), or images are off: given a few seconds to appear.
 				pending++
 			}
 		}

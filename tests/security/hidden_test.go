@@ -30,8 +30,12 @@ func TestHiddenProcessIsNotLeftBehind(t *testing.T) {
 	// The hidden writer: fd 3 on /root/hid.log, out of the cgroup, then a line every
 	// 20 ms for ever. It tries the root of a cgroup2 mount (the host's, before the
 	// cgroup namespace) and else a child group of its own.
+	// It holds a pipe (fd 4), which the fast path never carries: the checkpoint with
+	// end_background always ends it. (Without it, caught between two sleeps it could be
+	// checkpointed, and a restore then rightly brought it back: the test's race under load.)
 	script := `mkdir -p /tmp/cg; mount -t cgroup2 none /tmp/cg 2>/dev/null
 exec 3>>/root/hid.log
+exec 4< <(true)
 echo $BASHPID > /tmp/cg/cgroup.procs 2>/dev/null
 grep -q "^0::/$" /proc/self/cgroup && { mkdir -p /tmp/cg/hide; echo $BASHPID > /tmp/cg/hide/cgroup.procs; }
 echo "cgroup: $(cat /proc/self/cgroup | grep ^0::)"
