@@ -108,6 +108,8 @@ func (m *Manager) copyForImage(s *sb, node string, t *procTemplate) {
 		return
 	}
 	c := imageCopy{pid: -1, pidfd: -1} // a failed copy: the image fails, saying so
+	s.copyMu.Lock()
+	defer s.copyMu.Unlock()
 	cp, regs, err := fastpath.CopyTemplate(m.tracer(s), t.tmpl)
 	if err == nil {
 		var fd int

@@ -101,6 +101,12 @@ type sb struct {
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
 	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
 	hostPids map[int]int
+	// copyMu is held while a copy of a template is made and registered for its image
+	// (durable.go: copyForImage), and by a checkpoint while it lists the sandbox's
+	// processes (holdOthers), so that a copy being made is never taken for a process of
+	// the sandbox. A leaf.
+	copyMu sync.Mutex
+
 	// keepMu serialises keepSessions; kept is what it last handed init (under keepMu).
 	keepMu sync.Mutex
 	kept   map[string]keptMark

@@ -123,13 +123,17 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		known[t.HostPid] = true
 		knownSb[t.SelfPid] = true
 	}
-	hosts, selfs := m.sandboxCopies(s) // copies of templates waiting for their dump (durable.go)
+	// Copies of templates waiting for their dump (durable.go); one being made meanwhile
+	// is waited for (copyMu).
+	s.copyMu.Lock()
+	hosts, selfs := m.sandboxCopies(s)
 	for i := range hosts {
 		known[hosts[i]], knownSb[selfs[i]] = true, true
 	}
 	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
 	// a process can move out of a cgroup directory. Settled: nothing else.
 	sbPids, err := s.rt.Procs()
+	s.copyMu.Unlock()
 	if err != nil {
 		return nil, false, err
 	}
