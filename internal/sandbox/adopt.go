@@ -12,7 +12,6 @@ import (
 
 	"deltabox/internal/cgroup"
 	"deltabox/internal/mountns"
-	"deltabox/internal/overlay"
 	"deltabox/internal/sbinit"
 )
 
@@ -55,34 +54,7 @@ func Adopt(id, hostname, dir string, iso *Isolation, initPid int, initStart uint
 		unix.Close(cg)
 	}
 	s.lim = cgroup.OpenV1(id)
-	if s.proc, err = openInitMount(initPid, "proc", unix.PROC_SUPER_MAGIC); err != nil {
-		return nil, nil, err
-	}
-	if err = checkProcOf(s.proc, initPid); err != nil {
-		return nil, nil, err
-	}
-	if s.devpts, err = openInitMount(initPid, "dev/pts", unix.DEVPTS_SUPER_MAGIC); err != nil {
-		return nil, nil, err
-	}
-	s.baseNS, err = unix.Open("/proc/"+strconv.Itoa(initPid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open the init's mount namespace: %w", err)
-	}
-	var fresh func() (int, error)
-	if iso != nil {
-		uns, err := unix.Open("/proc/"+strconv.Itoa(initPid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, nil, fmt.Errorf("open the init's user namespace: %w", err)
-		}
-		s.idmap, err = overlay.NewIDMapped(iso.Store, uns, iso.IDs.Base)
-		unix.Close(uns)
-		if err != nil {
-			return nil, nil, err
-		}
-		fresh = s.init.NewMountNS
-	}
-	// The builder dups baseNS for its own: it is closed with the builder.
-	if s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh); err != nil {
+	if err = s.openFromInit(iso); err != nil {
 		return nil, nil, err
 	}
 	return s, warn, nil
@@ -123,10 +95,13 @@ func (s *Sandbox) Detach() {
 	s.release()
 }
 
-// release closes what the daemon holds of the sandbox, and kills nothing.
+// release closes what the daemon holds of the sandbox, and kills nothing. Safe to call
+// more than once and on a half-started sandbox.
 func (s *Sandbox) release() {
 	s.DropState()
 	if s.builder != nil && !s.builderClosed {
+		// The builder stays set: background work that raced the destruction gets
+		// "builder is closed" from it instead of a nil pointer.
 		s.builder.Close()
 		s.builderClosed = true
 	}

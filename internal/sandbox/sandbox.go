@@ -140,37 +140,48 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation) (_ *Sand
 		return nil, err
 	}
 	// Before the first spawn: nothing of the sandbox has run yet.
-	if s.proc, err = openInitMount(s.init.Pid(), "proc", unix.PROC_SUPER_MAGIC); err != nil {
+	if err = s.openFromInit(iso); err != nil {
 		return nil, err
 	}
-	if err = checkProcOf(s.proc, s.init.Pid()); err != nil {
-		return nil, err
+	return s, nil
+}
+
+// openFromInit opens what the daemon keeps of a running init's sandbox: its proc and
+// devpts (checked for their filesystem types), its base mount namespace, the idmapped
+// view of the store (iso nil: none) and a namespace builder. Start calls it before any
+// code of the sandbox ran; Adopt on a sandbox that has run (adopt.go says why that is
+// sound).
+func (s *Sandbox) openFromInit(iso *Isolation) (err error) {
+	pid := s.init.Pid()
+	if s.proc, err = openInitMount(pid, "proc", unix.PROC_SUPER_MAGIC); err != nil {
+		return err
 	}
-	if s.devpts, err = openInitMount(s.init.Pid(), "dev/pts", unix.DEVPTS_SUPER_MAGIC); err != nil {
-		return nil, err
+	if err = checkProcOf(s.proc, pid); err != nil {
+		return err
 	}
-	s.baseNS, err = unix.Open("/proc/"+strconv.Itoa(s.init.Pid())+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if s.devpts, err = openInitMount(pid, "dev/pts", unix.DEVPTS_SUPER_MAGIC); err != nil {
+		return err
+	}
+	s.baseNS, err = unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open the init's mount namespace: %w", err)
+		return fmt.Errorf("open the init's mount namespace: %w", err)
 	}
 	var fresh func() (int, error)
 	if iso != nil {
-		uns, err := unix.Open("/proc/"+strconv.Itoa(s.init.Pid())+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		uns, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return nil, fmt.Errorf("open the init's user namespace: %w", err)
+			return fmt.Errorf("open the init's user namespace: %w", err)
 		}
 		s.idmap, err = overlay.NewIDMapped(iso.Store, uns, iso.IDs.Base)
 		unix.Close(uns)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		// State namespaces must be the user namespace's (see sbinit.Client.NewMountNS).
 		fresh = s.init.NewMountNS
 	}
-	if s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh); err != nil {
-		return nil, err
-	}
-	return s, nil
+	s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh)
+	return err
 }
 
 // InitPid is the init's PID as the daemon sees it.
@@ -328,20 +339,7 @@ func (s *Sandbox) Destroy() error {
 			errs = append(errs, err)
 		}
 	}
-	s.DropState()
-	if s.builder != nil && !s.builderClosed {
-		// The builder stays set: background work that raced the destruction gets
-		// "builder is closed" from it instead of a nil pointer.
-		s.builder.Close()
-		s.builderClosed = true
-	}
-	for _, fd := range []*int{&s.baseNS, &s.proc, &s.devpts} {
-		if *fd >= 0 {
-			unix.Close(*fd)
-			*fd = -1
-		}
-	}
-	s.idmap.Close()
+	s.release()
 	if len(errs) > 0 {
 		return fmt.Errorf("destroy sandbox %s: %v", s.ID, errs)
 	}
