@@ -172,20 +172,20 @@ func (c *Cmd) Run(ctx context.Context) error {
 func (c *Cmd) run(ctx context.Context) (out []byte, log string, err error) {
 	cmd := deadline.Command(ctx, c.Timeout, c.Argv[0], c.Argv[1:]...)
 	cmd.What = c.What
-	cmd.Env = append(environ(), c.Env...)
+	cmd.Env = append(Environ(), c.Env...)
 	if out, err = cmd.CombinedOutput(); err == nil {
 		return out, "", nil
 	}
 	log = "(no log)"
 	if b, e := os.ReadFile(filepath.Join(c.Dir, c.Log)); e == nil {
-		log = strconv.Quote(tail(strings.TrimSpace(string(b)), 1000))
+		log = strconv.Quote(Tail(strings.TrimSpace(string(b)), 1000))
 	}
 	return out, log, err
 }
 
-// environ is the caller's environment without CRIU_FAULT, so that a Runner's mode
-// alone decides how CRIU runs.
-func environ() []string {
+// Environ is the caller's environment without CRIU_FAULT, so that a Runner's mode
+// alone decides how CRIU runs (what every CRIU command line and `criu swrk` gets).
+func Environ() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "CRIU_FAULT=") {
@@ -195,7 +195,9 @@ func environ() []string {
 	return env
 }
 
-func tail(s string, n int) string {
+// Tail is s's last n bytes, with "..." before them when it was cut (CRIU's logs in
+// errors).
+func Tail(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

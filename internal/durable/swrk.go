@@ -75,7 +75,7 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	}
 	cmd := deadline.Command(ctx, c.timeout, argv[0], argv[1:]...)
 	cmd.What = c.what
-	cmd.Env = append(environ(), c.r.Env()...)
+	cmd.Env = append(criu.Environ(), c.r.Env()...)
 	cmd.ExtraFiles = append([]*os.File{srv}, c.files...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -241,7 +241,7 @@ func outputNote(s string) string {
 	if s == "" {
 		return ""
 	}
-	return "; its output: " + strconv.Quote(tail(s, 500))
+	return "; its output: " + strconv.Quote(criu.Tail(s, 500))
 }
 
 // logTail is the end of CRIU's log, its error lines first.
@@ -260,26 +260,7 @@ func (c *call) logTail() string {
 	}
 	s := strings.Join(errs, " | ")
 	if s == "" {
-		s = tail(strings.TrimSpace(string(b)), 1000)
+		s = criu.Tail(strings.TrimSpace(string(b)), 1000)
 	}
-	return strconv.Quote(tail(s, 1500))
-}
-
-// environ is the caller's environment without CRIU_FAULT: the Runner's mode alone
-// decides how CRIU runs.
-func environ() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "CRIU_FAULT=") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "..." + s[len(s)-n:]
+	return strconv.Quote(criu.Tail(s, 1500))
 }
