@@ -62,6 +62,16 @@ type keptSession struct {
 	Started time.Time      `json:"started"`
 }
 
+// parseKept reads one thing init keeps (keepSessions): a session's name and
+// description; !ok for anything else.
+func parseKept(key, data string) (name string, ks keptSession, ok bool) {
+	name, ok = strings.CutPrefix(key, sessionKey)
+	if ok {
+		ok = json.Unmarshal([]byte(data), &ks) == nil
+	}
+	return name, ks, ok
+}
+
 // keptMark is what keepSessions last handed init for one session.
 type keptMark struct {
 	sess *session.Session
@@ -192,9 +202,8 @@ func (m *Manager) salvageSessions(s *sb) {
 	}
 	for key, k := range kept {
 		unix.Close(k.FD)
-		name, ok := strings.CutPrefix(key, sessionKey)
-		var ks keptSession
-		if !ok || json.Unmarshal([]byte(k.Data), &ks) != nil {
+		name, ks, ok := parseKept(key, k.Data)
+		if !ok {
 			continue
 		}
 		s.sessionOpts[name] = ks.Opts
@@ -301,11 +310,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	}
 	s.rt = rt
 	for key, k := range kept {
-		name, ok := strings.CutPrefix(key, sessionKey)
-		var ks keptSession
-		if ok {
-			ok = json.Unmarshal([]byte(k.Data), &ks) == nil
-		}
+		name, ks, ok := parseKept(key, k.Data)
 		if ok && live[ks.Pid] && !onTerminal(rt, ks.Pid, k.FD) {
 			// A restore gave the session a new terminal and the daemon died before init
 			// kept it: this master is the old one, whose process the restore ended.
