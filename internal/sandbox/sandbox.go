@@ -327,7 +327,9 @@ func (s *Sandbox) Unwatch(pid int) { s.init.Unwatch(pid) }
 func (s *Sandbox) Destroy() error {
 	var errs []error
 	if s.init != nil {
-		s.init.Kill()
+		if err := s.init.Kill(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if s.cg != nil {
 		if err := s.cg.Destroy(5 * time.Second); err != nil {

@@ -219,8 +219,16 @@ func (c *Client) Pid() int { return c.pid }
 // Done is closed once the init has exited and been reaped.
 func (c *Client) Done() <-chan struct{} { return c.done }
 
-// Kill kills the init (and with it its PID namespace) and closes the socket.
-func (c *Client) Kill() {
+// killWait bounds how long Kill waits for init to exit. A killed init exits once every
+// process of its PID namespace is reaped (the kernel's zap_pid_ns_processes): ~1 ms
+// for a sandbox of a few processes, more for thousands. A process traced from outside
+// the namespace is reaped only by its tracer; one whose tracer never waits (a bug of
+// the daemon) would keep init, and its caller, waiting for ever.
+const killWait = 10 * time.Second
+
+// Kill kills the init (and with it its PID namespace), closes the socket and waits,
+// killWait at most, for init to exit.
+func (c *Client) Kill() error {
 	c.kill()
 	c.mu.Lock()
 	if c.closed == nil {
@@ -228,7 +236,12 @@ func (c *Client) Kill() {
 		unix.Shutdown(c.fd, unix.SHUT_RDWR)
 	}
 	c.mu.Unlock()
-	<-c.done
+	select {
+	case <-c.done:
+		return nil
+	case <-time.After(killWait):
+		return fmt.Errorf("sandbox init (pid %d) did not exit within %v of its SIGKILL: a process of its PID namespace is not reaped (a traced one waits for its tracer; see /proc/%d/task/*/children and their TracerPid)", c.pid, killWait, c.pid)
+	}
 }
 
 func (c *Client) readLoop() {

@@ -232,7 +232,7 @@ func (c *checkpoint) fork() error {
 func (c *checkpoint) kill() error {
 	m, s := c.m, c.s
 	if !c.settled {
-		n, err := killAll(s, m.keepPids(s, c.held), false)
+		n, err := m.killAll(s, m.keepPids(s, c.held), false)
 		if err != nil {
 			return err
 		}

@@ -190,7 +190,7 @@ func (m *Manager) stopWriters(s *sb, upper uint64, why string) {
 		return
 	}
 	keep := m.keepPids(s, nil)
-	n, err := s.rt.KillAll(keep...)
+	n, err := m.killAll(s, keep, true)
 	m.log.Warn("sandbox stopped", "sandbox", s.rec.ID, "why", why, "killed", n, "err", err)
 }
 

@@ -20,6 +20,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
 	"deltabox/internal/procfs"
+	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
 )
@@ -102,15 +103,19 @@ func (c imageCopy) kill() {
 }
 
 // copyForImage makes the copy of t that node's image is dumped from (see above), if
-// images are on. Called by park, before it parks t. Precondition: s.tmplMu held.
-func (m *Manager) copyForImage(s *sb, node string, t *procTemplate) {
+// images are on. Called by park, before it parks t, with park's tracer: park runs
+// without opMu, and m.tracer(s) there would make a new tracer for a sandbox whose
+// Remove has just closed its own (a template seized by a tracer no one closes keeps
+// the sandbox's init from exiting: a traced zombie waits for its tracer).
+// Precondition: s.tmplMu held.
+func (m *Manager) copyForImage(s *sb, tr *remote.Tracer, node string, t *procTemplate) {
 	if m.img == nil || m.img.pages == nil {
 		return
 	}
 	c := imageCopy{pid: -1, pidfd: -1} // a failed copy: the image fails, saying so
 	s.copyMu.Lock()
 	defer s.copyMu.Unlock()
-	cp, regs, err := fastpath.CopyTemplate(m.tracer(s), t.tmpl)
+	cp, regs, err := fastpath.CopyTemplate(tr, t.tmpl)
 	if err == nil {
 		var fd int
 		if fd, err = unix.PidfdOpen(cp, 0); err == nil {

@@ -52,7 +52,8 @@ type Manager struct {
 	imageDone func(node string) bool
 
 	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
-	// to prove that every failure leaves the sandbox as it was.
+	// to prove that every failure leaves the sandbox as it was. Remove calls it at its
+	// step 1 too (its error is ignored there): a point for a test to delay.
 	FailStep func(op string, step int) error
 }
 

@@ -313,11 +313,18 @@ func (m *Manager) fail(op string, k int) error {
 	return nil
 }
 
-// killAll ends every process but init and keep (sandbox PIDs: live sessions being
-// checkpointed, templates); it skips the round trip to init (and init's walk of /proc)
-// when the sandbox's PID namespace holds only init and keep, unless always. (Counting
-// is not enough: keep may name templates that died.)
-func killAll(s *sb, keep []int, always bool) (int, error) {
+// killAll ends every process but init, keep (sandbox PIDs: live sessions being
+// checkpointed, templates) and the copies of templates waiting for their images
+// (durable.go); it skips the round trip to init (and init's walk of /proc) when the
+// sandbox's PID namespace holds only init and those, unless always. (Counting is not
+// enough: keep may name templates that died.) The copies are listed under copyMu, held
+// until init has killed: parking runs beside operations (views.go), and a copy made
+// between the list and the kill would be killed, and its node left without an image.
+func (m *Manager) killAll(s *sb, keep []int, always bool) (int, error) {
+	s.copyMu.Lock()
+	defer s.copyMu.Unlock()
+	_, copies := m.sandboxCopies(s)
+	keep = append(keep[:len(keep):len(keep)], copies...)
 	if !always && onlyKept(s, keep) {
 		return 0, nil
 	}

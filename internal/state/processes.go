@@ -374,7 +374,8 @@ func (m *Manager) releaseHeld(held []*heldProc) []error {
 }
 
 // keepPids are the processes a kill must spare, as sandbox PIDs: the live sessions being
-// checkpointed, their new templates, and every template of this sandbox.
+// checkpointed, their new templates, and every template of this sandbox (killAll adds
+// the copies waiting for their images).
 func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int) {
 	for _, l := range held {
 		keep = append(keep, l.h.P.Pid)
@@ -385,8 +386,7 @@ func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int) {
 	for _, t := range m.sandboxTemplates(s) {
 		keep = append(keep, t.SelfPid)
 	}
-	_, selfs := m.sandboxCopies(s)
-	return append(keep, selfs...)
+	return keep
 }
 
 // tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.

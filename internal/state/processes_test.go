@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"deltabox/internal/cgroup"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
+	"deltabox/internal/store"
 	"deltabox/internal/testutil"
 )
 
@@ -433,5 +436,60 @@ func TestSlowStepKeepsTheNamespaceFd(t *testing.T) {
 	}
 	if out := call(t, m, id, "py", "print(x)"); out != "1\n" {
 		t.Fatalf("python after the restore: %q", out)
+	}
+}
+
+// TestRemoveWhileParking: a sandbox removed right after a checkpoint, while the
+// checkpoint's templates are being parked and copied for their durable images, is
+// removed at once and leaves no process. Parking runs without opMu; it once made a new
+// tracer for the sandbox whose Remove had just closed its own, seized a template with
+// it, and the killed init then waited for ever for that template's zombie to be reaped.
+func TestRemoveWhileParking(t *testing.T) {
+	root := testutil.NewStore(t)
+	cfg := state.DefaultConfig()
+	cfg.StopSandboxes = true
+	st, err := store.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroup.SetRootFor(root, store.DefaultRoot)
+	m, err := state.New(st, slog.New(slog.NewTextHandler(io.Discard, nil)), cfg) // durable images on
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		id := fmt.Sprintf("park%d", i)
+		if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+			t.Fatal(err)
+		}
+		call(t, m, id, "py", "x = 1")
+		if _, err := m.Checkpoint(ctx, id, ""); err != nil {
+			t.Fatal(err)
+		}
+		// The tracer is closed and the sandbox not yet destroyed: the parking (2 ms
+		// after the answer) runs in between.
+		m.FailStep = func(op string, k int) error {
+			if op == "remove" {
+				time.Sleep(300 * time.Millisecond)
+			}
+			return nil
+		}
+		before := sandboxProcs(t, id)
+		start := time.Now()
+		err := m.Remove(id)
+		m.FailStep = nil
+		if err != nil {
+			t.Fatalf("remove %s: %v (after %v)", id, err, time.Since(start))
+		}
+		for p := range before {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err == nil {
+				t.Errorf("remove %s left process %d (of %v)", id, p, before)
+			}
+		}
 	}
 }

@@ -292,7 +292,7 @@ func (r *restore) kill() error {
 		}()
 	}
 	if len(ended) == 0 {
-		n, err := killAll(s, keep, false)
+		n, err := m.killAll(s, keep, false)
 		if err != nil {
 			return err
 		}
@@ -311,13 +311,11 @@ func (r *restore) kill() error {
 	}
 	// What else the sandbox runs (background jobs of execs) is killed after. (Reading
 	// the cgroup while init reaps was tried: no difference in MCTS's reap phase.)
-	if !onlyKept(s, keep) {
-		n, err := killAll(s, keep, true)
-		if err != nil {
-			return err
-		}
-		res.Killed += n
+	n, err := m.killAll(s, keep, false)
+	if err != nil {
+		return err
 	}
+	res.Killed += n
 	return nil
 }
 

@@ -76,7 +76,7 @@ func (m *Manager) park(s *sb, rt *sandbox.Sandbox, tr *remote.Tracer, image, nod
 	for _, t := range tps {
 		s.tmplMu.Lock()
 		if !t.parked && templateAlive(t.tmpl) {
-			m.copyForImage(s, node, t) // before the parking: durable.go says why
+			m.copyForImage(s, tr, node, t) // before the parking: durable.go says why
 			err = fastpath.Park(tr, t.tmpl, view.NS)
 			t.parked = err == nil
 		}
