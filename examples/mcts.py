@@ -55,7 +55,7 @@ def main() -> int:
     client = cli.client()
     with cli.cleanup_nodes(client, args.keep) as roots:
         with timers.time("create"):
-            sb = Sandbox.create(client=client)
+            sb = Sandbox.create(client=client, template_budget_mb=args.template_budget_mb)
         with sb:
             rec, root = setup_task(sb, agent)
             traj.set_setup(rec, root)
@@ -67,6 +67,12 @@ def main() -> int:
             finally:
                 if search.nodes:
                     roots.append(search.nodes[0].ckpt.id)
+            # What the template budget did: nodes evicted, restores from their images.
+            st = sb.info().get("stats", {})
+            summary["sandbox_stats"] = {
+                "evicted_nodes": st.get("evicted_nodes", 0),
+                "image_restores": st.get("restore_paths", {}).get("image", 0),
+                "process_restores": st.get("process_restores", 0)}
     wall = timers.elapsed()
     summary["wall_seconds"] = round(wall, 3)
     summary["timers"] = timers.summary()

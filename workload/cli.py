@@ -29,6 +29,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--state-points", type=float, default=None,
                     help="score points for an intact session memory (default 2)")
     ap.add_argument("--quiet", action="store_true", help="no line per step")
+    ap.add_argument("--template-budget-mb", type=int, default=None,
+                    help="the sandbox's template_budget_mb: over it, nodes whose durable image "
+                         "is complete lose their templates and restore from the image "
+                         "(default: the daemon's)")
     return ap
 
 

@@ -98,6 +98,7 @@ seconds. Run it from the repository or pass --repo.`,
 	fl.StringVar(&o.Repo, "repo", "", "the repository with examples/ and workload/ (default: the current directory or a parent, or the binary's)")
 	fl.StringVar(&o.Python, "python", o.Python, "the host's python3 (drives the search and the replays)")
 	fl.StringVar(&o.CRIU, "criu", o.CRIU, "the criu binary (criu+copytree)")
+	fl.IntVar(&o.TemplateBudgetMB, "template-budget-mb", 0, "the search sandbox's template_budget_mb (0: the daemon's default); under a small one nodes are evicted and restored from their durable images (counted: evicted_nodes, image_restores)")
 	fl.StringVar(&o.CRIUImages, "criu-images", o.CRIUImages, "directory on tmpfs for CRIU's images")
 	fl.StringVar(&o.WorkDir, "workdir", "", "directory for the trajectories and the replays' results, kept (default: a temporary directory, removed unless --keep)")
 	fl.BoolVar(&o.Keep, "keep", false, "keep the temporary work directory (trajectories, per-system results) and print where it is")

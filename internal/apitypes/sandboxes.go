@@ -187,6 +187,10 @@ type Stats struct {
 	// WarmedBytes is how much restored processes' memory was pre-faulted
 	// (state/procwarm.go).
 	WarmedBytes int64 `json:"warmed_bytes,omitempty"`
+	// EvictedNodes counts the nodes whose templates were evicted over the template
+	// budget (state/budget.go); a later restore of one brings them back from its
+	// durable image (restore_paths.image).
+	EvictedNodes int `json:"evicted_nodes,omitempty"`
 }
 
 // PathCounts counts a sandbox's checkpoints or restores per path (Stats's

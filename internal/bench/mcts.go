@@ -56,6 +56,10 @@ type MCTSOptions struct {
 	CRIU       string    `json:"criu"`
 	CRIUImages string    `json:"criu_images"` // tmpfs directory for CRIU's images
 	Socket     string    `json:"socket"`
+	// TemplateBudgetMB is the search sandbox's template_budget_mb (0: the daemon's
+	// default): under a small one, nodes are evicted and restored from their durable
+	// images, counted in the row's info (evicted_nodes, image_restores).
+	TemplateBudgetMB int `json:"template_budget_mb,omitempty"`
 
 	WorkDir string    `json:"-"` // trajectories and results (default: a temporary directory, removed unless Keep)
 	Keep    bool      `json:"-"` // keep the temporary work directory
@@ -180,6 +184,12 @@ type mctsTrajectory struct {
 		// SearchTimers are the agent's timers over the search alone (no setup, no
 		// root tests).
 		SearchTimers map[string]mctsTimer `json:"search_timers"`
+		// SandboxStats: the search sandbox's counters at the end of the search.
+		SandboxStats *struct {
+			EvictedNodes    int `json:"evicted_nodes"`
+			ImageRestores   int `json:"image_restores"`
+			ProcessRestores int `json:"process_restores"`
+		} `json:"sandbox_stats"`
 	} `json:"summary"`
 }
 
@@ -254,6 +264,11 @@ func mctsDeltaBoxRow(t *mctsTrajectory, think float64, cmdline string) (MCTSRow,
 	}
 	if t.Summary.ExtraRollbacks > 0 {
 		info["extra_rollbacks"] = t.Summary.ExtraRollbacks
+	}
+	if st := t.Summary.SandboxStats; st != nil {
+		info["evicted_nodes"] = st.EvictedNodes
+		info["image_restores"] = st.ImageRestores
+		info["process_restores"] = st.ProcessRestores
 	}
 	return MCTSRow{
 		System: MCTSDeltaBox, ThinkS: think, TotalS: round4(t.Summary.SearchSeconds), StateS: round4(state),
@@ -546,6 +561,9 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 	args := []string{"examples/mcts.py", "--quiet", "--out", sub, "--think", thinkArg(think), "--seed", strconv.Itoa(o.Seed),
 		"--expansions", strconv.Itoa(o.Expansions), "--rollbacks", strconv.Itoa(o.Rollbacks),
 		"--k", strconv.Itoa(o.K), "--bugs", strconv.Itoa(o.Bugs)}
+	if o.TemplateBudgetMB != 0 {
+		args = append(args, "--template-budget-mb", strconv.Itoa(o.TemplateBudgetMB))
+	}
 	line, err := r.python(ctx, o.stepTimeout(think), nil, args...)
 	if err != nil {
 		return nil, fmt.Errorf("deltabox: %w", err)
@@ -559,6 +577,12 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 	}
 	row, thinkTotal := mctsDeltaBoxRow(&tr, think, line)
 	r.logf("think %s s: deltabox: %d nodes, total %.2f s, state %.3f s", thinkArg(think), len(tr.Nodes), row.TotalS, row.StateS)
+	if st := tr.Summary.SandboxStats; st != nil && o.TemplateBudgetMB != 0 {
+		note := fmt.Sprintf("deltabox at %s s think, template_budget_mb %d: %d nodes evicted over the budget, %d of %d process restores from durable images",
+			thinkArg(think), o.TemplateBudgetMB, st.EvictedNodes, st.ImageRestores, st.ProcessRestores)
+		r.logf("%s", note)
+		r.f.Notes = append(r.f.Notes, note)
+	}
 
 	fp := tr.fingerprint()
 	ref := r.refs[fp]

@@ -158,6 +158,9 @@ func (s *Sandbox) OpenInitNS(kind string) (*os.File, error) {
 	return os.Open("/proc/" + strconv.Itoa(s.init.Pid()) + "/ns/" + kind)
 }
 
+// CommandCgroupNS: see sbinit.Client.CommandCgroupNS.
+func (s *Sandbox) CommandCgroupNS() (*os.File, error) { return s.init.CommandCgroupNS() }
+
 // CgroupDirs lists the cgroup directories the sandbox's commands run in: its cgroup2
 // group and its v1 limit groups (init itself stays outside the latter).
 func (s *Sandbox) CgroupDirs() []string {

@@ -453,6 +453,26 @@ func (c *Client) NewMountNS() (int, error) {
 	return r.fds[0], nil
 }
 
+// CommandCgroupNS returns an nsfs fd on a cgroup namespace like the one each command
+// of the sandbox runs in: rooted at the sandbox's cgroup2 group and its v1 limit groups.
+// Init's own is not: it is rooted at the v1 groups init started in (the daemon's), and
+// a process restored into it sees host paths in /proc/self/cgroup (and CRIU refuses to
+// dump it again: "invalid cgroup configuration").
+func (c *Client) CommandCgroupNS() (*os.File, error) {
+	r, err := c.call(&Message{Op: "cgns"}, nil, nil)
+	if err != nil {
+		if r != nil {
+			closeAll(r.fds)
+		}
+		return nil, fmt.Errorf("a cgroup namespace from the sandbox's init: %w", err)
+	}
+	if len(r.fds) != 1 {
+		closeAll(r.fds)
+		return nil, fmt.Errorf("the sandbox's init answered cgns with %d fds, not 1", len(r.fds))
+	}
+	return os.NewFile(uintptr(r.fds[0]), "commands-cgroup-ns"), nil
+}
+
 // Signal sends sig to pid (or its process group) inside the sandbox.
 func (c *Client) Signal(pid int, sig unix.Signal, group bool) error {
 	_, err := c.call(&Message{Op: "signal", Pid: pid, Sig: int(sig), Group: group}, nil, nil)

@@ -566,6 +566,16 @@ func (s *server) serve() {
 			s.send(reply, []int{fd})
 			unix.Close(fd)
 			continue
+		case "cgns":
+			fd, err := newCommandCgroupNS()
+			if err != nil {
+				reply.Err = err.Error()
+				break
+			}
+			closeAll(fds)
+			s.send(reply, []int{fd})
+			unix.Close(fd)
+			continue
 		case "ping":
 		default:
 			reply.Err = fmt.Sprintf("unknown op %q", m.Op)
@@ -573,6 +583,39 @@ func (s *server) serve() {
 		closeAll(fds)
 		s.send(reply, nil)
 	}
+}
+
+// newCommandCgroupNS returns an nsfs fd on a new cgroup namespace rooted where the
+// sandbox's commands run (see Client.CommandCgroupNS): made as spawn makes each
+// command's, by a thread that joins the v1 limit groups and unshares. The thread is
+// locked and never unlocked: it is in the limit groups and a namespace of its own, so
+// it dies with its goroutine (and leaves the groups).
+func newCommandCgroupNS() (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		for _, fd := range taskFDs {
+			if _, err := unix.Write(fd, []byte("0")); err != nil {
+				ch <- result{-1, fmt.Errorf("join the sandbox's cgroup (limits): %w", err)}
+				return
+			}
+		}
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			ch <- result{-1, fmt.Errorf("unshare CLONE_NEWCGROUP: %w", err)}
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/cgroup", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			err = fmt.Errorf("open the new cgroup namespace: %w", err)
+		}
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	return r.fd, r.err
 }
 
 // newMountNS returns an nsfs fd on a new private copy of init's (base) mount namespace,

@@ -454,11 +454,18 @@ func (m *Manager) evictForRoom(s *sb, c budgetCheck) int {
 	if c.budget < 0 {
 		need = c.totalUsed - c.total
 	}
+	n := 0
+	defer func() {
+		if n > 0 {
+			s.mu.Lock()
+			s.stats.EvictedNodes += n
+			s.mu.Unlock()
+		}
+	}()
 	s.tmplMu.Lock()
 	defer s.tmplMu.Unlock()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
 	for _, id := range m.evictionOrder(s) {
 		if need <= 0 {
 			break

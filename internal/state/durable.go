@@ -593,7 +593,15 @@ func (m *Manager) durableSandbox(rt *sandbox.Sandbox, ns int) (durable.Sandbox, 
 	mf := os.NewFile(uintptr(mnt), "state-mnt-ns")
 	files = append(files, mf)
 	sbx := durable.Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"),
-		Time: open("time"), Cgroup: open("cgroup"), Mnt: mf, Cgroups: rt.CgroupDirs()}
+		Time: open("time"), Mnt: mf, Cgroups: rt.CgroupDirs()}
+	// The commands' cgroup namespace, not init's (sbinit.Client.CommandCgroupNS).
+	cg, err := rt.CommandCgroupNS()
+	if err != nil {
+		closeAll()
+		return durable.Sandbox{}, func() {}, err
+	}
+	files = append(files, cg)
+	sbx.Cgroup = cg
 	if sbx.PID == nil || sbx.User == nil || sbx.Net == nil {
 		closeAll()
 		return durable.Sandbox{}, func() {}, errors.New("the sandbox's namespaces could not be opened")

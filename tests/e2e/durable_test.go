@@ -40,7 +40,7 @@ func durWaitImage(t *testing.T, d *testutil.Daemon, node string) *apitypes.Image
 // background; once it is complete, the node restores its processes from it after its
 // templates are evicted (POST /v1/nodes/ID/evict) or killed from inside the sandbox:
 // the python session's objects and PID, the bash session's cwd and variables, as from
-// the templates. A second image, of a checkpoint after 2 MB of a 24 MB heap changed,
+// the templates; so does a node checkpointed after a restore from an image. A second image, of a checkpoint after 2 MB of a 24 MB heap changed,
 // stores at least 5 times less than its full CRIU images.
 func TestDurableImageRestore(t *testing.T) {
 	d := testutil.StartDaemon(t)
@@ -79,6 +79,10 @@ func TestDurableImageRestore(t *testing.T) {
 		if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$ $(cat /workspace/x)"); got != fmt.Sprintf("/tmp bar %s %d\n", bashPid, x) {
 			t.Fatalf("%s: bash after the restore from the image: %q", how, got)
 		}
+		// In the commands' cgroup namespace (rooted at the sandbox's groups), not init's.
+		if got, want := sessRun(t, d, id, "py", "print(open('/proc/self/cgroup').read(), end='')"), dbxSh(t, d, id, "cat /proc/self/cgroup"); got != want {
+			t.Fatalf("%s: the restored python's cgroups %q, a command's %q", how, got, want)
+		}
 		sessRun(t, d, id, "py", "x = 99")
 	}
 	// Evicted by the client.
@@ -101,12 +105,23 @@ func TestDurableImageRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(n2, 42, "evicted, second node")
+	// A process restored from an image has its memory from CRIU's fork, not from an exec
+	// inside the sandbox (its mm belongs to the host's user namespace): its next
+	// checkpoint's image, made from such a process, restores too (scripts/criu/0003).
+	sessRun(t, d, id, "py", "x = 77")
+	sessRun(t, d, id, "main", "echo 77 > /workspace/x")
+	n3 := dbxCheckpoint(t, d, id, "x77").Node.ID
+	durWaitImage(t, d, n3)
+	if _, err := d.C.EvictNode(dbxCtx(t), n3); err != nil {
+		t.Fatal(err)
+	}
+	check(n3, 77, "evicted, a checkpoint made after a restore from an image")
 	in, err := d.C.Get(dbxCtx(t), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.Stats.RestorePaths.Image != 2 {
-		t.Errorf("restore_paths.image %d, want 2", in.Stats.RestorePaths.Image)
+	if in.Stats.RestorePaths.Image != 3 {
+		t.Errorf("restore_paths.image %d, want 3", in.Stats.RestorePaths.Image)
 	}
 }
 
