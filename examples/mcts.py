@@ -68,8 +68,10 @@ def main() -> int:
                 if search.nodes:
                     roots.append(search.nodes[0].ckpt.id)
             # What the template budget did: nodes evicted, restores from their images.
-            st = sb.info().get("stats", {})
+            info = sb.info()
+            st = info.get("stats", {})
             summary["sandbox_stats"] = {
+                "template_used_bytes": (info.get("template_budget") or {}).get("used_bytes", 0),
                 "evicted_nodes": st.get("evicted_nodes", 0),
                 "image_restores": st.get("restore_paths", {}).get("image", 0),
                 "process_restores": st.get("process_restores", 0)}

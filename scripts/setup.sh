@@ -46,7 +46,8 @@ CRIU_TARBALL=$CRIU_SRC_DIR/criu_${CRIU_VERSION}.orig.tar.xz
 TRIXIE_SRC_LIST=/etc/apt/sources.list.d/deltabox-trixie-src.sources
 # DeltaBox's patches to CRIU (applied in name order): 0001 lets a restore join the
 # sandbox's namespaces (internal/durable), 0002 faults restored pages in before reading
-# them (a restore 2x faster here). CRIU keeps what it probed of the kernel in
+# them (a restore 2x faster here), 0003 lets a process CRIU restored be dumped again (its
+# user namespace check opens the namespaces before it drops privileges). CRIU keeps what it probed of the kernel in
 # RUNDIR/criu.kdat, only on a tmpfs: /run is not one on this machine kind, so every CRIU
 # run probed again (50-100 ms each); RUNDIR is a root-only directory on /dev/shm instead,
 # which internal/criu makes (it is gone after a reboot). The installed build is stamped

@@ -189,6 +189,8 @@ type mctsTrajectory struct {
 			EvictedNodes    int `json:"evicted_nodes"`
 			ImageRestores   int `json:"image_restores"`
 			ProcessRestores int `json:"process_restores"`
+			// TemplateUsedBytes: what the sandbox's templates held at the end.
+			TemplateUsedBytes int64 `json:"template_used_bytes"`
 		} `json:"sandbox_stats"`
 	} `json:"summary"`
 }
@@ -269,6 +271,7 @@ func mctsDeltaBoxRow(t *mctsTrajectory, think float64, cmdline string) (MCTSRow,
 		info["evicted_nodes"] = st.EvictedNodes
 		info["image_restores"] = st.ImageRestores
 		info["process_restores"] = st.ProcessRestores
+		info["template_used_bytes"] = st.TemplateUsedBytes
 	}
 	return MCTSRow{
 		System: MCTSDeltaBox, ThinkS: think, TotalS: round4(t.Summary.SearchSeconds), StateS: round4(state),

@@ -1,8 +1,8 @@
 // Package durable writes a sandbox's processes to disk as CRIU images and puts them
-// back into the same sandbox: the durable half of a checkpoint (issue 17), for when a
-// template is evicted or lost, or the daemon restarts. It is not called by the daemon
-// yet; docs/research/criu-sandbox/README.md has what it was measured to do and why it
-// is built this way.
+// back into the same sandbox: the durable half of a checkpoint, for when a template is
+// evicted or lost (internal/state/durable.go drives it);
+// docs/research/criu-sandbox/README.md has what it was measured to do and why it is
+// built this way.
 //
 // The contract:
 //
@@ -25,7 +25,8 @@
 // it came from (same PID namespace), onto a state whose files match the node's.
 //
 // A restore, drawn (CRIU 4.1.1 with scripts/criu/0001, which keeps the root task out of
-// namespaces it joins; see restore.go for each step's reason):
+// namespaces it joins; see restore.go for each step's reason; the cgroup namespace is
+// the one the sandbox's commands run in, sbinit.Client.CommandCgroupNS):
 //
 //	daemon thread                   criu swrk (via unshare --mount-proc)      root task
 //	setns(sandbox pidns,
