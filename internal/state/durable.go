@@ -533,6 +533,12 @@ func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
 			masters = append(masters, ms)
 			sbx.TTYs[key] = sl
 		}
+		// The image's PID was its template's: a template just evicted or killed keeps it
+		// until it has exited and init has reaped it (a 500 MB python takes a few ms to
+		// free its memory), and CRIU's clone3 with that PID fails with EEXIST meanwhile.
+		if err := waitPidFree(s.rt, man.Pid, pidFreeWait); err != nil {
+			return fail(err)
+		}
 		err = m.img.pages.Materialize(sub)
 		var rs *durable.RestoreStats
 		if err == nil {
@@ -567,6 +573,24 @@ func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
 	}
 	m.mu.Unlock()
 	return tps, nil
+}
+
+// pidFreeWait bounds how long a restore from an image waits for its PID to be free.
+const pidFreeWait = 5 * time.Second
+
+// waitPidFree waits, d at most, until no process of rt has PID pid (in the sandbox).
+func waitPidFree(rt *sandbox.Sandbox, pid int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		st := rt.ProcState(pid)
+		if st == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d, the image's, is still taken in the sandbox after %v (state %c): a process other than the node's evicted template has it", pid, d, st)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // durableSandbox opens what durable.Restore needs of rt: its init's namespaces, the
