@@ -47,8 +47,11 @@ TRIXIE_SRC_LIST=/etc/apt/sources.list.d/deltabox-trixie-src.sources
 # DeltaBox's patches to CRIU (applied in name order): 0001 lets a restore join the
 # sandbox's namespaces (internal/durable), 0002 faults restored pages in before reading
 # them (a restore 2x faster here), 0003 lets a process CRIU restored be dumped again (its
-# user namespace check opens the namespaces before it drops privileges). CRIU keeps what it probed of the kernel in
-# RUNDIR/criu.kdat, only on a tmpfs: /run is not one on this machine kind, so every CRIU
+# user namespace check opens the namespaces before it drops privileges), 0004 restores a
+# background job as the leader of a session of its own (CRIU_SHELL_JOB_SETSID=1), 0005
+# dumps TCP and UDP sockets on Linux 6.16+ (which refuses SO_PASSCRED on them), 0006
+# restores sockets into a user namespace (SO_SNDBUFFORCE needs host root). CRIU
+# keeps what it probed of the kernel in RUNDIR/criu.kdat, only on a tmpfs: /run is not one on this machine kind, so every CRIU
 # run probed again (50-100 ms each); RUNDIR is a root-only directory on /dev/shm instead,
 # which internal/criu makes (it is gone after a reboot). The installed build is stamped
 # with the version and a digest of the patches and RUNDIR ($CRIU_PREFIX/VERSION), so a

@@ -47,6 +47,10 @@ type Manifest struct {
 	// not have (extfiles.go), by CRIU's key, with their paths: Restore opens each in
 	// the state it restores onto.
 	ExtFiles map[string]string `json:",omitempty"`
+	// ShellJob: the tree's root does not lead its session (a job an exec left behind,
+	// in init's session). CRIU dumps it only as a shell job; Restore has its root lead
+	// a session of its own (shellJobSetsidEnv).
+	ShellJob bool `json:",omitempty"`
 	// Namespaces' inode numbers at the dump, for diagnostics.
 	PidNS, NetNS uint64
 	Dumped       time.Time
@@ -71,6 +75,10 @@ type DumpOptions struct {
 	// file and the directory are synced before the manifest is written (and it after).
 	// Without it, PageStore.Ingest is what makes the image durable.
 	Sync bool
+	// LeaveStopped leaves the tree stopped after the dump (CRIU sends each task
+	// SIGSTOP as it lets it go), for a caller that decides afterwards whether it runs
+	// on (SIGCONT) or is ended: a checkpoint, whose node must hold the tree as dumped.
+	LeaveStopped bool
 }
 
 // Dump writes the images of the process tree rooted at host PID pid, a process of a
@@ -96,7 +104,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
-	ttys, err := treeTTYs(pid)
+	ttys, err := TreeTTYs(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -117,6 +125,10 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		"mnt[]",
 	}
 	ext = append(ext, ttys...)
+	job, err := shellJob(pid)
+	if err != nil {
+		return nil, err
+	}
 	extFiles, err := externalFiles(pid)
 	if err != nil {
 		return nil, err
@@ -135,7 +147,9 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		ImagesDirFd:  proto.Int32(-1),
 		ImagesDir:    proto.String(fmt.Sprintf("/proc/self/fd/%d", fdOf(0))),
 		Pid:          proto.Int32(int32(pid)),
-		LeaveRunning: proto.Bool(!o.Kill),
+		LeaveRunning: proto.Bool(!o.Kill && !o.LeaveStopped),
+		LeaveStopped: proto.Bool(o.LeaveStopped),
+		ShellJob:     proto.Bool(job),
 		LogLevel:     proto.Int32(logLevel(o.LogLevel)),
 		LogFile:      proto.String(DumpLog),
 		External:     ext,
@@ -154,7 +168,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if _, err := c.run(ctx); err != nil {
 		return nil, err
 	}
-	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
+	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}
 	if o.Sync {
 		if err := syncDir(dir); err != nil {
@@ -201,12 +215,12 @@ func nsIno(pid int, name string) (uint64, error) {
 	return st.Ino, nil
 }
 
-// treeTTYs lists, as CRIU's external keys, the pseudo-terminal slaves that the tree
+// TreeTTYs lists, as CRIU's external keys, the pseudo-terminal slaves that the tree
 // rooted at pid holds open. Each terminal belongs to a session of the daemon (its
 // master is the daemon's), so it cannot be in the image.
-func treeTTYs(pid int) ([]string, error) {
+func TreeTTYs(pid int) ([]string, error) {
 	var keys []string
-	for _, p := range tree(pid) {
+	for _, p := range Tree(pid) {
 		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
 		if err != nil {
 			if p == pid {
@@ -287,8 +301,38 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// tree is pid and its descendants (through /proc/PID/task/TID/children).
-func tree(pid int) []int {
+// shellJobSetsidEnv switches on DeltaBox's CRIU patch 0004 for a restore: the root of
+// a shell job leads a session and a process group of its own (setsid), where CRIU would
+// have it join CRIU's own, which is outside the sandbox's PID namespace (and a process
+// whose session is led from outside its PID namespace cannot be dumped again: CRIU
+// refuses it, "A session leader of PID(N) is outside of its pid namespace").
+const shellJobSetsidEnv = "CRIU_SHELL_JOB_SETSID=1"
+
+// shellJob reports whether the tree rooted at pid is a job of a session it does not
+// lead (a background job an exec left behind, in init's session): CRIU dumps such a
+// tree only as a shell job. A session or process group led from outside the sandbox's
+// PID namespace (NSsid or NSpgid 0 there) cannot be dumped at all.
+func shellJob(pid int) (bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false, err
+	}
+	inner := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if f := strings.Fields(v); ok && len(f) > 0 && (k == "NSpid" || k == "NSsid" || k == "NSpgid") {
+			inner[k] = f[len(f)-1]
+		}
+	}
+	if inner["NSsid"] == "0" || inner["NSpgid"] == "0" {
+		return false, fmt.Errorf("process %d: its session or process group is led from outside the sandbox's PID namespace (a sandbox made before its init led its own session: recreate it)", pid)
+	}
+	return inner["NSsid"] != inner["NSpid"], nil
+}
+
+// Tree is pid and its descendants (through /proc/PID/task/TID/children), host PIDs,
+// parents first. Stable only while the tree is stopped.
+func Tree(pid int) []int {
 	out := []int{pid}
 	for i := 0; i < len(out); i++ {
 		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))

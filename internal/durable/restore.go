@@ -56,6 +56,10 @@ type Sandbox struct {
 type RestoreOptions struct {
 	LogLevel int32         // CRIU's (0-4); 0 means 2
 	Timeout  time.Duration // 0 means RestoreTimeout
+	// LeaveStopped leaves the restored tree stopped (each task gets SIGSTOP before
+	// CRIU lets it go), whatever it was at the dump: the caller resumes it (SIGCONT)
+	// once the operation it is part of completes.
+	LeaveStopped bool
 }
 
 // RestoreStats says what a restore did and took.
@@ -129,6 +133,10 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
 		// The tree inherits CRIU's cgroups: Sandbox.Cgroups says why.
 		ManageCgroupsMode: rpc.CriuCgMode_IGNORE.Enum(),
+		LeaveStopped:      proto.Bool(o.LeaveStopped),
+		// A shell job's root comes back leading a session of its own (patch 0004):
+		// CRIU's session is outside the sandbox's PID namespace.
+		ShellJob: proto.Bool(m.ShellJob),
 	}
 	// CRIU opens the join_ns files itself, in its own mount namespace with a /proc of
 	// the sandbox's PID namespace: /proc/self/fd/N is its own fd N there.
@@ -163,6 +171,9 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID, cgroupNS: sb.Cgroup, cgroups: sb.Cgroups,
 		what: fmt.Sprintf("criu restore of sandbox pid %d from %s", m.Pid, dir), dir: dir, log: RestoreLog,
 		timeout: cmp(o.Timeout, RestoreTimeout)}
+	if m.ShellJob {
+		c.env = []string{shellJobSetsidEnv}
+	}
 	start := time.Now()
 	resp, err := c.run(ctx)
 	if err != nil {

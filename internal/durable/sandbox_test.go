@@ -440,7 +440,7 @@ func TestDumpRestoreTree(t *testing.T) {
 	var tr []int
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if hp = childWithInnerPid(s.initPid, inner); hp != 0 {
-			if tr = tree(hp); len(tr) == 3 {
+			if tr = Tree(hp); len(tr) == 3 {
 				if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/tmp/last", hp)); err == nil {
 					break
 				}
@@ -481,7 +481,7 @@ func TestDumpRestoreTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	after := tree(st.HostPid)
+	after := Tree(st.HostPid)
 	t.Cleanup(func() {
 		for _, p := range after {
 			syscall.Kill(p, syscall.SIGKILL)

@@ -51,6 +51,8 @@ type call struct {
 	background bool
 	// cgroups: CRIU is moved into these before the request is sent.
 	cgroups []string
+	// env is added to CRIU's environment (switches of DeltaBox's patches).
+	env []string
 }
 
 // fdOf is the number the i-th of files has in CRIU.
@@ -75,7 +77,7 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	}
 	cmd := deadline.Command(ctx, c.timeout, argv[0], argv[1:]...)
 	cmd.What = c.what
-	cmd.Env = append(criu.Environ(), c.r.Env()...)
+	cmd.Env = append(append(criu.Environ(), c.r.Env()...), c.env...)
 	cmd.ExtraFiles = append([]*os.File{srv}, c.files...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -125,3 +125,16 @@ func StartTime(pid int) (uint64, error) {
 	}
 	return strconv.ParseUint(string(f[19]), 10, 64)
 }
+
+// PPid returns hostPid's parent, as seen from the caller's PID namespace (field 4 of
+// /proc/PID/stat).
+func PPid(hostPid int) (int, error) {
+	f, err := Stat(hostPid)
+	if err != nil {
+		return 0, err
+	}
+	if len(f) < 2 {
+		return 0, fmt.Errorf("process %d: unreadable stat", hostPid)
+	}
+	return strconv.Atoi(string(f[1]))
+}

@@ -124,6 +124,11 @@ func Start(o StartOptions) (*Client, error) {
 		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP,
 		UseCgroupFD: o.CgroupFD >= 0,
 		CgroupFD:    o.CgroupFD,
+		// Init leads a session of its own (1 inside), which the execs' jobs join: a
+		// session led from outside the sandbox's PID namespace would make them
+		// undumpable by CRIU (internal/state/criutrees.go), and would tie the sandbox
+		// to the daemon's session.
+		Setsid: true,
 	}
 	if o.IDs != nil {
 		// One clone makes the user namespace and the others, so it owns them all: root
