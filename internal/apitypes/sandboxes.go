@@ -201,7 +201,9 @@ type PathCounts struct {
 	Process int `json:"process"`
 	// Restore: of Process, those whose templates came back from the node's durable
 	// image first (evicted or lost).
-	Image     int `json:"image,omitempty"`
+	Image int `json:"image,omitempty"`
+	// Of Process, those that took processes through CRIU (OpResult.CRIUProcesses).
+	CRIU      int `json:"criu,omitempty"`
 	FilesOnly int `json:"files_only"` // the sum of the reasons below
 	// The daemon runs without the fast path (DELTABOX_FASTPATH=0).
 	FastPathOff int `json:"fastpath_off"`

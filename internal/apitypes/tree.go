@@ -108,6 +108,11 @@ type OpResult struct {
 	// be (they were ended).
 	Processes     int      `json:"processes"`
 	ProcessErrors []string `json:"process_errors,omitempty"`
+	// CRIUProcesses is how many processes outside the sessions, which the fast path
+	// cannot take (several threads, live children, a pipe, a socket), the checkpoint
+	// dumped through CRIU, or the restore restored from those images (not counted in
+	// Processes).
+	CRIUProcesses int `json:"criu_processes,omitempty"`
 	// Sessions names the sessions whose processes the checkpoint kept at the node, or
 	// that the restore brought back from it (same PIDs, same state); SessionsEnded the
 	// sessions the operation ended (a restore to a node without their process state, a

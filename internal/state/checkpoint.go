@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"deltabox/internal/errdefs"
@@ -94,10 +95,14 @@ type checkpoint struct {
 	// completes or not (afterAnswer).
 	after []func()
 
-	held    []*heldProc // step 1: seized, in the order they were
-	settled bool        // step 1 saw nothing step 3 must end
-	uts     sbinit.UTS  // step 1 (or 3): the names the node records
-	refused string      // why a refusal was one (counted)
+	held []*heldProc // step 1: seized, in the order they were
+	// Step 1: the trees the fast path refused, and CRIU's images of them (criutrees.go).
+	criuRoots []int
+	criuWhy   map[int]string
+	criu      *criuTrees
+	settled   bool       // step 1 saw nothing step 3 must end
+	uts       sbinit.UTS // step 1 (or 3): the names the node records
+	refused   string     // why a refusal was one (counted)
 
 	oldSpec   overlay.Spec
 	root      *store.RootAttrs // step 4: "/"'s attributes, which the new upper gets
@@ -193,10 +198,23 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 func (c *checkpoint) seize() error {
 	m, s := c.m, c.s
 	held, err := m.holdSessions(s)
+	var refused map[int]error
 	if err == nil {
 		var others []*heldProc
-		if others, c.settled, err = m.holdOthers(s, held, c.o.EndBackground); err != nil {
+		if others, c.settled, refused, err = m.holdOthers(s, held, c.o.EndBackground); err != nil {
 			m.abortHeld(held)
+		}
+		if len(refused) > 0 && err == nil {
+			// Their trees go through CRIU (criutrees.go), with what the fast path held
+			// below their roots.
+			var roots []int
+			var why map[int]string
+			if roots, why, others, err = m.criuRoots(s.rt.InitPid(), refused, held, others); err != nil {
+				m.abortHeld(held)
+				m.abortHeld(others)
+			} else {
+				c.criuRoots, c.criuWhy = roots, why
+			}
 		}
 		held = append(held, others...)
 	}
@@ -205,6 +223,25 @@ func (c *checkpoint) seize() error {
 		// their templates are made.
 		if c.uts, err = m.kernelState(s); err != nil {
 			m.abortHeld(held)
+		}
+	}
+	if err == nil && len(c.criuRoots) > 0 {
+		tc := time.Now()
+		if c.criu, err = m.dumpCRIUTrees(s, c.criuRoots, c.criuWhy); err != nil {
+			m.abortHeld(held)
+			var fastWhy []string
+			for _, r := range c.criuRoots {
+				fastWhy = append(fastWhy, c.criuWhy[r])
+			}
+			err = criuRefusal(strings.Join(fastWhy, "; "), err.Error())
+		} else {
+			c.res.CRIUProcesses = c.criu.count()
+			phase(c.res, "criu_dump", &tc)
+			ts := c.criu
+			c.undo.push(func() {
+				ts.resume()
+				store.RemoveAll(ts.dir)
+			})
 		}
 	}
 	if err != nil {
@@ -232,7 +269,7 @@ func (c *checkpoint) fork() error {
 func (c *checkpoint) kill() error {
 	m, s := c.m, c.s
 	if !c.settled {
-		n, err := m.killAll(s, m.keepPids(s, c.held), false)
+		n, err := m.killAll(s, append(m.keepPids(s, c.held), c.criu.pids()...), false)
 		if err != nil {
 			return err
 		}
@@ -365,7 +402,10 @@ func (c *checkpoint) mount() error {
 func (c *checkpoint) move() error {
 	m, s := c.m, c.s
 	if len(c.held) == 0 {
-		return c.inject()
+		if err := c.inject(); err != nil {
+			return err
+		}
+		return c.moveCRIUTrees()
 	}
 	ns, err := s.rt.StateNS()
 	if err != nil {
@@ -374,7 +414,45 @@ func (c *checkpoint) move() error {
 	// Closed once the checkpoint is over, whatever happens: an undo moves processes
 	// back, and the namespace must outlive every move (queued now, not closed here).
 	c.after = append(c.after, func() { unix.Close(ns) })
-	return m.moveHeld(s, c.held, ns, c.inject, &c.undo)
+	if err := m.moveHeld(s, c.held, ns, c.inject, &c.undo); err != nil {
+		return err
+	}
+	return c.moveCRIUTrees()
+}
+
+// moveCRIUTrees moves step 1's CRIU trees onto the new state, by CRIU: ended, and
+// restored from their images (criutrees.go says why). Nothing to do when the sandbox
+// kept its state. Undo: the same onto the old state.
+func (c *checkpoint) moveCRIUTrees() error {
+	m, s, ts := c.m, c.s, c.criu
+	if ts == nil || c.unchanged {
+		return nil
+	}
+	tc := time.Now()
+	if err := m.endCRIUTrees(s, ts); err != nil {
+		return err
+	}
+	back := func() {
+		err := m.endCRIUTrees(s, ts)
+		if err == nil {
+			err = m.restoreCRIUTrees(s, ts, c.oldNS)
+		}
+		if err != nil {
+			m.log.Error("checkpoint undo: the CRIU trees could not be put back; their processes are gone", "sandbox", s.rec.ID, "err", err)
+		}
+	}
+	st, err := currentState(s.rt)
+	if err == nil {
+		err = m.restoreCRIUTrees(s, ts, st)
+		st.Close()
+	}
+	if err != nil {
+		back()
+		return fmt.Errorf("move the processes CRIU took onto the new state: %w", err)
+	}
+	c.undo.push(back)
+	phase(c.res, "criu_move", &tc)
+	return nil
 }
 
 // publish is step 8: from here nothing fails.
@@ -394,6 +472,17 @@ func (c *checkpoint) publish() error {
 	res.Processes = len(tps)
 	m.mu.Lock()
 	c.n.ID = m.newNodeID()
+	m.mu.Unlock()
+	if c.criu != nil {
+		// Before the node's record: a node the index has names its trees.
+		if err := m.commitCRIUTrees(c.criu, c.n.ID); err != nil {
+			res.ProcessErrors = append(res.ProcessErrors, fmt.Sprintf("the images of the processes CRIU took: %v; they run on, and the node has no process state for them", err))
+			store.RemoveAll(c.criu.dir)
+			res.CRIUProcesses = 0
+		}
+		c.criu.resume()
+	}
+	m.mu.Lock()
 	nd := &node{Node: c.n, uts: &c.uts}
 	m.nodes[c.n.ID] = nd
 	if len(tps) > 0 {
@@ -412,8 +501,13 @@ func (c *checkpoint) publish() error {
 		m.afterAnswer(s, func() { m.measure(id, m.st.LayerFrozen(layer)) })
 	}
 	switch {
-	case len(tps) > 0:
+	case len(tps) > 0 || res.CRIUProcesses > 0:
 		m.countPath(s, "checkpoint", pathProcess)
+		if res.CRIUProcesses > 0 {
+			s.mu.Lock()
+			s.stats.CheckpointPaths.CRIU++
+			s.mu.Unlock()
+		}
 	case !m.fastPath(s):
 		p, _ := m.filesOnlyPath(s)
 		m.countPath(s, "checkpoint", p)

@@ -184,6 +184,7 @@ func (m *Manager) startImages() {
 		close(m.img.ready)
 		return
 	}
+	m.cleanCRIUTrees()
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "nodes"))
 	for _, e := range ents {
 		node := e.Name()

@@ -97,8 +97,11 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 // taken: zombies, and what the daemon already traces (templates, memory holders). A
 // process the fast path cannot take (fastpath.Ineligible: a pipe, a socket, children,
 // a session's terminal...) refuses the checkpoint with 409 naming it, or, with
-// endBackground, is left to the checkpoint's kill (step 3) as before. On error the
-// processes held here are let go untouched (the caller lets held go).
+// endBackground, is left to the checkpoint's kill (step 3) as before. Without
+// endBackground, one that the fast path's inspection refused (threads, children, a pipe,
+// a socket) is returned in refused instead (host PID, the refusal), for CRIU to take
+// with its tree (criutrees.go). On error the processes held here are let go untouched
+// (the caller lets held go).
 //
 // settled reports that the sandbox's PID namespace held nothing but init, the processes
 // in held and the sandbox's templates when it was read: all stopped but init, which
@@ -108,9 +111,9 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
-func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out []*heldProc, settled bool, err error) {
+func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
-		return nil, false, nil
+		return nil, false, nil, nil
 	}
 	initHost := s.rt.InitPid()
 	known := map[int]bool{initHost: true}
@@ -135,7 +138,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 	sbPids, err := s.rt.Procs()
 	s.copyMu.Unlock()
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
 	var unknown []int
 	for _, p := range sbPids {
@@ -144,14 +147,14 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		}
 	}
 	if len(unknown) == 0 {
-		return nil, true, nil
+		return nil, true, nil, nil
 	}
 	// Their host PIDs, from the cgroup (an index; each checked to be in the sandbox's
 	// PID namespace, so that a process of another sandbox moved into this cgroup is
 	// not taken for one of ours).
 	cgPids, err := s.rt.Pids()
 	if err != nil {
-		return nil, false, fmt.Errorf("list the sandbox's processes: %w", err)
+		return nil, false, nil, fmt.Errorf("list the sandbox's processes: %w", err)
 	}
 	hostOf := map[int]int{}
 	for _, h := range cgPids {
@@ -175,7 +178,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		// by PID namespace) ends it.
 		err := &fastpath.Ineligible{Pid: p, Reason: "it is not in the sandbox's cgroup (it moved out of it) or runs in a PID namespace of its own"}
 		if !endBackground {
-			return nil, false, fmt.Errorf("%w (outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, errdefs.ErrConflict)
+			return nil, false, nil, fmt.Errorf("%w (outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, errdefs.ErrConflict)
 		}
 	}
 	tr := m.tracer(s)
@@ -205,12 +208,15 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		}
 		var h *fastpath.Held
 		var err error
+		inspected := false // refused by the fast path's inspection: CRIU may take it
 		if tracee, ok := tracers[host]; ok {
 			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: fmt.Sprintf("it traces process %d (a debugger?), which a fork does not carry", fastpath.SandboxPid(tracee, initHost))}
 		} else if !fastpath.SamePidNS(host, initHost) {
 			// inspect records its innermost PID, which a restore could not give back.
 			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: "it runs in a PID namespace of its own (unshare --pid?)"}
-		} else if h, err = fastpath.Hold(tr, host); err == nil && h.HasTerminal() {
+		} else if h, err = fastpath.Hold(tr, host); err != nil {
+			inspected = true
+		} else if h.HasTerminal() {
 			// Restored, it could not be given the session's terminal without taking
 			// the session's controlling terminal and foreground group.
 			err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}
@@ -238,13 +244,21 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		if !errors.As(err, &in) {
 			// Not seizable (traced by a debugger inside the sandbox...): as ineligible.
 			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: "it cannot be seized: " + err.Error()}
+			inspected = false
 		}
 		if endBackground {
 			continue // the kill at step 3 ends it
 		}
-		return nil, false, refuse(host, err)
+		if inspected {
+			if refused == nil {
+				refused = map[int]error{}
+			}
+			refused[host] = fmt.Errorf("%w (%s)", err, fastpath.Comm(host))
+			continue
+		}
+		return nil, false, nil, refuse(host, err)
 	}
-	return out, settled, nil
+	return out, settled, refused, nil
 }
 
 // hostPid returns the host PID of the sandbox process pid: the cached one if it still

@@ -77,6 +77,7 @@ type restore struct {
 	tmplLocked bool   // step 1 holds s.tmplMu
 	tps        []*procTemplate
 	rvs        []*revival
+	criu       *criuTrees // step 1: the node's CRIU trees, restored at step 6
 
 	oldUpper, newUpper uint64
 	remount            bool          // steps 2-3 mount a new state
@@ -203,6 +204,29 @@ func (r *restore) templates() error {
 	if err != nil {
 		r.refused = "template_gone"
 		return err
+	}
+	// The node's CRIU trees (criutrees.go), read before anything changes.
+	ts, err := m.criuTreesOf(r.nodeID)
+	if err != nil {
+		return err
+	}
+	if ts != nil {
+		m.mu.Lock()
+		maker := ""
+		if n := m.nodes[r.nodeID]; n != nil {
+			maker = n.Sandbox
+		}
+		m.mu.Unlock()
+		ok, why := m.criuTreesUsable()
+		switch {
+		case maker != s.rec.ID:
+			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("node %s's %d processes that CRIU took come back only in sandbox %s, which made it (their PIDs are there)", r.nodeID, ts.count(), maker))
+		case !m.fastPath(s):
+		case !ok:
+			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("node %s's %d processes that CRIU took cannot come back: %s", r.nodeID, ts.count(), why))
+		default:
+			r.criu = ts
+		}
 	}
 	rvs, err := m.prepareRevivals(s, tps)
 	if err != nil {
@@ -348,14 +372,41 @@ func (r *restore) install() error {
 func (r *restore) revive() error {
 	m, s := r.m, r.s
 	if len(r.rvs) == 0 {
-		return r.inject()
+		if err := r.inject(); err != nil {
+			return err
+		}
+		return r.restoreCRIUTrees()
 	}
 	ns, err := s.rt.StateNS()
 	if err != nil {
 		return err
 	}
 	r.after = append(r.after, func() { unix.Close(ns) }) // as at a checkpoint
-	return m.reviveAll(s, r.rvs, ns, r.inject)
+	if err := m.reviveAll(s, r.rvs, ns, r.inject); err != nil {
+		return err
+	}
+	return r.restoreCRIUTrees()
+}
+
+// restoreCRIUTrees restores the node's CRIU trees onto the new state, stopped until the
+// publish. Undo: they are ended.
+func (r *restore) restoreCRIUTrees() error {
+	m, s, ts := r.m, r.s, r.criu
+	if ts == nil {
+		return nil
+	}
+	tc := time.Now()
+	st, err := currentState(s.rt)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := m.restoreCRIUTrees(s, ts, st); err != nil {
+		return err
+	}
+	r.undo.push(func() { m.endCRIUTrees(s, ts) })
+	phase(r.res, "criu_restore", &tc)
+	return nil
 }
 
 // publish is step 7: from here nothing fails.
@@ -368,6 +419,10 @@ func (r *restore) publish() error {
 	var failed []string
 	res.Sessions, failed, res.ProcessErrors = m.commitRevivals(s, r.rvs)
 	res.Processes = len(r.rvs) - len(res.ProcessErrors)
+	if r.criu != nil {
+		r.criu.resume()
+		res.CRIUProcesses = r.criu.count()
+	}
 	ended := m.endSessionsExcept(s, r.tps, "ended by a restore to "+r.nodeID+", where it had no process state")
 	res.SessionsEnded = append(failed, ended...)
 	sort.Strings(res.SessionsEnded)
@@ -384,13 +439,16 @@ func (r *restore) publish() error {
 		})
 	}
 	switch {
-	case res.Processes > 0:
+	case res.Processes > 0 || res.CRIUProcesses > 0:
 		m.countPath(s, "restore", pathProcess)
+		s.mu.Lock()
 		if res.FromImage {
-			s.mu.Lock()
 			s.stats.RestorePaths.Image++
-			s.mu.Unlock()
 		}
+		if res.CRIUProcesses > 0 {
+			s.stats.RestorePaths.CRIU++
+		}
+		s.mu.Unlock()
 	case !m.fastPath(s):
 		p, _ := m.filesOnlyPath(s)
 		m.countPath(s, "restore", p)

@@ -184,7 +184,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 		delete(m.procRecs, n)
 		ops = append(ops, store.Op{DeleteNode: n})
 		if m.img != nil {
-			dirs = append(dirs, m.imagesDir(n))
+			dirs = append(dirs, m.imagesDir(n), m.criuTreesDir(n))
 			m.forgetImage(n)
 		}
 	}

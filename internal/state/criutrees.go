@@ -1,0 +1,481 @@
+package state
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/durable"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/store"
+)
+
+// CRIU trees: the processes outside the sessions that the fast path refuses (several
+// threads, live children, a pipe or a socket: fork copies one thread and no children,
+// and a template must share nothing with the live process) are checkpointed through
+// CRIU instead of refusing the checkpoint, where CRIU can take them. A fork cannot carry
+// them; CRIU can, at the price of a dump inside the checkpoint (0.1-0.3 s for a small
+// python tree here) and a CRIU restore at each restore of the node, where a template
+// costs a fork. What neither path carries still refuses with 409, naming both reasons:
+// a process that traces another, one in a PID namespace of its own, one outside the
+// sandbox's cgroup, one holding a session's terminal or a locked description it shares.
+//
+// The unit is a tree: CRIU dumps a process with all its descendants, and restores it as
+// a child of the sandbox's init. A tree is rooted at the child of init that leads to a
+// refused process: any process of the fast path's below that root goes with the tree.
+//
+// Files and processes stay one atomic pair:
+//
+//   - step 1 (seize), once everything else is held: each tree is dumped, synced, and
+//     left stopped by CRIU (leave_stopped: SIGSTOP before CRIU lets each task go), so
+//     that nothing of it runs between its dump and the publish. Every process of the
+//     sandbox is then stopped (held by the tracer, or stopped by CRIU), and nothing
+//     could send the trees a SIGCONT but the daemon. Undo: SIGCONT, and the images go.
+//   - step 3 (kill) keeps them.
+//   - step 7 (move), when the checkpoint moved the sandbox onto a new state: a process
+//     with several threads cannot setns into a mount namespace (its threads share
+//     their fs_struct), so the trees move by CRIU: ended, and restored from their images
+//     onto the new state, stopped. Undo: the same onto the old state. When nothing
+//     changed (no new state), they stay where they are.
+//   - step 8 (publish): the images become the node's (a rename, then an fsync of the
+//     directory, before the node's record is queued), and the trees resume.
+//
+// A restore to the node, in the sandbox that made it (the trees keep their PIDs),
+// restores them at step 6 onto the node's new state, stopped, and resumes them at step
+// 7; step 4 has ended every live process and init reaped them, and each PID is waited
+// for (waitPidFree). A restore in another sandbox brings the node's files and sessions
+// and warns that its CRIU trees stay behind.
+//
+// On disk, beside the templates' images (durable.go), under ROOT/durable:
+//
+//	bg/.tmp-RANDOM/K/   a checkpoint's trees, while it runs
+//	bg/NODE/K/          the node's tree K: CRIU's files, durable.json, tree.json
+//
+// A node's directory goes after its record (RemoveNode); start-up removes .tmp-* and
+// the directories of nodes the index does not have.
+//
+// Trust: the images are written by CRIU as host root into the daemon's store (0700);
+// nothing in the sandbox can reach them, and they are restored only into the sandbox
+// whose processes they hold.
+
+// criuTreeWait bounds how long a checkpoint that found a tree waits for the CRIU probe
+// the daemon runs at start (criu.ProbeTimeout, twice at most).
+const criuTreeWait = 15 * time.Second
+
+// criuTree is one tree of a checkpoint or restore in progress.
+type criuTree struct {
+	Why  string `json:"why"`  // the fast path's refusal
+	Pids []int  `json:"pids"` // its processes' sandbox PIDs, root first, as dumped
+	// Host is each process's host PID and start time as dumped (left stopped): a daemon
+	// that dies before the checkpoint's publish leaves them so, and the next one lets
+	// them run (resumeCutCRIUTrees).
+	Host [][2]uint64 `json:"host"`
+	dir  string
+	fds  []int // pidfds of its processes, as dumped or as last restored
+}
+
+// criuTrees are the trees of one operation, in a directory of their own.
+type criuTrees struct {
+	dir   string
+	trees []*criuTree
+}
+
+func (ts *criuTrees) count() (n int) {
+	if ts == nil {
+		return 0
+	}
+	for _, t := range ts.trees {
+		n += len(t.Pids)
+	}
+	return n
+}
+
+// pids lists every process of the trees (sandbox PIDs): a checkpoint's kill keeps them.
+func (ts *criuTrees) pids() (out []int) {
+	if ts == nil {
+		return nil
+	}
+	for _, t := range ts.trees {
+		out = append(out, t.Pids...)
+	}
+	return out
+}
+
+func (t *criuTree) signal(sig unix.Signal) {
+	for _, fd := range t.fds {
+		unix.PidfdSendSignal(fd, sig, nil, 0)
+	}
+}
+
+func (t *criuTree) closeFDs() {
+	for _, fd := range t.fds {
+		unix.Close(fd)
+	}
+	t.fds = nil
+}
+
+// resume lets every tree run and drops the pidfds.
+func (ts *criuTrees) resume() {
+	if ts == nil {
+		return
+	}
+	for _, t := range ts.trees {
+		t.signal(unix.SIGCONT)
+		t.closeFDs()
+	}
+}
+
+// criuTreesUsable says whether CRIU can take trees here, waiting for the start-up probe
+// (criuTreeWait at most); if not, why.
+func (m *Manager) criuTreesUsable() (bool, string) {
+	if m.img == nil {
+		return false, "durable images are off"
+	}
+	select {
+	case <-m.img.ready:
+	case <-time.After(criuTreeWait):
+		return false, fmt.Sprintf("CRIU's probe did not finish within %v", criuTreeWait)
+	}
+	m.img.mu.Lock()
+	r := m.img.runner
+	m.img.mu.Unlock()
+	if r == nil || !r.Usable() {
+		why := "CRIU is unusable here"
+		if r != nil {
+			why += ": " + r.Reason
+		}
+		return false, why
+	}
+	return true, ""
+}
+
+// criuRoots returns the trees that carry the refused processes (host PIDs, each with the
+// fast path's refusal): for each, the child of init (initHost) among its ancestors. The
+// processes of held below a root are let go: their tree carries them. A refused process
+// below a session's (which the fast path holds: it has no children) is an error.
+func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*heldProc, held []*heldProc) (roots []int, why map[int]string, kept []*heldProc, err error) {
+	why = map[int]string{}
+	rootOf := func(h int) (int, error) {
+		for range 4096 {
+			p, err := procfs.PPid(h)
+			if err != nil {
+				return 0, err
+			}
+			if p == initHost {
+				return h, nil
+			}
+			if p <= 1 {
+				return 0, fmt.Errorf("process %d is not below the sandbox's init", h)
+			}
+			h = p
+		}
+		return 0, fmt.Errorf("process %d: no end to its ancestors", h)
+	}
+	for h, e := range refused {
+		r, err := rootOf(h)
+		if err != nil {
+			if !fastpath.Exists(h) {
+				continue // ended meanwhile
+			}
+			return nil, nil, nil, err
+		}
+		for _, s := range sessions {
+			if s.h.P.HostPid == r {
+				return nil, nil, nil, fmt.Errorf("%w (below %s)", e, s.what)
+			}
+		}
+		if !slices.Contains(roots, r) {
+			roots = append(roots, r)
+		}
+		if why[r] != "" {
+			why[r] += "; "
+		}
+		why[r] += e.Error()
+	}
+	slices.Sort(roots)
+	for _, l := range held {
+		r, err := rootOf(l.h.P.HostPid)
+		if err == nil && slices.Contains(roots, r) {
+			l.h.Abort()
+			continue
+		}
+		kept = append(kept, l)
+	}
+	return roots, why, kept, nil
+}
+
+// dumpCRIUTrees dumps the trees rooted at roots (host PIDs) and leaves them stopped (see
+// above). On error, what it dumped runs on and nothing is left on disk.
+func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string) (*criuTrees, error) {
+	if ok, reason := m.criuTreesUsable(); !ok {
+		return nil, errors.New(reason)
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	ts := &criuTrees{dir: filepath.Join(m.img.root, "bg", ".tmp-"+hex.EncodeToString(rnd[:]))}
+	fail := func(err error) (*criuTrees, error) {
+		ts.resume()
+		store.RemoveAll(ts.dir)
+		return nil, err
+	}
+	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
+		return fail(err)
+	}
+	initHost := s.rt.InitPid()
+	for i, root := range roots {
+		what := fmt.Sprintf("process %d (%s)", fastpath.SandboxPid(root, initHost), fastpath.Comm(root))
+		if ttys, err := durable.TreeTTYs(root); err != nil {
+			return fail(err)
+		} else if len(ttys) > 0 {
+			return fail(fmt.Errorf("%s: its tree holds a session's terminal, which CRIU would have to take from the session", what))
+		}
+		if err := pipesToDaemon(root); err != nil {
+			return fail(fmt.Errorf("%s: %w", what, err))
+		}
+		t := &criuTree{Why: why[root], dir: filepath.Join(ts.dir, strconv.Itoa(i))}
+		if err := os.Mkdir(t.dir, 0o700); err != nil {
+			return fail(err)
+		}
+		// Who the dump will leave stopped, in case the daemon dies before tree.json is
+		// written again below (resumeCutCRIUTrees).
+		for _, h := range durable.Tree(root) {
+			st, _ := procfs.StartTime(h)
+			t.Host = append(t.Host, [2]uint64{uint64(h), st})
+		}
+		if err := writeJSONFile(filepath.Join(t.dir, "tree.json"), t); err != nil {
+			return fail(err)
+		}
+		t.Host = nil
+		if _, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true}); err != nil {
+			return fail(fmt.Errorf("%s: %w", what, err))
+		}
+		ts.trees = append(ts.trees, t)
+		// Stopped now: the tree cannot change.
+		for _, h := range durable.Tree(root) {
+			fd, err := unix.PidfdOpen(h, 0)
+			if err != nil {
+				return fail(fmt.Errorf("%s: a process of its tree: %w", what, err))
+			}
+			t.fds = append(t.fds, fd)
+			t.Pids = append(t.Pids, fastpath.SandboxPid(h, initHost))
+			st, _ := procfs.StartTime(h)
+			t.Host = append(t.Host, [2]uint64{uint64(h), st})
+		}
+		if err := writeJSONFile(filepath.Join(t.dir, "tree.json"), t); err != nil {
+			return fail(err)
+		}
+		if err := syncPath(t.dir); err != nil {
+			return fail(err)
+		}
+	}
+	if err := syncPath(ts.dir); err != nil {
+		return fail(err)
+	}
+	return ts, nil
+}
+
+// endCRIUTrees kills the trees and waits until init has reaped every process (their
+// PIDs are free for the restore).
+func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
+	for _, t := range ts.trees {
+		t.signal(unix.SIGKILL)
+		t.closeFDs()
+	}
+	for _, t := range ts.trees {
+		for _, p := range t.Pids {
+			if err := waitPidFree(s.rt, p, pidFreeWait); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// restoreCRIUTrees restores the trees from their images onto st (a state of s), stopped.
+// On error the trees restored so far are ended.
+func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err error) {
+	sbx, closeAll, err := m.durableSandbox(s.rt, st.NS)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	rootFD, err := unix.FcntlInt(uintptr(st.Root), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	sbx.Root = os.NewFile(uintptr(rootFD), "state-root")
+	defer sbx.Root.Close()
+	initHost := s.rt.InitPid()
+	var done []*criuTree
+	defer func() {
+		if err != nil {
+			m.endCRIUTrees(s, &criuTrees{trees: done})
+		}
+	}()
+	for _, t := range ts.trees {
+		for _, p := range t.Pids {
+			if err := waitPidFree(s.rt, p, pidFreeWait); err != nil {
+				return err
+			}
+		}
+		rs, err := durable.Restore(context.Background(), m.img.runner, t.dir, sbx, durable.RestoreOptions{LeaveStopped: true})
+		if err != nil {
+			return fmt.Errorf("restore process %d's tree: %w", t.Pids[0], err)
+		}
+		t.closeFDs()
+		done = append(done, t)
+		for _, h := range durable.Tree(rs.HostPid) {
+			if fd, err := unix.PidfdOpen(h, 0); err == nil {
+				t.fds = append(t.fds, fd)
+			}
+			if p := fastpath.SandboxPid(h, initHost); !slices.Contains(t.Pids, p) {
+				return fmt.Errorf("restore process %d's tree: process %d is not in its image", t.Pids[0], p)
+			}
+		}
+	}
+	return nil
+}
+
+// commitCRIUTrees makes a checkpoint's trees node's: renamed, and the rename synced
+// before the node's record is queued.
+func (m *Manager) commitCRIUTrees(ts *criuTrees, node string) error {
+	dst := m.criuTreesDir(node)
+	if err := os.Rename(ts.dir, dst); err != nil {
+		return err
+	}
+	ts.dir = dst
+	return syncPath(filepath.Dir(dst))
+}
+
+func (m *Manager) criuTreesDir(node string) string {
+	return filepath.Join(m.img.root, "bg", node)
+}
+
+// criuTreesOf reads node's trees (nil if it has none).
+func (m *Manager) criuTreesOf(node string) (*criuTrees, error) {
+	if m.img == nil {
+		return nil, nil
+	}
+	dir := m.criuTreesDir(node)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ts := &criuTrees{dir: dir}
+	for _, e := range ents {
+		t := &criuTree{dir: filepath.Join(dir, e.Name())}
+		b, err := os.ReadFile(filepath.Join(t.dir, "tree.json"))
+		if err == nil {
+			err = json.Unmarshal(b, t)
+		}
+		if err == nil && len(t.Pids) == 0 {
+			err = errors.New("no processes")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("node %s's CRIU tree %s: %w", node, e.Name(), err)
+		}
+		ts.trees = append(ts.trees, t)
+	}
+	return ts, nil
+}
+
+// resumeCutCRIUTrees lets run, at start and before the sandboxes are adopted, the trees
+// of checkpoints that a dead daemon cut between their dump and their move (a tree left
+// stopped by CRIU, on the state the sandbox's record names): each process still
+// running under the same host PID and start time gets SIGCONT. Those the cut
+// checkpoint had already moved stand on a state no record names, and adopt ends them.
+// cleanCRIUTrees removes the directories afterwards.
+func resumeCutCRIUTrees(root string) {
+	dirs, _ := filepath.Glob(filepath.Join(root, "durable", "bg", ".tmp-*", "*", "tree.json"))
+	for _, f := range dirs {
+		var t criuTree
+		if b, err := os.ReadFile(f); err != nil || json.Unmarshal(b, &t) != nil {
+			continue
+		}
+		for _, h := range t.Host {
+			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
+				unix.Kill(int(h[0]), unix.SIGCONT)
+			}
+		}
+	}
+}
+
+// cleanCRIUTrees removes, at start, what no node names: the trees of checkpoints cut
+// before their publish, and of nodes removed before their directory went.
+func (m *Manager) cleanCRIUTrees() {
+	ents, _ := os.ReadDir(filepath.Join(m.img.root, "bg"))
+	for _, e := range ents {
+		if _, known := m.nodes[e.Name()]; !known || strings.HasPrefix(e.Name(), ".") {
+			store.RemoveAll(filepath.Join(m.img.root, "bg", e.Name()))
+		}
+	}
+}
+
+// criuRefusal is the 409 of a tree neither path can take.
+func criuRefusal(fastWhy, criuWhy string) error {
+	return fmt.Errorf("%s, outside the sessions, and CRIU could not take it either: %s (end it, or checkpoint with end_background to end such processes): %w", fastWhy, criuWhy, errdefs.ErrConflict)
+}
+
+// syncPath fsyncs a directory.
+func syncPath(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// currentState duplicates the fds of rt's current state (the caller closes them).
+func currentState(rt *sandbox.Sandbox) (sandbox.State, error) {
+	ns, err := rt.StateNS()
+	if err != nil {
+		return sandbox.None, err
+	}
+	root, err := rt.RootFD()
+	if err != nil {
+		unix.Close(ns)
+		return sandbox.None, err
+	}
+	return sandbox.State{NS: ns, Root: root}, nil
+}
+
+// pipesToDaemon refuses a tree that holds a pipe whose other end is the daemon's (an
+// exec's output, left to a background job): CRIU would restore it as a pipe to nobody,
+// and the job would die of SIGPIPE at its next write.
+func pipesToDaemon(root int) error {
+	mine := map[string]bool{}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
+			mine[l] = true
+		}
+	}
+	for _, p := range durable.Tree(root) {
+		dir := fmt.Sprintf("/proc/%d/fd/", p)
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if l, err := os.Readlink(dir + e.Name()); err == nil && mine[l] {
+				return fmt.Errorf("its fd %s is %s, an exec's output, which the daemon reads (redirect the job's output to a file: job >log 2>&1 &)", e.Name(), l)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+package security
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/testutil"
+)
+
+// TestCRIUTreeStaysInItsSandbox: a background process that the fast path refuses is
+// checkpointed through CRIU (state/criutrees.go), and its images hold whatever the
+// sandbox's code put in its memory. The attack: an attacker's sandbox leaves such a
+// process running (two threads, so CRIU takes it), checkpoints, and a victim sandbox
+// is restored to that node, as a fan-out does: the attacker's process must not come to
+// life in the victim. Its images come back only in the sandbox that made them; the
+// victim gets the node's files, a warning that says so, and no process of the tree,
+// while the attacker's copy runs on untouched. The images are out of the sandbox's
+// reach (the daemon's store, 0700).
+func TestCRIUTreeStaysInItsSandbox(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const attacker, victim, marker = "sec-ct-a", "sec-ct-v", "dbxcriumarker"
+	for _, id := range []string{attacker, victim} {
+		if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh(t, d, attacker, `cd /workspace; echo planted > f
+nohup python3 -c "import threading, time; threading.Thread(target=time.sleep, args=(1000,), daemon=True).start(); time.sleep(1000)" `+marker+` </dev/null >/dev/null 2>&1 &
+for i in $(seq 500); do [ "$(ls /proc/$!/task | wc -l)" = 2 ] && exit 0; sleep 0.01; done; exit 1`)
+	before := hostPidsWith(t, marker)
+	if len(before) != 1 {
+		t.Fatalf("the attacker's process: %v, want one", before)
+	}
+	cp, err := d.C.CheckpointWith(ctx(t), attacker, apitypes.CheckpointRequest{Label: "tree"})
+	if err != nil || cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %v %+v, want the process taken through CRIU", err, cp)
+	}
+	res, err := d.C.Restore(ctx(t), victim, cp.Node.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CRIUProcesses != 0 || !strings.Contains(strings.Join(res.Warnings, "\n"), "come back only in sandbox "+attacker) {
+		t.Fatalf("the victim's restore to the attacker's node: %+v, want no process through CRIU and a warning", res)
+	}
+	if got := sh(t, d, victim, "cat /workspace/f; ps -eo args | grep -c [d]bxcriumarker"); got != "planted\n0\n" {
+		t.Fatalf("in the victim after its restore: %q, want the node's file and none of the attacker's processes", got)
+	}
+	// The checkpoint moved the attacker's process onto its new state by a CRIU restore
+	// (a new host PID, the same PID in its sandbox): one runs on the host, the
+	// attacker's.
+	time.Sleep(100 * time.Millisecond)
+	if after := hostPidsWith(t, marker); len(after) != 1 {
+		t.Fatalf("the attacker's processes on the host: %v, want one", after)
+	}
+	if got := sh(t, d, attacker, "ps -eo args | grep -c [d]bxcriumarker"); got != "1\n" {
+		t.Fatalf("the attacker's process in its sandbox: %q processes, want 1", got)
+	}
+}
