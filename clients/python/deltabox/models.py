@@ -313,6 +313,9 @@ class Checkpoint:
         killed_processes: processes the checkpoint ended: the background jobs that
             ``end_background=True`` ended (with ``DELTABOX_FASTPATH=0``, every
             process but the sandbox's init).
+        criu_processes: background processes the fast path refused (several
+            threads, children, pipes, sockets) that CRIU took instead, with their
+            trees; not counted in ``processes``.
         mounted: a new layer was mounted (False when nothing had changed since the
             sandbox's head: the node shares its parent's layer).
         prepared: the next state had been mounted ahead of time.
@@ -348,6 +351,7 @@ class Checkpoint:
     sessions: Optional[List[str]] = None
     sessions_ended: List[str] = field(default_factory=list)
     killed_processes: Optional[int] = None
+    criu_processes: Optional[int] = None
     mounted: Optional[bool] = None
     prepared: Optional[bool] = None
     duration: Optional[float] = None
@@ -387,6 +391,7 @@ class Checkpoint:
             c.sessions = [str(s) for s in (op.get("sessions") or [])]
             c.sessions_ended = [str(s) for s in (op.get("sessions_ended") or [])]
             c.killed_processes = int(op.get("killed_processes") or 0)
+            c.criu_processes = int(op.get("criu_processes") or 0)
             c.mounted = bool(op.get("mounted"))
             c.prepared = bool(op.get("prepared"))
             c.duration = float(op.get("duration_ms") or 0.0) / 1000.0
@@ -491,6 +496,8 @@ class RestoreResult:
             were ended); empty when all were.
         killed_processes: the sandbox's processes the restore ended (the live
             sessions' included: they are replaced by the node's).
+        criu_processes: the node's background processes restored by CRIU (in the
+            sandbox that made the node only); not counted in ``processes``.
         mounted: the node's state was mounted (False when the sandbox already stood
             on it, unchanged).
         warm: the node's state had been mounted ahead of time.
@@ -513,6 +520,7 @@ class RestoreResult:
     processes: int = 0
     process_errors: List[str] = field(default_factory=list)
     killed_processes: int = 0
+    criu_processes: int = 0
     mounted: bool = False
     warm: bool = False
     duration: float = 0.0
@@ -532,6 +540,7 @@ class RestoreResult:
             processes=int(d.get("processes") or 0),
             process_errors=[str(e) for e in (d.get("process_errors") or [])],
             killed_processes=int(d.get("killed_processes") or 0),
+            criu_processes=int(d.get("criu_processes") or 0),
             mounted=bool(d.get("mounted")),
             warm=bool(d.get("warm")),
             duration=float(d.get("duration_ms") or 0.0) / 1000.0,

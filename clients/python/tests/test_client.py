@@ -229,9 +229,10 @@ class OfflineTest(unittest.TestCase):
         c = Checkpoint.from_api(node, op={
             "node": node, "sandbox": "sb1", "killed_processes": 1, "mounted": True,
             "duration_ms": 2.5, "processes": 3, "process_errors": ["session py: gone"],
-            "prepared": True, "phases_us": {"seize": 120, "fork": 480}})
+            "prepared": True, "phases_us": {"seize": 120, "fork": 480}, "criu_processes": 4})
         self.assertEqual((c.processes, c.process_errors, c.killed_processes, c.mounted, c.prepared),
                          (3, ["session py: gone"], 1, True, True))
+        self.assertEqual(c.criu_processes, 4)
         self.assertEqual((c.duration, c.phases_us), (0.0025, {"seize": 120, "fork": 480}))
         self.assertIsNone(c.templates)
         # A node from the tree: no operation, maybe templates.
@@ -243,8 +244,9 @@ class OfflineTest(unittest.TestCase):
                          (None, [], None, None, {}))
         r = RestoreResult.from_api({
             "node": node, "sandbox": "sb1", "killed_processes": 2, "mounted": False,
-            "duration_ms": 1.5, "processes": 2, "warm": True,
+            "duration_ms": 1.5, "processes": 2, "warm": True, "criu_processes": 1,
             "phases_us": {"kill": 50, "processes": 400}})
+        self.assertEqual(r.criu_processes, 1)
         self.assertEqual((r.id, r.node.id, r.sandbox, r.processes, r.process_errors),
                          ("n2", "n2", "sb1", 2, []))
         self.assertEqual((r.killed_processes, r.mounted, r.warm, r.duration, r.phases_us),
