@@ -15,6 +15,9 @@ package criu
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -89,6 +92,9 @@ type Runner struct {
 	// ProbeS is how long the self-test took, in seconds: on a machine without
 	// breakpoints it includes the plain attempt's ProbeTimeout.
 	ProbeS float64 `json:"probe_s"`
+	// Cached: the answer is an earlier process's, of this boot and this binary
+	// (loadProbe); ProbeS is that self-test's.
+	Cached bool `json:"cached,omitempty"`
 }
 
 // Usable says whether CRIU can dump here.
@@ -213,7 +219,8 @@ var (
 // first call per binary runs the self-test: `criu dump --leave-running` of a fresh
 // sleep, within ProbeTimeout, plainly, and if that hangs or fails, again with
 // NoBreakpointsEnv. The answer is kept for the life of the process (unless ctx ended
-// during the self-test) and shared by its callers, who must not change it. It never
+// during the self-test) and shared by its callers, who must not change it; a usable one
+// is also kept for the rest of the boot, for the next processes (probeRecord). It never
 // returns nil.
 func Probe(ctx context.Context, bin string) *Runner {
 	if bin == "" {
@@ -228,6 +235,10 @@ func Probe(ctx context.Context, bin string) *Runner {
 		return r
 	}
 	ensureKdatDir()
+	if r := loadProbe(bin); r != nil {
+		probed[bin] = r
+		return r
+	}
 	start := time.Now()
 	r := &Runner{Bin: bin}
 	if err := selfTest(ctx, r); err == nil {
@@ -244,8 +255,65 @@ func Probe(ctx context.Context, bin string) *Runner {
 	r.ProbeS = float64(time.Since(start).Milliseconds()) / 1000
 	if ctx.Err() == nil {
 		probed[bin] = r
+		saveProbe(bin, r)
 	}
 	return r
+}
+
+// Probe keeps a usable answer in KdatDir for the rest of the boot (a root-only tmpfs
+// directory, gone at the next boot, when the machine may differ), keyed by the binary's
+// path, inode, size and mtime: the next daemon then starts without a self-test. On a
+// machine without breakpoints the plain attempt waits out ProbeTimeout, 5 s that every
+// daemon start (and every test daemon) paid before its first dump. An unusable answer
+// is not kept: it may be a passing failure.
+type probeRecord struct {
+	Boot, Bin string
+	Ino, Size uint64
+	MtimeNS   int64
+	Mode      Mode
+	Reason    string
+	ProbeS    float64
+}
+
+func probeKey(bin string) (probeRecord, string, bool) {
+	var st syscall.Stat_t
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil || syscall.Stat(bin, &st) != nil {
+		return probeRecord{}, "", false
+	}
+	sum := sha256.Sum256([]byte(bin))
+	return probeRecord{Boot: strings.TrimSpace(string(boot)), Bin: bin, Ino: st.Ino, Size: uint64(st.Size), MtimeNS: st.Mtim.Nano()},
+		filepath.Join(KdatDir, "probe-"+hex.EncodeToString(sum[:6])+".json"), true
+}
+
+func loadProbe(bin string) *Runner {
+	key, path, ok := probeKey(bin)
+	if !ok {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var rec probeRecord
+	if json.Unmarshal(b, &rec) != nil || rec.Boot != key.Boot || rec.Bin != key.Bin || rec.Ino != key.Ino ||
+		rec.Size != key.Size || rec.MtimeNS != key.MtimeNS || (rec.Mode != Plain && rec.Mode != NoBreakpoints) {
+		return nil
+	}
+	return &Runner{Bin: bin, Mode: rec.Mode, Reason: rec.Reason, ProbeS: rec.ProbeS, Cached: true}
+}
+
+func saveProbe(bin string, r *Runner) {
+	rec, path, ok := probeKey(bin)
+	if !ok || !r.Usable() {
+		return
+	}
+	rec.Mode, rec.Reason, rec.ProbeS = r.Mode, r.Reason, r.ProbeS
+	b, _ := json.Marshal(rec)
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	if os.WriteFile(tmp, b, 0o600) == nil && os.Rename(tmp, path) != nil {
+		os.Remove(tmp)
+	}
 }
 
 // KdatDir is where CRIU (as scripts/setup.sh builds it: RUNDIR) keeps what it found

@@ -33,6 +33,11 @@ func fakeCRIU(t *testing.T, body string) string {
 	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // the answer Probe kept for it, if any
+		if _, kept, ok := probeKey(p); ok {
+			os.Remove(kept)
+		}
+	})
 	return p
 }
 
@@ -116,6 +121,51 @@ exec %s "$@"
 		t.Errorf("env %v, want [%s]", env, NoBreakpointsEnv)
 	}
 	dumpWorks(t, r)
+}
+
+// TestProbeKeptForTheBoot: a usable answer is kept in KdatDir for the next process of
+// this boot (the in-process map cleared stands for a new daemon): it comes back without
+// a self-test, marked cached. A changed binary is probed again; an unusable answer is not
+// kept.
+func TestProbeKeptForTheBoot(t *testing.T) {
+	real := realCRIU(t)
+	fake := fakeCRIU(t, fmt.Sprintf("exec %s \"$@\"\n", real))
+	forget := func() {
+		probeMu.Lock()
+		clear(probed)
+		probeMu.Unlock()
+	}
+	t.Cleanup(forget)
+	forget()
+	first := Probe(context.Background(), fake)
+	if !first.Usable() || first.Cached {
+		t.Fatalf("first probe: %s (cached %v)", first, first.Cached)
+	}
+	forget()
+	start := time.Now()
+	again := Probe(context.Background(), fake)
+	if !again.Cached || again.Mode != first.Mode || again.ProbeS != first.ProbeS {
+		t.Fatalf("second probe in a new process of this boot: %s (cached %v), want the first's answer kept", again, again.Cached)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a kept answer took %v", took)
+	}
+	// The binary changes (setup.sh rebuilt it): probed again.
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(fake, later, later); err != nil {
+		t.Fatal(err)
+	}
+	forget()
+	if r := Probe(context.Background(), fake); r.Cached || !r.Usable() {
+		t.Fatalf("probe of a changed binary: %s (cached %v), want a new self-test", r, r.Cached)
+	}
+	// An unusable binary is not kept.
+	bad := fakeCRIU(t, "exit 1\n")
+	Probe(context.Background(), bad)
+	forget()
+	if r := Probe(context.Background(), bad); r.Cached || r.Usable() {
+		t.Fatalf("a second probe of an unusable criu: %s (cached %v)", r, r.Cached)
+	}
 }
 
 // TestProbeUnusable: a criu that hangs either way is reported unusable, with both
