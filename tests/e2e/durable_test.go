@@ -196,3 +196,48 @@ func TestDurableImageCopyThatRanIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableImageAfterSandboxesEnd: when a sandbox's processes are all gone, as after a
+// machine restart (here a daemon that stops its sandboxes, DELTABOX_STOP_SANDBOXES=1: init,
+// sessions and templates end), the next daemon starts the sandbox afresh with its files,
+// and a node with a complete image still restores its processes from it: the python
+// session's objects and PID, the bash session's cwd and variables.
+func TestDurableImageAfterSandboxesEnd(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_STOP_SANDBOXES=1")
+	const id = "durend"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid := strings.TrimSpace(sessRun(t, d, id, "py", "import os; heap = bytearray(8 << 20); x = 41; os.getpid()"))
+	bashPid := strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; echo 41 > /workspace/x; echo $$"))
+	n1 := dbxCheckpoint(t, d, id, "x41").Node.ID
+	durWaitImage(t, d, n1)
+	if err := d.C.Sync(dbxCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	initPid := func() int {
+		in, err := d.C.Get(dbxCtx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.InitPid
+	}
+	initBefore := initPid()
+	d.Stop()
+	d = testutil.StartDaemonOn(t, d.Root)
+	if got := initPid(); got == initBefore {
+		t.Fatalf("the sandbox's init %d survived a daemon that stops its sandboxes", got)
+	}
+	res := dbxRestore(t, d, id, n1)
+	if !res.FromImage || res.Processes != 2 {
+		t.Fatalf("restore to %s after the sandbox ended: from_image %v, %d processes %v\ndaemon log:\n%s", n1, res.FromImage, res.Processes, res.ProcessErrors, dbxTail(d.Log(), 3000))
+	}
+	t.Logf("restore after the sandbox ended (init %d, then %d): from_image %v, %d processes, %.1f ms", initBefore, initPid(), res.FromImage, res.Processes, res.DurationMS)
+	if got := sessRun(t, d, id, "py", "(x, os.getpid(), len(heap))"); got != fmt.Sprintf("(41, %s, %d)\n", pyPid, 8<<20) {
+		t.Fatalf("python after the restore from the image: %q", got)
+	}
+	if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$ $(cat /workspace/x)"); got != fmt.Sprintf("/tmp bar %s 41\n", bashPid) {
+		t.Fatalf("bash after the restore from the image: %q", got)
+	}
+}
