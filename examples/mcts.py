@@ -75,6 +75,15 @@ def main() -> int:
                 "evicted_nodes": st.get("evicted_nodes", 0),
                 "image_restores": st.get("restore_paths", {}).get("image", 0),
                 "process_restores": st.get("process_restores", 0)}
+            # What the nodes' durable images stored, against full CRIU dumps of the same
+            # processes: the root's image (every page) apart, the complete ones.
+            ids = set(n.ckpt.id for n in search.nodes[1:])
+            images = [c.process_image for i, c in client.tree().nodes.items()
+                      if i in ids and c.process_image is not None and c.process_image.state == "complete"]
+            summary["sandbox_stats"].update({
+                "images_complete": len(images),
+                "image_stored_bytes": sum(im.stored_bytes for im in images),
+                "image_full_bytes": sum(im.full_bytes for im in images)})
     wall = timers.elapsed()
     summary["wall_seconds"] = round(wall, 3)
     summary["timers"] = timers.summary()

@@ -191,6 +191,12 @@ type mctsTrajectory struct {
 			ProcessRestores int `json:"process_restores"`
 			// TemplateUsedBytes: what the sandbox's templates held at the end.
 			TemplateUsedBytes int64 `json:"template_used_bytes"`
+			// The complete durable images of the search's nodes but the root, at the
+			// end: what they stored, and what full CRIU dumps of the same processes
+			// take.
+			ImagesComplete   int   `json:"images_complete"`
+			ImageStoredBytes int64 `json:"image_stored_bytes"`
+			ImageFullBytes   int64 `json:"image_full_bytes"`
 		} `json:"sandbox_stats"`
 	} `json:"summary"`
 }
@@ -272,6 +278,11 @@ func mctsDeltaBoxRow(t *mctsTrajectory, think float64, cmdline string) (MCTSRow,
 		info["image_restores"] = st.ImageRestores
 		info["process_restores"] = st.ProcessRestores
 		info["template_used_bytes"] = st.TemplateUsedBytes
+		if st.ImagesComplete > 0 {
+			info["images_complete"] = st.ImagesComplete
+			info["image_stored_bytes_per_checkpoint"] = st.ImageStoredBytes / int64(st.ImagesComplete)
+			info["image_full_bytes_per_checkpoint"] = st.ImageFullBytes / int64(st.ImagesComplete)
+		}
 	}
 	return MCTSRow{
 		System: MCTSDeltaBox, ThinkS: think, TotalS: round4(t.Summary.SearchSeconds), StateS: round4(state),
@@ -583,6 +594,13 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 	if st := tr.Summary.SandboxStats; st != nil && o.TemplateBudgetMB != 0 {
 		note := fmt.Sprintf("deltabox at %s s think, template_budget_mb %d: %d nodes evicted over the budget, %d of %d process restores from durable images",
 			thinkArg(think), o.TemplateBudgetMB, st.EvictedNodes, st.ImageRestores, st.ProcessRestores)
+		r.logf("%s", note)
+		r.f.Notes = append(r.f.Notes, note)
+	}
+	if st := tr.Summary.SandboxStats; st != nil && st.ImagesComplete > 0 && st.ImageStoredBytes > 0 {
+		note := fmt.Sprintf("deltabox at %s s think: durable images of %d checkpoints (the root's apart) stored %.0f KB each on average, against %.0f KB for a full CRIU dump of the same processes (%.1fx less)",
+			thinkArg(think), st.ImagesComplete, float64(st.ImageStoredBytes)/float64(st.ImagesComplete)/1e3,
+			float64(st.ImageFullBytes)/float64(st.ImagesComplete)/1e3, float64(st.ImageFullBytes)/float64(st.ImageStoredBytes))
 		r.logf("%s", note)
 		r.f.Notes = append(r.f.Notes, note)
 	}

@@ -137,3 +137,30 @@ func TestSummaryOfCommittedResults(t *testing.T) {
 		}
 	}
 }
+
+// TestSummaryDurable: the durable bench's targets, per heap size: the 50 MB restore from
+// an image against plain CRIU's (checked; other sizes shown), and stored bytes per
+// checkpoint against a full dump.
+func TestSummaryDurable(t *testing.T) {
+	r := func(sys, op string, mb int, p50 float64) Row {
+		return Row{System: sys, Op: op, WorkspaceMB: mb, P50: p50, N: 10}
+	}
+	f := &File{Bench: "durable", Results: []Row{
+		r(SysDurableIncr, "dump", 50, 345e3), r(SysCRIUFull, "dump", 50, 61e6),
+		r(SysDurableImage, "restore", 50, 152.3), r(SysCRIUPlain, "restore", 50, 134.4),
+		r(SysDurableIncr, "dump", 500, 150e6), r(SysCRIUFull, "dump", 500, 533e6),
+		r(SysDurableImage, "restore", 500, 2000), r(SysCRIUPlain, "restore", 500, 961),
+	}}
+	md := Markdown([]*File{f}, []string{"durable.json"})
+	for _, want := range []string{
+		"2 of 3 targets met.",
+		"| restore from a durable image p50 <= 1.5x plain CRIU's, a 50 MB python | 1.13x (152.3 vs 134.4 ms) | met | [durable](#durable) |",
+		"| restore from a durable image p50 <= 1.5x plain CRIU's, a 500 MB python | 2.08x (2000 vs 961.0 ms) | - | [durable](#durable) |",
+		"| image bytes stored per checkpoint >= 5x fewer than a full CRIU dump's, a 50 MB python | 176x fewer (345 KB vs 61.0 MB) | met | [durable](#durable) |",
+		"| image bytes stored per checkpoint >= 5x fewer than a full CRIU dump's, a 500 MB python | 3x fewer (150.0 MB vs 533.0 MB) | **missed** | [durable](#durable) |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("summary lacks\n%s\nin\n%s", want, md)
+		}
+	}
+}

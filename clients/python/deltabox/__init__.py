@@ -29,7 +29,7 @@ from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, I
                      MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable,
                      DiskQuotaExceeded, TemplateBudgetExceeded)
 from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
-                     SandboxMemory, Templates, Tree)
+                     ProcessImage, SandboxMemory, Templates, Tree)
 from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
 
 __version__ = "0.3.0"
@@ -59,6 +59,7 @@ __all__ = [
     "SandboxMemory",
     "Session",
     "Sessions",
+    "ProcessImage",
     "Templates",
     "TooLarge",
     "Tree",

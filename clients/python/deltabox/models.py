@@ -180,6 +180,39 @@ class Templates:
 
 
 @dataclass
+class ProcessImage:
+    """A node's durable process image: its templates written to CRIU images in the
+    background, from which the node's processes come back once its templates are gone
+    (evicted over the template budget, killed, or their sandbox ended).
+
+    Attributes:
+        state: ``pending`` (queued or being written), ``complete`` or ``failed``.
+        error: why it failed.
+        stored_bytes: what the image added to the daemon's store (each distinct page
+            once: mostly what changed since the images before it).
+        full_bytes: what a full CRIU dump of the same processes takes.
+        lag_ms: how long it has waited (pending), or waited before it was complete.
+        dump_ms: how long its dump and storing took.
+    """
+
+    state: str = ""
+    error: str = ""
+    stored_bytes: int = 0
+    full_bytes: int = 0
+    lag_ms: int = 0
+    dump_ms: int = 0
+
+    @classmethod
+    def from_api(cls, d: Any) -> Optional["ProcessImage"]:
+        if not isinstance(d, dict):
+            return None
+        return cls(state=str(d.get("state") or ""), error=str(d.get("error") or ""),
+                   stored_bytes=int(d.get("stored_bytes") or 0),
+                   full_bytes=int(d.get("full_bytes") or 0),
+                   lag_ms=int(d.get("lag_ms") or 0), dump_ms=int(d.get("dump_ms") or 0))
+
+
+@dataclass
 class OpMemory:
     """The sandbox's memory after a checkpoint or restore (``ckpt.memory``,
     ``result.memory``). A node's process templates are stopped processes of the
@@ -299,6 +332,8 @@ class Checkpoint:
         pinned: the hint that it will be restored again (:meth:`pin`): its templates
             are never evicted over the template budget.
         last_restored: its last restore (aware datetime, UTC), None if never.
+        process_image: its durable process image (:class:`ProcessImage`), None when
+            none was asked for (no process template, or images off).
 
     Set only when this object is the answer of ``sb.checkpoint()`` (None, or empty,
     otherwise):
@@ -346,6 +381,7 @@ class Checkpoint:
     templates: Optional[Templates] = None
     pinned: bool = False
     last_restored: Optional[_dt.datetime] = None
+    process_image: Optional[ProcessImage] = None
     processes: Optional[int] = None
     process_errors: List[str] = field(default_factory=list)
     sessions: Optional[List[str]] = None
@@ -382,6 +418,7 @@ class Checkpoint:
             templates=Templates.from_api(d.get("templates")),
             pinned=bool(d.get("pinned")),
             last_restored=parse_time(d.get("last_restored")),
+            process_image=ProcessImage.from_api(d.get("process_image")),
             _client=client,
             _workdir=workdir,
         )

@@ -37,7 +37,7 @@ if os.environ.get("DELTABOX_TEST_INSTALLED") != "1" and SRC not in sys.path:
 import deltabox  # noqa: E402
 from deltabox import (Checkpoint, Client, CommandError, Conflict, DaemonUnreachable,  # noqa: E402
                       DeltaBoxError, InvalidRequest, MemoryWarning, NotFound, OpMemory,
-                      RestoreResult, Result, Sandbox, SandboxMemory, Templates, Tree)
+                      RestoreResult, Result, Sandbox, SandboxMemory, Templates, Tree, ProcessImage)
 from deltabox.aio import AsyncClient, AsyncSandbox, AsyncSession  # noqa: E402
 from deltabox.errors import from_answer  # noqa: E402
 from deltabox.models import parse_time  # noqa: E402
@@ -240,6 +240,11 @@ class OfflineTest(unittest.TestCase):
             "processes": 2, "sessions": ["main", "py"], "rss_bytes": 10, "pss_bytes": 6,
             "private_dirty_bytes": 4}))
         self.assertEqual(n.templates, Templates(2, ["main", "py"], 10, 6, 4))
+        self.assertIsNone(n.process_image)
+        im = Checkpoint.from_api(dict(node, process_image={
+            "state": "complete", "stored_bytes": 345000, "full_bytes": 61000000, "lag_ms": 90,
+            "dump_ms": 80})).process_image
+        self.assertEqual(im, ProcessImage("complete", "", 345000, 61000000, 90, 80))
         self.assertEqual((n.processes, n.process_errors, n.killed_processes, n.prepared, n.phases_us),
                          (None, [], None, None, {}))
         r = RestoreResult.from_api({
