@@ -81,6 +81,10 @@ func Figures(f *File, name string) []Figure {
 	}
 	var rows []Row
 	for _, r := range f.Results {
+		// Rows that hold bytes, not ms (bench durable's image sizes), are no latency.
+		if u, _ := r.Info["unit"].(string); strings.HasPrefix(u, "bytes") {
+			continue
+		}
 		if r.N > 0 && r.P50 > 0 {
 			rows = append(rows, r)
 		}
