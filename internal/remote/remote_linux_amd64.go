@@ -147,6 +147,13 @@ func (tr *Tracer) seize(pid int) (*Tracee, error) {
 		time.Sleep(500 * time.Microsecond)
 		st, err = readStat(pid)
 	}
+	// A thread whose join has returned may still be ending: python's join returns once
+	// the thread's state is released, before the OS thread exits, and the kernel counts
+	// it until then. Wait a little for it (20 ms at most) rather than refuse the process.
+	for i := 0; err == nil && st.threads > 1 && i < 40; i++ {
+		time.Sleep(500 * time.Microsecond)
+		st, err = readStat(pid)
+	}
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("remote: seize %d: %w", pid, err)

@@ -13,7 +13,10 @@ import (
 // files only and why, failed and why) in the sandbox's API answer and in `deltabox tree`,
 // which also shows each node's templates and what they cost.
 func TestFastPathCountsPerPath(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Without durable images: a node with a complete image restores from it when its
+	// template is gone (TestDurableImageRestore), and the stopped processes the kill
+	// below picks from would include the copies waiting for their dump.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	ctx := dbxCtx(t)
 	dbxCreate(t, d, "c1")
 	dbxCreate(t, d, "c2")

@@ -232,7 +232,10 @@ func TestFastPathIneligibleProcessChangesNothing(t *testing.T) {
 // makes a later restore of its node fail with a clear error, never a wrong state; other
 // nodes still restore.
 func TestFastPathKilledTemplateRefusesRestore(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Without durable images: with one, the node's processes come back from it
+	// (TestDurableImageRestore), and the stopped processes the kill below picks from
+	// would include the copies waiting for their dump.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "kt")
 	sessRun(t, d, "kt", "main", "V=one")
 	n1 := dbxCheckpoint(t, d, "kt", "one")
