@@ -100,6 +100,7 @@ type checkpoint struct {
 	criuRoots []int
 	criuWhy   map[int]string
 	criu      *criuTrees
+	undoLoss  string     // what an undo could not put back, for the error
 	settled   bool       // step 1 saw nothing step 3 must end
 	uts       sbinit.UTS // step 1 (or 3): the names the node records
 	refused   string     // why a refusal was one (counted)
@@ -183,6 +184,9 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	c.undo.push(func() { m.prepareNext(s) })
 	if err := runSteps(m, "checkpoint", checkpointSteps, c, &c.inject, c.res, t0); err != nil {
 		c.undo.run()
+		if c.undoLoss != "" {
+			err = fmt.Errorf("%w; undoing it, %s", err, c.undoLoss)
+		}
 		return nil, err
 	}
 	c.res.Node = m.nodeInfo(c.n.ID)
@@ -207,13 +211,12 @@ func (c *checkpoint) seize() error {
 		if len(refused) > 0 && err == nil {
 			// Their trees go through CRIU (criutrees.go), with what the fast path held
 			// below their roots.
-			var roots []int
-			var why map[int]string
-			if roots, why, others, err = m.criuRoots(s.rt.InitPid(), refused, held, others); err != nil {
+			roots, why, kept, rerr := m.criuRoots(s.rt.InitPid(), refused, held, others)
+			if err = rerr; err != nil {
 				m.abortHeld(held)
 				m.abortHeld(others)
 			} else {
-				c.criuRoots, c.criuWhy = roots, why
+				c.criuRoots, c.criuWhy, others = roots, why, kept
 			}
 		}
 		held = append(held, others...)
@@ -237,8 +240,22 @@ func (c *checkpoint) seize() error {
 		} else {
 			c.res.CRIUProcesses = c.criu.count()
 			phase(c.res, "criu_dump", &tc)
+			// Runs after every later step's undo: if step 7 ended the trees, the
+			// sandbox's old state (files unfrozen, namespace back) is current again,
+			// and they come back onto it from their images.
 			ts := c.criu
 			c.undo.push(func() {
+				if ts.ended {
+					st, err := currentState(s.rt)
+					if err == nil {
+						err = m.restoreCRIUTrees(s, ts, st)
+						st.Close()
+					}
+					if err != nil {
+						c.undoLoss = fmt.Sprintf("the %d processes CRIU took could not be put back (they are gone): %v", ts.count(), err)
+						m.log.Error("checkpoint undo: the CRIU trees could not be put back; their processes are gone", "sandbox", s.rec.ID, "err", err)
+					}
+				}
 				ts.resume()
 				store.RemoveAll(ts.dir)
 			})
@@ -422,7 +439,9 @@ func (c *checkpoint) move() error {
 
 // moveCRIUTrees moves step 1's CRIU trees onto the new state, by CRIU: ended, and
 // restored from their images (criutrees.go says why). Nothing to do when the sandbox
-// kept its state. Undo: the same onto the old state.
+// kept its state. Undo: end them again; step 1's undo, which runs once the old state is
+// back (files unfrozen, namespace reinstalled), restores them onto it. Restored before
+// then, they would reopen their files in a frozen layer.
 func (c *checkpoint) moveCRIUTrees() error {
 	m, s, ts := c.m, c.s, c.criu
 	if ts == nil || c.unchanged {
@@ -432,25 +451,19 @@ func (c *checkpoint) moveCRIUTrees() error {
 	if err := m.endCRIUTrees(s, ts); err != nil {
 		return err
 	}
-	back := func() {
-		err := m.endCRIUTrees(s, ts)
-		if err == nil {
-			err = m.restoreCRIUTrees(s, ts, c.oldNS)
-		}
-		if err != nil {
-			m.log.Error("checkpoint undo: the CRIU trees could not be put back; their processes are gone", "sandbox", s.rec.ID, "err", err)
-		}
-	}
 	st, err := currentState(s.rt)
 	if err == nil {
 		err = m.restoreCRIUTrees(s, ts, st)
 		st.Close()
 	}
 	if err != nil {
-		back()
 		return fmt.Errorf("move the processes CRIU took onto the new state: %w", err)
 	}
-	c.undo.push(back)
+	c.undo.push(func() {
+		if err := m.endCRIUTrees(s, ts); err != nil {
+			m.log.Error("checkpoint undo: end the CRIU trees on the new state", "sandbox", s.rec.ID, "err", err)
+		}
+	})
 	phase(c.res, "criu_move", &tc)
 	return nil
 }

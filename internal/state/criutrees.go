@@ -92,6 +92,9 @@ type criuTree struct {
 type criuTrees struct {
 	dir   string
 	trees []*criuTree
+	// ended: the trees were killed (endCRIUTrees) and not restored since; a
+	// checkpoint's undo restores them.
+	ended bool
 }
 
 func (ts *criuTrees) count() (n int) {
@@ -236,6 +239,9 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string) (*criuTr
 		return fail(err)
 	}
 	initHost := s.rt.InitPid()
+	if err := pipesAcross(roots, initHost); err != nil {
+		return fail(err)
+	}
 	for i, root := range roots {
 		what := fmt.Sprintf("process %d (%s)", fastpath.SandboxPid(root, initHost), fastpath.Comm(root))
 		if ttys, err := durable.TreeTTYs(root); err != nil {
@@ -250,36 +256,20 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string) (*criuTr
 		if err := os.Mkdir(t.dir, 0o700); err != nil {
 			return fail(err)
 		}
-		// Who the dump will leave stopped, in case the daemon dies before tree.json is
-		// written again below (resumeCutCRIUTrees).
-		for _, h := range durable.Tree(root) {
-			st, _ := procfs.StartTime(h)
-			t.Host = append(t.Host, [2]uint64{uint64(h), st})
+		// Who the dump will leave stopped, held by pidfds before it (and in tree.json,
+		// for the next daemon if this one dies: resumeCutCRIUTrees), so that any error
+		// from here on lets them run again (fail resumes ts.trees). They run until CRIU
+		// seizes them: a process forked meanwhile is found after the dump.
+		ts.trees = append(ts.trees, t)
+		if err := t.track(root, initHost); err != nil {
+			return fail(fmt.Errorf("%s: %w", what, err))
 		}
-		if err := writeJSONFile(filepath.Join(t.dir, "tree.json"), t); err != nil {
-			return fail(err)
-		}
-		t.Host = nil
 		if _, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true}); err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
-		ts.trees = append(ts.trees, t)
 		// Stopped now: the tree cannot change.
-		for _, h := range durable.Tree(root) {
-			fd, err := unix.PidfdOpen(h, 0)
-			if err != nil {
-				return fail(fmt.Errorf("%s: a process of its tree: %w", what, err))
-			}
-			t.fds = append(t.fds, fd)
-			t.Pids = append(t.Pids, fastpath.SandboxPid(h, initHost))
-			st, _ := procfs.StartTime(h)
-			t.Host = append(t.Host, [2]uint64{uint64(h), st})
-		}
-		if err := writeJSONFile(filepath.Join(t.dir, "tree.json"), t); err != nil {
-			return fail(err)
-		}
-		if err := syncPath(t.dir); err != nil {
-			return fail(err)
+		if err := t.track(root, initHost); err != nil {
+			return fail(fmt.Errorf("%s: %w", what, err))
 		}
 	}
 	if err := syncPath(ts.dir); err != nil {
@@ -288,9 +278,46 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string) (*criuTr
 	return ts, nil
 }
 
+// track holds the tree rooted at root (host PID) by pidfds, replacing those it held, and
+// records its processes (sandbox PIDs; host PIDs and start times) in tree.json, written
+// whole or not at all.
+func (t *criuTree) track(root, initHost int) error {
+	var fds []int
+	var pids []int
+	var host [][2]uint64
+	for _, h := range durable.Tree(root) {
+		fd, err := unix.PidfdOpen(h, 0)
+		if err != nil {
+			if h == root || !fastpath.Exists(h) {
+				for _, fd := range fds {
+					unix.Close(fd)
+				}
+				if h == root {
+					return fmt.Errorf("its root: %w", err)
+				}
+				continue // ended meanwhile
+			}
+			return fmt.Errorf("a process of its tree: %w", err)
+		}
+		st, _ := procfs.StartTime(h)
+		fds, pids, host = append(fds, fd), append(pids, fastpath.SandboxPid(h, initHost)), append(host, [2]uint64{uint64(h), st})
+	}
+	t.closeFDs()
+	t.fds, t.Pids, t.Host = fds, pids, host
+	tmp := filepath.Join(t.dir, "tree.json.tmp")
+	if err := writeJSONFile(tmp, t); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(t.dir, "tree.json")); err != nil {
+		return err
+	}
+	return syncPath(t.dir)
+}
+
 // endCRIUTrees kills the trees and waits until init has reaped every process (their
 // PIDs are free for the restore).
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
+	ts.ended = true
 	for _, t := range ts.trees {
 		t.signal(unix.SIGKILL)
 		t.closeFDs()
@@ -324,6 +351,7 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 	defer func() {
 		if err != nil {
 			m.endCRIUTrees(s, &criuTrees{trees: done})
+			ts.ended = true
 		}
 	}()
 	for _, t := range ts.trees {
@@ -336,17 +364,21 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		if err != nil {
 			return fmt.Errorf("restore process %d's tree: %w", t.Pids[0], err)
 		}
-		t.closeFDs()
 		done = append(done, t)
-		for _, h := range durable.Tree(rs.HostPid) {
-			if fd, err := unix.PidfdOpen(h, 0); err == nil {
-				t.fds = append(t.fds, fd)
-			}
-			if p := fastpath.SandboxPid(h, initHost); !slices.Contains(t.Pids, p) {
-				return fmt.Errorf("restore process %d's tree: process %d is not in its image", t.Pids[0], p)
+		// Held again by pidfds, and its new host PIDs in tree.json (a daemon that dies
+		// before the resume leaves it stopped: resumeCutCRIUTrees).
+		want := t.Pids
+		if err := t.track(rs.HostPid, initHost); err != nil {
+			unix.Kill(rs.HostPid, unix.SIGKILL)
+			return fmt.Errorf("restore process %d's tree: %w", want[0], err)
+		}
+		for _, p := range t.Pids {
+			if !slices.Contains(want, p) {
+				return fmt.Errorf("restore process %d's tree: process %d is not in its image", want[0], p)
 			}
 		}
 	}
+	ts.ended = false
 	return nil
 }
 
@@ -397,13 +429,16 @@ func (m *Manager) criuTreesOf(node string) (*criuTrees, error) {
 }
 
 // resumeCutCRIUTrees lets run, at start and before the sandboxes are adopted, the trees
-// of checkpoints that a dead daemon cut between their dump and their move (a tree left
-// stopped by CRIU, on the state the sandbox's record names): each process still
-// running under the same host PID and start time gets SIGCONT. Those the cut
-// checkpoint had already moved stand on a state no record names, and adopt ends them.
-// cleanCRIUTrees removes the directories afterwards.
+// that a dead daemon left stopped by CRIU: a checkpoint's cut between their dump and
+// their resume, a restore's cut between theirs and its publish. Each process still
+// running under the host PID and start time tree.json names gets SIGCONT. Those on a
+// state no record names (a checkpoint's move done, a restore's record not written)
+// are ended by adopt. cleanCRIUTrees removes the cut checkpoints' directories afterwards.
 func resumeCutCRIUTrees(root string) {
-	dirs, _ := filepath.Glob(filepath.Join(root, "durable", "bg", ".tmp-*", "*", "tree.json"))
+	// Every tree.json: those of cut checkpoints (.tmp-*), and the nodes', which name the
+	// processes last restored from them (a restore or a checkpoint's move cut before
+	// its resume; SIGCONT is nothing to one that runs).
+	dirs, _ := filepath.Glob(filepath.Join(root, "durable", "bg", "*", "*", "tree.json"))
 	for _, f := range dirs {
 		var t criuTree
 		if b, err := os.ReadFile(f); err != nil || json.Unmarshal(b, &t) != nil {
@@ -455,6 +490,31 @@ func currentState(rt *sandbox.Sandbox) (sandbox.State, error) {
 		return sandbox.None, err
 	}
 	return sandbox.State{NS: ns, Root: root}, nil
+}
+
+// pipesAcross refuses trees that share a pipe (`a | b &` whose shell has ended leaves two
+// trees, one at each end): each tree is dumped and restored apart, and CRIU would
+// restore each end as a pipe of its own, to nobody.
+func pipesAcross(roots []int, initHost int) error {
+	owner := map[string]int{}
+	for _, root := range roots {
+		for _, p := range durable.Tree(root) {
+			dir := fmt.Sprintf("/proc/%d/fd/", p)
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				l, err := os.Readlink(dir + e.Name())
+				if err != nil || !strings.HasPrefix(l, "pipe:") {
+					continue
+				}
+				if o, ok := owner[l]; ok && o != root {
+					return fmt.Errorf("processes %d and %d share %s, in two trees that CRIU would restore apart (start them under one parent that stays, or end one)",
+						fastpath.SandboxPid(o, initHost), fastpath.SandboxPid(root, initHost), l)
+				}
+				owner[l] = root
+			}
+		}
+	}
+	return nil
 }
 
 // pipesToDaemon refuses a tree that holds a pipe whose other end is the daemon's (an

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"deltabox/internal/api"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/testutil"
 )
 
@@ -203,5 +205,24 @@ func TestCRIUTreesCutCheckpoint(t *testing.T) {
 				t.Fatalf("cut at %s: the cut checkpoint's images are left: %v", at, left)
 			}
 		})
+	}
+}
+
+// TestCRIUTreesSharingAPipeRefuse: a background pipeline whose shell has ended leaves two
+// trees, one at each end of a pipe; CRIU dumps and restores each tree apart and would
+// restore each end as a pipe of its own. The checkpoint refuses with 409 naming the
+// pipe, and both processes run on.
+func TestCRIUTreesSharingAPipeRefuse(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "ctp"
+	dbxCreate(t, d, id)
+	dbxSh(t, d, id, `cd /workspace; sleep 1000 </dev/null 2>/dev/null | sleep 1001 >/dev/null 2>&1 &
+for i in $(seq 500); do [ "$(pgrep -c -x sleep)" = 2 ] && exit 0; sleep 0.01; done; exit 1`)
+	_, err := d.C.Checkpoint(dbxCtx(t), id, "pipe")
+	if err == nil || !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "share pipe:") {
+		t.Fatalf("checkpoint with a pipeline split in two trees: %v, want 409 naming the shared pipe", err)
+	}
+	if got := strings.TrimSpace(dbxSh(t, d, id, "pgrep -c -x sleep; ps -o stat= -C sleep | tr -d ' \n'")); got != "2\nSS" {
+		t.Fatalf("the pipeline after the refusal: %q, want both running", got)
 	}
 }
