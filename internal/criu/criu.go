@@ -288,7 +288,7 @@ func probeKey(bin string) (probeRecord, string, bool) {
 
 func loadProbe(bin string) *Runner {
 	key, path, ok := probeKey(bin)
-	if !ok {
+	if !ok || !kdatDirOwned() {
 		return nil
 	}
 	b, err := os.ReadFile(path)
@@ -305,15 +305,31 @@ func loadProbe(bin string) *Runner {
 
 func saveProbe(bin string, r *Runner) {
 	rec, path, ok := probeKey(bin)
-	if !ok || !r.Usable() {
+	if !ok || !r.Usable() || !kdatDirOwned() {
 		return
 	}
 	rec.Mode, rec.Reason, rec.ProbeS = r.Mode, r.Reason, r.ProbeS
 	b, _ := json.Marshal(rec)
 	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-	if os.WriteFile(tmp, b, 0o600) == nil && os.Rename(tmp, path) != nil {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || os.Rename(tmp, path) != nil {
 		os.Remove(tmp)
 	}
+}
+
+// kdatDirOwned reports whether KdatDir is a directory root's alone (ensureKdatDir makes it
+// so, unless someone else made it first in the world-writable /dev/shm): only then is
+// what it holds trusted.
+func kdatDirOwned() bool {
+	var st syscall.Stat_t
+	return syscall.Lstat(KdatDir, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && st.Uid == 0 && st.Mode&0o077 == 0
 }
 
 // KdatDir is where CRIU (as scripts/setup.sh builds it: RUNDIR) keeps what it found
