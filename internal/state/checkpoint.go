@@ -485,6 +485,10 @@ func (c *checkpoint) publish() error {
 	res.Processes = len(tps)
 	m.mu.Lock()
 	c.n.ID = m.newNodeID()
+	if m.idsTaken == nil {
+		m.idsTaken = map[string]bool{}
+	}
+	m.idsTaken[c.n.ID] = true // until the node is in m.nodes, below
 	m.mu.Unlock()
 	if c.criu != nil {
 		// Before the node's record: a node the index has names its trees.
@@ -498,6 +502,7 @@ func (c *checkpoint) publish() error {
 	m.mu.Lock()
 	nd := &node{Node: c.n, uts: &c.uts}
 	m.nodes[c.n.ID] = nd
+	delete(m.idsTaken, c.n.ID)
 	if len(tps) > 0 {
 		m.templates[c.n.ID] = tps
 	}

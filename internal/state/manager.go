@@ -25,8 +25,11 @@ type Manager struct {
 
 	treeMu sync.RWMutex
 
-	mu        sync.Mutex
-	nodes     map[string]*node
+	mu    sync.Mutex
+	nodes map[string]*node
+	// idsTaken: node IDs handed out by newNodeID whose node is not in nodes yet (a
+	// checkpoint syncs its CRIU trees between the two); protected by mu.
+	idsTaken  map[string]bool
 	sandboxes map[string]*sb
 	nextLayer uint64
 	// sessionStarts counts the sessions being started (reserveSession), under mu.

@@ -15,7 +15,7 @@ type NodeInfo = apitypes.NodeInfo
 func (m *Manager) newNodeID() string {
 	for {
 		id := randomID("n")[:7]
-		if _, ok := m.nodes[id]; !ok {
+		if _, ok := m.nodes[id]; !ok && !m.idsTaken[id] {
 			if _, ok := m.sandboxes[id]; !ok {
 				return id
 			}
