@@ -358,3 +358,27 @@ func TestProjectUsagePrealloc(t *testing.T) {
 	}
 	t.Logf("32 MiB appended (1 MiB writes) count %d MiB", appended>>20)
 }
+
+// TestSettledFreeBytesCountsADeleteAtOnce: right after a large file is deleted, the
+// settled count has its blocks, whatever XFS's background workers have done yet.
+func TestSettledFreeBytesCountsADeleteAtOnce(t *testing.T) {
+	root := smallXFS(t, 320)
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 5 {
+		filled := fill(t, root)
+		if err := os.Remove(filepath.Join(root, "filler")); err != nil {
+			t.Fatal(err)
+		}
+		free, err := s.settledFreeBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if free < filled-(4<<20) {
+			t.Fatalf("round %d: %d MiB deleted, %d MiB free at once", i, filled>>20, free>>20)
+		}
+	}
+}

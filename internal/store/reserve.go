@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -126,19 +127,57 @@ func (s *Store) FreeBytes() (int64, error) {
 	return int64(st.Bavail) * st.Bsize, nil
 }
 
-// settledFreeBytes is FreeBytes after a syncfs of the store, which waits for the
-// blocks of deleted files to be freed.
+// settledFreeBytes is FreeBytes once the blocks of deleted files are counted free.
+//
+// syncfs alone is not enough: since Linux 6.0 XFS's sync_fs only queues the
+// inode-inactivation workers (xfs_inodegc_push) and does not wait for them, and CI
+// saw a store 8 MiB free after syncfs when a 141 MiB file had just been deleted.
+// XFS_IOC_FREE_EOFBLOCKS ends in xfs_blockgc_free_space, which waits for those
+// workers (xfs_inodegc_flush); as a scan it also trims speculative preallocation past
+// files' ends, as XFS itself does before it answers ENOSPC. Files with fallocated
+// extents (index.db's headroom, the reserve) keep theirs.
 func (s *Store) settledFreeBytes() (int64, error) {
 	fd, err := unix.Open(s.Root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
 	}
-	err = unix.Syncfs(fd)
-	unix.Close(fd)
-	if err != nil {
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
 		return 0, fmt.Errorf("syncfs %s: %w", s.Root, err)
 	}
+	if err := freeEOFBlocks(fd); err != nil {
+		return 0, fmt.Errorf("XFS_IOC_FREE_EOFBLOCKS on %s: %w", s.Root, err)
+	}
 	return s.FreeBytes()
+}
+
+// xfsFsEOFBlocks is struct xfs_fs_eofblocks (linux/fs/xfs/libxfs/xfs_fs.h).
+type xfsFsEOFBlocks struct {
+	Version     uint32
+	Flags       uint32
+	UID         uint32
+	GID         uint32
+	Prid        uint32
+	Limit       uint32
+	MinFileSize uint64
+	_           [12]uint64
+}
+
+const (
+	xfsIocFreeEOFBlocks = 0x8080583a // _IOR('X', 58, struct xfs_fs_eofblocks)
+	xfsEOFBlocksVersion = 1
+	xfsEOFFlagsSync     = 1 << 0 // wait for each inode rather than skip a busy one
+)
+
+// freeEOFBlocks runs XFS's blockgc scan over the filesystem of fd and waits for the
+// inode-inactivation workers, so that deleted files' blocks are free when it returns.
+func freeEOFBlocks(fd int) error {
+	arg := xfsFsEOFBlocks{Version: xfsEOFBlocksVersion, Flags: xfsEOFFlagsSync}
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), xfsIocFreeEOFBlocks, uintptr(unsafe.Pointer(&arg)))
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func fallocate(p string, off, n int64, keepSize bool) error {
