@@ -77,7 +77,7 @@ func seizeRefusal(hostPid int, err error) error {
 	if perr != nil {
 		return fmt.Errorf("seize %d: %w", hostPid, err) // gone meanwhile
 	}
-	return &Ineligible{Pid: pid, Reason: reason}
+	return &Ineligible{Pid: pid, Reason: reason, CRIU: errors.Is(err, remote.ErrMultiThreaded)}
 }
 
 // Fork forks the held process into its template: the child calls setsid (so the live

@@ -131,7 +131,7 @@ func TestIsDeleted(t *testing.T) {
 
 // TestIneligibleIsConflict: however wrapped, a refusal is a 409.
 func TestIneligibleIsConflict(t *testing.T) {
-	err := fmt.Errorf("session py: %w", &Ineligible{7, "why"})
+	err := fmt.Errorf("session py: %w", &Ineligible{Pid: 7, Reason: "why"})
 	if !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatal("an Ineligible is not a conflict")
 	}

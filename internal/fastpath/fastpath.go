@@ -90,6 +90,10 @@ type Proc struct {
 type Ineligible struct {
 	Pid    int
 	Reason string
+	// CRIU: what the fast path cannot take is what CRIU can (several threads, children,
+	// a pipe, a socket or another kernel object a fork would share): a checkpoint may
+	// carry the process in a CRIU tree instead (internal/state/criutrees.go).
+	CRIU bool
 }
 
 func (e *Ineligible) Error() string {
@@ -197,12 +201,12 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 	for _, l := range strings.Split(string(status), "\n") {
 		f := strings.Fields(l)
 		if len(f) == 2 && f[0] == "Threads:" && f[1] != "1" {
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("it has %s threads (fork copies only one; set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1)", f[1])}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("it has %s threads (fork copies only one; set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1)", f[1]), CRIU: true}
 		}
 		parsePending(f, &p.pending)
 	}
 	if ch, _ := readProc(fmt.Sprintf("%s/task/%d/children", base, hostPid), buf); len(bytes.TrimSpace(ch)) > 0 {
-		return nil, &Ineligible{p.Pid, "it has child processes (" + innerPids(strings.Fields(string(ch)), len(ns)) + "), which a fork cannot take along"}
+		return nil, &Ineligible{Pid: p.Pid, Reason: "it has child processes (" + innerPids(strings.Fields(string(ch)), len(ns)) + "), which a fork cannot take along", CRIU: true}
 	}
 	// Its root: the state's root, which the move's setns gives it again (a chroot would
 	// be lost), and the mount every path is reopened on.
@@ -210,7 +214,7 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 		if err != nil {
 			return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
 		}
-		return nil, &Ineligible{p.Pid, fmt.Sprintf("its root directory is %s (chroot?), which the move onto the new state would not keep", r)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("its root directory is %s (chroot?), which the move onto the new state would not keep", r)}
 	}
 	rsx, err := statxAt(base + "/root")
 	if err != nil {
@@ -223,19 +227,19 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 			return err
 		}
 		if w != "" {
-			return &Ineligible{p.Pid, fmt.Sprintf("%s is on %s, which the new state does not have: reopened by path it would be another file", what, w)}
+			return &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("%s is on %s, which the new state does not have: reopened by path it would be another file", what, w)}
 		}
 		return nil
 	}
 	if p.Cwd, err = os.Readlink(base + "/cwd"); err != nil {
-		return nil, &Ineligible{p.Pid, pathTooLong("its working directory", err)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: pathTooLong("its working directory", err)}
 	}
 	csx, err := statxAt(base + "/cwd")
 	if err != nil {
 		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
 	}
 	if csx.Nlink == 0 {
-		return nil, &Ineligible{p.Pid, "its working directory was deleted"}
+		return nil, &Ineligible{Pid: p.Pid, Reason: "its working directory was deleted"}
 	}
 	if err := onMount("its working directory "+p.Cwd, csx.Mnt_id); err != nil {
 		return nil, err
@@ -295,9 +299,9 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 	case statelessDev(&sx) != "":
 		fd.Kind, fd.Path = "dev", statelessDev(&sx)
 	case lerr != nil:
-		return nil, &Ineligible{p.Pid, pathTooLong(fmt.Sprintf("fd %d", n), lerr)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: pathTooLong(fmt.Sprintf("fd %d", n), lerr)}
 	case !strings.HasPrefix(target, "/"): // pipe:[..], socket:[..], anon_inode:[eventfd] ...
-		return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target), CRIU: true}
 	case mode == unix.S_IFREG || mode == unix.S_IFDIR:
 		fd.Kind = "file"
 		if mode == unix.S_IFDIR {
@@ -308,19 +312,19 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 			return nil, fmt.Errorf("process %d: fd %d (%s): %w", p.Pid, n, target, err)
 		}
 		if deleted {
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
 		}
 		if err := onMount(fmt.Sprintf("fd %d (%s)", n, target), sx.Mnt_id); err != nil {
 			return nil, err
 		}
 	default:
-		return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d is %s, a special file", n, target)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d is %s, a special file", n, target)}
 	}
 	if fd.Kind == "pty" {
 		// Kept, not reopened: a lock through it would stay with the template's
 		// description (flock) or be lost by the restored child (POSIX).
 		if _, _, locks, err = fdinfo(base, n, buf); err == nil && len(locks) > 0 {
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
 		}
 		return &fd, nil
 	}
@@ -328,7 +332,7 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 		return nil, err
 	}
 	if fd.Kind == "dev" && len(locks) > 0 {
-		return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
 	}
 	for _, o := range p.FDs { // the lower fds: in numeric order
 		if o.Dup || o.Path != fd.Path || o.Kind != fd.Kind || !reopened(o.Kind) {
@@ -336,7 +340,7 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 		}
 		same, err := sameFile(p.HostPid, o.Num, p.HostPid, n)
 		if err != nil {
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("fds %d and %d are both %s, and whether they share an open file description cannot be told (%v)", o.Num, n, fd.Path, err)}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fds %d and %d are both %s, and whether they share an open file description cannot be told (%v)", o.Num, n, fd.Path, err)}
 		}
 		if same {
 			fd.Dup, fd.DupOf, locks = true, o.Num, nil
@@ -346,7 +350,7 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 	for _, l := range locks {
 		lk, err := parseLock(l)
 		if err != nil {
-			return nil, &Ineligible{p.Pid, fmt.Sprintf("fd %d (%s) holds %v", n, target, err)}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds %v", n, target, err)}
 		}
 		fd.Locks = append(fd.Locks, lk)
 	}

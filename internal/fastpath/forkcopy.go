@@ -76,13 +76,13 @@ func checkForkCopy(p *Proc, tmplHost int) error {
 		}
 		switch {
 		case v.flags["dc"]:
-			return &Ineligible{p.Pid, fmt.Sprintf("its memory %x-%x (%s) is marked MADV_DONTFORK (VmFlags dc), which fork does not copy: a restored process would lack it", v.start, v.end, name)}
+			return &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("its memory %x-%x (%s) is marked MADV_DONTFORK (VmFlags dc), which fork does not copy: a restored process would lack it", v.start, v.end, name)}
 		case v.flags["wf"] && !v.flags["dp"]:
-			return &Ineligible{p.Pid, fmt.Sprintf("its memory %x-%x (%s) is marked MADV_WIPEONFORK (VmFlags wf), which fork gives back zero-filled: a restored process would not see the checkpoint's contents", v.start, v.end, name)}
+			return &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("its memory %x-%x (%s) is marked MADV_WIPEONFORK (VmFlags wf), which fork gives back zero-filled: a restored process would not see the checkpoint's contents", v.start, v.end, name)}
 		}
 	}
 	if ls != ts {
-		return &Ineligible{p.Pid, fmt.Sprintf("its template did not get all its memory (%d pages mapped, the template %d), and smaps names no MADV_DONTFORK mapping", ls, ts)}
+		return &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("its template did not get all its memory (%d pages mapped, the template %d), and smaps names no MADV_DONTFORK mapping", ls, ts)}
 	}
 	// Fewer anonymous pages and no "wf" mapping but droppable ones: the template's
 	// page walk says whether it lacks anything but those (counters that are not exact
@@ -92,7 +92,7 @@ func checkForkCopy(p *Proc, tmplHost int) error {
 		return fmt.Errorf("the template of process %d: %w", p.Pid, err)
 	}
 	if lk, tk := anonKB(parseSmaps(b)), anonKB(parseSmaps(tb)); lk != tk {
-		return &Ineligible{p.Pid, fmt.Sprintf("its template did not get all its memory (%d kB anonymous, the template %d kB), and smaps names no MADV_WIPEONFORK mapping", lk, tk)}
+		return &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("its template did not get all its memory (%d kB anonymous, the template %d kB), and smaps names no MADV_WIPEONFORK mapping", lk, tk)}
 	}
 	return nil
 }

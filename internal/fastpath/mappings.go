@@ -212,10 +212,10 @@ func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFu
 		}
 		what := fmt.Sprintf("a writable shared mapping (%x-%x) of %s", m.start, m.end, m.path)
 		if m.tooLong {
-			return nil, &Ineligible{pid, pathTooLong(fmt.Sprintf("a writable shared mapping (%x-%x)", m.start, m.end), unix.ENAMETOOLONG)}
+			return nil, &Ineligible{Pid: pid, Reason: pathTooLong(fmt.Sprintf("a writable shared mapping (%x-%x)", m.start, m.end), unix.ENAMETOOLONG)}
 		}
 		if !strings.HasPrefix(m.path, "/") {
-			return nil, &Ineligible{pid, what + ", which is not a file"}
+			return nil, &Ineligible{Pid: pid, Reason: what + ", which is not a file"}
 		}
 		// Deleted or not by the file itself (isDeleted); the kernel's names of shared
 		// memory say what it is.
@@ -229,15 +229,15 @@ func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFu
 		}
 		switch {
 		case deleted && strings.HasPrefix(m.path, "/dev/zero (deleted)"):
-			return nil, &Ineligible{pid, fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end)}
+			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end)}
 		case deleted && strings.HasPrefix(m.path, "/SYSV"):
-			return nil, &Ineligible{pid, fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
+			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
 		case deleted && strings.HasPrefix(m.path, "/memfd:"):
-			return nil, &Ineligible{pid, what + ": a memfd, which fork shares with the template and no state holds"}
+			return nil, &Ineligible{Pid: pid, Reason: what + ": a memfd, which fork shares with the template and no state holds"}
 		case deleted:
-			return nil, &Ineligible{pid, what + ": the file was deleted, so it cannot be mapped again from the new state"}
+			return nil, &Ineligible{Pid: pid, Reason: what + ": the file was deleted, so it cannot be mapped again from the new state"}
 		case sx.Mode&unix.S_IFMT != unix.S_IFREG:
-			return nil, &Ineligible{pid, what + ": not a regular file (a device?), which fork shares with the template"}
+			return nil, &Ineligible{Pid: pid, Reason: what + ": not a regular file (a device?), which fork shares with the template"}
 		}
 		if err := onMount(what, sx.Mnt_id); err != nil {
 			return nil, err

@@ -128,7 +128,7 @@ func posixTimers(base string, hostPid, pid int, buf []byte) ([]PosixTimer, error
 		return nil, fmt.Errorf("process %d: /proc/PID/timers: %w", pid, err)
 	}
 	if len(timers) > 0 && !restoreIDs() {
-		return nil, &Ineligible{pid, fmt.Sprintf("it has %d POSIX timers, and this kernel cannot re-create them with their ids (PR_TIMER_CREATE_RESTORE_IDS, Linux 6.16+)", len(timers))}
+		return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has %d POSIX timers, and this kernel cannot re-create them with their ids (PR_TIMER_CREATE_RESTORE_IDS, Linux 6.16+)", len(timers))}
 	}
 	// A thread as the sandbox calls it (/proc shows host tids).
 	name := func(tid int) string {
@@ -140,7 +140,7 @@ func posixTimers(base string, hostPid, pid int, buf []byte) ([]PosixTimer, error
 	}
 	for _, tm := range timers {
 		if reason := timerRefused(tm.PosixTimer, tm.target, hostPid, pid, name); reason != "" {
-			return nil, &Ineligible{pid, fmt.Sprintf("POSIX timer %d %s", tm.ID, reason)}
+			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("POSIX timer %d %s", tm.ID, reason)}
 		}
 	}
 	out := make([]PosixTimer, len(timers))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -201,11 +202,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 // seize is step 1.
 func (c *checkpoint) seize() error {
 	m, s := c.m, c.s
-	held, err := m.holdSessions(s)
+	held, sessTrees, err := m.holdSessions(s)
 	var refused map[int]error
 	if err == nil {
 		var others []*heldProc
-		if others, c.settled, refused, err = m.holdOthers(s, held, c.o.EndBackground); err != nil {
+		if others, c.settled, refused, err = m.holdOthers(s, held, sessTrees, c.o.EndBackground); err != nil {
 			m.abortHeld(held)
 		}
 		if len(refused) > 0 && err == nil {
@@ -220,6 +221,17 @@ func (c *checkpoint) seize() error {
 			}
 		}
 		held = append(held, others...)
+		if err == nil && len(sessTrees) > 0 {
+			// Sessions' trees, rooted at the sessions' processes (criutrees.go).
+			if c.criuWhy == nil {
+				c.criuWhy = map[int]string{}
+			}
+			for h, sr := range sessTrees {
+				c.criuRoots = append(c.criuRoots, h)
+				c.criuWhy[h] = sr.why
+			}
+			slices.Sort(c.criuRoots)
+		}
 	}
 	if err == nil {
 		// Read once the processes are stopped: what they share must not change before
@@ -230,13 +242,13 @@ func (c *checkpoint) seize() error {
 	}
 	if err == nil && len(c.criuRoots) > 0 {
 		tc := time.Now()
-		if c.criu, err = m.dumpCRIUTrees(s, c.criuRoots, c.criuWhy); err != nil {
+		if c.criu, err = m.dumpCRIUTrees(s, c.criuRoots, c.criuWhy, sessTrees); err != nil {
 			m.abortHeld(held)
 			var fastWhy []string
 			for _, r := range c.criuRoots {
 				fastWhy = append(fastWhy, c.criuWhy[r])
 			}
-			err = criuRefusal(strings.Join(fastWhy, "; "), err.Error())
+			err = criuRefusal(strings.Join(fastWhy, "; "), err.Error(), len(sessTrees) > 0)
 		} else {
 			c.res.CRIUProcesses = c.criu.count()
 			phase(c.res, "criu_dump", &tc)
@@ -496,6 +508,9 @@ func (c *checkpoint) publish() error {
 			res.ProcessErrors = append(res.ProcessErrors, fmt.Sprintf("the images of the processes CRIU took: %v; they run on, and the node has no process state for them", err))
 			store.RemoveAll(c.criu.dir)
 			res.CRIUProcesses = 0
+		} else {
+			res.Sessions = append(res.Sessions, c.criu.sessions()...)
+			slices.Sort(res.Sessions)
 		}
 		c.criu.resume()
 	}

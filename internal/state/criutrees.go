@@ -21,6 +21,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/session"
 	"deltabox/internal/store"
 )
 
@@ -37,6 +38,22 @@ import (
 // The unit is a tree: CRIU dumps a process with all its descendants, and restores it as
 // a child of the sandbox's init. A tree is rooted at the child of init that leads to a
 // refused process: any process of the fast path's below that root goes with the tree.
+//
+// A session's process that the fast path refuses for what CRIU can take
+// (fastpath.Ineligible.CRIU: its children, such as `python3 -m http.server &` in a bash
+// session, several threads, a pipe or a socket) roots a tree of its own, with its
+// children. Its terminal is the session's: the daemon holds the master, so it is
+// external to the image (CRIU's tty[rdev:dev]), and each restore hands CRIU the
+// session's slave (TIOCGPTPEER), held open from before the tree is ended until the
+// session is rebound to the restored process (same PID, a new exit watch from init,
+// set after init reported the old one's exit). CRIU makes the terminal the restored
+// leader's controlling one with its foreground group (measured: tcgetpgrp, ^C through
+// the session); processes below the leader come back without a controlling terminal
+// (Linux inherits it only at fork, and CRIU sets it after forking the tree), so one of
+// them that opens /dev/tty fails with ENXIO. A tree may hold its own session's terminal
+// and no other. A restore finds the session by name, or makes it (NewDetached) when it
+// is gone, and puts back the terminal settings and log of the checkpoint (tree.json).
+// Without durable images a session the fast path refuses is a 409, as before.
 //
 // Files and processes stay one atomic pair:
 //
@@ -84,8 +101,35 @@ type criuTree struct {
 	// that dies before the checkpoint's publish leaves them so, and the next one lets
 	// them run (resumeCutCRIUTrees).
 	Host [][2]uint64 `json:"host"`
-	dir  string
-	fds  []int // pidfds of its processes, as dumped or as last restored
+	// A session's tree (the session's process is its root, its children go with it):
+	// the session, with its kind and argv for one made again at a restore, and its
+	// terminal's settings and log at the checkpoint. The terminal itself is the
+	// session's (external to the image); a restore hands CRIU the session's slave.
+	Session string             `json:"session,omitempty"`
+	Kind    session.Kind       `json:"kind,omitempty"`
+	Argv    []string           `json:"argv,omitempty"`
+	Term    *session.TermState `json:"term,omitempty"`
+
+	dir string
+	fds []int // pidfds of its processes, as dumped or as last restored
+	// A session's tree, while an operation holds it: the session, the slave of its
+	// terminal held open from before the tree is ended until the session is rebound
+	// (when the last holder of a slave goes, reads on the master fail with EIO and the
+	// session stops reading it for good), the restored root's exit from init, and
+	// whether the session was made for a restore (NewDetached) or replaces a dead one.
+	sess    *session.Session
+	peer    *os.File
+	exit    <-chan unix.WaitStatus
+	created bool
+	old     *session.Session
+}
+
+// sessionRoot is a session whose process the fast path refused (children, threads, a
+// socket...): its tree goes through CRIU, rooted at the session's process.
+type sessionRoot struct {
+	name string
+	sess *session.Session
+	why  string
 }
 
 // criuTrees are the trees of one operation, in a directory of their own.
@@ -105,6 +149,78 @@ func (ts *criuTrees) count() (n int) {
 		n += len(t.Pids)
 	}
 	return n
+}
+
+// prepareTreeSessions finds or makes, for a restore, the session of each of ts's session
+// trees, and holds its terminal's slave open. On error what it made is let go.
+// Precondition: s.opMu held.
+func (m *Manager) prepareTreeSessions(s *sb, ts *criuTrees) error {
+	for _, t := range ts.trees {
+		if t.Session == "" {
+			continue
+		}
+		var err error
+		t.sess, t.old, t.created, err = sessionToRevive(s, t.Session, t.Kind, t.Argv)
+		if err == nil {
+			_, err = t.holdPeer()
+		}
+		if err != nil {
+			m.abortTreeSessions(ts)
+			return fmt.Errorf("session %s of the node's CRIU trees: %w", t.Session, err)
+		}
+	}
+	return nil
+}
+
+// abortTreeSessions undoes prepareTreeSessions.
+func (m *Manager) abortTreeSessions(ts *criuTrees) {
+	for _, t := range ts.trees {
+		t.closePeer()
+		if t.created {
+			t.sess.Release()
+		}
+		t.sess, t.old, t.created, t.exit = nil, nil, false, nil
+	}
+}
+
+// commitTreeSessions makes the sessions of ts's restored trees s's, with the node's
+// terminal settings and log, before resume binds each to its process. It returns their
+// names.
+func (m *Manager) commitTreeSessions(s *sb, ts *criuTrees) (names []string) {
+	for _, t := range ts.trees {
+		if t.Session == "" || t.sess == nil {
+			continue
+		}
+		if t.old != nil {
+			t.old.Release()
+		}
+		if t.Term != nil {
+			t.sess.RestoreTerm(*t.Term)
+		}
+		s.mu.Lock()
+		s.sessions[t.Session] = t.sess
+		delete(s.ended, t.Session)
+		if len(t.Host) > 0 {
+			s.hostPids[t.Pids[0]] = int(t.Host[0][0])
+		}
+		s.mu.Unlock()
+		t.created, t.old = false, nil
+		names = append(names, t.Session)
+	}
+	return names
+}
+
+// sessions lists the sessions whose trees these are.
+func (ts *criuTrees) sessions() (out []string) {
+	if ts == nil {
+		return nil
+	}
+	for _, t := range ts.trees {
+		if t.Session != "" {
+			out = append(out, t.Session)
+		}
+	}
+	return out
 }
 
 // pids lists every process of the trees (sandbox PIDs): a checkpoint's kill keeps them.
@@ -131,15 +247,50 @@ func (t *criuTree) closeFDs() {
 	t.fds = nil
 }
 
-// resume lets every tree run and drops the pidfds.
+// resume lets every tree run and drops the pidfds. A session's tree that was restored
+// is first bound to its session (same PID and terminal, the new process's exit).
+// Descendants get SIGCONT before their parents: a shell with job control that ran
+// before its job was continued would see the job stopped, and print "Stopped" into the
+// next call's output.
 func (ts *criuTrees) resume() {
 	if ts == nil {
 		return
 	}
 	for _, t := range ts.trees {
-		t.signal(unix.SIGCONT)
+		if t.sess != nil && t.exit != nil {
+			t.sess.Rebind(t.Pids[0], t.exit)
+			t.exit = nil
+		}
+		for i := len(t.fds) - 1; i >= 0; i-- {
+			unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0)
+		}
 		t.closeFDs()
+		t.closePeer()
 	}
+}
+
+func (t *criuTree) closePeer() {
+	if t.peer != nil {
+		t.peer.Close()
+		t.peer = nil
+	}
+}
+
+// holdPeer opens the slave of t's session's terminal (TIOCGPTPEER: no path lookup) and
+// returns CRIU's external key of it, "tty[rdev:dev]" as durable.TreeTTYs names it.
+func (t *criuTree) holdPeer() (string, error) {
+	if t.peer == nil {
+		fd, err := t.sess.OpenPeer()
+		if err != nil {
+			return "", err
+		}
+		t.peer = os.NewFile(uintptr(fd), "session-pts")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(t.peer.Fd()), &st); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("tty[%x:%x]", st.Rdev, st.Dev), nil
 }
 
 // criuTreesUsable says whether CRIU can take trees here, waiting for the start-up probe
@@ -223,7 +374,7 @@ func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*hel
 
 // dumpCRIUTrees dumps the trees rooted at roots (host PIDs) and leaves them stopped (see
 // above). On error, what it dumped runs on and nothing is left on disk.
-func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string) (*criuTrees, error) {
+func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions map[int]*sessionRoot) (*criuTrees, error) {
 	if ok, reason := m.criuTreesUsable(); !ok {
 		return nil, errors.New(reason)
 	}
@@ -244,17 +395,41 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string) (*criuTr
 	}
 	for i, root := range roots {
 		what := fmt.Sprintf("process %d (%s)", fastpath.SandboxPid(root, initHost), fastpath.Comm(root))
+		t := &criuTree{Why: why[root], dir: filepath.Join(ts.dir, strconv.Itoa(i))}
+		// A session's tree may hold its session's terminal, and no other: the restore
+		// hands CRIU the session's slave for it.
+		mine := ""
+		if sr := sessions[root]; sr != nil {
+			what = "session " + sr.name
+			t.Session, t.sess, t.Kind, t.Argv = sr.name, sr.sess, sr.sess.Kind(), sr.sess.Info().Argv
+			k, err := t.holdPeer()
+			if err != nil {
+				t.closePeer()
+				return fail(fmt.Errorf("%s: %w", what, err))
+			}
+			mine = k
+		}
 		if ttys, err := durable.TreeTTYs(root); err != nil {
+			t.closePeer()
 			return fail(err)
-		} else if len(ttys) > 0 {
+		} else if slices.ContainsFunc(ttys, func(k string) bool { return k != mine }) {
+			t.closePeer()
+			if mine != "" {
+				return fail(fmt.Errorf("%s: its tree holds the terminal of another session, which CRIU would have to take from that session", what))
+			}
 			return fail(fmt.Errorf("%s: its tree holds a session's terminal, which CRIU would have to take from the session", what))
 		}
 		if err := pipesToDaemon(root); err != nil {
+			t.closePeer()
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
-		t := &criuTree{Why: why[root], dir: filepath.Join(ts.dir, strconv.Itoa(i))}
 		if err := os.Mkdir(t.dir, 0o700); err != nil {
+			t.closePeer()
 			return fail(err)
+		}
+		if t.sess != nil {
+			term := t.sess.SaveTerm()
+			t.Term = &term
 		}
 		// Who the dump will leave stopped, held by pidfds before it (and in tree.json,
 		// for the next daemon if this one dies: resumeCutCRIUTrees), so that any error
@@ -360,8 +535,36 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 				return err
 			}
 		}
+		sbx.TTYs = nil
+		if t.Session != "" {
+			// The session's terminal for the one the image names; init reports the
+			// old root's exit (to the session's old watch) before its answer, so that
+			// the new watch gets the restored root's.
+			if t.peer == nil {
+				return fmt.Errorf("restore session %s's tree: no terminal for it", t.Session)
+			}
+			man, err := durable.ReadManifest(t.dir)
+			if err != nil {
+				return fmt.Errorf("restore session %s's tree: %w", t.Session, err)
+			}
+			sbx.TTYs = map[string]*os.File{}
+			for _, k := range man.TTYs {
+				sbx.TTYs[k] = t.peer
+			}
+			if _, err := s.rt.Reap(t.Pids[0]); err != nil {
+				return fmt.Errorf("restore session %s's tree: %w", t.Session, err)
+			}
+			t.exit = s.rt.Watch(t.Pids[0])
+		}
 		rs, err := durable.Restore(context.Background(), m.img.runner, t.dir, sbx, durable.RestoreOptions{LeaveStopped: true})
 		if err != nil {
+			if t.exit != nil {
+				s.rt.Unwatch(t.Pids[0])
+				t.exit = nil
+			}
+			if t.Session != "" {
+				return fmt.Errorf("restore session %s's tree: %w", t.Session, err)
+			}
 			return fmt.Errorf("restore process %d's tree: %w", t.Pids[0], err)
 		}
 		done = append(done, t)
@@ -464,7 +667,10 @@ func (m *Manager) cleanCRIUTrees() {
 }
 
 // criuRefusal is the 409 of a tree neither path can take.
-func criuRefusal(fastWhy, criuWhy string) error {
+func criuRefusal(fastWhy, criuWhy string, sessions bool) error {
+	if sessions {
+		return fmt.Errorf("%s, and CRIU could not take it either: %s (end what makes it so, or end the session: deltabox session kill; end_background ends such processes outside the sessions): %w", fastWhy, criuWhy, errdefs.ErrConflict)
+	}
 	return fmt.Errorf("%s, outside the sessions, and CRIU could not take it either: %s (end it, or checkpoint with end_background to end such processes): %w", fastWhy, criuWhy, errdefs.ErrConflict)
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 	"deltabox/internal/session"
 )
@@ -60,18 +61,21 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 }
 
 // holdSessions seizes every running session's process and checks, while it is stopped,
-// that it can be checkpointed with its state. On error every process already seized is
-// let go untouched. Precondition: s.opMu held, no exec running.
-func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
+// that it can be checkpointed with its state. A session whose process the fast path's
+// inspection refuses (children, threads, a socket...) is returned in refused instead,
+// by host PID, where CRIU works (not with durable images off): its tree goes through
+// CRIU (criutrees.go).
+// On error every process already seized is let go untouched. Precondition: s.opMu
+// held, no exec running.
+func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	names, sess := liveSessions(s)
 	if len(names) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	tr := m.tracer(s)
-	var out []*heldProc
 	for _, n := range names {
 		host, err := m.hostPid(s, sess[n].Pid())
 		if err == nil {
@@ -81,14 +85,42 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 				continue
 			}
 		}
-		m.abortHeld(out)
 		var in *fastpath.Ineligible
-		if errors.As(err, &in) {
-			return nil, fmt.Errorf("session %s: %w; end what makes it so, or end the session (deltabox session kill): %w", n, err, errdefs.ErrConflict)
+		criuWhy := ""
+		if errors.As(err, &in) && in.CRIU {
+			ok, why := m.criuTreesUsable()
+			if ok {
+				if refused == nil {
+					refused = map[int]*sessionRoot{}
+				}
+				refused[host] = &sessionRoot{name: n, sess: sess[n], why: fmt.Sprintf("session %s: %v", n, err)}
+				continue
+			}
+			criuWhy = " (and CRIU cannot take it: " + why + ")"
 		}
-		return nil, fmt.Errorf("session %s: %w", n, err)
+		m.abortHeld(out)
+		if in != nil {
+			return nil, nil, fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict)
+		}
+		return nil, nil, fmt.Errorf("session %s: %w", n, err)
 	}
-	return out, nil
+	return out, refused, nil
+}
+
+// belowAny reports whether host PID h is one of roots or has one among its ancestors
+// below the sandbox's init (initHost).
+func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
+	for range 4096 {
+		if roots[h] != nil {
+			return true
+		}
+		p, err := procfs.PPid(h)
+		if err != nil || p == initHost || p <= 1 {
+			return false
+		}
+		h = p
+	}
+	return false
 }
 
 // holdOthers seizes, after the sessions' (held), every other process of the sandbox
@@ -111,7 +143,7 @@ func (m *Manager) holdSessions(s *sb) ([]*heldProc, error) {
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
-func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
+func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
 		return nil, false, nil, nil
 	}
@@ -205,6 +237,9 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, endBackground bool) (out [
 		switch kind[host] {
 		case fastpath.Zombie, fastpath.Traced: // gone; a memory holder (killed after its restore)
 			continue
+		}
+		if len(sessTrees) > 0 && belowAny(host, sessTrees, initHost) {
+			continue // a session's tree carries it (CRIU)
 		}
 		var h *fastpath.Held
 		var err error

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -225,7 +226,11 @@ func (r *restore) templates() error {
 		case !ok:
 			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("node %s's %d processes that CRIU took cannot come back: %s", r.nodeID, ts.count(), why))
 		default:
+			if err := m.prepareTreeSessions(s, ts); err != nil {
+				return err
+			}
 			r.criu = ts
+			r.undo.push(func() { m.abortTreeSessions(ts) })
 		}
 	}
 	rvs, err := m.prepareRevivals(s, tps)
@@ -420,10 +425,12 @@ func (r *restore) publish() error {
 	res.Sessions, failed, res.ProcessErrors = m.commitRevivals(s, r.rvs)
 	res.Processes = len(r.rvs) - len(res.ProcessErrors)
 	if r.criu != nil {
+		res.Sessions = append(res.Sessions, m.commitTreeSessions(s, r.criu)...)
+		slices.Sort(res.Sessions)
 		r.criu.resume()
 		res.CRIUProcesses = r.criu.count()
 	}
-	ended := m.endSessionsExcept(s, r.tps, "ended by a restore to "+r.nodeID+", where it had no process state")
+	ended := m.endSessionsExcept(s, r.tps, r.criu, "ended by a restore to "+r.nodeID+", where it had no process state")
 	res.SessionsEnded = append(failed, ended...)
 	sort.Strings(res.SessionsEnded)
 	m.mu.Lock()

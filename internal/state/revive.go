@@ -61,18 +61,8 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 // abortRevivals. Precondition: s.opMu held.
 func (m *Manager) prepareSession(s *sb, rv *revival) error {
 	t := rv.pt
-	s.mu.Lock()
-	rv.sess = s.sessions[t.session]
-	s.mu.Unlock()
 	var err error
-	if rv.sess != nil && !rv.sess.Alive() {
-		// Its process is gone and so, maybe, its terminal's reader: a new one.
-		rv.old, rv.sess = rv.sess, nil
-	}
-	if rv.sess == nil {
-		rv.sess, err = session.NewDetached(s.rt, t.session, t.kind, t.argv)
-		rv.created = err == nil
-	}
+	rv.sess, rv.old, rv.created, err = sessionToRevive(s, t.session, t.kind, t.argv)
 	if err == nil {
 		rv.pts, err = rv.sess.PtsPath()
 	}
@@ -103,6 +93,26 @@ func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() err
 		return afterFirst()
 	}
 	return nil
+}
+
+// sessionToRevive finds the session name of s for a process a restore brings back, or
+// makes it (created) with no process: a live one is kept (its terminal and reader), a
+// dead one is replaced (old, released once the restore commits: its terminal's reader
+// may be gone). Precondition: s.opMu held.
+func sessionToRevive(s *sb, name string, kind session.Kind, argv []string) (sess, old *session.Session, created bool, err error) {
+	s.mu.Lock()
+	sess = s.sessions[name]
+	s.mu.Unlock()
+	if sess != nil && !sess.Alive() {
+		old, sess = sess, nil
+	}
+	if sess == nil {
+		if sess, err = session.NewDetached(s.rt, name, kind, argv); err != nil {
+			return nil, old, false, err
+		}
+		created = true
+	}
+	return sess, old, created, nil
 }
 
 // abortRevivals kills what reviveAll made, parks the templates as they were, and drops

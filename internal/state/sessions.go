@@ -197,17 +197,20 @@ func (m *Manager) KillSession(id, name string) error {
 // endSessions closes every session after a checkpoint or restore ended their
 // processes, and returns their names, sorted. Precondition: s.opMu held.
 func (m *Manager) endSessions(s *sb, why string) []string {
-	return m.endSessionsExcept(s, nil, why)
+	return m.endSessionsExcept(s, nil, nil, why)
 }
 
 // endSessionsExcept ends the sessions that have no template in ts (their processes were
 // killed), and returns their names, sorted; the others wait to be rebound to their
 // restored process. Precondition: s.opMu.
-func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, why string) []string {
+func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, trees *criuTrees, why string) []string {
 	var ended []string
 	keep := map[string]bool{}
 	for _, t := range ts {
 		keep[t.session] = true
+	}
+	for _, n := range trees.sessions() {
+		keep[n] = true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

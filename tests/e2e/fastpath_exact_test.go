@@ -204,7 +204,9 @@ func TestFastPathDevNullReadsDevNull(t *testing.T) {
 // TestFastPathRefusalNamesSandboxPids: a refusal names a session's child by its PID in
 // the sandbox (what $! said), not the daemon's.
 func TestFastPathRefusalNamesSandboxPids(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Durable images off: with them, CRIU takes the session instead (state/criutrees.go,
+	// TestCRIUSessionTreesRoundTrip), and the refusal is what is left without it.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "np")
 	out := strings.Fields(sessRun(t, d, "np", "main", "sleep 1000 & echo $!")) // "[1] PID", then PID
 	child := out[len(out)-1]

@@ -216,7 +216,9 @@ func fpRefused(t *testing.T, d *testutil.Daemon, id string, want ...string) {
 }
 
 func TestFastPathIneligibleProcessChangesNothing(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Durable images off: with them, CRIU takes the session instead (state/criutrees.go,
+	// TestCRIUSessionTreesRoundTrip), and the refusal is what is left without it.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "in")
 	// The process substitution's child is waited for, so that the pipe is the only reason.
 	sessRun(t, d, "in", "main", "echo a > f; V=kept; exec 7< <(echo hi); wait $!")

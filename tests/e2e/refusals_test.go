@@ -17,7 +17,9 @@ import (
 // sandbox, with what to do; nothing changes, and the checkpoint works once the thread
 // has ended.
 func TestFastPathThreadIsARefusal(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Durable images off: with them, CRIU takes the session instead (state/criutrees.go,
+	// TestCRIUSessionTreesRoundTrip), and the refusal is what is left without it.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "th")
 	if _, err := d.C.StartSession(dbxCtx(t), "th", apitypes.SessionOptions{Name: "py", Kind: apitypes.SessionPython}); err != nil {
 		t.Fatal(err)

@@ -1,11 +1,13 @@
 package security
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/testutil"
 )
 
@@ -56,5 +58,55 @@ for i in $(seq 500); do [ "$(ls /proc/$!/task | wc -l)" = 2 ] && exit 0; sleep 0
 	}
 	if got := sh(t, d, attacker, "ps -eo args | grep -c [d]bxcriumarker"); got != "1\n" {
 		t.Fatalf("the attacker's process in its sandbox: %q processes, want 1", got)
+	}
+}
+
+// TestCRIUSessionTreeTakesNoOtherTerminal: a session whose process has children goes
+// through CRIU with its own terminal (state/criutrees.go). The attack: session a opens
+// session b's terminal and keeps it, with a child, so that CRIU would take b's terminal
+// into a's image (and a restore of a would hold b's terminal). The checkpoint refuses
+// with 409 naming it, nothing changes, and both sessions answer; once a lets the
+// terminal go, the checkpoint carries a through CRIU.
+func TestCRIUSessionTreeTakesNoOtherTerminal(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "sec-cst"
+	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(sess, code string) string {
+		t.Helper()
+		r, err := d.C.Run(ctx(t), id, sess, code, 30*time.Second)
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("%s: %q: %v %+v", sess, code, err, r)
+		}
+		return strings.TrimSpace(r.Stdout)
+	}
+	if _, err := d.C.StartSession(ctx(t), id, apitypes.SessionOptions{Name: "b", Kind: apitypes.SessionPython}); err != nil {
+		t.Fatal(err)
+	}
+	bPts := run("b", "import os; print(os.ttyname(0))")
+	aPts := run("main", "tty")
+	if !strings.HasPrefix(bPts, "/dev/pts/") || bPts == aPts {
+		t.Fatalf("terminals: main %q, b %q", aPts, bPts)
+	}
+	run("main", "exec 9<>"+bPts+"; sleep 1000 >/dev/null 2>&1 9>&- &")
+	before, _ := d.C.Tree(ctx(t))
+	_, err := d.C.Checkpoint(ctx(t), id, "refused")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "terminal of another session") {
+		t.Fatalf("checkpoint with session main holding b's terminal: %v, want a conflict naming it", err)
+	}
+	if after, _ := d.C.Tree(ctx(t)); len(after.Nodes) != len(before.Nodes) {
+		t.Fatal("the refused checkpoint made a node")
+	}
+	if got := run("b", "print(6*7)"); got != "42" {
+		t.Fatalf("session b after the refusal: %q", got)
+	}
+	run("main", "exec 9>&-")
+	cp, err := d.C.Checkpoint(ctx(t), id, "carried")
+	if err != nil || cp.CRIUProcesses != 2 {
+		t.Fatalf("checkpoint once main let b's terminal go: %v %+v, want main and its child through CRIU", err, cp)
+	}
+	if got := run("main", "jobs | grep -c Running"); got != "1" {
+		t.Fatalf("main's job after the checkpoint: %q running", got)
 	}
 }

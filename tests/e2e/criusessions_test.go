@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/testutil"
+)
+
+// TestCRIUSessionTreesRoundTrip: sessions whose process the fast path refuses are
+// checkpointed through CRIU with their children (state/criutrees.go), not refused: a
+// bash session running `python3 -m http.server &` (a child with a listening socket) and
+// a python session with a second thread. After the checkpoint both answer with their
+// state, and the server serves; a restore brings back each session's process and its
+// children with their PIDs, the shell's variables and job table (the job running, no
+// "Stopped" in the output), the thread with its in-memory count, and the server with
+// its socket, serving the node's file. The sessions keep their terminals throughout.
+func TestCRIUSessionTreesRoundTrip(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "cs"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, apitypes.SessionOptions{Name: "py", Kind: apitypes.SessionPython}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(sess, code string) string {
+		t.Helper()
+		out := sessRun(t, d, id, sess, code)
+		if strings.Contains(out, "Stopped") || strings.Contains(out, "Done") {
+			t.Fatalf("%s: %q printed a job notice: %q", sess, code, out)
+		}
+		return out
+	}
+	dbxSh(t, d, id, "echo one > /workspace/x")
+	bashPid := strings.TrimSpace(run("main", "echo $$"))
+	srv := strings.TrimSpace(run("main", "cd /workspace; V=41; python3 -m http.server 8766 --bind 127.0.0.1 >/dev/null 2>&1 & echo $!"))
+	if i := strings.LastIndexByte(srv, '\n'); i >= 0 { // "[1] PID" first, in an interactive shell
+		srv = strings.TrimSpace(srv[i+1:])
+	}
+	pyPid := strings.TrimSpace(run("py", `import os, threading, queue
+q, r = queue.Queue(), queue.Queue()
+def worker():
+    n = 0
+    while True:
+        n += q.get()
+        r.put(n)
+threading.Thread(target=worker, daemon=True).start()
+def bump():
+    q.put(1)
+    return r.get(timeout=10)
+print(os.getpid())`))
+	get := func(what, want string) {
+		t.Helper()
+		got := run("py", `import urllib.request, time
+for i in range(300):
+    try:
+        print(urllib.request.urlopen('http://127.0.0.1:8766/x', timeout=5).read().decode(), end='')
+        break
+    except OSError:
+        time.sleep(0.02)`)
+		if got != want {
+			t.Fatalf("%s: the session's server answered %q, want %q", what, got, want)
+		}
+	}
+	state := func(what, wantV, wantBump string) {
+		t.Helper()
+		if got := run("main", "echo $$ $V; kill -0 "+srv+" && echo alive; jobs"); !strings.HasPrefix(got, bashPid+" "+wantV+"\nalive\n") || !strings.Contains(got, "Running") {
+			t.Fatalf("%s: bash answered %q, want pid %s, V=%s, its server alive and its job Running", what, got, bashPid, wantV)
+		}
+		if got := run("py", "print(os.getpid(), threading.active_count(), bump())"); got != fmt.Sprintf("%s 2 %s\n", pyPid, wantBump) {
+			t.Fatalf("%s: python answered %q, want pid %s, 2 threads, count %s", what, got, pyPid, wantBump)
+		}
+	}
+	get("before", "one\n")
+	state("before", "41", "1")
+
+	a := dbxCheckpoint(t, d, id, "one")
+	// bash and its server; python (its threads are one process).
+	if a.CRIUProcesses != 3 || !slices.Equal(a.Sessions, []string{"main", "py"}) {
+		t.Fatalf("checkpoint A: %d processes through CRIU (want 3), sessions %v (want main and py): %+v", a.CRIUProcesses, a.Sessions, a)
+	}
+	t.Logf("checkpoint A: %.1f ms, phases %v", a.DurationMS, a.PhasesUS)
+	state("after checkpoint A", "41", "2")
+	get("after checkpoint A", "one\n")
+
+	run("main", "V=42; echo two > /workspace/x")
+	b := dbxCheckpoint(t, d, id, "two")
+	if b.CRIUProcesses != 3 {
+		t.Fatalf("checkpoint B (of what CRIU restored): %d processes through CRIU, want 3: %+v", b.CRIUProcesses, b)
+	}
+	state("after checkpoint B", "42", "3")
+	// Nothing changed since: the trees stay where they are, stopped by CRIU for the
+	// dump and let go (no move); the shell must not report its job stopped.
+	dbxCheckpoint(t, d, id, "same")
+	state("after a checkpoint with no change", "42", "4")
+	run("main", "kill %1; wait; V=43; echo three > /workspace/x")
+
+	r := dbxRestore(t, d, id, a.Node.ID)
+	if r.CRIUProcesses != 3 || !slices.Equal(r.Sessions, []string{"main", "py"}) || len(r.SessionsEnded) != 0 {
+		t.Fatalf("restore A: %d processes through CRIU (want 3), sessions %v, ended %v: %+v", r.CRIUProcesses, r.Sessions, r.SessionsEnded, r)
+	}
+	t.Logf("restore A: %.1f ms, phases %v", r.DurationMS, r.PhasesUS)
+	state("restored to A", "41", "2")
+	get("restored to A", "one\n")
+
+	dbxRestore(t, d, id, b.Node.ID)
+	state("restored to B", "42", "3")
+	get("restored to B", "two\n")
+
+	// A session's ^C still reaches its shell: the restored shell leads its session, and
+	// the terminal is its controlling one with its group in the foreground.
+	res, err := d.C.Run(dbxCtx(t), id, "main", "sleep 30", 500*time.Millisecond)
+	if err == nil && res.ExitCode == 0 {
+		t.Fatalf("a 30 s sleep with a 0.5 s timeout returned %+v", res)
+	}
+	state("after an interrupted call", "42", "4")
+}
