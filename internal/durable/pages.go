@@ -35,15 +35,22 @@ import (
 // Crash order: the pack's new pages are synced before the index names them, and a
 // refs file is synced before the pages-N.img it replaces is removed; at open, index
 // records past the pack's end and a pack's tail the index does not name are dropped.
-// Pages that no image names any more stay (no collection yet).
+//
+// Collect frees the pages no image names any more (their images were removed with
+// their nodes): each such page's index record is zeroed, and synced, before its blocks
+// are punched out of the pack (FALLOC_FL_PUNCH_HOLE: page numbers never move, so no
+// refs file is rewritten). A zeroed record names no page: Ingest never dedups onto a
+// freed page, even after a crash between the two steps (the page then stays allocated
+// until the next Collect punches it again).
 type PageStore struct {
 	dir string
 
-	mu     sync.Mutex // guards everything below
+	mu     sync.Mutex // guards everything below; Ingest and Collect hold it throughout
 	pack   *os.File
 	idx    *os.File
 	byHash map[[32]byte]uint64
-	n      uint64 // pages in the pack
+	n      uint64 // page numbers handed out: the pack's length in pages
+	freed  uint64 // of which collected (zeroed in the index, punched out of the pack)
 }
 
 const (
@@ -90,6 +97,10 @@ func (s *PageStore) load() error {
 	for i := uint64(0); i < n; i++ {
 		var h [32]byte
 		copy(h[:], b[i*hashLen:])
+		if h == ([32]byte{}) {
+			s.freed++ // collected
+			continue
+		}
 		s.byHash[h] = i + 1
 	}
 	s.n = n
@@ -109,7 +120,106 @@ func (s *PageStore) Close() error {
 func (s *PageStore) Pages() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.n
+	return s.n - s.freed
+}
+
+// CollectStats says what Collect found and freed.
+type CollectStats struct {
+	RefsFiles int    // refs files read (the images that may still be restored)
+	Live      uint64 // pages they name
+	Freed     uint64 // pages freed now
+	// PackBytes is the pack's allocated size before and after (st_blocks).
+	PackBytesBefore, PackBytesAfter int64
+}
+
+// Collect frees the pages that no refs file matching refsGlob names: refsGlob must
+// match the refs of every image that may still be materialized (an image whose refs
+// it misses loses its pages). A refs file that cannot be read stops it before anything
+// is freed. Ingest waits meanwhile.
+func (s *PageStore) Collect(refsGlob string) (*CollectStats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	files, err := filepath.Glob(refsGlob)
+	if err != nil {
+		return nil, err
+	}
+	st := &CollectStats{}
+	used := make([]bool, s.n+1)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // its image went meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(b)%8 != 0 {
+			return nil, fmt.Errorf("%s: %d bytes, not a refs file", f, len(b))
+		}
+		for i := 0; i < len(b); i += 8 {
+			r := binary.LittleEndian.Uint64(b[i:])
+			if r > s.n {
+				return nil, fmt.Errorf("%s names pack page %d, the pack has %d", f, r, s.n)
+			}
+			if r != 0 && !used[r] {
+				used[r] = true
+				st.Live++
+			}
+		}
+		st.RefsFiles++
+	}
+	idx := make([]byte, s.n*hashLen)
+	if _, err := s.idx.ReadAt(idx, 0); err != nil && len(idx) > 0 {
+		return nil, err
+	}
+	var zero [hashLen]byte
+	var free []uint64
+	for k := uint64(1); k <= s.n; k++ {
+		if !used[k] && !bytes.Equal(idx[(k-1)*hashLen:k*hashLen], zero[:]) {
+			free = append(free, k)
+		}
+	}
+	st.PackBytesBefore = allocated(s.pack)
+	if len(free) == 0 {
+		st.PackBytesAfter = st.PackBytesBefore
+		return st, nil
+	}
+	// The index first: once it is synced no Ingest can name these pages again.
+	for _, k := range free {
+		var h [32]byte
+		copy(h[:], idx[(k-1)*hashLen:])
+		delete(s.byHash, h)
+		if _, err := s.idx.WriteAt(zero[:], int64(k-1)*hashLen); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.idx.Sync(); err != nil {
+		return nil, err
+	}
+	s.freed += uint64(len(free))
+	st.Freed = uint64(len(free))
+	for i := 0; i < len(free); {
+		j := i + 1
+		for j < len(free) && free[j] == free[j-1]+1 {
+			j++
+		}
+		off, n := int64(free[i]-1)*pageSize, int64(j-i)*pageSize
+		if err := unix.Fallocate(int(s.pack.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
+			return st, fmt.Errorf("punch pack pages %d-%d: %w", free[i], free[j-1], err)
+		}
+		i = j
+	}
+	st.PackBytesAfter = allocated(s.pack)
+	return st, nil
+}
+
+// allocated is f's allocated size (st_blocks), -1 if it cannot be read.
+func allocated(f *os.File) int64 {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil {
+		return -1
+	}
+	return st.Blocks * 512
 }
 
 // IngestStats says what Ingest found and kept.

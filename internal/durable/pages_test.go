@@ -117,3 +117,89 @@ func TestPageStoreDedup(t *testing.T) {
 		t.Fatalf("the same image again: %+v, %v; want no new page", st, err)
 	}
 }
+
+// TestPageStoreCollect: once an image is removed, Collect frees the pages only it
+// named (their blocks punched out of the pack) and keeps those another image names;
+// the other image still comes back byte for byte; the freed pages are never deduped
+// onto again (the same content ingested later is stored anew and comes back whole),
+// also after a reopen.
+func TestPageStoreCollect(t *testing.T) {
+	root := t.TempDir()
+	s, err := OpenPageStore(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewSource(2))
+	const n, changed = 200, 50
+	a := make([]byte, n*pageSize)
+	rng.Read(a)
+	b := bytes.Clone(a)
+	rng.Read(b[:changed*pageSize]) // b shares the last 150 pages with a
+	ingest := func(name string, mem []byte) *IngestStats {
+		t.Helper()
+		dir := filepath.Join(root, "img", name)
+		os.MkdirAll(dir, 0o700)
+		writeImage(t, dir, 7, mem)
+		st, err := s.Ingest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	check := func(name string, want []byte) {
+		t.Helper()
+		dir := filepath.Join(root, "img", name)
+		if err := s.Materialize(dir); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(dir, "pages-7.img"))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("image %s: materialized pages differ (%v)", name, err)
+		}
+		DropPages(dir)
+	}
+	glob := filepath.Join(root, "img", "*", "pages-*.refs")
+	ingest("a", a)
+	ingest("b", b)
+	if p := s.Pages(); p != n+changed {
+		t.Fatalf("%d pages in the store, want %d", p, n+changed)
+	}
+	if st, err := s.Collect(glob); err != nil || st.Freed != 0 || st.Live != n+changed {
+		t.Fatalf("collect with both images: %+v %v, want nothing freed", st, err)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "img", "a")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Collect(glob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("collect: %+v", *st)
+	if st.Freed != changed || st.Live != n || s.Pages() != n {
+		t.Fatalf("collect after a went: %+v, %d pages left; want %d freed, %d left", st, s.Pages(), changed, n)
+	}
+	if st.PackBytesBefore-st.PackBytesAfter < changed*pageSize {
+		t.Fatalf("the pack's blocks went from %d to %d bytes: want %d fewer", st.PackBytesBefore, st.PackBytesAfter, changed*pageSize)
+	}
+	check("b", b)
+	if st := ingest("c", a); st.NewPages != changed {
+		t.Fatalf("a's memory again: %d new pages, want the %d freed ones stored anew", st.NewPages, changed)
+	}
+	check("c", a)
+	s.Close()
+	if s, err = OpenPageStore(filepath.Join(root, "store")); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if p := s.Pages(); p != n+changed {
+		t.Fatalf("reopened: %d pages, want %d", p, n+changed)
+	}
+	if st := ingest("d", a); st.NewPages != 0 {
+		t.Fatalf("reopened, a's memory again: %d new pages, want 0", st.NewPages)
+	}
+	check("b", b)
+	check("d", a)
+	if st, err := s.Collect(glob); err != nil || st.Freed != 0 {
+		t.Fatalf("collect with nothing removed: %+v %v", st, err)
+	}
+}

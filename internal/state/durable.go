@@ -84,6 +84,39 @@ type images struct {
 	copies  map[string][]imageCopy // per queued node, its templates' copies, in order
 	dropped int
 	wake    chan struct{}
+	// collect: images were removed (their nodes went) since the page store was last
+	// collected; the worker collects when no dump is queued.
+	collect bool
+}
+
+// imagesRemoved asks the worker to free the pages that removed images alone named
+// (durable.PageStore.Collect), once no dump is queued. Called after their directories
+// are gone.
+func (m *Manager) imagesRemoved() {
+	if m.img == nil || m.img.pages == nil {
+		return
+	}
+	m.img.mu.Lock()
+	m.img.collect = true
+	m.img.mu.Unlock()
+	select {
+	case m.img.wake <- struct{}{}:
+	default:
+	}
+}
+
+// collectPages runs the page store's collection over every image's refs.
+func (m *Manager) collectPages() {
+	start := time.Now()
+	st, err := m.img.pages.Collect(filepath.Join(m.img.root, "nodes", "*", "*", "pages-*.refs"))
+	if err != nil {
+		m.log.Warn("page store collection", "err", err)
+		return
+	}
+	if st.Freed > 0 {
+		m.log.Info("page store collected", "freed_pages", st.Freed, "live_pages", st.Live, "images", st.RefsFiles,
+			"pack_mb_before", st.PackBytesBefore>>20, "pack_mb_after", st.PackBytesAfter>>20, "took", time.Since(start))
+	}
 }
 
 // imageCopy is a template's copy waiting for its dump: its host PID and a pidfd, by which
@@ -196,6 +229,8 @@ func (m *Manager) startImages() {
 		}
 		m.img.nodes[node] = &imageState{state: "complete"}
 	}
+	// Pages of images removed before a crash, or just above.
+	m.img.collect = true
 	m.imageDone = m.hasImage
 	m.wg.Add(1)
 	go func() {
@@ -333,7 +368,15 @@ func (m *Manager) imageWorker() {
 		if len(m.img.queue) > 0 {
 			node, m.img.queue = m.img.queue[0], m.img.queue[1:]
 		}
+		collect := node == "" && m.img.collect
+		if collect {
+			m.img.collect = false
+		}
 		m.img.mu.Unlock()
+		if collect {
+			m.collectPages()
+			continue
+		}
 		if node == "" {
 			select {
 			case <-m.stop:

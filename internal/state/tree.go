@@ -192,6 +192,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 		for _, d := range dirs {
 			store.RemoveAll(d)
 		}
+		m.imagesRemoved()
 	}})
 	m.st.Index.Apply(ops...)
 	return sub, nil

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/state"
@@ -239,5 +242,61 @@ func TestDurableImageAfterSandboxesEnd(t *testing.T) {
 	}
 	if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$ $(cat /workspace/x)"); got != fmt.Sprintf("/tmp bar %s 41\n", bashPid) {
 		t.Fatalf("bash after the restore from the image: %q", got)
+	}
+}
+
+// TestDurableImagePagesCollected: the pages only a removed node's image named are freed
+// from the page store's pack (state/durable.go: collectPages), those a kept node's image
+// names stay, and the kept node still restores its processes from its image.
+func TestDurableImagePagesCollected(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "gc"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, id, "py", "import os; a = os.urandom(8 << 20); x = 1")
+	keep := dbxCheckpoint(t, d, id, "keep").Node.ID
+	sessRun(t, d, id, "py", "b = os.urandom(24 << 20); x = 2") // 24 MiB only the next node has
+	sessRun(t, d, id, "main", "echo 2 > /workspace/x")
+	gone := dbxCheckpoint(t, d, id, "gone").Node.ID
+	durWaitImage(t, d, keep)
+	durWaitImage(t, d, gone)
+	pack := filepath.Join(d.Root, "durable", "pages", "pages.pack")
+	blocks := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Stat(pack, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	before := blocks()
+	dbxRestore(t, d, id, keep) // off the node to remove
+	if _, err := d.C.RemoveNode(dbxCtx(t), gone); err != nil {
+		t.Fatal(err)
+	}
+	var after int64
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if after = blocks(); before-after >= 24<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pack holds %d MiB, %d MiB before the node with 24 MiB of its own went\ndaemon log:\n%s", after>>20, before>>20, dbxTail(d.Log(), 3000))
+		}
+	}
+	t.Logf("pack: %d MiB, %d MiB once the node went", before>>20, after>>20)
+	if after < 8<<20 {
+		t.Fatalf("the pack holds %d MiB: the kept node's 8 MiB went too", after>>20)
+	}
+	// The kept node's image still restores (its template evicted first).
+	if _, err := d.C.EvictNode(dbxCtx(t), keep); err != nil {
+		t.Fatal(err)
+	}
+	res := dbxRestore(t, d, id, keep)
+	if !res.FromImage {
+		t.Fatalf("restore to %s after the collection: %+v, want from its image", keep, res)
+	}
+	if got := sessRun(t, d, id, "py", "print(x, len(a), 'b' in globals())"); got != fmt.Sprintf("1 %d False\n", 8<<20) {
+		t.Fatalf("python restored from the kept image: %q", got)
 	}
 }
