@@ -647,7 +647,8 @@ func resumeCutCRIUTrees(root string) {
 		if b, err := os.ReadFile(f); err != nil || json.Unmarshal(b, &t) != nil {
 			continue
 		}
-		for _, h := range t.Host {
+		for i := len(t.Host) - 1; i >= 0; i-- { // descendants first, as resume does
+			h := t.Host[i]
 			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
 				unix.Kill(int(h[0]), unix.SIGCONT)
 			}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -117,4 +118,49 @@ for i in range(300):
 		t.Fatalf("a 30 s sleep with a 0.5 s timeout returned %+v", res)
 	}
 	state("after an interrupted call", "42", "4")
+}
+
+// TestCRIUSessionTreeCutCheckpoint: the daemon killed during a checkpoint that took a
+// session's tree through CRIU. Cut after the dump (step 2), the next daemon lets the
+// stopped tree run: the session answers with its state and its job runs. Cut after the
+// move (step 8), the tree stands on a state no record names and is ended: the session
+// starts afresh on its next call, and nothing is left stopped.
+func TestCRIUSessionTreeCutCheckpoint(t *testing.T) {
+	for _, at := range []string{"checkpoint:2", "checkpoint:8"} {
+		t.Run(strings.ReplaceAll(at, ":", "-"), func(t *testing.T) {
+			root := testutil.NewStore(t)
+			d := testutil.StartDaemonEnv(t, root, "DELTABOX_CRASH_AT="+at)
+			const id = "csc"
+			dbxCreate(t, d, id)
+			out := strings.Fields(sessRun(t, d, id, "main", "V=7; echo x > /workspace/x; sleep 1000 >/dev/null 2>&1 & echo $!"))
+			child := out[len(out)-1]
+			if _, err := d.C.Checkpoint(dbxCtx(t), id, "cut"); err == nil {
+				t.Fatalf("the checkpoint answered: the daemon did not die at %s", at)
+			}
+			d.Kill()
+			d = testutil.StartDaemonOn(t, root)
+			st := strings.TrimSpace(dbxSh(t, d, id, fmt.Sprintf("cut -d' ' -f3 /proc/%s/stat 2>/dev/null || echo gone", child)))
+			t.Logf("cut at %s: the session's job is %s", at, st)
+			if st == "T" {
+				t.Fatalf("cut at %s: the session's job is left stopped", at)
+			}
+			r, err := d.C.Run(dbxCtx(t), id, "main", "echo $V; jobs", 30*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch at {
+			case "checkpoint:2":
+				if st == "gone" || r.SessionRestarted || !strings.HasPrefix(r.Stdout, "7\n") || !strings.Contains(r.Stdout, "Running") {
+					t.Fatalf("cut at %s, before anything moved: job %s, the session answered %+v; want it as it was, its job running\ndaemon log:\n%s", at, st, r, dbxTail(d.Log(), 3000))
+				}
+			default:
+				if st != "gone" || !r.SessionRestarted {
+					t.Fatalf("cut at %s: job %s, the session answered %+v; want the tree ended and a fresh session", at, st, r)
+				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(root, "durable", "bg", ".tmp-*")); len(left) > 0 {
+				t.Fatalf("cut at %s: the cut checkpoint's images are left: %v", at, left)
+			}
+		})
+	}
 }
