@@ -109,6 +109,9 @@ type criuTree struct {
 	Kind    session.Kind       `json:"kind,omitempty"`
 	Argv    []string           `json:"argv,omitempty"`
 	Term    *session.TermState `json:"term,omitempty"`
+	// TTY is CRIU's key of the session's terminal as dumped ("tty[rdev:dev]"): the only
+	// terminal the image may name.
+	TTY string `json:"tty,omitempty"`
 
 	dir string
 	fds []int // pidfds of its processes, as dumped or as last restored
@@ -407,7 +410,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 				t.closePeer()
 				return fail(fmt.Errorf("%s: %w", what, err))
 			}
-			mine = k
+			mine, t.TTY = k, k
 		}
 		if ttys, err := durable.TreeTTYs(root); err != nil {
 			t.closePeer()
@@ -439,8 +442,18 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if err := t.track(root, initHost); err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
-		if _, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true}); err != nil {
+		// root was found while the tree ran: held by a pidfd now, it must still be the
+		// sandbox's (and the session's) process, not one that took its PID since.
+		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
+			return fail(fmt.Errorf("%s: its process ended during the checkpoint", what))
+		}
+		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true})
+		if err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
+		}
+		// What CRIU found, not what was checked before it: a terminal opened meanwhile.
+		if slices.ContainsFunc(man.TTYs, func(k string) bool { return k != mine }) {
+			return fail(fmt.Errorf("%s: its tree holds a terminal that is not its session's (%v), which CRIU would have to take from another session", what, man.TTYs))
 		}
 		// Stopped now: the tree cannot change.
 		if err := t.track(root, initHost); err != nil {
@@ -489,13 +502,96 @@ func (t *criuTree) track(root, initHost int) error {
 	return syncPath(t.dir)
 }
 
+// killTree kills, by pidfds (never by a PID number that may have been reused), the tree
+// CRIU just restored at host PID root, descendants first.
+func killTree(root int) {
+	if !fastpath.Exists(root) {
+		return
+	}
+	var fds []int
+	for _, h := range durable.Tree(root) {
+		if fd, err := unix.PidfdOpen(h, 0); err == nil {
+			fds = append(fds, fd)
+		}
+	}
+	for i := len(fds) - 1; i >= 0; i-- {
+		unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0)
+		unix.Close(fds[i])
+	}
+}
+
+// checkAfterDump lists the sandbox's processes again once every tree is dumped and left
+// stopped. The trees ran unheld until their dumps: a process they made meanwhile
+// (forked, or reparented to init when its parent in a tree ended) is in no tree and not
+// held, so the node would not have it and step 3 would end it, and while it runs it
+// could SIGCONT a tree whose image is taken. Such a process refuses the checkpoint
+// (409), unless endBackground (step 3 ends it); a tree's process that is no longer
+// stopped refuses it in any case. Precondition: s.opMu held, held and the trees stopped.
+func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBackground bool) error {
+	known := map[int]bool{1: true}
+	for _, l := range held {
+		known[l.h.P.Pid] = true
+	}
+	for _, t := range m.sandboxTemplates(s) {
+		known[t.SelfPid] = true
+	}
+	for _, t := range ts.trees {
+		for _, p := range t.Pids {
+			if st := s.rt.ProcState(p); st != 'T' {
+				return fmt.Errorf("process %d, which CRIU took and left stopped, was let run during the checkpoint (state %c): try again: %w", p, st, errdefs.ErrConflict)
+			}
+			known[p] = true
+		}
+	}
+	s.copyMu.Lock()
+	_, selfs := m.sandboxCopies(s)
+	sbPids, err := s.rt.Procs()
+	s.copyMu.Unlock()
+	if err != nil {
+		return err
+	}
+	for _, p := range selfs {
+		known[p] = true
+	}
+	var hostPids []int
+	initHost := s.rt.InitPid()
+	for _, p := range sbPids {
+		if known[p] {
+			continue
+		}
+		if st := s.rt.ProcState(p); st == 0 || st == 'Z' || st == 'X' {
+			continue
+		}
+		if hostPids == nil {
+			if hostPids, err = s.rt.Pids(); err != nil {
+				return err
+			}
+		}
+		if h, err := fastpath.HostPid(hostPids, p); err == nil && fastpath.SamePidNS(h, initHost) {
+			if k, _ := fastpath.Other(h); k == fastpath.Traced || k == fastpath.Zombie {
+				continue // a memory holder the daemon traces, or gone
+			}
+		}
+		if endBackground {
+			continue // step 3 ends it
+		}
+		return fmt.Errorf("process %d appeared while CRIU took the processes the fast path refused (forked by them, or left by a parent that ended): it would be in no node, and step 3 would end it; try again, or checkpoint with end_background to end such processes: %w", p, errdefs.ErrConflict)
+	}
+	return nil
+}
+
 // endCRIUTrees kills the trees and waits until init has reaped every process (their
 // PIDs are free for the restore).
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 	ts.ended = true
 	for _, t := range ts.trees {
-		t.signal(unix.SIGKILL)
+		// Descendants first: a shell killed before its stopped jobs orphans their
+		// process groups, and the kernel then sends them SIGHUP and SIGCONT.
+		for i := len(t.fds) - 1; i >= 0; i-- {
+			unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0)
+		}
 		t.closeFDs()
+		t.exit = nil // the killed root's; a restore watches its replacement
 	}
 	for _, t := range ts.trees {
 		for _, p := range t.Pids {
@@ -549,6 +645,9 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 			}
 			sbx.TTYs = map[string]*os.File{}
 			for _, k := range man.TTYs {
+				if k != t.TTY {
+					return fmt.Errorf("restore session %s's tree: its image names terminal %s, not its session's (%s)", t.Session, k, t.TTY)
+				}
 				sbx.TTYs[k] = t.peer
 			}
 			if _, err := s.rt.Reap(t.Pids[0]); err != nil {
@@ -572,7 +671,7 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		// before the resume leaves it stopped: resumeCutCRIUTrees).
 		want := t.Pids
 		if err := t.track(rs.HostPid, initHost); err != nil {
-			unix.Kill(rs.HostPid, unix.SIGKILL)
+			killTree(rs.HostPid)
 			return fmt.Errorf("restore process %d's tree: %w", want[0], err)
 		}
 		for _, p := range t.Pids {

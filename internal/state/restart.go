@@ -109,8 +109,20 @@ func (m *Manager) keepSessions(s *sb) {
 		}
 		s.kept[name] = keptMark{sess, in.Pid}
 	}
+	s.mu.Lock()
+	registered := map[string]*session.Session{}
+	for name, sess := range s.sessions {
+		registered[name] = sess
+	}
+	s.mu.Unlock()
 	for name, k := range s.kept {
 		if _, ok := want[name]; !ok {
+			if registered[name] == k.sess {
+				// Still the sandbox's, its process dead: a checkpoint or restore may be
+				// between ending it and binding its replacement (criutrees.go); its
+				// terminal stays kept until the session is replaced or killed.
+				continue
+			}
 			k.sess.Forget(sessionKey + name)
 			delete(s.kept, name)
 		}

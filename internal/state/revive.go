@@ -96,14 +96,16 @@ func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() err
 }
 
 // sessionToRevive finds the session name of s for a process a restore brings back, or
-// makes it (created) with no process: a live one is kept (its terminal and reader), a
-// dead one is replaced (old, released once the restore commits: its terminal's reader
+// makes it (created) with no process: a live one of that kind is kept (its terminal and
+// reader), a dead one or one of another kind is replaced (old, released once the restore commits: its terminal's reader
 // may be gone). Precondition: s.opMu held.
 func sessionToRevive(s *sb, name string, kind session.Kind, argv []string) (sess, old *session.Session, created bool, err error) {
 	s.mu.Lock()
 	sess = s.sessions[name]
 	s.mu.Unlock()
-	if sess != nil && !sess.Alive() {
+	if sess != nil && (!sess.Alive() || sess.Kind() != kind) {
+		// Dead, or another kind of session under that name now (its driver would not
+		// speak the restored process's protocol): replaced.
 		old, sess = sess, nil
 	}
 	if sess == nil {

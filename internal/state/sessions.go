@@ -177,6 +177,10 @@ func (m *Manager) KillSession(id, name string) error {
 	if err != nil {
 		return err
 	}
+	// After any checkpoint or restore in progress: one may hold the session's terminal
+	// for a process it is moving or bringing back (criutrees.go, revive.go).
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	s.mu.Lock()
 	sess := s.sessions[name]
 	_, ended := s.ended[name]

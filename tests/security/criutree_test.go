@@ -89,7 +89,10 @@ func TestCRIUSessionTreeTakesNoOtherTerminal(t *testing.T) {
 	if !strings.HasPrefix(bPts, "/dev/pts/") || bPts == aPts {
 		t.Fatalf("terminals: main %q, b %q", aPts, bPts)
 	}
-	run("main", "exec 9<>"+bPts+"; sleep 1000 >/dev/null 2>&1 9>&- &")
+	// The job lets fd 9 go once it runs (a loaded machine may not have run it yet when
+	// the call returns): only the shell holds b's terminal.
+	run("main", "exec 9<>"+bPts+"; sleep 1000 >/dev/null 2>&1 9>&- & "+
+		`for i in $(seq 500); do [ "$(cat /proc/$!/comm)" = sleep ] && [ ! -e /proc/$!/fd/9 ] && break; sleep 0.01; done`)
 	before, _ := d.C.Tree(ctx(t))
 	_, err := d.C.Checkpoint(ctx(t), id, "refused")
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "terminal of another session") {
@@ -108,5 +111,36 @@ func TestCRIUSessionTreeTakesNoOtherTerminal(t *testing.T) {
 	}
 	if got := run("main", "jobs | grep -c Running"); got != "1" {
 		t.Fatalf("main's job after the checkpoint: %q running", got)
+	}
+}
+
+// TestCRIUTreeEscapeDuringDumpRefused: a session's tree runs unheld until CRIU dumps it.
+// The attack: a job of the session keeps double-forking, so that processes appear
+// outside the tree after the checkpoint listed the sandbox's processes; such a process
+// would be in no node, and while it runs it could SIGCONT the tree whose image was
+// taken (files and image would disagree). The checkpoint lists the processes again
+// after the dumps and refuses (409), leaving the session as it was; with end_background
+// the newcomers are ended and the checkpoint completes.
+func TestCRIUTreeEscapeDuringDumpRefused(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "sec-ced"
+	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.C.Run(ctx(t), id, "main", "V=5; while :; do (setsid sleep 30 </dev/null >/dev/null 2>&1 &); sleep 0.005; done >/dev/null 2>&1 &", 30*time.Second)
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("start the forker: %v %+v", err, r)
+	}
+	_, err = d.C.Checkpoint(ctx(t), id, "escape")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "appeared while CRIU took") {
+		t.Fatalf("checkpoint while a session's job double-forks: %v, want a conflict naming a process that appeared", err)
+	}
+	r, err = d.C.Run(ctx(t), id, "main", "echo $V; jobs | grep -c Running", 30*time.Second)
+	if err != nil || r.Stdout != "5\n1\n" {
+		t.Fatalf("the session after the refusal: %v %+v, want V=5 and its job running", err, r)
+	}
+	cp, err := d.C.CheckpointWith(ctx(t), id, apitypes.CheckpointRequest{Label: "ended", EndBackground: true})
+	if err != nil || cp.CRIUProcesses < 2 {
+		t.Fatalf("checkpoint with end_background: %v %+v, want the session's tree through CRIU", err, cp)
 	}
 }
