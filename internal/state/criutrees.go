@@ -112,6 +112,9 @@ type criuTree struct {
 	// TTY is CRIU's key of the session's terminal as dumped ("tty[rdev:dev]"): the only
 	// terminal the image may name.
 	TTY string `json:"tty,omitempty"`
+	// Stopped are the processes (sandbox PIDs) that were stopped before the dump (kill
+	// -STOP, ^Z): CRIU brings them back stopped, and the resume leaves them so.
+	Stopped []int `json:"stopped,omitempty"`
 
 	dir string
 	fds []int // pidfds of its processes, as dumped or as last restored
@@ -265,6 +268,9 @@ func (ts *criuTrees) resume() {
 			t.exit = nil
 		}
 		for i := len(t.fds) - 1; i >= 0; i-- {
+			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
+				continue // stopped by the sandbox's own code before the checkpoint
+			}
 			unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0)
 		}
 		t.closeFDs()
@@ -441,6 +447,11 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		ts.trees = append(ts.trees, t)
 		if err := t.track(root, initHost); err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
+		}
+		for i, h := range t.Host {
+			if procfs.State(int(h[0])) == 'T' {
+				t.Stopped = append(t.Stopped, t.Pids[i])
+			}
 		}
 		// root was found while the tree ran: held by a pidfd now, it must still be the
 		// sandbox's (and the session's) process, not one that took its PID since.
@@ -748,6 +759,9 @@ func resumeCutCRIUTrees(root string) {
 		}
 		for i := len(t.Host) - 1; i >= 0; i-- { // descendants first, as resume does
 			h := t.Host[i]
+			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
+				continue
+			}
 			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
 				unix.Kill(int(h[0]), unix.SIGCONT)
 			}

@@ -226,3 +226,38 @@ for i in $(seq 500); do [ "$(pgrep -c -x sleep)" = 2 ] && exit 0; sleep 0.01; do
 		t.Fatalf("the pipeline after the refusal: %q, want both running", got)
 	}
 }
+
+// TestCRIUTreeKeepsAStoppedProcessStopped: a background process the fast path refuses
+// that the sandbox's own code stopped (kill -STOP) stays stopped through a checkpoint
+// and a restore that take it through CRIU (which stops every tree for its dump), and
+// runs on once continued, with its count.
+func TestCRIUTreeKeepsAStoppedProcessStopped(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "cts"
+	dbxCreate(t, d, id)
+	mt := startCounter(t, d, id)
+	state := func(what, want string) {
+		t.Helper()
+		if got := strings.TrimSpace(dbxSh(t, d, id, "cut -d' ' -f3 /proc/"+mt+"/stat")); got != want {
+			t.Fatalf("%s: the counter is %s, want %s", what, got, want)
+		}
+	}
+	dbxSh(t, d, id, "kill -STOP "+mt)
+	state("stopped", "T")
+	a := dbxCheckpoint(t, d, id, "stopped")
+	if a.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want 1: %+v", a.CRIUProcesses, a)
+	}
+	state("after the checkpoint", "T")
+	dbxSh(t, d, id, "echo x > /workspace/x") // the restore then mounts the node's state anew
+	if r := dbxRestore(t, d, id, a.Node.ID); r.CRIUProcesses != 1 {
+		t.Fatalf("restore: %d processes through CRIU, want 1: %+v", r.CRIUProcesses, r)
+	}
+	state("after the restore", "T")
+	// Continued, then signalled once it runs: a SIGUSR1 sent with the SIGCONT still
+	// pending on python's main thread goes to its other thread, whose handler cannot
+	// wake the main thread's pause() (as it would on any machine).
+	dbxSh(t, d, id, fmt.Sprintf(`kill -CONT %s; for i in $(seq 500); do [ "$(cut -d' ' -f3 /proc/%s/stat)" = S ] && break; sleep 0.01; done
+kill -USR1 %s; for i in $(seq 500); do [ -s /workspace/mt.out ] && exit 0; sleep 0.01; done; exit 1`, mt, mt, mt))
+	state("continued", "S")
+}
