@@ -164,3 +164,32 @@ func TestCRIUSessionTreeCutCheckpoint(t *testing.T) {
 		})
 	}
 }
+
+// TestCRIUSessionTreeSurvivesRestart: a session whose tree CRIU moved at a checkpoint
+// (a new host process, the same PID and terminal) is adopted by the next daemon after a
+// kill -9, with its job, and the node's tree restores under that daemon.
+func TestCRIUSessionTreeSurvivesRestart(t *testing.T) {
+	root := testutil.NewStore(t)
+	d := testutil.StartDaemonOn(t, root)
+	const id = "csr"
+	dbxCreate(t, d, id)
+	sessRun(t, d, id, "main", "V=8; echo a > /workspace/x; sleep 1000 >/dev/null 2>&1 &")
+	cp := dbxCheckpoint(t, d, id, "a")
+	if cp.CRIUProcesses != 2 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want 2: %+v", cp.CRIUProcesses, cp)
+	}
+	sessRun(t, d, id, "main", "V=9; kill %1; wait")
+	d.Kill()
+	d = testutil.StartDaemonOn(t, root)
+	r, err := d.C.Run(dbxCtx(t), id, "main", "echo $V", 30*time.Second)
+	if err != nil || r.SessionRestarted || r.Stdout != "9\n" {
+		t.Fatalf("after kill -9 and a restart: %v %+v, want the session adopted with V=9", err, r)
+	}
+	res := dbxRestore(t, d, id, cp.Node.ID)
+	if res.CRIUProcesses != 2 {
+		t.Fatalf("restore under the new daemon: %d processes through CRIU, want 2: %+v", res.CRIUProcesses, res)
+	}
+	if got := sessRun(t, d, id, "main", "echo $V; jobs | grep -c Running"); got != "8\n1\n" {
+		t.Fatalf("restored under the new daemon: %q, want V=8 and its job running", got)
+	}
+}
