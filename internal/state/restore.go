@@ -394,7 +394,10 @@ func (r *restore) revive() error {
 }
 
 // restoreCRIUTrees restores the node's CRIU trees onto the new state, stopped until the
-// publish. Undo: they are ended.
+// publish. Each on its own: a tree that cannot be restored (a PID another process took
+// in a sandbox started afresh, an image CRIU refuses) is left out with a warning naming
+// it, and its session, if it is one, ends; the files and the other processes are
+// restored. Undo: they are ended.
 func (r *restore) restoreCRIUTrees() error {
 	m, s, ts := r.m, r.s, r.criu
 	if ts == nil {
@@ -406,10 +409,27 @@ func (r *restore) restoreCRIUTrees() error {
 		return err
 	}
 	defer st.Close()
-	if err := m.restoreCRIUTrees(s, ts, st); err != nil {
-		return err
-	}
 	r.undo.push(func() { m.endCRIUTrees(s, ts) })
+	var restored []*criuTree
+	for _, t := range ts.trees {
+		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}}
+		if err := m.restoreCRIUTrees(s, one, st); err != nil {
+			what := fmt.Sprintf("process %d's tree", t.Pids[0])
+			if t.Session != "" {
+				what = "session " + t.Session + "'s tree"
+			}
+			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("node %s's %s could not be restored (processes not running: %d): %v", r.nodeID, what, len(t.Pids), err))
+			m.log.Warn("restore: a CRIU tree could not be restored", "sandbox", s.rec.ID, "node", r.nodeID, "tree", what, "err", err)
+			t.closePeer()
+			if t.created {
+				t.sess.Release()
+			}
+			t.sess, t.old, t.created, t.exit = nil, nil, false, nil
+			continue
+		}
+		restored = append(restored, t)
+	}
+	ts.trees = restored
 	phase(r.res, "criu_restore", &tc)
 	return nil
 }

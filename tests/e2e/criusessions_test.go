@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -191,5 +192,43 @@ func TestCRIUSessionTreeSurvivesRestart(t *testing.T) {
 	}
 	if got := sessRun(t, d, id, "main", "echo $V; jobs | grep -c Running"); got != "8\n1\n" {
 		t.Fatalf("restored under the new daemon: %q, want V=8 and its job running", got)
+	}
+}
+
+// TestCRIUTreeThatCannotComeBackIsLeftOut: at a restore, a CRIU tree that cannot be
+// restored (here its image was damaged) is left out with a warning naming it, and the
+// restore goes on: the node's files, and the session whose tree restores.
+func TestCRIUTreeThatCannotComeBackIsLeftOut(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "clo"
+	dbxCreate(t, d, id)
+	mt := startCounter(t, d, id)
+	sessRun(t, d, id, "main", "V=3; echo one > /workspace/x; sleep 1000 >/dev/null 2>&1 &")
+	cp := dbxCheckpoint(t, d, id, "one")
+	if cp.CRIUProcesses != 3 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want 3 (the counter, bash and its job): %+v", cp.CRIUProcesses, cp)
+	}
+	// The counter's image loses its core images.
+	trees, _ := filepath.Glob(filepath.Join(d.Root, "durable", "bg", cp.Node.ID, "*", "tree.json"))
+	damaged := 0
+	for _, tj := range trees {
+		if b, _ := os.ReadFile(tj); !strings.Contains(string(b), `"session"`) {
+			cores, _ := filepath.Glob(filepath.Join(filepath.Dir(tj), "core-*.img"))
+			for _, c := range cores {
+				os.Remove(c)
+			}
+			damaged += len(cores)
+		}
+	}
+	if damaged == 0 {
+		t.Fatalf("no core image found for the counter's tree among %v", trees)
+	}
+	sessRun(t, d, id, "main", "V=4; echo two > /workspace/x")
+	r := dbxRestore(t, d, id, cp.Node.ID)
+	if r.CRIUProcesses != 2 || !slices.Equal(r.Sessions, []string{"main"}) || !strings.Contains(strings.Join(r.Warnings, "\n"), "process "+mt+"'s tree could not be restored (processes not running: 1)") {
+		t.Fatalf("restore with the counter's image damaged: %+v, want the session's 2 processes back and a warning naming the counter's tree", r)
+	}
+	if got := sessRun(t, d, id, "main", "echo $V; cat /workspace/x; jobs | grep -c Running; kill -0 "+mt+" 2>/dev/null || echo no-counter"); got != "3\none\n1\nno-counter\n" {
+		t.Fatalf("after the restore: %q", got)
 	}
 }
