@@ -128,6 +128,8 @@ type criuTree struct {
 	exit    <-chan unix.WaitStatus
 	created bool
 	old     *session.Session
+	// zombies are the processes (sandbox PIDs) that were zombies right after the dump.
+	zombies []int
 }
 
 // sessionRoot is a session whose process the fast path refused (children, threads, a
@@ -470,6 +472,14 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if err := t.track(root, initHost); err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
+		// A process that had exited and was not reaped yet (a subshell whose parent has
+		// not waited) is dumped as a zombie, and stays one: checkAfterDump must not take
+		// it for a process let run.
+		for i, h := range t.Host {
+			if procfs.State(int(h[0])) == 'Z' {
+				t.zombies = append(t.zombies, t.Pids[i])
+			}
+		}
 	}
 	if err := syncPath(ts.dir); err != nil {
 		return fail(err)
@@ -548,7 +558,7 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 	}
 	for _, t := range ts.trees {
 		for _, p := range t.Pids {
-			if st := s.rt.ProcState(p); st != 'T' {
+			if st := s.rt.ProcState(p); st != 'T' && (st != 'Z' || !slices.Contains(t.zombies, p)) {
 				return fmt.Errorf("process %d, which CRIU took and left stopped, was let run during the checkpoint (state %c): try again: %w", p, st, errdefs.ErrConflict)
 			}
 			known[p] = true

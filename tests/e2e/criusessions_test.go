@@ -232,3 +232,38 @@ func TestCRIUTreeThatCannotComeBackIsLeftOut(t *testing.T) {
 		t.Fatalf("after the restore: %q", got)
 	}
 }
+
+// TestCRIUSessionTreeWithAZombie: a python session with a child that has exited and was
+// not waited for (a zombie) and a live one goes through CRIU; the zombie is dumped as
+// one and stays one, which is not a process "let run during the checkpoint" (a
+// double-forking job made this refusal at random in CI). The checkpoint succeeds, and
+// after a restore the session can still wait for both children.
+func TestCRIUSessionTreeWithAZombie(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "cz"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, apitypes.SessionOptions{Name: "py", Kind: apitypes.SessionPython}); err != nil {
+		t.Fatal(err)
+	}
+	got := sessRun(t, d, id, "py", `import os, subprocess, time
+z = subprocess.Popen(['true'])
+live = subprocess.Popen(['sleep', '1000'])
+for i in range(500):
+    if open('/proc/%d/stat' % z.pid).read().rsplit(')', 1)[1].split()[0] == 'Z':
+        break
+    time.sleep(0.01)
+print(open('/proc/%d/stat' % z.pid).read().rsplit(')', 1)[1].split()[0])`)
+	if got != "Z\n" {
+		t.Fatalf("the session's first child: state %q, want a zombie", got)
+	}
+	cp, err := d.C.Checkpoint(dbxCtx(t), id, "zombie")
+	if err != nil || cp.CRIUProcesses != 3 {
+		t.Fatalf("checkpoint of a session with a zombie child: %v %+v, want the session, the zombie and the sleep through CRIU", err, cp)
+	}
+	if _, err := d.C.Restore(dbxCtx(t), id, cp.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := sessRun(t, d, id, "py", "live.kill(); print(z.wait(), live.wait())"); got != "0 -9\n" {
+		t.Fatalf("after the restore the session's children ended with %q, want the zombie's 0 and the sleep's -9", got)
+	}
+}
