@@ -82,7 +82,10 @@ type Isolation struct {
 // sandbox's private directory in the store (init log, init root mount point). Every
 // command the sandbox runs starts inside lim (zero fields: the defaults). iso nil
 // starts the sandbox without a user namespace (isolation off: for comparisons only).
-func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation) (_ *Sandbox, err error) {
+//
+// pidFloor, when not 0, makes every PID of the sandbox (its processes' and its init's
+// threads') larger than it: those a restore must give back are not taken meanwhile.
+func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int) (_ *Sandbox, err error) {
 	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
 	defer func() {
 		if err != nil {
@@ -128,7 +131,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation) (_ *Sand
 	}
 	defer unix.Close(cgfd)
 	s.init, err = sbinit.Start(sbinit.StartOptions{
-		Config:   sbinit.Config{ID: id, Hostname: hostname},
+		Config:   sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor},
 		CgroupFD: cgfd,
 		Log:      log,
 		RootDir:  rootDir,

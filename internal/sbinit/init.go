@@ -29,6 +29,9 @@ type Config struct {
 	// TaskFDs are fds (inherited) on the "tasks" files of the sandbox's v1 cgroups:
 	// each spawn thread writes "0" into them before it forks (StartOptions.CgroupTasks).
 	TaskFDs []int `json:"task_fds,omitempty"`
+	// PidFloor: the sandbox's PIDs start above it (raisePidFloor), so that no process
+	// or thread of a sandbox started afresh takes a PID a restore must give back.
+	PidFloor int `json:"pid_floor,omitempty"`
 }
 
 // ctlFD is the init's end of the control socketpair (ExtraFiles[0]).
@@ -162,6 +165,11 @@ func setupRoot(cfg *Config) error {
 	}
 	if err := unix.Mount("proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mount proc: %w", err)
+	}
+	if cfg.PidFloor > 0 {
+		if err := raisePidFloor("proc", cfg.PidFloor); err != nil {
+			return fmt.Errorf("raise the next PID above %d: %w", cfg.PidFloor, err)
+		}
 	}
 	if err := setupDev("dev"); err != nil {
 		return err
@@ -583,6 +591,28 @@ func (s *server) serve() {
 		closeAll(fds)
 		s.send(reply, nil)
 	}
+}
+
+// raisePidFloor makes the sandbox's next PIDs (processes and threads, init's Go threads
+// included) larger than floor, writing ns_last_pid through proc (init's proc mount,
+// before MaskProc makes sys read-only; CAP_SYS_ADMIN in the PID namespace's user
+// namespace allows it) if it is lower. A sandbox started afresh over a record counts PIDs from 2 again, and a thread
+// init's Go runtime makes later took a PID a restore from an image needs (clone3 set_tid
+// then fails with EEXIST, which no kill can clear: it is init's own thread).
+func raisePidFloor(proc string, floor int) error {
+	path := filepath.Join(proc, "sys/kernel/ns_last_pid")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	last, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %q", path, b)
+	}
+	if last >= floor {
+		return nil
+	}
+	return os.WriteFile(path, []byte(strconv.Itoa(floor)), 0)
 }
 
 // newCommandCgroupNS returns an nsfs fd on a new cgroup namespace rooted where the

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -204,7 +205,8 @@ func TestDurableImageCopyThatRanIsRefused(t *testing.T) {
 // machine restart (here a daemon that stops its sandboxes, DELTABOX_STOP_SANDBOXES=1: init,
 // sessions and templates end), the next daemon starts the sandbox afresh with its files,
 // and a node with a complete image still restores its processes from it: the python
-// session's objects and PID, the bash session's cwd and variables.
+// session's objects and PID, the bash session's cwd and variables. The sandbox started
+// afresh allocates PIDs above those its nodes need.
 func TestDurableImageAfterSandboxesEnd(t *testing.T) {
 	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_STOP_SANDBOXES=1")
 	const id = "durend"
@@ -231,6 +233,14 @@ func TestDurableImageAfterSandboxesEnd(t *testing.T) {
 	d = testutil.StartDaemonOn(t, d.Root)
 	if got := initPid(); got == initBefore {
 		t.Fatalf("the sandbox's init %d survived a daemon that stops its sandboxes", got)
+	}
+	// The sandbox started afresh counts its PIDs from above those its nodes' processes
+	// need (sandbox.Start's pidFloor): else a thread of its init took one of them now
+	// and then, and the restore failed with EEXIST.
+	pyN, _ := strconv.Atoi(pyPid)
+	bashN, _ := strconv.Atoi(bashPid)
+	if p, _ := strconv.Atoi(strings.TrimSpace(dbxSh(t, d, id, "echo $$"))); p <= max(pyN, bashN) {
+		t.Fatalf("a command in the sandbox started afresh has PID %d, not above its node's sessions' %d and %d", p, pyN, bashN)
 	}
 	res := dbxRestore(t, d, id, n1)
 	if !res.FromImage || res.Processes != 2 {

@@ -1,0 +1,60 @@
+package state
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	"deltabox/internal/durable"
+)
+
+// pidFloor is the largest PID (in the sandbox) that a restore into s may have to give
+// back: the live PIDs and template PIDs its nodes' process records name, the PIDs of
+// their durable images (a copy of the template was dumped: its PID) and of their CRIU
+// trees. boot raises the sandbox's next PID above it: a sandbox started afresh over its
+// record (after a machine or daemon restart without adoption) counts PIDs from 2 again,
+// and a thread that init's Go runtime made later took PID 15, which a restore from an
+// image then needed (clone3 set_tid: EEXIST; 6 of 8 runs of
+// TestDurableImageAfterSandboxesEnd on a loaded machine). Precondition: s not yet shared.
+func (m *Manager) pidFloor(s *sb) int {
+	floor := 0
+	var nodes []string
+	m.mu.Lock()
+	for id, n := range m.nodes {
+		if n.Sandbox != s.rec.ID {
+			continue
+		}
+		nodes = append(nodes, id)
+		if pr := m.procRecs[id]; pr != nil {
+			for _, t := range pr.Templates {
+				floor = max(floor, t.Template.Proc.Pid, t.Template.SelfPid)
+			}
+		}
+	}
+	m.mu.Unlock()
+	if m.img == nil {
+		return floor
+	}
+	for _, id := range nodes {
+		dir := m.imagesDir(id)
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			sub := filepath.Join(dir, e.Name())
+			if man, err := durable.ReadManifest(sub); err == nil {
+				floor = max(floor, man.Pid)
+			}
+			var tr templateRecord
+			if b, err := os.ReadFile(filepath.Join(sub, "template.json")); err == nil && json.Unmarshal(b, &tr) == nil {
+				floor = max(floor, tr.Template.Proc.Pid, tr.Template.SelfPid)
+			}
+		}
+		if ts, err := m.criuTreesOf(id); err == nil && ts != nil {
+			for _, t := range ts.trees {
+				for _, p := range t.Pids {
+					floor = max(floor, p)
+				}
+			}
+		}
+	}
+	return floor
+}
