@@ -50,7 +50,8 @@ TRIXIE_SRC_LIST=/etc/apt/sources.list.d/deltabox-trixie-src.sources
 # user namespace check opens the namespaces before it drops privileges), 0004 restores a
 # background job as the leader of a session of its own (CRIU_SHELL_JOB_SETSID=1), 0005
 # dumps TCP and UDP sockets on Linux 6.16+ (which refuses SO_PASSCRED on them), 0006
-# restores sockets into a user namespace (SO_SNDBUFFORCE needs host root). CRIU
+# restores sockets into a user namespace (SO_SNDBUFFORCE needs host root), 0007 lets
+# tasks restored into a user namespace have lazy pages (/dev/userfaultfd). CRIU
 # keeps what it probed of the kernel in RUNDIR/criu.kdat, only on a tmpfs: /run is not one on this machine kind, so every CRIU
 # run probed again (50-100 ms each); RUNDIR is a root-only directory on /dev/shm instead,
 # which internal/criu makes (it is gone after a reboot). The installed build is stamped

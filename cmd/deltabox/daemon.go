@@ -119,6 +119,15 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 	default:
 		return cfg, bad("DELTABOX_DURABLE", v, "0 or 1")
 	}
+	switch v := getenv("DELTABOX_LAZY_RESTORE"); v {
+	case "", "auto":
+	case "0":
+		cfg.LazyRestoreMinBytes = -1
+	case "1":
+		cfg.LazyRestoreMinBytes = 0
+	default:
+		return cfg, bad("DELTABOX_LAZY_RESTORE", v, "auto, 0 or 1 (restores from images: lazy from 64 MiB of pages, never, always)")
+	}
 	switch v := getenv("DELTABOX_STOP_SANDBOXES"); v {
 	case "", "0":
 	case "1":

@@ -126,6 +126,9 @@ type OpResult struct {
 	// FromImage: the node's templates were gone (evicted, killed) and the restore
 	// brought them back from the node's durable image first (state/durable.go).
 	FromImage bool `json:"from_image,omitempty"`
+	// LazyImage: that restore from the image was lazy (state/lazy.go): it answered
+	// before every page was read, which the image's server copies in meanwhile.
+	LazyImage bool `json:"lazy_image,omitempty"`
 	// Prepared: the checkpoint used the next state mounted ahead of time.
 	Prepared bool `json:"prepared,omitempty"`
 	// PhasesUS is the time of each step in microseconds, to see where latency goes.

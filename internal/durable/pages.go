@@ -465,6 +465,18 @@ func copyRange(src *os.File, off int64, dst *os.File, doff int64, n int64) error
 	return nil
 }
 
+// PagesBytes is the size of the pages-N.img files in dir (those Materialize wrote).
+func PagesBytes(dir string) int64 {
+	ms, _ := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	var n int64
+	for _, p := range ms {
+		if fi, err := os.Stat(p); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
 // DropPages removes the pages-N.img that Materialize wrote (the refs stay).
 func DropPages(dir string) error {
 	refsFiles, err := filepath.Glob(filepath.Join(dir, "pages-*"+refsExt))

@@ -60,12 +60,19 @@ type RestoreOptions struct {
 	// CRIU lets it go), whatever it was at the dump: the caller resumes it (SIGCONT)
 	// once the operation it is part of completes.
 	LeaveStopped bool
+	// Lazy restores the tree's anonymous memory on demand (lazy.go): the restore
+	// returns before the pages are in, and RestoreStats.Lazy is the server that copies
+	// them. Read lazy.go's doc before using it.
+	Lazy bool
 }
 
 // RestoreStats says what a restore did and took.
 type RestoreStats struct {
 	HostPid int     // the restored root task's PID on the host
 	CRIUS   float64 // CRIU's whole run, seconds
+	// Lazy, for a lazy restore, is the server still copying the tree's pages: the
+	// tree is not to be trusted until its Done reports success.
+	Lazy *Lazy
 }
 
 // Restore puts the tree imaged in dir back into sb, with its PIDs: the root task's PID
@@ -175,14 +182,26 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		c.env = []string{shellJobSetsidEnv}
 	}
 	start := time.Now()
+	var lazy *Lazy
+	if o.Lazy {
+		// The server reads the pages by the real path; the restore reaches its socket
+		// through the link (both chdir into the images directory).
+		if lazy, err = startLazy(r, abs, logLevel(o.LogLevel)); err != nil {
+			return nil, err
+		}
+		opts.LazyPages = proto.Bool(true)
+	}
 	resp, err := c.run(ctx)
 	if err != nil {
+		if lazy != nil {
+			lazy.Kill()
+		}
 		if resp != nil && resp.GetCrErrno() == int32(unix.EEXIST) {
 			err = fmt.Errorf("%w (pid %d is taken in the sandbox)", err, m.Pid)
 		}
 		return nil, err
 	}
-	st := &RestoreStats{CRIUS: time.Since(start).Seconds()}
+	st := &RestoreStats{CRIUS: time.Since(start).Seconds(), Lazy: lazy}
 	// CRIU answers with the root task's PID as it sees it: in the sandbox's namespace.
 	st.HostPid = hostPidOf(sb.PID, int(resp.GetRestore().GetPid()))
 	return st, nil

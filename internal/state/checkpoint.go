@@ -170,6 +170,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 		return nil, err
 	}
 	defer unlock()
+	// Nothing is taken of a process still missing pages (lazy.go); the wait is the
+	// checkpoint's time.
+	if err := m.waitLazy(s); err != nil {
+		return nil, err
+	}
 	t0 = t0.Add(waited)
 	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {

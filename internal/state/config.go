@@ -56,7 +56,14 @@ type Config struct {
 	// (DefaultTemplateBudgets).
 	TemplateBudgetBytes      int64
 	TemplateBudgetTotalBytes int64
+	// LazyRestoreMinBytes: a restore from a durable image whose pages hold at least
+	// this many bytes is lazy (lazy.go); -1 never (DELTABOX_LAZY_RESTORE=0), 0 always
+	// (DELTABOX_LAZY_RESTORE=1). Default DefaultLazyRestoreMinBytes.
+	LazyRestoreMinBytes int64
 }
+
+// DefaultLazyRestoreMinBytes is where a lazy restore from an image starts to pay.
+const DefaultLazyRestoreMinBytes = 64 << 20
 
 // The session caps' defaults: an agent uses a handful of sessions; 1024 sessions at
 // their 1 MiB log cap each are 1 GiB of the daemon's memory at worst.
@@ -80,7 +87,7 @@ func DefaultTemplateBudgets() (perSandbox, total int64) {
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
 	per, total := DefaultTemplateBudgets()
-	return Config{FastPath: true, Durable: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
+	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, Durable: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
 		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions,
 		TemplateBudgetBytes: per, TemplateBudgetTotalBytes: total}
 }

@@ -502,13 +502,14 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 
 // restoreImage brings node's templates back into s from its durable image: each
 // template's image restored into the node's read-only view, as a child of init, stopped,
-// then adopted as a template (fastpath.AdoptStopped). Precondition: s.opMu held (a
-// restore's first step), the node has no template in s.
-func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
+// then adopted as a template (fastpath.AdoptStopped). lazy: the restore was lazy, its
+// pages still coming in (lazy.go). Precondition: s.opMu held (a restore's first step),
+// the node has no template in s.
+func (m *Manager) restoreImage(s *sb, node string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
 	dir := m.imagesDir(node)
 	if !m.hasImage(node) {
-		return nil, nil
+		return nil, false, nil
 	}
 	m.mu.Lock()
 	n := m.nodes[node]
@@ -519,34 +520,39 @@ func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
 	uts := m.procRecs[node]
 	m.mu.Unlock()
 	if n == nil || n.Sandbox != s.rec.ID {
-		return nil, nil // an image restores into the sandbox that made it (its PIDs)
+		return nil, false, nil // an image restores into the sandbox that made it (its PIDs)
 	}
 	view, err := m.nodeView(s.rt, image, node)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer view.Close()
 	sbx, closeAll, err := m.durableSandbox(s.rt, view.NS)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer closeAll()
 	rootFD, err := unix.FcntlInt(uintptr(view.Root), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	sbx.Root = os.NewFile(uintptr(rootFD), "view-root")
 	defer sbx.Root.Close()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var tps []*procTemplate
-	fail := func(err error) ([]*procTemplate, error) {
+	var lrs []*lazyRestore
+	fail := func(err error) ([]*procTemplate, bool, error) {
 		for _, t := range tps {
 			t.tmpl.Kill()
 		}
-		return nil, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict)
+		for _, lr := range lrs {
+			lr.l.Kill() // its processes are killed above
+			durable.DropPages(lr.dir)
+		}
+		return nil, false, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict)
 	}
 	for _, e := range ents {
 		if !e.IsDir() {
@@ -586,9 +592,14 @@ func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
 		err = m.img.pages.Materialize(sub)
 		var rs *durable.RestoreStats
 		if err == nil {
-			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{})
+			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(sub)})
 		}
-		durable.DropPages(sub)
+		if err == nil && rs.Lazy != nil {
+			// Its server reads the pages until it is done (lazy.go).
+			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
+		} else {
+			durable.DropPages(sub)
+		}
 		for _, f := range masters {
 			f.Close()
 		}
@@ -616,7 +627,8 @@ func (m *Manager) restoreImage(s *sb, node string) ([]*procTemplate, error) {
 		n.uts = uts.UTS
 	}
 	m.mu.Unlock()
-	return tps, nil
+	m.watchLazy(s, lrs)
+	return tps, len(lrs) > 0, nil
 }
 
 // pidFreeWait bounds how long a restore from an image waits for its PID to be free.

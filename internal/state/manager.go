@@ -100,6 +100,11 @@ type sb struct {
 
 	bg *background // after-answer work waits for this sandbox's operations (background.go)
 
+	// lazy are the lazy restores into this sandbox still copying pages (lazy.go); under
+	// lazyMu, a leaf.
+	lazyMu sync.Mutex
+	lazy   []*lazyRestore
+
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 	// hostPids caches each session process's host PID (by sandbox PID), checked at each
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one

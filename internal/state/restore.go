@@ -193,12 +193,13 @@ func (r *restore) templates() error {
 	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasImage(r.nodeID) {
 		// Evicted or lost: the node's durable image brings them back (durable.go).
 		m.dropNodeTemplates(s, r.nodeID)
-		itps, ierr := m.restoreImage(s, r.nodeID)
+		itps, lazy, ierr := m.restoreImage(s, r.nodeID)
 		switch {
 		case ierr != nil:
 			err = ierr
 		case len(itps) > 0:
 			tps, err, r.res.FromImage = itps, nil, true
+			r.res.LazyImage = lazy
 			m.log.Info("restored a node's templates from its durable image", "sandbox", s.rec.ID, "node", r.nodeID, "processes", len(itps))
 		}
 	}

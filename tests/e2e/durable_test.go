@@ -310,3 +310,52 @@ func TestDurableImagePagesCollected(t *testing.T) {
 		t.Fatalf("python restored from the kept image: %q", got)
 	}
 }
+
+// TestDurableImageLazyRestore: with lazy restores from images (DELTABOX_LAZY_RESTORE=1),
+// a node whose templates were evicted restores its python session of 200 MiB of random
+// bytes lazily (lazy_image): the first command answers with every byte as it was (its
+// hash) while the image's server copies the rest; a checkpoint right after waits for the
+// server and then takes exact processes (its own restore, from its templates, hashes the
+// same), and the node's image restored lazily a second time, evicted again, is still
+// exact; the bash session keeps its state throughout.
+func TestDurableImageLazyRestore(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_LAZY_RESTORE=1")
+	const id = "lazy"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	h := strings.TrimSpace(sessRun(t, d, id, "py", "import os, hashlib; x = bytearray(os.urandom(200 << 20)); print(hashlib.sha256(x).hexdigest(), os.getpid())"))
+	bashPid := strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; echo $$"))
+	n1 := dbxCheckpoint(t, d, id, "big").Node.ID
+	sessRun(t, d, id, "py", "x[0] ^= 1")
+	durWaitImage(t, d, n1)
+	check := func(what string) {
+		t.Helper()
+		if got := strings.TrimSpace(sessRun(t, d, id, "py", "print(hashlib.sha256(x).hexdigest(), os.getpid())")); got != h {
+			t.Fatalf("%s: python answered %q, want %q (its bytes' hash and PID at the checkpoint)", what, got, h)
+		}
+		if got := sessRun(t, d, id, "main", "echo $(pwd) $FOO $$"); got != "/tmp bar "+bashPid+"\n" {
+			t.Fatalf("%s: bash answered %q", what, got)
+		}
+	}
+	for round := 1; round <= 2; round++ {
+		if _, err := d.C.EvictNode(dbxCtx(t), n1); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		res := dbxRestore(t, d, id, n1)
+		if !res.FromImage || !res.LazyImage || res.Processes != 2 {
+			t.Fatalf("round %d: restore to %s: from_image %v, lazy_image %v, %d processes %v\ndaemon log:\n%s", round, n1, res.FromImage, res.LazyImage, res.Processes, res.ProcessErrors, dbxTail(d.Log(), 3000))
+		}
+		check(fmt.Sprintf("round %d, lazily restored", round))
+		t.Logf("round %d: lazy restore %.1f ms, first python answer (a hash of 200 MiB) after %v", round, res.DurationMS, time.Since(t0))
+		// At once: the checkpoint waits for the server, then forks exact templates.
+		n2 := dbxCheckpoint(t, d, id, fmt.Sprintf("after-lazy-%d", round)).Node.ID
+		sessRun(t, d, id, "py", "x[1] ^= 1")
+		if res := dbxRestore(t, d, id, n2); res.FromImage || res.Processes != 2 {
+			t.Fatalf("round %d: restore to %s: from_image %v, %d processes, want its templates", round, n2, res.FromImage, res.Processes)
+		}
+		check(fmt.Sprintf("round %d, the checkpoint after the lazy restore", round))
+	}
+}

@@ -538,6 +538,10 @@ class RestoreResult:
         mounted: the node's state was mounted (False when the sandbox already stood
             on it, unchanged).
         warm: the node's state had been mounted ahead of time.
+        from_image: the node's templates were gone (evicted, killed) and came back
+            from its durable image first.
+        lazy_image: that restore from the image was lazy: it answered before every
+            page was read (the next checkpoint waits for the rest).
         duration: seconds inside the daemon.
         phases_us: microseconds per step (templates, upper, mount, kill, reap,
             processes, publish).
@@ -560,6 +564,8 @@ class RestoreResult:
     criu_processes: int = 0
     mounted: bool = False
     warm: bool = False
+    from_image: bool = False
+    lazy_image: bool = False
     duration: float = 0.0
     phases_us: Dict[str, int] = field(default_factory=dict)
     sessions_restored: List[str] = field(default_factory=list)
@@ -580,6 +586,8 @@ class RestoreResult:
             criu_processes=int(d.get("criu_processes") or 0),
             mounted=bool(d.get("mounted")),
             warm=bool(d.get("warm")),
+            from_image=bool(d.get("from_image")),
+            lazy_image=bool(d.get("lazy_image")),
             duration=float(d.get("duration_ms") or 0.0) / 1000.0,
             phases_us=_phases(d),
             sessions_restored=[str(s) for s in (d.get("sessions") or [])],

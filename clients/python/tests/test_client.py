@@ -250,8 +250,9 @@ class OfflineTest(unittest.TestCase):
         r = RestoreResult.from_api({
             "node": node, "sandbox": "sb1", "killed_processes": 2, "mounted": False,
             "duration_ms": 1.5, "processes": 2, "warm": True, "criu_processes": 1,
+            "from_image": True, "lazy_image": True,
             "phases_us": {"kill": 50, "processes": 400}})
-        self.assertEqual(r.criu_processes, 1)
+        self.assertEqual((r.criu_processes, r.from_image, r.lazy_image), (1, True, True))
         self.assertEqual((r.id, r.node.id, r.sandbox, r.processes, r.process_errors),
                          ("n2", "n2", "sb1", 2, []))
         self.assertEqual((r.killed_processes, r.mounted, r.warm, r.duration, r.phases_us),
@@ -262,7 +263,8 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual((r.sessions_restored, r.sessions_ended), (["main"], ["py"]))
         # Fields the daemon leaves out (omitempty) take their zero.
         r = RestoreResult.from_api({"node": node, "sandbox": "sb1", "processes": 0})
-        self.assertEqual((r.warm, r.process_errors, r.phases_us), (False, [], {}))
+        self.assertEqual((r.warm, r.process_errors, r.phases_us, r.from_image, r.lazy_image),
+                         (False, [], {}, False, False))
 
     def test_memory_models(self):
         # The memory of a checkpoint's and a restore's answers, and the warnings.
