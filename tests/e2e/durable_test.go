@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -357,5 +358,60 @@ func TestDurableImageLazyRestore(t *testing.T) {
 			t.Fatalf("round %d: restore to %s: from_image %v, %d processes, want its templates", round, n2, res.FromImage, res.Processes)
 		}
 		check(fmt.Sprintf("round %d, the checkpoint after the lazy restore", round))
+	}
+}
+
+// TestDurableImageLazyServerKilled: the lazy-pages server of a lazy restore is killed
+// (SIGKILL from the host) while it still copies pages, so that the pages not yet in
+// would read as zeros. The daemon ends what it served: the python session restarts
+// afresh at its next call (session_restarted, none of its objects), no checkpoint takes
+// the processes meanwhile (one right after is refused with 409 naming the lazy restore,
+// or finds them already ended), and the node, its templates dropped, restores exactly
+// from its image again.
+func TestDurableImageLazyServerKilled(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_LAZY_RESTORE=1")
+	const id = "lazykill"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	h := strings.TrimSpace(sessRun(t, d, id, "py", "import os, hashlib; x = bytearray(os.urandom(400 << 20)); print(hashlib.sha256(x).hexdigest())"))
+	n1 := dbxCheckpoint(t, d, id, "big").Node.ID
+	durWaitImage(t, d, n1)
+	if _, err := d.C.EvictNode(dbxCtx(t), n1); err != nil {
+		t.Fatal(err)
+	}
+	res := dbxRestore(t, d, id, n1)
+	if !res.LazyImage {
+		t.Fatalf("restore to %s: lazy_image false, want a lazy restore", n1)
+	}
+	// 400 MiB take the server about a second here: it is still at work.
+	out, err := exec.Command("pkill", "-KILL", "-f", "criu lazy-pages --images-dir "+filepath.Join(d.Root, "durable")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("no lazy-pages server to kill right after the restore (%v %s): it finished before", err, out)
+	}
+	if _, err := d.C.Checkpoint(dbxCtx(t), id, "after-kill"); err != nil && !strings.Contains(err.Error(), "lazy restore") {
+		t.Fatalf("checkpoint after the server was killed: %v, want success (processes already ended) or a refusal naming the lazy restore", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := d.C.Run(dbxCtx(t), id, "py", "print('x' in globals())", 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.SessionRestarted && r.Stdout == "False\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the python session served by the killed server still runs 30 s after: %+v", r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	res = dbxRestore(t, d, id, n1)
+	if !res.FromImage {
+		t.Fatalf("restore to %s after its lazily restored templates were ended: from_image false, want its image again", n1)
+	}
+	if got := strings.TrimSpace(sessRun(t, d, id, "py", "print(hashlib.sha256(x).hexdigest())")); got != h {
+		t.Fatalf("python restored from the image again hashes to %s, want %s", got, h)
 	}
 }
