@@ -397,7 +397,13 @@ func (s *Server) restore(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	res, err := s.m.RestoreWith(r.Context(), r.PathValue("id"), state.RestoreOptions{Node: q.Node, Wait: wait})
+	switch q.LazyImage {
+	case "", "always", "never":
+	default:
+		writeErr(w, fmt.Errorf(`restore: lazy_image %q: want "always", "never" or "" (the daemon's choice): %w`, q.LazyImage, errdefs.ErrInvalid))
+		return
+	}
+	res, err := s.m.RestoreWith(r.Context(), r.PathValue("id"), state.RestoreOptions{Node: q.Node, Wait: wait, LazyImage: q.LazyImage})
 	if err != nil {
 		writeErr(w, err)
 		return

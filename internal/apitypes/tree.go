@@ -93,6 +93,12 @@ type RestoreRequest struct {
 	Node string `json:"node"`
 	// WaitMS: as CheckpointRequest's.
 	WaitMS int64 `json:"wait_ms,omitempty"`
+	// LazyImage chooses, when the node's templates are gone and come back from its
+	// durable image, whether that restore is lazy (its memory copied in on demand and
+	// in the background: faster to the first command for a large heap, the next
+	// checkpoint waits for the rest): "always", "never", or "" for the daemon's choice
+	// (lazy from 64 MiB of pages; DELTABOX_LAZY_RESTORE).
+	LazyImage string `json:"lazy_image,omitempty"`
 }
 
 // OpResult reports one checkpoint or restore: the answer of POST

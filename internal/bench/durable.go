@@ -19,6 +19,7 @@ import (
 // Systems of `bench durable`.
 const (
 	SysDurableImage    = "deltabox-image"       // restore whose templates come back from the node's image
+	SysDurableLazy     = "deltabox-image-lazy"  // the same, lazily (userfaultfd: pages copied on demand)
 	SysDurableTemplate = "deltabox-template"    // the same restore from the node's templates
 	SysDurableIncr     = "deltabox-incremental" // bytes an image adds to the page store
 	SysCRIUFull        = "criu-full"            // bytes of the same full CRIU image
@@ -95,9 +96,10 @@ func RunDurable(ctx context.Context, c *client.Client, o DurableOptions) (f *Fil
 		"each after %d MiB of the heap was rewritten. `%s` and `%s`: the bytes each node's durable image added to the daemon's "+
 		"page store, and the size of its full CRIU images (`process_image` of the node; the first image of a run is left out). "+
 		"`%s`: the node's templates evicted (`POST /v1/nodes/ID/evict`), then the restore, which brings them back from the image, "+
-		"until the first call to the session after it has returned; `%s`: the same restore from the templates. `%s`: a host "+
+		"until the first call to the session after it has returned; `%s`: the same, lazily (userfaultfd); both also until a call "+
+		"that reads every page of the heap has returned (`read_all_ms`); `%s`: the same restore from the templates. `%s`: a host "+
 		"python3 with the same heap, killed and restored by plain CRIU from tmpfs, until its first answer.",
-		o.Checkpoints, o.StepMB, SysDurableIncr, SysCRIUFull, SysDurableImage, SysDurableTemplate, SysCRIUPlain)
+		o.Checkpoints, o.StepMB, SysDurableIncr, SysCRIUFull, SysDurableImage, SysDurableLazy, SysDurableTemplate, SysCRIUPlain)
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, "[%7.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
@@ -187,33 +189,42 @@ func durableRun(ctx context.Context, c *client.Client, o DurableOptions, mb int,
 		return row
 	}
 	rows = append(rows, bytesRow(SysDurableIncr, stored), bytesRow(SysCRIUFull, full))
-	logf("durable %d MiB: %d restores from the image, %d from templates", mb, o.Restores, o.Restores)
-	var img, tmpl []float64
-	var serverMS []float64
+	logf("durable %d MiB: %d restores from the image (eager and lazy), %d from templates", mb, o.Restores, o.Restores)
+	var tmpl []float64
+	img := map[string]*durImageTimes{"never": {}, "always": {}}
 	for i := 0; i < o.Restores; i++ {
 		n := nodes[len(nodes)-1-i%(len(nodes)-1)] // not the first: its image is the base
-		if _, err := c.EvictNode(ctx, n); err != nil {
-			return nil, err
+		for _, lazy := range []string{"never", "always"} {
+			if _, err := c.EvictNode(ctx, n); err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
+			res, err := c.RestoreWith(ctx, sb.ID, apitypes.RestoreRequest{Node: n, LazyImage: lazy})
+			if err != nil {
+				return nil, err
+			}
+			if !res.FromImage || res.Processes != 1 || res.LazyImage != (lazy == "always") {
+				return nil, fmt.Errorf("restore of evicted %s (lazy_image %s): from_image %v, lazy %v, %d processes %v", n, lazy, res.FromImage, res.LazyImage, res.Processes, res.ProcessErrors)
+			}
+			if _, err := run("step"); err != nil {
+				return nil, err
+			}
+			first := ms(time.Since(t0))
+			// Every page of the heap read (a lazy restore's pages all in by then).
+			if _, err := run(durReadAllCode); err != nil {
+				return nil, err
+			}
+			it := img[lazy]
+			it.first = append(it.first, first)
+			it.all = append(it.all, ms(time.Since(t0)))
+			it.server = append(it.server, res.DurationMS)
 		}
-		t0 := time.Now()
-		res, err := c.Restore(ctx, sb.ID, n)
-		if err != nil {
-			return nil, err
-		}
-		if !res.FromImage || res.Processes != 1 {
-			return nil, fmt.Errorf("restore of evicted %s: from_image %v, %d processes %v", n, res.FromImage, res.Processes, res.ProcessErrors)
-		}
-		if _, err := run("step"); err != nil {
-			return nil, err
-		}
-		img = append(img, ms(time.Since(t0)))
-		serverMS = append(serverMS, res.DurationMS)
 		// The same node again: from its templates now.
 		if _, err := run(durStepCode(o.StepMB)); err != nil {
 			return nil, err
 		}
-		t0 = time.Now()
-		res, err = c.Restore(ctx, sb.ID, n)
+		t0 := time.Now()
+		res, err := c.Restore(ctx, sb.ID, n)
 		if err != nil {
 			return nil, err
 		}
@@ -228,11 +239,26 @@ func durableRun(ctx context.Context, c *client.Client, o DurableOptions, mb int,
 			return nil, err
 		}
 	}
-	ri := Summarize(img).Row(SysDurableImage, "restore", mb, "POST /v1/nodes/ID/evict (untimed)", "POST /v1/sandboxes/ID/restore", "session call `step`")
-	ri.Info = map[string]any{"daemon_ms_p50": Summarize(serverMS).P50}
+	for _, x := range []struct{ sys, lazy string }{{SysDurableImage, "never"}, {SysDurableLazy, "always"}} {
+		it := img[x.lazy]
+		row := Summarize(it.first).Row(x.sys, "restore", mb, "POST /v1/nodes/ID/evict (untimed)",
+			`POST /v1/sandboxes/ID/restore {"lazy_image": "`+x.lazy+`"}`, "session call `step`")
+		all := Summarize(it.all)
+		row.Info = map[string]any{"daemon_ms_p50": Summarize(it.server).P50,
+			"read_all_ms_p50": all.P50, "read_all_ms_p95": all.P95,
+			"read_all": "until a session call that reads every page of the heap (" + durReadAllCode + ") has returned too"}
+		rows = append(rows, row)
+	}
 	rt := Summarize(tmpl).Row(SysDurableTemplate, "restore", mb, "POST /v1/sandboxes/ID/restore", "session call `step`")
-	return append(rows, ri, rt), nil
+	return append(rows, rt), nil
 }
+
+// durImageTimes are one kind of restore from an image's times (ms): until the first
+// call returned, until a call that reads the whole heap returned, and in the daemon.
+type durImageTimes struct{ first, all, server []float64 }
+
+// durReadAllCode reads one byte of every page of the heap.
+const durReadAllCode = "sum(h[i] for h in heap for i in range(0, len(h), 4096))"
 
 // durWaitImage waits for node's image (at most 5 minutes).
 func durWaitImage(ctx context.Context, c *client.Client, node string) (*apitypes.ImageInfo, error) {

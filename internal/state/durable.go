@@ -505,7 +505,7 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 // then adopted as a template (fastpath.AdoptStopped). lazy: the restore was lazy, its
 // pages still coming in (lazy.go). Precondition: s.opMu held (a restore's first step),
 // the node has no template in s.
-func (m *Manager) restoreImage(s *sb, node string) (_ []*procTemplate, lazy bool, _ error) {
+func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
 	dir := m.imagesDir(node)
 	if !m.hasImage(node) {
@@ -592,7 +592,7 @@ func (m *Manager) restoreImage(s *sb, node string) (_ []*procTemplate, lazy bool
 		err = m.img.pages.Materialize(sub)
 		var rs *durable.RestoreStats
 		if err == nil {
-			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(sub)})
+			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(sub, lazyImage)})
 		}
 		if err == nil && rs.Lazy != nil {
 			// Its server reads the pages until it is done (lazy.go).

@@ -40,8 +40,16 @@ type lazyRestore struct {
 	dir  string // the image whose pages it reads (dropped once it is done)
 }
 
-// lazyFor says whether a restore from the image in dir (pages materialized) is lazy.
-func (m *Manager) lazyFor(dir string) bool {
+// lazyFor says whether a restore from the image in dir (pages materialized) is lazy:
+// choice ("always", "never") is the client's (RestoreOptions.LazyImage), else the
+// daemon's.
+func (m *Manager) lazyFor(dir, choice string) bool {
+	switch choice {
+	case "always":
+		return true
+	case "never":
+		return false
+	}
 	min := m.cfg.LazyRestoreMinBytes
 	if min < 0 {
 		return false

@@ -69,6 +69,7 @@ type restore struct {
 	s      *sb
 	nodeID string
 	image  string
+	lazy   string // RestoreOptions.LazyImage
 	res    *OpResult
 	undo   undoList
 	inject func() error // step 6's fault-injection point
@@ -97,6 +98,9 @@ type RestoreOptions struct {
 	// Wait: queue behind the calls running or queued when the restore arrives, for this
 	// long at most (CheckpointOptions.Wait).
 	Wait time.Duration
+	// LazyImage: "always" or "never" overrides Config.LazyRestoreMinBytes for a restore
+	// from the node's image (lazy.go); "" leaves it.
+	LazyImage string
 }
 
 // Restore is RestoreWith the node and no other option.
@@ -150,7 +154,7 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 	if !ok {
 		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", nodeID, errdefs.ErrNotFound)
 	}
-	r := &restore{m: m, s: s, nodeID: nodeID, image: image, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
+	r := &restore{m: m, s: s, nodeID: nodeID, image: image, lazy: o.LazyImage, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {
 		if err != nil {
 			m.countFailed(s, "restore", r.refused)
@@ -193,7 +197,7 @@ func (r *restore) templates() error {
 	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasImage(r.nodeID) {
 		// Evicted or lost: the node's durable image brings them back (durable.go).
 		m.dropNodeTemplates(s, r.nodeID)
-		itps, lazy, ierr := m.restoreImage(s, r.nodeID)
+		itps, lazy, ierr := m.restoreImage(s, r.nodeID, r.lazy)
 		switch {
 		case ierr != nil:
 			err = ierr

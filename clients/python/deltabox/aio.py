@@ -276,9 +276,10 @@ class AsyncSandbox:
         return await self.client.call(self.blocking.checkpoint, label, end_background, wait, pin)
 
     async def restore(self, checkpoint: Union[Checkpoint, str],
-                      wait: Optional[float] = DEFAULT_WAIT) -> RestoreResult:
+                      wait: Optional[float] = DEFAULT_WAIT,
+                      lazy_image: Optional[bool] = None) -> RestoreResult:
         """:meth:`Sandbox.restore`."""
-        return await self.client.call(self.blocking.restore, checkpoint, wait)
+        return await self.client.call(self.blocking.restore, checkpoint, wait, lazy_image)
 
     async def fork(self, count: int = 1, label: Optional[str] = None,
                    **create_kwargs: Any) -> List["AsyncSandbox"]:

@@ -447,7 +447,8 @@ class Sandbox:
         return max(t, wait_ms / 1000.0 + _ANSWER_GRACE)
 
     def restore(self, checkpoint: Union[Checkpoint, str],
-                wait: Optional[float] = DEFAULT_WAIT) -> RestoreResult:
+                wait: Optional[float] = DEFAULT_WAIT,
+                lazy_image: Optional[bool] = None) -> RestoreResult:
         """Rolls the sandbox back (or over) to a checkpoint, files and processes
         together, and returns what it did (:class:`RestoreResult`).
 
@@ -462,9 +463,15 @@ class Sandbox:
         template of the node is gone (nothing is changed). ``wait`` as for
         :meth:`checkpoint`: while commands run it queues behind them for that many
         seconds (default 5), then raises Conflict naming them. (Before 0.2.0 this
-        returned the sandbox.)"""
+        returned the sandbox.) ``lazy_image``: when the node's processes come back
+        from its durable image (``result.from_image``), True restores them lazily
+        (their memory copied in on demand: the first command answers sooner for a
+        large heap; the next checkpoint waits for the rest), False eagerly, None
+        lets the daemon choose (lazily from 64 MiB)."""
         node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
         body = {"node": node}  # type: Dict[str, Any]
+        if lazy_image is not None:
+            body["lazy_image"] = "always" if lazy_image else "never"
         ms = _wait_ms(wait)
         if ms:
             body["wait_ms"] = ms
