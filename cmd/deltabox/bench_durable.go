@@ -19,8 +19,9 @@ func benchDurableCmd() *cobra.Command {
 (each size in turn), makes --checkpoints checkpoints, each after --step-mb of the heap
 changed, and waits for their durable images. Reports the bytes each image added to the
 page store beside its full CRIU images; then --restores restores whose templates were
-evicted (they come back from the image), timed until the first session call after them
-returns, beside the same restores from templates and plain CRIU restores of a host python
+evicted (they come back from the image), eagerly and lazily (lazy_image), timed until the
+first session call after them returns and until a call that reads the whole heap returns,
+beside the same restores from templates and plain CRIU restores of a host python
 with the same heap, in the same run. Sandboxes and nodes are removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {

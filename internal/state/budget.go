@@ -559,3 +559,24 @@ func (m *Manager) budgetWarning(res *OpResult, id string) {
 	res.Warnings = append(res.Warnings, fmt.Sprintf("the templates of this sandbox's checkpoints hold %s of their %s budget (template_budget_mb; %d processes kept by %d nodes%s): past it, checkpoints wait and then fail with 507. Remove the nodes you no longer need (DELETE /v1/nodes/ID, deltabox tree rm ID, ckpt.remove() in Python), or create the sandbox with a larger template_budget_mb",
 		mib(t.PssAnon), mib(b), t.Processes, len(perNode), topNodes(perNode, 3)))
 }
+
+// roomForImage makes room in s's template budget, before a restore brings node's
+// templates back from its image, for what they will hold (the image's full bytes: a
+// restored template shares no page with the others). A restore is not admitted like a
+// checkpoint (it never waits): it evicts what it can and goes on. Without it, restores
+// from the images of many nodes (bench durable: 11 nodes of a 500 MB python) kept a
+// template each until the sandbox's memory cgroup was full and the kernel's OOM killer
+// took one, perhaps a live process. Precondition: s.opMu held, s.tmplMu not held
+// (evictForRoom takes it).
+func (m *Manager) roomForImage(s *sb, node string) {
+	b := m.templateBudget(s)
+	in := m.imageInfo(node)
+	if b <= 0 || in == nil || in.FullBytes <= 0 {
+		return
+	}
+	bm := m.measureBudget(s, true, 0)
+	if bm.used+in.FullBytes <= b {
+		return
+	}
+	m.evictForRoom(s, budgetCheck{sandbox: s.rec.ID, budget: b - in.FullBytes, used: bm.used})
+}

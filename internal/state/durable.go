@@ -594,9 +594,11 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		if err == nil {
 			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(sub, lazyImage)})
 		}
+		var fill int64 // what a lazily restored template will come to hold
 		if err == nil && rs.Lazy != nil {
 			// Its server reads the pages until it is done (lazy.go).
 			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
+			fill = durable.PagesBytes(sub)
 		} else {
 			durable.DropPages(sub)
 		}
@@ -619,7 +621,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			return fail(err)
 		}
 		tps = append(tps, &procTemplate{session: tr.Session, what: tr.What, kind: tr.Kind, argv: tr.Argv,
-			sandbox: s.rec.ID, tmpl: t, term: tr.Term, parked: true})
+			sandbox: s.rec.ID, tmpl: t, term: tr.Term, parked: true, rssAnon: fill})
 	}
 	m.mu.Lock()
 	m.templates[node] = tps
@@ -628,6 +630,13 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 	}
 	m.mu.Unlock()
 	m.watchLazy(s, lrs)
+	if len(lrs) > 0 {
+		// A lazily restored template fills after the answer, apart from the live
+		// processes forked from it (their pages are not shared): the kernel limit must
+		// already make room for all of it (its rssAnon, set above), or the memory
+		// cgroup's OOM killer takes a template (seen: bench durable, 500 MB).
+		m.fitKernelLimit(s, false)
+	}
 	return tps, len(lrs) > 0, nil
 }
 

@@ -189,6 +189,9 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 // one refuses the restore before anything changes.
 func (r *restore) templates() error {
 	m, s := r.m, r.s
+	if m.fastPath(s) && m.hasImage(r.nodeID) && !m.hasTemplatesIn(s, r.nodeID) {
+		m.roomForImage(s, r.nodeID) // before tmplMu, which its eviction takes
+	}
 	// tmplMu keeps background parking off them (taken first: a template that parking
 	// lets go is briefly not seen stopped). Held until Restore returns.
 	s.tmplMu.Lock()

@@ -20,7 +20,8 @@ type procTemplate struct {
 	tmpl    *fastpath.Template
 	term    session.TermState // its session's terminal at the checkpoint
 	parked  bool              // on its node's read-only view (views.go); under the sandbox's tmplMu
-	// rssAnon is its anonymous resident memory (RssAnon), read once (fitKernelLimit): a
+	// rssAnon is its anonymous resident memory (RssAnon), read once (fitKernelLimit), or
+	// for a lazily restored one the bytes of its image's pages, which it comes to hold: a
 	// stopped process's never changes. Under the sandbox's limitMu.
 	rssAnon int64
 }
@@ -73,6 +74,19 @@ func (m *Manager) nodeHasTemplatesElsewhere(s *sb, node string) bool {
 	defer m.mu.Unlock()
 	for _, t := range m.templates[node] {
 		if t.sandbox != s.rec.ID {
+			return true
+		}
+	}
+	return false
+}
+
+// hasTemplatesIn reports whether node has templates in s (alive or not: a dead one is
+// found at the restore).
+func (m *Manager) hasTemplatesIn(s *sb, node string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, t := range m.templates[node] {
+		if t.sandbox == s.rec.ID {
 			return true
 		}
 	}
