@@ -378,3 +378,59 @@ func TestTemplateBudgetEvictsNodesWithImages(t *testing.T) {
 		t.Fatalf("the evicted node restored from its image holds %q, want %q", got, states[0])
 	}
 }
+
+// TestRestoreFromImageMakesRoom: a restore that brings a node's templates back from its
+// image first evicts, within the template budget, room for them (they share no page
+// with the others): with node 1's templates holding 150 MiB of a 200 MiB budget, the
+// restore of node 2 from its image evicts node 1's (it has a complete image), and node
+// 1 then restores from its image with its state. Without it, restores from many nodes'
+// images kept a template each until the memory cgroup's OOM killer took one.
+func TestRestoreFromImageMakesRoom(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "budroom"
+	budCreate(t, d, id, 200)
+	var nodes, states []string
+	for i := 0; i < 2; i++ {
+		if i > 0 {
+			budPy(t, d, id, budRewrite)
+		}
+		nodes = append(nodes, dbxCheckpoint(t, d, id, fmt.Sprintf("n%d", i+1)).Node.ID)
+		states = append(states, budPy(t, d, id, budState))
+		durWaitImage(t, d, nodes[i])
+	}
+	if _, err := d.C.EvictNode(dbxCtx(t), nodes[1]); err != nil {
+		t.Fatal(err)
+	}
+	before, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := dbxRestore(t, d, id, nodes[1])
+	if !res.FromImage || res.Processes != 1 {
+		t.Fatalf("restore of node 2: from_image %v, %d processes %v", res.FromImage, res.Processes, res.ProcessErrors)
+	}
+	if got := budPy(t, d, id, budState); got != states[1] {
+		t.Fatalf("node 2 from its image holds %q, want %q", got, states[1])
+	}
+	n1, err := d.C.Node(dbxCtx(t), nodes[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n1.Templates != nil && n1.Templates.Processes > 0 {
+		t.Fatalf("node 1 keeps %d templates after node 2's 150 MiB came back from its image into a 200 MiB budget", n1.Templates.Processes)
+	}
+	if after.Stats.EvictedNodes != before.Stats.EvictedNodes+1 {
+		t.Fatalf("evicted_nodes went from %d to %d, want one more", before.Stats.EvictedNodes, after.Stats.EvictedNodes)
+	}
+	res = dbxRestore(t, d, id, nodes[0])
+	if !res.FromImage {
+		t.Fatal("node 1, evicted for node 2's image, did not restore from its own image")
+	}
+	if got := budPy(t, d, id, budState); got != states[0] {
+		t.Fatalf("node 1 from its image holds %q, want %q", got, states[0])
+	}
+}
