@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -103,8 +102,14 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 		"--images-dir", dir, "--log-file", LazyLog, fmt.Sprintf("-v%d", logLevel))
 	cmd.What = "criu lazy-pages for " + dir
 	cmd.Env = append(criu.Environ(), r.Env()...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its output to a file, not a pipe of ours: a daemon that dies leaves the server
+	// running to the end, and a write to a pipe no one reads would kill it (SIGPIPE).
+	outf, err := os.OpenFile(filepath.Join(dir, "lazy-pages.out"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer outf.Close()
+	cmd.Stdout, cmd.Stderr = outf, outf
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -112,7 +117,8 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 	go func() {
 		err := cmd.Wait()
 		if err != nil {
-			err = fmt.Errorf("%s: %w%s; the end of its log %s: %s", cmd.What, err, outputNote(out.String()),
+			out, _ := os.ReadFile(filepath.Join(dir, "lazy-pages.out"))
+			err = fmt.Errorf("%s: %w%s; the end of its log %s: %s", cmd.What, err, outputNote(string(out)),
 				filepath.Join(dir, LazyLog), (&call{dir: dir, log: LazyLog}).logTail())
 		}
 		l.mu.Lock()

@@ -578,5 +578,7 @@ func (m *Manager) roomForImage(s *sb, node string) {
 	if bm.used+in.FullBytes <= b {
 		return
 	}
-	m.evictForRoom(s, budgetCheck{sandbox: s.rec.ID, budget: b - in.FullBytes, used: bm.used})
+	// As a check whose budget is what is left for the others (never below 0: a
+	// negative budget reads as none).
+	m.evictForRoom(s, budgetCheck{sandbox: s.rec.ID, budget: max(b-in.FullBytes, 0), used: bm.used})
 }

@@ -426,6 +426,12 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 	if recs == nil || len(recs.Templates) != len(copies) {
 		return 0, 0, errors.New("the node's templates are not recorded")
 	}
+	// The node's process record (queued just before this image) committed first: an
+	// image is of templates the next daemon knows, and the worker, at idle priority,
+	// waits a few ms for the index rather than dumping ahead of it.
+	if err := m.st.Index.WaitDurable(m.st.Index.Seq()); err != nil {
+		return 0, 0, fmt.Errorf("the node's process record is not committed: %w", err)
+	}
 	dir := m.imagesDir(node)
 	store.RemoveAll(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -442,6 +448,7 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		if err := os.Mkdir(sub, 0o700); err != nil {
 			return 0, 0, err
 		}
+		m.crashPoint("image", 1+3*i) // DELTABOX_CRASH_AT=image:K, a test hook
 		if _, err := durable.Dump(context.Background(), m.img.runner, cp, sub, durable.DumpOptions{Kill: true, Background: true}); err != nil {
 			return 0, 0, fmt.Errorf("dump %s: %w", what, err)
 		}
@@ -464,16 +471,19 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		if err := writeJSONFile(filepath.Join(sub, "template.json"), recs.Templates[i]); err != nil {
 			return 0, 0, err
 		}
+		m.crashPoint("image", 2+3*i)
 		is, err := m.img.pages.Ingest(sub)
 		if err != nil {
 			return 0, 0, fmt.Errorf("store the pages of %s: %w", what, err)
 		}
+		m.crashPoint("image", 3+3*i)
 		bytes += is.StoredBytes
 		full += is.ImageBytes
 	}
 	if err := writeJSONFile(filepath.Join(dir, "complete"), map[string]any{"templates": len(copies), "at": time.Now().UTC()}); err != nil {
 		return 0, 0, err
 	}
+	m.crashPoint("image", 1+3*len(copies))
 	return bytes, full, nil
 }
 
@@ -592,7 +602,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		err = m.img.pages.Materialize(sub)
 		var rs *durable.RestoreStats
 		if err == nil {
-			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(sub, lazyImage)})
+			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(s, sub, lazyImage)})
 		}
 		var fill int64 // what a lazily restored template will come to hold
 		if err == nil && rs.Lazy != nil {

@@ -43,7 +43,7 @@ type lazyRestore struct {
 // lazyFor says whether a restore from the image in dir (pages materialized) is lazy:
 // choice ("always", "never") is the client's (RestoreOptions.LazyImage), else the
 // daemon's.
-func (m *Manager) lazyFor(dir, choice string) bool {
+func (m *Manager) lazyFor(s *sb, dir, choice string) bool {
 	switch choice {
 	case "always":
 		return true
@@ -51,7 +51,10 @@ func (m *Manager) lazyFor(dir, choice string) bool {
 		return false
 	}
 	min := m.cfg.LazyRestoreMinBytes
-	if min < 0 {
+	if min < 0 || m.templateBudget(s) <= 0 {
+		// Without a template budget of their own, templates share memory_mb with the
+		// live processes, and a lazy restore holds the heap twice (the template's pages
+		// and the live process's are filled apart): eager, as before.
 		return false
 	}
 	return durable.PagesBytes(dir) >= min
@@ -75,7 +78,9 @@ func (m *Manager) watchLazy(s *sb, lrs []*lazyRestore) {
 			if err != nil {
 				m.log.Error("a lazy restore from an image failed: its node's templates and the sandbox's sessions end", "sandbox", s.rec.ID, "node", lr.node, "err", err)
 				s.opMu.Lock()
+				s.tmplMu.Lock()
 				m.dropNodeTemplates(s, lr.node)
+				s.tmplMu.Unlock()
 				m.endSessions(s, fmt.Sprintf("ended: the lazy restore of node %s's processes from its image failed (%v), and they may have read missing memory as zeros", lr.node, err))
 				if s.rt != nil {
 					m.killAll(s, m.keepPids(s, nil), true)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -208,5 +209,92 @@ func restartNoLeftovers(t *testing.T, root, cg string) {
 			t.Fatalf("left behind: %d processes in %s, overlay mounts %v", procs, cg, mounts)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRestartAfterImageCut: the daemon dies (kill -9, DELTABOX_CRASH_AT=image:K) while it
+// writes a node's durable image in the background: before the template's CRIU dump, before
+// its pages' ingest, after it, and after the complete mark. The next daemon adopts the
+// sandbox: the session answers from the same process with its state, the node restores
+// its processes (from its template), its image is complete only if the mark was written
+// (else the node has none: a half image is removed), no copy made for the dump is left
+// running in the sandbox, the page store still works (a later node's image completes and
+// restores after an eviction; so does the first node's where complete), and nothing is
+// left once the sandbox is removed.
+func TestRestartAfterImageCut(t *testing.T) {
+	for k := 1; k <= 4; k++ {
+		at := fmt.Sprintf("image:%d", k)
+		t.Run(strings.ReplaceAll(at, ":", "-"), func(t *testing.T) {
+			root := testutil.NewStore(t)
+			d := testutil.StartDaemonEnv(t, root, "DELTABOX_CRASH_AT="+at)
+			const id = "imgcut"
+			dbxCreate(t, d, id)
+			if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+				t.Fatal(err)
+			}
+			pid := strings.TrimSpace(sessRun(t, d, id, "py", "import os; heap = bytearray(os.urandom(8 << 20)); x = 1; print(os.getpid())"))
+			n1 := dbxCheckpoint(t, d, id, "x1").Node.ID
+			if err := d.C.Sync(dbxCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			// The image is written in the background: the daemon dies there.
+			deadline := time.Now().Add(90 * time.Second)
+			for d.C.Health(dbxCtx(t)) == nil {
+				if time.Now().After(deadline) {
+					t.Fatalf("the daemon did not die at %s within 90 s\ndaemon log:\n%s", at, dbxTail(d.Log(), 3000))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			d.Kill()
+			d = testutil.StartDaemonOn(t, root)
+			r, err := d.C.Run(dbxCtx(t), id, "py", "print(x, os.getpid())", 30*time.Second)
+			if err != nil || r.SessionRestarted || r.Stdout != "1 "+pid+"\n" {
+				t.Fatalf("the python session after a cut at %s: %v %+v, want x=1 from pid %s\ndaemon log:\n%s", at, err, r, pid, dbxTail(d.Log(), 3000))
+			}
+			n, err := d.C.Node(dbxCtx(t), n1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			complete := n.ProcessImage != nil && n.ProcessImage.State == "complete"
+			if complete != (k == 4) {
+				t.Fatalf("cut at %s: node %s's image %+v, complete %v, want %v", at, n1, n.ProcessImage, complete, k == 4)
+			}
+			tpl := 0
+			if n.Templates != nil {
+				tpl = n.Templates.Processes
+			}
+			if got := sessRunSh(t, d, id, "grep -l python3 /proc/[0-9]*/comm 2>/dev/null | wc -l"); got != strconv.Itoa(1+tpl) {
+				t.Fatalf("cut at %s: %s python3 processes in the sandbox, want the session's and node %s's %d template(s): a copy for the image was left", at, got, n1, tpl)
+			}
+			res := dbxRestore(t, d, id, n1)
+			if res.Processes != 1 || strings.TrimSpace(sessRun(t, d, id, "py", "print(x, os.getpid())")) != "1 "+pid {
+				t.Fatalf("cut at %s: restore to %s: %d processes %v", at, n1, res.Processes, res.ProcessErrors)
+			}
+			sessRun(t, d, id, "py", "x = 2")
+			n2 := dbxCheckpoint(t, d, id, "x2").Node.ID
+			durWaitImage(t, d, n2)
+			evictRestore := func(node, want string) {
+				t.Helper()
+				if _, err := d.C.EvictNode(dbxCtx(t), node); err != nil {
+					t.Fatal(err)
+				}
+				res := dbxRestore(t, d, id, node)
+				if !res.FromImage || res.Processes != 1 {
+					t.Fatalf("cut at %s: restore of evicted %s: from_image %v, %d processes %v", at, node, res.FromImage, res.Processes, res.ProcessErrors)
+				}
+				if got := strings.TrimSpace(sessRun(t, d, id, "py", "print(x, os.getpid(), len(heap))")); got != want+" "+pid+" "+strconv.Itoa(8<<20) {
+					t.Fatalf("cut at %s: %s from its image: %q", at, node, got)
+				}
+			}
+			evictRestore(n2, "2")
+			if complete {
+				evictRestore(n1, "1")
+			}
+			if err := d.C.Remove(dbxCtx(t), id); err != nil {
+				t.Fatal(err)
+			}
+			d.Stop()
+			restartNoLeftovers(t, root, dbxCgroupRoot(root))
+		})
 	}
 }
