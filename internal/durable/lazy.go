@@ -98,8 +98,17 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
+	// It says it listens by a byte on --status-fd (written after listen(2): the socket
+	// file alone appears at bind(2), and a restore that connects before listen gets
+	// ECONNREFUSED).
+	ready, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer ready.Close()
 	cmd := deadline.Command(context.Background(), LazyTimeout, r.Bin, "lazy-pages",
-		"--images-dir", dir, "--log-file", LazyLog, fmt.Sprintf("-v%d", logLevel))
+		"--images-dir", dir, "--log-file", LazyLog, fmt.Sprintf("-v%d", logLevel), "--status-fd", "3")
+	cmd.ExtraFiles = []*os.File{readyW}
 	cmd.What = "criu lazy-pages for " + dir
 	cmd.Env = append(criu.Environ(), r.Env()...)
 	// Its output to a file, not a pipe of ours: a daemon that dies leaves the server
@@ -110,7 +119,9 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 	}
 	defer outf.Close()
 	cmd.Stdout, cmd.Stderr = outf, outf
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
 		return nil, err
 	}
 	l := &Lazy{dir: dir, cmd: cmd, done: make(chan struct{})}
@@ -126,19 +137,14 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 		l.mu.Unlock()
 		close(l.done)
 	}()
-	t0 := time.Now()
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			return l, nil
-		}
-		select {
-		case <-l.done:
-			return nil, fmt.Errorf("criu lazy-pages exited before it listened: %w", l.Err())
-		case <-time.After(time.Millisecond):
-		}
-		if time.Since(t0) > lazyListenWait {
-			l.Kill()
-			return nil, fmt.Errorf("criu lazy-pages for %s did not listen on %s within %v", dir, lazySocket, lazyListenWait)
-		}
+	ready.SetReadDeadline(time.Now().Add(lazyListenWait))
+	var b [1]byte
+	if n, err := ready.Read(b[:]); n == 1 {
+		return l, nil
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		l.Kill()
+		return nil, fmt.Errorf("criu lazy-pages for %s did not listen on %s within %v", dir, lazySocket, lazyListenWait)
 	}
+	<-l.done // it closed its end without the byte: it is exiting
+	return nil, fmt.Errorf("criu lazy-pages exited before it listened: %v", l.Err())
 }

@@ -602,7 +602,16 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		err = m.img.pages.Materialize(sub)
 		var rs *durable.RestoreStats
 		if err == nil {
-			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: m.lazyFor(s, sub, lazyImage)})
+			lazy := m.lazyFor(s, sub, lazyImage)
+			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: lazy})
+			if err != nil && lazy {
+				// Where lazy pages cannot work (no /dev/userfaultfd, a CRIU without
+				// patch 0007), the same restore eagerly, once the PID is free again.
+				m.log.Warn("a lazy restore from an image failed: restoring it eagerly", "node", node, "err", err)
+				if err = waitPidFree(s.rt, man.Pid, pidFreeWait); err == nil {
+					rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{})
+				}
+			}
 		}
 		var fill int64 // what a lazily restored template will come to hold
 		if err == nil && rs.Lazy != nil {
