@@ -487,6 +487,16 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 	return bytes, full, nil
 }
 
+// readTemplateRecord reads the template record an image holds (dumpNode writes it).
+func readTemplateRecord(sub string) (templateRecord, error) {
+	var tr templateRecord
+	b, err := os.ReadFile(filepath.Join(sub, "template.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &tr)
+	}
+	return tr, err
+}
+
 func writeJSONFile(p string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -569,11 +579,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			continue
 		}
 		sub := filepath.Join(dir, e.Name())
-		var tr templateRecord
-		b, err := os.ReadFile(filepath.Join(sub, "template.json"))
-		if err == nil {
-			err = json.Unmarshal(b, &tr)
-		}
+		tr, err := readTemplateRecord(sub)
 		if err != nil {
 			return fail(err)
 		}
@@ -601,8 +607,10 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		}
 		err = m.img.pages.Materialize(sub)
 		var rs *durable.RestoreStats
+		var pages int64 // the image's pages, materialized
 		if err == nil {
-			lazy := m.lazyFor(s, sub, lazyImage)
+			pages = durable.PagesBytes(sub)
+			lazy := m.lazyFor(s, pages, lazyImage)
 			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: lazy})
 			if err != nil && lazy {
 				// Where lazy pages cannot work (no /dev/userfaultfd, a CRIU without
@@ -617,7 +625,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		if err == nil && rs.Lazy != nil {
 			// Its server reads the pages until it is done (lazy.go).
 			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
-			fill = durable.PagesBytes(sub)
+			fill = pages
 		} else {
 			durable.DropPages(sub)
 		}

@@ -40,10 +40,10 @@ type lazyRestore struct {
 	dir  string // the image whose pages it reads (dropped once it is done)
 }
 
-// lazyFor says whether a restore from the image in dir (pages materialized) is lazy:
+// lazyFor says whether a restore from an image whose pages hold pages bytes is lazy:
 // choice ("always", "never") is the client's (RestoreOptions.LazyImage), else the
 // daemon's.
-func (m *Manager) lazyFor(s *sb, dir, choice string) bool {
+func (m *Manager) lazyFor(s *sb, pages int64, choice string) bool {
 	switch choice {
 	case "always":
 		return true
@@ -57,7 +57,7 @@ func (m *Manager) lazyFor(s *sb, dir, choice string) bool {
 		// and the live process's are filled apart): eager, as before.
 		return false
 	}
-	return durable.PagesBytes(dir) >= min
+	return pages >= min
 }
 
 // watchLazy registers a restore's servers and, for each, a goroutine that waits for it

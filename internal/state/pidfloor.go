@@ -1,7 +1,6 @@
 package state
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 
@@ -43,8 +42,7 @@ func (m *Manager) pidFloor(s *sb) int {
 			if man, err := durable.ReadManifest(sub); err == nil {
 				floor = max(floor, man.Pid)
 			}
-			var tr templateRecord
-			if b, err := os.ReadFile(filepath.Join(sub, "template.json")); err == nil && json.Unmarshal(b, &tr) == nil {
+			if tr, err := readTemplateRecord(sub); err == nil {
 				floor = max(floor, tr.Template.Proc.Pid, tr.Template.SelfPid)
 			}
 		}

@@ -189,7 +189,8 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 // one refuses the restore before anything changes.
 func (r *restore) templates() error {
 	m, s := r.m, r.s
-	if m.fastPath(s) && m.hasImage(r.nodeID) && m.madeBy(r.nodeID) == s.rec.ID && !m.hasTemplatesIn(s, r.nodeID) {
+	// The common case first (the node's templates are here): one lock, then no more.
+	if !m.hasTemplatesIn(s, r.nodeID) && m.fastPath(s) && m.hasImage(r.nodeID) && m.madeBy(r.nodeID) == s.rec.ID {
 		m.roomForImage(s, r.nodeID) // before tmplMu, which its eviction takes
 	}
 	// tmplMu keeps background parking off them (taken first: a template that parking
