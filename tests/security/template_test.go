@@ -32,7 +32,9 @@ func TestTemplateMemoryUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every stopped process of the sandbox (the templates are), opened every way.
-	out := sh(t, d, id, `
+	// Parking moves a template onto its node's view after the answer, and lets it run
+	// for that instant: a scan may find none stopped then, and is made again (5 s).
+	scan := `
 for s in /proc/[0-9]*/stat; do
   p=${s#/proc/}; p=${p%/stat}
   read -r _ comm st _ < "$s" 2>/dev/null || continue
@@ -41,7 +43,12 @@ for s in /proc/[0-9]*/stat; do
   exec 7<>/proc/$p/mem 2>/dev/null && echo "OPENED /proc/$p/mem rw" && exec 7>&-
   cat /proc/$p/environ >/dev/null 2>&1 && echo "READ /proc/$p/environ"
   for f in /proc/$p/fd/*; do readlink "$f" >/dev/null 2>&1 && echo "READLINK $f"; done
-done`)
+done`
+	out := sh(t, d, id, scan)
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(out, "stopped ") && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		out = sh(t, d, id, scan)
+	}
 	if !strings.Contains(out, "stopped ") {
 		t.Fatalf("no template seen from inside (the scan is blind): %q", out)
 	}
