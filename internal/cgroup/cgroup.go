@@ -1,7 +1,13 @@
-// Package cgroup manages one cgroup2 directory per sandbox, used to track, freeze and
-// kill the sandbox's whole process tree. On this machine kind cgroup2 is mounted empty
-// at /sys/fs/cgroup/unified (the v1 controllers hold the limits), and cgroup.kill and
-// cgroup.freeze work there.
+// Package cgroup manages a sandbox's cgroups. One cgroup2 directory (Group): init is
+// cloned into it (CLONE_INTO_CGROUP, Open), so every process of the sandbox starts
+// there; its cgroup.procs gives their host PIDs (Pids, an index the fast path checks
+// against the sandbox's PID namespace), and its cgroup.kill ends them all when the
+// sandbox goes (Destroy; the daemon's start-up destroys every group no adopted sandbox
+// owns). And one directory per v1 controller (v1.go), which hold the limits. On this
+// machine kind cgroup2 is mounted at /sys/fs/cgroup/unified with no controllers: memory,
+// pids and cpu are v1 hierarchies. Membership is not the list of the sandbox's
+// processes: a process can move out of the directory (through a cgroup2 mount of its
+// own), not out of its PID namespace, so that is what lists them (sandbox.Sandbox.Procs).
 package cgroup
 
 import (

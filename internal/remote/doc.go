@@ -12,7 +12,7 @@
 //		...                                      // tracee runs any code of its own
 //	})
 //	child, err := t.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT}) // traced, stopped
-//	err = child.DetachStopped()         // a template: left in a SIGSTOP group stop
+//	err = child.KeepStopped()           // a template: held in its ptrace-stop, SIGSTOP queued
 //	err = t.Detach()                    // memory, registers, signals restored; it resumes
 //
 // Between Seize and Detach the tracee runs none of its own code: it sits in a ptrace-stop
@@ -129,10 +129,12 @@
 // Group stops: a tracee seized in a group stop is not sent SIGCONT. The interrupt trap
 // carries the stop signal (WasStopped); resuming it for a step runs it while the group stop
 // stays in effect at the signal level (at most one extra PTRACE_EVENT_STOP is reported and
-// ignored), and PTRACE_DETACH puts it back into the stop. So a template stays stopped after
-// Detach, and also if the daemon dies while holding it. DetachStopped leaves any tracee in a
-// SIGSTOP group stop: SIGSTOP is queued with kill() before PTRACE_DETACH, whose signal
-// argument is ignored outside a signal-delivery-stop.
+// ignored), and PTRACE_DETACH puts it back into the stop. DetachStopped leaves any tracee
+// in a SIGSTOP group stop: SIGSTOP is queued with kill() before PTRACE_DETACH, whose
+// signal argument is ignored outside a signal-delivery-stop. A template is not detached:
+// KeepStopped holds it in its ptrace-stop, which SIGCONT does not end (a group stop it
+// would), with SIGSTOP queued, so that a detach, or the tracer thread's exit when the
+// daemon dies, leaves it in a group stop before it runs an instruction of its own.
 //
 // # Failures
 //
