@@ -16,12 +16,14 @@ import (
 // python session forks into a template kept stopped at the node; at a restore of that
 // node in the same sandbox, the live session processes are killed and the templates fork
 // again with the same PIDs. Templates live in the sandbox that made them (a fork cannot
-// leave its PID namespace), so restoring a node into another sandbox, or after a daemon
-// restart (which ends every process), carries its files only and ends the sessions.
-// Processes outside sessions (background jobs an exec left behind) are checkpointed the
-// same way (holdOthers), with no terminal; one that cannot be refuses the checkpoint, or
-// with CheckpointOptions.EndBackground is ended. Config.FastPath off turns the fast path
-// off.
+// leave its PID namespace), so restoring a node into another sandbox carries its files
+// only and ends the sessions. They outlive the daemon: the next one takes them back
+// (restart.go); a node whose templates are gone (evicted, killed) brings them back from
+// its durable image (durable.go), or without one refuses the restore (409). Processes
+// outside sessions (background jobs an exec left behind) are checkpointed the same way
+// (holdOthers), with no terminal; one the fast path cannot take goes to CRIU with its
+// tree (criutrees.go), and what neither can take refuses the checkpoint, or with
+// CheckpointOptions.EndBackground is ended. Config.FastPath off turns the fast path off.
 //
 // Atomicity. A checkpoint seizes the processes before anything changes and keeps them
 // seized (they run none of their own code) until it is published: the templates fork

@@ -526,9 +526,11 @@ class RestoreResult:
         node: the node the sandbox now stands on (as the daemon's answer describes it).
         sandbox: the sandbox's id.
         processes: processes brought back from the node's templates (sessions' and
-            background jobs'); 0 for a node made with no process running, restored
-            into another sandbox than the one that made it, or after a daemon
-            restart: a restore of files only.
+            background jobs'); 0 for a node made with no process running or
+            restored into another sandbox than the one that made it (a restore of
+            files only). A daemon restart keeps templates: 0 after one only for a
+            node whose templates a crash cut before they were recorded, in the
+            milliseconds after its checkpoint's answer.
         process_errors: templates that could not be forked back (their sessions
             were ended); empty when all were.
         killed_processes: the sandbox's processes the restore ended (the live
