@@ -208,8 +208,8 @@ type PathCounts struct {
 	// The daemon runs without the fast path (DELTABOX_FASTPATH=0).
 	FastPathOff int `json:"fastpath_off"`
 	// Checkpoint: no session was running. Restore: the node has no process state in this
-	// sandbox (made while no session ran, or before a daemon restart, which ends every
-	// process).
+	// sandbox (made while no session ran, or its templates cut by a daemon crash before
+	// they were recorded).
 	NoSessions int `json:"no_sessions"`
 	// Restore: the node's templates are in the sandbox that made it (a fork cannot
 	// leave its PID namespace).

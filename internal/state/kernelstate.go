@@ -36,10 +36,10 @@ import (
 //     same refusal and removal. Their messages cannot even be read without taking them
 //     off the queue.
 //   - The host and domain names (the UTS namespace) are recorded with the node at the
-//     checkpoint and set back at a restore by the sandbox that made the node. A restore
-//     into another sandbox, or after a daemon restart, brings files only (as for
-//     processes: the record is kept in the daemon's memory, like templates): the sandbox
-//     then gets the names it started with (its hostname, the daemon's domain name).
+//     checkpoint and set back at a restore by the sandbox that made the node (recorded
+//     with the node's templates, so a daemon restart keeps them: restart.go). A restore
+//     into another sandbox brings files only (as for processes): the sandbox then gets
+//     the names it started with (its hostname, the daemon's domain name).
 //   - Kernel keyrings belong to no namespace of the sandbox: its processes cannot use
 //     them (sbinit's seccomp filter refuses the calls: seccomp.go says why).
 //

@@ -65,7 +65,8 @@ type node struct {
 	seq      uint64 // index sequence of its last write (durability)
 	removing bool   // RemoveNode is taking it out: make no warm state of it
 	// uts: the host and domain names its checkpoint read, for restores by the sandbox
-	// that made it (kernelstate.go); nil after a daemon restart, like its templates.
+	// that made it (kernelstate.go); recorded with its templates (restart.go), which a
+	// daemon restart keeps.
 	uts *sbinit.UTS
 	// pinned: the client's hint that it will restore the node again (budget.go: never
 	// evicted); lastRestore: its last restore, for eviction's order. In memory, like its
@@ -160,8 +161,9 @@ func (m *Manager) newSB(r store.Sandbox) *sb {
 type Stats = apitypes.Stats
 
 // New opens the manager on an opened store: loads the index, sweeps orphans, kills
-// what a previous daemon left running, and restarts every sandbox of the index on its
-// head with its upper (files survive a daemon restart; processes do not).
+// what a previous daemon left running outside the sandboxes it adopts (restart.go), and
+// restarts every sandbox it does not adopt on its head with its upper, with no process
+// running (its nodes' durable images can still bring theirs back: durable.go).
 func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	if per, total := DefaultTemplateBudgets(); cfg.TemplateBudgetBytes <= 0 || cfg.TemplateBudgetTotalBytes <= 0 {
 		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)

@@ -456,7 +456,7 @@ class Sandbox:
         when this sandbox made the node, the node's processes come back from their
         templates with the same PIDs, the sessions' with their terminals
         (``result.processes``). Any node of the tree works; one made by another
-        sandbox (or before a daemon restart) brings back its files only
+        sandbox brings back its files only
         (``processes`` 0), and sessions start again on their next call
         (``session_restarted``): ``result.sessions_restored`` and
         ``result.sessions_ended`` name them. Conflict while a command runs, or if a
