@@ -9,13 +9,14 @@
 // SOCK_SEQPACKET socketpair whose other end the daemon keeps:
 //
 //	daemon                                   init
-//	  |  start (clone NEWPID|NEWNS|NEWUTS|     |
-//	  |         NEWIPC|NEWNET, into cgroup)    |
+//	  |  start (clone NEWUSER|NEWPID|NEWNS|    |
+//	  |   NEWUTS|NEWIPC|NEWNET|NEWCGROUP,      |
+//	  |   into the sandbox's cgroup2 group)    |
 //	  |                                        |-- mount tmpfs root, /proc, /dev, lo up,
 //	  |                                        |   pivot_root (the base namespace)
 //	  |<------------- {op:ready} --------------|
 //	  |-- {id,op:spawn,...} + fds ------------>|   fds: stdin, stdout, stderr, state mntns
-//	  |<------------- {id,pid} ----------------|   always before that pid's exit event
+//	  |<------------- {id,pid} + pidfd --------|   always before that pid's exit event
 //	  |<------------- {op:exit,pid,status} ----|   for every child init reaps
 //	  |-- {id,op:signal,pid,sig,group} ------->|
 //	  |<------------- {id} --------------------|
@@ -27,6 +28,10 @@
 //	  |-- {id,op:mkns} ----------------------->|   a thread of init unshares a copy of the
 //	  |<------------- {id} + fd ---------------|   base mount namespace (owned by the
 //	  |                                        |   sandbox's user namespace): a state's
+//	  |-- {id,op:cgns} ----------------------->|   a thread of init joins the v1 limit
+//	  |<------------- {id} + fd ---------------|   groups and unshares a cgroup namespace
+//	  |                                        |   rooted as each command's is, for
+//	  |                                        |   the processes CRIU restores
 //	  |-- {id,op:ping} ----------------------->|   liveness
 //	  |<------------- {id} --------------------|
 //	  |-- {id,op:keep,key,data} + fd --------->|   init keeps fd and data under key for the

@@ -53,9 +53,12 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 //  3. kill: end what was not seized (with EndBackground, the processes outside the
 //     sessions that could not be). Not undone: no node carries them, and every
 //     checkpoint that gets this far ends them, whether it completes or not. Nothing to
-//     do, and no read of the cgroup, when step 1 saw every process seized, a template or
-//     a zombie (holdOthers). Else the kernel state is read again: what was killed ran
-//     until now (an IPC object it made refuses the checkpoint, as at step 1).
+//     do, and no second listing of the sandbox's PID namespace, when step 1 found there
+//     nothing but init, the processes it seized, the sandbox's templates and their
+//     copies awaiting a dump (holdOthers's settled; a zombie is listed, so it unsettles
+//     it). Else what is not kept is killed (killAll, which lists the namespace again)
+//     and the kernel state is read again: what was killed ran until now (an IPC object
+//     it made refuses the checkpoint, as at step 1).
 //  4. upper: take a fresh upper (the next state prepared ahead of time, if it fits: made
 //     for this upper and these lowers, and sound for what the upper holds, see
 //     prepare.go). Undo: give the prepared state back, or remove the fresh upper.
