@@ -257,7 +257,7 @@ func setupDev(dev string) error {
 	// /dev/shm are mounts of their own): every state of the sandbox mounts a clone of
 	// this one tmpfs, so a file made in /dev would be in all of them and roll back with
 	// none. Making a file there fails with EROFS instead. (A /dev of each state's own
-	// costs 50-110 us more per mount, measured: docs/DESIGN.md.)
+	// costs 50-110 us more per mount, measured: docs/design/isolation.md.)
 	if err := unix.Mount("", dev, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID, "mode=0755,size=64k"); err != nil {
 		return fmt.Errorf("remount /dev read-only: %w", err)
 	}
