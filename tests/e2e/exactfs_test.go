@@ -286,7 +286,7 @@ except PermissionError:
 // the file is in its upper), but once a checkpoint has frozen the file into a lower
 // layer, overlayfs (index=off) sees two files, and the rename removes a, leaving b. The
 // content is intact. If the kernel ever follows POSIX here, this test fails: update
-// README's Limits, docs/API.md and docs/DESIGN.md, then this test.
+// README's Limits, docs/API.md and docs/design/posix.md, then this test.
 func TestRenameOfTwoLinksOfALowerFile(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	id := dbxCreate(t, d, "").ID
