@@ -1,8 +1,11 @@
-// Package docs_test keeps docs/DESIGN.md honest about the code: every `path.go:Name` or
-// `path.go:Type.method` it names must exist and declare that function, method or
-// top-level name, and its numbered lists of checkpoint and restore steps must name the
-// methods of checkpointSteps and restoreSteps (internal/state), in their order, with
-// their FailStep numbers. It parses Go source only (go/parser): no root, no daemon.
+// Package docs_test keeps docs/DESIGN.md and the subsystem pages under docs/design/
+// honest about the code: every `path.go:Name` or `path.go:Type.method` they name must
+// exist and declare that function, method or top-level name, and DESIGN.md's numbered
+// lists of checkpoint and restore steps must name the methods of checkpointSteps and
+// restoreSteps (internal/state), in their order, with their FailStep numbers. DESIGN.md
+// stays a 20-minute read (maxDesignBytes), and the relative links of the docs (README.md,
+// docs/*.md, docs/design/*.md) lead to a file that exists and, with #anchor, to one of
+// its headings. It parses Go source only (go/parser): no root, no daemon.
 package docs_test
 
 import (
@@ -13,12 +16,21 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 const designDoc = "docs/DESIGN.md"
+
+// designPages are the subsystem pages, each checked as DESIGN.md is for its references.
+const designPages = "docs/design/*.md"
+
+// maxDesignBytes bounds DESIGN.md: the map, the step lists, the invariants, the lock
+// order and the limits fit in it; a subsystem's detail goes to its page (issue 25).
+const maxDesignBytes = 25_000
 
 // The step lists: the section of DESIGN.md that holds each, and the table in the code.
 var stepLists = []struct {
@@ -38,12 +50,53 @@ var itemRE = regexp.MustCompile(`^(\d+)\. `)
 
 func TestDesignNamesExist(t *testing.T) {
 	root, doc := readDesign(t)
-	refs, problems := checkRefs(root, doc)
+	refs, problems := checkRefs(root, designDoc, doc)
 	for _, p := range problems {
 		t.Error(p)
 	}
 	if refs < 20 {
 		t.Errorf("%s names only %d Go files or declarations: is refRE still finding them?", designDoc, refs)
+	}
+}
+
+// Every subsystem page is checked the same way.
+func TestDesignPagesNamesExist(t *testing.T) {
+	root, _ := readDesign(t)
+	pages := readPages(t, root)
+	if len(pages) < 5 {
+		t.Fatalf("%s matches %d pages: have they moved?", designPages, len(pages))
+	}
+	total := 0
+	for _, name := range sortedKeys(pages) {
+		refs, problems := checkRefs(root, name, pages[name])
+		for _, p := range problems {
+			t.Error(p)
+		}
+		total += refs
+	}
+	if total < 50 {
+		t.Errorf("%s name only %d Go files or declarations together: is refRE still finding them?", designPages, total)
+	}
+}
+
+func TestDesignIsA20MinuteRead(t *testing.T) {
+	_, doc := readDesign(t)
+	if p := checkSize(doc); p != "" {
+		t.Error(p)
+	}
+}
+
+// Links between the docs, README.md's to DESIGN.md's sections and the subsystem pages
+// included, still lead somewhere after a section moves.
+func TestDocLinksResolve(t *testing.T) {
+	root, _ := readDesign(t)
+	docs := readLinkedDocs(t, root)
+	n, problems := checkLinks(root, docs)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	if n < 20 {
+		t.Errorf("found only %d relative links in the docs: is linkRE still finding them?", n)
 	}
 }
 
@@ -91,7 +144,7 @@ func TestDesignChecksCatchMistakes(t *testing.T) {
 			return strings.Replace(s, "\n5. **install**", "\n6. **install**", 1)
 		}), "item 5 is numbered 6"},
 	} {
-		_, problems := checkRefs(root, c.doc)
+		_, problems := checkRefs(root, designDoc, c.doc)
 		problems = append(problems, checkSteps(root, c.doc)...)
 		if c.doc == doc {
 			t.Errorf("%s: the mutation changed nothing (DESIGN.md changed?)", c.name)
@@ -99,6 +152,46 @@ func TestDesignChecksCatchMistakes(t *testing.T) {
 		}
 		if !strings.Contains(strings.Join(problems, "\n"), c.want) {
 			t.Errorf("%s: no problem says %q; got:\n%s", c.name, c.want, strings.Join(problems, "\n"))
+		}
+	}
+}
+
+// The page, size and link checks catch what they are for too.
+func TestDocChecksCatchMistakes(t *testing.T) {
+	root, doc := readDesign(t)
+	pages := readPages(t, root)
+	page, text := "", ""
+	for _, name := range sortedKeys(pages) {
+		if m := refRE.FindStringSubmatch(pages[name]); m != nil && m[2] != "" {
+			page, text = name, pages[name]
+			break
+		}
+	}
+	if page == "" {
+		t.Fatalf("no page under %s names a file.go:Name", designPages)
+	}
+	m := refRE.FindString(text)
+	_, problems := checkRefs(root, page, strings.Replace(text, m, m+"Gone", 1))
+	if want := "declares no"; !strings.Contains(strings.Join(problems, "\n"), want) {
+		t.Errorf("a name that does not exist in %s (%s): no problem says %q; got %q", page, m+"Gone", want, problems)
+	}
+
+	if p := checkSize(doc + strings.Repeat("x", maxDesignBytes)); !strings.Contains(p, "KB") {
+		t.Errorf("a DESIGN.md past %d bytes: no problem reported (got %q)", maxDesignBytes, p)
+	}
+
+	for _, c := range []struct{ name, link, want string }{
+		{"a page that does not exist", "[x](design/gone.md)", "docs/design/gone.md"},
+		{"a section that does not exist", "[x](design/restarts.md#no-such-heading)", "no heading"},
+		{"a section of this page that does not exist", "[x](#no-such-heading)", "no heading"},
+	} {
+		docs := map[string]string{designDoc: doc + "\n" + c.link + "\n"}
+		for k, v := range pages {
+			docs[k] = v
+		}
+		_, problems := checkLinks(root, docs)
+		if !strings.Contains(strings.Join(problems, "\n"), c.want) {
+			t.Errorf("%s: no problem says %q; got %q", c.name, c.want, problems)
 		}
 	}
 }
@@ -127,6 +220,187 @@ func readDesign(t *testing.T) (string, string) {
 	return dir, string(b)
 }
 
+// readPages returns the subsystem pages by path (relative to the repository).
+func readPages(t *testing.T, root string) map[string]string {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(root, designPages))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, p)
+		out[filepath.ToSlash(rel)] = string(b)
+	}
+	return out
+}
+
+// readLinkedDocs returns README.md, docs/*.md and docs/design/*.md by path.
+func readLinkedDocs(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, pat := range []string{"README.md", "docs/*.md", designPages} {
+		paths, err := filepath.Glob(filepath.Join(root, pat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range paths {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel, _ := filepath.Rel(root, p)
+			out[filepath.ToSlash(rel)] = string(b)
+		}
+	}
+	if len(out) < 5 {
+		t.Fatalf("found %d docs: has the layout changed?", len(out))
+	}
+	return out
+}
+
+func sortedKeys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// checkSize says what is wrong with DESIGN.md's size, or "".
+func checkSize(doc string) string {
+	if len(doc) <= maxDesignBytes {
+		return ""
+	}
+	return fmt.Sprintf("%s is %.1f KB, past %.0f KB: move a subsystem's detail to its page under docs/design/ and leave a line and a link",
+		designDoc, float64(len(doc))/1000, float64(maxDesignBytes)/1000)
+}
+
+// linkRE finds a markdown link's target: [text](target). Targets with a scheme are not
+// checked (no network here).
+var linkRE = regexp.MustCompile(`\]\(([^()\s]+)\)`)
+
+// checkLinks checks every relative link of docs (path -> text): its file exists
+// (relative to the linking file), and its #anchor, if any, is a heading of the target
+// (GitHub's anchors). It returns how many links it checked and what is wrong.
+func checkLinks(root string, docs map[string]string) (int, []string) {
+	var problems []string
+	n := 0
+	for _, from := range sortedKeys(docs) {
+		for _, m := range linkRE.FindAllStringSubmatch(stripCode(docs[from]), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			n++
+			file, anchor, _ := strings.Cut(target, "#")
+			path := from
+			if file != "" {
+				path = filepath.ToSlash(filepath.Join(filepath.Dir(from), file))
+			}
+			text, ok := docs[path]
+			if !ok {
+				if _, err := os.Stat(filepath.Join(root, path)); err != nil {
+					problems = append(problems, fmt.Sprintf("%s links to %s: %s does not exist", from, target, path))
+					continue
+				}
+			}
+			if anchor == "" || !strings.HasSuffix(path, ".md") {
+				continue
+			}
+			if !ok {
+				b, err := os.ReadFile(filepath.Join(root, path))
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("%s links to %s: %v", from, target, err))
+					continue
+				}
+				text = string(b)
+			}
+			if !anchors(text)[anchor] {
+				problems = append(problems, fmt.Sprintf("%s links to %s: %s has no heading whose anchor is #%s", from, target, path, anchor))
+			}
+		}
+	}
+	return n, problems
+}
+
+// stripCode blanks fenced code blocks and inline code spans, where a `](` is not a link.
+func stripCode(s string) string {
+	var b strings.Builder
+	fenced := false
+	for _, line := range strings.SplitAfter(s, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			b.WriteString("\n")
+			continue
+		}
+		if fenced {
+			b.WriteString("\n")
+			continue
+		}
+		b.WriteString(codeSpanRE.ReplaceAllString(line, "``"))
+	}
+	return b.String()
+}
+
+var codeSpanRE = regexp.MustCompile("`[^`]*`")
+
+// anchors returns the anchors GitHub makes for text's headings: lower case, spaces to
+// hyphens, every other character but letters, digits, '-' and '_' dropped; a repeated
+// anchor gets -1, -2...
+func anchors(text string) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	for _, line := range strings.Split(stripFences(text), "\n") {
+		m := headingRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(strings.TrimSpace(m[1])) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if k := seen[a]; k > 0 {
+			out[fmt.Sprintf("%s-%d", a, k)] = true
+		} else {
+			out[a] = true
+		}
+		seen[a]++
+	}
+	return out
+}
+
+// headingRE is an ATX heading: 1 to 6 '#', a space, its text.
+var headingRE = regexp.MustCompile(`^#{1,6} (.+)$`)
+
+// stripFences blanks fenced code blocks (a `#` there is no heading).
+func stripFences(s string) string {
+	var b strings.Builder
+	fenced := false
+	for _, line := range strings.SplitAfter(s, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+		}
+		if fenced || strings.HasPrefix(strings.TrimSpace(line), "```") {
+			b.WriteString("\n")
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
 // parsed caches parsed files by path.
 var parsed = map[string]*ast.File{}
 
@@ -142,20 +416,21 @@ func parseFile(root, path string) (*ast.File, error) {
 	return f, nil
 }
 
-// checkRefs checks every Go file doc names, and the name after it if any; it returns
-// how many references it found and what is wrong.
-func checkRefs(root, doc string) (int, []string) {
+// checkRefs checks every Go file doc (the file named name) names, and the name after it
+// if any; it returns how many references it found and what is wrong.
+func checkRefs(root, name, doc string) (int, []string) {
+	docName := name
 	var problems []string
 	ms := refRE.FindAllStringSubmatch(doc, -1)
 	for _, m := range ms {
 		path, name := m[1], m[2]
 		f, err := parseFile(root, path)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("%s names %s: %v", designDoc, m[0], err))
+			problems = append(problems, fmt.Sprintf("%s names %s: %v", docName, m[0], err))
 			continue
 		}
 		if name != "" && !declares(f, name) {
-			problems = append(problems, fmt.Sprintf("%s names %s, but %s declares no %s", designDoc, m[0], path, name))
+			problems = append(problems, fmt.Sprintf("%s names %s, but %s declares no %s", docName, m[0], path, name))
 		}
 	}
 	return len(ms), problems
