@@ -67,8 +67,8 @@ type TemplateBudget struct {
 	PinnedBytes int64 `json:"pinned_bytes"`
 	PinnedNodes int   `json:"pinned_nodes"`
 	// EvictableBytes: held by templates that may be evicted over budget, those of
-	// unpinned nodes whose process image is complete. Always 0 until durable images
-	// exist: no template is evicted yet (docs/DESIGN.md, Known limits).
+	// unpinned nodes whose process image is complete (0 with durable images off or
+	// still pending: docs/design/template-budget.md).
 	EvictableBytes int64 `json:"evictable_bytes"`
 	// TotalBudgetBytes and TotalUsedBytes: every sandbox's templates together
 	// (DELTABOX_TEMPLATE_BUDGET_TOTAL).
