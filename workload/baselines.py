@@ -73,7 +73,7 @@ from .tasks import TEST_TIMEOUT, make_task, test_result
 from .workspace import GIT_USER, Workload, install_command
 
 if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
-    from deltabox import Checkpoint, Result, Sandbox
+    from deltabox import CheckpointResult, Result, Sandbox
 
 SYSTEMS = ("isolated", "copytree+replay", "fs-only+replay", "fs-only", "git-reset+replay",
            "criu+copytree")
@@ -437,7 +437,7 @@ class FSOnly(System):
 
     def __init__(self, r: "Runner") -> None:
         super().__init__(r)
-        self.ckpts = {}  # type: Dict[int, Checkpoint]
+        self.ckpts = {}  # type: Dict[int, CheckpointResult]
 
     def checkpoint(self, nid: int) -> None:
         self.r.kill_session("checkpoint")

@@ -25,11 +25,11 @@ from .agent import Agent, Step
 from .trajectory import Trajectory
 
 if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
-    from deltabox import Checkpoint, Sandbox
+    from deltabox import CheckpointResult, Sandbox
 
 
 class Node:
-    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt: "Checkpoint",
+    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt: "CheckpointResult",
                  untried: Sequence[Any], depth: int, reward: float) -> None:
         self.idx = idx
         self.parent = parent
@@ -110,7 +110,7 @@ class MCTS:
 
     # ---- acting ----
 
-    def _add(self, parent: Optional[Node], step: Step, ckpt: "Checkpoint", ckpt_ms: float) -> Node:
+    def _add(self, parent: Optional[Node], step: Step, ckpt: "CheckpointResult", ckpt_ms: float) -> Node:
         reward = self.agent.reward(step.score)
         n = Node(len(self.nodes), parent, step, ckpt, self.agent.propose(step.path),
                  0 if parent is None else parent.depth + 1, reward)
@@ -125,7 +125,7 @@ class MCTS:
         self.traj.add_node(rec)
         return n
 
-    def _checkpoint(self, label: str) -> Tuple["Checkpoint", float]:
+    def _checkpoint(self, label: str) -> Tuple["CheckpointResult", float]:
         import time
         t0 = time.perf_counter()
         with self.agent.timers.time("checkpoint"):
