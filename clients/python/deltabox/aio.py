@@ -147,15 +147,16 @@ class AsyncClient:
         CheckpointResult or an id). If one fails, or the call is cancelled, the
         sandboxes made so far are removed."""
         create_kwargs.pop("client", None)
-        n = node if isinstance(node, Node) else (await self.node(node) if isinstance(node, str)
-                                                 else _as_node(node, self.blocking))
-        wd: Dict[str, Optional[str]] = {}
+        n = await self.node(node) if isinstance(node, str) else _as_node(node, self.blocking)
+        # The workdir of the sandbox that made a node read from the tree, looked up
+        # here since _fork_defaults cannot await.
+        workdir: Optional[str] = None
         if n._workdir is None and n.sandbox and "workdir" not in create_kwargs:
             try:
-                wd[n.sandbox] = (await AsyncSandbox.connect(n.sandbox, client=self)).workdir or None
+                workdir = (await AsyncSandbox.connect(n.sandbox, client=self)).workdir or None
             except NotFound:
-                wd[n.sandbox] = None
-        kw, names = _fork_defaults(n, create_kwargs, count, lambda sid: wd.get(sid))
+                pass
+        kw, names = _fork_defaults(n, create_kwargs, count, lambda sid: workdir)
         made: List[AsyncSandbox] = []
         try:
             for name in names:
