@@ -620,7 +620,7 @@ class OfflineTest(unittest.TestCase):
 class DaemonTest(unittest.TestCase):
     """Against the real daemon on $DELTABOX_SOCKET."""
 
-    client = None  # type: Client
+    client: Client  # set by setUpClass
 
     @classmethod
     def setUpClass(cls):
