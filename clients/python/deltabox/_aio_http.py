@@ -15,6 +15,7 @@ daemon already started runs to its end all the same: it is never left half done.
 import asyncio
 import json
 import socket
+import threading
 from typing import Any, Awaitable, Dict, List, Optional, Tuple, TypeVar
 
 from ._http import (CHUNKED, DEFAULT, LENGTH, NO_BODY, TO_CLOSE, _MAX_HEAD, Answer, _BadAnswer,
@@ -206,34 +207,60 @@ class Stream:
 
 class AsyncTransport:
     """Sends requests to one daemon from coroutines; each request takes an idle
-    kept-alive connection of the running event loop, or opens one."""
+    kept-alive connection of the running event loop, or opens one. Connections belong
+    to their event loop (asyncio streams cannot move), so the idle ones are kept by loop:
+    one client may serve several loops (threads, or asyncio.run called again)."""
 
     def __init__(self, socket_path: str, timeout: Optional[float] = 600.0, max_idle: int = 8) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
         self.max_idle = max_idle
-        self._idle: List[_Conn] = []
+        self._idle: Dict[asyncio.AbstractEventLoop, List[_Conn]] = {}
+        self._lock = threading.Lock()  # _idle, between the threads of several loops
 
     def _take(self) -> Optional[_Conn]:
         loop = asyncio.get_running_loop()
-        while self._idle:
-            c = self._idle.pop()
-            if c.loop is loop and not c.reader.at_eof():
-                return c
-            c.abort()  # another loop's (asyncio.run called again), or closed by the daemon
-        return None
+        with self._lock:
+            gone = [lp for lp in self._idle if lp.is_closed()]
+            dead = [c for lp in gone for c in self._idle.pop(lp)]
+            pool = self._idle.get(loop) or []
+            conn = None
+            while pool:
+                c = pool.pop()
+                if not c.reader.at_eof():
+                    conn = c
+                    break
+                dead.append(c)  # the daemon closed it
+        for c in dead:
+            c.abort()
+        return conn
 
     def _put(self, conn: _Conn) -> None:
-        if len(self._idle) < self.max_idle:
-            self._idle.append(conn)
-        else:
-            conn.abort()
+        with self._lock:
+            pool = self._idle.setdefault(conn.loop, [])
+            if len(pool) < self.max_idle:
+                pool.append(conn)
+                return
+        conn.abort()
 
     def close(self) -> None:
-        """Closes the idle connections (calls under way finish)."""
-        idle, self._idle = self._idle, []
-        for c in idle:
-            c.abort()
+        """Closes the idle connections (calls under way finish); those of another
+        running loop are closed by that loop."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        try:
+            mine: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            mine = None
+        for loop, conns in idle.items():
+            for c in conns:
+                if loop is mine or loop.is_closed():
+                    c.abort()
+                else:
+                    try:
+                        loop.call_soon_threadsafe(c.abort)
+                    except RuntimeError:  # closed meanwhile
+                        c.abort()
 
     async def _connect(self, timeout: Optional[float]) -> _Conn:
         try:

@@ -528,7 +528,7 @@ class OfflineTest(unittest.TestCase):
                 task.cancel()
                 with self.assertRaises(asyncio.CancelledError):
                     await task
-                self.assertFalse(c._t._idle, "a cancelled call's connection went back to the pool")
+                self.assertFalse(any(c._t._idle.values()), "a cancelled call's connection went back to the pool")
 
         with _FakeDaemon(H) as p:
             asyncio.run(main(p))
@@ -572,6 +572,18 @@ class OfflineTest(unittest.TestCase):
             self.assertEqual(asyncio.run(c.images.import_("x", "/src", on_progress=progress)),
                              {"name": "x"})
             self.assertEqual(seen, [(1, 2), (2, 2)])
+            # Threads, each with its own loop, share the client.
+            async def calls():
+                return [await c.health() for _ in range(20)]
+
+            outs = []
+            threads = [threading.Thread(target=lambda: outs.append(asyncio.run(calls())))
+                       for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            self.assertEqual(outs, [[{"ok": True, "api": "v1"}] * 20] * 3)
 
     def test_build_backend(self):
         sys.path.insert(0, SRC)
