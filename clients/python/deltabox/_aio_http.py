@@ -16,7 +16,7 @@ import asyncio
 import json
 import socket
 import threading
-from typing import Any, Awaitable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Dict, List, Optional, Tuple, TypeVar
 
 from ._http import (CHUNKED, DEFAULT, LENGTH, NO_BODY, TO_CLOSE, _MAX_HEAD, Answer, _BadAnswer,
                     _Closed, body_framing, chunk_size, decode_event, decode_json, error_of,
@@ -216,7 +216,24 @@ class AsyncTransport:
         self.timeout = timeout
         self.max_idle = max_idle
         self._idle: Dict[asyncio.AbstractEventLoop, List[_Conn]] = {}
-        self._lock = threading.Lock()  # _idle, between the threads of several loops
+        self._watches: Dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
+        self._lock = threading.Lock()  # _idle and _watches, between several loops' threads
+
+    async def _watch(self, loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None, None]:
+        """Stays suspended for the loop's life. asyncio.run ends a loop by closing its
+        suspended async generators (shutdown_asyncgens) while it still runs: this one's
+        finally then closes the loop's idle connections, which could not be closed
+        once the loop is (their sockets would stay open until the garbage collector
+        warned of them)."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                conns = self._idle.pop(loop, [])
+                self._watches.pop(loop, None)
+            for c in conns:
+                c.abort()
+            await asyncio.sleep(0)  # the transports' connection_lost closes the sockets
 
     def _take(self) -> Optional[_Conn]:
         loop = asyncio.get_running_loop()
@@ -270,7 +287,14 @@ class AsyncTransport:
                                  % (self.socket_path, timeout)) from None
         except OSError as e:
             raise unreachable(self.socket_path, e) from None
-        return _Conn(r, w, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            watch = None if loop in self._watches else self._watch(loop)
+            if watch is not None:
+                self._watches[loop] = watch
+        if watch is not None:
+            await watch.__anext__()
+        return _Conn(r, w, loop)
 
     def _failure(self, e: BaseException, what: str, mid_answer: bool = False) -> DeltaBoxError:
         if isinstance(e, asyncio.TimeoutError):
