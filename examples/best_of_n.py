@@ -58,7 +58,7 @@ def main() -> int:
             with lock:
                 print(s, flush=True)
 
-    results = [None] * n  # type: list
+    results: list = [None] * n
     with cli.cleanup_nodes(client, args.keep) as roots:
         with timers.time("create"):
             sb = Sandbox.create(client=client)
@@ -77,7 +77,7 @@ def main() -> int:
             try:
                 def attempt(i: int) -> None:
                     fsb = forks[i]
-                    path = []  # type: List[str]
+                    path: List[str] = []
                     parent, last = root_id, None
                     for s in range(steps):
                         agent.think()

@@ -55,7 +55,7 @@ def main() -> int:
                                           "short": args.short, "state_points": agent.state_points})
     client = cli.client()
     lock = threading.Lock()
-    prefs = {}  # type: dict  # edit id -> preference (the policy's learned part)
+    prefs: dict = {}  # edit id -> preference (the policy's learned part)
     rounds_out = []
 
     def say(s: str) -> None:
@@ -73,7 +73,7 @@ def main() -> int:
                 start = sb.checkpoint(label="rl start")
             roots.append(start.id)
             start_node = traj.add_node(dict(root.record(), parent=None, checkpoint=start.id))
-            start_path = []  # type: List[str]
+            start_path: List[str] = []
             start_score, start_solved = root.score, root.solved
             print("start: tests %d/%d, score %.1f, checkpoint %s" % (
                 root.tests.passed, root.tests_total, root.score, start.id))
@@ -95,7 +95,7 @@ def main() -> int:
                         for t in ts:
                             t.join()
                         restores += n
-                    out = [None] * n  # type: list
+                    out: list = [None] * n
                     policy = dict(prefs)
 
                     def rollout(i: int) -> None:

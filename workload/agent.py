@@ -58,8 +58,8 @@ class Timers:
     checkpoint, restore, fork, setup."""
 
     def __init__(self) -> None:
-        self.total = {}  # type: Dict[str, float]
-        self.count = {}  # type: Dict[str, int]
+        self.total: Dict[str, float] = {}
+        self.count: Dict[str, int] = {}
         self._lock = threading.Lock()
         self.started = time.perf_counter()
 
@@ -160,7 +160,7 @@ class Agent:
         rng = _rng("propose", self.seed, self.task.id, "/".join(path))
         st = self.task.line_state(path)
         wrong_now = [m for m in self.task.sites if st[m.id] != "fix"]
-        cands = []  # type: List[Edit]
+        cands: List[Edit] = []
         if wrong_now:
             cands.append(self.task.edit(rng.choice(wrong_now).id, "fix"))
         pool = [e for e in self._edits.values()
@@ -244,7 +244,7 @@ class Agent:
 def parse_remembered(stdout: str) -> List[str]:
     """The session's memory as the agent's session code prints it (its last
     ``AGENT-STATE`` line)."""
-    remembered = []  # type: List[str]
+    remembered: List[str] = []
     for line in stdout.splitlines():
         if line.startswith("AGENT-STATE"):
             remembered = line.split()[1:]

@@ -73,7 +73,7 @@ from .tasks import TEST_TIMEOUT, make_task, test_result
 from .workspace import GIT_USER, Workload, install_command
 
 if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
-    from deltabox import Checkpoint, Result, Sandbox
+    from deltabox import CheckpointResult, Result, Sandbox
 
 SYSTEMS = ("isolated", "copytree+replay", "fs-only+replay", "fs-only", "git-reset+replay",
            "criu+copytree")
@@ -207,10 +207,10 @@ class CriuSession:
         self.images = images
         self.alive = False
         self.pid = 0
-        self.proc = None  # type: Optional[subprocess.Popen[bytes]]
-        self.win = None  # type: Optional[IO[bytes]]
-        self.rout = None  # type: Optional[IO[bytes]]
-        self.keys = {}  # type: Dict[str, tuple]
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.win: Optional[IO[bytes]] = None
+        self.rout: Optional[IO[bytes]] = None
+        self.keys: Dict[str, tuple] = {}
         self.seq = 0
         self.dump_bytes = 0
         # Restored processes are reparented to us (criu restore -d exits), so that
@@ -235,7 +235,7 @@ class CriuSession:
         self.seq += 1
         self.win.write(("%d %s\n" % (self.seq, base64.b64encode(code.encode()).decode())).encode())
         self.win.flush()
-        out = []  # type: List[bytes]
+        out: List[bytes] = []
         while True:
             line = self.rout.readline()
             if not line:
@@ -363,7 +363,7 @@ class System:
     """How a system checkpoints, rolls back and rebuilds the session."""
     name = ""
     replay = True  # rebuild a fresh session's memory by replaying the path's session code
-    commands = []  # type: List[str]
+    commands: List[str] = []
 
     def __init__(self, r: "Runner") -> None:
         self.r = r
@@ -437,7 +437,7 @@ class FSOnly(System):
 
     def __init__(self, r: "Runner") -> None:
         super().__init__(r)
-        self.ckpts = {}  # type: Dict[int, Checkpoint]
+        self.ckpts: Dict[int, CheckpointResult] = {}
 
     def checkpoint(self, nid: int) -> None:
         self.r.kill_session("checkpoint")
@@ -473,7 +473,7 @@ class GitReset(System):
 
     def __init__(self, r: "Runner") -> None:
         super().__init__(r)
-        self.commits = {}  # type: Dict[int, str]
+        self.commits: Dict[int, str] = {}
 
     def setup(self) -> None:
         self.exec(["bash", "-c", git("init", "-q")])
@@ -546,15 +546,15 @@ class Runner:
         self.think = think
         self.args = args
         self.timers = Timers()
-        self._sb = None  # type: Optional[Sandbox]
-        self.sys = None  # type: Optional[System]
-        self._session = None  # type: Optional[AnySession]
-        self.scores = {}  # type: Dict[int, dict]
-        self.after_close = []  # type: List[Callable[[], object]]
+        self._sb: Optional[Sandbox] = None
+        self.sys: Optional[System] = None
+        self._session: Optional[AnySession] = None
+        self.scores: Dict[int, dict] = {}
+        self.after_close: List[Callable[[], object]] = []
         self.dead_since = ""  # what ended the session last: rollback or checkpoint
         self.replays = {"rollback": [0, 0.0], "checkpoint": [0, 0.0], "start": [0, 0.0]}
         self.replay_mismatch = 0
-        self.info = {}  # type: Dict[str, object]
+        self.info: Dict[str, object] = {}
         self.log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
 
     @property
@@ -608,7 +608,7 @@ class Runner:
         and scores it as the agent does."""
         node = self.plan.nodes[nid]
         tr = None
-        remembered = None  # type: Optional[List[str]]
+        remembered: Optional[List[str]] = None
         for c in node["commands"]:
             if c["kind"] == "exec":
                 name = "edit" if c.get("state_changing") else "tests"

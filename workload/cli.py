@@ -72,7 +72,7 @@ def header(name: str, wl, task, extra: List[str]) -> None:
 def cleanup_nodes(client, keep: bool) -> Iterator[list]:
     """Yields a list to append root checkpoint ids to; removes their subtrees at the
     end (after the sandboxes are gone) unless keep."""
-    roots = []  # type: list
+    roots: list = []
     try:
         yield roots
     finally:

@@ -25,15 +25,15 @@ from .agent import Agent, Step
 from .trajectory import Trajectory
 
 if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
-    from deltabox import Checkpoint, Sandbox
+    from deltabox import CheckpointResult, Sandbox
 
 
 class Node:
-    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt: "Checkpoint",
+    def __init__(self, idx: int, parent: Optional["Node"], step: Step, ckpt: "CheckpointResult",
                  untried: Sequence[Any], depth: int, reward: float) -> None:
         self.idx = idx
         self.parent = parent
-        self.children = []  # type: List[Node]
+        self.children: List[Node] = []
         self.step = step
         self.ckpt = ckpt
         self.untried = list(untried)
@@ -66,11 +66,11 @@ class MCTS:
         self.max_depth = max_depth
         self.stop_on_fix = stop_on_fix
         self.log = log
-        self.nodes = []  # type: List[Node]
-        self.current = None  # type: Optional[Node]
+        self.nodes: List[Node] = []
+        self.current: Optional[Node] = None
         self.n_expanded = 0
         self.n_rollbacks = 0
-        self.first_fix = None  # type: Optional[Node]
+        self.first_fix: Optional[Node] = None
         self.first_fix_expansion = 0
 
     # ---- tree ----
@@ -90,7 +90,7 @@ class MCTS:
         return ch.value / ch.visits + self.c * math.sqrt(math.log(parent.visits) / ch.visits)
 
     def select(self) -> Optional[Node]:
-        memo = {}  # type: dict
+        memo: dict = {}
         n = self.nodes[0]
         if not self._open(n, memo):
             return None
@@ -102,7 +102,7 @@ class MCTS:
             n = max(kids, key=lambda ch: (self.ucb(ch), -ch.idx))
 
     def backprop(self, n: Node, reward: float) -> None:
-        m = n  # type: Optional[Node]
+        m: Optional[Node] = n
         while m is not None:
             m.visits += 1
             m.value += reward
@@ -110,7 +110,7 @@ class MCTS:
 
     # ---- acting ----
 
-    def _add(self, parent: Optional[Node], step: Step, ckpt: "Checkpoint", ckpt_ms: float) -> Node:
+    def _add(self, parent: Optional[Node], step: Step, ckpt: "CheckpointResult", ckpt_ms: float) -> Node:
         reward = self.agent.reward(step.score)
         n = Node(len(self.nodes), parent, step, ckpt, self.agent.propose(step.path),
                  0 if parent is None else parent.depth + 1, reward)
@@ -125,7 +125,7 @@ class MCTS:
         self.traj.add_node(rec)
         return n
 
-    def _checkpoint(self, label: str) -> Tuple["Checkpoint", float]:
+    def _checkpoint(self, label: str) -> Tuple["CheckpointResult", float]:
         import time
         t0 = time.perf_counter()
         with self.agent.timers.time("checkpoint"):

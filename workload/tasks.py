@@ -373,7 +373,7 @@ def verify(sb: "Sandbox", wl: Workload, ids: Optional[Sequence[str]] = None, out
     print("%-30s %-4s %d/%d (%d skipped)" % ("pristine whole suite", "ok" if ok else "FAIL",
                                              whole.passed, whole.counted, whole.skipped), file=out, flush=True)
     muts = [BY_ID[i] for i in ids] if ids else CATALOGUE
-    base_cache = {}  # type: Dict[Tuple[str, ...], TestRun]
+    base_cache: Dict[Tuple[str, ...], TestRun] = {}
     for m in muts:
         line = locate(wl, m)
         mods = list(m.tests)
@@ -381,7 +381,7 @@ def verify(sb: "Sandbox", wl: Workload, ids: Optional[Sequence[str]] = None, out
         if key not in base_cache:
             base_cache[key], _ = run_tests(sb, mods)
         base = base_cache[key]
-        res = {}  # type: Dict[str, TestRun]
+        res: Dict[str, TestRun] = {}
         for v, text in variants(m).items():
             if v == "fix":
                 continue

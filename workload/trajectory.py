@@ -16,10 +16,10 @@ class Trajectory:
         self.example = example
         self.task = task
         self.config = dict(config)
-        self.setup = {}  # type: Dict[str, Any]
-        self.nodes = []  # type: List[Dict[str, Any]]
-        self.events = []  # type: List[Dict[str, Any]]
-        self.summary = {}  # type: Dict[str, Any]
+        self.setup: Dict[str, Any] = {}
+        self.nodes: List[Dict[str, Any]] = []
+        self.events: List[Dict[str, Any]] = []
+        self.summary: Dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def set_setup(self, install_record: Dict[str, Any], root_step) -> None:

@@ -57,7 +57,7 @@ def read_project(path: Optional[str] = None) -> Dict[str, Any]:
 
 
 def _read_project_fallback(text: str) -> Dict[str, Any]:
-    out = {}  # type: Dict[str, Any]
+    out: Dict[str, Any] = {}
     section = None
     lines = text.splitlines()
     i = 0
@@ -136,7 +136,7 @@ def _package_files() -> List[str]:
 class _Wheel:
     def __init__(self, path: str) -> None:
         self.zf = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED)
-        self.record = []  # type: List[str]
+        self.record: List[str] = []
 
     def add(self, arcname: str, data: bytes, mode: int = 0o644) -> None:
         zi = zipfile.ZipInfo(arcname, _ZIP_TIME)

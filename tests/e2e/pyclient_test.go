@@ -120,14 +120,21 @@ var (
 
 // pycRequired are the tests that must pass in every run, whatever skips: the client's
 // report of what checkpoints and restores did with a real bash and python session's
-// processes (kept, restored, ended), and the asyncio client, must not go untested by a
-// rename or a skip.
+// processes (kept, restored, ended), the split of a checkpoint's result from its node,
+// the modules' one-way imports, and the asyncio client (its context manager, and a
+// cancelled call ending its command on the daemon), must not go untested by a rename or
+// a skip.
 var pycRequired = []string{
 	"test_process_models",
 	"test_process_half_of_checkpoint_and_restore",
 	"test_background_job_counts_as_a_process",
 	"test_aio_calls_run_at_once",
 	"test_aio_sandbox",
+	"test_aio_cancel_closes_the_connection",
+	"test_aio_cancel_ends_the_command",
+	"test_aio_create_awaitable_and_context_manager",
+	"test_checkpoint_result_and_node_are_split",
+	"test_modules_import_in_one_direction",
 }
 
 // pycUnittest runs the client's suite with python in dir and fails t on a failure,

@@ -10,16 +10,20 @@ only, Python 3.9+.
         sb.files.write("hello.py", "print('hi')\\n")
         r = sb.run("python3 hello.py", timeout=30)
         print(r.exit_code, r.stdout)
-        ckpt = sb.checkpoint(label="clean")
+        ckpt = sb.checkpoint(label="clean")  # a CheckpointResult; ckpt.node is the Node
         sb.run("rm hello.py")
         sb.restore(ckpt)                  # hello.py is back
-        for child in ckpt.fork(count=2):  # two more sandboxes on that checkpoint
+        for child in ckpt.fork(count=2):  # two more sandboxes on that node
             with child:
                 child.run("python3 hello.py").check()
 
 The daemon's socket is $DELTABOX_SOCKET, else /run/deltabox/deltabox.sock; or pass
 ``Client(socket_path=...)`` as ``client=``. For asyncio programs, :mod:`deltabox.aio`
 has the same API with coroutines (``AsyncSandbox``, ``AsyncClient``).
+
+The modules depend on each other in one direction only: errors, _http, models (the
+values), client (the daemon and its tree), sandbox (sandboxes, CheckpointResult), aio
+(asyncio, with its transport _aio_http).
 """
 
 from ._http import DEFAULT_SOCKET
@@ -28,16 +32,17 @@ from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
                      MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable,
                      DiskQuotaExceeded, TemplateBudgetExceeded)
-from .models import (Checkpoint, FileInfo, Listing, Node, OpMemory, RestoreResult, Result,
-                     ProcessImage, SandboxMemory, Templates, Tree)
-from .sandbox import DEFAULT_WAIT, Files, Session, Sessions, Sandbox
+from .models import (Checkpoint, FileInfo, Listing, Node, NodeClient, OpMemory, RestoreResult,
+                     Result, ProcessImage, SandboxMemory, Templates, Tree)
+from .sandbox import DEFAULT_WAIT, CheckpointResult, Files, NodeRef, Session, Sessions, Sandbox
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_WAIT",
     "Checkpoint",
+    "CheckpointResult",
     "Client",
     "CommandError",
     "Conflict",
@@ -50,6 +55,8 @@ __all__ = [
     "Listing",
     "MemoryWarning",
     "Node",
+    "NodeClient",
+    "NodeRef",
     "NotFound",
     "OpMemory",
     "RequestTimeout",

@@ -76,6 +76,122 @@ class _BadAnswer(Exception):
     pass
 
 
+def make_url(path: str, query: Optional[Dict[str, Any]] = None) -> str:
+    """The URL of path with query; a str value is sent as its bytes, with the
+    surrogates of ``surrogateescape`` (a file name that is not UTF-8) as the bytes
+    they stand for."""
+    u = API_PREFIX + path
+    if query:
+        u += "?" + urlencode([(k, v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v)
+                              for k, v in query.items() if v is not None])
+    return u
+
+
+def make_request(method: str, url: str, body: Optional[bytes],
+                 content_type: Optional[str]) -> bytes:
+    """The bytes of an HTTP/1.1 request (sent with one write)."""
+    head = ["%s %s HTTP/1.1" % (method, url), "Host: deltabox", "Accept: application/json"]
+    if body is not None:
+        head.append("Content-Type: " + (content_type or "application/json"))
+        head.append("Content-Length: %d" % len(body))
+    elif method not in ("GET", "HEAD"):
+        head.append("Content-Length: 0")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
+
+
+def parse_status(line: bytes) -> Tuple[bool, int]:
+    """(HTTP/1.1?, status) of a status line."""
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+        raise _BadAnswer("status line %r" % line[:100])
+    try:
+        return parts[0] == b"HTTP/1.1", int(parts[1])
+    except ValueError:
+        raise _BadAnswer("status line %r" % line[:100]) from None
+
+
+def parse_header(line: bytes, headers: Dict[str, str]) -> None:
+    """Adds a header line to headers (lower-case names)."""
+    name, sep, value = line.partition(b":")
+    if not sep:
+        raise _BadAnswer("header line %r" % line[:100])
+    headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+
+
+# How an answer's body is framed (body_framing).
+NO_BODY, CHUNKED, LENGTH, TO_CLOSE = range(4)
+
+
+def body_framing(method: str, status: int, headers: Dict[str, str]) -> Tuple[int, int]:
+    """(framing, Content-Length) of an answer's body."""
+    if method == "HEAD" or status in (204, 304):
+        return NO_BODY, 0
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return CHUNKED, 0
+    if "content-length" in headers:
+        try:
+            return LENGTH, int(headers["content-length"])
+        except ValueError:
+            raise _BadAnswer("Content-Length %r" % headers["content-length"]) from None
+    return TO_CLOSE, 0
+
+
+def chunk_size(line: bytes) -> int:
+    size = line.split(b";", 1)[0].strip()
+    try:
+        return int(size, 16)
+    except ValueError:
+        raise _BadAnswer("chunk size %r" % size[:20]) from None
+
+
+def error_of(status: int, data: bytes) -> DeltaBoxError:
+    """The exception of an error answer (status >= 300) with body data."""
+    try:
+        e = json.loads(data.decode("utf-8"))["error"]
+        return from_answer(status, e.get("code"), e.get("message") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = data.decode("utf-8", "replace").strip()
+        return from_answer(status, None, "the daemon answered %d: %s" % (status, text))
+
+
+def unreachable(socket_path: str, err: BaseException) -> DaemonUnreachable:
+    """The error of a socket that cannot be connected to."""
+    p = socket_path
+    if isinstance(err, FileNotFoundError):
+        why = "no socket at %s" % p
+    elif isinstance(err, ConnectionRefusedError):
+        why = "%s refuses connections (a daemon that stopped left it behind?)" % p
+    elif isinstance(err, PermissionError):
+        return DaemonUnreachable(
+            "cannot open the DeltaBox daemon's socket %s: permission denied (it is "
+            "root-only, mode 0600: run as root)" % p)
+    else:
+        why = "%s: %s" % (p, err)
+    return DaemonUnreachable(
+        "cannot reach the DeltaBox daemon: %s. Start it with `deltabox daemon` (as "
+        "root), or point DELTABOX_SOCKET / Client(socket_path=...) at its socket."
+        % why)
+
+
+def decode_json(data: bytes, method: str, path: str) -> Any:
+    """The JSON of an answer's body (None for an empty one)."""
+    if not data:
+        return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as e:
+        raise DeltaBoxError("protocol", "the daemon's answer to %s %s is not JSON (%s): %r"
+                            % (method, path, e, data[:200])) from None
+
+
+def decode_event(line: bytes) -> Any:
+    """The event of a line of an NDJSON answer."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except ValueError:
+        raise DeltaBoxError("protocol", "bad stream event from the daemon: %r" % line[:200]) from None
+
+
 class Answer:
     """The status and headers (lower-case names) of a whole answer."""
 
@@ -135,36 +251,23 @@ class _RawConn:
         self.got_any = False
         self.sock.sendall(req)
         while True:  # 1xx answers are skipped
-            status_line = self._line()
-            parts = status_line.split(None, 2)
-            if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-                raise _BadAnswer("status line %r" % status_line[:100])
-            try:
-                status = int(parts[1])
-            except ValueError:
-                raise _BadAnswer("status line %r" % status_line[:100]) from None
-            headers = {}  # type: Dict[str, str]
+            http11, status = parse_status(self._line())
+            headers: Dict[str, str] = {}
             while True:
                 line = self._line()
                 if not line:
                     break
-                name, sep, value = line.partition(b":")
-                if not sep:
-                    raise _BadAnswer("header line %r" % line[:100])
-                headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+                parse_header(line, headers)
             if not 100 <= status < 200:
                 break
-        keep = parts[0] == b"HTTP/1.1" and headers.get("connection", "").lower() != "close"
-        if method == "HEAD" or status in (204, 304):
+        keep = http11 and headers.get("connection", "").lower() != "close"
+        framing, length = body_framing(method, status, headers)
+        if framing == NO_BODY:
             body = b""
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif framing == CHUNKED:
             chunks = []
             while True:
-                size = self._line().split(b";", 1)[0].strip()
-                try:
-                    n = int(size, 16)
-                except ValueError:
-                    raise _BadAnswer("chunk size %r" % size[:20]) from None
+                n = chunk_size(self._line())
                 if n == 0:
                     while self._line():  # trailers
                         pass
@@ -173,12 +276,8 @@ class _RawConn:
                 if self._exactly(2) != b"\r\n":
                     raise _BadAnswer("a chunk not followed by CRLF")
             body = b"".join(chunks)
-        elif "content-length" in headers:
-            try:
-                n = int(headers["content-length"])
-            except ValueError:
-                raise _BadAnswer("Content-Length %r" % headers["content-length"]) from None
-            body = self._exactly(n)
+        elif framing == LENGTH:
+            body = self._exactly(length)
         else:  # the answer ends with the connection
             try:
                 while True:
@@ -198,8 +297,8 @@ class Transport:
         self.socket_path = socket_path
         self.timeout = timeout
         self.max_idle = max_idle
-        self._idle = []  # type: List[_UnixConnection]
-        self._raw_idle = []  # type: List[_RawConn]
+        self._idle: List[_UnixConnection] = []
+        self._raw_idle: List[_RawConn] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -246,28 +345,10 @@ class Transport:
         """The URL of path with query; a str value is sent as its bytes, with the
         surrogates of ``surrogateescape`` (a file name that is not UTF-8) as the bytes
         they stand for."""
-        u = API_PREFIX + path
-        if query:
-            u += "?" + urlencode([(k, v.encode("utf-8", "surrogateescape") if isinstance(v, str) else v)
-                                  for k, v in query.items() if v is not None])
-        return u
+        return make_url(path, query)
 
     def _unreachable(self, err: BaseException) -> DaemonUnreachable:
-        p = self.socket_path
-        if isinstance(err, FileNotFoundError):
-            why = "no socket at %s" % p
-        elif isinstance(err, ConnectionRefusedError):
-            why = "%s refuses connections (a daemon that stopped left it behind?)" % p
-        elif isinstance(err, PermissionError):
-            return DaemonUnreachable(
-                "cannot open the DeltaBox daemon's socket %s: permission denied (it is "
-                "root-only, mode 0600: run as root)" % p)
-        else:
-            why = "%s: %s" % (p, err)
-        return DaemonUnreachable(
-            "cannot reach the DeltaBox daemon: %s. Start it with `deltabox daemon` (as "
-            "root), or point DELTABOX_SOCKET / Client(socket_path=...) at its socket."
-            % why)
+        return unreachable(self.socket_path, err)
 
     def open(self, method: str, path: str, query: Optional[Dict[str, Any]] = None,
              body: Optional[bytes] = None, content_type: Optional[str] = None,
@@ -335,12 +416,7 @@ class Transport:
 
     @staticmethod
     def _error(status: int, data: bytes) -> DeltaBoxError:
-        try:
-            e = json.loads(data.decode("utf-8"))["error"]
-            return from_answer(status, e.get("code"), e.get("message") or "")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            text = data.decode("utf-8", "replace").strip()
-            return from_answer(status, None, "the daemon answered %d: %s" % (status, text))
+        return error_of(status, data)
 
     def request(self, method: str, path: str, query: Optional[Dict[str, Any]] = None,
                 body: Optional[bytes] = None, content_type: Optional[str] = None,
@@ -350,13 +426,7 @@ class Transport:
         if timeout is DEFAULT:
             timeout = self.timeout
         url = self.url(path, query)
-        head = ["%s %s HTTP/1.1" % (method, url), "Host: deltabox", "Accept: application/json"]
-        if body is not None:
-            head.append("Content-Type: " + (content_type or "application/json"))
-            head.append("Content-Length: %d" % len(body))
-        elif method not in ("GET", "HEAD"):
-            head.append("Content-Length: 0")
-        req = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        req = make_request(method, url, body, content_type)
         for attempt in range(2):
             conn = self._take(self._raw_idle)
             reused = conn is not None
@@ -418,13 +488,7 @@ class Transport:
         if payload is not None:
             body = json.dumps(payload).encode("utf-8")
         data, _ = self.request(method, path, query, body, None, timeout)
-        if not data:
-            return None
-        try:
-            return json.loads(data.decode("utf-8"))
-        except ValueError as e:
-            raise DeltaBoxError("protocol", "the daemon's answer to %s %s is not JSON (%s): %r"
-                                % (method, path, e, data[:200])) from None
+        return decode_json(data, method, path)
 
     def stream(self, method: str, path: str, payload: Any,
                timeout: Any = DEFAULT) -> Generator[Dict[str, Any], None, None]:
@@ -449,12 +513,7 @@ class Transport:
                 line = line.strip()
                 if not line:
                     continue
-                try:
-                    ev = json.loads(line.decode("utf-8"))
-                except ValueError:
-                    raise DeltaBoxError("protocol", "bad stream event from the daemon: %r"
-                                        % line[:200]) from None
-                yield ev
+                yield decode_event(line)
             done = True
         finally:
             if done:

@@ -1,12 +1,16 @@
-"""Client: one daemon, reached on its unix socket."""
+"""Client: one daemon, reached on its unix socket, and what is the daemon's as a whole
+(health, images, the snapshot tree and its nodes).
+
+Sandboxes are made with ``Sandbox.create(client=...)`` (sandbox.py), which imports this
+module; this module imports neither sandbox.py nor aio.py, so the modules form a chain
+(errors, _http, models, client, sandbox, aio) with no loop."""
 
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
 from ._http import Transport, q, socket_path_from_env
 from .errors import from_answer
-from .models import Checkpoint, Tree
-from .sandbox import Sandbox
+from .models import Node, Tree
 
 # on_progress(done, total) of an import: bytes of the source read so far, and its size
 # (which may grow once the source's kind is known).
@@ -40,7 +44,7 @@ class Images:
         raise InvalidRequest naming the entry; a name in use raises Conflict. Nothing is
         left in the store by a failed import. (``import`` is a keyword: hence the
         underscore.)"""
-        body = {"name": name, "source": source}  # type: Dict[str, Any]
+        body: Dict[str, Any] = {"name": name, "source": source}
         if allow_setuid:
             body["allow_setuid"] = True
         if max_bytes:
@@ -112,45 +116,32 @@ class Client:
         """Returns once every change made so far (checkpoints included) is durable."""
         self._t.json("POST", "/sync")
 
-    # ---- sandboxes ----
-
-    def create(self, **kwargs: Any) -> Sandbox:
-        """Sandbox.create(..., client=self)."""
-        return Sandbox.create(client=self, **kwargs)
-
-    def sandbox(self, id: str) -> Sandbox:
-        """Sandbox.connect(id, client=self)."""
-        return Sandbox.connect(id, client=self)
-
-    def sandboxes(self) -> List[Sandbox]:
-        """Every sandbox of the daemon."""
-        d = self._t.json("GET", "/sandboxes")
-        return [Sandbox(s["id"], self, s) for s in (d.get("sandboxes") or [])]
-
     # ---- the tree ----
 
     def tree(self) -> Tree:
         """The whole snapshot tree."""
         return Tree.from_api(self._t.json("GET", "/tree"), self)
 
-    def checkpoint(self, id: str) -> Checkpoint:
-        """One node of the tree (NotFound if none)."""
-        return Checkpoint.from_api(self._t.json("GET", "/nodes/" + q(id)), self)
+    def node(self, id: str) -> Node:
+        """One node of the tree as the daemon sees it now, with its ``templates``
+        (NotFound if none)."""
+        return Node.from_api(self._t.json("GET", "/nodes/" + q(id)), self)
 
-    node = checkpoint
+    #: ``client.checkpoint(id)``: :meth:`node` (its name before 0.4.0).
+    checkpoint = node
 
     def remove_checkpoint(self, id: str) -> List[str]:
         """Removes a node and its subtree; returns the removed ids."""
         return list(self._t.json("DELETE", "/nodes/" + q(id)).get("removed") or [])
 
-    def pin_checkpoint(self, id: str, pinned: bool = True) -> Checkpoint:
+    def pin_checkpoint(self, id: str, pinned: bool = True) -> Node:
         """Pins (or unpins) a node: its templates are never evicted over the template
-        budget (:meth:`Checkpoint.pin`)."""
-        return Checkpoint.from_api(self._t.json("POST", "/nodes/%s/pin" % q(id),
-                                                {"pinned": bool(pinned)}), self)
+        budget (:meth:`Node.pin`)."""
+        return Node.from_api(self._t.json("POST", "/nodes/%s/pin" % q(id),
+                                          {"pinned": bool(pinned)}), self)
 
 
-_default = None  # type: Optional[Client]
+_default: Optional[Client] = None
 _default_lock = threading.Lock()
 
 

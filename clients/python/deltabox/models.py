@@ -1,17 +1,17 @@
-"""The values the client returns: Result, Checkpoint (a node of the snapshot tree),
-Templates, OpMemory, SandboxMemory, RestoreResult, Tree, FileInfo and Listing."""
+"""The values the client returns: Result, Node (a node of the snapshot tree), Tree,
+RestoreResult (what a restore did), Templates, OpMemory, SandboxMemory, FileInfo and
+Listing. (CheckpointResult is in sandbox.py: its fork() makes Sandboxes.)
+
+Nothing here imports the client or the sandbox: a Node's methods reach the daemon
+through the NodeClient it was read with."""
 
 import base64
 import datetime as _dt
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Set
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Protocol, Set
 
-from .errors import CommandError, NotFound
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import Client
-    from .sandbox import Sandbox
+from .errors import CommandError
 
 _TIME_RE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:?\d{2})?$")
@@ -303,14 +303,26 @@ def _phases(d: Dict[str, Any]) -> Dict[str, int]:
     return {str(k): int(v) for k, v in (d.get("phases_us") or {}).items()}
 
 
-@dataclass
-class Checkpoint:
-    """A node of the snapshot tree: a sandbox's files, and its processes, frozen at one
-    moment.
+class NodeClient(Protocol):
+    """What a :class:`Node`'s methods ask of the client that read it (a
+    :class:`~deltabox.Client`): a protocol, so that this module needs no client."""
 
-    ``sb.checkpoint()`` returns one; ``sb.restore(ckpt)`` rolls any sandbox back (or
-    over) to it; :meth:`fork` starts new sandboxes on it. Nodes from
-    :meth:`Client.tree` are Checkpoints too.
+    def node(self, id: str) -> "Node": ...
+
+    def remove_checkpoint(self, id: str) -> List[str]: ...
+
+    def pin_checkpoint(self, id: str, pinned: bool = True) -> "Node": ...
+
+
+@dataclass
+class Node:
+    """A node of the snapshot tree: a sandbox's files, and its processes, frozen at one
+    moment. What the daemon keeps (``GET /v1/nodes/ID``); what a checkpoint *did* is
+    its :class:`~deltabox.CheckpointResult`, whose ``node`` this is.
+
+    ``client.tree()`` holds them, ``client.node(id)`` reads one; ``sb.restore(node)``
+    rolls a sandbox back (or over) to it, ``Sandbox.fork_from(node, count)`` starts new
+    sandboxes on it.
 
     Attributes:
         id: the node id (``n3fa9c2``).
@@ -322,47 +334,20 @@ class Checkpoint:
             checkpoint; ``client.sync()`` waits for it).
         image: the image its stack starts from.
         sandbox: the sandbox it was taken from.
+        layer, own_layer: the number of its layer, and whether the layer is its own
+            (False when nothing had changed since its parent: it shares the parent's).
         children: ids of its child nodes, oldest first.
         sandboxes: sandboxes standing on it now.
         depth: layers in its stack (image excluded).
-        templates: the node's process templates (which sessions, how many processes,
-            their memory), in nodes from :meth:`Client.tree`, :meth:`refresh` and
-            ``client.checkpoint(id)``; None when it has none, and in the answer of a
-            checkpoint (``ckpt.refresh().templates``).
+        templates: its process templates (which sessions, how many processes, their
+            memory); None when it has none. The daemon measures them for the tree and
+            for ``GET /v1/nodes/ID`` only, so the node in a checkpoint's answer has
+            None: ``ckpt.refresh().templates``.
         pinned: the hint that it will be restored again (:meth:`pin`): its templates
             are never evicted over the template budget.
         last_restored: its last restore (aware datetime, UTC), None if never.
         process_image: its durable process image (:class:`ProcessImage`), None when
             none was asked for (no process template, or images off).
-
-    Set only when this object is the answer of ``sb.checkpoint()`` (None, or empty,
-    otherwise):
-        processes: how many processes were forked into the node's templates: every
-            bash and python session's and the background jobs' (0 when no session
-            ran, or with ``DELTABOX_FASTPATH=0``, which ends the sessions instead).
-        process_errors: the processes that could not be kept, which were ended
-            (``"session py: ..."``); empty when all were.
-        sessions: the sessions whose processes the node keeps, sorted.
-        sessions_ended: sessions the checkpoint ended (only with
-            ``DELTABOX_FASTPATH=0``); their next call starts them afresh.
-        killed_processes: processes the checkpoint ended: the background jobs that
-            ``end_background=True`` ended (with ``DELTABOX_FASTPATH=0``, every
-            process but the sandbox's init).
-        criu_processes: background processes the fast path refused (several
-            threads, children, pipes, sockets) that CRIU took instead, with their
-            trees; not counted in ``processes``.
-        mounted: a new layer was mounted (False when nothing had changed since the
-            sandbox's head: the node shares its parent's layer).
-        prepared: the next state had been mounted ahead of time.
-        duration: seconds inside the daemon.
-        phases_us: microseconds per step (seize, fork, kill, upper, freeze, mount,
-            move, publish, ...).
-        waited: seconds it queued behind running commands (``wait``) before it
-            started (not part of ``duration``).
-        memory: the sandbox's memory after it (:class:`OpMemory`): its limit, usage,
-            and the new templates' resident memory.
-        warnings: what to act on, such as templates holding over half the memory
-            limit (also raised as a :class:`~deltabox.MemoryWarning`).
     """
 
     id: str
@@ -382,26 +367,14 @@ class Checkpoint:
     pinned: bool = False
     last_restored: Optional[_dt.datetime] = None
     process_image: Optional[ProcessImage] = None
-    processes: Optional[int] = None
-    process_errors: List[str] = field(default_factory=list)
-    sessions: Optional[List[str]] = None
-    sessions_ended: List[str] = field(default_factory=list)
-    killed_processes: Optional[int] = None
-    criu_processes: Optional[int] = None
-    mounted: Optional[bool] = None
-    prepared: Optional[bool] = None
-    duration: Optional[float] = None
-    phases_us: Dict[str, int] = field(default_factory=dict)
-    waited: Optional[float] = None
-    memory: Optional[OpMemory] = None
-    warnings: List[str] = field(default_factory=list)
-    _client: Optional["Client"] = field(default=None, repr=False, compare=False)
+    _client: Optional[NodeClient] = field(default=None, repr=False, compare=False)
+    # The workdir of the sandbox that made it, when known (a fork's default).
     _workdir: Optional[str] = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None,
-                 op: Optional[Dict[str, Any]] = None, workdir: Optional[str] = None) -> "Checkpoint":
-        c = cls(
+    def from_api(cls, d: Dict[str, Any], client: Optional[NodeClient] = None,
+                 workdir: Optional[str] = None) -> "Node":
+        return cls(
             id=d["id"],
             label=d.get("label") or "",
             parent=d.get("parent") or None,
@@ -422,98 +395,36 @@ class Checkpoint:
             _client=client,
             _workdir=workdir,
         )
-        if op is not None:
-            c.processes = int(op.get("processes") or 0)
-            c.process_errors = [str(e) for e in (op.get("process_errors") or [])]
-            c.sessions = [str(s) for s in (op.get("sessions") or [])]
-            c.sessions_ended = [str(s) for s in (op.get("sessions_ended") or [])]
-            c.killed_processes = int(op.get("killed_processes") or 0)
-            c.criu_processes = int(op.get("criu_processes") or 0)
-            c.mounted = bool(op.get("mounted"))
-            c.prepared = bool(op.get("prepared"))
-            c.duration = float(op.get("duration_ms") or 0.0) / 1000.0
-            c.phases_us = _phases(op)
-            c.waited = float(op.get("waited_ms") or 0.0) / 1000.0
-            c.memory = OpMemory.from_api(op.get("memory"))
-            c.warnings = [str(w) for w in (op.get("warnings") or [])]
-        return c
 
     def __str__(self) -> str:
         return self.id
 
-    def _need_client(self) -> "Client":
+    def _need_client(self) -> NodeClient:
         if self._client is None:
-            from .client import default_client
-            self._client = default_client()
+            raise ValueError("node %s was built without a client (Node.from_api(d) with no "
+                             "client=): use client.node(%r) for one that has it" % (self.id, self.id))
         return self._client
 
-    def fork(self, count: int = 1, **create_kwargs: Any) -> List["Sandbox"]:
-        """Starts ``count`` new sandboxes, each standing on this checkpoint.
-
-        Each is created (``create_kwargs`` go to :meth:`Sandbox.create`; by default
-        the checkpoint's image and the workdir of the sandbox it came from, when
-        known) and then restored to this node. Nothing is copied: the new sandboxes
-        share the checkpoint's layers and each gets its own writable layer.
-
-        What is carried over is the files: a node's processes come back only in the
-        sandbox that made it (``sb.restore``), so a fork starts with no process but
-        its init, and its sessions start afresh on their first call
-        (``session_restarted``). If one creation or restore fails, the sandboxes made
-        so far are removed and the error is raised.
-
-        ``name=`` names the fork; with ``count`` > 1 the forks are ``name-0``,
-        ``name-1``, ... (a name is unique among sandboxes).
-        """
-        if count < 1:
-            raise ValueError("fork count must be >= 1, got %r" % (count,))
-        from .sandbox import Sandbox
-        client = self._need_client()
-        kw = dict(create_kwargs)
-        kw.setdefault("image", self.image or "default")
-        if "workdir" not in kw:
-            workdir = self._workdir
-            if workdir is None and self.sandbox:
-                # A node from the tree: take the workdir of the sandbox it came from,
-                # if that sandbox still exists.
-                try:
-                    workdir = Sandbox.connect(self.sandbox, client=client).workdir or None
-                except NotFound:
-                    workdir = None
-            if workdir is not None:
-                kw["workdir"] = workdir
-        kw.setdefault("client", client)
-        name = kw.pop("name", None)
-        made = []  # type: List[Sandbox]
-        try:
-            for i in range(count):
-                if name is not None:
-                    kw["name"] = name if count == 1 else "%s-%d" % (name, i)
-                sb = Sandbox.create(**kw)
-                made.append(sb)
-                sb.restore(self)
-        except BaseException:
-            for sb in made:
-                try:
-                    sb.close()
-                except Exception:
-                    pass
-            raise
-        return made
-
-    def refresh(self) -> "Checkpoint":
-        """The node as the daemon sees it now (durable, layer_bytes, children...)."""
-        return self._need_client().checkpoint(self.id)
+    def refresh(self) -> "Node":
+        """The node as the daemon sees it now (durable, layer_bytes, children,
+        templates...)."""
+        return self._need_client().node(self.id)
 
     def remove(self) -> List[str]:
         """Removes this node and its subtree; returns the removed ids. Conflict if a
         sandbox stands on a node of the subtree."""
         return self._need_client().remove_checkpoint(self.id)
 
-    def pin(self, pinned: bool = True) -> "Checkpoint":
+    def pin(self, pinned: bool = True) -> "Node":
         """Pins this node (``pinned=False`` unpins it): a hint that it will be restored
         again, so that its process templates are never evicted over the template
         budget. Returns the node as the daemon sees it now."""
         return self._need_client().pin_checkpoint(self.id, pinned)
+
+
+# The name of Node before 0.4.0, when one class was both the node and what
+# sb.checkpoint() did (now a CheckpointResult, whose .node is the Node).
+Checkpoint = Node
 
 
 @dataclass
@@ -526,11 +437,9 @@ class RestoreResult:
         node: the node the sandbox now stands on (as the daemon's answer describes it).
         sandbox: the sandbox's id.
         processes: processes brought back from the node's templates (sessions' and
-            background jobs'); 0 for a node made with no process running or
-            restored into another sandbox than the one that made it (a restore of
-            files only). A daemon restart keeps templates: 0 after one only for a
-            node whose templates a crash cut before they were recorded, in the
-            milliseconds after its checkpoint's answer.
+            background jobs'); 0 for a node made with no process running, restored
+            into another sandbox than the one that made it, or whose templates and
+            durable image are both gone: a restore of files only.
         process_errors: templates that could not be forked back (their sessions
             were ended); empty when all were.
         killed_processes: the sandbox's processes the restore ended (the live
@@ -558,7 +467,7 @@ class RestoreResult:
         warnings: what to act on (templates holding over half the memory limit).
     """
 
-    node: Checkpoint
+    node: Node
     sandbox: str
     processes: int = 0
     process_errors: List[str] = field(default_factory=list)
@@ -577,10 +486,10 @@ class RestoreResult:
     warnings: List[str] = field(default_factory=list)
 
     @classmethod
-    def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None,
+    def from_api(cls, d: Dict[str, Any], client: Optional[NodeClient] = None,
                  workdir: Optional[str] = None) -> "RestoreResult":
         return cls(
-            node=Checkpoint.from_api(d["node"], client, workdir=workdir),
+            node=Node.from_api(d["node"], client, workdir=workdir),
             sandbox=d.get("sandbox") or "",
             processes=int(d.get("processes") or 0),
             process_errors=[str(e) for e in (d.get("process_errors") or [])],
@@ -604,17 +513,16 @@ class RestoreResult:
         """The node's id."""
         return self.node.id
 
-
-# A node of the tree is a Checkpoint.
-Node = Checkpoint
+    def __str__(self) -> str:
+        return self.node.id
 
 
 @dataclass
 class Tree:
-    """The snapshot tree: every node (a :class:`Checkpoint`), oldest first.
+    """The snapshot tree: every node (a :class:`Node`), oldest first.
 
     Attributes:
-        nodes: id -> Checkpoint, in creation order (every node of the daemon's tree).
+        nodes: id -> Node, in creation order (every node of the daemon's tree).
         roots: nodes directly on an image.
         on_image: image -> sandboxes standing on the image with no node yet.
         head: for ``sb.tree()``, the node that sandbox stands on (None: its image).
@@ -622,17 +530,17 @@ class Tree:
             lineage only (:meth:`lineage`).
     """
 
-    nodes: Dict[str, Checkpoint] = field(default_factory=dict)
+    nodes: Dict[str, Node] = field(default_factory=dict)
     roots: List[str] = field(default_factory=list)
     on_image: Dict[str, List[str]] = field(default_factory=dict)
     head: Optional[str] = None
     sandbox: Optional[str] = None
 
     @classmethod
-    def from_api(cls, d: Dict[str, Any], client: Optional["Client"] = None) -> "Tree":
-        nodes = {}  # type: Dict[str, Checkpoint]
+    def from_api(cls, d: Dict[str, Any], client: Optional[NodeClient] = None) -> "Tree":
+        nodes: Dict[str, Node] = {}
         for n in d.get("nodes") or []:
-            c = Checkpoint.from_api(n, client)
+            c = Node.from_api(n, client)
             nodes[c.id] = c
         return cls(nodes=nodes, roots=list(d.get("roots") or []),
                    on_image={k: list(v or []) for k, v in (d.get("on_image") or {}).items()})
@@ -640,25 +548,25 @@ class Tree:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def __iter__(self) -> Iterator[Checkpoint]:
+    def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes.values())
 
     def __contains__(self, node: Any) -> bool:
         return str(node) in self.nodes
 
-    def __getitem__(self, node: Any) -> Checkpoint:
+    def __getitem__(self, node: Any) -> Node:
         return self.nodes[str(node)]
 
-    def get(self, node: Any) -> Optional[Checkpoint]:
+    def get(self, node: Any) -> Optional[Node]:
         return self.nodes.get(str(node))
 
-    def children(self, node: Any) -> List[Checkpoint]:
+    def children(self, node: Any) -> List[Node]:
         """The child nodes of node, oldest first."""
         return [self.nodes[c] for c in self.nodes[str(node)].children if c in self.nodes]
 
-    def path(self, node: Any) -> List[Checkpoint]:
+    def path(self, node: Any) -> List[Node]:
         """The nodes from the root down to node (included)."""
-        out = []  # type: List[Checkpoint]
+        out: List[Node] = []
         cur = self.nodes.get(str(node))
         while cur is not None:
             out.append(cur)
@@ -666,7 +574,7 @@ class Tree:
         out.reverse()
         return out
 
-    def leaves(self) -> List[Checkpoint]:
+    def leaves(self) -> List[Node]:
         """Nodes with no children."""
         return [n for n in self.nodes.values() if not n.children]
 
@@ -678,7 +586,7 @@ class Tree:
         sid = sandbox if sandbox is not None else self.sandbox
         if sid is None:
             raise ValueError("lineage of which sandbox? (sb.tree() knows; else pass sandbox=)")
-        keep = set()  # type: Set[str]
+        keep: Set[str] = set()
         starts = [n.id for n in self.nodes.values() if n.sandbox == sid or sid in n.sandboxes]
         if sid == self.sandbox and self.head:
             starts.append(self.head)
@@ -687,7 +595,7 @@ class Tree:
             while cur is not None and cur.id not in keep:
                 keep.add(cur.id)
                 cur = self.nodes.get(cur.parent) if cur.parent else None
-        nodes = {}  # type: Dict[str, Checkpoint]
+        nodes: Dict[str, Node] = {}
         for nid, n in self.nodes.items():
             if nid in keep:
                 nodes[nid] = replace(n, children=[c for c in n.children if c in keep])
@@ -704,7 +612,7 @@ class Tree:
             view = self.lineage()
             view.sandbox = None
             return view.render()
-        lines = []  # type: List[str]
+        lines: List[str] = []
 
         def walk(nid: str, prefix: str, last: bool) -> None:
             n = self.nodes[nid]
@@ -724,7 +632,7 @@ class Tree:
             for i, c in enumerate(kids):
                 walk(c, prefix + ("    " if last else "|   "), i == len(kids) - 1)
 
-        images = []  # type: List[str]
+        images: List[str] = []
         for r in self.roots:
             im = self.nodes[r].image if r in self.nodes else ""
             if im not in images:

@@ -1,4 +1,8 @@
-"""Sandbox, with its files and sessions."""
+"""Sandbox, with its files and sessions, and CheckpointResult (what a checkpoint did,
+whose fork() makes Sandboxes).
+
+The requests are built, and the answers read, by functions of this module that the
+asyncio client (aio.py) shares: only the sending differs."""
 
 import base64
 import codecs
@@ -6,16 +10,14 @@ import datetime as _dt
 import json
 import warnings
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional,
-                    Sequence, Union)
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional,
+                    Sequence, Tuple, Union)
 
 from ._http import q
+from .client import Client, default_client
 from .errors import Conflict, MemoryWarning, NotFound, from_answer
-from .models import (Checkpoint, FileInfo, Listing, RestoreResult, Result, SandboxMemory, Tree, name_of,
-                     parse_time)
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import Client
+from .models import (FileInfo, Listing, Node, OpMemory, RestoreResult, Result, SandboxMemory,
+                     Tree, _phases, name_of, parse_time)
 
 OnOutput = Callable[[str, str], None]
 Command = Union[str, Sequence[str]]
@@ -48,11 +50,8 @@ DEFAULT_WAIT = 5.0
 _MAX_WAIT = 600.0
 
 
-def _client_or_default(client: Optional["Client"]) -> "Client":
-    if client is not None:
-        return client
-    from .client import default_client
-    return default_client()
+def _client_or_default(client: Optional[Client]) -> Client:
+    return client if client is not None else default_client()
 
 
 def _env_list(env: Union[Mapping[str, Any], Iterable[str], None]) -> Optional[List[str]]:
@@ -106,6 +105,322 @@ def _mode(mode: Union[int, str, None]) -> Optional[str]:
     return "%04o" % mode
 
 
+def _data_bytes(data: Union[bytes, bytearray, memoryview, str, Any]) -> bytes:
+    """The body of a file write: bytes as they are, str as UTF-8, a binary file's
+    content."""
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if hasattr(data, "read"):
+        body = data.read()
+        return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    raise TypeError("data must be bytes, str or a file object, not %s" % type(data).__name__)
+
+
+def _create_body(image: str, workdir: str, name: Optional[str], memory_mb: Optional[int],
+                 pids: Optional[int], cpus: Optional[float], hostname: Optional[str],
+                 warm_processes: bool, user: Optional[str], disk_mb: Optional[int],
+                 template_budget_mb: Optional[int]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"image": image, "workdir": workdir}
+    for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
+                 ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb),
+                 ("template_budget_mb", template_budget_mb)):
+        if v is not None:
+            body[k] = v
+    if warm_processes:
+        body["warm_processes"] = True
+    return body
+
+
+class _Exec(NamedTuple):
+    """An exec request: its argv (for the Result), its body, and how long the client
+    waits for the answer (None: for ever)."""
+
+    argv: List[str]
+    body: Dict[str, Any]
+    wait: Optional[float]
+
+
+def _exec_request(cmd: Command, timeout: Timeout, session: Union[str, bool, None],
+                  env: Union[Mapping[str, Any], Iterable[str], None], cwd: Optional[str],
+                  stdin: Union[str, bytes, None], output_limit: Optional[int],
+                  client_timeout: Optional[float]) -> _Exec:
+    if session is True:
+        session = "main"
+    elif session is False:
+        session = None
+    if isinstance(cmd, str):
+        argv = [cmd] if session else ["bash", "-c", cmd]
+    else:
+        argv = [str(a) for a in cmd]
+        if not argv:
+            raise ValueError("empty command")
+    body: Dict[str, Any] = {"argv": argv, "encoding": "base64"}
+    e = _env_list(env)
+    if e:
+        body["env"] = e
+    if cwd:
+        body["dir"] = cwd
+    if stdin is not None:
+        body["stdin"] = _stdin_b64(stdin)
+    t: Optional[float]
+    if isinstance(timeout, _ClientTimeout):
+        t = client_timeout
+        ms = None if t is None else _timeout_ms(t)  # None: the daemon's default
+    else:
+        t = timeout
+        ms = _timeout_ms(timeout)
+    if ms is not None:
+        body["timeout_ms"] = ms
+    if output_limit:
+        body["output_limit"] = int(output_limit)
+    if session:
+        body["session"] = session
+    return _Exec(argv, body, None if t is None else t + _ANSWER_GRACE)
+
+
+class _Output:
+    """Reads the events of a streamed exec: the pieces of text for on_output, in order,
+    and the Result at the end."""
+
+    def __init__(self, argv: List[str]) -> None:
+        self.argv = argv
+        self.result: Optional[Dict[str, Any]] = None
+        self.got: Dict[str, List[bytes]] = {"stdout": [], "stderr": []}
+        self.text = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in self.got}
+
+    def feed(self, ev: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+        """The (stream, text) of an output event, None for another event; an error
+        event is raised."""
+        kind = ev.get("type")
+        if kind == "stdout" or kind == "stderr":
+            data = base64.b64decode(ev.get("data") or "")
+            self.got[kind].append(data)
+            piece = self.text[kind].decode(data)
+            return (kind, piece) if piece else None
+        if kind == "result":
+            self.result = ev.get("result") or {}
+        elif kind == "error":
+            err = (ev.get("error") or {}).get("error") or {}
+            raise from_answer(None, err.get("code"), err.get("message") or "the command failed")
+        return None
+
+    def rest(self) -> List[Tuple[str, str]]:
+        """The text the decoders held back (a character cut at the end)."""
+        out = []
+        for kind, dec in self.text.items():
+            piece = dec.decode(b"", final=True)
+            if piece:
+                out.append((kind, piece))
+        return out
+
+    def done(self) -> Result:
+        if self.result is None:
+            raise from_answer(500, "internal", "the daemon ended the output stream without a result")
+        return Result.from_api(self.result, self.argv, b"".join(self.got["stdout"]),
+                               b"".join(self.got["stderr"]))
+
+
+def _checkpoint_body(label: Optional[str], end_background: bool, wait: Optional[float],
+                     pin: bool) -> Tuple[Dict[str, Any], int]:
+    body: Dict[str, Any] = {}
+    if pin:
+        body["pin"] = True
+    if label:
+        body["label"] = label
+    if end_background:
+        body["end_background"] = True
+    ms = _wait_ms(wait)
+    if ms:
+        body["wait_ms"] = ms
+    return body, ms
+
+
+def _node_id(node: "NodeRef") -> str:
+    if isinstance(node, str):
+        return node
+    nid = getattr(node, "id", None)
+    if isinstance(nid, str):
+        return nid
+    raise TypeError("a node is a Node, what sb.checkpoint() or sb.restore() returned, or "
+                    "a node id, not %s" % type(node).__name__)
+
+
+def _as_node(node: "NodeRef", client: Client) -> Node:
+    """The Node of node (read from the daemon for an id)."""
+    if isinstance(node, Node):
+        return node
+    if isinstance(node, str):
+        return client.node(node)
+    return node.node
+
+
+def _restore_body(node: "NodeRef", wait: Optional[float],
+                  lazy_image: Optional[bool]) -> Tuple[Dict[str, Any], int]:
+    body: Dict[str, Any] = {"node": _node_id(node)}
+    if lazy_image is not None:
+        body["lazy_image"] = "always" if lazy_image else "never"
+    ms = _wait_ms(wait)
+    if ms:
+        body["wait_ms"] = ms
+    return body, ms
+
+
+def _op_timeout(client_timeout: Optional[float], wait_ms: int) -> Optional[float]:
+    """The client's timeout, stretched to cover a checkpoint's or restore's wait."""
+    if client_timeout is None:
+        return None
+    return max(client_timeout, wait_ms / 1000.0 + _ANSWER_GRACE)
+
+
+def _removable_nodes(t: Tree, sandbox: str) -> List[str]:
+    """The highest nodes of the subtrees that sandbox made and nothing else uses
+    (Sandbox.remove_nodes)."""
+    memo: Dict[str, bool] = {}
+
+    def removable(nid: str) -> bool:
+        if nid not in memo:
+            n = t.nodes[nid]
+            memo[nid] = (n.sandbox == sandbox and not n.sandboxes and
+                         all(removable(c) for c in n.children if c in t.nodes))
+        return memo[nid]
+
+    return [n.id for n in t if removable(n.id) and not (n.parent in t.nodes and removable(n.parent))]
+
+
+def _fork_defaults(node: Node, create_kwargs: Dict[str, Any], count: int,
+                   workdir_of: Callable[[str], Optional[str]]) -> Tuple[Dict[str, Any], List[Optional[str]]]:
+    """The arguments of each fork's create (image, workdir: the node's, unless given)
+    and their names (``name-0``, ``name-1``, ... for count > 1)."""
+    if count < 1:
+        raise ValueError("fork count must be >= 1, got %r" % (count,))
+    kw = dict(create_kwargs)
+    kw.setdefault("image", node.image or "default")
+    if "workdir" not in kw:
+        workdir = node._workdir
+        if workdir is None and node.sandbox:
+            # A node from the tree: the workdir of the sandbox it came from, if that
+            # sandbox still exists.
+            workdir = workdir_of(node.sandbox)
+        if workdir is not None:
+            kw["workdir"] = workdir
+    name = kw.pop("name", None)
+    if name is None:
+        return kw, [None] * count
+    return kw, [name if count == 1 else "%s-%d" % (name, i) for i in range(count)]
+
+
+@dataclass
+class CheckpointResult:
+    """What ``sb.checkpoint()`` did: the node it made (:attr:`node`, a :class:`Node`)
+    and how. Pass it where a node is taken (``sb.restore(ckpt)``); :meth:`fork`,
+    :meth:`refresh`, :meth:`remove` and :meth:`pin` act on its node.
+
+    Attributes:
+        node: the node made (as the daemon's answer describes it: no ``templates``;
+            ``ckpt.refresh()`` reads them).
+        sandbox: the sandbox's id.
+        processes: how many processes were forked into the node's templates: every
+            bash and python session's and the background jobs' (0 when no session
+            ran, or with ``DELTABOX_FASTPATH=0``, which ends the sessions instead).
+        process_errors: the processes that could not be kept, which were ended
+            (``"session py: ..."``); empty when all were.
+        sessions: the sessions whose processes the node keeps, sorted.
+        sessions_ended: sessions the checkpoint ended (only with
+            ``DELTABOX_FASTPATH=0``); their next call starts them afresh.
+        killed_processes: processes the checkpoint ended: the background jobs that
+            ``end_background=True`` ended (with ``DELTABOX_FASTPATH=0``, every
+            process but the sandbox's init).
+        criu_processes: background processes the fast path refused (several
+            threads, children, pipes, sockets) that CRIU took instead, with their
+            trees; not counted in ``processes``.
+        mounted: a new layer was mounted (False when nothing had changed since the
+            sandbox's head: the node shares its parent's layer).
+        prepared: the next state had been mounted ahead of time.
+        duration: seconds inside the daemon.
+        phases_us: microseconds per step (seize, fork, kill, upper, freeze, mount,
+            move, publish, ...).
+        waited: seconds it queued behind running commands (``wait``) before it
+            started (not part of ``duration``).
+        memory: the sandbox's memory after it (:class:`OpMemory`): its limit, usage,
+            and the new templates' resident memory.
+        warnings: what to act on, such as templates holding over half the memory
+            limit (also raised as a :class:`~deltabox.MemoryWarning`).
+    """
+
+    node: Node
+    sandbox: str = ""
+    processes: int = 0
+    process_errors: List[str] = field(default_factory=list)
+    sessions: List[str] = field(default_factory=list)
+    sessions_ended: List[str] = field(default_factory=list)
+    killed_processes: int = 0
+    criu_processes: int = 0
+    mounted: bool = False
+    prepared: bool = False
+    duration: float = 0.0
+    phases_us: Dict[str, int] = field(default_factory=dict)
+    waited: float = 0.0
+    memory: Optional[OpMemory] = None
+    warnings: List[str] = field(default_factory=list)
+    _client: Optional[Client] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, d: Dict[str, Any], client: Optional[Client] = None,
+                 workdir: Optional[str] = None) -> "CheckpointResult":
+        return cls(
+            node=Node.from_api(d["node"], client, workdir=workdir),
+            sandbox=d.get("sandbox") or "",
+            processes=int(d.get("processes") or 0),
+            process_errors=[str(e) for e in (d.get("process_errors") or [])],
+            sessions=[str(s) for s in (d.get("sessions") or [])],
+            sessions_ended=[str(s) for s in (d.get("sessions_ended") or [])],
+            killed_processes=int(d.get("killed_processes") or 0),
+            criu_processes=int(d.get("criu_processes") or 0),
+            mounted=bool(d.get("mounted")),
+            prepared=bool(d.get("prepared")),
+            duration=float(d.get("duration_ms") or 0.0) / 1000.0,
+            phases_us=_phases(d),
+            waited=float(d.get("waited_ms") or 0.0) / 1000.0,
+            memory=OpMemory.from_api(d.get("memory")),
+            warnings=[str(w) for w in (d.get("warnings") or [])],
+            _client=client,
+        )
+
+    @property
+    def id(self) -> str:
+        """The node's id."""
+        return self.node.id
+
+    def __str__(self) -> str:
+        return self.node.id
+
+    def fork(self, count: int = 1, **create_kwargs: Any) -> List["Sandbox"]:
+        """:meth:`Sandbox.fork_from` of the node: ``count`` new sandboxes on it (with
+        the client that made the checkpoint, unless ``client=`` is given)."""
+        if self._client is not None:
+            create_kwargs.setdefault("client", self._client)
+        return Sandbox.fork_from(self.node, count, **create_kwargs)
+
+    def refresh(self) -> Node:
+        """:meth:`Node.refresh`: the node as the daemon sees it now (with its
+        ``templates``)."""
+        return self.node.refresh()
+
+    def remove(self) -> List[str]:
+        """:meth:`Node.remove`."""
+        return self.node.remove()
+
+    def pin(self, pinned: bool = True) -> Node:
+        """:meth:`Node.pin`."""
+        return self.node.pin(pinned)
+
+
+# What sb.restore() and Sandbox.fork_from() take for a node.
+NodeRef = Union[Node, CheckpointResult, RestoreResult, str]
+
+
 class Sandbox:
     """A sandbox: an isolated Linux environment whose files and processes can be
     checkpointed and rolled back in about a millisecond.
@@ -120,7 +435,7 @@ class Sandbox:
             sb.restore(ckpt)
     """
 
-    def __init__(self, id: str, client: Optional["Client"] = None,
+    def __init__(self, id: str, client: Optional[Client] = None,
                  info: Optional[Dict[str, Any]] = None, remove_nodes: bool = False) -> None:
         self.id = id
         self.client = _client_or_default(client)
@@ -138,7 +453,7 @@ class Sandbox:
                name: Optional[str] = None, memory_mb: Optional[int] = None,
                pids: Optional[int] = None, cpus: Optional[float] = None,
                hostname: Optional[str] = None, warm_processes: bool = False,
-               client: Optional["Client"] = None, remove_nodes: bool = False,
+               client: Optional[Client] = None, remove_nodes: bool = False,
                user: Optional[str] = None,
                disk_mb: Optional[int] = None,
                template_budget_mb: Optional[int] = None) -> "Sandbox":
@@ -177,28 +492,65 @@ class Sandbox:
                 fork or inspect them later), but its process templates go with it.
         """
         c = _client_or_default(client)
-        body = {"image": image, "workdir": workdir}  # type: Dict[str, Any]
-        for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
-                     ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb),
-                     ("template_budget_mb", template_budget_mb)):
-            if v is not None:
-                body[k] = v
-        if warm_processes:
-            body["warm_processes"] = True
+        body = _create_body(image, workdir, name, memory_mb, pids, cpus, hostname,
+                            warm_processes, user, disk_mb, template_budget_mb)
         info = c._t.json("POST", "/sandboxes", body)
         return cls(info["id"], c, info, remove_nodes=remove_nodes)
 
     @classmethod
-    def connect(cls, id: str, client: Optional["Client"] = None) -> "Sandbox":
+    def connect(cls, id: str, client: Optional[Client] = None) -> "Sandbox":
         """A handle on an existing sandbox (NotFound if there is none)."""
         c = _client_or_default(client)
         info = c._t.json("GET", "/sandboxes/" + q(id))
         return cls(info["id"], c, info)
 
     @classmethod
-    def list(cls, client: Optional["Client"] = None) -> List["Sandbox"]:
+    def list(cls, client: Optional[Client] = None) -> List["Sandbox"]:
         """Every sandbox of the daemon."""
-        return _client_or_default(client).sandboxes()
+        c = _client_or_default(client)
+        d = c._t.json("GET", "/sandboxes")
+        return [cls(s["id"], c, s) for s in (d.get("sandboxes") or [])]
+
+    @classmethod
+    def fork_from(cls, node: NodeRef, count: int = 1, **create_kwargs: Any) -> List["Sandbox"]:
+        """Starts ``count`` new sandboxes, each standing on ``node`` (a :class:`Node`,
+        a :class:`CheckpointResult`, or an id).
+
+        Each is created (``create_kwargs`` go to :meth:`create`; by default the node's
+        image and the workdir of the sandbox that made it, when known) and then
+        restored to the node. Nothing is copied: the new sandboxes share the node's
+        layers and each gets its own writable layer.
+
+        What is carried over is the files: a node's processes come back only in the
+        sandbox that made it (``sb.restore``), so a fork starts with no process but
+        its init, and its sessions start afresh on their first call. If one creation
+        or restore fails, the sandboxes made so far are removed and the error is
+        raised. ``name=`` names the fork; with ``count`` > 1 the forks are
+        ``name-0``, ``name-1``, ... (a name is unique among sandboxes)."""
+        client = _client_or_default(create_kwargs.pop("client", None))
+        n = _as_node(node, client)
+
+        def workdir_of(sid: str) -> Optional[str]:
+            try:
+                return cls.connect(sid, client=client).workdir or None
+            except NotFound:
+                return None
+
+        kw, names = _fork_defaults(n, create_kwargs, count, workdir_of)
+        made: List[Sandbox] = []
+        try:
+            for name in names:
+                sb = cls.create(client=client, name=name, **kw)
+                made.append(sb)
+                sb.restore(n)
+        except BaseException:
+            for sb in made:
+                try:
+                    sb.close()
+                except Exception:
+                    pass
+            raise
+        return made
 
     def remove(self) -> None:
         """Removes the sandbox: kills its processes and deletes its writable layer.
@@ -227,23 +579,12 @@ class Sandbox:
         are someone else's. Removing a node ends its process templates and frees its
         layers. Call it after :meth:`remove` (a live sandbox stands on its head, which is
         then kept), or use ``close(remove_nodes=True)``."""
-        t = self.client.tree()
-        memo = {}  # type: Dict[str, bool]
-
-        def removable(nid: str) -> bool:
-            if nid not in memo:
-                n = t.nodes[nid]
-                memo[nid] = (n.sandbox == self.id and not n.sandboxes and
-                             all(removable(c) for c in n.children if c in t.nodes))
-            return memo[nid]
-
-        removed = []  # type: List[str]
-        for n in t:
-            if removable(n.id) and not (n.parent in t.nodes and removable(n.parent)):
-                try:
-                    removed.extend(self.client.remove_checkpoint(n.id))
-                except (Conflict, NotFound):
-                    pass  # used or removed meanwhile
+        removed: List[str] = []
+        for nid in _removable_nodes(self.client.tree(), self.id):
+            try:
+                removed.extend(self.client.remove_checkpoint(nid))
+            except (Conflict, NotFound):
+                pass  # used or removed meanwhile
         return removed
 
     kill = close
@@ -331,79 +672,38 @@ class Sandbox:
         command: a plain command's process group is killed, a session's command gets
         ^C and the session is ready for the next call.
         """
-        if session is True:
-            session = "main"
-        elif session is False:
-            session = None
-        if isinstance(cmd, str):
-            argv = [cmd] if session else ["bash", "-c", cmd]
-        else:
-            argv = [str(a) for a in cmd]
-            if not argv:
-                raise ValueError("empty command")
-        body = {"argv": argv, "encoding": "base64"}  # type: Dict[str, Any]
-        e = _env_list(env)
-        if e:
-            body["env"] = e
-        if cwd:
-            body["dir"] = cwd
-        if stdin is not None:
-            body["stdin"] = _stdin_b64(stdin)
-        if isinstance(timeout, _ClientTimeout):
-            t = self.client._t.timeout  # type: Optional[float]
-            ms = None if t is None else _timeout_ms(t)  # None: the daemon's default
-        else:
-            t = timeout
-            ms = _timeout_ms(timeout)
-        if ms is not None:
-            body["timeout_ms"] = ms
-        if output_limit:
-            body["output_limit"] = int(output_limit)
-        if session:
-            body["session"] = session
-        wait = None if t is None else t + _ANSWER_GRACE
+        x = _exec_request(cmd, timeout, session, env, cwd, stdin, output_limit,
+                          self.client._t.timeout)
         path = "/sandboxes/%s/exec" % q(self.id)
         if on_output is None:
-            return Result.from_api(self.client._t.json("POST", path, body, timeout=wait), argv)
-        body["stream"] = True
-        result = None  # type: Optional[Dict[str, Any]]
-        got = {"stdout": [], "stderr": []}  # type: Dict[str, List[bytes]]
-        text = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in got}
-        events = self.client._t.stream("POST", path, body, timeout=wait)
+            return Result.from_api(self.client._t.json("POST", path, x.body, timeout=x.wait), x.argv)
+        x.body["stream"] = True
+        out = _Output(x.argv)
+        events = self.client._t.stream("POST", path, x.body, timeout=x.wait)
         try:
             for ev in events:
-                kind = ev.get("type")
-                if kind in ("stdout", "stderr"):
-                    data = base64.b64decode(ev.get("data") or "")
-                    got[kind].append(data)
-                    piece = text[kind].decode(data)
-                    if piece:
-                        on_output(kind, piece)
-                elif kind == "result":
-                    result = ev.get("result") or {}
-                elif kind == "error":
-                    err = (ev.get("error") or {}).get("error") or {}
-                    raise from_answer(None, err.get("code"), err.get("message") or "the command failed")
+                piece = out.feed(ev)
+                if piece is not None:
+                    on_output(*piece)
         finally:
             events.close()
-        if result is None:
-            raise from_answer(500, "internal", "the daemon ended the output stream without a result")
-        for kind, dec in text.items():
-            rest = dec.decode(b"", final=True)
-            if rest:
-                on_output(kind, rest)
-        return Result.from_api(result, argv, b"".join(got["stdout"]), b"".join(got["stderr"]))
+        res = out.done()
+        for piece in out.rest():
+            on_output(*piece)
+        return res
 
     # ---- checkpoints ----
 
     def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
-                   wait: Optional[float] = DEFAULT_WAIT, pin: bool = False) -> Checkpoint:
+                   wait: Optional[float] = DEFAULT_WAIT, pin: bool = False) -> CheckpointResult:
         """Freezes the sandbox's files and its processes (its bash and python sessions',
         and background jobs a command left) into a new node of the tree, in one atomic
-        step, and returns it: ``ckpt.processes`` says how many processes the node
-        keeps, ``ckpt.process_errors`` which could not be kept (they were ended),
+        step, and returns what it did (:class:`CheckpointResult`): ``ckpt.node`` is
+        the node made, ``ckpt.processes`` says how many processes the node keeps,
+        ``ckpt.process_errors`` which could not be kept (they were ended),
         ``ckpt.killed_processes`` how many were ended (``end_background``), and
-        ``ckpt.refresh().templates.sessions`` which sessions it carries.
+        ``ckpt.sessions`` which sessions it carries. ``sb.restore(ckpt)`` and
+        ``ckpt.fork(count)`` take it as they take its node.
 
         While commands or file operations run (from other threads), it queues behind
         them for ``wait`` seconds at most (default 5; calls made meanwhile wait behind
@@ -422,41 +722,26 @@ class Sandbox:
         ``template_budget_mb`` (or every sandbox's more than the daemon's total), it
         waits for room (``wait``; with ``wait=0``, a second), then raises
         :class:`~deltabox.TemplateBudgetExceeded` naming the budget. ``pin=True`` pins
-        the new node (:meth:`Checkpoint.pin`)."""
-        body = {}  # type: Dict[str, Any]
-        if pin:
-            body["pin"] = True
-        if label:
-            body["label"] = label
-        if end_background:
-            body["end_background"] = True
-        ms = _wait_ms(wait)
-        if ms:
-            body["wait_ms"] = ms
+        the new node (:meth:`Node.pin`)."""
+        body, ms = _checkpoint_body(label, end_background, wait, pin)
         d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body,
-                                timeout=self._op_timeout(ms))
-        ck = Checkpoint.from_api(d["node"], self.client, op=d, workdir=self.workdir or None)
+                                timeout=_op_timeout(self.client._t.timeout, ms))
+        ck = CheckpointResult.from_api(d, self.client, workdir=self.workdir or None)
         _warn(ck.warnings)
         return ck
 
-    def _op_timeout(self, wait_ms: int) -> Optional[float]:
-        """The client's timeout, stretched to cover a wait."""
-        t = self.client._t.timeout
-        if t is None:
-            return None
-        return max(t, wait_ms / 1000.0 + _ANSWER_GRACE)
-
-    def restore(self, checkpoint: Union[Checkpoint, str],
+    def restore(self, checkpoint: NodeRef,
                 wait: Optional[float] = DEFAULT_WAIT,
                 lazy_image: Optional[bool] = None) -> RestoreResult:
         """Rolls the sandbox back (or over) to a checkpoint, files and processes
-        together, and returns what it did (:class:`RestoreResult`).
+        together, and returns what it did (:class:`RestoreResult`). ``checkpoint`` is a
+        :class:`Node`, what ``sb.checkpoint()`` returned, or a node id.
 
         Uncommitted changes are discarded and every process of the sandbox is ended;
         when this sandbox made the node, the node's processes come back from their
         templates with the same PIDs, the sessions' with their terminals
         (``result.processes``). Any node of the tree works; one made by another
-        sandbox brings back its files only
+        sandbox (or whose templates and durable image are gone) brings back its files only
         (``processes`` 0), and sessions start again on their next call
         (``session_restarted``): ``result.sessions_restored`` and
         ``result.sessions_ended`` name them. Conflict while a command runs, or if a
@@ -468,15 +753,9 @@ class Sandbox:
         (their memory copied in on demand: the first command answers sooner for a
         large heap; the next checkpoint waits for the rest), False eagerly, None
         lets the daemon choose (lazily from 64 MiB)."""
-        node = checkpoint.id if isinstance(checkpoint, Checkpoint) else str(checkpoint)
-        body = {"node": node}  # type: Dict[str, Any]
-        if lazy_image is not None:
-            body["lazy_image"] = "always" if lazy_image else "never"
-        ms = _wait_ms(wait)
-        if ms:
-            body["wait_ms"] = ms
+        body, ms = _restore_body(checkpoint, wait, lazy_image)
         d = self.client._t.json("POST", "/sandboxes/%s/restore" % q(self.id), body,
-                                timeout=self._op_timeout(ms))
+                                timeout=_op_timeout(self.client._t.timeout, ms))
         res = RestoreResult.from_api(d, self.client)
         _warn(res.warnings)
         return res
@@ -484,7 +763,7 @@ class Sandbox:
     def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on that
         checkpoint (its files; processes stay with this sandbox, see
-        :meth:`Checkpoint.fork`; ``name=`` with ``count`` > 1 names them
+        :meth:`fork_from`; ``name=`` with ``count`` > 1 names them
         ``name-0``, ``name-1``, ...)."""
         return self.checkpoint(label=label).fork(count, **create_kwargs)
 
@@ -551,7 +830,7 @@ class Sessions:
         """Starts a session: ``kind="bash"`` (the default) or ``"python"`` keep their
         state between calls; ``argv=[...]`` starts a long-lived command (a server)
         whose output ``logs()`` returns. Conflict if a session of that name runs."""
-        body = {"name": name}  # type: Dict[str, Any]
+        body: Dict[str, Any] = {"name": name}
         if kind:
             body["kind"] = kind
         if argv is not None:
@@ -602,7 +881,7 @@ class Files:
 
     def read(self, path: str, offset: int = 0, length: Optional[int] = None) -> bytes:
         """The content of a file (``length`` bytes from ``offset``; default: all)."""
-        query = {"path": path}  # type: Dict[str, Any]
+        query: Dict[str, Any] = {"path": path}
         if offset:
             query["offset"] = int(offset)
         if length:
@@ -621,16 +900,7 @@ class Files:
         (e.g. ``0o755``) sets the permission bits; otherwise an existing file keeps
         its mode and a new one gets 0644. ``mkdir`` creates missing parent
         directories."""
-        if isinstance(data, str):
-            body = data.encode("utf-8")
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data)
-        elif hasattr(data, "read"):
-            body = data.read()
-            if isinstance(body, str):
-                body = body.encode("utf-8")
-        else:
-            raise TypeError("data must be bytes, str or a file object, not %s" % type(data).__name__)
+        body = _data_bytes(data)
         query = {"path": path, "mode": _mode(mode), "mkdir": "1" if mkdir else None}
         raw, _ = self._sb.client._t.request("PUT", self._path(), query, body,
                                             "application/octet-stream")

@@ -35,9 +35,10 @@ if os.environ.get("DELTABOX_TEST_INSTALLED") != "1" and SRC not in sys.path:
     sys.path.insert(0, SRC)
 
 import deltabox  # noqa: E402
-from deltabox import (Checkpoint, Client, CommandError, Conflict, DaemonUnreachable,  # noqa: E402
-                      DeltaBoxError, InvalidRequest, MemoryWarning, NotFound, OpMemory,
-                      RestoreResult, Result, Sandbox, SandboxMemory, Templates, Tree, ProcessImage)
+from deltabox import (Checkpoint, CheckpointResult, Client, CommandError, Conflict,  # noqa: E402
+                      DaemonUnreachable, DeltaBoxError, InvalidRequest, MemoryWarning, Node,
+                      NotFound, OpMemory, RestoreResult, Result, Sandbox, SandboxMemory, Templates,
+                      Tree, ProcessImage)
 from deltabox.aio import AsyncClient, AsyncSandbox, AsyncSession  # noqa: E402
 from deltabox.errors import from_answer  # noqa: E402
 from deltabox.models import parse_time  # noqa: E402
@@ -217,7 +218,7 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual([n.id for n in t.path("n4")], ["n1", "n3", "n4"])
         self.assertEqual([n.id for n in t.children("n1")], ["n2", "n3"])
         self.assertEqual(sorted(n.id for n in t.leaves()), ["n2", "n4"])
-        self.assertIsInstance(t["n1"], Checkpoint)
+        self.assertIsInstance(t["n1"], Node)
         self.assertEqual(t["n1"].layer_bytes, 5)
         self.assertEqual(
             t.render(),
@@ -226,7 +227,7 @@ class OfflineTest(unittest.TestCase):
     def test_process_models(self):
         # The answers of a checkpoint and a restore (shapes as the daemon sends them).
         node = {"id": "n2", "parent": "n1", "image": "default", "sandbox": "sb1", "durable": False}
-        c = Checkpoint.from_api(node, op={
+        c = CheckpointResult.from_api({
             "node": node, "sandbox": "sb1", "killed_processes": 1, "mounted": True,
             "duration_ms": 2.5, "processes": 3, "process_errors": ["session py: gone"],
             "prepared": True, "phases_us": {"seize": 120, "fork": 480}, "criu_processes": 4})
@@ -234,19 +235,19 @@ class OfflineTest(unittest.TestCase):
                          (3, ["session py: gone"], 1, True, True))
         self.assertEqual(c.criu_processes, 4)
         self.assertEqual((c.duration, c.phases_us), (0.0025, {"seize": 120, "fork": 480}))
-        self.assertIsNone(c.templates)
+        self.assertIsNone(c.node.templates)
         # A node from the tree: no operation, maybe templates.
-        n = Checkpoint.from_api(dict(node, templates={
+        n = Node.from_api(dict(node, templates={
             "processes": 2, "sessions": ["main", "py"], "rss_bytes": 10, "pss_bytes": 6,
             "private_dirty_bytes": 4}))
         self.assertEqual(n.templates, Templates(2, ["main", "py"], 10, 6, 4))
         self.assertIsNone(n.process_image)
-        im = Checkpoint.from_api(dict(node, process_image={
+        im = Node.from_api(dict(node, process_image={
             "state": "complete", "stored_bytes": 345000, "full_bytes": 61000000, "lag_ms": 90,
             "dump_ms": 80})).process_image
         self.assertEqual(im, ProcessImage("complete", "", 345000, 61000000, 90, 80))
-        self.assertEqual((n.processes, n.process_errors, n.killed_processes, n.prepared, n.phases_us),
-                         (None, [], None, None, {}))
+        for op_field in ("processes", "process_errors", "killed_processes", "prepared", "phases_us"):
+            self.assertFalse(hasattr(n, op_field), op_field)
         r = RestoreResult.from_api({
             "node": node, "sandbox": "sb1", "killed_processes": 2, "mounted": False,
             "duration_ms": 1.5, "processes": 2, "warm": True, "criu_processes": 1,
@@ -266,6 +267,59 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual((r.warm, r.process_errors, r.phases_us, r.from_image, r.lazy_image),
                          (False, [], {}, False, False))
 
+    def test_checkpoint_result_and_node_are_split(self):
+        # A node of the tree holds what the daemon keeps; what a checkpoint did is a
+        # CheckpointResult whose .node is that Node, as a RestoreResult's is.
+        node = {"id": "n7", "parent": "n1", "image": "default", "sandbox": "sb1", "label": "x",
+                "created": "2026-12-02T17:01:31Z"}
+        ck = CheckpointResult.from_api({"node": node, "sandbox": "sb1", "processes": 2,
+                                        "sessions": ["main", "py"], "mounted": True})
+        self.assertIsInstance(ck.node, Node)
+        self.assertEqual((ck.id, str(ck), ck.node.label, ck.node.parent), ("n7", "n7", "x", "n1"))
+        self.assertEqual((ck.sandbox, ck.processes, ck.sessions, ck.mounted), ("sb1", 2, ["main", "py"], True))
+        n = Node.from_api(node)
+        self.assertEqual(n, ck.node)
+        for op_field in ("processes", "sessions", "mounted", "duration", "memory", "warnings"):
+            self.assertFalse(hasattr(n, op_field), "a Node has no %s: it is the checkpoint's" % op_field)
+        self.assertFalse(hasattr(ck, "label"), "a CheckpointResult's node fields are on .node")
+        self.assertIs(Checkpoint, Node)  # the old name of the node
+        r = RestoreResult.from_api({"node": node, "sandbox": "sb2"})
+        self.assertIsInstance(r.node, Node)
+        # What takes a node takes any of them, or an id; and not another object.
+        from deltabox.sandbox import _node_id
+        self.assertEqual([_node_id(x) for x in (ck, n, r, "n7")], ["n7"] * 4)
+        with self.assertRaises(TypeError):
+            _node_id(7)
+        # A node built without a client says how to get one that has it.
+        with self.assertRaises(ValueError) as cm:
+            n.refresh()
+        self.assertIn("client.node('n7')", str(cm.exception))
+        # In a tree, a CheckpointResult names its node.
+        t = Tree.from_api({"nodes": [node], "roots": ["n7"]})
+        self.assertIn(ck, t)
+        self.assertEqual(t[ck].id, "n7")
+
+    def test_modules_import_in_one_direction(self):
+        # client.py, models.py and sandbox.py (and the rest of the package) import one
+        # another in one direction only: no import at all, not under TYPE_CHECKING nor
+        # inside a function, goes back up; and no "# type:" comment is left.
+        pkg = os.path.join(SRC, "deltabox")
+        order = ["errors", "_http", "models", "client", "sandbox", "_aio_http", "aio", "__init__"]
+        self.assertEqual(sorted(order), sorted(f[:-3] for f in os.listdir(pkg) if f.endswith(".py")))
+        for i, mod in enumerate(order):
+            with open(os.path.join(pkg, mod + ".py"), encoding="utf-8") as f:
+                src = f.read()
+            self.assertNotRegex(src, r"#\s*type:", "%s.py has a # type: comment" % mod)
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    names = [node.module] if node.module else [a.name for a in node.names]
+                    for name in names:
+                        self.assertIn(name, order[:i], "%s.py:%d imports .%s, which comes after it"
+                                      % (mod, node.lineno, name))
+                elif isinstance(node, ast.Import):
+                    for a in node.names:
+                        self.assertFalse(a.name.startswith("deltabox"), "%s.py imports %s" % (mod, a.name))
+
     def test_memory_models(self):
         # The memory of a checkpoint's and a restore's answers, and the warnings.
         node = {"id": "n2", "image": "default", "sandbox": "sb1"}
@@ -273,12 +327,12 @@ class OfflineTest(unittest.TestCase):
                "node_templates_rss_bytes": 64 << 20,
                "templates": {"processes": 3, "rss_bytes": 200 << 20, "pss_bytes": 150 << 20,
                              "private_dirty_bytes": 120 << 20}}
-        c = Checkpoint.from_api(node, op={"node": node, "sandbox": "sb1", "waited_ms": 1250.0,
-                                          "memory": mem, "warnings": ["templates hold 150 MiB"]})
+        c = CheckpointResult.from_api({"node": node, "sandbox": "sb1", "waited_ms": 1250.0,
+                                       "memory": mem, "warnings": ["templates hold 150 MiB"]})
         self.assertEqual(c.memory, OpMemory(256 << 20, 190 << 20, 64 << 20,
                                             Templates(3, [], 200 << 20, 150 << 20, 120 << 20)))
         self.assertEqual((c.waited, c.warnings), (1.25, ["templates hold 150 MiB"]))
-        c = Checkpoint.from_api(node, op={"node": node, "memory": {"limit_bytes": 1, "usage_bytes": 2}})
+        c = CheckpointResult.from_api({"node": node, "memory": {"limit_bytes": 1, "usage_bytes": 2}})
         self.assertEqual((c.memory, c.warnings, c.waited), (OpMemory(1, 2, 0, None), [], 0.0))
         r = RestoreResult.from_api({"node": node, "memory": mem, "warnings": ["w"], "waited_ms": 3})
         self.assertEqual((r.memory.limit_bytes, r.warnings, r.waited), (256 << 20, ["w"], 0.003))
@@ -417,8 +471,8 @@ class OfflineTest(unittest.TestCase):
             t.close()
 
     def test_aio_calls_run_at_once(self):
-        # AsyncClient's calls run in its thread pool: four half-second answers together
-        # take about half a second, and the event loop runs meanwhile.
+        # AsyncClient's calls are asyncio on the socket: four half-second answers
+        # together take about half a second, and the event loop runs meanwhile.
         class H(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
@@ -452,6 +506,84 @@ class OfflineTest(unittest.TestCase):
 
         with _FakeDaemon(H) as p:
             asyncio.run(main(p))
+
+    def test_aio_cancel_closes_the_connection(self):
+        # A cancelled call aborts its connection at once (which is how the daemon knows
+        # to interrupt it), rather than leaving a thread blocked on it.
+        got, closed = threading.Event(), threading.Event()
+
+        class H(socketserver.StreamRequestHandler):
+            def handle(self):
+                self.rfile.readline()
+                got.set()
+                while self.rfile.read(1):  # never answers; reads until the client goes
+                    pass
+                closed.set()
+
+        async def main(path):
+            async with AsyncClient(path, timeout=60) as c:
+                task = asyncio.ensure_future(c.health())
+                while not got.is_set():
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await task
+                self.assertFalse(any(c._t._idle.values()), "a cancelled call's connection went back to the pool")
+
+        with _FakeDaemon(H) as p:
+            asyncio.run(main(p))
+            self.assertTrue(closed.wait(5), "the cancelled call's connection is still open")
+
+    def test_aio_client_outlives_its_event_loop(self):
+        # Kept-alive connections belong to an event loop: a client used again under
+        # another asyncio.run opens new ones (and streams, chunked, read as events).
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                body = b'{"ok": true, "api": "v1"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for part in (b'{"done": 1, "total": 2}\n{"do', b'ne": 2, "total": 2}\n',
+                             b'{"image": {"name": "x"}}\n'):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.write(b"0\r\n\r\n")
+
+            def log_message(self, *a):
+                pass
+
+        with _FakeDaemon(H) as p:
+            c = AsyncClient(p, timeout=10)
+            for _ in range(2):
+                self.assertEqual(asyncio.run(c.health()), {"ok": True, "api": "v1"})
+            seen = []
+
+            async def progress(done, total):
+                seen.append((done, total))
+
+            self.assertEqual(asyncio.run(c.images.import_("x", "/src", on_progress=progress)),
+                             {"name": "x"})
+            self.assertEqual(seen, [(1, 2), (2, 2)])
+            # Threads, each with its own loop, share the client.
+            async def calls():
+                return [await c.health() for _ in range(20)]
+
+            outs = []
+            threads = [threading.Thread(target=lambda: outs.append(asyncio.run(calls())))
+                       for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            self.assertEqual(outs, [[{"ok": True, "api": "v1"}] * 20] * 3)
 
     def test_build_backend(self):
         sys.path.insert(0, SRC)
@@ -500,7 +632,7 @@ class OfflineTest(unittest.TestCase):
 class DaemonTest(unittest.TestCase):
     """Against the real daemon on $DELTABOX_SOCKET."""
 
-    client = None  # type: Client
+    client: Client  # set by setUpClass
 
     @classmethod
     def setUpClass(cls):
@@ -545,7 +677,6 @@ class DaemonTest(unittest.TestCase):
         other = Sandbox.connect(name, client=self.client)
         self.assertEqual(other.id, name)
         self.assertIn(name, [s.id for s in Sandbox.list(client=self.client)])
-        self.assertIn(name, [s.id for s in self.client.sandboxes()])
         self.assertEqual(self.client.health()["api"], "v1")
         self.assertIn("default", [im["name"] for im in self.client.images()])
 
@@ -739,16 +870,19 @@ class DaemonTest(unittest.TestCase):
         sb = self.sandbox()
         self.sh(sb, "mkdir -p d && echo v1 > d/f && echo keep > k")
         c1 = sb.checkpoint(label="v1")
-        self.assertIsInstance(c1, Checkpoint)
-        self.assertEqual((c1.label, c1.sandbox, c1.image, c1.parent), ("v1", sb.id, "default", None))
-        self.assertIsInstance(c1.created, datetime.datetime)
+        self.assertIsInstance(c1, CheckpointResult)
+        self.assertIsInstance(c1.node, Node)
+        self.assertEqual((c1.node.label, c1.node.sandbox, c1.node.image, c1.node.parent),
+                         ("v1", sb.id, "default", None))
+        self.assertEqual(c1.sandbox, sb.id)
+        self.assertIsInstance(c1.node.created, datetime.datetime)
         self.assertIsInstance(c1.killed_processes, int)
         self.assertTrue(c1.mounted)
         self.assertGreaterEqual(c1.duration, 0)
         self.assertEqual(sb.head, c1.id)
         self.sh(sb, "echo v2 > d/f; rm k; touch new")
         c2 = sb.checkpoint(label="v2")
-        self.assertEqual(c2.parent, c1.id)
+        self.assertEqual(c2.node.parent, c1.id)
         r = sb.restore(c1)
         self.assertIsInstance(r, RestoreResult)
         self.assertEqual((r.node.id, r.sandbox, r.processes, r.process_errors), (c1.id, sb.id, 0, []))
@@ -763,9 +897,14 @@ class DaemonTest(unittest.TestCase):
         # The node as the daemon keeps it; durable once synced.
         self.client.sync()
         n = c1.refresh()
+        self.assertIsInstance(n, Node)
         self.assertEqual((n.id, n.label, n.durable), (c1.id, "v1", True))
         self.assertIn(c2.id, n.children)
-        self.assertEqual(self.client.checkpoint(c2.id).parent, c1.id)
+        self.assertEqual(self.client.node(c2.id).parent, c1.id)
+        self.assertEqual(self.client.checkpoint(c2.id).parent, c1.id)  # the name before 0.4.0
+        # A node from the tree, or its id, is restored like the checkpoint's answer.
+        sb.restore(self.client.tree()[c1.id])
+        self.assertEqual(self.sh(sb, "cat d/f"), "v1\n")
 
     def test_background_process_refuses_or_ends(self):
         # A background job holding a pipe cannot be checkpointed with its state: Conflict
@@ -812,7 +951,7 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual((c1.sessions, c1.sessions_ended), (["main", "py"], []))
         self.assertIn("fork", c1.phases_us)
         self.assertIsInstance(c1.prepared, bool)
-        self.assertIsNone(c1.templates)  # not in a checkpoint's answer...
+        self.assertIsNone(c1.node.templates)  # not in a checkpoint's answer...
         t = c1.refresh().templates  # ... but in the node's
         self.assertIsInstance(t, Templates)
         self.assertEqual((t.processes, t.sessions), (2, ["main", "py"]))
@@ -892,7 +1031,7 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual((t.head, t.sandbox), (c3.id, sb.id))
         for c in (c1, c2, c3):
             self.assertIn(c.id, t)
-            self.assertEqual(t[c.id].label, c.label)
+            self.assertEqual(t[c.id].label, c.node.label)
         self.assertIn(c1.id, t.roots)
         self.assertEqual([n.id for n in t.children(c1)], [c2.id, c3.id])
         self.assertEqual(t[c2.id].parent, c1.id)
@@ -936,10 +1075,14 @@ class DaemonTest(unittest.TestCase):
         (k3,) = sb.fork(count=1, label="later")
         self.addCleanup(k3.close)
         self.assertEqual(self.sh(k3, "cat f"), "later\n")
-        # A node from the tree forks the same way (workdir from its sandbox).
-        (k4,) = self.client.tree()[ckpt.id].fork()
+        # A node from the tree forks the same way (workdir from its sandbox), and so
+        # does its id.
+        (k4,) = Sandbox.fork_from(self.client.tree()[ckpt.id], client=self.client)
         self.addCleanup(k4.close)
         self.assertEqual(self.sh(k4, "pwd; cat f"), "/srv/w\nbase\n")
+        (k5,) = Sandbox.fork_from(ckpt.id, client=self.client)
+        self.addCleanup(k5.close)
+        self.assertEqual(self.sh(k5, "pwd; cat f"), "/srv/w\nbase\n")
         with self.assertRaises(ValueError):
             ckpt.fork(count=0)
         for k in kids:
@@ -1028,7 +1171,7 @@ class DaemonTest(unittest.TestCase):
     def test_aio_sandbox(self):
         async def main():
             async with AsyncClient(SOCKET, timeout=120) as c:
-                async with await AsyncSandbox.create(client=c) as sb:
+                async with AsyncSandbox.create(client=c) as sb:
                     sid = sb.id
                     start = time.monotonic()
                     rs = await asyncio.gather(*(sb.run("sleep 1; echo %d" % i, timeout=30)
@@ -1051,7 +1194,8 @@ class DaemonTest(unittest.TestCase):
                     self.assertIsInstance(py, AsyncSession)
                     self.assertEqual((await py.run("x = 41")).exit_code, 0)
                     ck = await sb.checkpoint(label="aio")
-                    self.assertEqual((ck.processes, ck.process_errors), (1, []))
+                    self.assertIsInstance(ck, CheckpointResult)
+                    self.assertEqual((ck.processes, ck.process_errors, ck.node.label), (1, [], "aio"))
                     await py.run("x = 0")
                     res = await sb.restore(ck)
                     self.assertEqual((res.node.id, res.processes), (ck.id, 1))
@@ -1059,7 +1203,7 @@ class DaemonTest(unittest.TestCase):
                     r = await sb.sessions.run("py", "x + 1")
                     self.assertEqual((r.stdout, r.session_restarted), ("42\n", False))
                     self.assertEqual(await sb.head(), ck.id)
-                    self.assertEqual((await c.checkpoint(ck.id)).templates.sessions, ["py"])
+                    self.assertEqual((await c.node(ck.id)).templates.sessions, ["py"])
                     self.assertEqual(ck.memory.limit_bytes, (await sb.memory()).limit_bytes)
                     self.assertIn("default", [i["name"] for i in await c.images()])
                     self.assertIn("default", [i["name"] for i in await c.images.list()])
@@ -1076,6 +1220,72 @@ class DaemonTest(unittest.TestCase):
                         await kid.close()
                 with self.assertRaises(NotFound):
                     await AsyncSandbox.connect(sid, client=c)
+
+        asyncio.run(main())
+
+    def test_aio_create_awaitable_and_context_manager(self):
+        # AsyncSandbox.create(...) is awaited, or entered directly by async with (no
+        # await inside), which removes the sandbox at the end, on an exception too.
+        async def main():
+            async with AsyncClient(SOCKET, timeout=120) as c:
+                async with AsyncSandbox.create(client=c) as sb:
+                    self.assertIsInstance(sb, AsyncSandbox)
+                    sid = sb.id
+                    self.assertEqual((await sb.run("echo in")).stdout, "in\n")
+                with self.assertRaises(NotFound):
+                    await AsyncSandbox.connect(sid, client=c)
+                with self.assertRaises(ZeroDivisionError):
+                    async with c.create() as sb:
+                        sid = sb.id
+                        1 / 0
+                with self.assertRaises(NotFound):
+                    await AsyncSandbox.connect(sid, client=c)
+                async with await AsyncSandbox.create(client=c) as sb:  # the form before 0.4.0
+                    sid = sb.id
+                with self.assertRaises(NotFound):
+                    await AsyncSandbox.connect(sid, client=c)
+                creating = AsyncSandbox.create(client=c)
+                sb = await creating
+                try:
+                    self.assertEqual(await sb.status(), "running")
+                    with self.assertRaises(RuntimeError):  # once: never a second sandbox
+                        await creating
+                finally:
+                    await sb.close()
+
+        asyncio.run(main())
+
+    def test_aio_cancel_ends_the_command(self):
+        # Cancelling the task of a call stops the command on the daemon: a plain
+        # command's process is gone, a session's command is interrupted and the session
+        # lives on with its state; streamed or not.
+        async def main():
+            async with AsyncClient(SOCKET, timeout=120) as c:
+                async with AsyncSandbox.create(client=c) as sb:
+                    async def until(cond, what):
+                        deadline = time.monotonic() + 15
+                        while not cond((await sb.run(["ps", "-eo", "args"])).stdout):
+                            self.assertLess(time.monotonic(), deadline, what)
+                            await asyncio.sleep(0.05)
+
+                    async def cancelled(call, proc):
+                        task = asyncio.ensure_future(call)
+                        await until(lambda ps: proc in ps, "%s never started" % proc)
+                        task.cancel()
+                        with self.assertRaises(asyncio.CancelledError):
+                            await task
+                        await until(lambda ps: proc not in ps,
+                                    "%s still runs after its call was cancelled" % proc)
+
+                    await cancelled(sb.run("sleep 301; true", timeout=None), "sleep 301")
+                    await cancelled(sb.run("echo go; sleep 302; true", timeout=None,
+                                           on_output=lambda s, d: None), "sleep 302")
+                    await sb.run("X=5", session="main")
+                    await cancelled(sb.run("sleep 303", session="main", timeout=None), "sleep 303")
+                    r = await sb.run("echo $X", session="main")
+                    self.assertEqual((r.stdout, r.session_restarted), ("5\n", False))
+                    # The sandbox's other calls were not disturbed.
+                    self.assertEqual((await sb.run("echo ok")).stdout, "ok\n")
 
         asyncio.run(main())
 
@@ -1254,7 +1464,7 @@ class DaemonTest(unittest.TestCase):
         sb.sessions.start("py", kind="python")
         sb.run("h = bytearray(60 << 20)\nfor i in range(0, len(h), 4096): h[i] = 1\n", session="py").check()
         first = sb.checkpoint(pin=True)
-        self.assertTrue(first.pinned)
+        self.assertTrue(first.node.pinned)
         self.assertEqual(first.memory.template_budget_bytes, 64 << 20)
         sb.run("for i in range(0, len(h), 4096): h[i] = 2\n", session="py").check()
         sb.checkpoint()  # the first template holds 60 MiB: under 64
@@ -1280,7 +1490,7 @@ class DaemonTest(unittest.TestCase):
             self.assertEqual(self.sh(sb, "echo in"), "in\n")
         with self.assertRaises(NotFound):
             Sandbox.connect(sid, client=self.client)
-        self.assertNotIn(sid, [s.id for s in self.client.sandboxes()])
+        self.assertNotIn(sid, [s.id for s in Sandbox.list(client=self.client)])
         sb.close()  # twice is fine
         with self.assertRaises(NotFound):
             sb.remove()

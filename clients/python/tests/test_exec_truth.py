@@ -39,7 +39,7 @@ class OfflineResultTest(unittest.TestCase):
 
 @unittest.skipUnless(SOCKET, NO_DAEMON)
 class ExecTruthTest(unittest.TestCase):
-    client = None  # type: Client
+    client: Client  # set by setUpClass
 
     @classmethod
     def setUpClass(cls):
