@@ -455,11 +455,12 @@ func (t *Template) Alive() bool {
 	return s == 'T' || s == 't'
 }
 
-// Kill kills the template; the Tracer holding it, if any, collects it in the background.
+// Kill kills the template; the Tracer holding it, if any, collects it in the background
+// (Tracer.ForgetLater: Close waits for that).
 func (t *Template) Kill() {
 	unix.Kill(t.HostPid, unix.SIGKILL)
 	if t.tr != nil {
-		go t.tr.Forget(t.HostPid)
+		t.tr.ForgetLater(t.HostPid)
 	}
 }
 
