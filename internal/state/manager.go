@@ -54,10 +54,14 @@ type Manager struct {
 	// evicted. Set before the manager serves; read under mu.
 	imageDone func(node string) bool
 
-	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
-	// to prove that every failure leaves the sandbox as it was. Remove calls it at its
-	// step 1 too (its error is ignored there): a point for a test to delay.
-	FailStep func(op string, step int) error
+	// failStep, when set (by tests, through export_test.go's SetFailStep), makes step k
+	// of a checkpoint or restore fail, to prove that every failure leaves the sandbox as
+	// it was. Remove calls it at its step 1 too (its error is ignored there): a point for
+	// a test to delay.
+	failStep func(op string, step int) error
+	// crashAt is the crash point (op.go: crashPoint) of a daemon built with -tags
+	// testhooks (crashpoint_testhooks.go), else "".
+	crashAt string
 }
 
 type node struct {
@@ -168,7 +172,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{})}
+		uppers: make(chan uint64, 4), stop: make(chan struct{}), crashAt: crashAtFromEnv(log)}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
 	}

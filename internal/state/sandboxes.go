@@ -375,8 +375,8 @@ func (m *Manager) Remove(id string) error {
 	// it seizes keeps init from exiting (sbinit.Client.Kill). Step 1 of "remove" is the
 	// tests' point to let it run.
 	var derr error
-	if m.FailStep != nil {
-		m.FailStep("remove", 1)
+	if m.failStep != nil {
+		m.failStep("remove", 1)
 	}
 	if s.rt != nil {
 		derr = s.rt.Destroy()
