@@ -34,6 +34,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -44,11 +45,28 @@ import (
 // DefaultRoot is the state directory unless configured otherwise.
 const DefaultRoot = "/var/lib/deltabox"
 
-// The records of the index are the API's too (NodeInfo and SandboxInfo embed them): their
-// wire form, which is also their form in index.db, is defined once, in apitypes.
+// Node is one checkpoint as index.db records it: an immutable point of the snapshot tree.
+// It is the store's record, not the API's: a field the API gains is not written to disk,
+// and one the disk gains is not shown, unless the daemon converts it (state/tree.go:
+// apiNode). Its JSON is the form index.db has held since the first release (the fields
+// of apitypes.Node, which was the record then): TestIndexLoadsNodesWrittenAsAPITypes.
+type Node struct {
+	ID      string    `json:"id"`
+	Parent  string    `json:"parent,omitempty"` // empty: the node sits directly on its image
+	Image   string    `json:"image"`
+	Created time.Time `json:"created"`
+	Label   string    `json:"label,omitempty"`
+	Sandbox string    `json:"sandbox,omitempty"` // the sandbox it was taken from
+	// Layer is the top layer of the node's stack: its own (Own) frozen from the
+	// sandbox's upper, or its parent's when nothing changed (0: the image alone).
+	Layer uint64 `json:"layer"`
+	Own   bool   `json:"own_layer"`
+	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
+}
+
+// The other records of the index are still the API's too (SandboxInfo embeds Sandbox):
+// their wire form, which is also their form in index.db, is defined once, in apitypes.
 type (
-	// Node is one checkpoint: an immutable point of the snapshot tree.
-	Node = apitypes.Node
 	// Sandbox is the persistent record of a sandbox.
 	Sandbox = apitypes.Sandbox
 	// Image is an imported image (image.json).
