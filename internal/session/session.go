@@ -56,6 +56,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/pydriver"
 	"deltabox/internal/sandbox"
 )
 
@@ -121,24 +122,16 @@ type Session struct {
 	settling chan struct{}
 }
 
+// pythonDriver runs a python session: code arrives base64 in "C" lines, runs at an "R"
+// line (pydriver.Exec's run), and its end is marked by the sentinel with its status.
 var pythonDriver = `
 import sys, base64, ast, traceback, termios, signal
 try:
     a = termios.tcgetattr(0); a[3] &= ~termios.ECHO; termios.tcsetattr(0, termios.TCSANOW, a)
 except Exception:
     pass
-g = {"__name__": "__main__", "__builtins__": __builtins__}
+` + pydriver.Exec + `
 buf = []
-def run(src):
-    tree = ast.parse(src, "<session>", "exec")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<session>", "exec"), g)
-    if last is not None:
-        v = eval(compile(last, "<session>", "eval"), g)
-        if v is not None:
-            print(repr(v))
 def report():
     # The traceback of the user's code only, without this driver's frames.
     t, v, tb = sys.exc_info()
@@ -160,7 +153,9 @@ while True:
     cid, rc = line[1:], 0
     src = base64.b64decode("".join(buf)).decode(); buf = []
     try:
-        run(src)
+        v = run(src)
+        if v is not None:
+            print(v)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:
