@@ -136,7 +136,8 @@ type sb struct {
 	// copyMu is held while a copy of a template is made and registered for its image
 	// (durable.go: copyForImage), and by a checkpoint while it lists the sandbox's
 	// processes (holdOthers), so that a copy being made is never taken for a process of
-	// the sandbox. A leaf.
+	// the sandbox. Not a leaf: held across the copy's injected fork and a round trip to
+	// init (doc.go: the lock order).
 	copyMu sync.Mutex
 
 	// keepMu serialises keepSessions; kept is what it last handed init (under keepMu).
