@@ -139,6 +139,7 @@ func Check(storeRoot, name, source string) error {
 
 var (
 	inflightMu sync.Mutex
+	// +checklocks:inflightMu
 	inflight   = map[string]bool{}
 )
 

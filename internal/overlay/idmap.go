@@ -43,7 +43,8 @@ type IDMapped struct {
 	prefix string // /proc/self/fd/<tree>
 	userns int    // the user namespace (a dup), for clones of other mounts
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	others map[string]int // idmapped clones of other mounts (by their root) that hold layers
 }
 

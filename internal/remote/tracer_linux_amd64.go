@@ -30,13 +30,15 @@ type Tracer struct {
 	reqs chan request  // closures to run on the thread
 	done chan struct{} // closed when the thread has exited
 
-	mu     sync.Mutex // protects closed, and is held while sending on reqs
+	mu sync.Mutex // protects closed, and is held while sending on reqs
+	// +checklocks:mu
 	closed bool
 	// forgets counts the goroutines of ForgetLater, which Close waits for once
 	// forgetsDone is set (both under forgetMu, not mu: ForgetLater may run on the
 	// thread while another goroutine holds mu, waiting for the thread).
-	forgetMu    sync.Mutex
-	forgets     sync.WaitGroup
+	forgetMu sync.Mutex
+	forgets  sync.WaitGroup
+	// +checklocks:forgetMu
 	forgetsDone bool
 
 	// tracees is touched only on the tracer's thread.
