@@ -140,7 +140,7 @@ func Check(storeRoot, name, source string) error {
 var (
 	inflightMu sync.Mutex
 	// +checklocks:inflightMu
-	inflight   = map[string]bool{}
+	inflight = map[string]bool{}
 )
 
 // Import imports source as image name into the store at storeRoot. progress, if not
