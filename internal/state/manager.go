@@ -87,8 +87,9 @@ type node struct {
 
 type sb struct {
 	opMu sync.Mutex
-	// +checklocks:opMu
-	rec store.Sandbox // guarded by opMu (and read under Manager.mu for listings)
+	// rec is guarded by opMu (and read under Manager.mu for listings); its ID and what
+	// create fixed are read without a lock. Not checklocks-annotated: no one guard.
+	rec store.Sandbox
 	// +checklocks:opMu
 	rt *sandbox.Sandbox
 	// +checklocks:opMu
