@@ -197,24 +197,39 @@ func (m *IDMapped) Mount(s Spec) (int, error) {
 // thread with it (package mainthread keeps the main thread out of this), rather than
 // give the runtime, or the caller's next work, a thread with the sandbox's ids. The
 // five credential changes and the hand-off cost 18 us (BenchmarkAsRoot; inline on the
-// caller's thread, with a panic for that failure, it was 13).
+// caller's thread, with a panic for that failure, it was 13). A panic in fn is raised
+// again in the caller, after the thread is put back.
 func (m *IDMapped) AsRoot(fn func() error) error {
-	res := make(chan error, 1)
+	type result struct {
+		err error
+		pv  any // fn's panic, raised again on the caller's goroutine
+	}
+	res := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
+		var r result
 		caps, err := setFSIDs(m.Base)
 		if err == nil {
-			err = fn()
+			func() {
+				defer func() { r.pv = recover() }()
+				err = fn()
+			}()
 		}
+		r.err = err
 		if back := setBack(caps); back != nil {
 			threadsDiscarded.Add(1)
-			res <- errors.Join(err, fmt.Errorf("overlay: the thread could not be given back the daemon's ids (discarded): %w", back))
+			r.err = errors.Join(r.err, fmt.Errorf("overlay: the thread could not be given back the daemon's ids (discarded): %w", back))
+			res <- r
 			return // exits locked
 		}
 		runtime.UnlockOSThread()
-		res <- err
+		res <- r
 	}()
-	return <-res
+	r := <-res
+	if r.pv != nil {
+		panic(r.pv)
+	}
+	return r.err
 }
 
 // setBack gives the calling thread fsuid and fsgid 0 again and its capabilities caps

@@ -169,3 +169,23 @@ func TestAsRootDiscardsAThreadItCannotPutBack(t *testing.T) {
 		t.Fatalf("AsRoot after a discarded thread: %v", err)
 	}
 }
+
+// TestAsRootPanicReachesCaller: a panic in fn is raised again on the caller's goroutine
+// (where a recover, net/http's included, can catch it), not on AsRoot's own, which would
+// end the daemon, and the thread is put back first.
+func TestAsRootPanicReachesCaller(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "setfsuid needs root")
+	m := &IDMapped{Base: 1<<30 + 9, tree: -1}
+	before := threadsDiscarded.Load()
+	func() {
+		defer func() {
+			if pv := recover(); pv != "boom" {
+				t.Fatalf("recovered %v, want boom", pv)
+			}
+		}()
+		m.AsRoot(func() error { panic("boom") })
+	}()
+	if n := threadsDiscarded.Load() - before; n != 0 {
+		t.Fatalf("%d threads discarded after a panic in fn", n)
+	}
+}

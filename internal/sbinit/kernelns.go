@@ -79,31 +79,44 @@ func (n *NS) Close() {
 // locked, and Go ends the thread with it (package mainthread keeps the main thread out
 // of this); given back to the runtime it would run any goroutine in the sandbox's
 // namespaces. (setns to the daemon's own namespaces fails only without CAP_SYS_ADMIN,
-// which the daemon has, or out of memory: retried.)
+// which the daemon has, or out of memory: retried.) A panic in f is raised again in the
+// caller, after the thread went back.
 func (n *NS) do(f func()) error {
 	const both = unix.CLONE_NEWIPC | unix.CLONE_NEWUTS
-	res := make(chan error, 1)
+	type result struct {
+		err error
+		pv  any // f's panic, raised again on the caller's goroutine
+	}
+	res := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		err := unix.Setns(n.init, both)
-		if err == nil {
-			f()
+		var r result
+		if err := unix.Setns(n.init, both); err == nil {
+			func() {
+				defer func() { r.pv = recover() }()
+				f()
+			}()
 		} else {
-			err = fmt.Errorf("enter the sandbox's IPC and UTS namespaces: %w", err)
+			r.err = fmt.Errorf("enter the sandbox's IPC and UTS namespaces: %w", err)
 		}
 		var back error
 		for try := 0; try < 100; try++ {
 			if back = unix.Setns(n.self, both); back == nil {
 				runtime.UnlockOSThread()
-				res <- err
+				res <- r
 				return
 			}
 			time.Sleep(time.Millisecond)
 		}
-		res <- errors.Join(err, fmt.Errorf("sbinit: a thread of the daemon could not go back to the daemon's IPC and UTS namespaces from a sandbox's (discarded): %w", back))
+		r.err = errors.Join(r.err, fmt.Errorf("sbinit: a thread of the daemon could not go back to the daemon's IPC and UTS namespaces from a sandbox's (discarded): %w", back))
+		res <- r
 		// exits locked
 	}()
-	return <-res
+	r := <-res
+	if r.pv != nil {
+		panic(r.pv)
+	}
+	return r.err
 }
 
 // openMqueue opens the root of the calling thread's IPC namespace's mqueue instance
