@@ -73,3 +73,46 @@ func TestIndexLoadsNodesWrittenAsAPITypes(t *testing.T) {
 		t.Fatalf("a node written now reads as apitypes.Node %+v, want %+v", got, wantOld)
 	}
 }
+
+// TestIndexLoadsSandboxesWrittenAsAPITypes: the same for store.Sandbox, which was
+// apitypes.Sandbox, with every field set (its init and limits too).
+func TestIndexLoadsSandboxesWrittenAsAPITypes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "index.db")
+	created := time.Date(2026, 11, 30, 12, 0, 0, 5, time.UTC)
+	old := apitypes.Sandbox{ID: "sb", Image: "default", Head: "n1", Upper: 7, Workdir: "/workspace", Hostname: "h",
+		User: "u", Created: created, Limits: apitypes.Limits{MemoryBytes: 1 << 30, Pids: 100, CPUs: 1.5},
+		WarmProcesses: true, UIDBase: 1 << 20, DiskMB: 512, TemplateBudgetMB: -1, Init: &apitypes.InitRef{Pid: 42, Start: 99}}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(old)
+	if err := db.Update(func(tx *bolt.Tx) error {
+		sb, err := tx.CreateBucketIfNotExists(bucketSandboxes)
+		if err != nil {
+			return err
+		}
+		return sb.Put([]byte(old.ID), b)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	x, err := openIndex(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sbs, err := x.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sbs) != 1 {
+		t.Fatalf("loaded %d sandboxes", len(sbs))
+	}
+	got, _ := json.Marshal(sbs[0])
+	if string(got) != string(b) || sbs[0].Init == nil || sbs[0].Init.Start != 99 || sbs[0].Limits.CPUs != 1.5 {
+		t.Fatalf("a record written as apitypes.Sandbox %s loads as %+v (%s)", b, sbs[0], got)
+	}
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
