@@ -111,7 +111,6 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 	default:
 		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
 	}
-	cfg.CrashAt = getenv("DELTABOX_CRASH_AT")
 	switch v := getenv("DELTABOX_DURABLE"); v {
 	case "", "1":
 	case "0":

@@ -18,11 +18,11 @@ func TestConfigFromEnv(t *testing.T) {
 		"DELTABOX_NO_PREPARE": "1", "DELTABOX_WARM_MAX": "3", "DELTABOX_ANSWER_DELAY": "5ms",
 		"DELTABOX_MAX_SESSIONS_PER_SANDBOX": "8", "DELTABOX_MAX_SESSIONS": "20",
 		"DELTABOX_TEMPLATE_BUDGET": "512M", "DELTABOX_TEMPLATE_BUDGET_TOTAL": "2G",
-		"DELTABOX_STOP_SANDBOXES": "1", "DELTABOX_DURABLE": "0", "DELTABOX_CRASH_AT": "restore:3",
+		"DELTABOX_STOP_SANDBOXES": "1", "DELTABOX_DURABLE": "0",
 		"DELTABOX_LAZY_RESTORE": "1"}))
 	want := state.Config{FastPath: false, WarmProcesses: true, Prepare: false, WarmMax: 3, AnswerDelay: 5 * time.Millisecond,
 		MaxSessionsPerSandbox: 8, MaxSessions: 20, TemplateBudgetBytes: 512 << 20, TemplateBudgetTotalBytes: 2 << 30,
-		StopSandboxes: true, Durable: false, CrashAt: "restore:3", LazyRestoreMinBytes: 0}
+		StopSandboxes: true, Durable: false, LazyRestoreMinBytes: 0}
 	if err != nil || cfg != want {
 		t.Fatalf("got %+v, %v; want %+v", cfg, err, want)
 	}

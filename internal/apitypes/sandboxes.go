@@ -98,8 +98,8 @@ type DiskInfo struct {
 	Warning string `json:"warning,omitempty"`
 }
 
-// Sandbox is the persistent record of a sandbox, as the daemon's index stores it
-// (store.Sandbox); SandboxInfo embeds it.
+// Sandbox is the persistent record of a sandbox as the API shows it (the index keeps its
+// own, store.Sandbox; state/sandboxes.go: apiSandbox converts); SandboxInfo embeds it.
 type Sandbox struct {
 	ID       string `json:"id"`
 	Image    string `json:"image"`

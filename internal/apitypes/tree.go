@@ -2,8 +2,9 @@ package apitypes
 
 import "time"
 
-// Node is one checkpoint: an immutable point of the snapshot tree, as the daemon's
-// index stores it (store.Node); NodeInfo embeds it.
+// Node is one checkpoint: an immutable point of the snapshot tree, as the API shows
+// it; NodeInfo embeds it. The index keeps its own record (store.Node; state/tree.go:
+// apiNode converts).
 type Node struct {
 	ID      string    `json:"id"`
 	Parent  string    `json:"parent,omitempty"` // empty: the node sits directly on its image

@@ -17,7 +17,6 @@ import (
 	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
 	"deltabox/internal/deadline"
-	"deltabox/internal/state"
 )
 
 // `deltabox bench exec`: what a command costs through the API, as an agent issues
@@ -125,7 +124,7 @@ func RunExec(ctx context.Context, c *client.Client, o ExecOptions) (f *File, err
 
 	id := "bench-exec-" + randHex(3)
 	r.logf("sandbox %s", id)
-	if _, err := c.Create(ctx, state.CreateOptions{ID: id, Image: o.Image}); err != nil {
+	if _, err := c.Create(ctx, apitypes.CreateOptions{ID: id, Image: o.Image}); err != nil {
 		return f, err
 	}
 	defer func() {
@@ -135,7 +134,7 @@ func RunExec(ctx context.Context, c *client.Client, o ExecOptions) (f *File, err
 			err = errors.Join(err, fmt.Errorf("cleanup: remove sandbox %s: %w", id, e))
 		}
 	}()
-	if _, err := c.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+	if _, err := c.StartSession(ctx, id, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
 		return f, err
 	}
 	cases := r.deltaboxCases(ctx, id)

@@ -22,10 +22,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
 	"deltabox/internal/deadline"
-	"deltabox/internal/state"
 )
 
 // FSOptions configures `deltabox bench fs`.
@@ -229,7 +228,7 @@ func fsDescription(o FSOptions) string {
 
 func (r *fsRun) py(ctx context.Context, script string, args ...string) (string, error) {
 	argv := append([]string{"python3", "-c", script}, args...)
-	res, err := r.c.Exec(ctx, r.sb, api.ExecRequest{Argv: argv, TimeoutMS: (30 * time.Minute).Milliseconds()})
+	res, err := r.c.Exec(ctx, r.sb, apitypes.ExecRequest{Argv: argv, TimeoutMS: (30 * time.Minute).Milliseconds()})
 	if err != nil {
 		return "", err
 	}
@@ -269,7 +268,7 @@ func (r *fsRun) change(ctx context.Context, hostDir, label string) error {
 }
 
 func (r *fsRun) trueExec(ctx context.Context) error {
-	res, err := r.c.Exec(ctx, r.sb, api.ExecRequest{Argv: []string{"true"}})
+	res, err := r.c.Exec(ctx, r.sb, apitypes.ExecRequest{Argv: []string{"true"}})
 	if err != nil {
 		return err
 	}
@@ -329,7 +328,7 @@ func (r *fsRun) restore(ctx context.Context, n treeNode) error {
 		daemon: res.DurationMS, phases: res.PhasesUS, depth: depth, mounted: res.Mounted, fast: res.Warm})
 	// Untimed: the sandbox must now show the node's files.
 	r.ws.MarkerChecks++
-	out, err := r.c.Exec(ctx, r.sb, api.ExecRequest{Argv: []string{"cat", "/workspace/.bench/marker"}})
+	out, err := r.c.Exec(ctx, r.sb, apitypes.ExecRequest{Argv: []string{"cat", "/workspace/.bench/marker"}})
 	if err != nil || out.ExitCode != 0 || out.Stdout != n.label {
 		r.ws.MarkerFailures++
 		got := "?"
@@ -349,7 +348,7 @@ func (r *fsRun) deltabox(ctx context.Context) (rows []Row, err error) {
 	r.logf("deltabox: create sandbox %s", name)
 	r.ws.LoadAvg[0] = LoadAvg()
 	defer func() { r.ws.LoadAvg[1] = LoadAvg() }()
-	if _, err := c.Create(ctx, state.CreateOptions{ID: name, Image: r.o.Image, Workdir: "/workspace"}); err != nil {
+	if _, err := c.Create(ctx, apitypes.CreateOptions{ID: name, Image: r.o.Image, Workdir: "/workspace"}); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	r.sb, r.ws.Sandbox = name, name

@@ -19,11 +19,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
 	"deltabox/internal/criu"
 	"deltabox/internal/deadline"
-	"deltabox/internal/session"
-	"deltabox/internal/state"
+	"deltabox/internal/pydriver"
 )
 
 // `deltabox bench latency`: checkpoint and restore of files and a live python process
@@ -157,24 +157,13 @@ def bench_step(rnd, label, n):
 `
 
 // latDriverPy is the baselines' python process on the host: the python session's
-// exec/eval of each call (internal/session), over an abstract unix socket instead of
+// exec/eval of each call (pydriver.Exec, as internal/session), over an abstract unix socket instead of
 // a terminal, so that CRIU can dump it alone (no terminal, own session, stdio on
 // /dev/null). One connection per call: u32 length + code in, u32 status + u32 length +
 // repr of the last expression out.
 const latDriverPy = `
 import ast, socket, struct, sys, traceback
-g = {"__name__": "__main__", "__builtins__": __builtins__}
-def run(src):
-    tree = ast.parse(src, "<session>", "exec")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<session>", "exec"), g)
-    if last is not None:
-        v = eval(compile(last, "<session>", "eval"), g)
-        if v is not None:
-            return repr(v)
-    return ""
+` + pydriver.Exec + `
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.bind("\0" + sys.argv[1])
 s.listen(8)
@@ -188,7 +177,7 @@ while True:
         continue
     src = f.read(struct.unpack("!I", hdr)[0]).decode()
     try:
-        out, rc = run(src), 0
+        out, rc = run(src) or "", 0
     except BaseException:
         out, rc = traceback.format_exc(), 1
     b = out.encode()
@@ -273,7 +262,7 @@ type latRun struct {
 	stateFails            int
 	pythonRSSKB           int
 	hits, fallbacks       int
-	statsBefore, statsEnd state.Stats
+	statsBefore, statsEnd apitypes.Stats
 }
 
 func (r *latRun) logf(format string, a ...any) {
@@ -547,7 +536,7 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 	r.ws.LoadAvg[0] = LoadAvg()
 	defer func() { r.ws.LoadAvg[1] = LoadAvg() }()
 	r.logf("deltabox: create sandbox %s", sb)
-	if _, err := c.Create(ctx, state.CreateOptions{ID: sb, Image: o.Image, Workdir: "/workspace"}); err != nil {
+	if _, err := c.Create(ctx, apitypes.CreateOptions{ID: sb, Image: o.Image, Workdir: "/workspace"}); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	r.ws.Sandbox = sb
@@ -580,7 +569,7 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 	r.ws.SHA256, r.ws.Files = cs.SHA256, cs.Files
 
 	r.logf("deltabox: python session with a %d MiB heap", o.HeapMB)
-	if _, err := c.StartSession(ctx, sb, state.SessionOptions{Name: latSession, Kind: session.Python}); err != nil {
+	if _, err := c.StartSession(ctx, sb, apitypes.SessionOptions{Name: latSession, Kind: apitypes.SessionPython}); err != nil {
 		return nil, fmt.Errorf("start the python session: %w", err)
 	}
 	out, err = r.run(ctx, sb, o.initCode())
@@ -808,7 +797,7 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 
 // latPathDelta is what the daemon's per-path counters of a sandbox counted between two
 // readings.
-func latPathDelta(a, b state.PathCounts) map[string]int {
+func latPathDelta(a, b apitypes.PathCounts) map[string]int {
 	return map[string]int{"process": b.Process - a.Process, "files_only": b.FilesOnly - a.FilesOnly, "failed": b.Failed - a.Failed}
 }
 
@@ -1220,7 +1209,7 @@ func (r *latRun) fsOnlyBaseline(ctx context.Context) (rows []Row, err error) {
 	o, c := r.o, r.c
 	sb := "bench-lat-fs-" + randHex(4)
 	r.logf("fs-only+replay: sandbox %s from the root node's files, %d checkpoints, %d restores", sb, o.BaselineCheckpoints, o.BaselineRestores)
-	if _, err := c.Create(ctx, state.CreateOptions{ID: sb, Image: o.Image, Workdir: "/workspace"}); err != nil {
+	if _, err := c.Create(ctx, apitypes.CreateOptions{ID: sb, Image: o.Image, Workdir: "/workspace"}); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	defer func() {
@@ -1238,7 +1227,7 @@ func (r *latRun) fsOnlyBaseline(ctx context.Context) (rows []Row, err error) {
 	}
 	files := &fsRun{c: c, o: FSOptions{Seed: o.Seed, Changes: o.Changes, LargeEvery: o.LargeEvery}, sb: sb, round: 2000000}
 	startReplay := func(path []latStep) (string, error) {
-		if _, err := c.StartSession(ctx, sb, state.SessionOptions{Name: latSession, Kind: session.Python}); err != nil {
+		if _, err := c.StartSession(ctx, sb, apitypes.SessionOptions{Name: latSession, Kind: apitypes.SessionPython}); err != nil {
 			return "", fmt.Errorf("start the python session: %w", err)
 		}
 		var last string
@@ -1252,7 +1241,7 @@ func (r *latRun) fsOnlyBaseline(ctx context.Context) (rows []Row, err error) {
 	if _, err := startReplay(nil); err != nil {
 		return nil, err
 	}
-	var before, after state.Stats
+	var before, after apitypes.Stats
 	if info, err := c.Get(ctx, sb); err == nil {
 		before = info.Stats
 	}

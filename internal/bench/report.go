@@ -10,16 +10,6 @@ import (
 	"time"
 )
 
-// Report reads every *.json bench file in dir and returns docs/BENCHMARKS.md. It only
-// relies on the File shape, so every bench that writes Rows gets its tables.
-func Report(dir string) (string, error) {
-	files, names, err := readResults(dir)
-	if err != nil {
-		return "", err
-	}
-	return Markdown(files, names), nil
-}
-
 func readResults(dir string) ([]*File, []string, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
@@ -42,8 +32,9 @@ func readResults(dir string) ([]*File, []string, error) {
 	return files, names, nil
 }
 
-// WriteReport writes Report(dir) to out, and the figures it links to into the plots
-// directory next to out.
+// WriteReport writes docs/BENCHMARKS.md made of every *.json bench file in dir (only
+// the File shape counts, so every bench that writes Rows gets its tables) to out, and
+// the figures it links to into the plots directory next to out.
 func WriteReport(dir, out string) error {
 	files, names, err := readResults(dir)
 	if err != nil {

@@ -164,3 +164,13 @@ func TestSummaryDurable(t *testing.T) {
 		}
 	}
 }
+
+// Report reads every *.json bench file in dir and returns docs/BENCHMARKS.md (the CLI
+// writes it with WriteReport).
+func Report(dir string) (string, error) {
+	files, names, err := readResults(dir)
+	if err != nil {
+		return "", err
+	}
+	return Markdown(files, names), nil
+}

@@ -13,10 +13,9 @@ import (
 	"strings"
 	"time"
 
-	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
 	"deltabox/internal/errdefs"
-	"deltabox/internal/state"
 )
 
 // ScaleOptions configures `deltabox bench scale`: restore (and checkpoint) latency
@@ -332,7 +331,7 @@ func (r *scaleRun) create(ctx context.Context, prefix string, memoryMB int64) (*
 	// Named for the cleanup first: an interrupted call may still have created it.
 	r.sandboxes = append(r.sandboxes, name)
 	r.created[name] = true
-	if _, err := r.c.Create(ctx, state.CreateOptions{ID: name, Image: r.o.Image, Workdir: "/workspace", MemoryMB: memoryMB}); err != nil {
+	if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: name, Image: r.o.Image, Workdir: "/workspace", MemoryMB: memoryMB}); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	return &scaleSandbox{c: r.c, name: name}, nil
@@ -409,7 +408,7 @@ func (r *scaleRun) cleanup() error {
 func (s *scaleSandbox) change(ctx context.Context, files int) error {
 	s.round++
 	label := fmt.Sprintf("s%05d", s.round)
-	res, err := s.c.Exec(ctx, s.name, api.ExecRequest{Argv: []string{"bash", "-c", scaleChanges, "bash", s.marker, label, strconv.Itoa(files)},
+	res, err := s.c.Exec(ctx, s.name, apitypes.ExecRequest{Argv: []string{"bash", "-c", scaleChanges, "bash", s.marker, label, strconv.Itoa(files)},
 		TimeoutMS: time.Minute.Milliseconds()})
 	if err != nil {
 		return fmt.Errorf("change step %s: %w", label, err)
@@ -450,7 +449,7 @@ func (s *scaleSandbox) call(ctx context.Context, code string) (string, error) {
 }
 
 func (s *scaleSandbox) trueExec(ctx context.Context) error {
-	res, err := s.c.Exec(ctx, s.name, api.ExecRequest{Argv: []string{"true"}})
+	res, err := s.c.Exec(ctx, s.name, apitypes.ExecRequest{Argv: []string{"true"}})
 	if err != nil {
 		return err
 	}
@@ -657,7 +656,7 @@ func (r *scaleRun) workspace(ctx context.Context, mb int) error {
 		return err
 	}
 	// The store must hold the workspace, its copy-ups and the page cache's writeback.
-	if res, err := r.c.Exec(ctx, s.name, api.ExecRequest{Argv: []string{"df", "-Pk", "/workspace"}}); err == nil && res.ExitCode == 0 {
+	if res, err := r.c.Exec(ctx, s.name, apitypes.ExecRequest{Argv: []string{"df", "-Pk", "/workspace"}}); err == nil && res.ExitCode == 0 {
 		if l := strings.Split(strings.TrimSpace(res.Stdout), "\n"); len(l) == 2 {
 			if f := strings.Fields(l[1]); len(f) >= 4 {
 				if kb, err := strconv.ParseInt(f[3], 10, 64); err == nil && kb/1024 < int64(mb)*2+1024 {
@@ -668,7 +667,7 @@ func (r *scaleRun) workspace(ctx context.Context, mb int) error {
 	}
 	r.logf("ws %s: generate the workspace in %s", SizeName(mb), s.name)
 	t := time.Now()
-	res, err := r.c.Exec(ctx, s.name, api.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace", strconv.FormatInt(r.o.Seed, 10),
+	res, err := r.c.Exec(ctx, s.name, apitypes.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace", strconv.FormatInt(r.o.Seed, 10),
 		strconv.Itoa(mb), strconv.Itoa(r.o.SmallFiles), strconv.Itoa(r.o.LargeFiles)}, TimeoutMS: (30 * time.Minute).Milliseconds()})
 	if err != nil {
 		return fmt.Errorf("generate workspace: %w", err)
@@ -750,7 +749,7 @@ func (r *scaleRun) rss(ctx context.Context, mb int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := r.c.StartSession(ctx, s.name, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+	if _, err := r.c.StartSession(ctx, s.name, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
 		return fmt.Errorf("start a python session: %w", err)
 	}
 	if err := s.change(ctx, r.o.Files); err != nil {

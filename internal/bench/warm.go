@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
-	"deltabox/internal/state"
 )
 
 // `deltabox bench warm`: the async warm-up of restored processes (state/procwarm.go) off
@@ -143,7 +143,7 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 		id += "-on"
 	}
 	r.logf("%s: sandbox %s, %d samples", sys, id, o.Samples)
-	if _, err := r.c.Create(ctx, state.CreateOptions{ID: id, Image: o.Image, WarmProcesses: sys == SysWarmOn}); err != nil {
+	if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: id, Image: o.Image, WarmProcesses: sys == SysWarmOn}); err != nil {
 		return err
 	}
 	var node string
@@ -159,7 +159,7 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 			}
 		}
 	}()
-	if _, err := r.c.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+	if _, err := r.c.StartSession(ctx, id, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
 		return err
 	}
 	run := func(code, want string) (float64, float64, error) {
@@ -178,7 +178,7 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 		}
 		return d, res.DurationMS, nil
 	}
-	restore := func() (float64, *state.OpResult, error) {
+	restore := func() (float64, *apitypes.OpResult, error) {
 		t0 := time.Now()
 		res, err := r.c.Restore(ctx, id, node)
 		d := ms(time.Since(t0))
@@ -253,7 +253,7 @@ func (r *warmRun) round(ctx context.Context, sys string, round int) (err error) 
 	return nil
 }
 
-func (r *warmRun) phases(sys, op string, res *state.OpResult) {
+func (r *warmRun) phases(sys, op string, res *apitypes.OpResult) {
 	if r.ph[sys] == nil {
 		r.ph[sys] = map[string][]map[string]int64{}
 	}

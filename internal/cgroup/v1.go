@@ -429,7 +429,8 @@ func V1MemoryUsageAll() int64 {
 // to its close (a fd for the daemon's life, not per sandbox).
 var parentUsage struct {
 	mu sync.Mutex
-	f  *os.File
+	// +checklocks:mu
+	f *os.File
 }
 
 // OpenV1MemoryUsageAll makes this daemon's memory parent (it exists otherwise from the

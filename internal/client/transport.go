@@ -31,7 +31,8 @@ import (
 type unixTransport struct {
 	socket string
 
-	mu   sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	idle []*unixConn
 }
 

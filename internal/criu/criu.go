@@ -211,8 +211,9 @@ func Tail(s string, n int) string {
 }
 
 var (
-	probeMu sync.Mutex             // held during a self-test: callers of Probe wait for it
-	probed  = map[string]*Runner{} // by binary; protected by probeMu
+	probeMu sync.Mutex // held during a self-test: callers of Probe wait for it
+	// +checklocks:probeMu
+	probed = map[string]*Runner{} // by binary; protected by probeMu
 )
 
 // Probe returns how CRIU (bin, or Find's when bin is "") works on this machine. The

@@ -56,7 +56,8 @@ type Lazy struct {
 	cmd  *deadline.Cmd
 	done chan struct{}
 	mu   sync.Mutex
-	err  error
+	// +checklocks:mu
+	err error
 }
 
 // Done is closed when the server has exited.

@@ -376,14 +376,6 @@ func innerPids(host []string, depth int) string {
 	return strings.Join(out, " ")
 }
 
-// isPtySlave reports whether the fd at path (/proc/PID/fd/N) is a pseudo-terminal slave:
-// a character device of the UNIX98 pty majors (136-143, Documentation/admin-guide/devices.txt),
-// or /dev/tty (5:0), which is the process's controlling terminal.
-func isPtySlave(path string) bool {
-	var st unix.Stat_t
-	return unix.Stat(path, &st) == nil && isTerminal(st.Mode&unix.S_IFMT, unix.Major(st.Rdev), unix.Minor(st.Rdev))
-}
-
 // isTerminal is isPtySlave for a file of type mode (S_IFMT bits) and device major:minor.
 func isTerminal(mode, major, minor uint32) bool {
 	if mode != unix.S_IFCHR {
@@ -455,11 +447,12 @@ func (t *Template) Alive() bool {
 	return s == 'T' || s == 't'
 }
 
-// Kill kills the template; the Tracer holding it, if any, collects it in the background.
+// Kill kills the template; the Tracer holding it, if any, collects it in the background
+// (Tracer.ForgetLater: Close waits for that).
 func (t *Template) Kill() {
 	unix.Kill(t.HostPid, unix.SIGKILL)
 	if t.tr != nil {
-		go t.tr.Forget(t.HostPid)
+		t.tr.ForgetLater(t.HostPid)
 	}
 }
 

@@ -3,7 +3,6 @@ package fastpath
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 
@@ -111,49 +110,6 @@ func parseMaps(b []byte) []mapsLine {
 // mayWriteFunc answers whether the read-only shared mapping [start, end) can be made
 // writable (VM_MAYWRITE: its file was opened for writing).
 type mayWriteFunc func(start, end uint64, prot int) (bool, error)
-
-// smapsMayWrite answers mayWriteFunc from /proc/PID/smaps ("mw" in VmFlags), read once.
-// smaps walks the page tables of every mapping: 1.5 ms for a 63 MB python on these VMs,
-// which is why a held process is asked with probeMayWrite instead. Tests use this one to
-// check the probe against the kernel's own report.
-func smapsMayWrite(base string) mayWriteFunc {
-	var mw map[uint64]bool
-	return func(start, _ uint64, _ int) (bool, error) {
-		if mw == nil {
-			b, err := os.ReadFile(base + "/smaps")
-			if err != nil {
-				return false, err
-			}
-			mw = parseSmapsMayWrite(b)
-		}
-		return mw[start], nil
-	}
-}
-
-// parseSmapsMayWrite returns the start addresses of the mappings of an smaps text whose
-// VmFlags hold "mw".
-func parseSmapsMayWrite(b []byte) map[uint64]bool {
-	out := map[uint64]bool{}
-	var cur uint64
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 0 {
-			if lo, _, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
-				if v, err := strconv.ParseUint(lo, 16, 64); err == nil {
-					cur = v
-				}
-				continue
-			}
-			if f[0] == "VmFlags:" {
-				for _, fl := range f[1:] {
-					if fl == "mw" {
-						out[cur] = true
-					}
-				}
-			}
-		}
-	}
-	return out
-}
 
 // probeMayWrite answers mayWriteFunc by asking the kernel in the stopped tracee t: an
 // injected mprotect adding PROT_WRITE to a shared file mapping fails with EACCES exactly

@@ -139,7 +139,8 @@ func Check(storeRoot, name, source string) error {
 
 var (
 	inflightMu sync.Mutex
-	inflight   = map[string]bool{}
+	// +checklocks:inflightMu
+	inflight = map[string]bool{}
 )
 
 // Import imports source as image name into the store at storeRoot. progress, if not

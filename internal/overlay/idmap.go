@@ -1,14 +1,18 @@
 package overlay
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	_ "deltabox/internal/mainthread" // AsRoot may discard a thread (see there)
 )
 
 // IDMapped gives one sandbox its view of the store: an idmapped clone of the store's
@@ -39,7 +43,8 @@ type IDMapped struct {
 	prefix string // /proc/self/fd/<tree>
 	userns int    // the user namespace (a dup), for clones of other mounts
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	others map[string]int // idmapped clones of other mounts (by their root) that hold layers
 }
 
@@ -184,34 +189,63 @@ func (m *IDMapped) Mount(s Spec) (int, error) {
 	return fd, err
 }
 
-// AsRoot runs fn with the calling goroutine locked to its OS thread, whose fsuid and
-// fsgid are the sandbox's root (Base) while fn runs (20 us for the five credential
-// changes around fn: BenchmarkAsRoot), the daemon's capabilities kept:
-// files fn creates through the sandbox's overlay belong to root inside it. The thread
-// is put back as it was before it is unlocked; a failure to do so (root setting its
-// own fsuid back) is a broken invariant and panics rather than leave a goroutine on a
-// thread with the sandbox's ids.
+// AsRoot runs fn on a thread whose fsuid and fsgid are the sandbox's root (Base) while
+// fn runs, the daemon's capabilities kept: files fn creates through the sandbox's
+// overlay belong to root inside it. fn runs on a goroutine of its own, locked to its
+// thread, which the caller waits for, so that a thread that cannot be put back (root
+// setting its own fsuid back) is discarded: that goroutine exits locked and Go ends the
+// thread with it (package mainthread keeps the main thread out of this), rather than
+// give the runtime, or the caller's next work, a thread with the sandbox's ids. The
+// five credential changes and the hand-off cost 18 us (BenchmarkAsRoot; inline on the
+// caller's thread, with a panic for that failure, it was 13). A panic in fn is raised
+// again in the caller, after the thread is put back.
 func (m *IDMapped) AsRoot(fn func() error) error {
-	runtime.LockOSThread()
-	caps, err := setFSIDs(m.Base)
-	if err != nil {
-		if _, rerr := setFSIDs(0); rerr != nil {
-			panic(fmt.Sprintf("overlay: cannot set the thread's fsuid back to 0: %v", rerr))
+	type result struct {
+		err error
+		pv  any // fn's panic, raised again on the caller's goroutine
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		var r result
+		caps, err := setFSIDs(m.Base)
+		if err == nil {
+			func() {
+				defer func() { r.pv = recover() }()
+				err = fn()
+			}()
+		}
+		r.err = err
+		if back := setBack(caps); back != nil {
+			threadsDiscarded.Add(1)
+			r.err = errors.Join(r.err, fmt.Errorf("overlay: the thread could not be given back the daemon's ids (discarded): %w", back))
+			res <- r
+			return // exits locked
 		}
 		runtime.UnlockOSThread()
+		res <- r
+	}()
+	r := <-res
+	if r.pv != nil {
+		panic(r.pv)
+	}
+	return r.err
+}
+
+// setBack gives the calling thread fsuid and fsgid 0 again and its capabilities caps
+// (nil: those setFSIDs(0) raises, after a setFSIDs that failed).
+func setBack(caps *[2]unix.CapUserData) error {
+	if _, err := setFSIDs(0); err != nil {
 		return err
 	}
-	defer func() {
-		if _, err := setFSIDs(0); err != nil {
-			panic(fmt.Sprintf("overlay: cannot set the thread's fsuid back to 0: %v", err))
-		}
-		if err := raise(caps); err != nil {
-			panic(fmt.Sprintf("overlay: cannot restore the thread's capabilities: %v", err))
-		}
-		runtime.UnlockOSThread()
-	}()
-	return fn()
+	if caps == nil {
+		return nil
+	}
+	return raise(caps)
 }
+
+// threadsDiscarded counts the threads AsRoot could not give back (tests check it).
+var threadsDiscarded atomic.Int32
 
 // setFSIDs sets the calling thread's fsuid and fsgid (raw syscalls: per thread, unlike
 // Go's syscall.Setfsuid which would apply to all) and raises its effective capabilities

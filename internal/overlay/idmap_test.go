@@ -5,8 +5,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -110,5 +112,80 @@ func BenchmarkAsRoot(b *testing.B) {
 	m := &IDMapped{Base: 1 << 30, tree: -1}
 	for i := 0; i < b.N; i++ {
 		m.AsRoot(func() error { return nil })
+	}
+}
+
+// TestAsRootDiscardsAThreadItCannotPutBack: fn drops the thread's CAP_SETUID from its
+// permitted set, so AsRoot cannot give the thread its capabilities back: AsRoot says so,
+// and the thread is discarded (no thread of the process keeps the sandbox's fsuid or
+// lacks the capability for the daemon's next work) instead of a panic ending the daemon
+// (it did).
+func TestAsRootDiscardsAThreadItCannotPutBack(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "setfsuid needs root")
+	const base = 1<<30 + 7
+	m := &IDMapped{Base: base, tree: -1}
+	before := threadsDiscarded.Load()
+	err := m.AsRoot(func() error {
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var c [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &c[0]); err != nil {
+			return err
+		}
+		c[0].Effective &^= 1 << unix.CAP_SETUID
+		c[0].Permitted &^= 1 << unix.CAP_SETUID
+		return unix.Capset(&hdr, &c[0]) // this thread only (raw capset)
+	})
+	if err == nil {
+		t.Fatal("AsRoot on a thread that cannot set its fsuid back returned no error")
+	}
+	if n := threadsDiscarded.Load() - before; n != 1 {
+		t.Fatalf("%d threads discarded, want 1 (err %v)", n, err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		tasks, _ := filepath.Glob("/proc/self/task/*/status")
+		left := ""
+		for _, p := range tasks {
+			b, _ := os.ReadFile(p)
+			for _, l := range strings.Split(string(b), "\n") {
+				f := strings.Fields(l)
+				if len(f) == 5 && f[0] == "Uid:" && f[4] == strconv.Itoa(base) {
+					left = p + " (fsuid)"
+				}
+				if len(f) == 2 && f[0] == "CapPrm:" {
+					if c, err := strconv.ParseUint(f[1], 16, 64); err == nil && c&(1<<unix.CAP_SETUID) == 0 {
+						left = p + " (no CAP_SETUID)"
+					}
+				}
+			}
+		}
+		if left == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still there 5 s after AsRoot returned", left)
+		}
+	}
+	if err := m.AsRoot(func() error { return nil }); err != nil {
+		t.Fatalf("AsRoot after a discarded thread: %v", err)
+	}
+}
+
+// TestAsRootPanicReachesCaller: a panic in fn is raised again on the caller's goroutine
+// (where a recover, net/http's included, can catch it), not on AsRoot's own, which would
+// end the daemon, and the thread is put back first.
+func TestAsRootPanicReachesCaller(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "setfsuid needs root")
+	m := &IDMapped{Base: 1<<30 + 9, tree: -1}
+	before := threadsDiscarded.Load()
+	func() {
+		defer func() {
+			if pv := recover(); pv != "boom" {
+				t.Fatalf("recovered %v, want boom", pv)
+			}
+		}()
+		m.AsRoot(func() error { panic("boom") })
+	}()
+	if n := threadsDiscarded.Load() - before; n != 0 {
+		t.Fatalf("%d threads discarded after a panic in fn", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -1499,5 +1500,28 @@ func TestHoldMM(t *testing.T) {
 	var ws unix.WaitStatus
 	if _, err := unix.Wait4(host, &ws, 0, nil); err != nil || !ws.Signaled() {
 		t.Errorf("holder: wait %v, status %v", err, ws)
+	}
+}
+
+// TestForgetLaterEndsBeforeClose: the goroutine that collects a killed tracee
+// (ForgetLater, as fastpath's Template.Kill uses it) is the Tracer's: once Close has
+// returned, none is left running (a bare go tr.Forget outlived it).
+func TestForgetLaterEndsBeforeClose(t *testing.T) {
+	requirePython(t)
+	for i := 0; i < 10; i++ {
+		p := startPython(t)
+		tr := NewTracer()
+		if _, err := tr.Seize(p.pid); err != nil {
+			t.Fatal(err)
+		}
+		unix.Kill(p.pid, unix.SIGKILL)
+		for j := 0; j < 20; j++ {
+			tr.ForgetLater(p.pid)
+		}
+		tr.Close() // may say the process is gone: its Forget came after the detach
+		buf := make([]byte, 1<<20)
+		if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "remote.(*Tracer).Forget") {
+			t.Fatalf("a Forget goroutine runs after Close returned:\n%s", st)
+		}
 	}
 }

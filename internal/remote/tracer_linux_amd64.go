@@ -30,8 +30,16 @@ type Tracer struct {
 	reqs chan request  // closures to run on the thread
 	done chan struct{} // closed when the thread has exited
 
-	mu     sync.Mutex // protects closed, and is held while sending on reqs
+	mu sync.Mutex // protects closed, and is held while sending on reqs
+	// +checklocks:mu
 	closed bool
+	// forgets counts the goroutines of ForgetLater, which Close waits for once
+	// forgetsDone is set (both under forgetMu, not mu: ForgetLater may run on the
+	// thread while another goroutine holds mu, waiting for the thread).
+	forgetMu sync.Mutex
+	forgets  sync.WaitGroup
+	// +checklocks:forgetMu
+	forgetsDone bool
 
 	// tracees is touched only on the tracer's thread.
 	tracees map[int]*Tracee
@@ -122,6 +130,22 @@ func (tr *Tracer) Forget(pid int) {
 	})
 }
 
+// ForgetLater is Forget on a goroutine of the Tracer's own, for a caller that must not
+// wait (it may be on the thread, or hold what the thread's current work waits for).
+// Close waits for it; after Close it does nothing (the thread's exit detached pid).
+func (tr *Tracer) ForgetLater(pid int) {
+	tr.forgetMu.Lock()
+	defer tr.forgetMu.Unlock()
+	if tr.forgetsDone {
+		return
+	}
+	tr.forgets.Add(1)
+	go func() {
+		defer tr.forgets.Done()
+		tr.Forget(pid)
+	}()
+}
+
 // Close detaches every tracee still attached (restoring it first; one that cannot be
 // restored is killed), then ends the thread. Calls after Close return ErrClosed. Close
 // must not be called from inside Do.
@@ -144,6 +168,10 @@ func (tr *Tracer) Close() error {
 	}
 	tr.mu.Unlock()
 	<-tr.done
+	tr.forgetMu.Lock()
+	tr.forgetsDone = true
+	tr.forgetMu.Unlock()
+	tr.forgets.Wait()
 	return err
 }
 

@@ -38,16 +38,19 @@ type Sandbox struct {
 	baseNS int // nsfs fd of the init's (base) mount namespace
 	// proc and devpts: O_PATH fds on the proc of the sandbox's PID namespace and on its
 	// devpts, opened at start before any code of the sandbox ran (procs.go, pty.go).
-	proc, devpts int
-	builder      *mountns.Builder
+	// (One name per field: checklocks pairs a struct's ast fields with its type's.)
+	proc    int
+	devpts  int
+	builder *mountns.Builder
 	// idmap is the sandbox's idmapped view of the store (its user namespace's ids);
 	// nil with isolation off.
 	idmap *overlay.IDMapped
 	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
 	builderClosed bool
 
-	mu    sync.Mutex // protects state
-	state State      // the current state; NS -1 when none
+	mu sync.Mutex // protects state
+	// +checklocks:mu
+	state State // the current state; NS -1 when none
 }
 
 // State is one filesystem state of a sandbox: its mount namespace and an fd on the root

@@ -38,14 +38,20 @@ type Client struct {
 	kill func() error // SIGKILL to the init, by pidfd (never by a PID that may be reused)
 	done chan struct{}
 
-	mu        sync.Mutex
-	nextID    int64
-	pending   map[int64]chan *Message
-	exits     map[int]*watch                 // spawned (or watched) pids still running
+	mu sync.Mutex
+	// +checklocks:mu
+	nextID int64
+	// +checklocks:mu
+	pending map[int64]chan *Message
+	// +checklocks:mu
+	exits map[int]*watch // spawned (or watched) pids still running
+	// +checklocks:mu
 	spawnExit map[int64]chan unix.WaitStatus // spawn requests awaiting their reply
-	closed    error
+	// +checklocks:mu
+	closed error
 	// early holds the exits init queued while no daemon was connected, for processes
 	// no Watch names yet (Reconnect: a session's process found later); nil otherwise.
+	// +checklocks:mu
 	early map[int]unix.WaitStatus
 }
 
@@ -334,9 +340,9 @@ func (c *Client) call(m *Message, fds []int, exit chan unix.WaitStatus) (*Messag
 func (c *Client) callWithin(m *Message, fds []int, exit chan unix.WaitStatus, timeout time.Duration) (*Message, error) {
 	ch := make(chan *Message, 1)
 	c.mu.Lock()
-	if c.closed != nil {
+	if err := c.closed; err != nil {
 		c.mu.Unlock()
-		return nil, c.closed
+		return nil, err
 	}
 	c.nextID++
 	m.ID = c.nextID

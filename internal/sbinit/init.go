@@ -420,8 +420,10 @@ func loopbackUp() error {
 // fd, spare, orphaned, backlog and dropped are guarded by sendMu (serve, the only
 // reader of fd, changes it under sendMu); kept is serve's alone.
 type server struct {
-	fd       int // the control socket
-	spare    int // init's end of the spare socket (restart.go); -1 while it serves as fd
+	fd int // the control socket
+	// +checklocks:sendMu
+	spare int // init's end of the spare socket (restart.go); -1 while it serves as fd
+	// +checklocks:sendMu
 	orphaned bool
 	backlog  []*Message // exit events queued while orphaned
 	dropped  int        // exit events dropped from a full backlog

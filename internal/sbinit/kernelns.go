@@ -3,6 +3,7 @@ package sbinit
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -70,32 +71,52 @@ func (n *NS) Close() {
 	}
 }
 
-// do runs f on the calling goroutine's thread, locked, after it entered the sandbox's
-// namespaces, and takes it back to the daemon's before unlocking it. Inline: handing
-// the call to another thread (a goroutine of its own, or one parked in the namespaces)
-// cost 0.1 ms and more per call on a busy machine, in wake-ups. A thread that cannot go
-// back to the daemon's namespaces is a broken invariant: given back to the runtime it
-// would run any goroutine in the sandbox's namespaces, and kept locked it would serve
-// the caller's next requests there, so do panics. (setns to the daemon's own namespaces
-// fails only without CAP_SYS_ADMIN, which the daemon has, or out of memory: retried.)
+// do runs f on a thread locked to a goroutine of its own, which the caller waits for,
+// after it entered the sandbox's namespaces, and takes it back to the daemon's before
+// unlocking it. (A thread parked in the namespaces cost 0.1 ms and more per call on a
+// busy machine, in wake-ups; a new goroutine costs about 5 us: overlay.AsRoot.) A thread
+// that cannot go back to the daemon's namespaces is discarded: its goroutine exits
+// locked, and Go ends the thread with it (package mainthread keeps the main thread out
+// of this); given back to the runtime it would run any goroutine in the sandbox's
+// namespaces. (setns to the daemon's own namespaces fails only without CAP_SYS_ADMIN,
+// which the daemon has, or out of memory: retried.) A panic in f is raised again in the
+// caller, after the thread went back.
 func (n *NS) do(f func()) error {
 	const both = unix.CLONE_NEWIPC | unix.CLONE_NEWUTS
-	runtime.LockOSThread()
-	err := unix.Setns(n.init, both)
-	if err == nil {
-		f()
-	} else {
-		err = fmt.Errorf("enter the sandbox's IPC and UTS namespaces: %w", err)
+	type result struct {
+		err error
+		pv  any // f's panic, raised again on the caller's goroutine
 	}
-	var back error
-	for try := 0; try < 100; try++ {
-		if back = unix.Setns(n.self, both); back == nil {
-			runtime.UnlockOSThread()
-			return err
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		var r result
+		if err := unix.Setns(n.init, both); err == nil {
+			func() {
+				defer func() { r.pv = recover() }()
+				f()
+			}()
+		} else {
+			r.err = fmt.Errorf("enter the sandbox's IPC and UTS namespaces: %w", err)
 		}
-		time.Sleep(time.Millisecond)
+		var back error
+		for try := 0; try < 100; try++ {
+			if back = unix.Setns(n.self, both); back == nil {
+				runtime.UnlockOSThread()
+				res <- r
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		r.err = errors.Join(r.err, fmt.Errorf("sbinit: a thread of the daemon could not go back to the daemon's IPC and UTS namespaces from a sandbox's (discarded): %w", back))
+		res <- r
+		// exits locked
+	}()
+	r := <-res
+	if r.pv != nil {
+		panic(r.pv)
 	}
-	panic(fmt.Sprintf("sbinit: a thread of the daemon cannot go back to the daemon's IPC and UTS namespaces from a sandbox's: %v", back))
+	return r.err
 }
 
 // openMqueue opens the root of the calling thread's IPC namespace's mqueue instance

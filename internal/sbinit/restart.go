@@ -188,7 +188,7 @@ func Reconnect(pid int, start uint64) (_ *Client, err error) {
 		return err
 	}
 	c := newClient(fd, pid, kill)
-	c.early = map[int]unix.WaitStatus{}
+	c.early = map[int]unix.WaitStatus{} // +checklocksignore: c is not shared yet
 	go func() {
 		// A pidfd polls readable once its process has exited.
 		rc.Read(func(p uintptr) bool {

@@ -42,7 +42,7 @@ func Adopt(rt *sandbox.Sandbox, name string, kind Kind, argv []string, pid int, 
 		return nil, err
 	}
 	s := &Session{name: name, kind: kind, argv: argv, pid: pid, started: started, rt: rt, master: m, log: newLogBuf(logCap)}
-	s.cond = sync.NewCond(&s.mu)
+	s.cond = sync.NewCond(&s.mu) // +checklocksignore: construction
 	go s.readLoop()
 	s.watch(exit, 0)
 	return s, nil

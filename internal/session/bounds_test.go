@@ -81,7 +81,7 @@ func ptySession(t *testing.T) (*Session, *os.File) {
 		t.Fatal(err)
 	}
 	s := &Session{name: "t", kind: Python, master: master, log: newLogBuf(logCap)}
-	s.cond = sync.NewCond(&s.mu)
+	s.cond = sync.NewCond(&s.mu) // +checklocksignore: construction
 	go s.readLoop()
 	t.Cleanup(func() { slave.Close(); s.Release() })
 	return s, slave
@@ -142,7 +142,8 @@ func TestCallFloodBounded(t *testing.T) {
 	most, calls := 0, 0
 	out := newOutput(1<<20, func([]byte) {
 		// Called under s.mu, as await passes output on.
-		most = max(most, len(s.buf))
+		most = max(most, len(s.buf)) // +checklocksignore: await holds s.mu
+
 		if calls++; calls%64 == 0 {
 			time.Sleep(time.Millisecond) // a slow reader of a streamed answer
 		}

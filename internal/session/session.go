@@ -56,6 +56,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/pydriver"
 	"deltabox/internal/sandbox"
 )
 
@@ -95,50 +96,55 @@ type Info = apitypes.SessionInfo
 
 // Session is one session.
 type Session struct {
-	name    string
-	kind    Kind
-	argv    []string
+	name string
+	kind Kind
+	argv []string
+	// +checklocks:mu
 	pid     int
 	started time.Time
 	rt      *sandbox.Sandbox
 	master  *os.File
 
-	mu     sync.Mutex // guards everything below
-	cond   *sync.Cond
-	buf    []byte  // while busy: output the call has not consumed yet (at most pendingCap)
-	log    *logBuf // while not busy: output no call consumes
-	dead   bool
-	exit   string
-	reaped bool             // watch reported the end of this generation's process
+	mu sync.Mutex // guards everything below
+	// cond is set at construction (unlocked: no one else has s yet).
+	// +checklocks:mu
+	cond *sync.Cond
+	// +checklocks:mu
+	buf []byte // while busy: output the call has not consumed yet (at most pendingCap)
+	// +checklocks:mu
+	log *logBuf // while not busy: output no call consumes
+	// +checklocks:mu
+	dead bool
+	exit string
+	// +checklocks:mu
+	reaped bool // watch reported the end of this generation's process
+	// +checklocks:mu
 	status *unix.WaitStatus // how it ended (nil: init could not say)
-	busy   bool
+	// +checklocks:mu
+	busy bool
+	// +checklocks:mu
 	closed bool
-	gen    int      // process generation: Rebind after a restore starts a new one
-	slave  *os.File // held by NewDetached until Rebind
+	// +checklocks:mu
+	gen int // process generation: Rebind after a restore starts a new one
+	// +checklocks:mu
+	slave *os.File // held by NewDetached until Rebind
 
 	// settling is closed when the interruption of an abandoned call's command is over
 	// (nil when none runs): the next call waits for it rather than meet a busy session.
+	// +checklocks:mu
 	settling chan struct{}
 }
 
+// pythonDriver runs a python session: code arrives base64 in "C" lines, runs at an "R"
+// line (pydriver.Exec's run), and its end is marked by the sentinel with its status.
 var pythonDriver = `
 import sys, base64, ast, traceback, termios, signal
 try:
     a = termios.tcgetattr(0); a[3] &= ~termios.ECHO; termios.tcsetattr(0, termios.TCSANOW, a)
 except Exception:
     pass
-g = {"__name__": "__main__", "__builtins__": __builtins__}
+` + pydriver.Exec + `
 buf = []
-def run(src):
-    tree = ast.parse(src, "<session>", "exec")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, "<session>", "exec"), g)
-    if last is not None:
-        v = eval(compile(last, "<session>", "eval"), g)
-        if v is not None:
-            print(repr(v))
 def report():
     # The traceback of the user's code only, without this driver's frames.
     t, v, tb = sys.exc_info()
@@ -160,7 +166,9 @@ while True:
     cid, rc = line[1:], 0
     src = base64.b64decode("".join(buf)).decode(); buf = []
     try:
-        run(src)
+        v = run(src)
+        if v is not None:
+            print(v)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:
@@ -185,7 +193,7 @@ func NewDetached(rt *sandbox.Sandbox, name string, kind Kind, argv []string) (*S
 	// The slave stays open here until the restored process has opened it by path
 	// (PtsPath): with no slave open, reads on the master fail with EIO.
 	s := &Session{name: name, kind: kind, argv: argv, started: time.Now().UTC(), rt: rt, master: master, slave: slave, dead: true, exit: "not started", log: newLogBuf(logCap)}
-	s.cond = sync.NewCond(&s.mu)
+	s.cond = sync.NewCond(&s.mu) // +checklocksignore: construction
 	go s.readLoop()
 	return s, nil
 }
@@ -221,7 +229,7 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 		shown = []string{"python3"} // not the driver's source
 	}
 	s := &Session{name: name, kind: kind, argv: shown, pid: p.Pid, started: time.Now().UTC(), rt: rt, master: master, log: newLogBuf(logCap)}
-	s.cond = sync.NewCond(&s.mu)
+	s.cond = sync.NewCond(&s.mu) // +checklocksignore: construction
 	go s.readLoop()
 	s.watch(p.Exit, 0)
 	if kind == Command {
@@ -649,8 +657,8 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 	var deadline <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
-		defer t.Stop()
 		deadline = t.C
+		defer t.Stop()
 	}
 	stop := make(chan struct{})
 	defer close(stop)
@@ -667,12 +675,10 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 		s.cond.Broadcast()
 		s.mu.Unlock()
 	}()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	// A trailing newline out holds back (output.add: maybe the newline bash prints as
 	// exit or errexit unwinds a call, which comes right before the sentinel) is passed on
 	// once heldFlush has gone by with nothing more: a line streamed as it is printed must
-	// not wait for the next one.
+	// not wait for the next one. (Its timer is stopped after the unlock below.)
 	var flushTimer *time.Timer
 	flush := false
 	defer func() {
@@ -680,6 +686,8 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 			flushTimer.Stop()
 		}
 	}()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for {
 		if len(s.buf) > 0 {
 			s.cond.Broadcast() // readLoop may wait for room (pendingCap)
@@ -715,16 +723,7 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 		}
 		if s.dead {
 			if !s.reaped && !gaveUp {
-				t := time.AfterFunc(endedWait, func() {
-					s.mu.Lock()
-					gaveUp = true
-					s.cond.Broadcast()
-					s.mu.Unlock()
-				})
-				defer t.Stop()
-				for !s.reaped && !gaveUp {
-					s.cond.Wait()
-				}
+				s.waitReaped(&gaveUp)
 			}
 			e := &endedError{why: s.exit, status: -1}
 			if ws := s.status; ws != nil {
@@ -754,6 +753,22 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 				s.mu.Unlock()
 			})
 		}
+		s.cond.Wait()
+	}
+}
+
+// waitReaped waits until watch reported the end of the session's process or endedWait
+// went by (then *gaveUp).
+// +checklocks:s.mu
+func (s *Session) waitReaped(gaveUp *bool) {
+	t := time.AfterFunc(endedWait, func() {
+		s.mu.Lock()
+		*gaveUp = true
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer t.Stop()
+	for !s.reaped && !*gaveUp {
 		s.cond.Wait()
 	}
 }

@@ -29,7 +29,8 @@ type background struct {
 	wg    *sync.WaitGroup // the manager's: Close waits for the work
 	mu    sync.Mutex
 	cond  *sync.Cond
-	ops   int // checkpoints and restores of the sandbox running (0 or 1)
+	// +checklocks:mu
+	ops int // checkpoints and restores of the sandbox running (0 or 1)
 }
 
 // newBackground makes a sandbox's gate; work waits delay after it is queued and is

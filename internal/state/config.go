@@ -44,14 +44,6 @@ type Config struct {
 	// Durable writes every node's templates to durable CRIU images in the background
 	// (durable.go; DELTABOX_DURABLE=0 turns it off), where CRIU works here.
 	Durable bool
-	// CrashAt ("checkpoint:K", "restore:K", "image:K"; DELTABOX_CRASH_AT) is a test hook:
-	// the daemon kills itself with SIGKILL just before step K of that operation (K one
-	// past the last: after the last step, before the answer), to test what the next
-	// daemon makes of an operation cut there (tests/e2e/restart_test.go). A node's image
-	// (durable.go: dumpNode) has three steps per template (its dump, its pages' ingest,
-	// what follows) and the complete mark: image:1 is before the first template's dump,
-	// image:2 before its ingest, image:3 after it, image:3N+1 after the mark.
-	CrashAt string
 	// TemplateBudgetBytes is a sandbox's template budget when its create names none
 	// (template_budget_mb 0; DELTABOX_TEMPLATE_BUDGET), and TemplateBudgetTotalBytes
 	// the budget of every sandbox's templates together (DELTABOX_TEMPLATE_BUDGET_TOTAL);

@@ -242,12 +242,6 @@ func (ts *criuTrees) pids() (out []int) {
 	return out
 }
 
-func (t *criuTree) signal(sig unix.Signal) {
-	for _, fd := range t.fds {
-		unix.PidfdSendSignal(fd, sig, nil, 0)
-	}
-}
-
 func (t *criuTree) closeFDs() {
 	for _, fd := range t.fds {
 		unix.Close(fd)

@@ -90,7 +90,7 @@ func TestFailureAtEveryStepKeepsCRIUTrees(t *testing.T) {
 		t.Run(fmt.Sprintf("checkpoint-step%d", step), func(t *testing.T) {
 			sh(t, m, id, fmt.Sprintf("echo %d > /workspace/step", step)) // a change: the checkpoint moves
 			before := sh(t, m, id, manifest)
-			m.FailStep = func(o string, k int) error {
+			state.SetFailStep(m, func(o string, k int) error {
 				if o == "checkpoint" && k == step {
 					// Unused dentries dropped: the undo's lookups in the old state go
 					// to the layers, not to what the kernel remembers of them (a
@@ -99,9 +99,9 @@ func TestFailureAtEveryStepKeepsCRIUTrees(t *testing.T) {
 					return fmt.Errorf("injected failure at %s step %d", o, k)
 				}
 				return nil
-			}
+			})
 			_, err := m.Checkpoint(ctx, id, "x")
-			m.FailStep = nil
+			state.SetFailStep(m, nil)
 			if err == nil || !strings.Contains(err.Error(), "injected") || strings.Contains(err.Error(), "could not be put back") {
 				t.Fatalf("checkpoint failing at step %d: %v, want the injected failure alone", step, err)
 			}

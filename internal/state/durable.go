@@ -78,14 +78,19 @@ type images struct {
 	runner *criu.Runner // nil until probed; not usable: no images
 	ready  chan struct{}
 
-	mu      sync.Mutex
-	nodes   map[string]*imageState
-	queue   []string
-	copies  map[string][]imageCopy // per queued node, its templates' copies, in order
+	mu sync.Mutex
+	// +checklocks:mu
+	nodes map[string]*imageState
+	// +checklocks:mu
+	queue []string
+	// +checklocks:mu
+	copies map[string][]imageCopy // per queued node, its templates' copies, in order
+	// +checklocks:mu
 	dropped int
 	wake    chan struct{}
 	// collect: images were removed (their nodes went) since the page store was last
 	// collected; the worker collects when no dump is queued.
+	// +checklocks:mu
 	collect bool
 }
 

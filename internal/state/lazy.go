@@ -70,10 +70,17 @@ func (m *Manager) watchLazy(s *sb, lrs []*lazyRestore) {
 	s.lazy = append(s.lazy, lrs...)
 	s.lazyMu.Unlock()
 	for _, lr := range lrs {
-		// Not in m.wg: a daemon that stops leaves the server running (its own process
-		// group), and it finishes the sandbox's pages for the next daemon.
+		// In m.wg, until the server ends or the daemon stops (Close): a daemon that stops
+		// leaves the server running (its own process group), and it finishes the
+		// sandbox's pages for the next daemon.
+		m.wg.Add(1)
 		go func() {
-			<-lr.l.Done()
+			defer m.wg.Done()
+			select {
+			case <-lr.l.Done():
+			case <-m.stop:
+				return
+			}
 			err := lr.l.Err()
 			if err != nil {
 				m.log.Error("a lazy restore from an image failed: its node's templates and the sandbox's sessions end", "sandbox", s.rec.ID, "node", lr.node, "err", err)

@@ -25,18 +25,25 @@ type Manager struct {
 
 	treeMu sync.RWMutex
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	nodes map[string]*node
 	// idsTaken: node IDs handed out by newNodeID whose node is not in nodes yet (a
 	// checkpoint syncs its CRIU trees between the two); protected by mu.
-	idsTaken  map[string]bool
+	// +checklocks:mu
+	idsTaken map[string]bool
+	// +checklocks:mu
 	sandboxes map[string]*sb
+	// +checklocks:mu
 	nextLayer uint64
 	// sessionStarts counts the sessions being started (reserveSession), under mu.
+	// +checklocks:mu
 	sessionStarts int
 
+	// +checklocks:mu
 	templates map[string][]*procTemplate // node id -> its process templates (templates.go)
 	// procRecs is each node's last process record (restart.go: recordTemplates), under mu.
+	// +checklocks:mu
 	procRecs map[string]*nodeProcesses
 	// img: durable images of templates (durable.go).
 	img *images
@@ -54,10 +61,14 @@ type Manager struct {
 	// evicted. Set before the manager serves; read under mu.
 	imageDone func(node string) bool
 
-	// FailStep, when set (tests only), makes step k of a checkpoint or restore fail,
-	// to prove that every failure leaves the sandbox as it was. Remove calls it at its
-	// step 1 too (its error is ignored there): a point for a test to delay.
-	FailStep func(op string, step int) error
+	// failStep, when set (by tests, through export_test.go's SetFailStep), makes step k
+	// of a checkpoint or restore fail, to prove that every failure leaves the sandbox as
+	// it was. Remove calls it at its step 1 too (its error is ignored there): a point for
+	// a test to delay.
+	failStep func(op string, step int) error
+	// crashAt is the crash point (op.go: crashPoint) of a daemon built with -tags
+	// testhooks (crashpoint_testhooks.go), else "".
+	crashAt string
 }
 
 type node struct {
@@ -77,11 +88,15 @@ type node struct {
 
 type sb struct {
 	opMu sync.Mutex
-	rec  store.Sandbox // guarded by opMu (and read under Manager.mu for listings)
-	rt   *sandbox.Sandbox
-	kns  *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
-	err  error      // why rt is nil (start failed after a daemon restart)
-	seq  uint64
+	// rec is guarded by opMu (and read under Manager.mu for listings); its ID and what
+	// create fixed are read without a lock. Not checklocks-annotated: no one guard.
+	rec store.Sandbox
+	// +checklocks:opMu
+	rt *sandbox.Sandbox
+	// +checklocks:opMu
+	kns *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
+	err error      // why rt is nil (start failed after a daemon restart)
+	seq uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a
 	// time per sandbox, so that a layer's frozen/ is prepared by one of them at once).
@@ -91,12 +106,18 @@ type sb struct {
 	// checkpoint). Lock order: m.treeMu -> buildMu -> prepMu -> m.mu.
 	buildMu sync.Mutex
 	prepMu  sync.Mutex // guards next, nextGen (prepare.go), warm, building and warmClosed (warm.go)
-	next    *prepared
+	// +checklocks:prepMu
+	next *prepared
 	// nextGen moves at every checkpoint and restore: a build asked for before it is stale.
-	nextGen    uint64
-	warm       map[string]*warmState
-	building   string        // the node whose warm state is being built, if any
-	buildDone  chan struct{} // closed when that build is over
+	// +checklocks:prepMu
+	nextGen uint64
+	// +checklocks:prepMu
+	warm map[string]*warmState
+	// +checklocks:prepMu
+	building string // the node whose warm state is being built, if any
+	// +checklocks:prepMu
+	buildDone chan struct{} // closed when that build is over
+	// +checklocks:prepMu
 	warmClosed bool
 
 	bg *background // after-answer work waits for this sandbox's operations (background.go)
@@ -104,47 +125,65 @@ type sb struct {
 	// lazy are the lazy restores into this sandbox still copying pages (lazy.go); under
 	// lazyMu, a leaf.
 	lazyMu sync.Mutex
-	lazy   []*lazyRestore
+	// +checklocks:lazyMu
+	lazy []*lazyRestore
 
+	// +checklocks:opMu
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 	// hostPids caches each session process's host PID (by sandbox PID), checked at each
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
 	// /proc/PID/status per process, templates included (100+ reads). Under opMu.
+	// +checklocks:opMu
 	hostPids map[int]int
 	// copyMu is held while a copy of a template is made and registered for its image
 	// (durable.go: copyForImage), and by a checkpoint while it lists the sandbox's
 	// processes (holdOthers), so that a copy being made is never taken for a process of
-	// the sandbox. A leaf.
+	// the sandbox. Not a leaf: held across the copy's injected fork and a round trip to
+	// init (doc.go: the lock order).
 	copyMu sync.Mutex
 
 	// keepMu serialises keepSessions; kept is what it last handed init (under keepMu).
 	keepMu sync.Mutex
-	kept   map[string]keptMark
+	// +checklocks:keepMu
+	kept map[string]keptMark
 
 	// tmplMu is held by whoever seizes this sandbox's templates (a restore while it
 	// forks from them, parking in the background), so that no template is seized twice.
 	tmplMu sync.Mutex
 
-	mu          sync.Mutex
-	execs       int       // calls running (admission.running, counted)
-	adm         admission // calls and state switches in arrival order (op.go)
-	oomSeen     int64     // the memory limit's kill count when last read (Exec)
-	removed     bool
-	sessions    map[string]*session.Session
+	mu sync.Mutex
+	// +checklocks:mu
+	execs int // calls running (admission.running, counted)
+	// +checklocks:mu
+	adm admission // calls and state switches in arrival order (op.go)
+	// +checklocks:mu
+	oomSeen int64 // the memory limit's kill count when last read (Exec)
+	// +checklocks:mu
+	removed bool
+	// +checklocks:mu
+	sessions map[string]*session.Session
+	// +checklocks:mu
 	sessionOpts map[string]SessionOptions
-	ended       map[string]string // sessions a checkpoint/restore ended, and why
-	warming     *procWarm         // the running warm-up of restored processes (procwarm.go)
+	// +checklocks:mu
+	ended map[string]string // sessions a checkpoint/restore ended, and why
+	// +checklocks:mu
+	warming *procWarm // the running warm-up of restored processes (procwarm.go)
 
-	stats  Stats
-	disk   diskState     // what the disk watcher measured (diskquota.go)
+	// +checklocks:mu
+	stats Stats
+	// +checklocks:mu
+	disk diskState // what the disk watcher measured (diskquota.go)
+	// +checklocks:mu
 	budget budgetMeasure // what its templates held when last measured (budget.go)
 	// limitMu serialises the changes of the kernel's memory limit (budget.go:
 	// fitKernelLimit) and guards kernelLimit, the limit written last.
-	limitMu     sync.Mutex
+	limitMu sync.Mutex
+	// +checklocks:limitMu
 	kernelLimit int64
 
 	// memRT is rt, for reads of its memory usage by other sandboxes' admissions
 	// (budget.go), which must not wait for this sandbox's opMu.
+	// +checklocks:mu
 	memRT *sandbox.Sandbox
 
 	// budgetMB is the record's TemplateBudgetMB, fixed at create (budget.go:
@@ -170,7 +209,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{})}
+		uppers: make(chan uint64, 4), stop: make(chan struct{}), crashAt: crashAtFromEnv(log)}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
 	}

@@ -304,11 +304,11 @@ func (m *Manager) queueOp(ctx context.Context, s *sb, what string, wait time.Dur
 	return t, nil
 }
 
-// fail is the fault-injection point of step k of op (Manager.FailStep; tests only).
+// fail is the fault-injection point of step k of op (Manager.failStep; tests only).
 func (m *Manager) fail(op string, k int) error {
 	m.crashPoint(op, k)
-	if m.FailStep != nil {
-		return m.FailStep(op, k)
+	if m.failStep != nil {
+		return m.failStep(op, k)
 	}
 	return nil
 }
@@ -359,7 +359,7 @@ type step[T any] struct {
 	injectInside bool
 }
 
-// runSteps runs steps in order on op, each after its fault-injection point (FailStep's
+// runSteps runs steps in order on op, each after its fault-injection point (failStep's
 // number k is steps[k-1]; for a step that injects inside, *inject is set to its point),
 // and records each one's time in res from t0 on. It stops at the first error; the
 // caller runs op's undo list.
@@ -383,9 +383,10 @@ func runSteps[T any](m *Manager, name string, steps []step[T], op T, inject *fun
 	return nil
 }
 
-// crashPoint is Config.CrashAt's hook: the daemon dies here as under kill -9.
+// crashPoint is DELTABOX_CRASH_AT's hook (crashpoint_testhooks.go): the daemon dies
+// here as under kill -9. A daemon built without -tags testhooks has none (crashAt "").
 func (m *Manager) crashPoint(op string, k int) {
-	if m.cfg.CrashAt != "" && m.cfg.CrashAt == op+":"+strconv.Itoa(k) {
+	if m.crashAt != "" && m.crashAt == op+":"+strconv.Itoa(k) {
 		m.log.Warn("DELTABOX_CRASH_AT: the daemon kills itself", "op", op, "step", k)
 		unix.Kill(os.Getpid(), unix.SIGKILL)
 		select {}

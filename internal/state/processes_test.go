@@ -169,18 +169,18 @@ except OSError:
 				if op == "checkpoint" {
 					bg0 = bgNS()
 				}
-				m.FailStep = func(o string, k int) error {
+				state.SetFailStep(m, func(o string, k int) error {
 					if o == op && k == step {
 						return fmt.Errorf("injected failure at %s step %d", o, k)
 					}
 					return nil
-				}
+				})
 				if op == "checkpoint" {
 					_, err = m.Checkpoint(ctx, id, "x")
 				} else {
 					_, err = m.Restore(ctx, id, base.Node.ID)
 				}
-				m.FailStep = nil
+				state.SetFailStep(m, nil)
 				if err == nil || !strings.Contains(err.Error(), "injected") {
 					t.Fatalf("%s with a failure at step %d: err = %v, want the injected failure", op, step, err)
 				}
@@ -418,16 +418,16 @@ func TestSlowStepKeepsTheNamespaceFd(t *testing.T) {
 		}
 		return nil
 	}
-	m.FailStep = slow
+	state.SetFailStep(m, slow)
 	n, err := m.Checkpoint(ctx, id, "")
-	m.FailStep = nil
+	state.SetFailStep(m, nil)
 	if err != nil || n.Processes != 2 {
 		t.Fatalf("slow checkpoint: %v %+v", err, n)
 	}
 	call(t, m, id, "main", "V=2")
-	m.FailStep = slow
+	state.SetFailStep(m, slow)
 	r, err := m.Restore(ctx, id, n.Node.ID)
-	m.FailStep = nil
+	state.SetFailStep(m, nil)
 	if err != nil || r.Processes != 2 {
 		t.Fatalf("slow restore: %v %+v", err, r)
 	}
@@ -473,16 +473,16 @@ func TestRemoveWhileParking(t *testing.T) {
 		}
 		// The tracer is closed and the sandbox not yet destroyed: the parking (2 ms
 		// after the answer) runs in between.
-		m.FailStep = func(op string, k int) error {
+		state.SetFailStep(m, func(op string, k int) error {
 			if op == "remove" {
 				time.Sleep(300 * time.Millisecond)
 			}
 			return nil
-		}
+		})
 		before := sandboxProcs(t, id)
 		start := time.Now()
 		err := m.Remove(id)
-		m.FailStep = nil
+		state.SetFailStep(m, nil)
 		if err != nil {
 			t.Fatalf("remove %s: %v (after %v)", id, err, time.Since(start))
 		}

@@ -282,8 +282,20 @@ func (m *Manager) lockLive(s *sb) error {
 	return nil
 }
 
+// apiSandbox is what the API shows of a sandbox's index record (store.Sandbox): the two
+// are separate types, so that neither the wire nor the disk changes with the other.
+func apiSandbox(r store.Sandbox) apitypes.Sandbox {
+	a := apitypes.Sandbox{ID: r.ID, Image: r.Image, Head: r.Head, Upper: r.Upper, Workdir: r.Workdir,
+		Hostname: r.Hostname, User: r.User, Created: r.Created, Limits: r.Limits, WarmProcesses: r.WarmProcesses,
+		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB}
+	if r.Init != nil {
+		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start}
+	}
+	return a
+}
+
 func (m *Manager) info(s *sb) *SandboxInfo {
-	in := &SandboxInfo{Sandbox: s.rec, Status: "running", Durable: m.st.Index.Durable(s.seq)}
+	in := &SandboxInfo{Sandbox: apiSandbox(s.rec), Status: "running", Durable: m.st.Index.Durable(s.seq)}
 	if s.rt != nil && !s.rt.Alive() {
 		in.Status, in.Error = "broken", "its init died (killed from outside the daemon?); remove it with deltabox rm"
 	} else if s.rt != nil {
@@ -375,8 +387,8 @@ func (m *Manager) Remove(id string) error {
 	// it seizes keeps init from exiting (sbinit.Client.Kill). Step 1 of "remove" is the
 	// tests' point to let it run.
 	var derr error
-	if m.FailStep != nil {
-		m.FailStep("remove", 1)
+	if m.failStep != nil {
+		m.failStep("remove", 1)
 	}
 	if s.rt != nil {
 		derr = s.rt.Destroy()

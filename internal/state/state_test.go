@@ -113,18 +113,18 @@ func TestFailureAtEveryStepLeavesSandboxUnchanged(t *testing.T) {
 				info, _ := m.Get("f1")
 				nodes := len(m.Tree().Nodes)
 				frozen := frozenLayers(t, root)
-				m.FailStep = func(o string, k int) error {
+				state.SetFailStep(m, func(o string, k int) error {
 					if o == op && k == step {
 						return fmt.Errorf("injected failure at %s step %d", o, k)
 					}
 					return nil
-				}
+				})
 				if op == "checkpoint" {
 					_, err = m.Checkpoint(ctx, "f1", "x")
 				} else {
 					_, err = m.Restore(ctx, "f1", base.Node.ID)
 				}
-				m.FailStep = nil
+				state.SetFailStep(m, nil)
 				if err == nil || !strings.Contains(err.Error(), "injected") {
 					t.Fatalf("%s with a failure at step %d: err = %v, want the injected failure", op, step, err)
 				}

@@ -77,7 +77,7 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 		return nil
 	}
 	in := &NodeInfo{
-		Node:      n.Node,
+		Node:      apiNode(n.Node),
 		Durable:   m.st.Index.Durable(n.seq),
 		Children:  ch[id],
 		Sandboxes: st[id],
@@ -90,6 +90,13 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 	}
 	in.ProcessImage = m.imageInfo(id)
 	return in
+}
+
+// apiNode is what the API shows of a node's index record (store.Node): the two are
+// separate types, so that neither the wire nor the disk changes with the other.
+func apiNode(n store.Node) apitypes.Node {
+	return apitypes.Node{ID: n.ID, Parent: n.Parent, Image: n.Image, Created: n.Created, Label: n.Label,
+		Sandbox: n.Sandbox, Layer: n.Layer, Own: n.Own, Bytes: n.Bytes}
 }
 
 // Tree is the whole snapshot tree. The wire form is defined once, in apitypes.

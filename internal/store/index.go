@@ -40,12 +40,18 @@ var (
 type Index struct {
 	db *bolt.DB
 
-	mu      sync.Mutex // protects everything below
-	cond    *sync.Cond
-	queue   []Op
-	seq     uint64 // last sequence number handed out
+	mu sync.Mutex // protects everything below
+	// +checklocks:mu
+	cond *sync.Cond
+	// +checklocks:mu
+	queue []Op
+	// +checklocks:mu
+	seq uint64 // last sequence number handed out
+	// +checklocks:mu
 	durable uint64 // last sequence number committed
-	err     error  // the last commit's error, nil once a commit succeeds
+	// +checklocks:mu
+	err error // the last commit's error, nil once a commit succeeds
+	// +checklocks:mu
 	closing bool
 	done    chan struct{}
 

@@ -34,6 +34,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -44,18 +45,73 @@ import (
 // DefaultRoot is the state directory unless configured otherwise.
 const DefaultRoot = "/var/lib/deltabox"
 
-// The records of the index are the API's too (NodeInfo and SandboxInfo embed them): their
-// wire form, which is also their form in index.db, is defined once, in apitypes.
-type (
-	// Node is one checkpoint: an immutable point of the snapshot tree.
-	Node = apitypes.Node
-	// Sandbox is the persistent record of a sandbox.
-	Sandbox = apitypes.Sandbox
-	// Image is an imported image (image.json).
-	Image = apitypes.Image
-	// InitRef names a sandbox's running init (Sandbox.Init).
-	InitRef = apitypes.InitRef
-)
+// Node is one checkpoint as index.db records it: an immutable point of the snapshot tree.
+// It is the store's record, not the API's: a field the API gains is not written to disk,
+// and one the disk gains is not shown, unless the daemon converts it (state/tree.go:
+// apiNode). Its JSON is the form index.db has held since the first release (the fields
+// of apitypes.Node, which was the record then): TestIndexLoadsNodesWrittenAsAPITypes.
+type Node struct {
+	ID      string    `json:"id"`
+	Parent  string    `json:"parent,omitempty"` // empty: the node sits directly on its image
+	Image   string    `json:"image"`
+	Created time.Time `json:"created"`
+	Label   string    `json:"label,omitempty"`
+	Sandbox string    `json:"sandbox,omitempty"` // the sandbox it was taken from
+	// Layer is the top layer of the node's stack: its own (Own) frozen from the
+	// sandbox's upper, or its parent's when nothing changed (0: the image alone).
+	Layer uint64 `json:"layer"`
+	Own   bool   `json:"own_layer"`
+	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
+}
+
+// Sandbox is the persistent record of a sandbox as index.db records it: the store's,
+// not the API's, like Node (state/sandboxes.go: apiSandbox converts). Its JSON is what
+// index.db has held since apitypes.Sandbox was the record:
+// TestIndexLoadsSandboxesWrittenAsAPITypes.
+type Sandbox struct {
+	ID       string `json:"id"`
+	Image    string `json:"image"`
+	Head     string `json:"head,omitempty"` // node the current state descends from
+	Upper    uint64 `json:"upper"`          // layer id of the writable upper
+	Workdir  string `json:"workdir"`
+	Hostname string `json:"hostname"`
+	// User is the create's user as given ("": root).
+	User    string    `json:"user,omitempty"`
+	Created time.Time `json:"created"`
+	// Limits are resolved at create time (no zero field) and applied again whenever the
+	// sandbox starts; zero fields in records older than limits mean the defaults. (The
+	// cgroup package's type, which the API shows as it is.)
+	Limits apitypes.Limits `json:"limits"`
+	// WarmProcesses turns on the async warm-up of processes after a restore
+	// (state/procwarm.go) for this sandbox.
+	WarmProcesses bool `json:"warm_processes,omitempty"`
+	// UIDBase is the host uid and gid that root of the sandbox's user namespace maps
+	// to; its 65536 ids follow. Each sandbox has a range of its own, allocated at
+	// create and kept in its record. 0: no user namespace (the daemon runs with
+	// isolation off).
+	UIDBase uint32 `json:"uid_base,omitempty"`
+	// DiskMB is the quota on its upper layer, resolved at create (0 in records older than
+	// quotas: the default).
+	DiskMB int64 `json:"disk_mb,omitempty"`
+	// TemplateBudgetMB is the create's template budget resolved (-1: none; 0 in records
+	// older than budgets: the daemon's default). The sandbox's kernel memory limit is
+	// Limits.MemoryBytes plus this.
+	TemplateBudgetMB int64 `json:"template_budget_mb,omitempty"`
+	// Init names the running init for the next daemon, which adopts the sandbox, its
+	// processes and sessions instead of starting it afresh; nil: none recorded.
+	Init *InitRef `json:"init,omitempty"`
+}
+
+// InitRef names one process for good: its host PID and its /proc/PID/stat starttime
+// (clock ticks after boot), which a reused PID does not have.
+type InitRef struct {
+	Pid   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+// Image is an imported image (image.json); its wire form, also its form on disk, is
+// still defined once, in apitypes.
+type Image = apitypes.Image
 
 // Store is an opened state directory.
 type Store struct {

@@ -77,7 +77,8 @@ func Binary(t testing.TB) string {
 		}
 		binPath = filepath.Join(dir, "deltabox")
 		// Generous: a build from cold module and build caches, not a hang.
-		cmd := deadline.Command(context.Background(), 10*time.Minute, "go", "build", "-o", binPath, "./cmd/deltabox")
+		// -tags testhooks: the crash points (DELTABOX_CRASH_AT) of the state package.
+		cmd := deadline.Command(context.Background(), 10*time.Minute, "go", "build", "-tags", "testhooks", "-o", binPath, "./cmd/deltabox")
 		cmd.Dir = repo
 		out, err := cmd.CombinedOutput()
 		if err != nil {
