@@ -39,7 +39,7 @@ func (m *Manager) Checkpoint(ctx context.Context, id, label string) (*OpResult, 
 	return m.CheckpointWith(ctx, id, CheckpointOptions{Label: label})
 }
 
-// checkpointSteps are the steps of a checkpoint, in order; step k (FailStep's number) is
+// checkpointSteps are the steps of a checkpoint, in order; step k (failStep's number) is
 // checkpointSteps[k-1]. Each pushes onto the operation's undo list what reverses it, once
 // it has succeeded, so that a failure at step k undoes steps k-1..1 in that order.
 //

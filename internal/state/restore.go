@@ -15,7 +15,7 @@ import (
 	"deltabox/internal/store"
 )
 
-// restoreSteps are the steps of a restore, in order; step k (FailStep's number) is
+// restoreSteps are the steps of a restore, in order; step k (failStep's number) is
 // restoreSteps[k-1]. Each pushes onto the operation's undo list what reverses it, once it
 // has succeeded.
 //
