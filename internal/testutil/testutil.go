@@ -169,6 +169,12 @@ func StartDaemonOn(t testing.TB, root string) *Daemon {
 // StartDaemonEnv starts a daemon on root with env (NAME=VALUE) added to its environment.
 func StartDaemonEnv(t testing.TB, root string, env ...string) *Daemon {
 	t.Helper()
+	return StartDaemonArgs(t, root, nil, env...)
+}
+
+// StartDaemonArgs starts a daemon on root with more arguments (--listen ADDR) and env.
+func StartDaemonArgs(t testing.TB, root string, args []string, env ...string) *Daemon {
+	t.Helper()
 	d := &Daemon{Root: root, Socket: filepath.Join(root, "deltabox.sock"), t: t}
 	var err error
 	d.log, err = os.OpenFile(filepath.Join(root, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -176,7 +182,7 @@ func StartDaemonEnv(t testing.TB, root string, env ...string) *Daemon {
 		t.Fatal(err)
 	}
 	// Not waited for until Stop, which gives it 20 s; it must answer within 20 s.
-	d.cmd = exec.Command(Binary(t), "daemon", "--root", root, "--socket", d.Socket)
+	d.cmd = exec.Command(Binary(t), append([]string{"daemon", "--root", root, "--socket", d.Socket}, args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if len(env) > 0 {
 		d.cmd.Env = append(os.Environ(), env...)
