@@ -60,7 +60,7 @@ func (c *Config) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		native := strings.HasPrefix(r.URL.Path, "/"+apitypes.Version+"/")
 		if !c.allowed(r, native) {
-			c.Log.Info("gateway: refused a request without a valid key", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			c.Log.Debug("gateway: refused a request without a valid key", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
 			unauthorized(w, native)
 			return
 		}

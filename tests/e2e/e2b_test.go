@@ -335,3 +335,46 @@ while True:
 		t.Fatalf("after the restore: %q, want the user's python counting", got)
 	}
 }
+
+// TestPythonClientRemote: the Python client reaches a daemon's TCP listener with
+// DELTABOX_HOST and DELTABOX_API_KEY (a run, a file, a checkpoint and a restore), and
+// without the key it is refused with 401.
+func TestPythonClientRemote(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	testutil.Require(t, err == nil, "needs python3 for the Python client: %v", err)
+	d, addr := remoteDaemon(t)
+	key := newKey(t, d, "py")
+	_, file, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(file), "..", "..", "clients", "python")
+	script := `
+import os, sys
+from deltabox import Sandbox, DeltaBoxError
+if os.environ.get("DELTABOX_API_KEY"):
+    with Sandbox.create() as sb:
+        sb.files.write("a.txt", "remote")
+        c = sb.checkpoint()
+        sb.run("rm a.txt").check()
+        sb.restore(c)
+        print(sb.run("cat a.txt").stdout)
+else:
+    try:
+        Sandbox.create()
+    except DeltaBoxError as e:
+        print("refused", e.status)
+`
+	run := func(env ...string) string {
+		cmd := exec.Command(py, "-c", script)
+		cmd.Env = append(os.Environ(), append([]string{"PYTHONPATH=" + src, "DELTABOX_SOCKET=/nonexistent"}, env...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("python: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if got := run("DELTABOX_HOST="+addr, "DELTABOX_API_KEY="+key); got != "remote\n" {
+		t.Fatalf("with the key: %q", got)
+	}
+	if got := run("DELTABOX_HOST=http://"+addr, "DELTABOX_API_KEY="); got != "refused 401\n" {
+		t.Fatalf("without the key: %q", got)
+	}
+}
