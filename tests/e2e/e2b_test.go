@@ -27,35 +27,10 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// freeAddr is a loopback address with a port nobody listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// remoteDaemon starts a daemon that also listens on TCP (extra args: TLS), and waits
-// for the listener.
+// remoteDaemon starts a daemon that also listens on TCP (args: TLS).
 func remoteDaemon(t *testing.T, args ...string) (*testutil.Daemon, string) {
 	t.Helper()
-	addr := freeAddr(t)
-	d := testutil.StartDaemonArgs(t, testutil.NewStore(t), append([]string{"--listen", addr}, args...))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-			return d, addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon does not listen on %s within 10 s; log:\n%s", addr, d.Log())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return testutil.StartRemoteDaemon(t, args...)
 }
 
 // cliRun runs the deltabox binary with env added; it returns stdout and the error
@@ -73,19 +48,9 @@ func cliRun(t *testing.T, env []string, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// newKey makes an API key named name in d's root; the key is the output's last line.
 func newKey(t *testing.T, d *testutil.Daemon, name string) string {
 	t.Helper()
-	out, err := cliRun(t, nil, "key", "create", name, "--root", d.Root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	k := lines[len(lines)-1]
-	if !strings.HasPrefix(k, "e2b_") || len(k) != 44 {
-		t.Fatalf("key create printed %q: want e2b_ and 40 hex digits on the last line", out)
-	}
-	return k
+	return testutil.NewKey(t, d, name)
 }
 
 func e2bDir() string {
@@ -197,69 +162,6 @@ func TestRemoteKeys(t *testing.T) {
 	// The unix socket stays root's only.
 	if st, err := os.Stat(d.Socket); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("socket %s: %v: want mode 0600", d.Socket, err)
-	}
-}
-
-// TestE2BEnvdAccess: envd traffic needs its sandbox's access token (or a key): none, or
-// another sandbox's, is a 401, and a killed sandbox is a 502 (E2B's answer for a sandbox
-// that is not running).
-func TestE2BEnvdAccess(t *testing.T) {
-	d, addr := remoteDaemon(t)
-	key := newKey(t, d, "k")
-	do := func(method, path string, hdr map[string]string, body string) (int, []byte) {
-		req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, b
-	}
-	type ref struct {
-		SandboxID       string `json:"sandboxID"`
-		EnvdAccessToken string `json:"envdAccessToken"`
-		EnvdVersion     string `json:"envdVersion"`
-	}
-	mk := func() ref {
-		s, b := do("POST", "/sandboxes", map[string]string{"X-API-Key": key}, `{"templateID":"base"}`)
-		var r ref
-		if s != 201 || json.Unmarshal(b, &r) != nil || r.EnvdAccessToken == "" {
-			t.Fatalf("create: %d %s", s, b)
-		}
-		return r
-	}
-	a, b := mk(), mk()
-	stat := `{"path":"/etc/hostname"}`
-	h := func(id, tok string) map[string]string {
-		m := map[string]string{"E2b-Sandbox-Id": id, "Content-Type": "application/json"}
-		if tok != "" {
-			m["X-Access-Token"] = tok
-		}
-		return m
-	}
-	if s, body := do("POST", "/filesystem.Filesystem/Stat", h(a.SandboxID, a.EnvdAccessToken), stat); s != 200 {
-		t.Fatalf("stat with the sandbox's token: %d %s", s, body)
-	}
-	if s, _ := do("POST", "/filesystem.Filesystem/Stat", h(a.SandboxID, ""), stat); s != 401 {
-		t.Fatalf("stat without a token: %d, want 401", s)
-	}
-	if s, _ := do("POST", "/filesystem.Filesystem/Stat", h(a.SandboxID, b.EnvdAccessToken), stat); s != 401 {
-		t.Fatalf("stat of sandbox a with b's token: %d, want 401", s)
-	}
-	// A path that climbs out of the sandbox is the sandbox's own /etc/passwd at most.
-	s, out := do("GET", "/files?path=../../../../etc/shadow", h(a.SandboxID, a.EnvdAccessToken), "")
-	if s == 200 && strings.Contains(string(out), "deltabox") {
-		t.Fatalf("/files read the host's shadow file")
-	}
-	if s, _ := do("DELETE", "/sandboxes/"+a.SandboxID, map[string]string{"X-API-Key": key}, ""); s != 204 {
-		t.Fatalf("kill: %d", s)
-	}
-	if s, _ := do("POST", "/filesystem.Filesystem/Stat", h(a.SandboxID, a.EnvdAccessToken), stat); s != 502 {
-		t.Fatalf("stat of a killed sandbox: %d, want 502", s)
 	}
 }
 
