@@ -139,6 +139,17 @@ try {
         await child.kill()
       }
     })
+
+    await step('fork', async () => {
+      const [f] = await sbx.fork()
+      assert.ok(!(f instanceof Error), `fork failed: ${f}`)
+      try {
+        assert.equal(await f.files.read('snap.txt'), 'in the snapshot')
+        assert.notEqual(f.sandboxId, sbx.sandboxId)
+      } finally {
+        await f.kill()
+      }
+    })
   }
 } finally {
   await step('kill', async () => {
