@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"deltabox/internal/errdefs"
-	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
 )
 
@@ -201,17 +200,6 @@ func (s *Server) templateOf(t string) (image, node string, err error) {
 	return n.Image, n.ID, nil
 }
 
-// ensureUser adds E2B's default user (uid 1000, home /home/user) when the sandbox's
-// /etc/passwd lacks it, and gives it its home; run as root inside the sandbox.
-const ensureUser = `set -e
-if ! id -u user >/dev/null 2>&1; then
-  if command -v useradd >/dev/null; then useradd -M -d /home/user -s /bin/bash -U -u 1000 user 2>/dev/null || useradd -M -d /home/user -s /bin/bash -U user
-  else echo 'user:x:1000:1000::/home/user:/bin/bash' >>/etc/passwd; echo 'user:x:1000:' >>/etc/group; fi
-fi
-mkdir -p /home/user
-[ "$(stat -c %U /home/user)" = user ] || chown user:user /home/user
-`
-
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	var q newSandbox
 	if err := decode(w, r, &q); err != nil {
@@ -256,12 +244,8 @@ func (s *Server) createBox(ctx context.Context, template string, meta, env map[s
 			return nil, undo(fmt.Errorf("start from snapshot %s: %w", node, err))
 		}
 	}
-	res, err := s.m.Exec(ctx, in.ID, sandbox.ExecRequest{Argv: []string{"sh", "-c", ensureUser}, Dir: "/", Timeout: time.Minute})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("adding E2B's user %q: %s (exit %d)", DefaultUser, strings.TrimSpace(res.Stderr), res.ExitCode)
-	}
-	if err != nil {
-		return nil, undo(err)
+	if err := s.ensureUser(ctx, in.ID); err != nil {
+		return nil, undo(fmt.Errorf("adding E2B's user %q: %w", DefaultUser, err))
 	}
 	b, err := s.box(in.ID)
 	if err != nil {
