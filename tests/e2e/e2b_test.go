@@ -280,3 +280,111 @@ else:
 		t.Fatalf("without the key: %q", got)
 	}
 }
+
+// TestRemoteFromAnotherNetns: a network namespace made by the test, joined to the host
+// by a veth pair, plays the second machine: from there the CLI and the Python client
+// reach the daemon's listener on the host's end of the pair with a key, and are refused
+// without one.
+func TestRemoteFromAnotherNetns(t *testing.T) {
+	_, err := exec.LookPath("ip")
+	testutil.Require(t, err == nil, "needs ip (iproute2) to make a network namespace: %v", err)
+	var rb [2]byte
+	rand.Read(rb[:])
+	ns := fmt.Sprintf("dbxr%02x%02x", rb[0], rb[1])
+	hostIf, nsIf := ns+"h", ns+"n"
+	sub := fmt.Sprintf("10.213.%d", rb[0])
+	host, peer := sub+".1", sub+".2"
+	ipc := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	ipc("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run(); exec.Command("ip", "link", "del", hostIf).Run() })
+	ipc("link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
+	ipc("link", "set", nsIf, "netns", ns)
+	ipc("addr", "add", host+"/30", "dev", hostIf)
+	ipc("link", "set", hostIf, "up")
+	ipc("netns", "exec", ns, "ip", "addr", "add", peer+"/30", "dev", nsIf)
+	ipc("netns", "exec", ns, "ip", "link", "set", nsIf, "up")
+	ipc("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+	l, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d := testutil.StartDaemonArgs(t, testutil.NewStore(t), []string{"--listen", addr})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no listener on %s; log:\n%s", addr, d.Log())
+		}
+	}
+	key := newKey(t, d, "far")
+	inNS := func(env []string, args ...string) (string, error) {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+		cmd.Env = append(os.Environ(), append([]string{"DELTABOX_SOCKET=/nonexistent", "DELTABOX_HOST=" + addr}, env...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	bin := testutil.Binary(t)
+	if out, err := inNS([]string{"DELTABOX_API_KEY=" + key}, bin, "create", "--name", "far"); err != nil {
+		t.Fatalf("create from the other namespace: %v: %s", err, out)
+	}
+	if out, err := inNS([]string{"DELTABOX_API_KEY=" + key}, bin, "exec", "far", "--", "echo", "from afar"); err != nil || out != "from afar\n" {
+		t.Fatalf("exec from the other namespace: %q, %v", out, err)
+	}
+	if out, err := inNS(nil, bin, "ls"); err == nil || !strings.Contains(out, "no valid API key") {
+		t.Fatalf("ls without a key from the other namespace: %q, %v: want a refusal", out, err)
+	}
+	if py, err := exec.LookPath("python3"); err == nil {
+		_, file, _, _ := runtime.Caller(0)
+		src := filepath.Join(filepath.Dir(file), "..", "..", "clients", "python")
+		out, err := inNS([]string{"DELTABOX_API_KEY=" + key, "PYTHONPATH=" + src}, py, "-c",
+			"from deltabox import Sandbox\nprint(Sandbox.create().run('echo py afar').stdout, end='')")
+		if err != nil || out != "py afar\n" {
+			t.Fatalf("python client from the other namespace: %q, %v", out, err)
+		}
+	}
+}
+
+// TestE2BTimeout: a sandbox created with E2B's timeout is killed when it expires, or
+// paused with autoPause (and then resumes on connect).
+func TestE2BTimeout(t *testing.T) {
+	d, addr := remoteDaemon(t)
+	key := newKey(t, d, "k")
+	do := func(method, path, body string) (int, map[string]any) {
+		req, _ := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("X-API-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var m map[string]any
+		json.NewDecoder(res.Body).Decode(&m)
+		return res.StatusCode, m
+	}
+	_, killed := do("POST", "/sandboxes", `{"templateID":"base","timeout":1}`)
+	_, paused := do("POST", "/sandboxes", `{"templateID":"base","timeout":1,"autoPause":true}`)
+	_, kept := do("POST", "/sandboxes", `{"templateID":"base","timeout":60}`)
+	time.Sleep(3 * time.Second)
+	if s, _ := do("GET", "/sandboxes/"+killed["sandboxID"].(string), ""); s != 404 {
+		t.Fatalf("a sandbox past its timeout: %d, want 404", s)
+	}
+	if s, m := do("GET", "/sandboxes/"+paused["sandboxID"].(string), ""); s != 200 || m["state"] != "paused" {
+		t.Fatalf("an autoPause sandbox past its timeout: %d %v, want paused", s, m["state"])
+	}
+	if s, _ := do("POST", "/sandboxes/"+paused["sandboxID"].(string)+"/connect", `{"timeout":60}`); s != 201 {
+		t.Fatalf("connect to the paused sandbox: %d, want 201 (resumed)", s)
+	}
+	if s, m := do("GET", "/sandboxes/"+kept["sandboxID"].(string), ""); s != 200 || m["state"] != "running" {
+		t.Fatalf("a sandbox within its timeout: %d %v", s, m["state"])
+	}
+}
