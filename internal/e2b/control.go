@@ -275,7 +275,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out := []sandboxDetail{}
-	for _, in := range s.m.List() {
+	all := s.m.List()
+	s.prune(all)
+	for _, in := range all {
 		b, err := s.box(in.ID)
 		if err != nil {
 			continue
@@ -296,6 +298,28 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
 	writeJSON(w, 200, out)
+}
+
+// prune forgets the boxes of sandboxes removed by DeltaBox's own API (live lists them
+// all).
+func (s *Server) prune(live []*state.SandboxInfo) {
+	ids := map[string]bool{}
+	for _, in := range live {
+		ids[in.ID] = true
+	}
+	s.mu.Lock()
+	var gone []string
+	for id := range s.boxes {
+		if !ids[id] {
+			gone = append(gone, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range gone {
+		if _, err := s.m.Get(id); errors.Is(err, errdefs.ErrNotFound) {
+			s.forget(id)
+		}
+	}
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -380,20 +404,24 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 // doPause ends b's E2B commands (an exec cannot span a checkpoint; what they started
 // in the background stays), checkpoints the sandbox and marks it paused.
 func (s *Server) doPause(ctx context.Context, b *box) error {
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
 	b.mu.Lock()
 	if b.paused != "" {
 		b.mu.Unlock()
 		return fmt.Errorf("sandbox %s is already paused: %w", b.id, errdefs.ErrConflict)
 	}
+	b.paused = pausing
 	b.mu.Unlock()
 	b.endProcs()
 	res, err := s.checkpoint(ctx, b.id, "e2b-pause")
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if err != nil {
+		b.paused = ""
 		return err
 	}
-	b.mu.Lock()
 	b.paused = res.Node.ID
-	b.mu.Unlock()
 	return nil
 }
 
@@ -440,6 +468,8 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := 200
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
 	b.mu.Lock()
 	node := b.paused
 	b.mu.Unlock()
@@ -538,6 +568,8 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	if q.Name != "" {
 		label += ":" + q.Name
 	}
+	b.opMu.Lock()
+	defer b.opMu.Unlock()
 	res, err := s.checkpoint(context.WithoutCancel(r.Context()), b.id, label)
 	if err != nil {
 		apiErr(w, err)
@@ -610,7 +642,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
+	b.opMu.Lock()
 	res, err := s.checkpoint(ctx, b.id, "e2b-fork")
+	b.opMu.Unlock()
 	if err != nil {
 		apiErr(w, err)
 		return

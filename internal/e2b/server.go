@@ -71,11 +71,15 @@ type box struct {
 	metadata map[string]string
 	env      map[string]string
 
+	// opMu serializes pause, resume, snapshot and fork of the sandbox: each is a
+	// checkpoint or restore that must not interleave with another.
+	opMu sync.Mutex
+
 	mu        sync.Mutex // protects the fields below
 	endAt     time.Time
 	timer     *time.Timer
 	autoPause bool
-	paused    string // the node a pause made; "": running
+	paused    string // the node a pause made; pausing while it is made; "": running
 	procs     map[uint32]*proc
 	nextPid   uint32
 }
@@ -164,6 +168,10 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
 }
 
 var errPaused = errors.New("paused")
+
+// pausing marks a box whose pause is under way: envd traffic is refused already, so
+// that no new command holds the checkpoint back.
+const pausing = "(pausing)"
 
 // box is the record of sandbox id, made for sandboxes DeltaBox's own API created.
 func (s *Server) box(id string) (*box, error) {
