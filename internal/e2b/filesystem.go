@@ -11,6 +11,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"path"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -274,10 +275,137 @@ func (fs *filesystemService) Remove(ctx context.Context, req *connect.Request[fi
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
-var errNoWatch = errors.New("watching a directory is not served by DeltaBox's envd: poll with files.list (docs/API.md, E2B)")
+var errNoWatch = errors.New("the non-streaming watchers are not served by DeltaBox's envd: use WatchDir (files.watchDir)")
 
-func (fs *filesystemService) WatchDir(context.Context, *connect.Request[filesystem.WatchDirRequest], *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	return connect.NewError(connect.CodeUnimplemented, errNoWatch)
+// watchPoll is how often a watched directory is listed. Watching polls (a listing
+// compared with the last) rather than using inotify: the daemon would have to watch
+// the overlay's upper and lower layers apart, and a restore replaces them all. A
+// listing of 10,000 entries (the most a watch takes) costs a few ms.
+const watchPoll = 200 * time.Millisecond
+
+// maxWatches bounds the watches of one sandbox at once (each lists every watchPoll).
+const maxWatches = 16
+
+type watchState struct {
+	typ   string
+	size  int64
+	mode  uint32
+	mtime time.Time
+}
+
+// WatchDir streams changes under a directory (its entries; with recursive, the whole
+// tree) as envd's events, found by polling every watchPoll.
+func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
+	b := boxOf(ctx)
+	p, err := fs.s.resolve(ctx, b.id, userOf(req.Header()), req.Msg.Path)
+	if err != nil {
+		return connectErr(err)
+	}
+	b.mu.Lock()
+	if b.watches >= maxWatches {
+		b.mu.Unlock()
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("sandbox %s has %d watches, its limit: stop one first", b.id, maxWatches))
+	}
+	b.watches++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.watches--
+		b.mu.Unlock()
+	}()
+	list := func() (map[string]watchState, error) {
+		out := map[string]watchState{}
+		err := fs.s.m.FileOp(ctx, b.id, "files watch "+p, func(root int, _ string) error {
+			in, err := files.Stat(root, p)
+			if err != nil {
+				return err
+			}
+			if in.Type != "dir" {
+				return fmt.Errorf("%s is not a directory: %w", p, errdefs.ErrInvalid)
+			}
+			l, err := files.List(root, p, files.ListOptions{Recursive: req.Msg.Recursive})
+			if err != nil {
+				return err
+			}
+			for _, e := range l.Entries {
+				out[strings.TrimPrefix(strings.TrimPrefix(e.Path, p), "/")] = watchState{e.Type, e.Size, e.Mode, e.ModTime}
+			}
+			return nil
+		})
+		return out, err
+	}
+	last, err := list()
+	if err != nil {
+		return connectErr(err)
+	}
+	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	ka := 50 * time.Second
+	if v, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
+		ka = time.Duration(v) * time.Second
+	}
+	lastSent := time.Now()
+	tick := time.NewTicker(watchPoll)
+	defer tick.Stop()
+	send := func(name string, t filesystem.EventType) error {
+		lastSent = time.Now()
+		return stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: &filesystem.FilesystemEvent{Name: name, Type: t}}})
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return connectErr(ctx.Err())
+		case <-tick.C:
+		}
+		b.mu.Lock()
+		paused := b.paused != ""
+		b.mu.Unlock()
+		if paused {
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("sandbox %s was paused", b.id))
+		}
+		now, err := list()
+		if err != nil {
+			return connectErr(err)
+		}
+		names := make([]string, 0, len(now))
+		for n := range now {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			cur, old := now[n], last[n]
+			switch {
+			case old == (watchState{}):
+				err = send(n, filesystem.EventType_EVENT_TYPE_CREATE)
+			case cur.typ != old.typ:
+				if err = send(n, filesystem.EventType_EVENT_TYPE_REMOVE); err == nil {
+					err = send(n, filesystem.EventType_EVENT_TYPE_CREATE)
+				}
+			case cur.size != old.size || !cur.mtime.Equal(old.mtime):
+				err = send(n, filesystem.EventType_EVENT_TYPE_WRITE)
+			case cur.mode != old.mode:
+				err = send(n, filesystem.EventType_EVENT_TYPE_CHMOD)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		for n := range last {
+			if _, ok := now[n]; !ok {
+				if err := send(n, filesystem.EventType_EVENT_TYPE_REMOVE); err != nil {
+					return err
+				}
+			}
+		}
+		last = now
+		if time.Since(lastSent) >= ka {
+			lastSent = time.Now()
+			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 func (fs *filesystemService) CreateWatcher(context.Context, *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {

@@ -81,6 +81,7 @@ type box struct {
 	autoPause bool
 	paused    string // the node a pause made; pausing while it is made; "": running
 	procs     map[uint32]*proc
+	watches   int // WatchDir streams open
 	nextPid   uint32
 }
 

@@ -105,6 +105,16 @@ try {
     await assert.rejects(sbx.files.read('nope.txt'))
   })
 
+  await step('watch a directory', async () => {
+    await sbx.files.makeDir('w')
+    const events = []
+    const h = await sbx.files.watchDir('w', (e) => events.push(`${e.type}:${e.name}`))
+    await sbx.files.write('w/new.txt', 'x')
+    await sbx.commands.run('sleep 0.5; echo more >> w/new.txt; sleep 0.5; rm w/new.txt; sleep 0.5')
+    await h.stop()
+    assert.deepEqual(events, ['create:new.txt', 'write:new.txt', 'remove:new.txt'])
+  })
+
   await step('info and list', async () => {
     const info = await sbx.getInfo()
     assert.equal(info.sandboxId, sbx.sandboxId)
