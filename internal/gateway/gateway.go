@@ -9,7 +9,9 @@
 //     sandbox's access token (X-Access-Token), which only a key holder got from the
 //     control plane.
 //
-// Anything else is a 401 before any handler runs. Abuse over the network meets the
+// With a certificate, TLS offers HTTP/2 and HTTP/1.1 (E2B's SDK takes HTTP/2 when
+// offered: its streams then share connections). Anything else is a 401 before any
+// handler runs. Abuse over the network meets the
 // limits a local client meets, and these: headers 64 KiB and 10 s to arrive, bodies 80
 // MiB (a 64 MiB file write and its framing; JSON routes cap their own lower), a
 // connection idle for 2 minutes is closed, and 1024 connections at once (more wait in
@@ -118,7 +120,7 @@ func (c *Config) Listen(ctx context.Context, ready func(net.Addr)) error {
 			l.Close()
 			return fmt.Errorf("TLS certificate %s and key %s: %w", c.CertFile, c.KeyFile, err)
 		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
 		l = tls.NewListener(l, srv.TLSConfig)
 	}
 	go func() {
