@@ -656,6 +656,28 @@ step_go() {
 	fi
 }
 
+# ==== Step 6: E2B's SDK ====================================================================
+# tests/e2e/e2b_test.go drives the daemon with E2B's own SDK, the npm package pinned in
+# tests/e2b/package.json (and its lock file). Installed only when the installed version is
+# not the pinned one (a re-run touches nothing).
+step_e2b_sdk() {
+	STEP=e2b-sdk
+	local dir=$SCRIPT_DIR/../tests/e2b want have
+	if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+		probe "e2b sdk" MISSING "install Node.js 18+ and npm, then: cd tests/e2b && npm ci"
+		return
+	fi
+	want=$(node -p 'require(process.argv[1]).dependencies.e2b' "$dir/package.json")
+	have=$(node -p 'require(process.argv[1]).version' "$dir/node_modules/e2b/package.json" 2>/dev/null || true)
+	if [[ $have != "$want" ]]; then
+		say "npm ci in tests/e2b (e2b $want)"
+		(cd "$dir" && npm ci --no-audit --no-fund >/var/cache/deltabox/npm.log 2>&1) ||
+			die "npm ci failed in tests/e2b (see /var/cache/deltabox/npm.log)" "check that the npm registry is reachable"
+		have=$want
+	fi
+	probe "e2b sdk" ok "e2b $have in tests/e2b/node_modules"
+}
+
 step_packages
 step_criu
 step_store
@@ -663,6 +685,7 @@ step_probes
 step_image
 step_workload
 step_go
+step_e2b_sdk
 
 STEP=setup
 echo

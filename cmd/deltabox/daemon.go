@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -20,9 +21,9 @@ import (
 )
 
 func daemonCmd() *cobra.Command {
-	var root string
+	var root, listen, tlsCert, tlsKey string
 	c := &cobra.Command{
-		Use:   "daemon [--root DIR]",
+		Use:   "daemon [--root DIR] [--listen ADDR [--tls-cert FILE --tls-key FILE]]",
 		Short: "Run the DeltaBox daemon (as root)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -54,7 +55,20 @@ func daemonCmd() *cobra.Command {
 			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer cancel()
 			log.Info("deltabox daemon listening", "socket", socketPath, "root", root)
-			err = api.New(m, log).Listen(ctx, socketPath, 0o600)
+			native := api.New(m, log)
+			if listen != "" {
+				var stop context.CancelCauseFunc
+				ctx, stop = context.WithCancelCause(ctx)
+				go func() {
+					// A listener that cannot start (address taken, bad certificate)
+					// stops the daemon: it was asked to serve there.
+					stop(serveTCP(ctx, log, m, native, root, listen, tlsCert, tlsKey))
+				}()
+			}
+			err = native.Listen(ctx, socketPath, 0o600)
+			if cerr := context.Cause(ctx); err == nil && cerr != nil && !errors.Is(cerr, context.Canceled) {
+				err = cerr
+			}
 			if cerr := m.Close(); err == nil {
 				err = cerr
 			}
@@ -66,6 +80,9 @@ func daemonCmd() *cobra.Command {
 	if def == "" {
 		def = store.DefaultRoot
 	}
+	c.Flags().StringVar(&listen, "listen", "", "also serve both APIs (DeltaBox's /v1 and E2B's) on this TCP address, for holders of an API key (deltabox key create)")
+	c.Flags().StringVar(&tlsCert, "tls-cert", "", "with --listen: serve TLS with this certificate (PEM)")
+	c.Flags().StringVar(&tlsKey, "tls-key", "", "with --listen: the certificate's private key (PEM)")
 	c.Flags().StringVar(&root, "root", def, "state directory (env DELTABOX_ROOT); on a reflink XFS, see scripts/setup.sh")
 	return c
 }

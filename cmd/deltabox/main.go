@@ -63,11 +63,18 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
 	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
 		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd())
-	root.AddCommand(filesCmd())
+	root.AddCommand(filesCmd(), keyCmd(), e2bCmd())
 	return root
 }
 
-func cli() *client.Client { return client.New(socketPath) }
+// cli is the daemon's client: on DELTABOX_HOST (TCP, with DELTABOX_API_KEY) when set,
+// else on the unix socket.
+func cli() *client.Client {
+	if h := os.Getenv("DELTABOX_HOST"); h != "" {
+		return client.NewRemote(hostURL(h), os.Getenv("DELTABOX_API_KEY"))
+	}
+	return client.New(socketPath)
+}
 
 func ctx() context.Context {
 	c, _ := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

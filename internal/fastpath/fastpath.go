@@ -185,6 +185,13 @@ func pathTooLong(what string, err error) string {
 // be read (a path over PATH_MAX) refuses rather than being skipped, and a file, cwd or
 // mapping on a mount the new state does not have (one made inside the sandbox) refuses
 // (mounts.go).
+// moveCaps are the capabilities setns(CLONE_NEWNS) checks in the caller's credentials
+// (mntns_install: CAP_SYS_ADMIN and CAP_SYS_CHROOT): the move runs it injected, as the
+// process. A process without them (a user's, uid 1000: CapEff 0) once failed its move and
+// its move back and was killed; it is refused up front, for CRIU (which restores it as
+// the host's root) to carry.
+const moveCaps = 1<<unix.CAP_SYS_ADMIN | 1<<unix.CAP_SYS_CHROOT
+
 func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, error) {
 	base := "/proc/" + strconv.Itoa(hostPid)
 	p := &Proc{HostPid: hostPid}
@@ -202,6 +209,11 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 		f := strings.Fields(l)
 		if len(f) == 2 && f[0] == "Threads:" && f[1] != "1" {
 			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("it has %s threads (fork copies only one; set OMP_NUM_THREADS/OPENBLAS_NUM_THREADS=1)", f[1]), CRIU: true}
+		}
+		if len(f) == 2 && f[0] == "CapEff:" {
+			if capEff, err := strconv.ParseUint(f[1], 16, 64); err == nil && capEff&moveCaps != moveCaps {
+				return nil, &Ineligible{Pid: p.Pid, Reason: "it runs without CAP_SYS_ADMIN and CAP_SYS_CHROOT (as a user other than root), which the move's injected setns needs in its own credentials", CRIU: true}
+			}
 		}
 		parsePending(f, &p.pending)
 	}

@@ -50,8 +50,13 @@ type ExecRequest struct {
 	Dir  string
 	// User runs the command as that user (sbinit.SpawnOptions.User); "": the
 	// sandbox's (Sandbox.User).
-	User        string
-	Stdin       []byte
+	User  string
+	Stdin []byte
+	// StdinReader, if set, feeds stdin after Stdin, until it ends (EOF closes the
+	// command's stdin): a client that sends input while the command runs (E2B's
+	// SendInput). Its Read must return once the command has exited (the caller closes
+	// it), or its goroutine stays blocked.
+	StdinReader io.Reader
 	Timeout     time.Duration // 0: none
 	OutputLimit int           // per stream; 0: DefaultOutputLimit
 	// Session, if set, runs Argv as shell code in that session (see package session);
@@ -136,6 +141,9 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	errW.Close()
 	go func() {
 		inW.Write(r.Stdin)
+		if r.StdinReader != nil {
+			io.Copy(inW, r.StdinReader)
+		}
 		inW.Close()
 	}()
 	stdout, stderr := newCapture(limit), newCapture(limit)

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,6 +171,12 @@ func StartDaemonOn(t testing.TB, root string) *Daemon {
 // StartDaemonEnv starts a daemon on root with env (NAME=VALUE) added to its environment.
 func StartDaemonEnv(t testing.TB, root string, env ...string) *Daemon {
 	t.Helper()
+	return StartDaemonArgs(t, root, nil, env...)
+}
+
+// StartDaemonArgs starts a daemon on root with more arguments (--listen ADDR) and env.
+func StartDaemonArgs(t testing.TB, root string, args []string, env ...string) *Daemon {
+	t.Helper()
 	d := &Daemon{Root: root, Socket: filepath.Join(root, "deltabox.sock"), t: t}
 	var err error
 	d.log, err = os.OpenFile(filepath.Join(root, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -177,7 +184,7 @@ func StartDaemonEnv(t testing.TB, root string, env ...string) *Daemon {
 		t.Fatal(err)
 	}
 	// Not waited for until Stop, which gives it 20 s; it must answer within 20 s.
-	d.cmd = exec.Command(Binary(t), "daemon", "--root", root, "--socket", d.Socket)
+	d.cmd = exec.Command(Binary(t), append([]string{"daemon", "--root", root, "--socket", d.Socket}, args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if len(env) > 0 {
 		d.cmd.Env = append(os.Environ(), env...)
@@ -246,4 +253,46 @@ func (d *Daemon) Pid() int {
 func (d *Daemon) Log() string {
 	b, _ := os.ReadFile(filepath.Join(d.Root, "daemon.log"))
 	return string(b)
+}
+
+// StartRemoteDaemon starts a daemon on a fresh store that also listens on a free
+// loopback TCP port (`--listen`; args add TLS), and returns it with that address once
+// the listener accepts.
+func StartRemoteDaemon(t testing.TB, args ...string) (*Daemon, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d := StartDaemonArgs(t, NewStore(t), append([]string{"--listen", addr}, args...))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return d, addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon does not listen on %s within 10 s; log:\n%s", addr, d.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// NewKey makes an API key named name in d's root with `deltabox key create`; the key is
+// its output's last line.
+func NewKey(t testing.TB, d *Daemon, name string) string {
+	t.Helper()
+	out, err := exec.Command(Binary(t), "key", "create", name, "--root", d.Root).Output()
+	if err != nil {
+		t.Fatalf("deltabox key create %s: %v", name, err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	k := lines[len(lines)-1]
+	if !strings.HasPrefix(k, "e2b_") || len(k) != 44 {
+		t.Fatalf("key create printed %q: want e2b_ and 40 hex digits on the last line", out)
+	}
+	return k
 }

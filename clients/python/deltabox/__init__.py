@@ -17,7 +17,8 @@ only, Python 3.9+.
             with child:
                 child.run("python3 hello.py").check()
 
-The daemon's socket is $DELTABOX_SOCKET, else /run/deltabox/deltabox.sock; or pass
+The daemon is $DELTABOX_HOST (a TCP listener, with the key $DELTABOX_API_KEY), else its
+socket $DELTABOX_SOCKET, else /run/deltabox/deltabox.sock; or pass
 ``Client(socket_path=...)`` as ``client=``. For asyncio programs, :mod:`deltabox.aio`
 has the same API with coroutines (``AsyncSandbox``, ``AsyncClient``).
 

@@ -15,12 +15,13 @@ daemon already started runs to its end all the same: it is never left half done.
 import asyncio
 import json
 import socket
+import ssl
 import threading
 from typing import Any, AsyncGenerator, Awaitable, Dict, List, Optional, Tuple, TypeVar
 
 from ._http import (CHUNKED, DEFAULT, LENGTH, NO_BODY, TO_CLOSE, _MAX_HEAD, Answer, _BadAnswer,
                     _Closed, body_framing, chunk_size, decode_event, decode_json, error_of,
-                    make_request, make_url, parse_header, parse_status, unreachable)
+                    make_request, make_url, parse_header, parse_status, unreachable, Remote)
 from .errors import DaemonUnreachable, DeltaBoxError, RequestTimeout
 
 T = TypeVar("T")
@@ -211,8 +212,11 @@ class AsyncTransport:
     to their event loop (asyncio streams cannot move), so the idle ones are kept by loop:
     one client may serve several loops (threads, or asyncio.run called again)."""
 
-    def __init__(self, socket_path: str, timeout: Optional[float] = 600.0, max_idle: int = 8) -> None:
-        self.socket_path = socket_path
+    def __init__(self, socket_path: str, timeout: Optional[float] = 600.0, max_idle: int = 8,
+                 remote: Optional[Remote] = None) -> None:
+        self.remote = remote
+        # Named in messages: the socket, or the TCP listener's URL.
+        self.socket_path = remote.url if remote is not None else socket_path
         self.timeout = timeout
         self.max_idle = max_idle
         self._idle: Dict[asyncio.AbstractEventLoop, List[_Conn]] = {}
@@ -281,7 +285,12 @@ class AsyncTransport:
 
     async def _connect(self, timeout: Optional[float]) -> _Conn:
         try:
-            r, w = await _within(asyncio.open_unix_connection(self.socket_path), timeout)
+            if self.remote is not None:
+                ctx = ssl.create_default_context() if self.remote.tls else None
+                opening = asyncio.open_connection(self.remote.host, self.remote.port, ssl=ctx)
+            else:
+                opening = asyncio.open_unix_connection(self.socket_path)
+            r, w = await _within(opening, timeout)
         except asyncio.TimeoutError:
             raise RequestTimeout("the DeltaBox daemon on %s did not accept a connection within %ss"
                                  % (self.socket_path, timeout)) from None
@@ -323,7 +332,8 @@ class AsyncTransport:
             timeout = self.timeout
         url = make_url(path, query)
         what = "%s %s" % (method, url)
-        req = make_request(method, url, body, content_type)
+        req = make_request(method, url, body, content_type,
+                           self.remote.api_key if self.remote is not None else None)
         for attempt in range(2):
             conn = self._take()
             reused = conn is not None

@@ -13,9 +13,10 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import threading
 from typing import Any, Dict, Generator, List, Optional, Tuple
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import DaemonUnreachable, DeltaBoxError, RequestTimeout, from_answer
 
@@ -31,17 +32,56 @@ def socket_path_from_env(socket_path: Optional[str] = None) -> str:
     return socket_path or os.environ.get("DELTABOX_SOCKET") or DEFAULT_SOCKET
 
 
+class Remote:
+    """A daemon's TCP listener (``deltabox daemon --listen``): host, port, TLS, and the
+    API key sent as a bearer token."""
+
+    __slots__ = ("host", "port", "tls", "api_key", "url")
+
+    def __init__(self, address: str, api_key: Optional[str]) -> None:
+        u = urlsplit(address if "://" in address else "http://" + address)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError("DELTABOX_HOST %r: want HOST:PORT, http://HOST:PORT or https://HOST:PORT" % address)
+        self.tls = u.scheme == "https"
+        self.host, self.port = u.hostname, u.port or (443 if self.tls else 80)
+        self.api_key = api_key
+        self.url = "%s://%s:%d" % (u.scheme, self.host, self.port)
+
+    def connect(self, timeout: Optional[float]) -> socket.socket:
+        s = socket.create_connection((self.host, self.port), timeout=timeout)
+        if self.tls:
+            try:
+                s = ssl.create_default_context().wrap_socket(s, server_hostname=self.host)
+            except BaseException:
+                s.close()
+                raise
+        return s
+
+
+def remote_from_env(host: Optional[str] = None, api_key: Optional[str] = None) -> Optional[Remote]:
+    """host (else $DELTABOX_HOST) as a Remote with api_key (else $DELTABOX_API_KEY); None
+    when neither names a host."""
+    h = host or os.environ.get("DELTABOX_HOST")
+    if not h:
+        return None
+    return Remote(h, api_key if api_key is not None else os.environ.get("DELTABOX_API_KEY"))
+
+
 def q(part: str) -> str:
     """Quote one path segment (ids, names)."""
     return quote(str(part), safe="")
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: Optional[float]) -> None:
+    def __init__(self, path: str, timeout: Optional[float], remote: Optional[Remote] = None) -> None:
         super().__init__("deltabox", timeout=timeout)
         self.unix_path = path
+        self.remote = remote
 
     def connect(self) -> None:
+        if self.remote is not None:
+            self.sock = self.remote.connect(self.timeout)
+            return
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.settimeout(self.timeout)
@@ -88,9 +128,12 @@ def make_url(path: str, query: Optional[Dict[str, Any]] = None) -> str:
 
 
 def make_request(method: str, url: str, body: Optional[bytes],
-                 content_type: Optional[str]) -> bytes:
-    """The bytes of an HTTP/1.1 request (sent with one write)."""
+                 content_type: Optional[str], api_key: Optional[str] = None) -> bytes:
+    """The bytes of an HTTP/1.1 request (sent with one write); api_key, for a daemon's
+    TCP listener, goes in an Authorization header."""
     head = ["%s %s HTTP/1.1" % (method, url), "Host: deltabox", "Accept: application/json"]
+    if api_key:
+        head.append("Authorization: Bearer " + api_key)
     if body is not None:
         head.append("Content-Type: " + (content_type or "application/json"))
         head.append("Content-Length: %d" % len(body))
@@ -208,14 +251,17 @@ class _RawConn:
 
     __slots__ = ("sock", "buf", "got_any")
 
-    def __init__(self, path: str, timeout: Optional[float]) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.settimeout(timeout)
-            s.connect(path)
-        except BaseException:
-            s.close()
-            raise
+    def __init__(self, path: str, timeout: Optional[float], remote: Optional[Remote] = None) -> None:
+        if remote is not None:
+            s = remote.connect(timeout)
+        else:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(timeout)
+                s.connect(path)
+            except BaseException:
+                s.close()
+                raise
         self.sock, self.buf, self.got_any = s, bytearray(), False
 
     def close(self) -> None:
@@ -293,8 +339,10 @@ class Transport:
     its own from a pool of idle kept-alive ones (or opens one)."""
 
     def __init__(self, socket_path: str, timeout: Optional[float] = 600.0,
-                 max_idle: int = 8) -> None:
-        self.socket_path = socket_path
+                 max_idle: int = 8, remote: Optional[Remote] = None) -> None:
+        self.remote = remote
+        # Named in messages: the socket, or the TCP listener's URL.
+        self.socket_path = remote.url if remote is not None else socket_path
         self.timeout = timeout
         self.max_idle = max_idle
         self._idle: List[_UnixConnection] = []
@@ -321,7 +369,7 @@ class Transport:
         conn = self._take(self._idle)
         if conn is not None:
             return conn, True
-        return _UnixConnection(self.socket_path, self.timeout), False
+        return _UnixConnection(self.socket_path, self.timeout, self.remote), False
 
     def _release(self, conn: _UnixConnection, resp: Optional[http.client.HTTPResponse]) -> None:
         if resp is not None and resp.will_close:
@@ -360,6 +408,8 @@ class Transport:
             timeout = self.timeout
         url = self.url(path, query)
         headers = {"Accept": "application/json"}
+        if self.remote is not None and self.remote.api_key:
+            headers["Authorization"] = "Bearer " + self.remote.api_key
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         for attempt in range(2):
@@ -426,13 +476,14 @@ class Transport:
         if timeout is DEFAULT:
             timeout = self.timeout
         url = self.url(path, query)
-        req = make_request(method, url, body, content_type)
+        req = make_request(method, url, body, content_type,
+                           self.remote.api_key if self.remote is not None else None)
         for attempt in range(2):
             conn = self._take(self._raw_idle)
             reused = conn is not None
             try:
                 if not reused:
-                    conn = _RawConn(self.socket_path, timeout)
+                    conn = _RawConn(self.socket_path, timeout, self.remote)
                 else:
                     conn.sock.settimeout(timeout)
             except (FileNotFoundError, ConnectionRefusedError, PermissionError) as e:

@@ -84,7 +84,8 @@ class AsyncClient:
                  max_workers: Optional[int] = None, client: Optional[Client] = None) -> None:
         self.blocking = client if client is not None else Client(socket_path, timeout=timeout)
         self.socket_path = self.blocking.socket_path
-        self._t = AsyncTransport(self.socket_path, timeout=self.blocking._t.timeout)
+        self._t = AsyncTransport(self.socket_path, timeout=self.blocking._t.timeout,
+                                 remote=self.blocking._t.remote)
         #: ``await client.images()`` lists them; ``await client.images.import_(...)``.
         self.images = AsyncImages(self)
 

@@ -8,7 +8,7 @@ module; this module imports neither sandbox.py nor aio.py, so the modules form a
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from ._http import Transport, q, socket_path_from_env
+from ._http import Transport, q, remote_from_env, socket_path_from_env
 from .errors import from_answer
 from .models import Node, Tree
 
@@ -78,6 +78,10 @@ class Client:
     Args:
         socket_path: the daemon's socket; default $DELTABOX_SOCKET, else
             /run/deltabox/deltabox.sock.
+        host: a daemon's TCP listener (``deltabox daemon --listen``), HOST:PORT or
+            http(s)://HOST:PORT; default $DELTABOX_HOST unless socket_path is given.
+        api_key: the key for host (``deltabox key create NAME``); default
+            $DELTABOX_API_KEY.
         timeout: seconds that bound every call: the wait for an answer, and the
             command's timeout of a ``run`` that gives none (the daemon interrupts the
             command then; the client waits a minute more for its answer). None: no
@@ -86,9 +90,13 @@ class Client:
     Thread-safe: concurrent calls use separate kept-alive connections.
     """
 
-    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 600.0) -> None:
+    def __init__(self, socket_path: Optional[str] = None, timeout: Optional[float] = 600.0,
+                 host: Optional[str] = None, api_key: Optional[str] = None) -> None:
+        remote = remote_from_env(host, api_key) if socket_path is None or host else None
         self.socket_path = socket_path_from_env(socket_path)
-        self._t = Transport(self.socket_path, timeout=timeout)
+        self._t = Transport(self.socket_path, timeout=timeout, remote=remote)
+        if remote is not None:
+            self.socket_path = remote.url
         #: ``client.images()`` lists the images; ``client.images.import_(name,
         #: source, on_progress=...)`` imports one, ``.remove(name)`` removes one.
         self.images = Images(self)
@@ -146,8 +154,8 @@ _default_lock = threading.Lock()
 
 
 def default_client() -> Client:
-    """The client used when none is given: $DELTABOX_SOCKET or the default socket,
-    read on first use."""
+    """The client used when none is given: $DELTABOX_HOST (with $DELTABOX_API_KEY), else
+    $DELTABOX_SOCKET or the default socket, read on first use."""
     global _default
     with _default_lock:
         if _default is None:

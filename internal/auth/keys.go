@@ -1,0 +1,241 @@
+// Package auth holds the daemon's API keys: what lets a client on the network (the TCP
+// listener, `deltabox daemon --listen`) in. The unix socket needs none: it is root's
+// (mode 0600), and root of the host is who creates and revokes keys.
+//
+// A key is "e2b_" and 40 hex digits (160 random bits), the form E2B's SDKs expect of
+// E2B_API_KEY, so that a key works unchanged as one. Only its SHA-256 is kept, in
+// ROOT/keys.json (mode 0600, root's): with 160 random bits a fast hash is enough (there
+// is nothing to guess a password from), and the file read by someone else gives no key.
+// A check hashes the key offered and compares it with every stored hash in constant time
+// (crypto/subtle), so the answer's timing says nothing about how much of a hash matched.
+//
+// `deltabox key create|ls|rm` edit the file directly (as root, under an flock), and the
+// daemon re-reads it when its modification time or size changes (a stat per check), so a
+// revoked key is refused from the next request on, without a restart.
+package auth
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/errdefs"
+)
+
+// FileName is the keys file in the daemon's root.
+const FileName = "keys.json"
+
+// Prefix starts every key (E2B's form: e2b_ and 40 hex digits).
+const Prefix = "e2b_"
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+
+// Key is a stored key: its name and the SHA-256 of the key, never the key.
+type Key struct {
+	Name    string    `json:"name"`
+	Hash    string    `json:"sha256"`
+	Created time.Time `json:"created"`
+}
+
+// Store is the keys file of one daemon root.
+type Store struct {
+	path string
+
+	mu    sync.Mutex // protects keys and stamp
+	keys  []Key
+	stamp [2]int64 // the file's mtime (ns) and size when keys were read; {-1,-1}: absent
+	read  bool
+}
+
+// Open returns the store of the keys file in root (the file need not exist).
+func Open(root string) *Store { return &Store{path: filepath.Join(root, FileName)} }
+
+// Path is the keys file.
+func (s *Store) Path() string { return s.path }
+
+func hashOf(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
+}
+
+// Check reports the name of the key k, or ok=false. Every stored hash is compared, in
+// constant time.
+func (s *Store) Check(k string) (name string, ok bool) {
+	keys, err := s.current()
+	if err != nil || k == "" {
+		return "", false
+	}
+	h := sha256.Sum256([]byte(k))
+	for _, key := range keys {
+		want, err := hex.DecodeString(key.Hash)
+		if err != nil || len(want) != len(h) {
+			continue
+		}
+		if subtle.ConstantTimeCompare(want, h[:]) == 1 && !ok {
+			name, ok = key.Name, true
+		}
+	}
+	return name, ok
+}
+
+// current is the keys, re-read when the file changed.
+func (s *Store) current() ([]Key, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	stamp := [2]int64{-1, -1}
+	var st unix.Stat_t
+	if err := unix.Stat(s.path, &st); err == nil {
+		stamp = [2]int64{st.Mtim.Nano(), st.Size}
+	} else if !errors.Is(err, unix.ENOENT) {
+		return nil, err
+	}
+	if s.read && stamp == s.stamp {
+		return s.keys, nil
+	}
+	keys, err := load(s.path)
+	if err != nil {
+		return nil, err
+	}
+	s.keys, s.stamp, s.read = keys, stamp, true
+	return keys, nil
+}
+
+func load(path string) ([]Key, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Keys []Key `json:"keys"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %v (fix or remove the file; its keys then stop working)", path, err)
+	}
+	return f.Keys, nil
+}
+
+// edit runs fn on the keys under an exclusive flock of ROOT/keys.json.lock and writes
+// the result atomically (a temporary file, fsync, rename, fsync of the directory): a
+// crash leaves the old file or the new one.
+func (s *Store) edit(fn func([]Key) ([]Key, error)) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("API keys are managed by root (the keys file %s is root's): run as root", s.path)
+	}
+	dir := filepath.Dir(s.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	lf, err := os.OpenFile(s.path+".lock", os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	keys, err := load(s.path)
+	if err != nil {
+		return err
+	}
+	keys, err = fn(keys)
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(struct {
+		Keys []Key `json:"keys"`
+	}{keys}, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := s.path + ".new"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Create makes a key named name and returns it; only its hash is stored.
+func (s *Store) Create(name string) (string, error) {
+	if !nameRE.MatchString(name) {
+		return "", fmt.Errorf("key name %q: use 1-63 of A-Z a-z 0-9 . _ -: %w", name, errdefs.ErrInvalid)
+	}
+	var raw [20]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	key := Prefix + hex.EncodeToString(raw[:])
+	err := s.edit(func(keys []Key) ([]Key, error) {
+		for _, k := range keys {
+			if k.Name == name {
+				return nil, fmt.Errorf("a key named %s exists (deltabox key rm %s first, or pick another name): %w", name, name, errdefs.ErrConflict)
+			}
+		}
+		return append(keys, Key{Name: name, Hash: hashOf(key), Created: time.Now().UTC().Truncate(time.Second)}), nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// Remove revokes the key named name.
+func (s *Store) Remove(name string) error {
+	return s.edit(func(keys []Key) ([]Key, error) {
+		out := keys[:0]
+		for _, k := range keys {
+			if k.Name != name {
+				out = append(out, k)
+			}
+		}
+		if len(out) == len(keys) {
+			return nil, fmt.Errorf("no key named %q (deltabox key ls lists them): %w", name, errdefs.ErrNotFound)
+		}
+		return out, nil
+	})
+}
+
+// List is the keys (names and creation times), by name.
+func (s *Store) List() ([]Key, error) {
+	keys, err := load(s.path)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Name < keys[j].Name })
+	return keys, nil
+}

@@ -1,0 +1,525 @@
+package e2b
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"deltabox/internal/e2b/spec/filesystem"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/files"
+	"deltabox/internal/sandbox"
+)
+
+// Reads, stats and listings go through the daemon's confined file operations
+// (Manager.FileOp and package files: openat2 RESOLVE_IN_ROOT on the sandbox's root).
+// Writes, mkdir, moves and removes run inside the sandbox as the request's user
+// (a short exec), as envd does them as that user: what they make belongs to the user,
+// and the user's permissions decide what they may change.
+
+// passwd is the sandbox's /etc/passwd, read confined to the sandbox.
+type passwd struct {
+	home  map[string]string
+	names map[uint32]string
+}
+
+func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
+	pw := &passwd{home: map[string]string{}, names: map[uint32]string{}}
+	err := s.m.FileOp(ctx, id, "files read /etc/passwd", func(root int, _ string) error {
+		b, _, err := files.Read(root, "/etc/passwd", 0, 0, 4<<20)
+		if err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			f := strings.Split(sc.Text(), ":")
+			if len(f) < 7 {
+				continue
+			}
+			if uid, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+				if _, ok := pw.names[uint32(uid)]; !ok {
+					pw.names[uint32(uid)] = f[0]
+				}
+			}
+			pw.home[f[0]] = f[5]
+		}
+		return nil
+	})
+	return pw, err
+}
+
+// homeOf is user's home in sandbox id ("/" for a user without one, as DeltaBox's exec
+// sets HOME).
+func (s *Server) homeOf(ctx context.Context, id, user string) (string, error) {
+	pw, err := s.passwd(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if h, ok := pw.home[user]; ok && path.IsAbs(h) {
+		return h, nil
+	}
+	if _, err := strconv.ParseUint(user, 10, 32); err == nil {
+		return "/", nil
+	}
+	return "", fmt.Errorf("no user %q in the sandbox's /etc/passwd: %w", user, errdefs.ErrInvalid)
+}
+
+// resolve is p, absolute or relative to the request's user's home, made absolute.
+func (s *Server) resolve(ctx context.Context, id, user, p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("a path is required: %w", errdefs.ErrInvalid)
+	}
+	home := "/"
+	if !strings.HasPrefix(p, "/") {
+		h, err := s.homeOf(ctx, id, user)
+		if err != nil {
+			return "", err
+		}
+		home = h
+	}
+	return files.Resolve(home, p)
+}
+
+func (pw *passwd) name(id uint32) string {
+	if n, ok := pw.names[id]; ok {
+		return n
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+// entry is in as envd's EntryInfo; ids as the sandbox sees them.
+func (s *Server) entry(sbID string, pw *passwd, in *files.Info) *filesystem.EntryInfo {
+	base := s.m.IDBase(sbID)
+	uid, gid := files.SandboxID(in.UID, base), files.SandboxID(in.GID, base)
+	e := &filesystem.EntryInfo{Name: in.Name, Path: in.Path, Size: in.Size, Mode: in.Mode, Permissions: in.Permissions,
+		Owner: pw.name(uid), Group: pw.name(gid), ModifiedTime: timestamppb.New(in.ModTime)}
+	switch in.Type {
+	case "file":
+		e.Type = filesystem.FileType_FILE_TYPE_FILE
+	case "dir":
+		e.Type = filesystem.FileType_FILE_TYPE_DIRECTORY
+		e.Mode |= 1 << 31 // os.ModeDir, as envd sends Go's FileMode
+	case "symlink":
+		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
+		t := in.LinkTarget
+		e.SymlinkTarget = &t
+	}
+	return e
+}
+
+// stat is path p of the box's sandbox as envd's EntryInfo.
+func (s *Server) stat(ctx context.Context, id, p string) (*filesystem.EntryInfo, error) {
+	pw, err := s.passwd(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var e *filesystem.EntryInfo
+	err = s.m.FileOp(ctx, id, "files stat "+p, func(root int, _ string) error {
+		in, err := files.Stat(root, p)
+		if err != nil {
+			return err
+		}
+		e = s.entry(id, pw, in)
+		return nil
+	})
+	return e, err
+}
+
+// runAs runs argv in sandbox id as user, with stdin, and turns a failure into an
+// error carrying its stderr.
+func (s *Server) runAs(ctx context.Context, id, user string, stdin []byte, argv ...string) error {
+	res, err := s.m.Exec(ctx, id, sandbox.ExecRequest{Argv: argv, User: user, Stdin: stdin, Dir: "/", Timeout: 5 * time.Minute, OutputLimit: 64 << 10})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 || res.Signal != 0 {
+		msg := strings.TrimSpace(res.Stderr)
+		kind := errdefs.ErrInvalid
+		switch {
+		case strings.Contains(msg, "No such file"):
+			kind = errdefs.ErrNotFound
+		case strings.Contains(msg, "Permission denied"):
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s", msg))
+		}
+		return fmt.Errorf("%s: %w", msg, kind)
+	}
+	return nil
+}
+
+type filesystemService struct{ s *Server }
+
+func (fs *filesystemService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
+	b := boxOf(ctx)
+	p, err := fs.s.resolve(ctx, b.id, userOf(req.Header()), req.Msg.Path)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	e, err := fs.s.stat(ctx, b.id, p)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
+}
+
+func (fs *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
+	b, user := boxOf(ctx), userOf(req.Header())
+	p, err := fs.s.resolve(ctx, b.id, user, req.Msg.Path)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	if _, err := fs.s.stat(ctx, b.id, p); err == nil {
+		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s exists", p))
+	}
+	if err := fs.s.runAs(ctx, b.id, user, nil, "mkdir", "-p", "--", p); err != nil {
+		return nil, connectErr(err)
+	}
+	e, err := fs.s.stat(ctx, b.id, p)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
+}
+
+func (fs *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+	b, user := boxOf(ctx), userOf(req.Header())
+	src, err := fs.s.resolve(ctx, b.id, user, req.Msg.Source)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	dst, err := fs.s.resolve(ctx, b.id, user, req.Msg.Destination)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	if _, err := fs.s.stat(ctx, b.id, src); err != nil {
+		return nil, connectErr(err)
+	}
+	// mkdir -p of the destination's directory and rename(2) (mv -T: onto dst itself,
+	// never into it), as envd's Move.
+	if err := fs.s.runAs(ctx, b.id, user, nil, "sh", "-c", `mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2"`, "mv", src, dst); err != nil {
+		return nil, connectErr(err)
+	}
+	e, err := fs.s.stat(ctx, b.id, dst)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
+}
+
+func (fs *filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
+	b := boxOf(ctx)
+	p, err := fs.s.resolve(ctx, b.id, userOf(req.Header()), req.Msg.Path)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	depth := int(req.Msg.Depth)
+	if depth < 1 {
+		depth = 1
+	}
+	if depth > files.DefaultMaxDepth {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("depth %d: at most %d", depth, files.DefaultMaxDepth))
+	}
+	pw, err := fs.s.passwd(ctx, b.id)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	out := &filesystem.ListDirResponse{}
+	err = fs.s.m.FileOp(ctx, b.id, "files list "+p, func(root int, _ string) error {
+		in, err := files.Stat(root, p)
+		if err != nil {
+			return err
+		}
+		if in.Type != "dir" && !(in.Type == "symlink") {
+			return fmt.Errorf("%s is not a directory: %w", p, errdefs.ErrInvalid)
+		}
+		l, err := files.List(root, p, files.ListOptions{Recursive: depth > 1, MaxDepth: depth - 1})
+		if err != nil {
+			return err
+		}
+		for i := range l.Entries {
+			out.Entries = append(out.Entries, fs.s.entry(b.id, pw, &l.Entries[i]))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (fs *filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+	b, user := boxOf(ctx), userOf(req.Header())
+	p, err := fs.s.resolve(ctx, b.id, user, req.Msg.Path)
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	if _, err := fs.s.stat(ctx, b.id, p); err != nil {
+		return nil, connectErr(err)
+	}
+	if err := fs.s.runAs(ctx, b.id, user, nil, "rm", "-rf", "--", p); err != nil {
+		return nil, connectErr(err)
+	}
+	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
+}
+
+var errNoWatch = errors.New("the non-streaming watchers are not served by DeltaBox's envd: use WatchDir (files.watchDir)")
+
+// watchPoll is how often a watched directory is listed. Watching polls (a listing
+// compared with the last) rather than using inotify: the daemon would have to watch
+// the overlay's upper and lower layers apart, and a restore replaces them all. A
+// listing of 10,000 entries (the most a watch takes) costs a few ms.
+const watchPoll = 200 * time.Millisecond
+
+// maxWatches bounds the watches of one sandbox at once (each lists every watchPoll).
+const maxWatches = 16
+
+type watchState struct {
+	typ   string
+	size  int64
+	mode  uint32
+	mtime time.Time
+}
+
+// WatchDir streams changes under a directory (its entries; with recursive, the whole
+// tree) as envd's events, found by polling every watchPoll.
+func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
+	b := boxOf(ctx)
+	p, err := fs.s.resolve(ctx, b.id, userOf(req.Header()), req.Msg.Path)
+	if err != nil {
+		return connectErr(err)
+	}
+	b.mu.Lock()
+	if b.watches >= maxWatches {
+		b.mu.Unlock()
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("sandbox %s has %d watches, its limit: stop one first", b.id, maxWatches))
+	}
+	b.watches++
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.watches--
+		b.mu.Unlock()
+	}()
+	list := func() (map[string]watchState, error) {
+		out := map[string]watchState{}
+		err := fs.s.m.FileOp(ctx, b.id, "files watch "+p, func(root int, _ string) error {
+			in, err := files.Stat(root, p)
+			if err != nil {
+				return err
+			}
+			if in.Type != "dir" {
+				return fmt.Errorf("%s is not a directory: %w", p, errdefs.ErrInvalid)
+			}
+			l, err := files.List(root, p, files.ListOptions{Recursive: req.Msg.Recursive})
+			if err != nil {
+				return err
+			}
+			for _, e := range l.Entries {
+				out[strings.TrimPrefix(strings.TrimPrefix(e.Path, p), "/")] = watchState{e.Type, e.Size, e.Mode, e.ModTime}
+			}
+			return nil
+		})
+		return out, err
+	}
+	last, err := list()
+	if err != nil {
+		return connectErr(err)
+	}
+	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	ka := 50 * time.Second
+	if v, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
+		ka = time.Duration(v) * time.Second
+	}
+	lastSent := time.Now()
+	tick := time.NewTicker(watchPoll)
+	defer tick.Stop()
+	send := func(name string, t filesystem.EventType) error {
+		lastSent = time.Now()
+		return stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: &filesystem.FilesystemEvent{Name: name, Type: t}}})
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return connectErr(ctx.Err())
+		case <-tick.C:
+		}
+		b.mu.Lock()
+		paused := b.paused != ""
+		b.mu.Unlock()
+		if paused {
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("sandbox %s was paused", b.id))
+		}
+		now, err := list()
+		if err != nil {
+			return connectErr(err)
+		}
+		names := make([]string, 0, len(now))
+		for n := range now {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			cur, old := now[n], last[n]
+			switch {
+			case old == (watchState{}):
+				err = send(n, filesystem.EventType_EVENT_TYPE_CREATE)
+			case cur.typ != old.typ:
+				if err = send(n, filesystem.EventType_EVENT_TYPE_REMOVE); err == nil {
+					err = send(n, filesystem.EventType_EVENT_TYPE_CREATE)
+				}
+			case cur.size != old.size || !cur.mtime.Equal(old.mtime):
+				err = send(n, filesystem.EventType_EVENT_TYPE_WRITE)
+			case cur.mode != old.mode:
+				err = send(n, filesystem.EventType_EVENT_TYPE_CHMOD)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		for n := range last {
+			if _, ok := now[n]; !ok {
+				if err := send(n, filesystem.EventType_EVENT_TYPE_REMOVE); err != nil {
+					return err
+				}
+			}
+		}
+		last = now
+		if time.Since(lastSent) >= ka {
+			lastSent = time.Now()
+			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (fs *filesystemService) CreateWatcher(context.Context, *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+func (fs *filesystemService) GetWatcherEvents(context.Context, *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+func (fs *filesystemService) RemoveWatcher(context.Context, *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+// envd's /files: GET reads a file (raw bytes), POST writes files (multipart parts named
+// "file" whose file names are paths, or an application/octet-stream body for ?path).
+
+// fileUser is the user of a /files request: ?username=, else the Authorization header's.
+func fileUser(r *http.Request) string {
+	if u := r.URL.Query().Get("username"); u != "" {
+		return u
+	}
+	return userOf(r.Header)
+}
+
+func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) {
+	b := boxOf(r.Context())
+	p, err := s.resolve(r.Context(), b.id, fileUser(r), r.URL.Query().Get("path"))
+	if err != nil {
+		envdErr(w, err)
+		return
+	}
+	err = s.m.FileOp(r.Context(), b.id, "files read "+p, func(root int, _ string) error {
+		f, in, err := files.Open(root, p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(in.Size, 10))
+		w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
+		w.WriteHeader(200)
+		io.Copy(w, io.LimitReader(f, in.Size))
+		return nil
+	})
+	if err != nil {
+		envdErr(w, err)
+	}
+}
+
+// entryRef is what POST /files answers for each file written.
+type entryRef struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
+	b, user := boxOf(r.Context()), fileUser(r)
+	r.Body = http.MaxBytesReader(w, r.Body, files.DefaultMaxWrite+1<<20)
+	write := func(p string, data io.Reader) (*entryRef, error) {
+		ap, err := s.resolve(r.Context(), b.id, user, p)
+		if err != nil {
+			return nil, err
+		}
+		content, err := io.ReadAll(io.LimitReader(data, files.DefaultMaxWrite+1))
+		if err != nil {
+			return nil, fmt.Errorf("read the upload: %v: %w", err, errdefs.ErrInvalid)
+		}
+		if len(content) > files.DefaultMaxWrite {
+			return nil, fmt.Errorf("%s: over the limit of %d bytes per write: %w", p, files.DefaultMaxWrite, errdefs.ErrTooLarge)
+		}
+		if err := s.runAs(r.Context(), b.id, user, content, "sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "write", ap); err != nil {
+			return nil, err
+		}
+		return &entryRef{Name: path.Base(ap), Type: "file", Path: ap}, nil
+	}
+	var out []*entryRef
+	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch {
+	case ct == "multipart/form-data":
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				envdErr(w, fmt.Errorf("multipart body: %v: %w", err, errdefs.ErrInvalid))
+				return
+			}
+			p := r.URL.Query().Get("path")
+			if p == "" {
+				p = part.FileName()
+			}
+			e, err := write(p, part)
+			part.Close()
+			if err != nil {
+				envdErr(w, err)
+				return
+			}
+			out = append(out, e)
+		}
+	default: // application/octet-stream (envd 0.5.7)
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			envdErr(w, fmt.Errorf("gzip uploads are not taken: send the file as it is: %w", errdefs.ErrInvalid))
+			return
+		}
+		e, err := write(r.URL.Query().Get("path"), r.Body)
+		if err != nil {
+			envdErr(w, err)
+			return
+		}
+		out = append(out, e)
+	}
+	writeJSON(w, 200, out)
+}

@@ -1,0 +1,168 @@
+// Package gateway is the daemon's TCP listener (`deltabox daemon --listen ADDR`): both
+// APIs, DeltaBox's own (/v1/...) and E2B's (package e2b), for clients on other
+// machines, behind API keys (package auth) and, given a certificate, TLS.
+//
+// What lets a request in:
+//   - an API key, as E2B's control plane takes it (X-API-Key) or as a bearer token
+//     (Authorization: Bearer KEY: the CLI and the Python client with DELTABOX_API_KEY);
+//   - or, for envd traffic only (a request naming its sandbox in E2b-Sandbox-Id), that
+//     sandbox's access token (X-Access-Token), which only a key holder got from the
+//     control plane.
+//
+// With a certificate, TLS offers HTTP/2 and HTTP/1.1 (E2B's SDK takes HTTP/2 when
+// offered: its streams then share connections). Anything else is a 401 before any
+// handler runs. Abuse over the network meets the
+// limits a local client meets, and these: headers 64 KiB and 10 s to arrive, bodies 80
+// MiB (a 64 MiB file write and its framing; JSON routes cap their own lower), a
+// connection idle for 2 minutes is closed, and 1024 connections at once (more wait in
+// the kernel's accept queue).
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/auth"
+)
+
+// Limits of the TCP listener.
+const (
+	maxHeader   = 64 << 10
+	maxBody     = 80 << 20
+	idleTimeout = 2 * time.Minute
+	headerWait  = 10 * time.Second
+	maxConns    = 1024
+)
+
+// Config is what the listener serves.
+type Config struct {
+	Addr              string
+	CertFile, KeyFile string // both, or neither (plain HTTP)
+	Keys              *auth.Store
+	Native            http.Handler // DeltaBox's API (/v1/...)
+	E2B               http.Handler // E2B's control plane and envd
+	// EnvdToken reports whether an envd request carries its sandbox's access token.
+	EnvdToken func(*http.Request) bool
+	IsEnvd    func(*http.Request) bool
+	Log       *slog.Logger
+}
+
+// Handler is the authenticated router of the listener.
+func (c *Config) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		native := strings.HasPrefix(r.URL.Path, "/"+apitypes.Version+"/")
+		if !c.allowed(r, native) {
+			c.Log.Debug("gateway: refused a request without a valid key", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
+			unauthorized(w, native)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		if native {
+			c.Native.ServeHTTP(w, r)
+			return
+		}
+		c.E2B.ServeHTTP(w, r)
+	})
+}
+
+func (c *Config) allowed(r *http.Request, native bool) bool {
+	key := r.Header.Get("X-API-Key")
+	if k, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && key == "" {
+		key = k
+	}
+	if key != "" {
+		_, ok := c.Keys.Check(key)
+		return ok
+	}
+	return !native && c.IsEnvd(r) && c.EnvdToken(r)
+}
+
+func unauthorized(w http.ResponseWriter, native bool) {
+	msg := "no valid API key: send one (X-API-Key: KEY, or Authorization: Bearer KEY; E2B_API_KEY, DELTABOX_API_KEY); the host's root makes them with `deltabox key create NAME`"
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("WWW-Authenticate", `Bearer realm="deltabox"`)
+	w.WriteHeader(401)
+	if native {
+		var b apitypes.ErrorBody
+		b.Error.Code, b.Error.Message = "unauthorized", msg
+		json.NewEncoder(w).Encode(b)
+		return
+	}
+	json.NewEncoder(w).Encode(map[string]any{"code": 401, "message": msg})
+}
+
+// Listen serves c on its address until ctx ends. ready, if set, is called with the
+// bound address once the listener accepts.
+func (c *Config) Listen(ctx context.Context, ready func(net.Addr)) error {
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return fmt.Errorf("TLS needs both --tls-cert and --tls-key")
+	}
+	l, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.Addr, err)
+	}
+	l = &limitListener{Listener: l, sem: make(chan struct{}, maxConns)}
+	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: headerWait, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeader,
+		ErrorLog: slog.NewLogLogger(c.Log.Handler(), slog.LevelDebug)}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("TLS certificate %s and key %s: %w", c.CertFile, c.KeyFile, err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+		l = tls.NewListener(l, srv.TLSConfig)
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	if ready != nil {
+		ready(l.Addr())
+	}
+	err = srv.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// limitListener accepts at most cap(sem) connections at once.
+type limitListener struct {
+	net.Listener
+	sem chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	l.sem <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
