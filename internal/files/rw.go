@@ -80,6 +80,26 @@ func ReadRange(p string, size, off, length, max int64) (int64, error) {
 	return n, nil
 }
 
+// Read returns length bytes (0: to the end) of regular file p from off, refusing more
+// than max bytes (0: DefaultMaxRead), and the file's Info.
+func Read(root int, p string, off, length, max int64) ([]byte, *Info, error) {
+	f, in, err := Open(root, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	n, err := ReadRange(in.Path, in.Size, off, length, max)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := make([]byte, n)
+	m, err := f.ReadAt(b, off)
+	if err != nil && err != io.EOF {
+		return nil, nil, fsErr(in.Path, err)
+	}
+	return b[:m], in, nil
+}
+
 // WriteOptions configures Write.
 type WriteOptions struct {
 	// Mode, when HasMode, is the file's permission bits. Otherwise an existing file
