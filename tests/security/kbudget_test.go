@@ -1,0 +1,192 @@
+package security
+
+import (
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/testutil"
+)
+
+// The kernel's per-user budgets (inotify instances, POSIX message-queue bytes, queued
+// signals) are charged to the user at every level of user namespaces up to the
+// initial one, where a sandbox's charge goes to its user namespace's owner: with every
+// sandbox's namespace owned by host root, one sandbox used them up for all the others
+// and for root of the host.
+
+// budgetPy defines, for python3 in a sandbox or on the host, one attempt at each
+// budget: inotify_init1, mq_open of a 10 x 8 KiB queue (what an unprivileged user may
+// ask; about 82 KB of RLIMIT_MSGQUEUE), rt_sigqueueinfo of a blocked RT signal to
+// itself (si_code SI_QUEUE: checked against RLIMIT_SIGPENDING, where kill(2) is not).
+// Each returns (result, errno name).
+const budgetPy = `
+import ctypes, errno, os, signal, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+class MqAttr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+def err():
+    return errno.errorcode.get(ctypes.get_errno(), "?")
+def inotify():
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    return fd, err()
+def mq(name):
+    a = MqAttr(0, 10, 8192, 0)
+    fd = libc.mq_open(name.encode(), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600, ctypes.byref(a))
+    return fd, err()
+SIG = int(signal.SIGRTMIN) + 3
+signal.pthread_sigmask(signal.SIG_BLOCK, [SIG])
+info = struct.pack("iii", SIG, 0, -1) + bytes(116)
+def sigq():
+    r = libc.syscall(129, os.getpid(), SIG, info)
+    return r, err()
+`
+
+// hogPy takes as much of each budget as it is given, reports "NAME COUNT ERRNO" for
+// each on stdout and in /tmp/hog.out, then holds it all (fds, queues, pending signals)
+// until killed, unless its first argument is "once".
+const hogPy = budgetPy + `
+out = []
+fds = []
+while len(fds) < 100000:
+    fd, e = inotify()
+    if fd < 0: break
+    fds.append(fd)
+out.append("inotify %d %s" % (len(fds), e))
+n = 0
+while n < 1000:
+    fd, e = mq("/hog-%d-%d" % (os.getpid(), n))
+    if fd < 0: break
+    os.close(fd)
+    n += 1
+out.append("mq %d %s" % (n, e))
+n = 0
+while n < 10000000:
+    r, e = sigq()
+    if r < 0: break
+    n += 1
+out.append("sig %d %s" % (n, e))
+print("\n".join(out), flush=True)
+open("/tmp/hog.out", "w").write("\n".join(out) + "\n")
+if sys.argv[1:] != ["once"]:
+    while True: time.sleep(60)
+`
+
+// checkPy makes one attempt at each budget and reports "NAME ok" or "NAME ERRNO".
+const checkPy = budgetPy + `
+fd, e = inotify()
+print("inotify", "ok" if fd >= 0 else e)
+name = "/check-%d" % os.getpid()
+fd, e = mq(name)
+print("mq", "ok" if fd >= 0 else e)
+if fd >= 0: libc.mq_unlink(name.encode())
+r, e = sigq()
+print("sig", "ok" if r >= 0 else e)
+`
+
+// parseBudget reads "NAME VALUE [VALUE]" lines into NAME -> fields.
+func parseBudget(s string) map[string][]string {
+	m := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 {
+			m[f[0]] = f[1:]
+		}
+	}
+	return m
+}
+
+// wantAllOK fails the test for each budget that check's output does not report ok.
+func wantAllOK(t *testing.T, who, out string) {
+	t.Helper()
+	got := parseBudget(out)
+	for _, name := range []string{"inotify", "mq", "sig"} {
+		if v := got[name]; len(v) != 1 || v[0] != "ok" {
+			t.Errorf("%s: %s refused while another sandbox holds its whole budget: %v (output %q)", who, name, v, out)
+		}
+	}
+}
+
+// TestKernelBudgetsPerSandbox: sandbox A takes every inotify instance, message-queue
+// byte and queued signal it is given, and holds them. Sandbox B, and root of the host,
+// still get each; then A is removed, and a sandbox C that gets A's id range (so the same
+// owner) gets A's whole budget again: A's message queues, which outlive their process
+// in the IPC namespace, went with it.
+func TestKernelBudgetsPerSandbox(t *testing.T) {
+	py, err := exec.LookPath("/usr/bin/python3")
+	testutil.Require(t, err == nil, "no /usr/bin/python3 on the host for the host's own attempt: %v", err)
+	d := testutil.StartDaemon(t)
+	c := ctx(t)
+	a, err := d.C.Create(c, apitypes.CreateOptions{ID: "kb-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(t, d, apitypes.CreateOptions{ID: "kb-b"})
+
+	// A's hog runs in a session, which outlives the call that started it.
+	if _, err := d.C.StartSession(c, "kb-a", apitypes.SessionOptions{Name: "hog", Argv: []string{"python3", "-c", hogPy}}); err != nil {
+		t.Fatal(err)
+	}
+	var hog string
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		hog = sh(t, d, "kb-a", "cat /tmp/hog.out 2>/dev/null")
+		if strings.Count(hog, "\n") >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox A's hog did not report within 60 s: %q", hog)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("sandbox A (uid base %d) took:\n%s", a.UIDBase, hog)
+	taken := parseBudget(hog)
+	for name, want := range map[string]string{"inotify": "EMFILE", "mq": "EMFILE", "sig": "EAGAIN"} {
+		v := taken[name]
+		if len(v) != 2 || v[1] != want {
+			t.Fatalf("sandbox A's hog did not exhaust %s (want %s at the end): %v", name, want, v)
+		}
+		if n, _ := strconv.Atoi(v[0]); n == 0 {
+			t.Errorf("sandbox A got no %s at all: %v", name, v)
+		}
+	}
+
+	r, err := d.C.Exec(c, "kb-b", apitypes.ExecRequest{Argv: []string{"python3", "-c", checkPy}, TimeoutMS: 30_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox B:\n%s%s", r.Stdout, r.Stderr)
+	wantAllOK(t, "sandbox B", r.Stdout)
+
+	out, err := testutil.Command(t, 30*time.Second, py, "-c", checkPy).CombinedOutput()
+	if err != nil {
+		t.Fatalf("host check: %v\n%s", err, out)
+	}
+	t.Logf("root of the host:\n%s", out)
+	wantAllOK(t, "root of the host", string(out))
+
+	if err := d.C.Remove(c, "kb-a"); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := d.C.Create(c, apitypes.CreateOptions{ID: "kb-c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.UIDBase != a.UIDBase {
+		t.Fatalf("sandbox C got uid base %d, not A's %d: the test needs A's range (is another daemon taking ranges?)", cc.UIDBase, a.UIDBase)
+	}
+	r, err = d.C.Exec(c, "kb-c", apitypes.ExecRequest{Argv: []string{"python3", "-c", hogPy, "once"}, TimeoutMS: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox C took:\n%s%s", r.Stdout, r.Stderr)
+	again := parseBudget(r.Stdout)
+	for _, name := range []string{"inotify", "mq", "sig"} {
+		if fmt.Sprint(again[name]) != fmt.Sprint(taken[name]) {
+			t.Errorf("sandbox C, on A's range after A was removed, got %s %v, A got %v", name, again[name], taken[name])
+		}
+	}
+}
