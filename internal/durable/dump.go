@@ -161,7 +161,13 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		// method, is not installed).
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
 	}
-	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d},
+	var owner uint32 // 0: CRIU as the daemon is
+	if !hasCapSysResource() {
+		if owner, err = nsOwnerOf(pid); err != nil {
+			return nil, err
+		}
+	}
+	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d}, owner: owner,
 		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
 		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
 	start := time.Now()
