@@ -190,3 +190,73 @@ func TestKernelBudgetsPerSandbox(t *testing.T) {
 		}
 	}
 }
+
+// TestIDRangesUniquePerHost: two daemons on one host, on stores of their own, create
+// sandboxes at the same time; no two sandboxes get the same host id range (each
+// daemon picked the lowest range it did not use itself, and both gave their first
+// sandbox 2^30: one sandbox's root then owned the other's processes and files). A
+// range a removed sandbox gave back goes to the next sandbox of either daemon.
+func TestIDRangesUniquePerHost(t *testing.T) {
+	d1, d2 := testutil.StartDaemon(t), testutil.StartDaemon(t)
+	type made struct {
+		who  string
+		base uint32
+		err  error
+	}
+	ch := make(chan made)
+	for i, d := range []*testutil.Daemon{d1, d2} {
+		for j := range 3 {
+			go func() {
+				id := fmt.Sprintf("ids-%d-%d", i, j)
+				info, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id})
+				if err != nil {
+					ch <- made{who: id, err: err}
+					return
+				}
+				ch <- made{who: id, base: info.UIDBase}
+			}()
+		}
+	}
+	by := map[uint32]string{}
+	for range 6 {
+		m := <-ch
+		if m.err != nil {
+			t.Fatalf("create %s: %v", m.who, m.err)
+		}
+		if m.base == 0 {
+			t.Fatalf("sandbox %s has no id range", m.who)
+		}
+		if o, ok := by[m.base]; ok {
+			t.Errorf("sandboxes %s and %s (two daemons' or one's) share the host uid base %d", o, m.who, m.base)
+		}
+		by[m.base] = m.who
+	}
+	// Their roots are distinct host users: a process of one is not the other's.
+	a := sh(t, d1, "ids-0-0", "cat /proc/self/uid_map")
+	b := sh(t, d2, "ids-1-0", "cat /proc/self/uid_map")
+	t.Logf("uid maps: %q, %q", a, b)
+	if a == b {
+		t.Errorf("two daemons' sandboxes have the same uid map %q", a)
+	}
+	// The lowest range, given back by its sandbox, goes to the other daemon's next one.
+	low := uint32(0)
+	for b := range by {
+		if low == 0 || b < low {
+			low = b
+		}
+	}
+	from, other := d1, d2
+	if strings.HasPrefix(by[low], "ids-1-") {
+		from, other = d2, d1
+	}
+	if err := from.C.Remove(ctx(t), by[low]); err != nil {
+		t.Fatal(err)
+	}
+	info, err := other.C.Create(ctx(t), apitypes.CreateOptions{ID: "ids-next"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.UIDBase != low {
+		t.Errorf("after %s gave back uid base %d, the other daemon's next sandbox got %d", by[low], low, info.UIDBase)
+	}
+}
