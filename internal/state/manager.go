@@ -47,9 +47,9 @@ type Manager struct {
 
 	cfg    Config
 	ids    *hostids.Registry // the host's id ranges (ids.go); nil with isolation off
-	uppers chan uint64    // empty layers made ahead of time (fillUppers)
-	stop   chan struct{}  // closed by Close
-	wg     sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
+	uppers chan uint64       // empty layers made ahead of time (fillUppers)
+	stop   chan struct{}     // closed by Close
+	wg     sync.WaitGroup    // the manager's goroutines (see the package doc); Close waits
 
 	// imageDone reports whether a node's durable process image is complete (budget.go:
 	// eviction may then drop its templates). nil until durable images exist: nothing is
