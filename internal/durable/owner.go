@@ -3,12 +3,15 @@ package durable
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/criu"
 )
 
-// CRIU dumps with the real uid and gid of the sandbox's root.
+// A dump's CRIU runs as the owner of the sandbox's user namespace.
 //
 // Each sandbox's user namespace is owned by the sandbox's own uid base, not by host
 // root (sbinit.startIn says why: the kernel's per-user budgets). Host root keeps every
@@ -16,20 +19,30 @@ import (
 // lacks on the host: on these VMs CAP_SYS_RESOURCE is not in the bounding set, and
 // CRIU's dump reads each task's rlimits with prlimit(2), which the kernel allows on
 // another user's task only with CAP_SYS_RESOURCE in the task's user namespace
-// (check_prlimit_permission: "Can't get rlimit 0: Operation not permitted"), or when
-// the caller's real uid and gid are all of the task's uids and gids. So a dump's CRIU
-// runs with the real uid and gid of the sandbox's root (the owner: root inside maps to
-// it) and effective ids 0: CRIU requires euid 0 (or its --unprivileged mode, which
-// gives up lazy pages, cgroups and more), the capabilities stay those of root, its
-// files are root's, and prlimit of the sandbox's root tasks is an id match. A task of
-// another uid inside still needs CAP_SYS_RESOURCE: on a host whose root has it,
-// nothing changes; on these VMs CRIU cannot dump it (the checkpoint says so).
-// The exec is a set-id one to the kernel (euid differs from the real uid): glibc
-// ignores LD_* and a few other variables in CRIU's environment (none is set), and CRIU
-// is not dumpable (CRIU is never the target of ptrace).
+// (check_prlimit_permission: "Can't get rlimit 0: Operation not permitted"). The kernel
+// grants the namespace's owner, from the parent namespace, every capability in it
+// (cap_capable). So where the daemon lacks CAP_SYS_RESOURCE, a dump's CRIU runs with
+// the owner's uids (real, effective, saved) and the daemon's capabilities as ambient
+// ones (Go raises them in the child: SysProcAttr.AmbientCaps), which an exec of a
+// binary without file capabilities keeps as its effective set. CRIU refuses a non-zero
+// euid unless in its --unprivileged mode (the request's unprivileged field); for a dump
+// that mode only skips what DeltaBox does not use (the cgroup images: restores ignore
+// cgroups; the loginuid; netfilter modules; raising its own RLIMIT_NOFILE, which fails
+// here anyway) and keeps its kernel probe cache under XDG_RUNTIME_DIR (unprivKdatDir).
+// The image files it writes are the owner's, in a directory of the daemon's (0700) that
+// nothing of the sandbox reaches. CRIU runs in the host's PID namespace for a dump, so
+// no process of the sandbox (the same uid, but in a child user namespace without
+// CAP_SYS_PTRACE over the host's) can name it, let alone trace it.
+//
+// Restores stay root's: nothing in them needs the owner.
 
 // nsGetOwnerUID is NS_GET_OWNER_UID (linux/nsfs.h): _IO(0xb7, 0x4).
 const nsGetOwnerUID = 0xb704
+
+// unprivKdatDir is where an owner's CRIU keeps its kernel probes (XDG_RUNTIME_DIR): a
+// directory of its own in criu.KdatDir (root's, 0700), since --unprivileged probes
+// less and must not share root's cache.
+var unprivKdatDir = filepath.Join(criu.KdatDir, "unprivileged")
 
 // nsOwnerOf returns the owner uid of pid's user namespace, as the daemon's namespace
 // sees it.
@@ -47,7 +60,7 @@ func nsOwnerOf(pid int) (uint32, error) {
 }
 
 // hasCapSysResource reports whether the daemon has CAP_SYS_RESOURCE in its effective
-// set (then CRIU has it too, and needs no owner's ids).
+// set (then CRIU, root, has it too and needs to be no owner).
 func hasCapSysResource() bool {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var c [2]unix.CapUserData
@@ -57,28 +70,61 @@ func hasCapSysResource() bool {
 	return c[unix.CAP_SYS_RESOURCE/32].Effective&(1<<(unix.CAP_SYS_RESOURCE%32)) != 0
 }
 
-// realIDs sets the calling thread's real uid and gid to id (raw calls: per thread, where
-// Go's syscall.Setresuid changes every thread), its effective and saved ids staying 0,
-// so its capabilities do not change, and returns a function that sets them back to 0
-// and reports whether it could. Precondition: the OS thread is locked, and is discarded
-// (never unlocked) when the way back fails.
-func realIDs(id uint32) (back func() bool, err error) {
-	keep := ^uintptr(0) // -1: unchanged
+// becomeOwner sets the calling thread's uids to uid, keeping its capabilities
+// (PR_SET_KEEPCAPS across the setresuid, then the effective set raised again), and
+// returns the capabilities to give the child as ambient ones, and a function that puts
+// the thread back (uids 0, capabilities and keep-caps as they were) and reports whether
+// it could. Precondition: the OS thread is locked, and is discarded (never unlocked)
+// when the way back fails.
+func becomeOwner(uid uint32) (ambient []uintptr, back func() bool, err error) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var saved [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &saved[0]); err != nil {
+		return nil, nil, fmt.Errorf("capget: %w", err)
+	}
 	back = func() bool {
-		unix.RawSyscall(unix.SYS_SETRESUID, 0, keep, keep)
-		unix.RawSyscall(unix.SYS_SETRESGID, 0, keep, keep)
-		var ids [6]uint32
-		unix.RawSyscall(unix.SYS_GETRESUID, uintptr(unsafe.Pointer(&ids[0])), uintptr(unsafe.Pointer(&ids[1])), uintptr(unsafe.Pointer(&ids[2])))
-		unix.RawSyscall(unix.SYS_GETRESGID, uintptr(unsafe.Pointer(&ids[3])), uintptr(unsafe.Pointer(&ids[4])), uintptr(unsafe.Pointer(&ids[5])))
-		return ids == [6]uint32{}
+		// Back to uid 0 the kernel sets the effective set to the permitted one
+		// (cap_emulate_setxuid); capset then puts it back as it was.
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, 0, 0, 0); e != 0 {
+			return false
+		}
+		if unix.Prctl(unix.PR_SET_KEEPCAPS, 0, 0, 0, 0) != nil {
+			return false
+		}
+		h := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		c := saved
+		if unix.Capset(&h, &c[0]) != nil {
+			return false
+		}
+		var r, e, s uint32
+		unix.RawSyscall(unix.SYS_GETRESUID, uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&e)), uintptr(unsafe.Pointer(&s)))
+		return r == 0 && e == 0 && s == 0
 	}
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(id), keep, keep); e != 0 {
+	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+		return nil, nil, fmt.Errorf("keep capabilities across setresuid: %w", err)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
 		back()
-		return nil, fmt.Errorf("set the real gid to the sandbox's root %d for CRIU: %w", id, e)
+		return nil, nil, fmt.Errorf("setresuid to the sandbox's owner %d for CRIU: %w", uid, e)
 	}
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(id), keep, keep); e != 0 {
+	c := saved
+	c[0].Effective, c[1].Effective = c[0].Permitted, c[1].Permitted
+	if err := unix.Capset(&hdr, &c[0]); err != nil {
 		back()
-		return nil, fmt.Errorf("set the real uid to the sandbox's root %d for CRIU: %w", id, e)
+		return nil, nil, fmt.Errorf("raise the capabilities again as uid %d for CRIU: %w", uid, err)
 	}
-	return back, nil
+	for i := 0; i < 64; i++ {
+		if saved[i/32].Permitted&(1<<(i%32)) != 0 {
+			ambient = append(ambient, uintptr(i))
+		}
+	}
+	return ambient, back, nil
+}
+
+// ensureUnprivKdatDir makes unprivKdatDir (in root's criu.KdatDir).
+func ensureUnprivKdatDir() error {
+	if err := os.MkdirAll(unprivKdatDir, 0o700); err != nil {
+		return fmt.Errorf("CRIU's probe cache for dumps as a sandbox's owner: %w", err)
+	}
+	return nil
 }

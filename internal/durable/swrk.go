@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -53,8 +54,8 @@ type call struct {
 	cgroups []string
 	// env is added to CRIU's environment (switches of DeltaBox's patches).
 	env []string
-	// owner, when not 0, is CRIU's real uid and gid: the owner of the sandbox's user
-	// namespace, for a dump (owner.go says why).
+	// owner, when not 0, is the uid CRIU runs as, with the daemon's capabilities: the
+	// owner of the sandbox's user namespace, for a dump (owner.go says why).
 	owner uint32
 }
 
@@ -121,8 +122,8 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 
 // start starts cmd; with pidNS (and cgroupNS), from a thread whose pid_for_children
 // (and cgroup namespace) are the sandbox's for the fork, and ours again after it; with
-// owner, from a thread whose real uid and gid are owner for the fork (realIDs), and 0
-// again after it. The thread is given back rather than discarded: a thread's exit sends the
+// owner, from a thread whose uids are owner for the fork (becomeOwner), and 0 again
+// after it. The thread is given back rather than discarded: a thread's exit sends the
 // parent-death signal (PR_SET_PDEATHSIG) of every child it forked, and a discarded
 // thread that had started, say, a test's daemon with Pdeathsig killed that daemon, its
 // sandboxes' inits and this CRIU with them (seen once in six runs). Only when the way
@@ -178,13 +179,17 @@ func (c *call) start(cmd *deadline.Cmd) error {
 			}
 		}
 		if c.owner != 0 {
-			ub, err := realIDs(c.owner)
+			ambient, ub, err := becomeOwner(c.owner)
 			if err != nil {
 				back()
 				errc <- fmt.Errorf("%s: %w", c.what, err)
 				return
 			}
 			uidBack = ub
+			if cmd.SysProcAttr == nil {
+				cmd.SysProcAttr = &syscall.SysProcAttr{}
+			}
+			cmd.SysProcAttr.AmbientCaps = ambient
 		}
 		err := cmd.Start()
 		// Back before start returns: its deferred Close of our namespaces' files

@@ -2,11 +2,15 @@ package security
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/testutil"
@@ -89,6 +93,22 @@ r, e = sigq()
 print("sig", "ok" if r >= 0 else e)
 `
 
+// nsOwner is the owner uid of pid's user namespace (ioctl NS_GET_OWNER_UID).
+func nsOwner(t *testing.T, pid int) uint32 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var uid uint32
+	const nsGetOwnerUID = 0xb704 // _IO(0xb7, 0x4), linux/nsfs.h
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nsGetOwnerUID, uintptr(unsafe.Pointer(&uid))); e != 0 {
+		t.Fatalf("NS_GET_OWNER_UID of pid %d: %v", pid, e)
+	}
+	return uid
+}
+
 // parseBudget reads "NAME VALUE [VALUE]" lines into NAME -> fields.
 func parseBudget(s string) map[string][]string {
 	m := map[string][]string{}
@@ -143,6 +163,14 @@ func TestKernelBudgetsPerSandbox(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("sandbox A (uid base %d) took:\n%s", a.UIDBase, hog)
+	// The mechanism: A's user namespace is owned by A's own uid base.
+	pids := hostPidsWith(t, "/tmp/hog.out")
+	if len(pids) != 1 {
+		t.Fatalf("host PIDs of A's hog: %v, want one", pids)
+	}
+	if owner := nsOwner(t, pids[0]); owner != a.UIDBase {
+		t.Errorf("sandbox A's user namespace is owned by host uid %d, want its uid base %d", owner, a.UIDBase)
+	}
 	taken := parseBudget(hog)
 	for name, want := range map[string]string{"inotify": "EMFILE", "mq": "EMFILE", "sig": "EAGAIN"} {
 		v := taken[name]
