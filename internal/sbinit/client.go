@@ -191,8 +191,8 @@ func Start(o StartOptions) (*Client, error) {
 // (unshare(CLONE_FS)) that has changed into dir, discarded afterwards (its goroutine
 // ends locked). cmd.Dir would not do: Go changes directory after taking the new
 // credentials, and root of a user namespace may not search the store's directories.
-// With CLONE_NEWUSER the child's working directory is the same directory in its copy
-// of the namespace.
+// With CLONE_NEWNS the child's working directory is the same directory in its copy of
+// the namespace.
 //
 // owner, when not 0, is the effective uid the thread forks with, which makes it the
 // owner of the user namespace the clone creates (the kernel takes the creator's euid:
