@@ -277,15 +277,17 @@ xfs_quota_in_kernel() {
 	[[ $cfg == *$'\n'CONFIG_XFS_QUOTA=y* ]]
 }
 
-# mount_store: loop-mount the image at the state dir, with prjquota when the kernel can.
+# mount_store: loop-mount the image at the state dir, nosuid and nodev (a sandbox's files keep
+# their ids inside on the store: its setuid-root files are host root's; internal/store/nosuid.go),
+# with prjquota when the kernel can.
 mount_store() {
 	local err
-	if err=$(mount -o loop,prjquota "$STORE_IMAGE" "$ROOT" 2>&1); then
-		STORE_MOUNT_NOTE="-o loop,prjquota"
+	if err=$(mount -o loop,nosuid,nodev,prjquota "$STORE_IMAGE" "$ROOT" 2>&1); then
+		STORE_MOUNT_NOTE="-o loop,nosuid,nodev,prjquota"
 		return 0
 	fi
-	if err=$(mount -o loop "$STORE_IMAGE" "$ROOT" 2>&1); then
-		STORE_MOUNT_NOTE="-o loop (kernel refused prjquota: no XFS quota support)"
+	if err=$(mount -o loop,nosuid,nodev "$STORE_IMAGE" "$ROOT" 2>&1); then
+		STORE_MOUNT_NOTE="-o loop,nosuid,nodev (kernel refused prjquota: no XFS quota support)"
 		return 0
 	fi
 	printf '%s\n' "$err" >&2

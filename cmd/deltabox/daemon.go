@@ -38,6 +38,10 @@ func daemonCmd() *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			cgroup.SetRootFor(root, store.DefaultRoot)
+			// Before the store is opened: nothing of a sandbox runs before it is nosuid.
+			if err := store.Harden(root); err != nil {
+				return err
+			}
 			st, err := store.Open(root)
 			if err != nil {
 				return err

@@ -117,9 +117,9 @@ type Sandbox struct {
 	// (state/procwarm.go) for this sandbox.
 	WarmProcesses bool `json:"warm_processes,omitempty"`
 	// UIDBase is the host uid and gid that root of the sandbox's user namespace maps
-	// to; its 65536 ids follow. Each sandbox has a range of its own, allocated at
-	// create and kept in its record. 0: no user namespace (the daemon runs with
-	// isolation off).
+	// to, and the owner of that namespace; its 65536 ids follow. Each sandbox has a
+	// range of its own on the host (package hostids), allocated at create and kept in
+	// its record. 0: no user namespace (the daemon runs with isolation off).
 	UIDBase uint32 `json:"uid_base,omitempty"`
 	// DiskMB is the quota on its upper layer, resolved at create (0 in records older than
 	// quotas: the default).

@@ -161,7 +161,21 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		// method, is not installed).
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
 	}
-	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d},
+	var owner uint32 // 0: CRIU as the daemon is
+	var env []string
+	if !hasCapSysResource() {
+		if owner, err = nsOwnerOf(pid); err != nil {
+			return nil, err
+		}
+	}
+	if owner != 0 {
+		if err := ensureUnprivKdatDir(); err != nil {
+			return nil, err
+		}
+		opts.Unprivileged = proto.Bool(true)
+		env = []string{"XDG_RUNTIME_DIR=" + unprivKdatDir}
+	}
+	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d}, owner: owner, env: env,
 		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
 		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
 	start := time.Now()

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -53,6 +54,9 @@ type call struct {
 	cgroups []string
 	// env is added to CRIU's environment (switches of DeltaBox's patches).
 	env []string
+	// owner, when not 0, is the uid CRIU runs as, with the daemon's capabilities: the
+	// owner of the sandbox's user namespace, for a dump (owner.go says why).
+	owner uint32
 }
 
 // fdOf is the number the i-th of files has in CRIU.
@@ -117,14 +121,15 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 }
 
 // start starts cmd; with pidNS (and cgroupNS), from a thread whose pid_for_children
-// (and cgroup namespace) are the sandbox's for the fork, and ours again after it. The
-// thread is given back rather than discarded: a thread's exit sends the parent-death
-// signal (PR_SET_PDEATHSIG) of every child it forked, and a discarded thread that had
-// started, say, a test's daemon with Pdeathsig killed that daemon, its sandboxes' inits
-// and this CRIU with them (seen once in six runs). Only when the way back fails is the
-// thread discarded.
+// (and cgroup namespace) are the sandbox's for the fork, and ours again after it; with
+// owner, from a thread whose uids are owner for the fork (becomeOwner), and 0 again
+// after it. The thread is given back rather than discarded: a thread's exit sends the
+// parent-death signal (PR_SET_PDEATHSIG) of every child it forked, and a discarded
+// thread that had started, say, a test's daemon with Pdeathsig killed that daemon, its
+// sandboxes' inits and this CRIU with them (seen once in six runs). Only when the way
+// back fails is the thread discarded.
 func (c *call) start(cmd *deadline.Cmd) error {
-	if c.pidNS == nil {
+	if c.pidNS == nil && c.owner == 0 {
 		return cmd.Start()
 	}
 	type ns struct {
@@ -134,8 +139,11 @@ func (c *call) start(cmd *deadline.Cmd) error {
 		name  string
 		owned *os.File
 	}
-	nss := []*ns{{to: c.pidNS, own: "/proc/self/ns/pid", flag: unix.CLONE_NEWPID, name: "PID"}}
-	if c.cgroupNS != nil {
+	var nss []*ns
+	if c.pidNS != nil {
+		nss = append(nss, &ns{to: c.pidNS, own: "/proc/self/ns/pid", flag: unix.CLONE_NEWPID, name: "PID"})
+	}
+	if c.pidNS != nil && c.cgroupNS != nil {
 		nss = append(nss, &ns{to: c.cgroupNS, own: "/proc/thread-self/ns/cgroup", flag: unix.CLONE_NEWCGROUP, name: "cgroup"})
 	}
 	for _, n := range nss {
@@ -149,11 +157,16 @@ func (c *call) start(cmd *deadline.Cmd) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		uidBack := func() bool { return true }
 		back := func() {
+			if !uidBack() {
+				threadsDiscarded.Add(1)
+				return // exits locked, and the thread with it (package mainthread)
+			}
 			for _, n := range nss {
 				if unix.Setns(int(n.owned.Fd()), n.flag) != nil {
 					threadsDiscarded.Add(1)
-					return // exits locked, and the thread with it (package mainthread)
+					return
 				}
 			}
 			runtime.UnlockOSThread()
@@ -164,6 +177,19 @@ func (c *call) start(cmd *deadline.Cmd) error {
 				errc <- fmt.Errorf("%s: setns into the sandbox's %s namespace for CRIU: %w", c.what, n.name, err)
 				return
 			}
+		}
+		if c.owner != 0 {
+			ambient, ub, err := becomeOwner(c.owner)
+			if err != nil {
+				back()
+				errc <- fmt.Errorf("%s: %w", c.what, err)
+				return
+			}
+			uidBack = ub
+			if cmd.SysProcAttr == nil {
+				cmd.SysProcAttr = &syscall.SysProcAttr{}
+			}
+			cmd.SysProcAttr.AmbientCaps = ambient
 		}
 		err := cmd.Start()
 		// Back before start returns: its deferred Close of our namespaces' files

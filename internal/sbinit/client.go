@@ -149,7 +149,11 @@ func Start(o StartOptions) (*Client, error) {
 		// root of its namespace before it execs, or exec drops every capability.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
-	err = startIn(cmd, o.RootDir)
+	var owner uint32 // the daemon's own euid: no user namespace, or isolation off
+	if o.IDs != nil {
+		owner = o.IDs.Base
+	}
+	err = startIn(cmd, o.RootDir, owner)
 	// Only init holds its end now: if init dies, the recv below sees the socket close
 	// instead of waiting for ever.
 	child.Close()
@@ -195,7 +199,25 @@ func Start(o StartOptions) (*Client, error) {
 // credentials, and root of a user namespace may not search the store's directories.
 // With CLONE_NEWNS the child's working directory is the same directory in its copy of
 // the namespace.
-func startIn(cmd *exec.Cmd, dir *os.File) error {
+//
+// owner, when not 0, is the effective uid the thread forks with, which makes it the
+// owner of the user namespace the clone creates (the kernel takes the creator's euid:
+// create_user_ns). The owner is where the kernel charges the sandbox's per-user budgets
+// at the host's level: inc_ucount and inc_rlimit_ucounts walk from the charged user up
+// the namespaces, and at each parent level charge the child namespace's owner. Owned
+// by host root, every sandbox's inotify instances and watches, message-queue bytes and
+// queued signals were root's, and one sandbox used them up for all the others and for
+// the host's root; owned by its own uid base, each sandbox has the host's per-user
+// limits of its own (fs.inotify.max_user_*, and RLIMIT_MSGQUEUE and RLIMIT_SIGPENDING
+// as the daemon has them when it creates the namespace: the namespace's rlimit maxima).
+// Only the euid changes: the real uid stays 0, so that RLIMIT_NPROC is not enforced on
+// the namespace (enforced_nproc_rlimit) nor on the fork; the effective capabilities,
+// which the kernel clears when the euid leaves 0, are raised again, so the daemon
+// still writes the child's id maps and starts it inside its cgroup (CLONE_INTO_CGROUP
+// checks the forker's write access to cgroup.procs). The owner gains nothing over the
+// namespace that the daemon, root of the parent namespace, does not already have, and
+// no process on the host runs as that uid (the sandbox's own processes are inside).
+func startIn(cmd *exec.Cmd, dir *os.File, owner uint32) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: see above
@@ -207,9 +229,36 @@ func startIn(cmd *exec.Cmd, dir *os.File) error {
 			errc <- fmt.Errorf("change into the init's root directory: %w", err)
 			return
 		}
+		if owner != 0 {
+			if err := setOwnEUID(owner); err != nil {
+				errc <- err
+				return
+			}
+		}
 		errc <- cmd.Start()
 	}()
 	return <-errc
+}
+
+// setOwnEUID sets the calling thread's effective uid (and its fsuid with it) to uid,
+// alone (a raw setresuid: Go's syscall.Setresuid changes every thread), and raises its
+// effective capabilities back to its permitted set. Precondition: the OS thread is
+// locked and is never given back to the runtime.
+func setOwnEUID(uid uint32) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &caps[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	keep := ^uintptr(0) // -1: unchanged
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
+		return fmt.Errorf("set the euid that owns the sandbox's user namespace to %d: %w", uid, e)
+	}
+	caps[0].Effective, caps[1].Effective = caps[0].Permitted, caps[1].Permitted
+	if err := unix.Capset(&hdr, &caps[0]); err != nil {
+		return fmt.Errorf("raise the capabilities again after setting the euid to %d: %w", uid, err)
+	}
+	return nil
 }
 
 func newClient(fd, pid int, kill func() error) *Client {

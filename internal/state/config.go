@@ -30,6 +30,9 @@ type Config struct {
 	// the host's root (DELTABOX_ISOLATION=off). It exists to measure what isolation
 	// costs (bench latency and fs, side by side); never run untrusted code so.
 	NoIsolation bool
+	// IDsDir is the host's record of sandboxes' id ranges, shared by every daemon of
+	// the host (package hostids); "": hostids.DefaultDir.
+	IDsDir string
 	// MaxSessionsPerSandbox and MaxSessions cap the sessions a sandbox, and all of them,
 	// hold at once (DELTABOX_MAX_SESSIONS_PER_SANDBOX, DELTABOX_MAX_SESSIONS): each holds
 	// a terminal, a reader goroutine and up to 1 MiB of output in the daemon. Past a cap

@@ -10,6 +10,7 @@ import (
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
+	"deltabox/internal/hostids"
 	"deltabox/internal/mountns"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
@@ -52,9 +53,10 @@ type Manager struct {
 	diskMu sync.Mutex
 
 	cfg    Config
-	uppers chan uint64    // empty layers made ahead of time (fillUppers)
-	stop   chan struct{}  // closed by Close
-	wg     sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
+	ids    *hostids.Registry // the host's id ranges (ids.go); nil with isolation off
+	uppers chan uint64       // empty layers made ahead of time (fillUppers)
+	stop   chan struct{}     // closed by Close
+	wg     sync.WaitGroup    // the manager's goroutines (see the package doc); Close waits
 
 	// imageDone reports whether a node's durable process image is complete (budget.go:
 	// eviction may then drop its templates). nil until durable images exist: nothing is
@@ -212,6 +214,12 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		uppers: make(chan uint64, 4), stop: make(chan struct{}), crashAt: crashAtFromEnv(log)}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
+	}
+	if !cfg.NoIsolation {
+		var err error
+		if m.ids, err = hostids.Open(cmp.Or(cfg.IDsDir, hostids.DefaultDir), hostids.Ranges{First: idsFirst, Size: idsPerSandbox, Count: idsSlots}); err != nil {
+			return nil, err
+		}
 	}
 	st.Index.SyncFS = st.Syncfs
 	nodes, sbs, err := st.Index.Load()

@@ -228,7 +228,8 @@ func (m *Manager) salvageSessions(s *sb) {
 // process records, by node.
 func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	r := s.rec
-	iso, _, err := m.isolation(s)
+	// Its init maps the recorded range: that range or none.
+	iso, _, err := m.isolation(s, false)
 	if err != nil {
 		return err
 	}

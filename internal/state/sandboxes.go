@@ -102,7 +102,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 
 	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
 	if err == nil {
-		_, _, err = m.isolation(s)
+		_, _, err = m.isolation(s, true)
 	}
 	if err == nil {
 		s.rec.Upper = upper
@@ -122,6 +122,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		}
 		store.RemoveAll(m.st.LayerDir(upper))
 		store.RemoveAll(m.st.SandboxDir(o.ID))
+		m.releaseIDs(o.ID, s.rec.UIDBase)
 		return nil, err
 	}
 	// The directories exist before the record that names them.
@@ -162,7 +163,7 @@ func (m *Manager) boot(s *sb) error {
 		return fmt.Errorf("reset the upper's workdir: %w", err)
 	}
 	s.rec.Limits = cgroup.WithDefaults(s.rec.Limits) // records older than limits
-	iso, changed, err := m.isolation(s)
+	iso, changed, err := m.isolation(s, true)
 	if err != nil {
 		return err
 	}
@@ -413,6 +414,7 @@ func (m *Manager) Remove(id string) error {
 	if err := m.st.Index.WaitDurable(seq); err != nil && derr == nil {
 		derr = err
 	}
+	m.releaseIDs(id, s.rec.UIDBase)
 	return derr
 }
 

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"deltabox/internal/cgroup"
 	"deltabox/internal/client"
 	"deltabox/internal/deadline"
@@ -111,6 +113,12 @@ func NewStore(t testing.TB) string {
 	rand.Read(b)
 	root := filepath.Join(MainRoot(), "tests", t.Name()+"-"+hex.EncodeToString(b))
 	root = filepath.Clean(root)
+	// The main store hardened as a daemon on it would (scripts/setup.sh mounts it so):
+	// a test's store, a directory of it, is then nosuid without a bind of its own, and
+	// its overlays name their layers by the store's path (tests look for them so).
+	if err := store.Harden(MainRoot()); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(filepath.Join(root, "images"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -126,6 +134,9 @@ func NewStore(t testing.TB) string {
 		// Sandboxes outlive their daemon (a test's daemon is stopped or killed before
 		// this runs): end what is left of this store's, by its cgroups.
 		EndSandboxes(root)
+		// A daemon binds the store onto itself if it is not nosuid (store.Harden):
+		// not here (see above) unless the main store was made suid again meanwhile.
+		unix.Unmount(root, unix.MNT_DETACH)
 		if !t.Failed() {
 			os.RemoveAll(root)
 		}
