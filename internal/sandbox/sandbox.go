@@ -85,7 +85,9 @@ type Isolation struct {
 //
 // pidFloor, when not 0, makes every PID of the sandbox (its processes' and its init's
 // threads') larger than it: those a restore must give back are not taken meanwhile.
-func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int) (_ *Sandbox, err error) {
+// fallocateMax, when not 0, is the longest fallocate(2) its processes may make (its
+// disk quota: sbinit.Config.FallocateMax).
+func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, fallocateMax int64) (_ *Sandbox, err error) {
 	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
 	defer func() {
 		if err != nil {
@@ -131,7 +133,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 	}
 	defer unix.Close(cgfd)
 	s.init, err = sbinit.Start(sbinit.StartOptions{
-		Config:   sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor},
+		Config:   sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, FallocateMax: fallocateMax},
 		CgroupFD: cgfd,
 		Log:      log,
 		RootDir:  rootDir,

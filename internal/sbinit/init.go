@@ -32,6 +32,9 @@ type Config struct {
 	// PidFloor: the sandbox's PIDs start above it (raisePidFloor), so that no process
 	// or thread of a sandbox started afresh takes a PID a restore must give back.
 	PidFloor int `json:"pid_floor,omitempty"`
+	// FallocateMax: a fallocate(2) longer than this fails with EDQUOT in every process of
+	// the sandbox (its disk quota; seccomp.go). 0: no limit.
+	FallocateMax int64 `json:"fallocate_max,omitempty"`
 }
 
 // ctlFD is the init's end of the control socketpair (ExtraFiles[0]).
@@ -81,6 +84,7 @@ func Main(arg string) {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
+	fallocateMax = cfg.FallocateMax
 	if _, err := filter(); err != nil { // a bad table fails the sandbox's start, not each spawn
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)

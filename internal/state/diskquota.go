@@ -1,9 +1,14 @@
 package state
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -55,13 +60,23 @@ const (
 	DefaultDiskMB = 10 << 10
 )
 
-// diskState is what the watcher knows of a sandbox's upper (sb.disk, under sb.mu).
+// diskState is what the watcher knows of a sandbox's disk (sb.disk, under sb.mu).
 type diskState struct {
 	upper    uint64 // the upper it measured
-	bytes    int64
+	bytes    int64  // the upper's blocks and inodes (inodes times the store's inode size)
+	images   int64  // its checkpoints' process images (imageBytes)
 	measured time.Time
 	over     string // why the sandbox is stopped ("" when it is not)
+	full     bool   // stopped because the store ran short: its upper may be dropped (reclaim)
 }
+
+// total is what counts against the sandbox's disk_mb.
+func (d diskState) total() int64 { return d.bytes + d.images }
+
+// diskMinGuilt is the least a sandbox must have added to the store since the last pass
+// to be stopped when the store runs short: a sandbox that wrote nothing (a few inodes
+// of a fresh upper) is never the one stopped.
+const diskMinGuilt = 1 << 20
 
 // watchDisk runs until Close (counted in m.wg).
 func (m *Manager) watchDisk() {
@@ -99,8 +114,10 @@ func (m *Manager) watchDisk() {
 	}
 }
 
-// diskPass measures every upper and stops the sandboxes over their quota (and, when
-// full, the one whose upper grew most).
+// diskPass measures every sandbox's disk and stops those over their quota. When the
+// store runs short (full), it stops the sandbox that added most to it since the last
+// pass, and drops the upper of one sandbox already stopped (reclaim), so that the store
+// does not stay full because of it.
 // Lock order: diskMu first (it is taken under no other lock), then each sandbox's opMu.
 func (m *Manager) diskPass(full bool) error {
 	m.diskMu.Lock()
@@ -110,49 +127,112 @@ func (m *Manager) diskPass(full bool) error {
 	if err != nil && !walk {
 		return err
 	}
+	if m.inodeBytes == 0 {
+		m.inodeBytes = max(m.st.InodeBytes(), 1)
+	}
+	images := m.imageBytes()
 	m.mu.Lock()
 	all := make([]*sb, 0, len(m.sandboxes))
 	for _, s := range m.sandboxes {
 		all = append(all, s)
 	}
 	m.mu.Unlock()
-	var grew *sb
-	var growth int64
+	var grew, reclaim *sb
+	var growth, held int64
 	for _, s := range all {
 		m.mu.Lock()
-		upper, limit := s.rec.Upper, diskLimit(s.rec.DiskMB)
+		id, upper, limit := s.rec.ID, s.rec.Upper, diskLimit(s.rec.DiskMB)
 		m.mu.Unlock()
 		var b int64
 		if walk {
 			b = store.DirBytes(m.st.LayerDir(upper))
 		} else {
-			b = usage[store.ProjectOf(upper)].Bytes
+			u := usage[store.ProjectOf(upper)]
+			b = u.Bytes + u.Inodes*m.inodeBytes
 		}
+		now := diskState{upper: upper, bytes: b, images: images[id], measured: time.Now()}
 		s.mu.Lock()
 		prev := s.disk
-		s.disk.upper, s.disk.bytes, s.disk.measured = upper, b, time.Now()
-		if b <= limit {
-			s.disk.over = ""
+		now.over, now.full = prev.over, prev.full
+		if now.total() <= limit && !prev.full {
+			now.over = ""
 		}
-		over := b > limit && prev.over == ""
-		if d := b - prev.bytes; prev.upper == upper && d > growth {
+		s.disk = now
+		over := now.total() > limit && prev.over == ""
+		s.mu.Unlock()
+		// What it added to the store since the last pass: its upper's growth (all of a
+		// new upper's), and its images'.
+		d := now.bytes
+		if prev.upper == upper {
+			d -= prev.bytes
+		}
+		if !prev.measured.IsZero() {
+			d += now.images - prev.images
+		}
+		if d >= diskMinGuilt && d > growth && now.over == "" {
 			grew, growth = s, d
 		}
-		s.mu.Unlock()
 		if over {
-			m.stopWriters(s, upper, fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d", b>>20, limit>>20))
+			m.stopWriters(s, upper, false, fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d (its files %d MB, its checkpoints' process images %d MB)",
+				now.total()>>20, limit>>20, now.bytes>>20, now.images>>20))
+		}
+		if full && now.over != "" && now.bytes > held {
+			reclaim, held = s, now.bytes
 		}
 	}
-	if full && grew != nil {
+	if !full {
+		return nil
+	}
+	if grew != nil {
 		grew.mu.Lock()
-		stopped, upper := grew.disk.over != "", grew.disk.upper
+		upper := grew.disk.upper
 		grew.mu.Unlock()
-		if !stopped {
-			free, _, _ := m.st.Space()
-			m.stopWriters(grew, upper, fmt.Sprintf("the store is full (%d MB free) and this sandbox wrote the most since the last look (%d MB)", free>>20, growth>>20))
-		}
+		free, _, _ := m.st.Space()
+		m.stopWriters(grew, upper, true, fmt.Sprintf("the store is full (%d MB free) and this sandbox added the most to it since the last look (%d MB)", free>>20, growth>>20))
+	}
+	if reclaim != nil && held >= diskMinGuilt {
+		m.reclaimDisk(reclaim)
 	}
 	return nil
+}
+
+// reclaimDisk gives back the space of a stopped sandbox's upper while the store is
+// short: the sandbox is restored to the node it stands on (what it wrote since its last
+// checkpoint or restore is dropped), or removed when it has none (it never
+// checkpointed: its upper is all it has). In the background: a restore takes opMu and
+// measures again, which diskMu (held by the pass) would deadlock.
+func (m *Manager) reclaimDisk(s *sb) {
+	s.mu.Lock()
+	if s.reclaiming {
+		s.mu.Unlock()
+		return
+	}
+	s.reclaiming = true
+	s.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			s.reclaiming = false
+			s.mu.Unlock()
+		}()
+		m.mu.Lock()
+		id, head := s.rec.ID, s.rec.Head
+		m.mu.Unlock()
+		s.mu.Lock()
+		held := s.disk.bytes
+		s.mu.Unlock()
+		var err error
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if head != "" {
+			_, err = m.Restore(ctx, id, head)
+		} else {
+			err = m.Remove(id)
+		}
+		m.log.Warn("the store is full: a stopped sandbox's upper is dropped", "sandbox", id, "restored_to", head, "removed", head == "", "mb", held>>20, "err", err)
+	}()
 }
 
 // diskGrowth is how much the store may grow before a pass runs early: diskGrowth, or a
@@ -175,15 +255,15 @@ func diskLimit(mb int64) int64 {
 	return mb << 20
 }
 
-// stopWriters kills every process of s but its templates and marks it over quota,
-// unless its upper is no longer the one measured (a restore or checkpoint came between).
-func (m *Manager) stopWriters(s *sb, upper uint64, why string) {
+// stopWriters kills every process of s but its templates and marks it over quota (full:
+// because the store ran short, which only a restore or removal ends), unless its upper is no longer the one measured (a restore or checkpoint came between).
+func (m *Manager) stopWriters(s *sb, upper uint64, full bool, why string) {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	s.mu.Lock()
 	gone := s.removed || s.rec.Upper != upper
 	if !gone {
-		s.disk.over = why
+		s.disk.over, s.disk.full = why, full
 	}
 	s.mu.Unlock()
 	if gone || s.rt == nil || !s.rt.Alive() {
@@ -222,6 +302,7 @@ func (m *Manager) diskInfo(s *sb) *apitypes.DiskInfo {
 	d := s.disk
 	s.mu.Unlock()
 	in := &apitypes.DiskInfo{LimitMB: diskLimit(s.rec.DiskMB) >> 20, Exceeded: d.over, Warning: m.st.Warning()}
+	in.ImageBytes = d.images
 	if d.upper == s.rec.Upper {
 		in.UpperBytes = d.bytes
 		if !d.measured.IsZero() {
@@ -229,4 +310,90 @@ func (m *Manager) diskInfo(s *sb) *apitypes.DiskInfo {
 		}
 	}
 	return in
+}
+
+// imageBytes sums, per sandbox, what the process images of the nodes it made hold in the
+// store: each node's CRIU trees (criutrees.go; a directory CRIU wrote, measured once
+// it is the node's: it never changes after) and its templates' durable image (the
+// bytes its ingest added to the page store, and CRIU's other files: imageState.bytes).
+// The pages an image shares with an earlier one are counted once, in the first.
+func (m *Manager) imageBytes() map[string]int64 {
+	out := map[string]int64{}
+	if m.img == nil {
+		return out
+	}
+	m.mu.Lock()
+	owner := make(map[string]string, len(m.nodes))
+	for id, n := range m.nodes {
+		if n.Sandbox != "" {
+			owner[id] = n.Sandbox
+		}
+	}
+	m.mu.Unlock()
+	m.img.mu.Lock()
+	for node, st := range m.img.nodes {
+		if o := owner[node]; o != "" {
+			out[o] += st.bytes
+		}
+	}
+	for node := range m.img.trees {
+		if owner[node] == "" {
+			delete(m.img.trees, node) // removed
+		}
+	}
+	var unknown []string
+	for node, o := range owner {
+		if b, ok := m.img.trees[node]; ok {
+			out[o] += b
+		} else {
+			unknown = append(unknown, node)
+		}
+	}
+	m.img.mu.Unlock()
+	for _, node := range unknown {
+		b, err := dirAllocated(m.criuTreesDir(node))
+		if err != nil {
+			continue // none (no tree), or not yet published
+		}
+		m.img.mu.Lock()
+		m.img.trees[node] = b
+		m.img.mu.Unlock()
+		out[owner[node]] += b
+	}
+	return out
+}
+
+// dirAllocated is what the files under dir hold in blocks (st_blocks), walked: an image's
+// few files. An error when dir is not there.
+func dirAllocated(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n, err
+}
+
+// imageRoom refuses (507) images of add bytes that would put s over its disk_mb, with
+// what it holds as last measured (at most a pass old: diskInterval). what names them.
+// Called once the images are written, before they are kept: they are then removed, so
+// the store holds them past the quota for as long as that takes.
+func (m *Manager) imageRoom(s *sb, add int64, what string) error {
+	m.mu.Lock()
+	limit := diskLimit(s.rec.DiskMB)
+	m.mu.Unlock()
+	s.mu.Lock()
+	d := s.disk
+	s.mu.Unlock()
+	if d.total()+add <= limit {
+		return nil
+	}
+	return fmt.Errorf("sandbox %s: disk quota exceeded: %s would take %d MB, and it holds %d MB of disk_mb %d (its files %d MB, its checkpoints' process images %d MB); remove nodes it made (DELETE /v1/nodes/ID) or delete files: %w",
+		s.rec.ID, what, add>>20, d.total()>>20, limit>>20, d.bytes>>20, d.images>>20, errdefs.ErrQuota)
 }

@@ -78,8 +78,10 @@ type images struct {
 	runner *criu.Runner // nil until probed; not usable: no images
 	ready  chan struct{}
 
-	mu      sync.Mutex
-	nodes   map[string]*imageState
+	mu    sync.Mutex
+	nodes map[string]*imageState
+	// trees: what each node's CRIU trees hold on disk, once measured (diskquota.go).
+	trees   map[string]int64
 	queue   []string
 	copies  map[string][]imageCopy // per queued node, its templates' copies, in order
 	dropped int
@@ -200,7 +202,7 @@ func (m *Manager) imagesDir(node string) string {
 // startImages opens the page store, reads which nodes have complete images (removing
 // what no node names), and starts the CRIU probe and the worker. Called by New.
 func (m *Manager) startImages() {
-	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, copies: map[string][]imageCopy{},
+	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, trees: map[string]int64{}, copies: map[string][]imageCopy{},
 		wake: make(chan struct{}, 1), ready: make(chan struct{})}
 	if !m.cfg.Durable || !m.cfg.FastPath {
 		m.img.runner = &criu.Runner{Mode: criu.Unusable, Reason: "durable images are off (DELTABOX_DURABLE=0)"}
@@ -227,7 +229,12 @@ func (m *Manager) startImages() {
 			store.RemoveAll(m.imagesDir(node))
 			continue
 		}
-		m.img.nodes[node] = &imageState{state: "complete"}
+		st := &imageState{state: "complete"}
+		var mark imageMark
+		if b, err := os.ReadFile(filepath.Join(m.imagesDir(node), "complete")); err == nil && json.Unmarshal(b, &mark) == nil {
+			st.bytes = mark.Bytes // counted in its sandbox's disk quota (diskquota.go)
+		}
+		m.img.nodes[node] = st
 	}
 	// Pages of images removed before a crash, or just above.
 	m.img.collect = true
@@ -472,6 +479,9 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 			return 0, 0, err
 		}
 		m.crashPoint("image", 2+3*i)
+		if err := m.imageFits(node, sub, bytes); err != nil {
+			return 0, 0, err
+		}
 		is, err := m.img.pages.Ingest(sub)
 		if err != nil {
 			return 0, 0, fmt.Errorf("store the pages of %s: %w", what, err)
@@ -480,11 +490,40 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		bytes += is.StoredBytes
 		full += is.ImageBytes
 	}
-	if err := writeJSONFile(filepath.Join(dir, "complete"), map[string]any{"templates": len(copies), "at": time.Now().UTC()}); err != nil {
+	if err := writeJSONFile(filepath.Join(dir, "complete"), imageMark{Templates: len(copies), At: time.Now().UTC(), Bytes: bytes}); err != nil {
 		return 0, 0, err
 	}
 	m.crashPoint("image", 1+3*len(copies))
 	return bytes, full, nil
+}
+
+// imageMark is an image's "complete" file.
+type imageMark struct {
+	Templates int       `json:"templates"`
+	At        time.Time `json:"at"`
+	Bytes     int64     `json:"bytes"` // what it added to the store (imageState.bytes)
+}
+
+// imageFits refuses a template's image dumped in sub when, with the bytes the node's
+// earlier templates added, it would put the sandbox that made the node over its
+// disk_mb: the image fails, and the node's processes live in its templates alone. What
+// CRIU wrote is counted whole (its pages before the page store keeps only new ones),
+// so an image near the quota is refused where its ingest might have fit.
+func (m *Manager) imageFits(node, sub string, before int64) error {
+	m.mu.Lock()
+	var s *sb
+	if n := m.nodes[node]; n != nil {
+		s = m.sandboxes[n.Sandbox]
+	}
+	m.mu.Unlock()
+	if s == nil {
+		return nil // its sandbox is gone: the node is the client's
+	}
+	b, err := dirAllocated(sub)
+	if err != nil {
+		return err
+	}
+	return m.imageRoom(s, before+b, "the durable image of its checkpoint "+node)
 }
 
 // readTemplateRecord reads the template record an image holds (dumpNode writes it).

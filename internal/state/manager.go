@@ -43,6 +43,8 @@ type Manager struct {
 
 	// diskMu serialises the disk usage passes (diskquota.go); taken under no other lock.
 	diskMu sync.Mutex
+	// inodeBytes: what an inode costs in a sandbox's quota (the store's inode size; under diskMu).
+	inodeBytes int64
 
 	cfg    Config
 	uppers chan uint64    // empty layers made ahead of time (fillUppers)
@@ -134,9 +136,11 @@ type sb struct {
 	ended       map[string]string // sessions a checkpoint/restore ended, and why
 	warming     *procWarm         // the running warm-up of restored processes (procwarm.go)
 
-	stats  Stats
-	disk   diskState     // what the disk watcher measured (diskquota.go)
-	budget budgetMeasure // what its templates held when last measured (budget.go)
+	stats Stats
+	disk  diskState // what the disk watcher measured (diskquota.go)
+	// reclaiming: the disk watcher is dropping its upper (diskquota.go: reclaimDisk).
+	reclaiming bool
+	budget     budgetMeasure // what its templates held when last measured (budget.go)
 	// limitMu serialises the changes of the kernel's memory limit (budget.go:
 	// fitKernelLimit) and guards kernelLimit, the limit written last.
 	limitMu     sync.Mutex
