@@ -182,3 +182,225 @@ func TestDiskFillerKeepsOthersCommitting(t *testing.T) {
 		t.Fatalf("after a restart: %d nodes (want %d), last checkpoint %s found: %v", len(tr.Nodes), n, last, found)
 	}
 }
+
+// TestDiskFallocateRefusedInCall: one fallocate longer than the sandbox's disk_mb fails
+// in the call with EDQUOT ("Disk quota exceeded"), whether it would grow the file or
+// keep its size, and the store lost nothing; punching a hole of any length still works.
+// Before, a 512 MiB fallocate passed a 64 MiB quota, and its blocks stayed until the
+// watcher stopped the sandbox a pass later.
+func TestDiskFallocateRefusedInCall(t *testing.T) {
+	root := smallStore(t, 1024)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "fa", DiskMB: 64}); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	unix.Statfs(root, &st)
+	before := int64(st.Bavail) * st.Bsize
+	out := sh(t, d, "fa", `cd /workspace
+fallocate -l 512M big 2>&1; echo "grow=$?"
+touch big2; fallocate -n -l 512M big2 2>&1; echo "keep=$?"
+fallocate -l 8M small && echo small=ok
+fallocate -p -o 0 -l 1G small && echo punch=ok
+du -k big big2 2>/dev/null | awk '{s+=$1} END {print "kib=" s+0}'`)
+	t.Logf("inside:\n%s", out)
+	for _, want := range []string{"grow=1", "keep=1", "small=ok", "punch=ok", "kib=0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "Disk quota exceeded"); n != 2 {
+		t.Errorf("%d of the 2 long fallocates failed with EDQUOT:\n%s", n, out)
+	}
+	unix.Statfs(root, &st)
+	if lost := before - int64(st.Bavail)*st.Bsize; lost > 32<<20 {
+		t.Errorf("the store lost %d MiB to a refused fallocate", lost>>20)
+	}
+	in, err := d.C.Get(c, "fa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Disk != nil && in.Disk.Exceeded != "" {
+		t.Errorf("the sandbox was stopped (%s): the refusal should have kept it under its quota", in.Disk.Exceeded)
+	}
+}
+
+// TestDiskInodesCounted: empty files count against disk_mb by their inodes (512 B
+// each), so that 300,000 of them cannot take 160 MB of the store under a 50 MB quota
+// (they measured 13.8 MB, their directories' blocks). The writer is stopped near the
+// quota, long before its 300,000th file.
+func TestDiskInodesCounted(t *testing.T) {
+	root := smallStore(t, 1024)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "inodes", DiskMB: 50}); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	unix.Statfs(root, &st)
+	before := int64(st.Bfree) * st.Bsize
+	r, err := d.C.Exec(c, "inodes", apitypes.ExecRequest{Argv: []string{"python3", "-c", `
+import os
+os.makedirs('/workspace/e', exist_ok=True)
+for i in range(300000):
+    if i % 1000 == 0:
+        d = '/workspace/e/%d' % (i // 1000)
+        os.mkdir(d)
+    os.close(os.open('%s/%d' % (d, i), os.O_CREAT | os.O_WRONLY, 0o644))
+print('made them all')
+`}, TimeoutMS: 120_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Statfs(root, &st)
+	took := before - int64(st.Bfree)*st.Bsize
+	in, err := d.C.Get(c, "inodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("exit %d signal %d %q; the store lost %d MiB; disk %+v", r.ExitCode, r.Signal, r.Stdout, took>>20, in.Disk)
+	if in.Disk == nil || in.Disk.Exceeded == "" || strings.Contains(r.Stdout, "made them all") {
+		t.Fatalf("300,000 empty files passed a 50 MB quota (the store lost %d MiB): disk %+v", took>>20, in.Disk)
+	}
+	if took > 100<<20 {
+		t.Errorf("the store lost %d MiB to a 50 MB quota", took>>20)
+	}
+}
+
+// imgHog is a process the fast path refuses (two threads: CRIU takes it at a
+// checkpoint), holding 40 MiB of random memory more at each SIGUSR1.
+const imgHog = `
+import os, signal, threading, time
+held = []
+def grow(s, f):
+    held.append(os.urandom(40 << 20))
+    open('/workspace/hog.n', 'w').write(str(len(held)))
+threading.Thread(target=lambda: time.sleep(1e6), daemon=True).start()
+signal.signal(signal.SIGUSR1, grow)
+grow(0, 0)
+open('/workspace/hog.pid', 'w').write(str(os.getpid()))
+while True:
+    signal.pause()
+`
+
+// TestDiskCheckpointImagesCounted: the process images a sandbox's checkpoints add to the
+// store count against its disk_mb. A sandbox of disk_mb 100 whose process holds 40 MiB
+// checkpoints once (about 40 MiB of images); with 80 MiB its next checkpoint would take
+// the sandbox past 100 MB: it is refused with 507 at the checkpoint, its process runs on
+// as before, and nothing of the refused images stays. Before, three such checkpoints
+// took about 2 GB of a disk_mb 100 sandbox.
+func TestDiskCheckpointImagesCounted(t *testing.T) {
+	root := smallStore(t, 2048)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "img", DiskMB: 100}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.C.Exec(c, "img", apitypes.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/hog.py
+cd /workspace; nohup python3 hog.py </dev/null >/dev/null 2>&1 &
+for i in $(seq 1000); do [ -s hog.pid ] && exit 0; sleep 0.01; done; exit 1`, "sh", imgHog}, TimeoutMS: 30_000})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("start the hog: %+v %v", r, err)
+	}
+	pid := strings.TrimSpace(sh(t, d, "img", "cat /workspace/hog.pid"))
+	if _, err := d.C.Checkpoint(c, "img", "one"); err != nil {
+		t.Fatalf("first checkpoint (40 MiB of images, disk_mb 100): %v", err)
+	}
+	sh(t, d, "img", "kill -USR1 "+pid+`; for i in $(seq 1000); do [ "$(cat /workspace/hog.n)" = 2 ] && exit 0; sleep 0.01; done`)
+	// The watcher's next pass counts the first checkpoint's images.
+	deadline := time.Now().Add(10 * time.Second)
+	var in *apitypes.SandboxInfo
+	for {
+		if in, err = d.C.Get(c, "img"); err != nil {
+			t.Fatal(err)
+		}
+		if in.Disk != nil && in.Disk.ImageBytes > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("after the first checkpoint: disk %+v", in.Disk)
+	if in.Disk == nil || in.Disk.ImageBytes < 30<<20 {
+		t.Errorf("the first checkpoint's images are not counted: disk %+v", in.Disk)
+	}
+	var st unix.Statfs_t
+	unix.Statfs(root, &st)
+	before := int64(st.Bfree) * st.Bsize
+	_, err = d.C.Checkpoint(c, "img", "two")
+	if !errors.Is(err, errdefs.ErrQuota) || !strings.Contains(err.Error(), "disk quota exceeded") {
+		t.Fatalf("a checkpoint whose images take the sandbox past disk_mb 100: %v, want 507 disk quota exceeded", err)
+	}
+	t.Logf("refused: %v", err)
+	// XFS frees an unlinked file's blocks in the background (inodegc): a moment later.
+	var kept int64
+	for i := 0; i < 50; i++ {
+		unix.Statfs(root, &st)
+		if kept = before - int64(st.Bfree)*st.Bsize; kept <= 16<<20 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if kept > 16<<20 {
+		out, _ := exec.Command("du", "-sm", filepath.Join(root, "durable", "bg")).CombinedOutput()
+		t.Errorf("the refused checkpoint left %d MiB in the store (durable/bg: %s)", kept>>20, out)
+	}
+	if out := sh(t, d, "img", "kill -0 "+pid+" && echo alive"); out != "alive\n" {
+		t.Errorf("the process after a refused checkpoint: %q", out)
+	}
+}
+
+// TestDiskFullStopsGuiltyGivesBack: a sandbox whose quota is larger than the store fills
+// it. It is the one stopped, not a sandbox that wrote nothing, and the space is given
+// back: its upper is dropped (it is restored to its last checkpoint, whose file is
+// still there), so the store does not stay full; the other sandbox runs and
+// checkpoints throughout.
+func TestDiskFullStopsGuiltyGivesBack(t *testing.T) {
+	root := smallStore(t, 512)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	for _, id := range []string{"guilty", "idle"} {
+		if _, err := d.C.Create(c, apitypes.CreateOptions{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh(t, d, "guilty", "echo mine > /workspace/kept")
+	if _, err := d.C.Checkpoint(c, "guilty", "before"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.C.Exec(c, "guilty", apitypes.ExecRequest{Argv: []string{"bash", "-c", fillScript}, TimeoutMS: 60_000})
+	if err != nil {
+		t.Fatalf("filler: %v", err)
+	}
+	t.Logf("filler: exit %d signal %d %q", r.ExitCode, r.Signal, r.Stdout)
+	free := func() int64 {
+		var st unix.Statfs_t
+		unix.Statfs(root, &st)
+		return int64(st.Bavail) * st.Bsize
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for free() < 256<<20 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if f := free(); f < 256<<20 {
+		t.Fatalf("the store stays full: %d MiB free 30 s after the filler was stopped", f>>20)
+	}
+	idle, err := d.C.Get(c, "idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idle.Disk != nil && idle.Disk.Exceeded != "" {
+		t.Errorf("the sandbox that wrote nothing was stopped: %s", idle.Disk.Exceeded)
+	}
+	if out := sh(t, d, "idle", "echo ok"); out != "ok\n" {
+		t.Errorf("idle: %q", out)
+	}
+	if _, err := d.C.Checkpoint(c, "idle", ""); err != nil {
+		t.Errorf("idle checkpoint: %v", err)
+	}
+	// The guilty one is back on its checkpoint: its earlier file is there, the filler's not.
+	out := sh(t, d, "guilty", "cat /workspace/kept; ls /workspace/fill 2>&1 | head -1")
+	if !strings.HasPrefix(out, "mine\n") || !strings.Contains(out, "No such file") {
+		t.Errorf("guilty after the store was given back: %q", out)
+	}
+}
