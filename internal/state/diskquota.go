@@ -15,41 +15,52 @@ import (
 	"deltabox/internal/store"
 )
 
-// Disk quotas: what a sandbox's upper layer holds is capped at its disk_mb.
+// Disk quotas: what a sandbox adds to the store is capped at its disk_mb: its upper's
+// blocks and inodes, and the process images of the checkpoints it made.
 //
-// The kernel here has no XFS quota support, so the daemon enforces the quota itself,
-// after the fact (store/project.go says what kernel project quotas would add):
+// This kernel has no XFS quotas (CONFIG_XFS_QUOTA is not set: mount -o prjquota fails
+// with "quota support not available"), so nothing refuses a write in the kernel; the
+// daemon bounds each kind of growth where it can see it (docs/design/disk-quota.md):
 //
-//   - Measure: every upper carries its layer's XFS project id, and one
-//     XFS_IOC_BULKSTAT pass over the store (store.ProjectUsage) gives every upper's
-//     allocated bytes at once: 10.8 ms for the 18257 inodes of a store with the default
-//     image (0.59 µs/inode), where a walk of the same tree took 180 ms, and it counts
-//     what a walk misses (a file deleted while open, a copy-up in progress).
+//   - fallocate, which reserves any number of blocks in one call (200 MiB in 3 ms with
+//     the exec around it): a call longer than the whole quota fails with EDQUOT in the
+//     call (sbinit's seccomp filter); shorter ones that add up are the watcher's.
+//   - The process images of its checkpoints: a checkpoint whose CRIU trees' images would
+//     take the sandbox past its quota is refused (507) once they are written and before
+//     they are kept; a node's durable image likewise fails before its pages are kept.
+//   - Writes and inodes: the watcher, after the fact. Every upper carries its layer's XFS
+//     project id, and one XFS_IOC_BULKSTAT pass over the store (store.ProjectUsage)
+//     gives every upper's blocks and inodes at once: 10.8 ms for the 18257 inodes of a
+//     store with the default image (0.59 µs/inode), where a walk took 180 ms, and it
+//     counts what a walk misses (a file deleted while open, a copy-up in progress). An
+//     inode counts the store's inode size (512 B): 300,000 empty files took 159 MiB of
+//     the store and their blocks were 13 MB.
 //   - When: statfs of the store every diskPoll (about 2 µs), and a pass when
 //     diskInterval has gone by since the last one, when the store's used space grew by
 //     diskGrowth (or a quarter of the smallest quota) since then, or when less than
 //     store.ReserveBytes is free. The interval stretches to diskCostFactor times the
 //     last pass's cost, so that a store of millions of inodes costs the watcher at most
-//     5% of a CPU while idle (a store with 200,000 more files: 163 ms a pass, where a
-//     walk of the layer holding them alone took 2.8 s).
-//   - Enforce: an upper over its sandbox's disk_mb stops its writers: every process of
-//     the sandbox but its templates is killed (SIGKILL through init, as a restore
-//     does; sessions restart at their next call), and until the upper is back under
-//     the quota (a file deleted through the files API, or a restore) the sandbox's
-//     execs, session calls, file writes and checkpoints answer 507 "disk quota
-//     exceeded". A checkpoint is refused because it would keep the oversized layer
-//     for ever as a node. Reads, deletes, restores and rm are allowed.
-//   - The store itself full (less than the reserve free, whatever the quotas): the
-//     sandbox whose upper grew most since the last pass is stopped the same way, so
-//     that the other sandboxes keep checkpointing; the index commits anyway
-//     (store/reserve.go).
+//     5% of a CPU while idle (a store with 200,000 more files: 163 ms a pass).
+//   - Enforce: a sandbox over its disk_mb has every process but its templates killed
+//     (SIGKILL through init, as a restore does; sessions restart at their next call),
+//     and until it is back under (files deleted through the files API, nodes it made
+//     removed, or a restore) its execs, session calls, file writes and checkpoints
+//     answer 507 "disk quota exceeded". Reads, deletes, restores and rm are allowed.
+//   - The store short (less than store.ReserveBytes free, whatever the quotas): the
+//     sandbox that added most to it since the last pass (diskMinGuilt at least: one
+//     that wrote nothing is never the one) is stopped the same way, and one stopped
+//     sandbox's upper is given back (reclaimDisk: restored to the node it stands on,
+//     or removed when it has none), so that the store does not stay full because of
+//     it; the index commits anyway (store/reserve.go).
 //
-// A writer gets up to one interval of its bandwidth past the quota before it is
-// stopped (diskGrowth bounds that when the store is busy with little else): a `>>`
-// loop wrote 72 MiB at a 64 MiB quota (TestDiskQuotaStopsFiller). The count includes
-// XFS's speculative preallocation (store.ProjectUsage), as a kernel quota's would. The
-// quota covers the upper, what the sandbox's code can grow; the frozen layers of its
-// nodes are the client's to keep or remove (their sizes are in the tree).
+// A writer passes the quota by what it writes before the next pass: a `>>` loop wrote
+// 71 MiB at a 64 MiB quota, counted 127 MiB with XFS's speculative preallocation
+// (TestDiskQuotaStopsFiller), and 511 MiB counted at 256. A loop of fallocates each
+// under the quota is stopped only by the pass: 32 calls of 128 MiB took 4 GiB at a
+// 256 MiB quota; on a store that fills first, the store-short rule stops it and gives
+// the space back. The frozen layers of its nodes are the client's to keep or remove
+// (their sizes are in the tree); the process images of its nodes count because the
+// sandbox's code decides their size (its memory).
 const (
 	diskPoll       = 100 * time.Millisecond
 	diskInterval   = time.Second
@@ -293,7 +304,7 @@ func (m *Manager) diskRefusal(s *sb) error {
 	if why == "" {
 		return nil
 	}
-	return fmt.Errorf("sandbox %s: %s; delete files (DELETE /v1/sandboxes/%s/files?path=P, deltabox files rm) or restore: %w", s.rec.ID, why, s.rec.ID, errdefs.ErrQuota)
+	return fmt.Errorf("sandbox %s: %s; delete files (DELETE /v1/sandboxes/%s/files?path=P, deltabox files rm), remove nodes it made (DELETE /v1/nodes/ID), or restore: %w", s.rec.ID, why, s.rec.ID, errdefs.ErrQuota)
 }
 
 // diskInfo is what SandboxInfo shows of s's disk. Precondition: s.opMu held.
@@ -391,6 +402,7 @@ func (m *Manager) imageRoom(s *sb, add int64, what string) error {
 	s.mu.Lock()
 	d := s.disk
 	s.mu.Unlock()
+	d.images = m.imageBytes()[s.rec.ID] // now: a restore since the last pass zeroed s.disk
 	if d.total()+add <= limit {
 		return nil
 	}
