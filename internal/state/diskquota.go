@@ -362,9 +362,11 @@ func (m *Manager) imageBytes() map[string]int64 {
 	}
 	m.img.mu.Unlock()
 	for _, node := range unknown {
+		// A node is in m.nodes once its trees are published (a rename before its record),
+		// so a node without the directory has none.
 		b, err := dirAllocated(m.criuTreesDir(node))
-		if err != nil {
-			continue // none (no tree), or not yet published
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			continue
 		}
 		m.img.mu.Lock()
 		m.img.trees[node] = b

@@ -408,6 +408,13 @@ func (m *Manager) imageWorker() {
 			st.state, st.bytes, st.full, st.dumped = "complete", bytes, full, time.Now().UTC()
 		}
 		m.img.mu.Unlock()
+		if err != nil {
+			// What the failed image wrote (CRIU's files, the refs of the pages its
+			// earlier templates stored) would stay until the next start otherwise: a
+			// sandbox whose images its quota refuses would still fill the store.
+			store.RemoveAll(m.imagesDir(node))
+			m.imagesRemoved()
+		}
 		select {
 		case <-m.stop:
 			return

@@ -416,3 +416,82 @@ func TestDiskFullStopsGuiltyGivesBack(t *testing.T) {
 		t.Errorf("guilty after the store was given back: %q", out)
 	}
 }
+
+// TestDiskDurableImagesCounted: the durable process images of a sandbox's nodes count
+// against its disk_mb. With disk_mb 100, the image of a checkpoint holding 40 MiB is
+// kept; the next one, of 80 MiB, would take the sandbox past 100 MB: the checkpoint
+// answers (its processes are in its templates), but its image fails naming the quota
+// and the store does not keep it.
+func TestDiskDurableImagesCounted(t *testing.T) {
+	root := smallStore(t, 2048)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "dimg", DiskMB: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// A python session (one thread: the fast path makes it a template, whose durable
+	// image is written after the checkpoint) holding 40 MiB of random memory.
+	if _, err := d.C.StartSession(c, "dimg", apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(code string) {
+		t.Helper()
+		if r, err := d.C.Run(c, "dimg", "py", code, 30*time.Second); err != nil || r.ExitCode != 0 {
+			t.Fatalf("%s: %+v %v", code, r, err)
+		}
+	}
+	run("import os; held = [os.urandom(40 << 20)]")
+	image := func(node string) *apitypes.ImageInfo {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			n, err := d.C.Node(c, node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// nil until the node's templates are parked and its image queued.
+			if p := n.ProcessImage; p != nil && p.State != "pending" || time.Now().After(deadline) {
+				return p
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	one, err := d.C.Checkpoint(c, "dimg", "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := image(one.Node.ID); p == nil || p.State != "complete" {
+		t.Fatalf("the first image (40 MiB, disk_mb 100): %+v", p)
+	}
+	run("held.append(os.urandom(40 << 20))")
+	var st unix.Statfs_t
+	unix.Statfs(root, &st)
+	before := int64(st.Bfree) * st.Bsize
+	two, err := d.C.Checkpoint(c, "dimg", "two")
+	if err != nil {
+		t.Fatalf("the second checkpoint: %v", err)
+	}
+	p := image(two.Node.ID)
+	t.Logf("second image: %+v", p)
+	if p == nil || p.State != "failed" || !strings.Contains(p.Error, "disk quota exceeded") {
+		t.Fatalf("the image that takes the sandbox past disk_mb 100: %+v, want failed, disk quota exceeded", p)
+	}
+	var kept int64
+	for i := 0; i < 50; i++ {
+		unix.Statfs(root, &st)
+		if kept = before - int64(st.Bfree)*st.Bsize; kept <= 16<<20 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if kept > 16<<20 {
+		t.Errorf("the refused image left %d MiB in the store", kept>>20)
+	}
+	in, err := d.C.Get(c, "dimg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Disk == nil || in.Disk.ImageBytes < 30<<20 || in.Disk.ImageBytes > 60<<20 {
+		t.Errorf("image_bytes: disk %+v, want the first image's (about 40 MiB)", in.Disk)
+	}
+}
