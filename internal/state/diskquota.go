@@ -27,7 +27,8 @@ import (
 //     call (sbinit's seccomp filter); shorter ones that add up are the watcher's.
 //   - The process images of its checkpoints: a checkpoint whose CRIU trees' images would
 //     take the sandbox past its quota is refused (507) once they are written and before
-//     they are kept; a node's durable image likewise fails before its pages are kept.
+//     they are kept; a node's durable image whose new pages would fails, and is removed
+//     (imageFits).
 //   - Writes and inodes: the watcher, after the fact. Every upper carries its layer's XFS
 //     project id, and one XFS_IOC_BULKSTAT pass over the store (store.ProjectUsage)
 //     gives every upper's blocks and inodes at once: 10.8 ms for the 18257 inodes of a

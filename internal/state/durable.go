@@ -486,12 +486,12 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 			return 0, 0, err
 		}
 		m.crashPoint("image", 2+3*i)
-		if err := m.imageFits(node, sub, bytes); err != nil {
-			return 0, 0, err
-		}
 		is, err := m.img.pages.Ingest(sub)
 		if err != nil {
 			return 0, 0, fmt.Errorf("store the pages of %s: %w", what, err)
+		}
+		if err := m.imageFits(node, bytes+is.StoredBytes); err != nil {
+			return 0, 0, err // the worker removes the image, and collects its new pages
 		}
 		m.crashPoint("image", 3+3*i)
 		bytes += is.StoredBytes
@@ -511,12 +511,12 @@ type imageMark struct {
 	Bytes     int64     `json:"bytes"` // what it added to the store (imageState.bytes)
 }
 
-// imageFits refuses a template's image dumped in sub when, with the bytes the node's
-// earlier templates added, it would put the sandbox that made the node over its
-// disk_mb: the image fails, and the node's processes live in its templates alone. What
-// CRIU wrote is counted whole (its pages before the page store keeps only new ones),
-// so an image near the quota is refused where its ingest might have fit.
-func (m *Manager) imageFits(node, sub string, before int64) error {
+// imageFits refuses node's image once its templates' pages are stored (stored: what
+// they added to the store, the page store's dedup counted) when it would put the
+// sandbox that made the node over its disk_mb: the image fails and is removed, and the
+// node's processes live in its templates alone. Until then the store holds the full
+// dump (up to the templates' memory) and the new pages.
+func (m *Manager) imageFits(node string, stored int64) error {
 	m.mu.Lock()
 	var s *sb
 	if n := m.nodes[node]; n != nil {
@@ -526,11 +526,7 @@ func (m *Manager) imageFits(node, sub string, before int64) error {
 	if s == nil {
 		return nil // its sandbox is gone: the node is the client's
 	}
-	b, err := dirAllocated(sub)
-	if err != nil {
-		return err
-	}
-	return m.imageRoom(s, before+b, "the durable image of its checkpoint "+node)
+	return m.imageRoom(s, stored, "the durable image of its checkpoint "+node)
 }
 
 // readTemplateRecord reads the template record an image holds (dumpNode writes it).

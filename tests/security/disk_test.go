@@ -419,9 +419,10 @@ func TestDiskFullStopsGuiltyGivesBack(t *testing.T) {
 
 // TestDiskDurableImagesCounted: the durable process images of a sandbox's nodes count
 // against its disk_mb. With disk_mb 100, the image of a checkpoint holding 40 MiB is
-// kept; the next one, of 80 MiB, would take the sandbox past 100 MB: the checkpoint
-// answers (its processes are in its templates), but its image fails naming the quota
-// and the store does not keep it.
+// kept; the next one adds 64 MiB of new pages (the first 40 are the page store's
+// already), which would take the sandbox past 100 MB: the checkpoint answers (its
+// processes are in its templates), but its image fails naming the quota and the store
+// does not keep it.
 func TestDiskDurableImagesCounted(t *testing.T) {
 	root := smallStore(t, 2048)
 	d := testutil.StartDaemonOn(t, root)
@@ -463,7 +464,7 @@ func TestDiskDurableImagesCounted(t *testing.T) {
 	if p := image(one.Node.ID); p == nil || p.State != "complete" {
 		t.Fatalf("the first image (40 MiB, disk_mb 100): %+v", p)
 	}
-	run("held.append(os.urandom(40 << 20))")
+	run("held.append(os.urandom(64 << 20))")
 	var st unix.Statfs_t
 	unix.Statfs(root, &st)
 	before := int64(st.Bfree) * st.Bsize
