@@ -85,6 +85,12 @@ type diskState struct {
 // total is what counts against the sandbox's disk_mb.
 func (d diskState) total() int64 { return d.bytes + d.images }
 
+// diskReclaimMin is the least upper a stopped sandbox must hold for the watcher to drop
+// it when the store is short: what gives the store its reserve back. A sandbox stopped
+// for a smaller one (it wrote most in the last pass, but little) runs again once the
+// store has room.
+const diskReclaimMin = store.ReserveBytes
+
 // diskMinGuilt is the least a sandbox must have added to the store since the last pass
 // to be stopped when the store runs short: a sandbox that wrote nothing (a few inodes
 // of a fresh upper) is never the one stopped.
@@ -127,9 +133,11 @@ func (m *Manager) watchDisk() {
 }
 
 // diskPass measures every sandbox's disk and stops those over their quota. When the
-// store runs short (full), it stops the sandbox that added most to it since the last
-// pass, and drops the upper of one sandbox already stopped (reclaim), so that the store
-// does not stay full because of it.
+// store runs short (full, or found so), it drops the upper of the stopped sandbox that
+// holds most (reclaimDisk; diskReclaimMin at least), so that the store does not stay
+// full because of it; with none, it stops the sandbox that added most to the store
+// since the last pass, which the next pass finds stopped and reclaims. Nobody else is
+// stopped while an upper is being given back.
 // Lock order: diskMu first (it is taken under no other lock), then each sandbox's opMu.
 func (m *Manager) diskPass(full bool) error {
 	m.diskMu.Lock()
@@ -143,6 +151,8 @@ func (m *Manager) diskPass(full bool) error {
 		m.inodeBytes = max(m.st.InodeBytes(), 1)
 	}
 	images := m.imageBytes()
+	free, _, err := m.st.Space()
+	short := full || err == nil && free < store.ReserveBytes
 	m.mu.Lock()
 	all := make([]*sb, 0, len(m.sandboxes))
 	for _, s := range m.sandboxes {
@@ -151,6 +161,7 @@ func (m *Manager) diskPass(full bool) error {
 	m.mu.Unlock()
 	var grew, reclaim *sb
 	var growth, held int64
+	var busy bool
 	for _, s := range all {
 		m.mu.Lock()
 		id, upper, limit := s.rec.ID, s.rec.Upper, diskLimit(s.rec.DiskMB)
@@ -166,8 +177,8 @@ func (m *Manager) diskPass(full bool) error {
 		s.mu.Lock()
 		prev := s.disk
 		now.over, now.full = prev.over, prev.full
-		if now.total() <= limit && !prev.full {
-			now.over = ""
+		if now.total() <= limit && (!prev.full || !short) {
+			now.over, now.full = "", false // back under, or the store has room again
 		}
 		s.disk = now
 		over := now.total() > limit && prev.over == ""
@@ -188,22 +199,25 @@ func (m *Manager) diskPass(full bool) error {
 			m.stopWriters(s, upper, false, fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d (its files %d MB, its checkpoints' process images %d MB)",
 				now.total()>>20, limit>>20, now.bytes>>20, now.images>>20))
 		}
-		if full && now.over != "" && now.bytes > held {
+		s.mu.Lock()
+		busy = busy || s.reclaiming
+		s.mu.Unlock()
+		if short && now.over != "" && now.bytes >= diskReclaimMin && now.bytes > held {
 			reclaim, held = s, now.bytes
 		}
 	}
-	if !full {
-		return nil
-	}
-	if grew != nil {
+	switch {
+	case !short:
+	case busy:
+		// An upper is being given back: the store is short because of it, not of
+		// whoever writes meanwhile.
+	case reclaim != nil:
+		m.reclaimDisk(reclaim)
+	case grew != nil:
 		grew.mu.Lock()
 		upper := grew.disk.upper
 		grew.mu.Unlock()
-		free, _, _ := m.st.Space()
 		m.stopWriters(grew, upper, true, fmt.Sprintf("the store is full (%d MB free) and this sandbox added the most to it since the last look (%d MB)", free>>20, growth>>20))
-	}
-	if reclaim != nil && held >= diskMinGuilt {
-		m.reclaimDisk(reclaim)
 	}
 	return nil
 }
@@ -211,7 +225,7 @@ func (m *Manager) diskPass(full bool) error {
 // reclaimDisk gives back the space of a stopped sandbox's upper while the store is
 // short: the sandbox is restored to the node it stands on (what it wrote since its last
 // checkpoint or restore is dropped), or removed when it has none (it never
-// checkpointed: its upper is all it has). In the background: a restore takes opMu and
+// checkpointed: its upper is all it has) or the restore fails. In the background: a restore takes opMu and
 // measures again, which diskMu (held by the pass) would deadlock.
 func (m *Manager) reclaimDisk(s *sb) {
 	s.mu.Lock()
@@ -236,14 +250,20 @@ func (m *Manager) reclaimDisk(s *sb) {
 		held := s.disk.bytes
 		s.mu.Unlock()
 		var err error
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+		removed := head == ""
 		if head != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			_, err = m.Restore(ctx, id, head)
-		} else {
-			err = m.Remove(id)
+			cancel()
+			// A restore that fails leaves the upper: removal is what frees it then.
+			removed = err != nil && !errors.Is(err, errdefs.ErrNotFound)
 		}
-		m.log.Warn("the store is full: a stopped sandbox's upper is dropped", "sandbox", id, "restored_to", head, "removed", head == "", "mb", held>>20, "err", err)
+		if removed {
+			if rerr := m.Remove(id); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		m.log.Warn("the store is full: a stopped sandbox's upper is dropped", "sandbox", id, "restored_to", head, "removed", removed, "mb", held>>20, "err", err)
 	}()
 }
 

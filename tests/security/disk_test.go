@@ -496,3 +496,55 @@ func TestDiskDurableImagesCounted(t *testing.T) {
 		t.Errorf("image_bytes: disk %+v, want the first image's (about 40 MiB)", in.Disk)
 	}
 }
+
+// TestDiskFullInnocentWriterKept: a sandbox fills the store with fallocates, each under
+// its disk_mb (so none is refused in the call), faster than any pass. It is stopped and
+// its upper given back (it never checkpointed: it is removed); a second sandbox writing
+// a little all along is never stopped
+// (before, the hog was stopped for its quota, the store stayed full, and the next pass
+// stopped the sandbox that wrote most since: the innocent one).
+func TestDiskFullInnocentWriterKept(t *testing.T) {
+	root := smallStore(t, 512)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	// A quota the store cannot hold: the store fills before the hog reaches it.
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "hog", DiskMB: 400}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "writer"}); err != nil {
+		t.Fatal(err)
+	}
+	// 2 MiB every 100 ms, new files (a failed write, ENOSPC while the store is full,
+	// does not end it), until 20 s have passed.
+	wr := make(chan *apitypes.ExecResult, 1)
+	go func() {
+		r, _ := d.C.Exec(context.WithoutCancel(c), "writer", apitypes.ExecRequest{Argv: []string{"bash", "-c",
+			`for i in $(seq 200); do head -c 2M /dev/urandom > /workspace/w$((i % 20)) 2>/dev/null; sleep 0.1; done; echo done`}, TimeoutMS: 60_000})
+		wr <- r
+	}()
+	time.Sleep(time.Second)
+	r, err := d.C.Exec(c, "hog", apitypes.ExecRequest{Argv: []string{"bash", "-c",
+		`cd /workspace; i=0; while [ $i -lt 100 ]; do fallocate -l 128M f$i 2>/dev/null; i=$((i+1)); done; echo end`}, TimeoutMS: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hog: exit %d signal %d %q", r.ExitCode, r.Signal, r.Stdout)
+	w := <-wr
+	in, err := d.C.Get(c, "writer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("writer: %+v; disk %+v", w, in.Disk)
+	if w == nil || w.Stdout != "done\n" || (in.Disk != nil && in.Disk.Exceeded != "") {
+		t.Errorf("the writer, which wrote 2 MiB at a time, was stopped: %+v, disk %+v", w, in.Disk)
+	}
+	var st unix.Statfs_t
+	unix.Statfs(root, &st)
+	if free := int64(st.Bavail) * st.Bsize; free < 256<<20 {
+		t.Errorf("the store stays full: %d MiB free", free>>20)
+	}
+	// It never checkpointed: giving its upper back removes it.
+	if _, err := d.C.Get(c, "hog"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the hog is still there (%v): its space was not given back", err)
+	}
+}
