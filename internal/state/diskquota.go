@@ -48,11 +48,13 @@ import (
 //     removed, or a restore) its execs, session calls, file writes and checkpoints
 //     answer 507 "disk quota exceeded". Reads, deletes, restores and rm are allowed.
 //   - The store short (less than store.ReserveBytes free, whatever the quotas): the
-//     sandbox that added most to it since the last pass (diskMinGuilt at least: one
-//     that wrote nothing is never the one) is stopped the same way, and one stopped
-//     sandbox's upper is given back (reclaimDisk: restored to the node it stands on,
-//     or removed when it has none), so that the store does not stay full because of
-//     it; the index commits anyway (store/reserve.go).
+//     upper of the stopped sandbox holding most is given back (reclaimDisk: restored
+//     to the node it stands on, or removed when it has none), so that the store does
+//     not stay full because of it; with none, the sandbox that added most to the store
+//     since the last pass (diskMinGuilt at least: one that wrote nothing is never the
+//     one) is stopped the same way, and given back at the next pass. Before, the one
+//     stopped for its quota kept its blocks, and the next pass stopped whoever wrote
+//     next (TestDiskFullInnocentWriterKept). The index commits anyway (store/reserve.go).
 //
 // A writer passes the quota by what it writes before the next pass: a `>>` loop wrote
 // 71 MiB at a 64 MiB quota, counted 127 MiB with XFS's speculative preallocation
