@@ -227,9 +227,14 @@ func (m *Manager) diskPass(full bool) error {
 // reclaimDisk gives back the space of a stopped sandbox's upper while the store is
 // short: the sandbox is restored to the node it stands on (what it wrote since its last
 // checkpoint or restore is dropped), or removed when it has none (it never
-// checkpointed: its upper is all it has) or the restore fails. In the background: a restore takes opMu and
-// measures again, which diskMu (held by the pass) would deadlock.
+// checkpointed: its upper is all it has) or the restore fails. In the background: a
+// restore takes opMu and measures again, which diskMu (held by the pass) would deadlock.
 func (m *Manager) reclaimDisk(s *sb) {
+	select {
+	case <-m.stop:
+		return // Close may be waiting for m.wg: no goroutine is added to it now
+	default:
+	}
 	s.mu.Lock()
 	if s.reclaiming {
 		s.mu.Unlock()
@@ -258,7 +263,7 @@ func (m *Manager) reclaimDisk(s *sb) {
 			_, err = m.Restore(ctx, id, head)
 			cancel()
 			// A restore that fails leaves the upper: removal is what frees it then.
-			removed = err != nil && !errors.Is(err, errdefs.ErrNotFound)
+			removed = err != nil
 		}
 		if removed {
 			if rerr := m.Remove(id); rerr != nil {
