@@ -151,7 +151,7 @@ const (
 	x32Bit         = 0x40000000 // __X32_SYSCALL_BIT
 )
 
-// fallocateMax is Config.FallocateMax, set by Main before the filter is built.
+// fallocateMax is Config.DiskQuota, set by Main before the filter is built.
 var fallocateMax int64
 
 // filter is the assembled program (built once; the spawn threads share it).

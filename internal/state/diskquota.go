@@ -22,9 +22,10 @@ import (
 // with "quota support not available"), so nothing refuses a write in the kernel; the
 // daemon bounds each kind of growth where it can see it (docs/design/disk-quota.md):
 //
-//   - fallocate, which reserves any number of blocks in one call (200 MiB in 3 ms with
-//     the exec around it): a call longer than the whole quota fails with EDQUOT in the
-//     call (sbinit's seccomp filter); shorter ones that add up are the watcher's.
+//   - One call: a fallocate, which reserves any number of blocks at once (200 MiB in 3
+//     ms with the exec around it), longer than the whole quota fails with EDQUOT
+//     (sbinit's seccomp filter), and no file grows past the quota (RLIMIT_FSIZE, set
+//     by init: EFBIG, SIGXFSZ). What many calls add up to is the watcher's.
 //   - The process images of its checkpoints: a checkpoint whose CRIU trees' images would
 //     take the sandbox past its quota is refused (507) once they are written and before
 //     they are kept; a node's durable image whose new pages would fails, and is removed
@@ -56,9 +57,9 @@ import (
 //     stopped for its quota kept its blocks, and the next pass stopped whoever wrote
 //     next (TestDiskFullInnocentWriterKept). The index commits anyway (store/reserve.go).
 //
-// A writer passes the quota by what it writes before the next pass: a `>>` loop wrote
-// 71 MiB at a 64 MiB quota, counted 127 MiB with XFS's speculative preallocation
-// (TestDiskQuotaStopsFiller), and 511 MiB counted at 256. A loop of fallocates each
+// A writer of many files passes the quota by what it writes before the next pass: a
+// new 1 MiB file at a time, killed at 77 MiB counted at a 64 MiB quota
+// (TestDiskQuotaStopsFiller); one file stops at the quota. A loop of fallocates each
 // under the quota is stopped only by the pass: 32 calls of 128 MiB took 4 GiB at a
 // 256 MiB quota; on a store that fills first, the store-short rule stops it and gives
 // the space back. The frozen layers of its nodes are the client's to keep or remove

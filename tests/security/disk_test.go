@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/client"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/testutil"
 )
@@ -58,10 +59,16 @@ func smallStore(t *testing.T, mib int) string {
 // fillScript writes 1 MiB at a time until a write fails or it is killed.
 const fillScript = `while head -c 1M /dev/zero >> /workspace/fill; do :; done 2>/dev/null; echo stopped`
 
-// TestDiskQuotaStopsFiller: a sandbox created with disk_mb 64 writes without end. Its
-// writer is killed soon after its upper passes 64 MiB (not when the store is full), its
-// next exec, file write and checkpoint answer 507 naming the quota, a delete through
-// the files API lets it run again, and a second sandbox on the same store is untouched.
+// multiFillScript writes a new 1 MiB file at a time, under /workspace/fills, until a
+// write fails or it is killed: no one file reaches the quota (RLIMIT_FSIZE), so only
+// the watcher stops it.
+const multiFillScript = `mkdir -p /workspace/fills; i=0; while head -c 1M /dev/zero > /workspace/fills/$i; do i=$((i+1)); done 2>/dev/null; echo stopped`
+
+// TestDiskQuotaStopsFiller: a sandbox created with disk_mb 64 writes new files without
+// end. Its writer is killed soon after its upper passes 64 MiB (not when the store is
+// full), its next exec, file write and checkpoint answer 507 naming the quota, a delete
+// through the files API lets it run again, and a second sandbox on the same store is
+// untouched.
 func TestDiskQuotaStopsFiller(t *testing.T) {
 	root := smallStore(t, 1024)
 	d := testutil.StartDaemonOn(t, root)
@@ -74,7 +81,7 @@ func TestDiskQuotaStopsFiller(t *testing.T) {
 	}
 	sh(t, d, "victim", "echo kept > /workspace/kept")
 
-	r, err := d.C.Exec(c, "hog", apitypes.ExecRequest{Argv: []string{"bash", "-c", fillScript}, TimeoutMS: 60_000})
+	r, err := d.C.Exec(c, "hog", apitypes.ExecRequest{Argv: []string{"bash", "-c", multiFillScript}, TimeoutMS: 60_000})
 	if err != nil {
 		t.Fatalf("filler: %v", err)
 	}
@@ -85,11 +92,11 @@ func TestDiskQuotaStopsFiller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var size int64
-	if fi, err := d.C.StatFile(c, "hog", "/workspace/fill"); err == nil {
-		size = fi.Size
+	var wrote int
+	if l, err := d.C.ListFiles(c, "hog", "/workspace/fills", client.ListFilesOptions{}); err == nil {
+		wrote = len(l.Entries)
 	}
-	t.Logf("filler: exit %d signal %d %q; wrote %d MiB; disk %+v; store free %d MiB", r.ExitCode, r.Signal, r.Stdout, size>>20, in.Disk, free>>20)
+	t.Logf("filler: exit %d signal %d %q; wrote %d MiB; disk %+v; store free %d MiB", r.ExitCode, r.Signal, r.Stdout, wrote, in.Disk, free>>20)
 	if in.Disk == nil || in.Disk.Exceeded == "" {
 		t.Fatalf("the filler was not stopped by its quota: disk %+v, the store has %d MiB free", in.Disk, free>>20)
 	}
@@ -106,8 +113,8 @@ func TestDiskQuotaStopsFiller(t *testing.T) {
 	if _, err := d.C.Checkpoint(c, "hog", ""); !errors.Is(err, errdefs.ErrQuota) {
 		t.Errorf("checkpoint over quota: %v, want 507", err)
 	}
-	// Deleting the file brings the sandbox back.
-	if err := d.C.RemoveFile(c, "hog", "/workspace/fill", false); err != nil {
+	// Deleting the files brings the sandbox back.
+	if err := d.C.RemoveFile(c, "hog", "/workspace/fills", true); err != nil {
 		t.Fatalf("delete over quota: %v", err)
 	}
 	if out := sh(t, d, "hog", "echo back"); out != "back\n" {
@@ -546,5 +553,44 @@ func TestDiskFullInnocentWriterKept(t *testing.T) {
 	// It never checkpointed: giving its upper back removes it.
 	if _, err := d.C.Get(c, "hog"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("the hog is still there (%v): its space was not given back", err)
+	}
+}
+
+// TestDiskFileBoundInWrite: no file of a sandbox grows past its disk_mb: the write that
+// would fails (SIGXFSZ ends the writer, or EFBIG, "File too large", where it is
+// ignored) and the file stops at the quota, with no pass of the watcher involved; a
+// truncate past it fails likewise, and the sandbox cannot raise the limit. Before, a
+// `>>` loop wrote 71 MiB at disk_mb 64 before the watcher killed it.
+func TestDiskFileBoundInWrite(t *testing.T) {
+	root := smallStore(t, 1024)
+	d := testutil.StartDaemonOn(t, root)
+	c := ctx(t)
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "big", DiskMB: 64}); err != nil {
+		t.Fatal(err)
+	}
+	// 153: ended by SIGXFSZ (128+25), the default action of the write past the limit.
+	out := sh(t, d, "big", `cd /workspace
+head -c 100M /dev/zero > big; echo "write=$?"
+stat -c size=%s big
+truncate -s 1G sparse 2>&1; echo "truncate=$?"
+python3 -c '
+import os, resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+print("limit=%d" % resource.getrlimit(resource.RLIMIT_FSIZE)[1])
+fd = os.open("p", os.O_CREAT | os.O_WRONLY)
+try:
+    os.pwrite(fd, b"x", 64 << 20)
+except OSError as e:
+    print("pwrite:", e.strerror)
+try:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+except (ValueError, OSError) as e:
+    print("raise:", e)
+'`)
+	t.Logf("inside:\n%s", out)
+	for _, want := range []string{"write=153", fmt.Sprintf("size=%d", 64<<20), "truncate=153", fmt.Sprintf("limit=%d", 64<<20), "pwrite: File too large", "raise:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
 	}
 }
