@@ -188,12 +188,12 @@ func installFilter() error {
 //	fallocate len > fallocMax       -> EDQUOT (fallocMax > 0; modes that free blocks pass)
 //	else                            -> ALLOW
 //
-// The fallocate test is the sandbox's disk quota made at the call: the kernel has no XFS
-// quotas here, and the daemon's watcher (state/diskquota.go) sees what a call allocated
-// only at its next pass, while one fallocate reserves any number of blocks at once (5 GiB
-// in 3 ms here, where a writer takes seconds). A length over the whole quota can never
-// fit, so it is refused in the call with the error a quota gives (EDQUOT, "Disk quota
-// exceeded"). Shorter calls that add up past the quota are the watcher's.
+// The fallocate test is the sandbox's disk quota made at the call: the kernel has no
+// XFS quotas here, and the daemon's watcher (state/diskquota.go) sees what a call
+// allocated only at its next pass, while one fallocate reserves any number of blocks at
+// once (200 MiB in 3 ms here, the exec of fallocate(1) included). A length over the
+// whole quota can never fit, so it is refused in the call with the error a quota gives
+// (EDQUOT, "Disk quota exceeded"). Shorter calls that add up past it are the watcher's.
 func buildFilter(fallocMax int64) ([]unix.SockFilter, error) {
 	var a asm
 	a.ld(offArch)

@@ -53,9 +53,10 @@ import (
 //     to the node it stands on, or removed when it has none), so that the store does
 //     not stay full because of it; with none, the sandbox that added most to the store
 //     since the last pass (diskMinGuilt at least: one that wrote nothing is never the
-//     one) is stopped the same way, and given back at the next pass. Before, the one
-//     stopped for its quota kept its blocks, and the next pass stopped whoever wrote
-//     next (TestDiskFullInnocentWriterKept). The index commits anyway (store/reserve.go).
+//     one) is stopped the same way, and given back at the next pass. Stopping alone
+//     would not do: the stopped sandbox keeps its blocks, and each pass would stop
+//     whoever wrote next (TestDiskFullInnocentWriterKept). The index commits anyway
+//     (store/reserve.go).
 //
 // A writer of many files passes the quota by what it writes before the next pass: a
 // new 1 MiB file at a time, killed at 77 MiB counted at a 64 MiB quota
