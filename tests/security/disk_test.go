@@ -594,3 +594,44 @@ except (ValueError, OSError) as e:
 		}
 	}
 }
+
+// TestDiskProjectFixedInside: a sandbox cannot take its files out of the XFS project its
+// quota is counted by (FS_IOC_FSSETXATTR with another project id, or without
+// PROJINHERIT on a directory): the kernel refuses a project change from a user
+// namespace other than the initial one (EINVAL), through overlayfs as well. This held
+// before the quota counted inodes and images; it guards the accounting.
+func TestDiskProjectFixedInside(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	c := ctx(t)
+	if _, err := d.C.Create(c, apitypes.CreateOptions{ID: "proj", DiskMB: 64}); err != nil {
+		t.Fatal(err)
+	}
+	out := sh(t, d, "proj", `exec 2>&1; cd /workspace; head -c 1M /dev/zero > f; mkdir dd; python3 - <<'PY'
+import fcntl, struct, os
+GET, SET = 0x801c581f, 0x401c5820
+for p in ["f", "dd", "/workspace"]:
+    fd = os.open(p, os.O_RDONLY)
+    b = bytearray(28)
+    fcntl.ioctl(fd, GET, b)
+    x = list(struct.unpack("IIIII8s", bytes(b)))
+    for what, y in (("project 0", x[:3] + [0] + x[4:]), ("no inherit", [x[0] & ~0x200] + x[1:])):
+        try:
+            fcntl.ioctl(fd, SET, struct.pack("IIIII8s", *y))
+            fcntl.ioctl(fd, GET, b)
+            print(p, what, "changed:", struct.unpack("IIIII8s", bytes(b))[:4])
+        except OSError as e:
+            print(p, what, "refused:", e.strerror)
+PY`)
+	t.Logf("inside:\n%s", out)
+	if strings.Contains(out, "changed") {
+		// "no inherit" on a file is no change (files have no PROJINHERIT).
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "changed") && !strings.HasPrefix(l, "f no inherit") {
+				t.Errorf("a sandbox changed its files' project: %s", l)
+			}
+		}
+	}
+	if n := strings.Count(out, "refused: Invalid argument"); n < 5 {
+		t.Errorf("%d of the 5 project changes refused:\n%s", n, out)
+	}
+}
