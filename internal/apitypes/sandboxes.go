@@ -89,7 +89,13 @@ type DiskInfo struct {
 	LimitMB int64 `json:"limit_mb"` // disk_mb
 	// UpperBytes: the blocks allocated to the files of its upper layer (its changes since
 	// the last checkpoint or restore), deleted files still open included.
-	UpperBytes    int64 `json:"upper_bytes"`
+	// Each of its inodes counts the store's inode size (512 B) on top of its blocks.
+	UpperBytes int64 `json:"upper_bytes"`
+	// ImageBytes: what the process images of the checkpoints it made hold in the store
+	// (the CRIU images of the processes the fast path refused, and its templates' durable
+	// images: their new pages and CRIU's other files). Counted against the limit with
+	// UpperBytes.
+	ImageBytes    int64 `json:"image_bytes"`
 	MeasuredMSAgo int64 `json:"measured_ms_ago"`
 	// Exceeded says why the sandbox's processes were stopped and its writes answer 507,
 	// until files are deleted or a node restored; "" when they are not.

@@ -88,7 +88,9 @@ type Isolation struct {
 //
 // pidFloor, when not 0, makes every PID of the sandbox (its processes' and its init's
 // threads') larger than it: those a restore must give back are not taken meanwhile.
-func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int) (_ *Sandbox, err error) {
+// diskQuota, when not 0, is what no call of its processes may pass at once
+// (sbinit.Config.DiskQuota): the longest fallocate(2), the largest file.
+func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64) (_ *Sandbox, err error) {
 	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
 	defer func() {
 		if err != nil {
@@ -134,7 +136,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 	}
 	defer unix.Close(cgfd)
 	s.init, err = sbinit.Start(sbinit.StartOptions{
-		Config:   sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor},
+		Config:   sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, DiskQuota: diskQuota},
 		CgroupFD: cgfd,
 		Log:      log,
 		RootDir:  rootDir,

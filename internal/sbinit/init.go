@@ -32,6 +32,11 @@ type Config struct {
 	// PidFloor: the sandbox's PIDs start above it (raisePidFloor), so that no process
 	// or thread of a sandbox started afresh takes a PID a restore must give back.
 	PidFloor int `json:"pid_floor,omitempty"`
+	// DiskQuota is the sandbox's disk quota in bytes (0: none), which no call of its
+	// processes can pass at once: a fallocate(2) longer than it fails with EDQUOT
+	// (seccomp.go), and no file grows past it (RLIMIT_FSIZE: a write or truncate past it
+	// fails with EFBIG, and SIGXFSZ ends a process that does not handle it).
+	DiskQuota int64 `json:"disk_quota,omitempty"`
 }
 
 // ctlFD is the init's end of the control socketpair (ExtraFiles[0]).
@@ -80,6 +85,18 @@ func Main(arg string) {
 	if err := setupRoot(&cfg); err != nil {
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
+	}
+	fallocateMax = cfg.DiskQuota
+	if q := uint64(cfg.DiskQuota); q > 0 {
+		// Init's own limit, which every process of the sandbox inherits (CRIU restores a
+		// process's own, templates are forked with theirs). The kernel has no XFS quotas
+		// here (state/diskquota.go): this is what stops a runaway file in the write
+		// that passes the quota, where the daemon's watcher stops it a pass later (a
+		// `>>` loop: 71 MiB written at a 64 MiB quota). Without CAP_SYS_RESOURCE
+		// (dropCapabilities) no process of the sandbox can raise it.
+		if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: q, Max: q}); err != nil {
+			fatal("setrlimit(RLIMIT_FSIZE, %d): %v", q, err)
+		}
 	}
 	if _, err := filter(); err != nil { // a bad table fails the sandbox's start, not each spawn
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)

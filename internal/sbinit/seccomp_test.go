@@ -17,28 +17,28 @@ func TestFilter(t *testing.T) {
 	type call struct {
 		name string
 		nr   uintptr
-		args [3]uintptr
+		args [4]uintptr
 		want unix.Errno // 0: allowed (whatever the call then answers, but not want's)
 	}
 	calls := []call{
-		{"getpid", unix.SYS_GETPID, [3]uintptr{}, 0},
-		{"mount", unix.SYS_MOUNT, [3]uintptr{}, unix.EPERM},
-		{"keyctl", unix.SYS_KEYCTL, [3]uintptr{0, ^uintptr(2), 0}, unix.EPERM},
-		{"open_tree_attr", unix.SYS_OPEN_TREE_ATTR, [3]uintptr{}, unix.EPERM},
-		{"modify_ldt", unix.SYS_MODIFY_LDT, [3]uintptr{}, unix.EPERM},
-		{"clone3", unix.SYS_CLONE3, [3]uintptr{}, unix.ENOSYS},
-		{"listmount", unix.SYS_LISTMOUNT, [3]uintptr{}, unix.ENOSYS},
-		{"unshare CLONE_NEWNS", unix.SYS_UNSHARE, [3]uintptr{unix.CLONE_NEWNS}, unix.EPERM},
-		{"unshare CLONE_NEWTIME", unix.SYS_UNSHARE, [3]uintptr{unix.CLONE_NEWTIME}, unix.EPERM},
-		{"unshare CLONE_FS", unix.SYS_UNSHARE, [3]uintptr{unix.CLONE_FS}, 0},
+		{"getpid", unix.SYS_GETPID, [4]uintptr{}, 0},
+		{"mount", unix.SYS_MOUNT, [4]uintptr{}, unix.EPERM},
+		{"keyctl", unix.SYS_KEYCTL, [4]uintptr{0, ^uintptr(2), 0}, unix.EPERM},
+		{"open_tree_attr", unix.SYS_OPEN_TREE_ATTR, [4]uintptr{}, unix.EPERM},
+		{"modify_ldt", unix.SYS_MODIFY_LDT, [4]uintptr{}, unix.EPERM},
+		{"clone3", unix.SYS_CLONE3, [4]uintptr{}, unix.ENOSYS},
+		{"listmount", unix.SYS_LISTMOUNT, [4]uintptr{}, unix.ENOSYS},
+		{"unshare CLONE_NEWNS", unix.SYS_UNSHARE, [4]uintptr{unix.CLONE_NEWNS}, unix.EPERM},
+		{"unshare CLONE_NEWTIME", unix.SYS_UNSHARE, [4]uintptr{unix.CLONE_NEWTIME}, unix.EPERM},
+		{"unshare CLONE_FS", unix.SYS_UNSHARE, [4]uintptr{unix.CLONE_FS}, 0},
 		// clone with a namespace flag and an invalid combination otherwise (CLONE_THREAD
 		// without CLONE_SIGHAND: EINVAL when allowed), so nothing is made either way.
-		{"clone CLONE_NEWNET", unix.SYS_CLONE, [3]uintptr{unix.CLONE_NEWNET | unix.CLONE_THREAD}, unix.EPERM},
-		{"clone invalid", unix.SYS_CLONE, [3]uintptr{unix.CLONE_THREAD}, 0},
-		{"personality query", unix.SYS_PERSONALITY, [3]uintptr{0xffffffff}, 0},
-		{"personality READ_IMPLIES_EXEC", unix.SYS_PERSONALITY, [3]uintptr{0x0400000}, unix.EPERM},
-		{"ioprio_set RT", unix.SYS_IOPRIO_SET, [3]uintptr{1, 0, 1<<13 | 4}, unix.EPERM},
-		{"ioprio_set BE", unix.SYS_IOPRIO_SET, [3]uintptr{1, 0, 2<<13 | 4}, 0},
+		{"clone CLONE_NEWNET", unix.SYS_CLONE, [4]uintptr{unix.CLONE_NEWNET | unix.CLONE_THREAD}, unix.EPERM},
+		{"clone invalid", unix.SYS_CLONE, [4]uintptr{unix.CLONE_THREAD}, 0},
+		{"personality query", unix.SYS_PERSONALITY, [4]uintptr{0xffffffff}, 0},
+		{"personality READ_IMPLIES_EXEC", unix.SYS_PERSONALITY, [4]uintptr{0x0400000}, unix.EPERM},
+		{"ioprio_set RT", unix.SYS_IOPRIO_SET, [4]uintptr{1, 0, 1<<13 | 4}, unix.EPERM},
+		{"ioprio_set BE", unix.SYS_IOPRIO_SET, [4]uintptr{1, 0, 2<<13 | 4}, 0},
 	}
 	got := make(chan []unix.Errno, 1)
 	errc := make(chan error, 1)
@@ -99,7 +99,7 @@ func TestFilterArchitectures(t *testing.T) {
 		{"the last reviewed", lastReviewed, unix.AUDIT_ARCH_X86_64, 0},
 		{"after the table", lastReviewed + 1, unix.AUDIT_ARCH_X86_64, unix.ENOSYS},
 	} {
-		if e := emulate(prog, c.nr, c.arch, [3]uintptr{}); e != c.want {
+		if e := emulate(prog, c.nr, c.arch, [4]uintptr{}); e != c.want {
 			t.Errorf("%s: errno %v, want %v", c.name, e, c.want)
 		}
 	}
@@ -107,7 +107,7 @@ func TestFilterArchitectures(t *testing.T) {
 
 // emulate runs the filter on one call as the kernel would (the opcodes buildFilter
 // uses) and returns the errno it answers, 0 for ALLOW.
-func emulate(prog []unix.SockFilter, nr, arch uint32, args [3]uintptr) unix.Errno {
+func emulate(prog []unix.SockFilter, nr, arch uint32, args [4]uintptr) unix.Errno {
 	data := map[uint32]uint32{0: nr, 4: arch}
 	for i, a := range args {
 		data[uint32(16+8*i)] = uint32(a)
@@ -151,4 +151,43 @@ func emulate(prog []unix.SockFilter, nr, arch uint32, args [3]uintptr) unix.Errn
 		}
 	}
 	panic("emulate: ran off the end")
+}
+
+// TestFilterFallocate: with a disk quota, a fallocate longer than it fails with EDQUOT
+// (the high and the low word of its 64-bit length each decide), one as long or shorter
+// passes, and punching or collapsing a range of any length passes (they free blocks).
+// Emulated: tests/security's TestDiskFallocateRefusedInCall runs it in a sandbox.
+func TestFilterFallocate(t *testing.T) {
+	const max = 5<<32 + 200<<20 // high word 5: both words are tested
+	prog, err := buildFilter(max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		mode, len uintptr
+		want      unix.Errno
+	}{
+		{"at the limit", 0, max, 0},
+		{"one byte over", 0, max + 1, unix.EDQUOT},
+		{"high word over", 0, 6 << 32, unix.EDQUOT},
+		{"high word under, low word large", 0, 4<<32 + 0xffffffff, 0},
+		{"keep size, over", unix.FALLOC_FL_KEEP_SIZE, max + 1, unix.EDQUOT},
+		{"zero range, over", unix.FALLOC_FL_ZERO_RANGE, max + 1, unix.EDQUOT},
+		{"punch hole, over", unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE, 1 << 62, 0},
+		{"collapse range, over", unix.FALLOC_FL_COLLAPSE_RANGE, 1 << 62, 0},
+		{"negative length", 0, 1 << 63, unix.EDQUOT},
+	} {
+		if e := emulate(prog, unix.SYS_FALLOCATE, unix.AUDIT_ARCH_X86_64, [4]uintptr{3, c.mode, 0, c.len}); e != c.want {
+			t.Errorf("%s: errno %v, want %v", c.name, e, c.want)
+		}
+	}
+	// Without a quota fallocate is not tested at all.
+	prog, err = buildFilter(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := emulate(prog, unix.SYS_FALLOCATE, unix.AUDIT_ARCH_X86_64, [4]uintptr{3, 0, 0, 1 << 62}); e != 0 {
+		t.Errorf("no quota: errno %v, want it allowed", e)
+	}
 }

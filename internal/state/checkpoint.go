@@ -257,7 +257,7 @@ func (c *checkpoint) seize() error {
 				fastWhy = append(fastWhy, c.criuWhy[r])
 			}
 			err = criuRefusal(strings.Join(fastWhy, "; "), err.Error(), len(sessTrees) > 0)
-		} else if err = m.checkAfterDump(s, held, c.criu, c.o.EndBackground); err != nil {
+		} else if err = m.afterTreeDump(s, held, c.criu, c.o.EndBackground); err != nil {
 			m.abortHeld(held)
 			c.criu.resume()
 			store.RemoveAll(c.criu.dir)

@@ -595,6 +595,20 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 	return nil
 }
 
+// afterTreeDump checks the trees once dumped: no process escaped them (checkAfterDump),
+// and their images fit in the sandbox's disk quota (imageRoom: counted whole, in blocks).
+// Precondition: as checkAfterDump's.
+func (m *Manager) afterTreeDump(s *sb, held []*heldProc, ts *criuTrees, endBackground bool) error {
+	if err := m.checkAfterDump(s, held, ts, endBackground); err != nil {
+		return err
+	}
+	b, err := dirAllocated(ts.dir)
+	if err != nil {
+		return err
+	}
+	return m.imageRoom(s, b, "the CRIU images of the processes the fast path refused")
+}
+
 // endCRIUTrees kills the trees and waits until init has reaped every process (their
 // PIDs are free for the restore).
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {

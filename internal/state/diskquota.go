@@ -1,50 +1,71 @@
 package state
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/store"
 )
 
-// Disk quotas: what a sandbox's upper layer holds is capped at its disk_mb.
+// Disk quotas: what a sandbox adds to the store is capped at its disk_mb: its upper's
+// blocks and inodes, and the process images of the checkpoints it made.
 //
-// The kernel here has no XFS quota support, so the daemon enforces the quota itself,
-// after the fact (store/project.go says what kernel project quotas would add):
+// This kernel has no XFS quotas (CONFIG_XFS_QUOTA is not set: mount -o prjquota fails
+// with "quota support not available"), so nothing refuses a write in the kernel; the
+// daemon bounds each kind of growth where it can see it (docs/design/disk-quota.md):
 //
-//   - Measure: every upper carries its layer's XFS project id, and one
-//     XFS_IOC_BULKSTAT pass over the store (store.ProjectUsage) gives every upper's
-//     allocated bytes at once: 10.8 ms for the 18257 inodes of a store with the default
-//     image (0.59 µs/inode), where a walk of the same tree took 180 ms, and it counts
-//     what a walk misses (a file deleted while open, a copy-up in progress).
+//   - One call: a fallocate, which reserves any number of blocks at once (200 MiB in 3
+//     ms with the exec around it), longer than the whole quota fails with EDQUOT
+//     (sbinit's seccomp filter), and no file grows past the quota (RLIMIT_FSIZE, set
+//     by init: EFBIG, SIGXFSZ). What many calls add up to is the watcher's.
+//   - The process images of its checkpoints: a checkpoint whose CRIU trees' images would
+//     take the sandbox past its quota is refused (507) once they are written and before
+//     they are kept; a node's durable image whose new pages would fails, and is removed
+//     (imageFits).
+//   - Writes and inodes: the watcher, after the fact. Every upper carries its layer's XFS
+//     project id, and one XFS_IOC_BULKSTAT pass over the store (store.ProjectUsage)
+//     gives every upper's blocks and inodes at once: 10.8 ms for the 18257 inodes of a
+//     store with the default image (0.59 µs/inode), where a walk took 180 ms, and it
+//     counts what a walk misses (a file deleted while open, a copy-up in progress). An
+//     inode counts the store's inode size (512 B): 300,000 empty files took 159 MiB of
+//     the store and their blocks were 13 MB.
 //   - When: statfs of the store every diskPoll (about 2 µs), and a pass when
 //     diskInterval has gone by since the last one, when the store's used space grew by
 //     diskGrowth (or a quarter of the smallest quota) since then, or when less than
 //     store.ReserveBytes is free. The interval stretches to diskCostFactor times the
 //     last pass's cost, so that a store of millions of inodes costs the watcher at most
-//     5% of a CPU while idle (a store with 200,000 more files: 163 ms a pass, where a
-//     walk of the layer holding them alone took 2.8 s).
-//   - Enforce: an upper over its sandbox's disk_mb stops its writers: every process of
-//     the sandbox but its templates is killed (SIGKILL through init, as a restore
-//     does; sessions restart at their next call), and until the upper is back under
-//     the quota (a file deleted through the files API, or a restore) the sandbox's
-//     execs, session calls, file writes and checkpoints answer 507 "disk quota
-//     exceeded". A checkpoint is refused because it would keep the oversized layer
-//     for ever as a node. Reads, deletes, restores and rm are allowed.
-//   - The store itself full (less than the reserve free, whatever the quotas): the
-//     sandbox whose upper grew most since the last pass is stopped the same way, so
-//     that the other sandboxes keep checkpointing; the index commits anyway
+//     5% of a CPU while idle (a store with 200,000 more files: 163 ms a pass).
+//   - Enforce: a sandbox over its disk_mb has every process but its templates killed
+//     (SIGKILL through init, as a restore does; sessions restart at their next call),
+//     and until it is back under (files deleted through the files API, nodes it made
+//     removed, or a restore) its execs, session calls, file writes and checkpoints
+//     answer 507 "disk quota exceeded". Reads, deletes, restores and rm are allowed.
+//   - The store short (less than store.ReserveBytes free, whatever the quotas): the
+//     upper of the stopped sandbox holding most is given back (reclaimDisk: restored
+//     to the node it stands on, or removed when it has none), so that the store does
+//     not stay full because of it; with none, the sandbox that added most to the store
+//     since the last pass (diskMinGuilt at least: one that wrote nothing is never the
+//     one) is stopped the same way, and given back at the next pass. Stopping alone
+//     would not do: the stopped sandbox keeps its blocks, and each pass would stop
+//     whoever wrote next (TestDiskFullInnocentWriterKept). The index commits anyway
 //     (store/reserve.go).
 //
-// A writer gets up to one interval of its bandwidth past the quota before it is
-// stopped (diskGrowth bounds that when the store is busy with little else): a `>>`
-// loop wrote 72 MiB at a 64 MiB quota (TestDiskQuotaStopsFiller). The count includes
-// XFS's speculative preallocation (store.ProjectUsage), as a kernel quota's would. The
-// quota covers the upper, what the sandbox's code can grow; the frozen layers of its
-// nodes are the client's to keep or remove (their sizes are in the tree).
+// A writer of many files passes the quota by what it writes before the next pass: a
+// new 1 MiB file at a time, killed at 77 MiB counted at a 64 MiB quota
+// (TestDiskQuotaStopsFiller); one file stops at the quota. A loop of fallocates each
+// under the quota is stopped only by the pass: 32 calls of 128 MiB took 4 GiB at a
+// 256 MiB quota; on a store that fills first, the store-short rule stops it and gives
+// the space back. The frozen layers of its nodes are the client's to keep or remove
+// (their sizes are in the tree); the process images of its nodes count because the
+// sandbox's code decides their size (its memory).
 const (
 	diskPoll       = 100 * time.Millisecond
 	diskInterval   = time.Second
@@ -55,13 +76,29 @@ const (
 	DefaultDiskMB = 10 << 10
 )
 
-// diskState is what the watcher knows of a sandbox's upper (sb.disk, under sb.mu).
+// diskState is what the watcher knows of a sandbox's disk (sb.disk, under sb.mu).
 type diskState struct {
 	upper    uint64 // the upper it measured
-	bytes    int64
+	bytes    int64  // the upper's blocks and inodes (inodes times the store's inode size)
+	images   int64  // its checkpoints' process images (imageBytes)
 	measured time.Time
 	over     string // why the sandbox is stopped ("" when it is not)
+	full     bool   // stopped because the store ran short: its upper may be dropped (reclaim)
 }
+
+// total is what counts against the sandbox's disk_mb.
+func (d diskState) total() int64 { return d.bytes + d.images }
+
+// diskReclaimMin is the least upper a stopped sandbox must hold for the watcher to drop
+// it when the store is short: what gives the store its reserve back. A sandbox stopped
+// for a smaller one (it wrote most in the last pass, but little) runs again once the
+// store has room.
+const diskReclaimMin = store.ReserveBytes
+
+// diskMinGuilt is the least a sandbox must have added to the store since the last pass
+// to be stopped when the store runs short: a sandbox that wrote nothing (a few inodes
+// of a fresh upper) is never the one stopped.
+const diskMinGuilt = 1 << 20
 
 // watchDisk runs until Close (counted in m.wg).
 func (m *Manager) watchDisk() {
@@ -99,8 +136,12 @@ func (m *Manager) watchDisk() {
 	}
 }
 
-// diskPass measures every upper and stops the sandboxes over their quota (and, when
-// full, the one whose upper grew most).
+// diskPass measures every sandbox's disk and stops those over their quota. When the
+// store runs short (full, or found so), it drops the upper of the stopped sandbox that
+// holds most (reclaimDisk; diskReclaimMin at least), so that the store does not stay
+// full because of it; with none, it stops the sandbox that added most to the store
+// since the last pass, which the next pass finds stopped and reclaims. Nobody else is
+// stopped while an upper is being given back.
 // Lock order: diskMu first (it is taken under no other lock), then each sandbox's opMu.
 func (m *Manager) diskPass(full bool) error {
 	m.diskMu.Lock()
@@ -110,49 +151,129 @@ func (m *Manager) diskPass(full bool) error {
 	if err != nil && !walk {
 		return err
 	}
+	if m.inodeBytes == 0 {
+		m.inodeBytes = max(m.st.InodeBytes(), 1)
+	}
+	images := m.imageBytes()
+	free, _, err := m.st.Space()
+	short := full || err == nil && free < store.ReserveBytes
 	m.mu.Lock()
 	all := make([]*sb, 0, len(m.sandboxes))
 	for _, s := range m.sandboxes {
 		all = append(all, s)
 	}
 	m.mu.Unlock()
-	var grew *sb
-	var growth int64
+	var grew, reclaim *sb
+	var growth, held int64
+	var busy bool
 	for _, s := range all {
 		m.mu.Lock()
-		upper, limit := s.rec.Upper, diskLimit(s.rec.DiskMB)
+		id, upper, limit := s.rec.ID, s.rec.Upper, diskLimit(s.rec.DiskMB)
 		m.mu.Unlock()
 		var b int64
 		if walk {
 			b = store.DirBytes(m.st.LayerDir(upper))
 		} else {
-			b = usage[store.ProjectOf(upper)].Bytes
+			u := usage[store.ProjectOf(upper)]
+			b = u.Bytes + u.Inodes*m.inodeBytes
 		}
+		now := diskState{upper: upper, bytes: b, images: images[id], measured: time.Now()}
 		s.mu.Lock()
 		prev := s.disk
-		s.disk.upper, s.disk.bytes, s.disk.measured = upper, b, time.Now()
-		if b <= limit {
-			s.disk.over = ""
+		now.over, now.full = prev.over, prev.full
+		if now.total() <= limit && (!prev.full || !short) {
+			now.over, now.full = "", false // back under, or the store has room again
 		}
-		over := b > limit && prev.over == ""
-		if d := b - prev.bytes; prev.upper == upper && d > growth {
+		s.disk = now
+		over := now.total() > limit && prev.over == ""
+		s.mu.Unlock()
+		// What it added to the store since the last pass: its upper's growth (all of a
+		// new upper's), and its images'.
+		d := now.bytes
+		if prev.upper == upper {
+			d -= prev.bytes
+		}
+		if !prev.measured.IsZero() {
+			d += now.images - prev.images
+		}
+		if d >= diskMinGuilt && d > growth && now.over == "" {
 			grew, growth = s, d
 		}
-		s.mu.Unlock()
 		if over {
-			m.stopWriters(s, upper, fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d", b>>20, limit>>20))
+			m.stopWriters(s, upper, false, fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d (its files %d MB, its checkpoints' process images %d MB)",
+				now.total()>>20, limit>>20, now.bytes>>20, now.images>>20))
+		}
+		s.mu.Lock()
+		busy = busy || s.reclaiming
+		s.mu.Unlock()
+		if short && now.over != "" && now.bytes >= diskReclaimMin && now.bytes > held {
+			reclaim, held = s, now.bytes
 		}
 	}
-	if full && grew != nil {
+	switch {
+	case !short:
+	case busy:
+		// An upper is being given back: the store is short because of it, not of
+		// whoever writes meanwhile.
+	case reclaim != nil:
+		m.reclaimDisk(reclaim)
+	case grew != nil:
 		grew.mu.Lock()
-		stopped, upper := grew.disk.over != "", grew.disk.upper
+		upper := grew.disk.upper
 		grew.mu.Unlock()
-		if !stopped {
-			free, _, _ := m.st.Space()
-			m.stopWriters(grew, upper, fmt.Sprintf("the store is full (%d MB free) and this sandbox wrote the most since the last look (%d MB)", free>>20, growth>>20))
-		}
+		m.stopWriters(grew, upper, true, fmt.Sprintf("the store is full (%d MB free) and this sandbox added the most to it since the last look (%d MB)", free>>20, growth>>20))
 	}
 	return nil
+}
+
+// reclaimDisk gives back the space of a stopped sandbox's upper while the store is
+// short: the sandbox is restored to the node it stands on (what it wrote since its last
+// checkpoint or restore is dropped), or removed when it has none (it never
+// checkpointed: its upper is all it has) or the restore fails. In the background: a
+// restore takes opMu and measures again, which diskMu (held by the pass) would deadlock.
+func (m *Manager) reclaimDisk(s *sb) {
+	select {
+	case <-m.stop:
+		return // Close may be waiting for m.wg: no goroutine is added to it now
+	default:
+	}
+	s.mu.Lock()
+	if s.reclaiming {
+		s.mu.Unlock()
+		return
+	}
+	s.reclaiming = true
+	s.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			s.reclaiming = false
+			s.mu.Unlock()
+		}()
+		m.mu.Lock()
+		id, head := s.rec.ID, s.rec.Head
+		m.mu.Unlock()
+		s.mu.Lock()
+		held := s.disk.bytes
+		s.mu.Unlock()
+		var err error
+		removed := head == ""
+		if head != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			_, err = m.Restore(ctx, id, head)
+			cancel()
+			// A restore that fails leaves the upper: removal is what frees it then.
+			removed = err != nil
+		}
+		if removed {
+			if rerr := m.Remove(id); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		m.log.Warn("the store is full: a stopped sandbox's upper is dropped", "sandbox", id, "restored_to", head, "removed", removed, "mb", held>>20, "err", err)
+	}()
 }
 
 // diskGrowth is how much the store may grow before a pass runs early: diskGrowth, or a
@@ -175,15 +296,15 @@ func diskLimit(mb int64) int64 {
 	return mb << 20
 }
 
-// stopWriters kills every process of s but its templates and marks it over quota,
-// unless its upper is no longer the one measured (a restore or checkpoint came between).
-func (m *Manager) stopWriters(s *sb, upper uint64, why string) {
+// stopWriters kills every process of s but its templates and marks it over quota (full:
+// because the store ran short, which only a restore or removal ends), unless its upper is no longer the one measured (a restore or checkpoint came between).
+func (m *Manager) stopWriters(s *sb, upper uint64, full bool, why string) {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	s.mu.Lock()
 	gone := s.removed || s.rec.Upper != upper
 	if !gone {
-		s.disk.over = why
+		s.disk.over, s.disk.full = why, full
 	}
 	s.mu.Unlock()
 	if gone || s.rt == nil || !s.rt.Alive() {
@@ -213,7 +334,7 @@ func (m *Manager) diskRefusal(s *sb) error {
 	if why == "" {
 		return nil
 	}
-	return fmt.Errorf("sandbox %s: %s; delete files (DELETE /v1/sandboxes/%s/files?path=P, deltabox files rm) or restore: %w", s.rec.ID, why, s.rec.ID, errdefs.ErrQuota)
+	return fmt.Errorf("sandbox %s: %s; delete files (DELETE /v1/sandboxes/%s/files?path=P, deltabox files rm), remove nodes it made (DELETE /v1/nodes/ID), or restore: %w", s.rec.ID, why, s.rec.ID, errdefs.ErrQuota)
 }
 
 // diskInfo is what SandboxInfo shows of s's disk. Precondition: s.opMu held.
@@ -222,6 +343,7 @@ func (m *Manager) diskInfo(s *sb) *apitypes.DiskInfo {
 	d := s.disk
 	s.mu.Unlock()
 	in := &apitypes.DiskInfo{LimitMB: diskLimit(s.rec.DiskMB) >> 20, Exceeded: d.over, Warning: m.st.Warning()}
+	in.ImageBytes = d.images
 	if d.upper == s.rec.Upper {
 		in.UpperBytes = d.bytes
 		if !d.measured.IsZero() {
@@ -229,4 +351,93 @@ func (m *Manager) diskInfo(s *sb) *apitypes.DiskInfo {
 		}
 	}
 	return in
+}
+
+// imageBytes sums, per sandbox, what the process images of the nodes it made hold in the
+// store: each node's CRIU trees (criutrees.go; a directory CRIU wrote, measured once
+// it is the node's: it never changes after) and its templates' durable image (the
+// bytes its ingest added to the page store, and CRIU's other files: imageState.bytes).
+// The pages an image shares with an earlier one are counted once, in the first.
+func (m *Manager) imageBytes() map[string]int64 {
+	out := map[string]int64{}
+	if m.img == nil {
+		return out
+	}
+	m.mu.Lock()
+	owner := make(map[string]string, len(m.nodes))
+	for id, n := range m.nodes {
+		if n.Sandbox != "" {
+			owner[id] = n.Sandbox
+		}
+	}
+	m.mu.Unlock()
+	m.img.mu.Lock()
+	for node, st := range m.img.nodes {
+		if o := owner[node]; o != "" {
+			out[o] += st.bytes
+		}
+	}
+	for node := range m.img.trees {
+		if owner[node] == "" {
+			delete(m.img.trees, node) // removed
+		}
+	}
+	var unknown []string
+	for node, o := range owner {
+		if b, ok := m.img.trees[node]; ok {
+			out[o] += b
+		} else {
+			unknown = append(unknown, node)
+		}
+	}
+	m.img.mu.Unlock()
+	for _, node := range unknown {
+		// A node is in m.nodes once its trees are published (a rename before its record),
+		// so a node without the directory has none.
+		b, err := dirAllocated(m.criuTreesDir(node))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		m.img.mu.Lock()
+		m.img.trees[node] = b
+		m.img.mu.Unlock()
+		out[owner[node]] += b
+	}
+	return out
+}
+
+// dirAllocated is what the files under dir hold in blocks (st_blocks), walked: an image's
+// few files. An error when dir is not there.
+func dirAllocated(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n, err
+}
+
+// imageRoom refuses (507) images of add bytes that would put s over its disk_mb, with
+// what it holds as last measured (at most a pass old: diskInterval). what names them.
+// Called once the images are written, before they are kept: they are then removed, so
+// the store holds them past the quota for as long as that takes.
+func (m *Manager) imageRoom(s *sb, add int64, what string) error {
+	m.mu.Lock()
+	limit := diskLimit(s.rec.DiskMB)
+	m.mu.Unlock()
+	s.mu.Lock()
+	d := s.disk
+	s.mu.Unlock()
+	d.images = m.imageBytes()[s.rec.ID] // now: a restore since the last pass zeroed s.disk
+	if d.total()+add <= limit {
+		return nil
+	}
+	return fmt.Errorf("sandbox %s: disk quota exceeded: %s would take %d MB, and it holds %d MB of disk_mb %d (its files %d MB, its checkpoints' process images %d MB); remove nodes it made (DELETE /v1/nodes/ID) or delete files: %w",
+		s.rec.ID, what, add>>20, d.total()>>20, limit>>20, d.bytes>>20, d.images>>20, errdefs.ErrQuota)
 }

@@ -81,6 +81,9 @@ type images struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	nodes map[string]*imageState
+	// trees: what each node's CRIU trees hold on disk, once measured (diskquota.go).
+	// +checklocks:mu
+	trees map[string]int64
 	// +checklocks:mu
 	queue []string
 	// +checklocks:mu
@@ -205,7 +208,7 @@ func (m *Manager) imagesDir(node string) string {
 // startImages opens the page store, reads which nodes have complete images (removing
 // what no node names), and starts the CRIU probe and the worker. Called by New.
 func (m *Manager) startImages() {
-	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, copies: map[string][]imageCopy{},
+	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, trees: map[string]int64{}, copies: map[string][]imageCopy{},
 		wake: make(chan struct{}, 1), ready: make(chan struct{})}
 	if !m.cfg.Durable || !m.cfg.FastPath {
 		m.img.runner = &criu.Runner{Mode: criu.Unusable, Reason: "durable images are off (DELTABOX_DURABLE=0)"}
@@ -232,7 +235,12 @@ func (m *Manager) startImages() {
 			store.RemoveAll(m.imagesDir(node))
 			continue
 		}
-		m.img.nodes[node] = &imageState{state: "complete"}
+		st := &imageState{state: "complete"}
+		var mark imageMark
+		if b, err := os.ReadFile(filepath.Join(m.imagesDir(node), "complete")); err == nil && json.Unmarshal(b, &mark) == nil {
+			st.bytes = mark.Bytes // counted in its sandbox's disk quota (diskquota.go)
+		}
+		m.img.nodes[node] = st
 	}
 	// Pages of images removed before a crash, or just above.
 	m.img.collect = true
@@ -406,6 +414,13 @@ func (m *Manager) imageWorker() {
 			st.state, st.bytes, st.full, st.dumped = "complete", bytes, full, time.Now().UTC()
 		}
 		m.img.mu.Unlock()
+		if err != nil {
+			// What the failed image wrote (CRIU's files, the refs of the pages its
+			// earlier templates stored) would stay until the next start otherwise: a
+			// sandbox whose images its quota refuses would still fill the store.
+			store.RemoveAll(m.imagesDir(node))
+			m.imagesRemoved()
+		}
 		select {
 		case <-m.stop:
 			return
@@ -481,15 +496,43 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		if err != nil {
 			return 0, 0, fmt.Errorf("store the pages of %s: %w", what, err)
 		}
+		if err := m.imageFits(node, bytes+is.StoredBytes); err != nil {
+			return 0, 0, err // the worker removes the image, and collects its new pages
+		}
 		m.crashPoint("image", 3+3*i)
 		bytes += is.StoredBytes
 		full += is.ImageBytes
 	}
-	if err := writeJSONFile(filepath.Join(dir, "complete"), map[string]any{"templates": len(copies), "at": time.Now().UTC()}); err != nil {
+	if err := writeJSONFile(filepath.Join(dir, "complete"), imageMark{Templates: len(copies), At: time.Now().UTC(), Bytes: bytes}); err != nil {
 		return 0, 0, err
 	}
 	m.crashPoint("image", 1+3*len(copies))
 	return bytes, full, nil
+}
+
+// imageMark is an image's "complete" file.
+type imageMark struct {
+	Templates int       `json:"templates"`
+	At        time.Time `json:"at"`
+	Bytes     int64     `json:"bytes"` // what it added to the store (imageState.bytes)
+}
+
+// imageFits refuses node's image once its templates' pages are stored (stored: what
+// they added to the store, the page store's dedup counted) when it would put the
+// sandbox that made the node over its disk_mb: the image fails and is removed, and the
+// node's processes live in its templates alone. Until then the store holds the full
+// dump (up to the templates' memory) and the new pages.
+func (m *Manager) imageFits(node string, stored int64) error {
+	m.mu.Lock()
+	var s *sb
+	if n := m.nodes[node]; n != nil {
+		s = m.sandboxes[n.Sandbox]
+	}
+	m.mu.Unlock()
+	if s == nil {
+		return nil // its sandbox is gone: the node is the client's
+	}
+	return m.imageRoom(s, stored, "the durable image of its checkpoint "+node)
 }
 
 // readTemplateRecord reads the template record an image holds (dumpNode writes it).

@@ -51,6 +51,8 @@ type Manager struct {
 
 	// diskMu serialises the disk usage passes (diskquota.go); taken under no other lock.
 	diskMu sync.Mutex
+	// inodeBytes: what an inode costs in a sandbox's quota (the store's inode size; under diskMu).
+	inodeBytes int64
 
 	cfg    Config
 	ids    *hostids.Registry // the host's id ranges (ids.go); nil with isolation off
@@ -175,6 +177,9 @@ type sb struct {
 	stats Stats
 	// +checklocks:mu
 	disk diskState // what the disk watcher measured (diskquota.go)
+	// reclaiming: the disk watcher is dropping its upper (diskquota.go: reclaimDisk).
+	// +checklocks:mu
+	reclaiming bool
 	// +checklocks:mu
 	budget budgetMeasure // what its templates held when last measured (budget.go)
 	// limitMu serialises the changes of the kernel's memory limit (budget.go:

@@ -175,7 +175,7 @@ func (m *Manager) boot(s *sb) error {
 	}
 	// The kernel's limit is memory_mb, no template yet: it grows with them
 	// (budget.go: fitKernelLimit).
-	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits, iso, m.pidFloor(s))
+	rt, err := sandbox.Start(s.rec.ID, s.rec.Hostname, dir, s.rec.Limits, iso, m.pidFloor(s), diskLimit(s.rec.DiskMB))
 	if err != nil {
 		return err
 	}

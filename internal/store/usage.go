@@ -119,3 +119,32 @@ func (s *Store) ProjectUsage() (map[uint32]Usage, error) {
 		// The kernel moved req.Ino past the last inode it returned.
 	}
 }
+
+// xfsIocFsGeometry is XFS_IOC_FSGEOMETRY: _IOR('X', 126, struct xfs_fsop_geom), 256 bytes,
+// whose seventh 32-bit field is the inode size.
+const xfsIocFsGeometry = 0x8100587e
+
+// InodeBytes is the on-disk size of one of the store's inodes (xfs_fsop_geom.inodesize:
+// 512 on a store made by mkfs.xfs's defaults), which an inode holds in the store whatever
+// its blocks. An empty file's blocks are 0, so ProjectUsage's bytes alone let 300,000
+// empty files count 13.8 MB (their directories' blocks) where the store lost 160 MB.
+// 0 when the store is not XFS.
+func (s *Store) InodeBytes() int64 {
+	fd, err := openDir(s.Root)
+	if err != nil {
+		return 0
+	}
+	defer unix.Close(fd)
+	var geom [64]uint32
+	for range projectIoctlAttempt {
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), xfsIocFsGeometry, uintptr(unsafe.Pointer(&geom[0])))
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return 0
+		}
+		return int64(geom[6])
+	}
+	return 0
+}
