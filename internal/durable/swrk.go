@@ -18,6 +18,7 @@ import (
 
 	"deltabox/internal/criu"
 	"deltabox/internal/deadline"
+	"deltabox/internal/landlock"
 	_ "deltabox/internal/mainthread" // call.start may discard a thread whose pid_for_children it changed
 )
 
@@ -53,6 +54,11 @@ type call struct {
 	cgroups []string
 	// env is added to CRIU's environment (switches of DeltaBox's patches).
 	env []string
+	// domain runs CRIU in a Landlock domain of its own (package landlock), which the
+	// tree it restores inherits: CRIU's images do not carry the domain a process had,
+	// and a restored process without one could trace every command the sandbox runs
+	// next. Never for a dump: CRIU in a domain could not trace the tree it dumps.
+	domain bool
 }
 
 // fdOf is the number the i-th of files has in CRIU.
@@ -74,6 +80,9 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	argv := []string{c.r.Bin, "swrk", "3"}
 	if c.pidNS != nil {
 		argv = append([]string{unshareBin, "--mount-proc", "--propagation", "private"}, argv...)
+	}
+	if c.domain {
+		argv = landlock.Command(argv...)
 	}
 	cmd := deadline.Command(ctx, c.timeout, argv[0], argv[1:]...)
 	cmd.What = c.what
