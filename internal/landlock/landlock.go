@@ -1,12 +1,12 @@
 // Package landlock walls each command a sandbox runs off from every other one: the
 // command starts in a Landlock domain of its own, and a process in a domain cannot
-// ptrace, open /proc/PID/mem of, process_vm_writev into, pidfd_getfd from, nor (with
-// LANDLOCK_SCOPE_SIGNAL) signal a process outside that domain and the domains nested
-// in it (security/landlock/task.c: every ptrace_may_access and task_kill of a
-// domained caller). So a background process one command left cannot seize the next
-// command and rewrite its exit_group argument, nor kill it, while a command's own
-// children (same domain, or nested) stay within its reach: gdb and strace on their
-// own children work.
+// ptrace, open /proc/PID/mem of, process_vm_readv/writev, pidfd_getfd from, nor read
+// /proc/PID/fd of a process outside that domain and the domains nested in it
+// (security/landlock/task.c: every ptrace_may_access of a domained caller, whatever
+// the scopes), nor signal it (LANDLOCK_SCOPE_SIGNAL). So a background process one
+// command left cannot seize the next command and rewrite its exit_group argument,
+// while a command's own children (same domain, or nested) stay within its reach: gdb
+// and strace on their own children work.
 //
 // Who calls Restrict, and why there:
 //
@@ -23,22 +23,27 @@
 // CRIU does not carry a domain in its images, so a restore is run inside a fresh one
 // (ExecArg): the restored tree comes back walled off from what runs beside it.
 //
-// The ruleset handles no access right, only scopes: handled file-system rights would
-// be tied to paths of the state's overlay, which every checkpoint replaces, and
+// The ruleset handles no access right, only a scope: handled file-system rights
+// would be tied to paths of the state's overlay, which every checkpoint replaces, and
 // handled network rights refuse binds and connects. Landlock refuses a ruleset that
-// handles nothing, and the ptrace wall comes with any domain.
+// handles nothing, and the ptrace wall comes with any domain; one scope is needed.
 //
-//   - LANDLOCK_SCOPE_SIGNAL: a signal cannot forge a 0 (a killed command is reported
-//     killed), but it can change what a command does: a grader's `pytest > log; grep
-//     -q FAILED log || exit 0` killed half-way answers 0. With the scope nothing
-//     outside a command's tree stops, interrupts or kills it; the price is that a
-//     later command cannot kill a server an earlier one left in the background
-//     (EPERM: docs/API.md says how to end it).
-//   - LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET is not set: abstract sockets cannot reach a
-//     process's memory or exit, and a server on one (X11 tries abstract first) would
-//     stop answering the sandbox's next commands.
+//   - LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET cannot be the one: CRIU's parasite, run
+//     inside the dumped process, connects to an abstract socket the dumper bound
+//     ("compel/src/lib/infect.c: Unable to connect a transport socket: Operation not
+//     permitted", measured), so no process in such a domain could be checkpointed
+//     through CRIU.
+//   - LANDLOCK_SCOPE_SIGNAL is the one set, and it is what a grader wants besides: no
+//     process outside a command's tree can stop, interrupt or kill it. A signal cannot
+//     forge an exit code by itself (measured: TestSignalsDoNotForgeZero, a killed
+//     command is answered as killed), but killing a command's child changes what the
+//     command does: `pytest > log; ! grep -q FAILED log` with pytest killed half-way
+//     answers 0. The price: a command cannot signal (nor `kill -0`) what
+//     another command started; a server left in the background is stopped from the
+//     command (or session) that started it, by a restore, or by the sandbox's removal
+//     (docs/API.md).
 //
-// Needs Landlock ABI 6 (Linux 6.12) for the scopes; Check says what is missing.
+// Needs Landlock ABI 6 (Linux 6.12) for scopes; Check says what is missing.
 package landlock
 
 import (
@@ -56,7 +61,7 @@ import (
 // these).
 const Scopes = unix.LANDLOCK_SCOPE_SIGNAL
 
-// minABI is the first Landlock ABI with scopes (LANDLOCK_SCOPE_SIGNAL).
+// minABI is the first Landlock ABI with scopes.
 const minABI = 6
 
 // rulesetAttr is struct landlock_ruleset_attr up to the scopes (ABI 6): the kernel
@@ -86,7 +91,7 @@ func Check() error {
 			"or signalling the commands it runs; boot a kernel with CONFIG_SECURITY_LANDLOCK=y and landlock in lsm=", err)
 	}
 	if v < minABI {
-		return fmt.Errorf("landlock ABI %d is too old: DeltaBox needs ABI %d (Linux 6.12) for LANDLOCK_SCOPE_SIGNAL", v, minABI)
+		return fmt.Errorf("landlock ABI %d is too old: DeltaBox needs ABI %d (Linux 6.12) for scopes", v, minABI)
 	}
 	return nil
 }

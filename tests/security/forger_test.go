@@ -242,10 +242,10 @@ func probeOut(t *testing.T, target string, r *apitypes.ExecResult) map[string]in
 
 // TestCommandsOutOfEachOthersReach: what a forger would use on a command the daemon
 // started, a session's shell and a running exec, from another exec: ptrace, a
-// read-write /proc/PID/mem, process_vm_readv/writev, pidfd_getfd and a signal are all
-// refused (EPERM, or EACCES for the open), and the sandbox cannot make a Landlock
-// domain of its own (ENOSYS: the seccomp filter; a domain could not be carried by a
-// CRIU restore).
+// read-write /proc/PID/mem, process_vm_readv/writev and pidfd_getfd are all refused
+// (EPERM, or EACCES for the open), and the sandbox cannot make a Landlock domain of
+// its own (ENOSYS: the seccomp filter; a domain could not be carried by a CRIU
+// restore), nor signal another command (LANDLOCK_SCOPE_SIGNAL).
 func TestCommandsOutOfEachOthersReach(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	const id = "sec-reach"
@@ -327,4 +327,45 @@ func TestOwnChildrenStillTraceable(t *testing.T) {
 		t.Fatal(err)
 	}
 	round("after a restore")
+}
+
+// TestSignalsDoNotForgeZero: a signal from another command no longer reaches an exec
+// (LANDLOCK_SCOPE_SIGNAL); on the code before the domains it measured what one did to
+// the exec of `sleep 1; exit 3`, sent to the command or to its child: never a forged 0
+// by itself (a signal report, or the command's own code), which docs/SECURITY.md
+// quotes. Now `kill` fails and the answer is 3.
+func TestSignalsDoNotForgeZero(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "sec-signals"
+	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []string{"KILL", "TERM", "INT", "HUP", "QUIT", "USR1", "ALRM", "PIPE"} {
+		for _, to := range []string{"command", "child"} {
+			marker := "sig" + strconv.Itoa(os.Getpid()) + sig + to
+			pick := "pgrep -f '^bash -c sleep 1; exit 3 " + marker + "'"
+			if to == "child" {
+				pick = "pgrep -P $(" + pick + ")"
+			}
+			var wg sync.WaitGroup
+			var sent string
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sent = sh(t, d, id, "for i in $(seq 300); do p=$("+pick+") && [ -n \"$p\" ] && { kill -"+sig+" $p 2>&1; echo sent $?; exit; }; sleep 0.01; done")
+			}()
+			r, err := d.C.Exec(ctx(t), id, apitypes.ExecRequest{Argv: []string{"bash", "-c", "sleep 1; exit 3", marker}, TimeoutMS: 30_000})
+			wg.Wait()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("SIG%s to the %s: %q; exit code %d, signal %d", sig, to, sent, r.ExitCode, r.Signal)
+			if !strings.Contains(sent, "sent") {
+				t.Fatalf("SIG%s to the %s: the sender found no target", sig, to)
+			}
+			if r.ExitCode != 3 || !strings.Contains(sent, "sent 1") {
+				t.Errorf("SIG%s to the %s of `sleep 1; exit 3` from another command: kill said %q, exit code %d (signal %d), want EPERM and 3", sig, to, sent, r.ExitCode, r.Signal)
+			}
+		}
+	}
 }
