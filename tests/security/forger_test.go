@@ -79,7 +79,8 @@ while True:
 `
 
 // probePy tries, on pid argv[1] (or, with "own", on a child of its own), what a
-// forger would: ptrace, a read-write open of /proc/PID/mem, process_vm_readv and
+// forger would: ptrace, a read-write open of /proc/PID/mem, a read of
+// /proc/PID/environ (a grader's secrets), process_vm_readv and
 // process_vm_writev (the bytes read written back), pidfd_getfd, a signal (SIGCONT,
 // harmless); with "own" also the forge of the child's exit_group(3). It prints the
 // errno of each (0: it worked) as JSON, and landlock_create_ruleset's errno.
@@ -101,6 +102,11 @@ def probe(pid):
         out['mem'] = 0
     except OSError as e:
         out['mem'] = e.errno
+    try:
+        open('/proc/%d/environ' % pid, 'rb').read()
+        out['environ'] = 0
+    except OSError as e:
+        out['environ'] = e.errno
     addr = 0x10000  # unmapped: a write there, if allowed at all, fails with EFAULT
     try:
         for l in open('/proc/%d/maps' % pid):
@@ -276,7 +282,7 @@ func TestCommandsOutOfEachOthersReach(t *testing.T) {
 	for _, target := range []struct{ what, pid string }{{"a session's shell", strconv.Itoa(si.Pid)}, {"a running exec", running}} {
 		out := probe(t, d, id, target.pid)
 		t.Logf("%s (pid %s): %v", target.what, target.pid, out)
-		for _, k := range []string{"ptrace", "mem", "vm_readv", "vm_writev", "pidfd_getfd", "kill"} {
+		for _, k := range []string{"ptrace", "mem", "environ", "vm_readv", "vm_writev", "pidfd_getfd", "kill"} {
 			if e, ok := out[k]; !ok || !refused(e) {
 				t.Errorf("%s of %s from another command: errno %d, want EPERM or EACCES", k, target.what, e)
 			}
@@ -304,7 +310,7 @@ func TestOwnChildrenStillTraceable(t *testing.T) {
 	check := func(when, how string, out map[string]int) {
 		t.Helper()
 		t.Logf("%s, %s: %v", when, how, out)
-		for _, k := range []string{"ptrace", "mem", "vm_readv", "vm_writev", "pidfd_getfd", "kill", "own_child_exit"} {
+		for _, k := range []string{"ptrace", "mem", "environ", "vm_readv", "vm_writev", "pidfd_getfd", "kill", "own_child_exit"} {
 			if e, ok := out[k]; !ok || e != 0 {
 				t.Errorf("%s, %s: %s on its own child: %d, want 0", when, how, k, e)
 			}
