@@ -63,6 +63,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("POST /v1/sandboxes/{id}/checkpoint", s.checkpoint)
 	h("POST /v1/sandboxes/{id}/restore", s.restore)
+	h("POST /v1/sandboxes/{id}/signal", s.signal)
 	h("POST /v1/sandboxes/{id}/sessions", s.startSession)
 	h("GET /v1/sandboxes/{id}/sessions", s.listSessions)
 	h("GET /v1/sandboxes/{id}/sessions/{name}/logs", s.sessionLogs)

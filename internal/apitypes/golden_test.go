@@ -28,6 +28,7 @@ func wireTypes() map[string]any {
 		"Removed": &Removed{}, "NodesRemoved": &NodesRemoved{}, "SessionKilled": &SessionKilled{},
 		"Synced": &Synced{}, "Health": &Health{},
 		"TemplateBudget": &TemplateBudget{}, "PinRequest": &PinRequest{},
+		"SignalRequest": &SignalRequest{}, "SignalResult": &SignalResult{},
 	}
 }
 

@@ -177,7 +177,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	}
 	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID, cgroupNS: sb.Cgroup, cgroups: sb.Cgroups,
 		what: fmt.Sprintf("criu restore of sandbox pid %d from %s", m.Pid, dir), dir: dir, log: RestoreLog,
-		timeout: cmp(o.Timeout, RestoreTimeout)}
+		timeout: cmp(o.Timeout, RestoreTimeout), domain: true}
 	if m.ShellJob {
 		c.env = []string{shellJobSetsidEnv}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"deltabox/internal/criu"
 	"deltabox/internal/deadline"
+	"deltabox/internal/landlock"
 	_ "deltabox/internal/mainthread" // call.start may discard a thread whose pid_for_children it changed
 )
 
@@ -57,6 +58,11 @@ type call struct {
 	// owner, when not 0, is the uid CRIU runs as, with the daemon's capabilities: the
 	// owner of the sandbox's user namespace, for a dump (owner.go says why).
 	owner uint32
+	// domain runs CRIU in a Landlock domain of its own (package landlock), which the
+	// tree it restores inherits: CRIU's images do not carry the domain a process had,
+	// and a restored process without one could trace every command the sandbox runs
+	// next. Never for a dump: CRIU in a domain could not trace the tree it dumps.
+	domain bool
 }
 
 // fdOf is the number the i-th of files has in CRIU.
@@ -78,6 +84,9 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	argv := []string{c.r.Bin, "swrk", "3"}
 	if c.pidNS != nil {
 		argv = append([]string{unshareBin, "--mount-proc", "--propagation", "private"}, argv...)
+	}
+	if c.domain {
+		argv = landlock.Command(argv...)
 	}
 	cmd := deadline.Command(ctx, c.timeout, argv[0], argv[1:]...)
 	cmd.What = c.what

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/landlock"
 	_ "deltabox/internal/mainthread" // the main thread is never discarded (see there)
 )
 
@@ -99,6 +100,10 @@ func Main(arg string) {
 		}
 	}
 	if _, err := filter(); err != nil { // a bad table fails the sandbox's start, not each spawn
+		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
+		fatal("setup: %v", err)
+	}
+	if err := landlock.Check(); err != nil { // each command's domain: spawn
 		send(ctlFD, &Message{Op: "ready", Err: err.Error()}, nil)
 		fatal("setup: %v", err)
 	}
@@ -870,6 +875,14 @@ func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 			Sys:   &syscall.SysProcAttr{Setsid: m.Setsid, Setpgid: !m.Setsid, Setctty: m.Setsid && m.Ctty, Ctty: 0, PidFD: &pidfd},
 		}
 		if err := runAs(m, attr, fds[0]); err != nil {
+			ch <- result{0, -1, err}
+			return
+		}
+		// A Landlock domain of the command's own (package landlock): no other process of
+		// the sandbox may trace, signal or write the memory of what it starts, and its
+		// own children stay within its reach. Before the filter, which refuses the
+		// landlock calls to the sandbox (seccomp.go).
+		if err := landlock.Restrict(); err != nil {
 			ch <- result{0, -1, err}
 			return
 		}

@@ -119,6 +119,14 @@ var enosys = []struct {
 	// these list every mount and namespace of the host by id. libmount falls back to
 	// /proc/self/mountinfo on ENOSYS.
 	{unix.SYS_LISTMOUNT, "listmount"}, {unix.SYS_STATMOUNT, "statmount"}, {unix.SYS_LISTNS, "listns"},
+	// Landlock, as on a kernel without it (programs that sandbox themselves with it
+	// carry on without: landrun, Landlock-aware builds of curl or ssh). Every command
+	// already runs in a domain of its own (package landlock, made before this filter);
+	// a domain a process made for itself could not be kept: CRIU's images do not carry
+	// it (a restore would silently lift it), and file rights it handled would refuse
+	// the fast path's injected open and chdir on the state's next overlay.
+	{unix.SYS_LANDLOCK_CREATE_RULESET, "landlock_create_ruleset"}, {unix.SYS_LANDLOCK_ADD_RULE, "landlock_add_rule"},
+	{unix.SYS_LANDLOCK_RESTRICT_SELF, "landlock_restrict_self"},
 }
 
 // nsFlags are the namespace flags refused in clone (its first argument; CLONE_NEWTIME

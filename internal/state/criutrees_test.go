@@ -6,8 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/cgroup"
 	"deltabox/internal/state"
@@ -77,7 +80,17 @@ func TestFailureAtEveryStepKeepsCRIUTrees(t *testing.T) {
 		for i := 1; i <= count; i++ {
 			want += fmt.Sprintf("%d\n", i)
 		}
-		got := sh(t, m, id, fmt.Sprintf(`kill -USR1 %s; for i in $(seq 500); do [ "$(wc -l < /workspace/log)" = %d ] && break; sleep 0.01; done; cat /workspace/log`, pid, count+1))
+		// Through the manager: a command cannot signal another's process (landlock).
+		// Once no signal is pending on it: right after a restore, the SIGCONT that
+		// resumes it may still be, and a SIGUSR1 sent then goes to its other thread,
+		// whose handler does not wake the main thread's pause().
+		sh(t, m, id, `for i in $(seq 500); do [ -z "$(grep -E '^(SigPnd|ShdPnd):' /proc/`+pid+`/status | grep -v '0000000000000000$')" ] && break; sleep 0.01; done`)
+		if n, err := strconv.Atoi(pid); err != nil {
+			t.Fatal(err)
+		} else if _, err := m.Signal(id, n, int(unix.SIGUSR1)); err != nil {
+			t.Fatal(err)
+		}
+		got := sh(t, m, id, fmt.Sprintf(`for i in $(seq 500); do [ "$(wc -l < /workspace/log)" = %d ] && break; sleep 0.01; done; cat /workspace/log`, count+1))
 		if got != want {
 			t.Fatalf("%s: log %q, want %q", what, got, want)
 		}

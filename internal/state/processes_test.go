@@ -146,7 +146,28 @@ except OSError:
 	// A process outside the sessions, which checkpoints take along too (holdOthers);
 	// the restores to base end it.
 	bg := strings.TrimSpace(sh(t, m, id, "cd /workspace; sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
-	bgNS := func() string { return sh(t, m, id, "readlink /proc/"+bg+"/ns/mnt") }
+	// Read from the host: another command cannot read the job's /proc/PID/ns (each
+	// command runs in a Landlock domain of its own).
+	bgNS := func() string {
+		t.Helper()
+		for h := range sandboxProcs(t, id) {
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(st), "\n") {
+				if f := strings.Fields(l); len(f) > 1 && f[0] == "NSpid:" && f[len(f)-1] == bg {
+					ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", h))
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ns + "\n"
+				}
+			}
+		}
+		t.Fatalf("the background process %s is not in the sandbox", bg)
+		return ""
+	}
 	steps := map[string]int{"checkpoint": state.CheckpointStepCount, "restore": state.RestoreStepCount}
 	for _, op := range []string{"checkpoint", "restore"} {
 		for step := 1; step <= steps[op]; step++ {

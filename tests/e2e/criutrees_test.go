@@ -72,7 +72,8 @@ func TestCRIUTreesRoundTrip(t *testing.T) {
 	child := strings.TrimSpace(dbxSh(t, d, id, "cat /workspace/child.pid"))
 	bump := func(lines int) {
 		t.Helper()
-		dbxSh(t, d, id, fmt.Sprintf(`kill -USR1 %s; for i in $(seq 500); do [ "$(wc -l < /workspace/mt.out)" = %d ] && exit 0; sleep 0.01; done; cat /workspace/mt.out; exit 1`, mt, lines))
+		dbxSignal(t, d, id, "USR1", mt)
+		dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do [ "$(wc -l < /workspace/mt.out)" = %d ] && exit 0; sleep 0.01; done; cat /workspace/mt.out; exit 1`, lines))
 	}
 	out := func(what, want string) {
 		t.Helper()
@@ -90,7 +91,7 @@ func TestCRIUTreesRoundTrip(t *testing.T) {
 	}
 	alive := func(what string) {
 		t.Helper()
-		dbxSh(t, d, id, fmt.Sprintf("for p in %s %s %s %s; do kill -0 $p; done; [ \"$(cat /proc/%s/status | grep ^PPid | cut -f2)\" = %s ]", mt, srv, par, child, child, par))
+		dbxSh(t, d, id, fmt.Sprintf("for p in %s %s %s %s; do [ -e /proc/$p ]; done; [ \"$(cat /proc/%s/status | grep ^PPid | cut -f2)\" = %s ]", mt, srv, par, child, child, par))
 		if got := strings.TrimSpace(dbxSh(t, d, id, fmt.Sprintf("ls /proc/%s/task | wc -l", mt))); got != "2" {
 			t.Fatalf("%s: the counter has %s threads, want 2", what, got)
 		}
@@ -115,7 +116,8 @@ func TestCRIUTreesRoundTrip(t *testing.T) {
 	}
 	t.Logf("checkpoint B: %.1f ms, phases %v", b.DurationMS, b.PhasesUS)
 	bump(3)
-	dbxSh(t, d, id, fmt.Sprintf("kill %s %s; echo three > /workspace/x", srv, par))
+	dbxSignal(t, d, id, "TERM", srv, par)
+	dbxSh(t, d, id, "echo three > /workspace/x")
 
 	r := dbxRestore(t, d, id, a.Node.ID)
 	if r.CRIUProcesses != 4 {
@@ -184,7 +186,8 @@ func TestCRIUTreesCutCheckpoint(t *testing.T) {
 			const id = "ctc"
 			dbxCreate(t, d, id)
 			mt := startCounter(t, d, id)
-			dbxSh(t, d, id, "kill -USR1 "+mt+"; for i in $(seq 500); do [ -s /workspace/mt.out ] && exit 0; sleep 0.01; done; exit 1")
+			dbxSignal(t, d, id, "USR1", mt)
+			dbxSh(t, d, id, "for i in $(seq 500); do [ -s /workspace/mt.out ] && exit 0; sleep 0.01; done; exit 1")
 			if _, err := d.C.Checkpoint(dbxCtx(t), id, "cut"); err == nil {
 				t.Fatalf("the checkpoint answered: the daemon did not die at %s", at)
 			}
@@ -199,7 +202,8 @@ func TestCRIUTreesCutCheckpoint(t *testing.T) {
 				if st == "gone" {
 					t.Fatalf("cut at %s, before anything moved: the counter is gone\ndaemon log:\n%s", at, d.Log())
 				}
-				dbxSh(t, d, id, fmt.Sprintf(`kill -USR1 %s; for i in $(seq 500); do [ "$(cat /workspace/mt.out)" = "$(printf '%s 1\n%s 2')" ] && exit 0; sleep 0.01; done; cat /workspace/mt.out; exit 1`, mt, mt, mt))
+				dbxSignal(t, d, id, "USR1", mt)
+				dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do [ "$(cat /workspace/mt.out)" = "$(printf '%s 1\n%s 2')" ] && exit 0; sleep 0.01; done; cat /workspace/mt.out; exit 1`, mt, mt))
 			}
 			if left, _ := filepath.Glob(filepath.Join(root, "durable", "bg", ".tmp-*")); len(left) > 0 {
 				t.Fatalf("cut at %s: the cut checkpoint's images are left: %v", at, left)
@@ -242,7 +246,7 @@ func TestCRIUTreeKeepsAStoppedProcessStopped(t *testing.T) {
 			t.Fatalf("%s: the counter is %s, want %s", what, got, want)
 		}
 	}
-	dbxSh(t, d, id, "kill -STOP "+mt)
+	dbxSignal(t, d, id, "STOP", mt)
 	state("stopped", "T")
 	a := dbxCheckpoint(t, d, id, "stopped")
 	if a.CRIUProcesses != 1 {
@@ -257,7 +261,9 @@ func TestCRIUTreeKeepsAStoppedProcessStopped(t *testing.T) {
 	// Continued, then signalled once it runs: a SIGUSR1 sent with the SIGCONT still
 	// pending on python's main thread goes to its other thread, whose handler cannot
 	// wake the main thread's pause() (as it would on any machine).
-	dbxSh(t, d, id, fmt.Sprintf(`kill -CONT %s; for i in $(seq 500); do [ "$(cut -d' ' -f3 /proc/%s/stat)" = S ] && break; sleep 0.01; done
-kill -USR1 %s; for i in $(seq 500); do [ -s /workspace/mt.out ] && exit 0; sleep 0.01; done; exit 1`, mt, mt, mt))
+	dbxSignal(t, d, id, "CONT", mt)
+	dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do [ "$(cut -d' ' -f3 /proc/%s/stat)" = S ] && exit 0; sleep 0.01; done; exit 1`, mt))
+	dbxSignal(t, d, id, "USR1", mt)
+	dbxSh(t, d, id, "for i in $(seq 500); do [ -s /workspace/mt.out ] && exit 0; sleep 0.01; done; exit 1")
 	state("continued", "S")
 }

@@ -43,7 +43,8 @@ for i in $(seq 500); do [ -s /workspace/bg.pid ] && exit 0; sleep 0.01; done; ex
 	// bump signals the counter and waits for its line.
 	bump := func(lines int) {
 		t.Helper()
-		dbxSh(t, d, "bp", fmt.Sprintf(`kill -USR1 %s; for i in $(seq 500); do [ "$(wc -l < /workspace/bg.out)" = %d ] && exit 0; sleep 0.01; done; cat /workspace/bg.out; exit 1`, pid, lines))
+		dbxSignal(t, d, "bp", "USR1", pid)
+		dbxSh(t, d, "bp", fmt.Sprintf(`for i in $(seq 500); do [ "$(wc -l < /workspace/bg.out)" = %d ] && exit 0; sleep 0.01; done; cat /workspace/bg.out; exit 1`, lines))
 	}
 	out := func(what, want string) {
 		t.Helper()
@@ -82,14 +83,14 @@ for i in $(seq 500); do [ -s /workspace/pipe.pid ] && exit 0; sleep 0.01; done; 
 	if p := dbxCheckpoint(t, d, "bp", "pipe"); p.Processes != 1 || p.CRIUProcesses != 1 {
 		t.Fatalf("checkpoint with a pipe holder: %d processes, %d through CRIU, want 1 and 1: %+v", p.Processes, p.CRIUProcesses, p)
 	}
-	dbxSh(t, d, "bp", "kill -0 "+pp+" && kill -0 "+pid)
+	dbxSh(t, d, "bp", "[ -e /proc/"+pp+" ] && [ -e /proc/"+pid+" ]")
 	bump(5)
 
 	c, err := d.C.CheckpointWith(dbxCtx(t), "bp", api.CheckpointRequest{Label: "ended", EndBackground: true})
 	if err != nil || c.Processes != 1 || c.Killed != 1 {
 		t.Fatalf("checkpoint with end_background: %v %+v", err, c)
 	}
-	if r := dbxExec(t, d, "bp", api.ExecRequest{Argv: []string{"bash", "-c", "kill -0 " + pp}}); r.ExitCode == 0 {
+	if r := dbxExec(t, d, "bp", api.ExecRequest{Argv: []string{"bash", "-c", "[ -e /proc/" + pp + " ]"}}); r.ExitCode == 0 {
 		t.Fatalf("end_background left process %s running", pp)
 	}
 	bump(6)

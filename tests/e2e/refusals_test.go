@@ -49,7 +49,7 @@ func TestSessionKilledBySignalSaysWhich(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := strings.TrimSpace(sessRun(t, d, "ks", "py", "import os; print(os.getpid())"))
-	dbxSh(t, d, "ks", "kill -9 "+pid)
+	dbxSignal(t, d, "ks", "KILL", pid)
 	for i := 0; ; i++ {
 		ss, err := d.C.Sessions(dbxCtx(t), "ks")
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/client"
 	"deltabox/internal/testutil"
 )
 
@@ -44,10 +45,24 @@ for s in /proc/[0-9]*/stat; do
   cat /proc/$p/environ >/dev/null 2>&1 && echo "READ /proc/$p/environ"
   for f in /proc/$p/fd/*; do readlink "$f" >/dev/null 2>&1 && echo "READLINK $f"; done
 done`
-	out := sh(t, d, id, scan)
+	// Run from the session: its templates are forks of its shell, in the shell's Landlock
+	// domain, which another command could not reach anyway (internal/landlock); only
+	// their being non-dumpable keeps them from the session's own children.
+	if _, err := d.C.WriteFile(ctx(t), id, "/tmp/scan.sh", strings.NewReader(scan), client.WriteFileOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	scanIn := func() string {
+		t.Helper()
+		r, err := d.C.Run(ctx(t), id, "main", "bash /tmp/scan.sh", 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Stdout
+	}
+	out := scanIn()
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(out, "stopped ") && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
-		out = sh(t, d, id, scan)
+		out = scanIn()
 	}
 	if !strings.Contains(out, "stopped ") {
 		t.Fatalf("no template seen from inside (the scan is blind): %q", out)
@@ -73,8 +88,9 @@ done`
 		t.Fatalf("after the restore x = %q, want checkpointed", r.Stdout)
 	}
 	// And the restored process is dumpable again, as it was: the sandbox may debug its
-	// own processes.
-	if got := sh(t, d, id, "cat /proc/"+pid+"/environ >/dev/null && echo ok"); !strings.Contains(got, "ok") {
-		t.Errorf("the restored session's /proc/%s/environ is unreadable from inside: %q", pid, got)
+	// own processes. From the session's own children: another command's are outside its
+	// Landlock domain (internal/landlock).
+	if got, err := d.C.Run(ctx(t), id, "main", "cat /proc/"+pid+"/environ >/dev/null && echo ok", 30*time.Second); err != nil || !strings.Contains(got.Stdout, "ok") {
+		t.Errorf("the restored session's /proc/%s/environ is unreadable from the session: %v %+v", pid, err, got)
 	}
 }

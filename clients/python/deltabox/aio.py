@@ -442,6 +442,10 @@ class AsyncSandbox:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on it."""
         return await self.client.fork(await self.checkpoint(label=label), count, **create_kwargs)
 
+    async def signal(self, pid: int, sig: int = 15) -> None:
+        """:meth:`Sandbox.signal`."""
+        await self.client.call(self.blocking.signal, pid, sig)
+
     async def tree(self) -> Tree:
         """:meth:`Sandbox.tree`."""
         head = await self.head()

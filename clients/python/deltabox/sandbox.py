@@ -767,6 +767,13 @@ class Sandbox:
         ``name-0``, ``name-1``, ...)."""
         return self.checkpoint(label=label).fork(count, **create_kwargs)
 
+    def signal(self, pid: int, sig: int = 15) -> None:
+        """Sends signal ``sig`` (default SIGTERM) to process ``pid`` of this sandbox (its
+        PID inside) from outside: a command cannot signal what another command started
+        (each runs in a Landlock domain of its own), so this is how a server a command
+        left in the background is stopped. InvalidRequest for pid 1 or a bad signal."""
+        self.client._t.json("POST", "/sandboxes/%s/signal" % q(self.id), {"pid": pid, "signal": sig})
+
     def tree(self) -> Tree:
         """The snapshot tree, with ``head`` set to the node this sandbox stands on
         (``tree.path(tree.head)`` is its history). ``tree.nodes`` holds every node;
