@@ -457,6 +457,10 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		if err := durable.CheckCopyImage(sub, c.regs); err != nil {
 			return 0, 0, fmt.Errorf("%s: %w", what, err)
 		}
+		// The copy's files as its template's: read-only, for the node's read-only view.
+		if err := durable.ReadOnlyFDs(sub); err != nil {
+			return 0, 0, fmt.Errorf("%s: %w", what, err)
+		}
 		if err := writeJSONFile(filepath.Join(sub, "template.json"), recs.Templates[i]); err != nil {
 			return 0, 0, err
 		}
