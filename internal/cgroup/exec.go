@@ -6,8 +6,8 @@ package cgroup
 // cgroups across setsid, setpgid and reparenting to init, and nothing in the sandbox can
 // move it out (its seccomp filter refuses mount, so it has no cgroup filesystem).
 //
-// Why the v1 pids hierarchy and not a cgroup2 child with cgroup.kill: a process lands
-// in a cgroup2 child only by clone3's CLONE_INTO_CGROUP or by a migration, and both are
+// Why a v1 freezer group and not a cgroup2 child with cgroup.kill: a process lands in a
+// cgroup2 child only by clone3's CLONE_INTO_CGROUP or by a migration, and both are
 // refused to init's spawn thread. The sandbox's seccomp filter, installed by that thread
 // before it forks, answers clone3 with ENOSYS (its flags are in memory, out of BPF's
 // reach), and a migration needs write access to the common ancestor's cgroup.procs,
@@ -15,10 +15,11 @@ package cgroup
 // move themselves out of their exec's group). v1, on the other hand, places single
 // threads: the spawn thread writes "0" into the exec group's tasks, through an fd the
 // daemon opened (v1 checks the opener's credentials), after joining the sandbox's limit
-// groups, and the fork inherits it. The pids hierarchy is always there (its limit is
-// required), is hierarchical (the sandbox's pids.max still bounds the exec's
-// processes), and its pids.max of 0 stops every fork in the group at once, which is
-// what makes the kill hold against a fork bomb with no freezer.
+// groups, and the fork inherits it. The freezer is what makes the kill hold against a
+// fork bomb: frozen, nothing in the group forks; SIGKILLed while frozen, each dies when
+// thawed. Why not the pids hierarchy (pids.max 0 also stops forks): v1 counts a fork
+// its limit refused in the forking task's group (pids.events), which would move the
+// sandbox's pids_limit_hits into groups that go with their exec.
 //
 // The cgroup2 directory (Group) stays flat: the fast path's reading of the sandbox's
 // PIDs (Group.Pids) needs no recursion.
@@ -36,7 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ExecGroup is one exec's pids group, a child of the sandbox's.
+// ExecGroup is one exec's freezer group, a child of the sandbox's.
 type ExecGroup struct {
 	Dir string
 	rel string // Dir under the pids mount, as /proc/PID/cgroup names it
@@ -46,14 +47,15 @@ type ExecGroup struct {
 // daemon is skipped (Mkdir's EEXIST).
 var execSeq atomic.Uint64
 
-// execPrefix starts every exec group's name.
-const execPrefix = "exec-"
+// execPrefix starts every exec group's name; execController is their hierarchy.
+const execPrefix, execController = "exec-", "freezer"
 
-// NewExecGroup makes an exec group under the sandbox's pids directory.
+// NewExecGroup makes an exec group under the sandbox's freezer directory.
 func (v *V1) NewExecGroup() (*ExecGroup, error) {
-	parent := v.dirs["pids"]
+	parent := v.dirs[execController]
 	if parent == "" {
-		return nil, fmt.Errorf("sandbox %s has no pids cgroup to put an exec in", v.ID)
+		return nil, fmt.Errorf("sandbox %s has no %s cgroup to put an exec in: the cgroup v1 %s controller is not mounted at %s (run scripts/setup.sh)",
+			v.ID, execController, execController, filepath.Join(V1Mount, execController))
 	}
 	for range 100 {
 		d := filepath.Join(parent, execPrefix+strconv.FormatUint(execSeq.Add(1), 10))
@@ -64,7 +66,7 @@ func (v *V1) NewExecGroup() (*ExecGroup, error) {
 		if err != nil {
 			return nil, fmt.Errorf("create the exec's cgroup %s: %w", d, err)
 		}
-		rel, _ := filepath.Rel(filepath.Join(V1Mount, "pids"), d)
+		rel, _ := filepath.Rel(filepath.Join(V1Mount, execController), d)
 		return &ExecGroup{Dir: d, rel: "/" + rel}, nil
 	}
 	return nil, fmt.Errorf("no free exec cgroup name under %s", parent)
@@ -76,32 +78,47 @@ func (g *ExecGroup) OpenTasks() (*os.File, error) {
 	return os.OpenFile(filepath.Join(g.Dir, "tasks"), os.O_WRONLY|unix.O_CLOEXEC, 0)
 }
 
-// Kill ends every process in the group: forks are stopped first (pids.max 0: a fork
-// bomb cannot outrun the kill), then each process is sent SIGKILL until the group
-// lists none, for timeout at most. A process is signalled through a pidfd and only once
-// its /proc entry shows it still in the group, so a PID freed and reused by another
-// process between the listing and the signal is never hit.
+// Kill ends every process in the group: the group is frozen (nothing in it forks, a
+// fork bomb cannot outrun the kill), each process is sent SIGKILL, and the group is
+// thawed, which lets them die; again until the group lists none, for timeout at most.
+// A process is signalled through a pidfd and only once its /proc entry shows it still
+// in the group, so a PID freed and reused by another process between the listing and
+// the signal is never hit.
 func (g *ExecGroup) Kill(timeout time.Duration) error {
-	if err := writeFile(filepath.Join(g.Dir, "pids.max"), "0"); err != nil {
-		return err
-	}
 	deadline := time.Now().Add(timeout)
+	state := filepath.Join(g.Dir, "freezer.state")
 	for {
+		if err := writeFile(state, "FROZEN"); err != nil {
+			return err
+		}
+		// A task in uninterruptible sleep keeps the group FREEZING: it is killed anyway,
+		// and the next round finds what it forked meanwhile.
+		for i := 0; i < 100 && !frozen(state); i++ {
+			time.Sleep(time.Millisecond)
+		}
 		pids, err := g.procs()
 		if err != nil {
 			return err
 		}
-		if len(pids) == 0 {
-			return nil
-		}
 		for _, pid := range pids {
 			g.kill(pid)
+		}
+		if err := writeFile(state, "THAWED"); err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the exec's cgroup %s still has %d processes %v after %v of SIGKILL (uninterruptible sleep?)", g.Dir, len(pids), pids, timeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+func frozen(state string) bool {
+	b, err := os.ReadFile(state)
+	return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
 }
 
 func (g *ExecGroup) kill(pid int) {
@@ -117,7 +134,7 @@ func (g *ExecGroup) kill(pid int) {
 	for _, l := range strings.Split(string(b), "\n") {
 		// ID:CONTROLLERS:PATH
 		f := strings.SplitN(l, ":", 3)
-		if len(f) == 3 && hasController(f[1], "pids") && f[2] == g.rel {
+		if len(f) == 3 && hasController(f[1], execController) && f[2] == g.rel {
 			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 			return
 		}
@@ -160,7 +177,7 @@ func (g *ExecGroup) Remove() bool {
 // RemoveIdleExecGroups removes the sandbox's exec groups that no process is in any
 // more, and says how many are left.
 func (v *V1) RemoveIdleExecGroups() int {
-	parent := v.dirs["pids"]
+	parent := v.dirs[execController]
 	if parent == "" {
 		return 0
 	}
