@@ -112,5 +112,6 @@ func AdoptStopped(tr *remote.Tracer, rec TemplateRecord, hostPid, selfPid int) (
 	if err != nil {
 		return nil, err
 	}
+	tmpl.watchExit()
 	return tmpl, nil
 }

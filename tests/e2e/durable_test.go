@@ -246,15 +246,30 @@ func TestDurableImageAfterKillAll(t *testing.T) {
 	durNoZombies(t, d, id)
 }
 
-// durNoZombies fails if a process of the sandbox stays a zombie (2 s at most).
+// durNoZombies fails if a process of the sandbox stays a zombie (2 s at most). The
+// sandbox's PID namespace is searched, not its cgroup: a zombie has left its cgroup.
 func durNoZombies(t *testing.T, d *testutil.Daemon, id string) {
 	t.Helper()
+	in, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid_for_children", in.InitPid))
+	if err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		_, pids := dbxSandboxPids(t, d, id)
 		var zombies []string
-		for _, p := range pids {
-			if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p)); strings.Contains(string(st), ") Z ") {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			if e.Name()[0] < '0' || e.Name()[0] > '9' {
+				continue
+			}
+			if l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid"); l != ns {
+				continue
+			}
+			if st, _ := os.ReadFile("/proc/" + e.Name() + "/stat"); strings.Contains(string(st), ") Z ") {
 				zombies = append(zombies, string(st))
 			}
 		}
