@@ -29,6 +29,9 @@ type exitWatch struct {
 // watchExit opens t's pidfd and, if its Tracer holds it, collects it once it has exited.
 // Precondition: t is alive and seized (its PID cannot have been reused), or gone.
 func (t *Template) watchExit() {
+	if t.tr == nil {
+		return // untraced: init reaps it, and Kill signals its PID as before
+	}
 	fd, err := unix.PidfdOpen(t.HostPid, 0)
 	if err != nil {
 		return // gone already: found so by the next restore
@@ -36,9 +39,6 @@ func (t *Template) watchExit() {
 	t.exit.mu.Lock()
 	t.exit.pidfd, t.exit.set = fd, true
 	t.exit.mu.Unlock()
-	if t.tr == nil {
-		return
-	}
 	wfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return
