@@ -475,7 +475,7 @@ probe_overlay() {
 }
 
 # cgroup2 at /sys/fs/cgroup/unified tracks, freezes and kills a sandbox's process tree;
-# the cgroup v1 controllers (memory, pids, cpu) set its limits.
+# the cgroup v1 controllers (memory, pids, cpu) set its limits, and freezer holds each exec's group.
 probe_cgroups() {
 	local u=/sys/fs/cgroup/unified
 	if [[ $(stat -f -c %T "$u" 2>/dev/null) != cgroup2fs ]]; then
@@ -502,14 +502,14 @@ probe_cgroups() {
 		rmdir "$cg" 2>/dev/null || true
 	fi
 	local c missing=()
-	for c in memory pids cpu; do
+	for c in memory pids cpu freezer; do
 		awk -v c="$c" '$3 == "cgroup" { n = split($4, o, ","); for (i = 1; i <= n; i++) if (o[i] == c) f = 1 }
 			END { exit !f }' /proc/self/mounts || missing+=("$c")
 	done
 	if ((${#missing[@]})); then
 		probe "cgroup v1 controllers" FAIL "not mounted: ${missing[*]}"
 	else
-		probe "cgroup v1 controllers" ok "memory pids cpu"
+		probe "cgroup v1 controllers" ok "memory pids cpu freezer"
 	fi
 }
 

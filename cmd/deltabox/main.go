@@ -182,7 +182,7 @@ func rmCmd() *cobra.Command {
 // Exit codes of exec besides the command's own (docs/API.md, "The CLI's exec"): as
 // coreutils timeout and docker run have them, and as a shell reports a signal.
 const (
-	exitTimedOut    = 124 // the command timed out (its process group killed, or ^C in a session)
+	exitTimedOut    = 124 // the command timed out (what it started killed, or ^C in a session)
 	exitFailed      = 125 // deltabox itself failed: the daemon unreachable, the call refused
 	exitInterrupted = 130 // interrupted by SIGINT (Ctrl-C); SIGTERM gives 143
 )

@@ -41,8 +41,8 @@ import (
 var V1Mount = "/sys/fs/cgroup"
 
 // v1Controllers are the hierarchies a sandbox gets a directory in. cpuacct only reads
-// usage, and is optional.
-var v1Controllers = []string{"memory", "pids", "cpu", "cpuacct"}
+// usage, and is optional; freezer holds no limit, only each exec's group (exec.go).
+var v1Controllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer"}
 
 func v1Optional(ctrl string) bool { return ctrl == "cpuacct" }
 
@@ -214,7 +214,11 @@ func CreateV1(id string, l Limits) (_ *V1, err error) {
 			if v1Optional(c) {
 				continue
 			}
-			return nil, fmt.Errorf("the cgroup v1 %s controller is not mounted at %s, so sandbox limits cannot be enforced (run scripts/setup.sh)", c, filepath.Join(V1Mount, c))
+			what := "sandbox limits"
+			if c == execController {
+				what = "the end of what a timed-out exec started"
+			}
+			return nil, fmt.Errorf("the cgroup v1 %s controller is not mounted at %s, so %s cannot be enforced (run scripts/setup.sh)", c, filepath.Join(V1Mount, c), what)
 		}
 		d := filepath.Join(v1Parent(c), id)
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -554,6 +558,8 @@ func OpenV1(id string) *V1 {
 		d := filepath.Join(v1Parent(c), id)
 		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
 			v.dirs[c] = d
+		} else if c == execController && v1Mounted(c) && os.MkdirAll(d, 0o755) == nil {
+			v.dirs[c] = d // a sandbox started before exec groups were: its execs need it
 		}
 	}
 	return v

@@ -132,6 +132,7 @@ func (h *Held) Fork() (*Template, error) {
 		}
 		return nil, err
 	}
+	tmpl.watchExit()
 	h.Tmpl = tmpl
 	return tmpl, nil
 }
@@ -288,6 +289,9 @@ func (h *Held) Abort() error {
 func (t *Template) WaitStopped(d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
+		if t.collected() {
+			return false
+		}
 		switch s := procfs.State(t.HostPid); {
 		case s == 'T' || s == 't':
 			return true

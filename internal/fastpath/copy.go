@@ -21,9 +21,9 @@ import (
 // process's at its checkpoint): the injected clone3 is undone in it before the detach.
 
 // CopyTemplate returns the host PID of a stopped, untraced copy of tmpl (above), and the
-// registers it was left with: an image of it whose registers differ (durable.ImageRegs)
-// is of a copy that ran in between (a SIGCONT from the sandbox ends a group stop), not of
-// the template. Precondition: tmpl is not being revived meanwhile (the caller holds the
+// registers it was left with: an image of it whose registers differ, or that CRIU found
+// running (durable.CheckCopyImage), is of a copy that a SIGCONT from the sandbox
+// continued (it ends a group stop), not of the template. Precondition: tmpl is not being revived meanwhile (the caller holds the
 // sandbox's template lock).
 func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, unix.PtraceRegs, error) {
 	var regs unix.PtraceRegs
@@ -112,5 +112,6 @@ func AdoptStopped(tr *remote.Tracer, rec TemplateRecord, hostPid, selfPid int) (
 	if err != nil {
 		return nil, err
 	}
+	tmpl.watchExit()
 	return tmpl, nil
 }

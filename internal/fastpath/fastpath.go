@@ -450,11 +450,16 @@ type Template struct {
 	// entries, memory and ptrace are closed to it. Each restored child gets Dumpable
 	// back.
 	Dumpable uintptr
+
+	exit exitWatch // its exit, collected as it happens (exit.go)
 }
 
 // Alive reports whether the template still exists and is stopped (it may have been
 // killed from inside the sandbox; that node's process state is then gone).
 func (t *Template) Alive() bool {
+	if t.collected() {
+		return false
+	}
 	s := procfs.State(t.HostPid)
 	return s == 'T' || s == 't'
 }
@@ -462,8 +467,8 @@ func (t *Template) Alive() bool {
 // Kill kills the template; the Tracer holding it, if any, collects it in the background
 // (Tracer.ForgetLater: Close waits for that).
 func (t *Template) Kill() {
-	unix.Kill(t.HostPid, unix.SIGKILL)
-	if t.tr != nil {
+	t.signal(unix.SIGKILL)
+	if t.tr != nil && !t.collected() {
 		t.tr.ForgetLater(t.HostPid)
 	}
 }

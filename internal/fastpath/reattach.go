@@ -244,6 +244,7 @@ func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
+	tmpl.watchExit()
 	return tmpl, nil
 }
 

@@ -210,6 +210,14 @@ func build(ctx context.Context, staging, name, source string, opts Options, prog
 	if err != nil {
 		return nil, fmt.Errorf("import %s from %s: %w", name, source, err)
 	}
+	// Every command and session of a sandbox starts a program of the image (a shell, at
+	// the least): an image without /bin (an empty archive, a docker save with no layers)
+	// would make sandboxes in which nothing runs.
+	var st unix.Stat_t
+	if err := unix.Fstatat(t.root, "bin", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, fmt.Errorf("import %s from %s: %w", name, source,
+			refuse("the %s has no /bin, so nothing could run in a sandbox made of it: import a root filesystem (a rootfs tar or directory, or docker save of an image with a shell)", kind))
+	}
 	if err := t.ensureMountPoints(); err != nil {
 		return nil, fmt.Errorf("import %s: %w", name, err)
 	}

@@ -339,6 +339,7 @@ func TestDockerSaveWhiteouts(t *testing.T) {
 		{name: "opt/x/"}, {name: "opt/x/1", body: "1"}, {name: "opt/x/sub/"}, {name: "opt/x/sub/deep", body: "deep"},
 		{name: "usr/bin/tool", body: "t1", mode: 0o755}, {name: "usr/share/doc/readme", body: "r"},
 		{name: "lnk", typ: tar.TypeSymlink, link: "etc/a"}, {name: "abslnk", typ: tar.TypeSymlink, link: "/etc/b"},
+		{name: "bin", typ: tar.TypeSymlink, link: "usr/bin"},
 		{name: "var/lib/keep/"}, {name: "var/lib/keep/f", body: "kf"},
 		{name: "dev/"}, {name: "dev/null", typ: tar.TypeChar, mode: 0o666},
 		{name: "home/user/", mode: 0o700, uid: 1000, gid: 1000}, {name: "home/user/.profile", body: "p", uid: 1000, gid: 1000},
@@ -364,7 +365,7 @@ func TestDockerSaveWhiteouts(t *testing.T) {
 		"etc": "d 0755 0:0", "etc/a": "f 0644 0:0 a1", "etc/a-hard": "f 0644 0:0 a1", "etc/c": "f 0644 0:0 c2", "etc/d": "f 0644 0:0 d3",
 		"opt": "d 0755 0:0", "opt/x": "d 0755 0:0", "opt/x/3": "f 0644 0:0 3", "opt/x/sub": "d 0755 0:0", "opt/x/sub/new": "f 0644 0:0 n",
 		"usr": "d 0755 0:0", "usr/local": "d 0755 0:0", "usr/local/y": "f 0644 0:0 y",
-		"lnk": "l etc/a", "abslnk": "l /etc/b",
+		"lnk": "l etc/a", "abslnk": "l /etc/b", "bin": "l usr/bin",
 		"var": "d 0755 0:0", "var/lib": "d 0755 0:0", "var/lib/keep": "f 0644 0:0 now a file",
 		"home": "d 0755 0:0", "home/user": "d 0700 1000:1000",
 	})
@@ -472,6 +473,7 @@ func TestDirectorySource(t *testing.T) {
 		}
 	}
 	must(os.MkdirAll(filepath.Join(src, "etc"), 0o755))
+	must(os.MkdirAll(filepath.Join(src, "bin"), 0o755))
 	must(os.MkdirAll(filepath.Join(src, "dev"), 0o755))
 	must(os.WriteFile(filepath.Join(src, "etc/big"), big, 0o640))
 	must(os.Chown(filepath.Join(src, "etc/big"), 7, 8))
@@ -486,7 +488,7 @@ func TestDirectorySource(t *testing.T) {
 		t.Errorf("source %q", im.Source)
 	}
 	bigDesc := "f 0640 7:8 " + string(big)
-	want := withMountPoints(map[string]string{"etc": "d 0755 0:0", "etc/big": bigDesc, "etc/big2": bigDesc, "etc/rel": "l ../etc/big", "dev": "d 0755 0:0", "tmp": "d 1777 0:0"})
+	want := withMountPoints(map[string]string{"bin": "d 0755 0:0", "etc": "d 0755 0:0", "etc/big": bigDesc, "etc/big2": bigDesc, "etc/rel": "l ../etc/big", "dev": "d 0755 0:0", "tmp": "d 1777 0:0"})
 	got := snapshot(t, rootfs)
 	diffTrees(t, got, want)
 	if !sameInode(t, filepath.Join(rootfs, "etc/big"), filepath.Join(rootfs, "etc/big2")) {
@@ -643,7 +645,7 @@ func TestHostileArchives(t *testing.T) {
 // conflict (409), a crashed import's leftover staging directory is replaced.
 func TestNamesAndConflicts(t *testing.T) {
 	root, _ := newStore(t, false)
-	src := writeSource(t, "r.tar", mkTar(t, []ent{{name: "f", body: "x"}}))
+	src := writeSource(t, "r.tar", mkTar(t, []ent{{name: "bin/"}, {name: "f", body: "x"}}))
 	ctx := context.Background()
 	for _, bad := range []string{"", "UPPER", "../x", "a/b", ".hidden", strings.Repeat("a", 64)} {
 		if _, err := image.Import(ctx, root, bad, src, image.Options{}, nil); !errors.Is(err, errdefs.ErrInvalid) {
@@ -715,4 +717,32 @@ func sharedExtents(path string) (shared, total int, err error) {
 		}
 	}
 	return shared, n, nil
+}
+
+// TestNoBinRefused: an archive that would make an image without /bin (nothing could
+// run in its sandboxes) is refused with an error that says so, and leaves nothing in
+// the store: an empty tarball, a docker save and an OCI layout whose image has no
+// layers, an empty directory, a rootfs tar with files but no /bin.
+func TestNoBinRefused(t *testing.T) {
+	root, _ := newStore(t, false)
+	emptyDir := t.TempDir()
+	for _, c := range []struct{ name, src string }{
+		{"ZeroBytes", writeSource(t, "zero.tar", nil)},
+		{"EmptyTar", writeSource(t, "empty.tar", mkTar(t, nil))},
+		{"EmptyGzipTar", writeSource(t, "empty.tar.gz", gz(mkTar(t, nil)))},
+		{"DockerSaveNoLayers", writeSource(t, "save.tar", dockerSave(t))},
+		{"OCINoLayers", writeSource(t, "oci.tar", filesTar(t, ociFiles(nil, mkTar(t, []ent{{name: "bin/"}}))))},
+		{"EmptyDirectory", emptyDir},
+		{"NoBin", writeSource(t, "nobin.tar", mkTar(t, []ent{{name: "etc/"}, {name: "etc/hostname", body: "x"}}))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := image.Import(context.Background(), root, "nobin", c.src, image.Options{}, nil)
+			if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "no /bin") {
+				t.Fatalf("import: %v, want refused (ErrInvalid) for having no /bin", err)
+			}
+			if ents, _ := os.ReadDir(filepath.Join(root, "images")); len(ents) != 0 {
+				t.Fatalf("images/ holds %v after the refusal, want nothing", ents)
+			}
+		})
+	}
 }

@@ -54,6 +54,7 @@ func Adopt(id, hostname, dir string, iso *Isolation, initPid int, initStart uint
 		unix.Close(cg)
 	}
 	s.lim = cgroup.OpenV1(id)
+	s.execLeft.Store(1) // the previous daemon's execs may have left groups
 	if err = s.openFromInit(iso); err != nil {
 		return nil, nil, err
 	}

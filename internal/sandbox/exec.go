@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/cgroup"
 	"deltabox/internal/sbinit"
 )
 
@@ -79,9 +80,10 @@ type ExecResult = apitypes.ExecResult
 // child that inherited stdout would otherwise hold the call open forever.
 const drainGrace = 200 * time.Millisecond
 
-// Exec runs a command in the sandbox's current state, in its own process group, and
-// returns its output and status. On timeout or ctx cancellation the whole process
-// group is killed.
+// Exec runs a command in the sandbox's current state, in its own process group and
+// exec cgroup (cgroup.ExecGroup), and returns its output and status. On timeout or ctx
+// cancellation everything the command started is killed, whatever its session or
+// process group.
 func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 	limit := r.OutputLimit
 	if limit <= 0 {
@@ -129,12 +131,21 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		user = s.User
 	}
 	env := s.env(r.Env, user)
-	start := time.Now()
-	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir, User: user},
-		[3]int{int(inR.Fd()), int(outW.Fd()), int(errW.Fd())}, ns)
+	group, tasks, err := s.execGroup()
 	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir, User: user, Tasks: int(tasks.Fd())},
+		[3]int{int(inR.Fd()), int(outW.Fd()), int(errW.Fd())}, ns)
+	tasks.Close()
+	if err != nil {
+		s.dropExecGroup(group)
 		return nil, fmt.Errorf("start %q: %w", r.Argv[0], err)
 	}
+	// Whatever the command left running after a normal exit (nohup server &) goes on
+	// in its group; the group goes once empty.
+	defer s.dropExecGroup(group)
 	// Our copies of the child's ends must go, or EOF never comes.
 	inR.Close()
 	outW.Close()
@@ -169,11 +180,9 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	case ws, ok = <-p.Exit:
 	case <-timeout:
 		res.TimedOut = true
-		s.init.Signal(p.Pid, unix.SIGKILL, true)
-		ws, ok, kerr = exitAfterKill(p, r.Argv[0])
+		ws, ok, kerr = killExec(p, group, r.Argv[0])
 	case <-ctx.Done():
-		s.init.Signal(p.Pid, unix.SIGKILL, true)
-		ws, ok, kerr = exitAfterKill(p, r.Argv[0])
+		ws, ok, kerr = killExec(p, group, r.Argv[0])
 	}
 	if kerr != nil {
 		return nil, kerr
@@ -182,10 +191,6 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		return nil, fmt.Errorf("while %q ran: %w", r.Argv[0], sbinit.ErrInitGone)
 	}
 	res.Duration = time.Since(start)
-	if res.TimedOut {
-		// Whatever the group left behind holding the pipes is gone too.
-		s.init.Signal(p.Pid, unix.SIGKILL, true)
-	}
 	grace := time.After(drainGrace)
 	for i := 0; i < 2; i++ {
 		select {
@@ -210,7 +215,7 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		res.ExitCode = ws.ExitStatus()
 	}
 	if res.TimedOut {
-		m := fmt.Sprintf("\n[deltabox: command timed out after %v; its process group was killed]\n", r.Timeout)
+		m := fmt.Sprintf("\n[deltabox: command timed out after %v; it and every process it started were killed]\n", r.Timeout)
 		res.Stderr += m
 		if r.OnMarker != nil {
 			r.OnMarker("stderr", apitypes.MarkerTimeout, m, 0)
@@ -336,6 +341,15 @@ func (c *capture) finish(name string, out func(string, []byte), marker func(stre
 // filesystem) may not for a long time.
 var killWait = 10 * time.Second // a var for tests
 
+// killExec kills everything in the exec's group, p first among them, and waits for p's
+// exit, for killWait at most in all.
+func killExec(p *sbinit.Process, group *cgroup.ExecGroup, what string) (unix.WaitStatus, bool, error) {
+	if err := group.Kill(killWait); err != nil {
+		return 0, false, fmt.Errorf("kill %q (pid %d in the sandbox) and what it started: %w", what, p.Pid, err)
+	}
+	return exitAfterKill(p, what)
+}
+
 // exitAfterKill waits for the exit of p, which was just sent SIGKILL, for killWait at
 // most.
 func exitAfterKill(p *sbinit.Process, what string) (unix.WaitStatus, bool, error) {
@@ -346,5 +360,31 @@ func exitAfterKill(p *sbinit.Process, what string) (unix.WaitStatus, bool, error
 		return ws, ok, nil
 	case <-t.C:
 		return 0, false, fmt.Errorf("%q (pid %d in the sandbox) did not exit within %v of SIGKILL (uninterruptible sleep?); it may still run", what, p.Pid, killWait)
+	}
+}
+
+// execGroup makes the exec's cgroup and opens its tasks file; the groups earlier execs
+// left (their survivors have exited since) are removed first.
+func (s *Sandbox) execGroup() (*cgroup.ExecGroup, *os.File, error) {
+	if s.execLeft.Load() > 0 {
+		s.execLeft.Store(int64(s.lim.RemoveIdleExecGroups()))
+	}
+	g, err := s.lim.NewExecGroup()
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := g.OpenTasks()
+	if err != nil {
+		g.Remove()
+		return nil, nil, fmt.Errorf("open the exec's cgroup: %w", err)
+	}
+	return g, f, nil
+}
+
+// dropExecGroup removes the exec's group, or leaves it to a later exec while processes
+// the command started run on in it.
+func (s *Sandbox) dropExecGroup(g *cgroup.ExecGroup) {
+	if !g.Remove() {
+		s.execLeft.Add(1)
 	}
 }

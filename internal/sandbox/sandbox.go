@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,6 +48,10 @@ type Sandbox struct {
 	idmap *overlay.IDMapped
 	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
 	builderClosed bool
+
+	// execLeft counts exec groups left with processes in them (Exec's dropExecGroup);
+	// the next Exec tries to remove them.
+	execLeft atomic.Int64
 
 	mu sync.Mutex // protects state
 	// +checklocks:mu

@@ -450,13 +450,21 @@ type SpawnOptions struct {
 	// "UID:GID", resolved by init in the state's /etc/passwd and /etc/group
 	// (LookupUser). HOME, USER and LOGNAME come from passwd unless Env sets them.
 	User string
+	// Tasks, if > 0, is an fd on a v1 cgroup's tasks file (cgroup.ExecGroup) that the
+	// spawn thread joins last: the process and all it starts are there, whatever
+	// session they move to, and the group's kill ends them all.
+	Tasks int
 }
 
 // Spawn starts a process in the state mount namespace mntns with the given stdio.
 func (c *Client) Spawn(o SpawnOptions, stdio [3]int, mntns int) (*Process, error) {
 	exit := make(chan unix.WaitStatus, 1)
 	m := &Message{Op: "spawn", Argv: o.Argv, Env: o.Env, Dir: o.Dir, Setsid: o.Setsid, Ctty: o.Ctty, User: o.User}
-	r, err := c.call(m, []int{stdio[0], stdio[1], stdio[2], mntns}, exit)
+	fds := []int{stdio[0], stdio[1], stdio[2], mntns}
+	if o.Tasks > 0 {
+		fds = append(fds, o.Tasks)
+	}
+	r, err := c.call(m, fds, exit)
 	if err != nil {
 		return nil, err
 	}

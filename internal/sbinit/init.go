@@ -802,14 +802,15 @@ func closeAll(fds []int) {
 	}
 }
 
-// spawn starts m.Argv with fds[0..2] as stdio in the state mount namespace fds[3], and
+// spawn starts m.Argv with fds[0..2] as stdio in the state mount namespace fds[3] (and
+// in the v1 cgroup whose tasks file is fds[4], if sent: SpawnOptions.Tasks), and
 // returns its PID and a pidfd of it (-1 on error).
 // It forks from a fresh locked thread that first enters that namespace (setns resets
 // the thread's root and cwd to the namespace's root), so the child starts there; the
 // thread is discarded afterwards because it no longer shares the process's fs state.
 func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
-	if len(fds) != 4 {
-		return 0, -1, fmt.Errorf("spawn needs 4 fds (stdin, stdout, stderr, mntns), got %d", len(fds))
+	if len(fds) != 4 && len(fds) != 5 {
+		return 0, -1, fmt.Errorf("spawn needs 4 or 5 fds (stdin, stdout, stderr, mntns[, exec cgroup tasks]), got %d", len(fds))
 	}
 	if len(m.Argv) == 0 {
 		return 0, -1, fmt.Errorf("empty command")
@@ -833,6 +834,12 @@ func spawn(m *Message, fds []int) (pid, pidfd int, _ error) {
 		for _, fd := range taskFDs {
 			if _, err := unix.Write(fd, []byte("0")); err != nil {
 				ch <- result{0, -1, fmt.Errorf("join the sandbox's cgroup (limits): %w", err)}
+				return
+			}
+		}
+		if len(fds) == 5 { // the exec's own group, under the limits' pids group
+			if _, err := unix.Write(fds[4], []byte("0")); err != nil {
+				ch <- result{0, -1, fmt.Errorf("join the exec's cgroup: %w", err)}
 				return
 			}
 		}

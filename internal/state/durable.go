@@ -473,20 +473,13 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 			return 0, 0, fmt.Errorf("dump %s: %w", what, err)
 		}
 		// The copy waited in a group stop, which a SIGCONT from the sandbox ends: an image
-		// of a copy that ran is not the template's.
-		got, err := durable.ImageRegs(sub)
-		if err != nil {
-			return 0, 0, err
+		// of a copy that ran, or no longer stopped, is not the template's.
+		if err := durable.CheckCopyImage(sub, c.regs); err != nil {
+			return 0, 0, fmt.Errorf("%s: %w", what, err)
 		}
-		r := c.regs
-		want := durable.Regs{IP: r.Rip, SP: r.Rsp, BP: r.Rbp, BX: r.Rbx, R12: r.R12, R13: r.R13, R14: r.R14, R15: r.R15}
-		if int64(r.Orig_rax) != -1 && got.IP == want.IP-2 {
-			// Seized in a blocking syscall: its detach set it to restart the syscall
-			// (remote.Tracee.Detach), one 2-byte instruction back.
-			want.IP = got.IP
-		}
-		if got != want {
-			return 0, 0, fmt.Errorf("%s: its copy ran before its dump (a SIGCONT from the sandbox?): the image is not the template's", what)
+		// The copy's files as its template's: read-only, for the node's read-only view.
+		if err := durable.ReadOnlyFDs(sub); err != nil {
+			return 0, 0, fmt.Errorf("%s: %w", what, err)
 		}
 		if err := writeJSONFile(filepath.Join(sub, "template.json"), recs.Templates[i]); err != nil {
 			return 0, 0, err

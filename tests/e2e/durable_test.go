@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/api"
 	"deltabox/internal/apitypes"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
@@ -199,6 +201,85 @@ func TestDurableImageCopyThatRanIsRefused(t *testing.T) {
 				t.Fatalf("node %d from its templates: x = %q", i+1, got)
 			}
 		}
+	}
+}
+
+// TestDurableImageAfterKillAll: after `kill -9 -1` inside (every process, templates
+// too), a restore falls back to the node's image. The python holds a file open for
+// writing: its image is restored onto the node's read-only view as a template, whose
+// files are read-only there as a parked template's are (its live process reopens them
+// as they were), and works; it failed with EROFS ("Can't open file workspace/w on
+// restore: Read-only file system"). The killed templates leave no zombie behind, after
+// the kill and after the restore.
+func TestDurableImageAfterKillAll(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "durkill"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, id, "py", "f = open('/workspace/w', 'w'); f.write('a'); f.flush(); x = 41")
+	sessRun(t, d, id, "main", "cd /tmp")
+	n := dbxCheckpoint(t, d, id, "x41").Node.ID
+	durWaitImage(t, d, n)
+	sessRun(t, d, id, "py", "x = 42")
+	n2 := dbxCheckpoint(t, d, id, "x42").Node.ID
+	durWaitImage(t, d, n2)
+	sessRun(t, d, id, "py", "x = 43")
+	// The exec dies with the rest.
+	d.C.Exec(dbxCtx(t), id, api.ExecRequest{Argv: []string{"bash", "-c", "kill -9 -1"}, TimeoutMS: 10_000})
+	durNoZombies(t, d, id)
+	res, err := d.C.Restore(dbxCtx(t), id, n)
+	if err != nil {
+		durNoZombies(t, d, id)
+		t.Fatalf("restore after kill -9 -1: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 3000))
+	}
+	if !res.FromImage {
+		t.Fatalf("restore after kill -9 -1: not from the image: %+v", res)
+	}
+	if got := sessRun(t, d, id, "py", "f.write('b'); f.flush(); x"); got != "41\n" {
+		t.Fatalf("python restored from its image: %q", got)
+	}
+	if got := dbxSh(t, d, id, "cat /workspace/w"); got != "ab" {
+		t.Fatalf("/workspace/w after a write through the restored python's fd: %q, want \"ab\"", got)
+	}
+	durNoZombies(t, d, id)
+}
+
+// durNoZombies fails if a process of the sandbox stays a zombie (2 s at most). The
+// sandbox's PID namespace is searched, not its cgroup: a zombie has left its cgroup.
+func durNoZombies(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	in, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid_for_children", in.InitPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		var zombies []string
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			if e.Name()[0] < '0' || e.Name()[0] > '9' {
+				continue
+			}
+			if l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid"); l != ns {
+				continue
+			}
+			if st, _ := os.ReadFile("/proc/" + e.Name() + "/stat"); strings.Contains(string(st), ") Z ") {
+				zombies = append(zombies, string(st))
+			}
+		}
+		if len(zombies) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zombies left in the sandbox: %v", zombies)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

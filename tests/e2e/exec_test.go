@@ -483,6 +483,48 @@ func TestExecTimeout(t *testing.T) {
 	}
 }
 
+// TestExecTimeoutEndsWhatItStarted: a timeout or a cancelled call ends every process
+// the command started, also those that left its session and process group (setsid)
+// and a fork loop racing the kill; a normal exit leaves what it started in the
+// background running, and a later exec's timeout does not touch it.
+func TestExecTimeoutEndsWhatItStarted(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	id := dbxCreate(t, d, "").ID
+
+	res := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", "setsid sleep 1000 & sleep 100"}, TimeoutMS: 2000})
+	if !res.TimedOut {
+		t.Fatalf("not timed out: %+v", res)
+	}
+	dbxWaitOnlyInit(t, d, id, 2*time.Second)
+
+	// A loop that keeps starting new sessions while the kill runs.
+	res = dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", "while :; do setsid sleep 1000 & done"}, TimeoutMS: 1000})
+	if !res.TimedOut {
+		t.Fatalf("fork loop not timed out: %+v", res)
+	}
+	dbxWaitOnlyInit(t, d, id, 2*time.Second)
+
+	// The client gives up (Ctrl-C, API cancel): the same.
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	_, err := d.C.Exec(ctx, id, api.ExecRequest{Argv: []string{"bash", "-c", "setsid sleep 1000 & sleep 100"}, TimeoutMS: 60_000})
+	cancel()
+	if err == nil {
+		t.Fatalf("a cancelled exec returned no error")
+	}
+	dbxWaitOnlyInit(t, d, id, 5*time.Second)
+
+	// A normal exit: the background server lives on, and outlives another exec's timeout.
+	dbxSh(t, d, id, "nohup setsid sleep 1001 >/dev/null 2>&1 </dev/null &")
+	res = dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", "setsid sleep 1000 & sleep 100"}, TimeoutMS: 500})
+	if !res.TimedOut {
+		t.Fatalf("not timed out: %+v", res)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if got := dbxSh(t, d, id, "pgrep -x sleep -a || true"); got == "" || strings.Contains(got, "sleep 1000") || !strings.Contains(got, "sleep 1001") {
+		t.Fatalf("after a normal exit that left `sleep 1001` and a timed-out exec that left `sleep 1000`: sleeps running %q, want sleep 1001 alone", got)
+	}
+}
+
 // TestExecOutputLimit: output over the cap is cut with a visible marker and the writer
 // is never blocked; a background child holding stdout does not hold the call open.
 func TestExecOutputLimit(t *testing.T) {
