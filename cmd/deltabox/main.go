@@ -63,7 +63,7 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
 	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
 		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd())
-	root.AddCommand(filesCmd(), keyCmd(), e2bCmd())
+	root.AddCommand(filesCmd(), keyCmd(), e2bCmd(), exportCmd(), importCmd())
 	return root
 }
 
