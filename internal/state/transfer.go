@@ -482,6 +482,9 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		if r.Layer != nil {
 			n.Layer, n.Own, n.Bytes = staged[r.Layer.Digest], true, r.Bytes
 		}
+		if m.idsTaken == nil {
+			m.idsTaken = map[string]bool{}
+		}
 		m.idsTaken[n.ID] = true
 		made = append(made, &node{Node: n})
 		res.Nodes = append(res.Nodes, apitypes.ImportedNode{From: r.ID, ID: n.ID})

@@ -76,7 +76,7 @@ func ExtractTree(ctx context.Context, r io.Reader, dir string, lim Limits) error
 			break
 		}
 		if err != nil {
-			return refuse("the tree's tar is damaged: %v", err)
+			return refuse("the archive is damaged or truncated: a tree in it does not read as a tar (%v)", err)
 		}
 		if err := x.entry(h, tr, first); err != nil {
 			return err
