@@ -4,10 +4,10 @@ package e2e
 
 import (
 	"archive/tar"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"bytes"
 	"errors"
 	"io"
 	"os"
