@@ -138,6 +138,9 @@ func (t *treeWriter) walk(rel string) error {
 		if err != nil {
 			return err
 		}
+		if target == "" || symlinkClimbs(rel, target) {
+			return fmt.Errorf("/%s is a symbolic link to %q, which climbs above / (an importer refuses such links: replace it by an absolute target, ln -sfn /PATH): %w", rel, target, ErrRefused)
+		}
 		h.Typeflag, h.Linkname = tar.TypeSymlink, target
 		return t.header(h)
 	case unix.S_IFCHR:
