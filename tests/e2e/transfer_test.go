@@ -263,7 +263,8 @@ func TestImportRefusals(t *testing.T) {
 		b    []byte
 		want string
 	}{
-		{"flip-in-layer", flip(blob + 512 + 512 + 4000), "damaged"},
+		{"flip-in-layer-data", flip(len(g) / 2), "damaged"},
+		{"flip-in-layer-header", flip(blob + 512 + 600), "damaged"},
 		{"flip-in-manifest", flip(bytes.Index(g, []byte(`"label"`)) + 3), "damaged"},
 		{"truncated", g[:len(g)/2], "truncated"},
 		{"truncated-before-trailer", g[:bytes.LastIndex(g, []byte("manifest.sha256"))-10], "truncated"},
