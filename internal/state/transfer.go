@@ -478,7 +478,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 	var made []*node
 	for i := have + 1; i < len(man.Nodes); i++ {
 		r := man.Nodes[i]
-		n := store.Node{ID: m.newNodeID(), Parent: parent, Image: man.Image.Name, Created: r.Created, Label: r.Label, Layer: layer, Bytes: -1}
+		n := store.Node{ID: m.newNodeID(), Parent: parent, Image: man.Image.Name, Created: r.Created, Label: r.Label, Layer: layer}
 		if r.Layer != nil {
 			n.Layer, n.Own, n.Bytes = staged[r.Layer.Digest], true, r.Bytes
 		}
