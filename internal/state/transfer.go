@@ -341,10 +341,21 @@ next:
 	return out
 }
 
+// importSem admits one import at a time (a daemon-wide resource, like the store).
+var importSem = make(chan struct{}, 1)
+
 // ImportNode reads a node archive from r, verifying it whole before anything is
 // committed (see the top of this file). Every refusal leaves nothing behind; a crash
 // leaves unrecorded layer directories and tmp/, which the start-up sweep removes.
 func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limits) (_ *apitypes.NodeImport, err error) {
+	// One import at a time: the choice of the nodes to make (localKeys) holds until its
+	// records are in.
+	select {
+	case importSem <- struct{}{}:
+		defer func() { <-importSem }()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("import: waited for another import: %w", ctx.Err())
+	}
 	if lim.MaxBytes <= 0 {
 		lim.MaxBytes = DefaultImportMaxBytes
 	}
@@ -445,7 +456,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 	}
 
 	// Verified whole: commit. Layers first (each staged diff/ becomes the frozen
-	// layer), then the process image, then the records; a crash before the index
+	// layer), then the records, then the process image; a crash before the index
 	// commits leaves directories no record names, which the start-up sweep removes.
 	for d, id := range staged {
 		if err := os.Rename(m.st.LayerDiff(id), m.st.LayerFrozen(id)); err != nil {
@@ -454,17 +465,21 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		writeDigestFile(filepath.Join(m.st.LayerDir(id), digestFile), man.Nodes[need[d]].Layer)
 	}
 	res := &apitypes.NodeImport{Image: man.Image.Name}
+	// treeMu shared: RemoveNode (exclusive) cannot take the reused parent away
+	// between its check and the records.
+	m.treeMu.RLock()
 	m.mu.Lock()
 	parent := ""
 	var layer uint64
 	if have >= 0 {
 		parent = local[keys[have]]
-		if p := m.nodes[parent]; p != nil {
-			layer = p.Layer
-		} else {
+		p := m.nodes[parent]
+		if p == nil || p.removing {
 			m.mu.Unlock()
+			m.treeMu.RUnlock()
 			return nil, fmt.Errorf("node %s was removed during the import; import again: %w", parent, errdefs.ErrConflict)
 		}
+		layer = p.Layer
 		for i := 0; i <= have; i++ {
 			res.Nodes = append(res.Nodes, apitypes.ImportedNode{From: man.Nodes[i].ID, ID: local[keys[i]], Reused: true})
 		}
@@ -482,36 +497,14 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		if r.Layer != nil {
 			n.Layer, n.Own, n.Bytes = staged[r.Layer.Digest], true, r.Bytes
 		}
-		if m.idsTaken == nil {
-			m.idsTaken = map[string]bool{}
-		}
-		m.idsTaken[n.ID] = true
-		made = append(made, &node{Node: n})
+		nd := &node{Node: n}
+		m.nodes[n.ID] = nd
+		made = append(made, nd)
+		ops = append(ops, store.Op{PutNode: &nd.Node})
 		res.Nodes = append(res.Nodes, apitypes.ImportedNode{From: r.ID, ID: n.ID})
 		parent, layer = n.ID, n.Layer
 	}
 	top := parent
-	m.mu.Unlock()
-	if procDir != "" {
-		if err := os.MkdirAll(filepath.Join(m.st.Root, "imported"), 0o700); err == nil {
-			err = os.Rename(procDir, m.importedDir(top))
-		}
-		if err != nil {
-			m.mu.Lock()
-			for _, n := range made {
-				delete(m.idsTaken, n.ID)
-			}
-			m.mu.Unlock()
-			return nil, fmt.Errorf("import: place the process image: %w", err)
-		}
-		res.ProcessImage = true
-	}
-	m.mu.Lock()
-	for _, n := range made {
-		m.nodes[n.ID] = n
-		delete(m.idsTaken, n.ID)
-		ops = append(ops, store.Op{PutNode: &n.Node})
-	}
 	var seq uint64
 	if len(ops) > 0 {
 		seq = m.st.Index.Apply(ops...)
@@ -520,6 +513,20 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		}
 	}
 	m.mu.Unlock()
+	m.treeMu.RUnlock()
+	if procDir != "" {
+		// After the records: the image is named by the node's id (a crash before the
+		// rename loses the image, not the node; the sweep empties tmp/).
+		err := os.MkdirAll(filepath.Join(m.st.Root, "imported"), 0o700)
+		if err == nil {
+			err = os.Rename(procDir, m.importedDir(top))
+		}
+		if err != nil {
+			res.Warnings = append(res.Warnings, "the process image was verified but could not be kept: "+err.Error())
+		} else {
+			res.ProcessImage = true
+		}
+	}
 	if tmp != "" {
 		store.RemoveAll(tmp)
 	}
