@@ -361,3 +361,52 @@ func xferDiff(got, want string) string {
 	sort.Strings(out)
 	return strings.Join(out, "\n")
 }
+
+// TestImportLeftoversSwept: what an import cut by a crash leaves (a staged layer with
+// no record, a process image in tmp/, an imported process image whose node the index
+// never got) is removed at the next start; the imported node and its image stay.
+func TestImportLeftoversSwept(t *testing.T) {
+	d1 := testutil.StartDaemon(t)
+	dbxCreate(t, d1, "xs")
+	dbxSh(t, d1, "xs", "echo x > /workspace/x")
+	n := dbxCheckpoint(t, d1, "xs", "x").Node.ID
+	var arch bytes.Buffer
+	if _, err := d1.C.ExportNode(dbxCtx(t), n, &arch); err != nil {
+		t.Fatal(err)
+	}
+	root := testutil.NewStore(t)
+	d2 := testutil.StartDaemonOn(t, root)
+	res, err := d2.C.ImportNode(dbxCtx(t), &arch, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.C.Sync(dbxCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	d2.Kill()
+	planted := []string{
+		filepath.Join(root, "layers", "9999", "diff", "workspace"),
+		filepath.Join(root, "tmp", "import-1234", "process", "0"),
+		filepath.Join(root, "imported", "nghost00", "0"),
+	}
+	for _, p := range planted {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d2 = testutil.StartDaemonOn(t, root)
+	for _, p := range planted {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s survived the restart", p)
+		}
+	}
+	nd, err := d2.C.Node(dbxCtx(t), res.Node)
+	if err != nil || nd.Label != "x" {
+		t.Fatalf("the imported node after the restart: %+v %v", nd, err)
+	}
+	dbxCreate(t, d2, "xs2")
+	dbxRestore(t, d2, "xs2", res.Node)
+	if got := dbxSh(t, d2, "xs2", "cat /workspace/x"); got != "x\n" {
+		t.Fatalf("the imported node's file after the restart: %q", got)
+	}
+}
