@@ -11,6 +11,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/client"
+	"deltabox/internal/durable"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
@@ -167,8 +169,24 @@ func TestExportImportAcrossStores(t *testing.T) {
 	if !res.ProcessImage || len(res.Warnings) == 0 || !strings.Contains(res.Warnings[0], "sessions start afresh") {
 		t.Fatalf("import answer: process image %v, warnings %q; want the image carried and the warning that processes do not come back", res.ProcessImage, res.Warnings)
 	}
-	if _, err := os.Stat(filepath.Join(d2.Root, "imported", res.Node, "0", "durable.json")); err != nil {
-		t.Errorf("the imported process image is not kept: %v", err)
+	img := filepath.Join(d2.Root, "imported", res.Node, "0")
+	if err := durable.VerifyImage(img); err != nil {
+		t.Errorf("the imported process image is not kept whole: %v", err)
+	} else {
+		// What the import checks of it: a copy missing a page is refused.
+		bad := filepath.Join(t.TempDir(), "0")
+		if out, err := exec.Command("cp", "-a", img, bad).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		pages, _ := filepath.Glob(filepath.Join(bad, "pages-*.img"))
+		if len(pages) == 0 {
+			t.Fatalf("no pages in the imported image %s", img)
+		}
+		fi, _ := os.Stat(pages[0])
+		os.Truncate(pages[0], fi.Size()-4096)
+		if err := durable.VerifyImage(bad); err == nil || !strings.Contains(err.Error(), "its pagemap lists") {
+			t.Errorf("an image missing a page: %v, want refused", err)
+		}
 	}
 	nd, err := d2.C.Node(dbxCtx(t), res.Node)
 	if err != nil || nd.Parent != res.Nodes[0].ID || nd.Label != "two" {
