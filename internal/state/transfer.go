@@ -371,6 +371,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		}
 		return fmt.Errorf("import: %w", err)
 	}
+	lim.Used = &transfer.Used{} // one budget for all the archive's trees
 	rd := transfer.NewReader(r)
 	man, err := rd.Manifest()
 	if err != nil {
@@ -570,8 +571,21 @@ func (m *Manager) checkImportImage(ref transfer.ImageRef) error {
 	return fmt.Errorf("import refused: the node sits on image %q, which this host does not have (images do not travel with nodes: deltabox image import %s SOURCE, then import again): %w", ref.Name, ref.Name, errdefs.ErrNotFound)
 }
 
-// verifyProcessImage checks each template's image of a process image.
+// verifyProcessImage checks each template's image of a process image: directories of
+// regular files only (no link, device or setuid bit: it is read, never run), each a
+// CRIU image durable.VerifyImage accepts.
 func verifyProcessImage(dir string) error {
+	if err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() && !fi.Mode().IsRegular() || fi.Mode()&(os.ModeSetuid|os.ModeSetgid) != 0 {
+			return fmt.Errorf("%s is not a plain file (%s)", strings.TrimPrefix(p, dir+"/"), fi.Mode())
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return err

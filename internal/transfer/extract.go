@@ -42,11 +42,16 @@ func keepXattr(name string) bool {
 	return strings.HasPrefix(rest, "overlay.overlay.")
 }
 
-// Limits bound an extraction.
+// Limits bound an extraction. Used, when set, is shared by several extractions (the
+// trees of one archive): what each wrote counts against the others.
 type Limits struct {
 	MaxBytes   int64 // data bytes written (holes not counted)
 	MaxEntries int64
+	Used       *Used
 }
+
+// Used is what extractions under one Limits wrote.
+type Used struct{ Bytes, Entries int64 }
 
 // ExtractTree writes the tar WriteTree made into dir, which must exist and be empty,
 // confined to it. It refuses, naming the entry: names that are absolute, climb with
@@ -66,6 +71,10 @@ func ExtractTree(ctx context.Context, r io.Reader, dir string, lim Limits) error
 	}
 	defer unix.Close(fd)
 	x := &extractor{ctx: ctx, root: fd, lim: lim, dirTimes: map[string]time.Time{}}
+	if lim.Used != nil {
+		x.bytes, x.entries = lim.Used.Bytes, lim.Used.Entries
+		defer func() { lim.Used.Bytes, lim.Used.Entries = x.bytes, x.entries }()
+	}
 	tr := tar.NewReader(r)
 	for first := true; ; first = false {
 		h, err := tr.Next()

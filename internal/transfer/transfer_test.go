@@ -351,3 +351,22 @@ func TestArchiveCorruption(t *testing.T) {
 		t.Errorf("an archive of version 2: %v, want a refusal naming the version", err)
 	}
 }
+
+// TestLimitsSpanTrees: the trees of one archive share one budget: two layers of 600
+// bytes each pass a cap of 1000 alone, not together.
+func TestLimitsSpanTrees(t *testing.T) {
+	requireRoot(t)
+	tr := mkTar(t, ent{name: "f", typ: tar.TypeReg, body: strings.Repeat("x", 600)})
+	lim := Limits{MaxBytes: 1000, MaxEntries: 100, Used: &Used{}}
+	for i, want := range []bool{true, false} {
+		dst := filepath.Join(scratch(t), "out")
+		must(t, os.Mkdir(dst, 0o700))
+		err := ExtractTree(context.Background(), bytes.NewReader(tr), dst, lim)
+		if (err == nil) != want {
+			t.Fatalf("tree %d: %v", i, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "over the import's cap of 1000 bytes") {
+			t.Fatalf("tree %d: %v", i, err)
+		}
+	}
+}
