@@ -69,6 +69,7 @@ func makeLayer(t *testing.T, d string) {
 	must(t, os.Symlink("/usr/bin/python3", filepath.Join(d, "workspace/abs")))
 	must(t, os.Symlink("../a.txt", filepath.Join(d, "workspace/sub/rel")))
 	must(t, os.Lchown(filepath.Join(d, "workspace/sub/rel"), 1000, 1001))
+	must(t, unix.Lsetxattr(filepath.Join(d, "workspace/sub/rel"), "trusted.overlay.overlay.l", []byte("on a link"), 0))
 	must(t, os.Link(filepath.Join(d, "workspace/a.txt"), filepath.Join(d, "workspace/hard")))
 	must(t, unix.Mkfifo(filepath.Join(d, "workspace/fifo"), 0o640))
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
@@ -109,8 +110,6 @@ func snapshot(t *testing.T, root string) map[string]string {
 		case unix.S_IFLNK:
 			l, _ := os.Readlink(p)
 			s += " -> " + l
-		case unix.S_IFDIR:
-			st.Mtim = unix.Timespec{}
 		}
 		xs, err := readXattrs(p)
 		must(t, err)
