@@ -61,6 +61,7 @@ func rootCmd() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&socketPath, "socket", def, "daemon socket (env DELTABOX_SOCKET)")
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
+	root.AddCommand(exportCmd(), importCmd()) // transfer.go
 	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
 		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd())
 	root.AddCommand(filesCmd(), keyCmd(), e2bCmd(), killCmd())

@@ -73,6 +73,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("POST /v1/nodes/{id}/pin", s.pinNode)
 	h("POST /v1/nodes/{id}/evict", s.evictNode)
+	s.transferRoutes()
 	h("GET /v1/images", s.images)
 	s.imageRoutes()
 	h("POST /v1/sync", s.sync)

@@ -28,3 +28,24 @@ type ImportEvent struct {
 	Image *Image       `json:"image,omitempty"`
 	Error *ErrorDetail `json:"error,omitempty"`
 }
+
+// NodeImport is the answer of POST /v1/nodes/import.
+type NodeImport struct {
+	// Node is the imported node here (the archive's last), to restore or create from.
+	Node  string `json:"node"`
+	Image string `json:"image"`
+	// Nodes maps the archive's chain, root first, to this store's nodes; Reused: the
+	// store had it (same image and layers) and nothing was written for it (an ancestor
+	// of a reused node has an empty id: the reused node stands for its whole chain).
+	Nodes []ImportedNode `json:"nodes"`
+	// ProcessImage: the node's durable process image was carried, verified and kept.
+	ProcessImage bool     `json:"process_image"`
+	Warnings     []string `json:"warnings,omitempty"`
+}
+
+// ImportedNode is one node of an imported chain.
+type ImportedNode struct {
+	From   string `json:"from"` // its id on the exporting host
+	ID     string `json:"id,omitempty"`
+	Reused bool   `json:"reused,omitempty"`
+}

@@ -66,7 +66,9 @@ func (c *Config) Handler() http.Handler {
 			unauthorized(w, native)
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		if r.Method != "POST" || r.URL.Path != "/"+apitypes.Version+"/nodes/import" { // bounded by its handler
+			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		}
 		if native {
 			c.Native.ServeHTTP(w, r)
 			return

@@ -187,6 +187,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 		if m.nodes[n].Own {
 			dirs = append(dirs, m.st.LayerDir(m.nodes[n].Layer))
 		}
+		dirs = append(dirs, m.importedDir(n)) // transfer.go: an imported node's process image
 		delete(m.nodes, n)
 		delete(m.procRecs, n)
 		ops = append(ops, store.Op{DeleteNode: n})

@@ -11,6 +11,7 @@
 //	ROOT/layers/ID/frozen      the layer frozen (Freeze): a node's lower, never written
 //	                           again; diff and work go once the index names the node
 //	ROOT/sandboxes/ID/         per-sandbox files (init root mount point, init log)
+//	ROOT/imported/NODE/        an imported node's process image (state/transfer.go)
 //	ROOT/tmp/                  scratch, emptied at every start
 //	ROOT/reserve               room the index committer frees on ENOSPC (reserve.go)
 //
@@ -237,7 +238,8 @@ func (s *Store) Images() ([]Image, error) {
 }
 
 // Sweep deletes what is on disk but not referenced: layers that no node and no sandbox
-// names, sandbox directories of unknown sandboxes, incomplete images (.new-*), tmp.
+// names, sandbox directories of unknown sandboxes, incomplete images (.new-*), process
+// images of imported nodes the index does not have, tmp.
 // Called at start, before anything else uses the store.
 func (s *Store) Sweep(nodes []Node, sandboxes []Sandbox) (removed []string) {
 	used := map[string]bool{}
@@ -274,6 +276,17 @@ func (s *Store) Sweep(nodes []Node, sandboxes []Sandbox) (removed []string) {
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".new-") {
 			rm(filepath.Join(s.Root, "images", e.Name()))
+		}
+	}
+	// Imported nodes' process images (state/transfer.go), by node id.
+	nodeIDs := map[string]bool{}
+	for _, n := range nodes {
+		nodeIDs[n.ID] = true
+	}
+	ents, _ = os.ReadDir(filepath.Join(s.Root, "imported"))
+	for _, e := range ents {
+		if !nodeIDs[e.Name()] {
+			rm(filepath.Join(s.Root, "imported", e.Name()))
 		}
 	}
 	ents, _ = os.ReadDir(filepath.Join(s.Root, "tmp"))

@@ -5,6 +5,8 @@ Sandboxes are made with ``Sandbox.create(client=...)`` (sandbox.py), which impor
 module; this module imports neither sandbox.py nor aio.py, so the modules form a chain
 (errors, _http, models, client, sandbox, aio) with no loop."""
 
+import os
+import shutil
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
@@ -147,6 +149,61 @@ class Client:
         budget (:meth:`Node.pin`)."""
         return Node.from_api(self._t.json("POST", "/nodes/%s/pin" % q(id),
                                           {"pinned": bool(pinned)}), self)
+
+    # ---- nodes that travel ----
+
+    def export_node(self, id: str, path: str) -> List[str]:
+        """Writes node ``id``'s archive (its layer chain, metadata and durable process
+        image; docs/API.md, Nodes that travel) to the file ``path`` on this machine:
+        written next to it and renamed once complete, so a cut export leaves no file.
+        Returns the daemon's warnings (e.g. no complete process image yet)."""
+        tmp = "%s.part-%d" % (path, os.getpid())
+        conn, resp = self._t.open("GET", "/nodes/%s/export" % q(id), timeout=None)
+        try:
+            with open(tmp, "wb") as f:
+                shutil.copyfileobj(resp, f, 1 << 20)
+                f.flush()
+                os.fsync(f.fileno())
+            warnings = list(resp.headers.get_all("Deltabox-Warning") or [])
+        except BaseException:
+            conn.close()
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self._t._release(conn, resp)
+        os.replace(tmp, path)
+        return warnings
+
+    def import_node(self, path: str, max_bytes: Optional[int] = None,
+                    max_entries: Optional[int] = None) -> Dict[str, Any]:
+        """Imports a node archive (``Node.export``, ``deltabox export``) from the file
+        ``path`` on this machine and returns the daemon's answer: ``node`` (the node
+        here, to restore or fork from), ``nodes`` (the chain, ``from`` its id on the
+        exporting host, ``reused`` if this host had it), ``process_image``,
+        ``warnings``. A damaged, truncated or hostile archive raises InvalidRequest
+        and leaves nothing behind; an image this host lacks raises NotFound.
+
+        The node's processes do not come back on this host (a durable process image
+        restores only into the sandbox that made it): a restore of the imported node
+        gives its files, and its sessions start afresh."""
+        query: Dict[str, Any] = {}
+        if max_bytes:
+            query["max_bytes"] = int(max_bytes)
+        if max_entries:
+            query["max_entries"] = int(max_entries)
+        with open(path, "rb") as f:
+            conn, resp = self._t.open("POST", "/nodes/import", query or None, f,  # type: ignore[arg-type]
+                                      "application/x-tar", timeout=None)
+            try:
+                data = resp.read()
+            except BaseException:
+                conn.close()
+                raise
+        self._t._release(conn, resp)
+        import json
+        return dict(json.loads(data))
 
 
 _default: Optional[Client] = None

@@ -313,6 +313,8 @@ class NodeClient(Protocol):
 
     def pin_checkpoint(self, id: str, pinned: bool = True) -> "Node": ...
 
+    def export_node(self, id: str, path: str) -> List[str]: ...
+
 
 @dataclass
 class Node:
@@ -420,6 +422,12 @@ class Node:
         again, so that its process templates are never evicted over the template
         budget. Returns the node as the daemon sees it now."""
         return self._need_client().pin_checkpoint(self.id, pinned)
+
+    def export(self, path: str) -> List[str]:
+        """Writes this node, its layer chain and its process image to the file
+        ``path`` (on the caller's machine), for ``client.import_node(path)`` on another
+        host. Returns the daemon's warnings (what the archive does not carry)."""
+        return self._need_client().export_node(self.id, path)
 
 
 # The name of Node before 0.4.0, when one class was both the node and what

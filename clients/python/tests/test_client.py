@@ -866,6 +866,34 @@ class DaemonTest(unittest.TestCase):
 
     # ---- checkpoints, restore, tree, fork ----
 
+    def test_export_import_node(self):
+        # A node exported to a file imports back: on the daemon that made it, every
+        # node of the chain is there already (same image, same layers) and is reused.
+        # A damaged file is refused (InvalidRequest) and adds no node.
+        sb = self.sandbox()
+        self.sh(sb, "echo travel > t")
+        c1 = sb.checkpoint(label="travel")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "n.dbx")
+            warnings = c1.node.export(path)
+            self.assertIsInstance(warnings, list)
+            self.assertFalse([f for f in os.listdir(d) if f != "n.dbx"], "the .part file stayed")
+            res = self.client.import_node(path)
+            self.assertEqual(res["node"], c1.id)
+            self.assertTrue(res["nodes"][-1]["reused"])
+            self.assertIn("sessions start afresh", " ".join(res["warnings"]))
+            with open(path, "rb") as f:
+                data = bytearray(f.read())
+            data[len(data) // 2] ^= 0x10
+            bad = os.path.join(d, "bad.dbx")
+            with open(bad, "wb") as f:
+                f.write(bytes(data[: len(data) - 2048]))
+            before = len(self.client.tree().nodes)
+            with self.assertRaises(InvalidRequest) as cm:
+                self.client.import_node(bad)
+            self.assertIn("import refused", str(cm.exception))
+            self.assertEqual(len(self.client.tree().nodes), before)
+
     def test_checkpoint_restore_roundtrip(self):
         sb = self.sandbox()
         self.sh(sb, "mkdir -p d && echo v1 > d/f && echo keep > k")
