@@ -83,8 +83,9 @@ func printJSON(v any) {
 func createCmd() *cobra.Command {
 	var o apitypes.CreateOptions
 	var memory, disk, budget string
+	var allowOut, denyOut []string
 	c := &cobra.Command{
-		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--template-budget 1G] [--disk 10G] [--pids 512] [--cpus 1.5] [--warm-processes]",
+		Use:   "create [--image NAME] [--workdir DIR] [--name ID] [--memory 2G] [--template-budget 1G] [--disk 10G] [--pids 512] [--cpus 1.5] [--warm-processes] [--allow-out X]... [--deny-out X]...",
 		Short: "Create and start a sandbox; prints its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -99,6 +100,9 @@ func createCmd() *cobra.Command {
 				o.TemplateBudgetMB = -1
 			} else if o.TemplateBudgetMB, err = parseSizeMB("--template-budget", budget); err != nil {
 				return err
+			}
+			if len(allowOut) > 0 || len(denyOut) > 0 {
+				o.Network = &apitypes.Network{AllowOut: allowOut, DenyOut: denyOut}
 			}
 			in, err := cli().Create(ctx(), o)
 			if err != nil {
@@ -122,6 +126,8 @@ func createCmd() *cobra.Command {
 	c.Flags().StringVar(&disk, "disk", "", "quota on what the sandbox writes between checkpoints (its upper layer), e.g. 500M, 20G (default 10G); over it its processes are killed and writes answer 507")
 	c.Flags().Int64Var(&o.Pids, "pids", 0, "limit on processes and threads at once (default 1024)")
 	c.Flags().BoolVar(&o.WarmProcesses, "warm-processes", false, "after each restore, pre-fault the pages the restored processes had written while their sessions wait (see docs/DESIGN.md)")
+	c.Flags().StringArrayVar(&allowOut, "allow-out", nil, "give the sandbox egress through the daemon's proxy to this domain (pypi.org), wildcard (*.github.com), IP, CIDR or * (everything); repeatable (default: no network)")
+	c.Flags().StringArrayVar(&denyOut, "deny-out", nil, "refuse this domain, wildcard, IP or CIDR even where --allow-out allows it; repeatable")
 	c.Flags().Float64Var(&o.CPUs, "cpus", 0, "CPU time per wall-clock time, e.g. 0.5 or 1.5 (default: all host CPUs, no throttling)")
 	return c
 }

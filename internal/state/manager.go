@@ -11,6 +11,7 @@ import (
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/mountns"
+	"deltabox/internal/netproxy"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
@@ -22,6 +23,7 @@ import (
 type Manager struct {
 	st  *store.Store
 	log *slog.Logger
+	net *netproxy.Proxy // serves every sandbox with a network (network.go)
 
 	treeMu sync.RWMutex
 
@@ -106,6 +108,9 @@ type sb struct {
 	lazyMu sync.Mutex
 	lazy   []*lazyRestore
 
+	// net serves the sandbox's network (network.go); nil: none. Under mu.
+	net *netproxy.Sandbox
+
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 	// hostPids caches each session process's host PID (by sandbox PID), checked at each
 	// use (fastpath.IsHostPid): finding it among the cgroup's PIDs reads one
@@ -170,7 +175,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{})}
+		uppers: make(chan uint64, 4), stop: make(chan struct{}), net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
 	}
@@ -321,6 +326,7 @@ func (m *Manager) Close() error {
 		}
 		m.discardNext(s)
 		m.closeWarm(s)
+		m.detachNet(s)
 		if !m.cfg.StopSandboxes && s.rt != nil && s.rt.Alive() {
 			m.detachSandbox(s)
 			s.opMu.Unlock()

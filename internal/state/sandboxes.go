@@ -81,6 +81,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	case o.TemplateBudgetMB == 0:
 		o.TemplateBudgetMB = max(m.cfg.TemplateBudgetBytes>>20, 1)
 	}
+	if err := checkNetwork(o.Network); err != nil {
+		return nil, err
+	}
 	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
 	if err := cgroup.CheckLimits(lim); err != nil {
 		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
@@ -94,7 +97,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB})
+	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -189,6 +192,12 @@ func (m *Manager) boot(s *sb) error {
 		return err
 	}
 	s.rt, s.kns = rt, kns
+	if err := m.attachNet(s); err != nil {
+		s.rt, s.kns = nil, nil
+		kns.Close()
+		rt.Destroy()
+		return err
+	}
 	s.err = nil
 	m.recordInit(s) // written with the record by the caller
 	s.limitMu.Lock()
@@ -289,6 +298,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	} else if s.rt != nil {
 		in.InitPid = s.rt.InitPid()
 		u := s.rt.Usage()
+		u.Network = netUsage(s)
 		in.Usage = &u
 	} else {
 		in.Status = "broken"
@@ -378,6 +388,7 @@ func (m *Manager) Remove(id string) error {
 	if m.FailStep != nil {
 		m.FailStep("remove", 1)
 	}
+	m.detachNet(s)
 	if s.rt != nil {
 		derr = s.rt.Destroy()
 		s.rt = nil

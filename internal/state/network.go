@@ -1,0 +1,72 @@
+package state
+
+import (
+	"fmt"
+	"os"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/netproxy"
+)
+
+// checkNetwork checks a create's network option (nil: no network).
+func checkNetwork(n *apitypes.Network) error {
+	if n == nil {
+		return nil
+	}
+	if _, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut); err != nil {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// attachNet serves s's network through the daemon's proxy when its record asks for
+// one (netproxy): listeners and rules in its network namespace, which its init holds.
+// Called whenever s gets a running init (boot, adoption after a restart: the old
+// daemon's listeners went with it, and the rules are replaced to name the new ones).
+func (m *Manager) attachNet(s *sb) error {
+	if s.rec.Network == nil || s.rt == nil {
+		return nil
+	}
+	pol, err := netproxy.ParsePolicy(s.rec.Network.AllowOut, s.rec.Network.DenyOut)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
+	if err != nil {
+		return fmt.Errorf("network: the sandbox's namespace: %w", err)
+	}
+	defer f.Close()
+	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.net = ns
+	s.mu.Unlock()
+	return nil
+}
+
+// detachNet stops serving s's network (its connections are closed).
+func (m *Manager) detachNet(s *sb) {
+	s.mu.Lock()
+	ns := s.net
+	s.net = nil
+	s.mu.Unlock()
+	if ns != nil {
+		ns.Close()
+	}
+}
+
+// netUsage is s's traffic through the proxy (nil: no network).
+func netUsage(s *sb) *apitypes.NetUsage {
+	s.mu.Lock()
+	ns := s.net
+	s.mu.Unlock()
+	if ns == nil {
+		return nil
+	}
+	c := ns.Counters()
+	return &apitypes.NetUsage{Connections: c.Connections, Refused: c.Refused, BytesOut: c.BytesOut, BytesIn: c.BytesIn,
+		DNSQueries: c.DNSQueries, DNSRefused: c.DNSRefused, Open: c.Open}
+}

@@ -1,0 +1,106 @@
+package e2e
+
+// Network through the daemon (issue 28): egress off by default, allowed by domain,
+// wildcard and CIDR through the daemon's proxy, with no configuration inside; counters
+// and a log line per refusal. "The internet" is a network namespace the test makes
+// (testutil.NewInternet). Bypasses are in tests/security/net_test.go.
+
+import (
+	"strings"
+	"testing"
+
+	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// netProbe runs testutil.NetProbe in sandbox id and returns its one line.
+func netProbe(t *testing.T, d *testutil.Daemon, id string, args ...string) string {
+	t.Helper()
+	res := dbxExec(t, d, id, api.ExecRequest{Argv: append([]string{"python3", "-c", testutil.NetProbe}, args...)})
+	return strings.TrimSpace(res.Stdout + res.Stderr)
+}
+
+func TestNetEgressAllowList(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{
+		AllowOut: []string{"allowed.test", "*.wild.test", in.Raw.String() + "/32"},
+		DenyOut:  []string{"secret.allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Network == nil || len(sb.Network.AllowOut) != 3 {
+		t.Fatalf("the sandbox does not report its network rules: %+v", sb.Network)
+	}
+	ok := []struct{ args []string }{
+		{[]string{"get", "http://allowed.test/"}},        // name via DNS, HTTP Host
+		{[]string{"get", "https://allowed.test/"}},       // TLS SNI
+		{[]string{"get", "http://www.wild.test/"}},       // wildcard
+		{[]string{"get", "http://" + in.Raw.String()}},   // CIDR
+		{[]string{"dns", "allowed.test"}},                // DNS answers without configuration
+		{[]string{"tcp", in.Allowed.String(), "80", ""}}, // its address, no name: DNS gave it for allowed.test
+	}
+	want := []string{"OK allowed", "OK allowed-tls", "OK allowed", "OK raw", "OK " + in.Allowed.String(), "OK allowed"}
+	for i, c := range ok {
+		if got := netProbe(t, d, sb.ID, c.args...); got != want[i] {
+			t.Errorf("%v: got %q, want %q", c.args, got, want[i])
+		}
+	}
+	refused := [][]string{
+		{"tcp", in.Denied.String(), "80", "denied.test"},  // an address outside the list
+		{"tcp", in.Denied.String(), "80", "allowed.test"}, // an allowed name at another address
+		{"tcp", in.Allowed.String(), "80", "denied.test"}, // a denied name at an allowed address
+		{"get", "http://" + in.Denied.String()},
+	}
+	for _, args := range refused {
+		if got := netProbe(t, d, sb.ID, args...); strings.HasPrefix(got, "OK") {
+			t.Errorf("%v went through: %q", args, got)
+		}
+	}
+	for _, name := range []string{"denied.test", "secret.allowed.test"} {
+		if got := netProbe(t, d, sb.ID, "dns", name); strings.HasPrefix(got, "OK") {
+			t.Errorf("DNS for %s answered: %q", name, got)
+		}
+	}
+	for _, q := range in.Queries() {
+		if q == "denied.test" || q == "secret.allowed.test" {
+			t.Errorf("the upstream DNS server was asked for %s, which the rules deny", q)
+		}
+	}
+
+	info, err := d.C.Get(dbxCtx(t), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Usage == nil || info.Usage.Network == nil {
+		t.Fatalf("no network usage: %+v", info.Usage)
+	}
+	n := info.Usage.Network
+	if n.Connections != 5 || n.Refused != int64(len(refused)) || n.DNSRefused != 2 || n.BytesIn == 0 || n.BytesOut == 0 {
+		t.Errorf("counters %+v: want 5 connections, %d refused, 2 names refused, bytes both ways", n, len(refused))
+	}
+	if logged := strings.Count(d.Log(), "network: refused\""); int64(logged) != n.Refused {
+		t.Errorf("%d refusals logged, %d counted:\n%s", logged, n.Refused, d.Log())
+	}
+}
+
+// TestNetOffByDefault: a sandbox created without "network" reaches nothing, and a
+// create with an empty or malformed list is a 400 saying what to write.
+func TestNetOffByDefault(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb := dbxCreate(t, d, "")
+	for _, args := range [][]string{{"get", "http://" + in.Allowed.String()}, {"dns", "allowed.test"}} {
+		if got := netProbe(t, d, sb.ID, args...); !strings.HasPrefix(got, "ERR") {
+			t.Errorf("%v without network: %q", args, got)
+		}
+	}
+	for _, nw := range []*apitypes.Network{{}, {AllowOut: []string{"bad name!"}}, {AllowOut: []string{"10.0.0.0/33"}}} {
+		_, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: nw})
+		if err == nil || !strings.Contains(err.Error(), "allow_out") {
+			t.Errorf("create with %+v: %v, want a 400 naming allow_out", nw, err)
+		}
+	}
+}
