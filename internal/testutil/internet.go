@@ -32,8 +32,8 @@ import (
 type Internet struct {
 	NS   string     // the namespace's name (ip netns)
 	Host netip.Addr // the host's end of the veth (an address of the host)
-	// Allowed, Denied and Raw serve HTTP on :80 (and Allowed HTTPS on :443), answering
-	// "allowed", "denied", "raw"; Metadata is 169.254.169.254 (a cloud's metadata
+	// Allowed, Denied and Raw serve HTTP on :80 (Allowed and Denied HTTPS on :443),
+	// answering "allowed", "denied", "raw"; Raw echoes UDP on :7 and answers ping; Metadata is 169.254.169.254 (a cloud's metadata
 	// server), answering "metadata"; DNS is the name server at :53.
 	Allowed, Denied, Raw, DNS, Metadata netip.Addr
 	// Names maps the names the DNS server knows to their addresses.
@@ -62,6 +62,9 @@ func NewInternet(t testing.TB) *Internet {
 	in.Names["www.wild.test"] = in.Allowed
 	in.Names["denied.test"] = in.Denied
 	in.Names["secret.allowed.test"] = in.Denied
+	in.Names["loop.test"] = netip.MustParseAddr("127.0.0.1")
+	in.Names["meta.test"] = in.Metadata
+	in.Names["hostsvc.test"] = in.Host
 	hostIf, inIf := "dbxh"+tag, "dbxi"+tag
 	run := func(args ...string) {
 		t.Helper()
@@ -117,6 +120,26 @@ func NewInternet(t testing.TB) *Internet {
 	serve(in.Denied, 443, "denied-tls", "denied.test")
 	serve(in.Raw, 80, "raw", "")
 	serve(in.Metadata, 80, "metadata", "")
+
+	var echo *net.UDPConn // UDP echo at Raw:7
+	err = netns.In(nsFD, func() (err error) {
+		echo, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(in.Raw, 7)))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("UDP echo in the test's internet: %v", err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := echo.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			echo.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
 
 	var dns *net.UDPConn
 	err = netns.In(nsFD, func() (err error) {
@@ -202,6 +225,7 @@ func selfSigned(t testing.TB, name string) tls.Certificate {
 //
 //	get URL [HOST]        urllib GET (HOST: a Host header of its own; TLS unverified)
 //	tcp IP PORT [HOST]    a plain socket: GET / with Host HOST, the first bytes back
+//	tls IP PORT SNI       a TLS handshake naming SNI, then GET / (unverified)
 //	udp IP PORT           a datagram, and a reply within 2 s
 //	dns NAME              getaddrinfo, through the sandbox's resolv.conf
 //	dnsat IP NAME         an A query sent to IP:53 directly
@@ -217,6 +241,13 @@ def main(a):
     if a[0] == "tcp":
         s = socket.create_connection((a[1], int(a[2])), timeout=8)
         s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % (a[3] if len(a) > 3 else a[1])).encode())
+        d = s.recv(4096)
+        if not d: raise Exception("closed with no answer")
+        return d.decode(errors="replace").split("\r\n\r\n")[-1]
+    if a[0] == "tls":
+        ctx = ssl._create_unverified_context()
+        s = ctx.wrap_socket(socket.create_connection((a[1], int(a[2])), timeout=8), server_hostname=a[3])
+        s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % a[3]).encode())
         d = s.recv(4096)
         if not d: raise Exception("closed with no answer")
         return d.decode(errors="replace").split("\r\n\r\n")[-1]
