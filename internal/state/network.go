@@ -1,11 +1,14 @@
 package state
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"os"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
+	"deltabox/internal/netns"
 	"deltabox/internal/netproxy"
 )
 
@@ -69,4 +72,37 @@ func netUsage(s *sb) *apitypes.NetUsage {
 	c := ns.Counters()
 	return &apitypes.NetUsage{Connections: c.Connections, Refused: c.Refused, BytesOut: c.BytesOut, BytesIn: c.BytesIn,
 		DNSQueries: c.DNSQueries, DNSRefused: c.DNSRefused, Open: c.Open}
+}
+
+// DialPort connects to 127.0.0.1:port inside sandbox id's network namespace, from a
+// daemon thread that entered it (netns.DialLoopback): a service of the sandbox reached
+// from the host without any route between the two. Any sandbox, with or without a
+// network.
+func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d: want 1-65535: %w", port, errdefs.ErrInvalid)
+	}
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	// The namespace is opened while s cannot change init (opMu), and used after: the
+	// file holds the namespace, whatever becomes of the PID.
+	s.opMu.Lock()
+	var f *os.File
+	if s.rt == nil || !s.rt.Alive() {
+		err = fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrConflict)
+	} else {
+		f, err = os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
+	}
+	s.opMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c, err := netns.DialLoopback(ctx, int(f.Fd()), uint16(port))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: nothing answers on port %d (a server must listen on 127.0.0.1 or 0.0.0.0 inside): %v: %w", id, port, err, errdefs.ErrUnavailable)
+	}
+	return c, nil
 }

@@ -6,6 +6,7 @@ package e2e
 // (testutil.NewInternet). Bypasses are in tests/security/net_test.go.
 
 import (
+	"io"
 	"strings"
 	"testing"
 
@@ -102,5 +103,50 @@ func TestNetOffByDefault(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "allow_out") {
 			t.Errorf("create with %+v: %v, want a 400 naming allow_out", nw, err)
 		}
+	}
+}
+
+// TestNetPorts: a server inside a sandbox without network is reached through the
+// daemon (ports/{port}/path, query and body kept); nothing listening is a clear error;
+// the sandbox still has no route out.
+func TestNetPorts(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	sb := dbxCreate(t, d, "")
+	dbxSh(t, d, sb.ID, `cat > /tmp/srv.py <<'PY'
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self): self.reply(b"")
+    def do_POST(self): self.reply(self.rfile.read(int(self.headers["Content-Length"])))
+    def reply(self, body):
+        out = b"%s %s %s" % (self.command.encode(), self.path.encode(), body)
+        self.send_response(200); self.send_header("Content-Length", str(len(out))); self.end_headers(); self.wfile.write(out)
+http.server.HTTPServer(("127.0.0.1", 8000), H).serve_forever()
+PY
+(setsid python3 /tmp/srv.py >/dev/null 2>&1 &); for i in $(seq 50); do python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8000))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1`)
+	for _, c := range []struct{ method, path, body, want string }{
+		{"GET", "a/b?x=1", "", "GET /a/b?x=1 "},
+		{"POST", "", "hello", "POST / hello"},
+	} {
+		resp, err := d.C.Port(dbxCtx(t), sb.ID, 8000, c.method, c.path, strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != c.want {
+			t.Errorf("%s %s: %d %q, want 200 %q", c.method, c.path, resp.StatusCode, b, c.want)
+		}
+	}
+	resp, err := d.C.Port(dbxCtx(t), sb.ID, 8001, "GET", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "nothing answers on port 8001") {
+		t.Errorf("nothing on 8001: %d %s", resp.StatusCode, b)
+	}
+	if got := netProbe(t, d, sb.ID, "tcp", "192.0.2.1", "80"); !strings.HasPrefix(got, "ERR") {
+		t.Errorf("a sandbox whose port is used reaches out: %q", got)
 	}
 }
