@@ -7,6 +7,8 @@ package e2e
 
 import (
 	"io"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -148,5 +150,34 @@ PY
 	}
 	if got := netProbe(t, d, sb.ID, "tcp", "192.0.2.1", "80"); !strings.HasPrefix(got, "ERR") {
 		t.Errorf("a sandbox whose port is used reaches out: %q", got)
+	}
+}
+
+// TestNetPythonClient: Sandbox.create(network=...) gives a sandbox the rules, and a
+// request from inside goes through; a bad key is a TypeError before any request.
+func TestNetPythonClient(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	testutil.Require(t, err == nil, "needs python3 for the Python client: %v", err)
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	repo := pycRepo(t)
+	script := `
+import sys, deltabox
+with deltabox.Sandbox.create(network={"allow_out": ["allowed.test"]}) as sb:
+    r = sb.run(["python3", "-c", sys.argv[1], "get", "http://allowed.test/"])
+    print(r.stdout.strip(), sb.info()["usage"]["network"]["connections"])
+try:
+    deltabox.Sandbox.create(network={"allow": ["x"]})
+except TypeError as e:
+    print("TypeError", e)
+`
+	out, err := pycCmd(t, py, repo, map[string]string{"DELTABOX_SOCKET": d.Socket, "PYTHONPATH": filepath.Join(repo, "clients", "python")},
+		"-c", script, testutil.NetProbe).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python client: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 2 || lines[0] != "OK allowed 1" || !strings.HasPrefix(lines[1], "TypeError network: unknown keys ['allow']") {
+		t.Errorf("python client's network: %q", out)
 	}
 }

@@ -309,11 +309,12 @@ class AsyncSandbox:
                client: Optional[AsyncClient] = None,
                remove_nodes: bool = False, user: Optional[str] = None,
                disk_mb: Optional[int] = None,
-               template_budget_mb: Optional[int] = None) -> _Creating:
+               template_budget_mb: Optional[int] = None,
+               network: Optional[Dict[str, List[str]]] = None) -> _Creating:
         """:meth:`Sandbox.create`: ``sb = await AsyncSandbox.create(...)``, or
         ``async with AsyncSandbox.create(...) as sb:`` (removed at the end)."""
         body = _create_body(image, workdir, name, memory_mb, pids, cpus, hostname,
-                            warm_processes, user, disk_mb, template_budget_mb)
+                            warm_processes, user, disk_mb, template_budget_mb, network)
 
         async def make() -> AsyncSandbox:
             c = _async_client(client)
