@@ -196,7 +196,10 @@ func (s *Sandbox) handle(c *net.TCPConn) {
 	}
 	up := upc.(*net.TCPConn)
 	s.connections.Add(1)
-	p := &pipe{down: c, up: up}
+	p := &pipe{down: c, up: up, what: dst.String()}
+	if name != "" {
+		p.what += " (" + name + ")"
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -349,6 +352,7 @@ func hostAddr(a netip.Addr) bool {
 // pipe is one proxied connection: down is the sandbox's side, up the upstream's.
 type pipe struct {
 	down, up *net.TCPConn
+	what     string // "dst (name)", for messages
 	// lastUp and lastDown are when bytes last went each way (UnixNano): a request is
 	// in flight while the sandbox has sent more recently than upstream answered.
 	lastUp, lastDown atomic.Int64

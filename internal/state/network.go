@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
@@ -48,6 +49,20 @@ func (m *Manager) attachNet(s *sb) error {
 	s.net = ns
 	s.mu.Unlock()
 	return nil
+}
+
+// quiesceNet readies s's connections through the proxy for a checkpoint
+// (netproxy.Sandbox.Quiesce): requests in flight are waited for, up to wait, and idle
+// connections reset, so that its processes keep no live socket and stay on the fast
+// path. Nothing to do without a network.
+func (m *Manager) quiesceNet(s *sb, wait time.Duration) error {
+	s.mu.Lock()
+	ns := s.net
+	s.mu.Unlock()
+	if ns == nil {
+		return nil
+	}
+	return ns.Quiesce(wait)
 }
 
 // detachNet stops serving s's network (its connections are closed).

@@ -181,3 +181,67 @@ except TypeError as e:
 		t.Errorf("python client's network: %q", out)
 	}
 }
+
+// TestNetCheckpointKeepsFastPath (the NPD): a python session that makes keep-alive
+// requests through the proxy between checkpoints is checkpointed and restored 20 times
+// in a row on the fast path (its process taken by a template fork, none by CRIU, no
+// session ended): at each checkpoint the proxy resets the idle connection, and the
+// process's closed socket is replaced by a fresh one in every live copy. Its next
+// request after each checkpoint and each restore succeeds, reconnecting as urllib3 does
+// on a dropped connection.
+func TestNetCheckpointKeepsFastPath(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{AllowOut: []string{"allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.StartSession(dbxCtx(t), sb.ID, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, sb.ID, "py", `import http.client
+c = http.client.HTTPConnection("allowed.test", 80, timeout=10)
+reconnects = 0
+def ask():
+    global c, reconnects
+    try:
+        c.request("GET", "/")
+        return c.getresponse().read().decode()
+    except (OSError, http.client.HTTPException):
+        c.close()
+        reconnects += 1
+        c.request("GET", "/")
+        return c.getresponse().read().decode()`)
+	const probe = `(ask(), ask(), c.sock is not None)`
+	want := `('allowed', 'allowed', True)` // two requests on one kept-alive connection
+	var nodes []string
+	check := func(what string, op *state.OpResult) {
+		t.Helper()
+		if op.Processes != 1 || op.CRIUProcesses != 0 || len(op.SessionsEnded) != 0 {
+			t.Fatalf("%s: processes %d, criu_processes %d, sessions ended %v (%v): want the session on the fast path",
+				what, op.Processes, op.CRIUProcesses, op.SessionsEnded, op.ProcessErrors)
+		}
+	}
+	for i := 0; i < 20; i++ {
+		if got := strings.TrimSpace(sessRun(t, d, sb.ID, "py", probe)); got != want {
+			t.Fatalf("round %d before the checkpoint: %s, want %s", i, got, want)
+		}
+		op := dbxCheckpoint(t, d, sb.ID, "")
+		check("checkpoint", op)
+		nodes = append(nodes, op.Node.ID)
+		if got := strings.TrimSpace(sessRun(t, d, sb.ID, "py", probe)); got != want {
+			t.Fatalf("round %d after the checkpoint: %s, want %s", i, got, want)
+		}
+		check("restore", dbxRestore(t, d, sb.ID, nodes[len(nodes)/2]))
+		if got := strings.TrimSpace(sessRun(t, d, sb.ID, "py", probe)); got != want {
+			t.Fatalf("round %d after the restore: %s, want %s", i, got, want)
+		}
+	}
+	info, err := d.C.Get(dbxCtx(t), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.Usage.Network; n == nil || n.Refused != 0 || n.Connections < 40 {
+		t.Errorf("counters after 20 rounds: %+v", n)
+	}
+}
