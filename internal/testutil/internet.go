@@ -33,7 +33,7 @@ type Internet struct {
 	NS   string     // the namespace's name (ip netns)
 	Host netip.Addr // the host's end of the veth (an address of the host)
 	// Allowed, Denied and Raw serve HTTP on :80 (Allowed and Denied HTTPS on :443),
-	// answering "allowed", "denied", "raw"; Raw echoes UDP on :7 and answers ping; Metadata is 169.254.169.254 (a cloud's metadata
+	// answering "allowed", "denied", "raw" (after 1.5 s at /slow); Raw echoes UDP on :7 and answers ping; Metadata is 169.254.169.254 (a cloud's metadata
 	// server), answering "metadata"; DNS is the name server at :53.
 	Allowed, Denied, Raw, DNS, Metadata netip.Addr
 	// Names maps the names the DNS server knows to their addresses.
@@ -109,6 +109,9 @@ func NewInternet(t testing.TB) *Internet {
 			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t, tlsName)}})
 		}
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" { // an answer that takes 1.5 s: a request in flight
+				time.Sleep(1500 * time.Millisecond)
+			}
 			fmt.Fprint(w, body)
 		}), ReadHeaderTimeout: 10 * time.Second}
 		go srv.Serve(l)

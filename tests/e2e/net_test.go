@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"deltabox/internal/api"
 	"deltabox/internal/apitypes"
@@ -243,5 +244,49 @@ def ask():
 	}
 	if n := info.Usage.Network; n == nil || n.Refused != 0 || n.Connections < 40 {
 		t.Errorf("counters after 20 rounds: %+v", n)
+	}
+}
+
+// TestNetCheckpointWaitsForRequests: a request in flight through the proxy refuses a
+// checkpoint without wait_ms (409 naming the connection, which stays open), and a
+// checkpoint with wait_ms waits for its answer, which the process gets whole.
+func TestNetCheckpointWaitsForRequests(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{AllowOut: []string{"allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two slow requests, one after the other, in the background (3 s in all).
+	dbxSh(t, d, sb.ID, `(setsid python3 -c '
+import urllib.request
+for i in range(2): open("/tmp/got%d" % i, "w").write(urllib.request.urlopen("http://allowed.test/slow", timeout=10).read().decode())
+' >/dev/null 2>&1 &)`)
+	waitOpen := func() {
+		t.Helper()
+		for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(20 * time.Millisecond) {
+			info, err := d.C.Get(dbxCtx(t), sb.ID)
+			if err == nil && info.Usage != nil && info.Usage.Network != nil && info.Usage.Network.Open == 1 {
+				return
+			}
+		}
+		t.Fatal("the background request never opened its connection")
+	}
+	waitOpen()
+	_, err = d.C.Checkpoint(dbxCtx(t), sb.ID, "")
+	if err == nil || !strings.Contains(err.Error(), "still carry a request") || !strings.Contains(err.Error(), "allowed.test") {
+		t.Fatalf("checkpoint with a request in flight and no wait_ms: %v, want a 409 naming allowed.test", err)
+	}
+	t0 := time.Now()
+	op, err := d.C.CheckpointWith(dbxCtx(t), sb.ID, apitypes.CheckpointRequest{WaitMS: 5000, EndBackground: true})
+	if err != nil {
+		t.Fatalf("checkpoint with wait_ms 5000: %v", err)
+	}
+	if time.Since(t0) < 200*time.Millisecond {
+		t.Errorf("checkpoint with wait_ms took %v: it did not wait for the request", time.Since(t0))
+	}
+	_ = op
+	if got := dbxSh(t, d, sb.ID, "cat /tmp/got0"); got != "allowed" {
+		t.Errorf("the first answer, which the checkpoint waited for: %q", got)
 	}
 }
