@@ -44,6 +44,23 @@ type CreateOptions struct {
 type Network struct {
 	AllowOut []string `json:"allow_out"`
 	DenyOut  []string `json:"deny_out,omitempty"`
+	// Model is an OpenAI-compatible endpoint the sandbox reaches as
+	// http://model.deltabox.internal (ModelHost), whatever the rules, the proxy adding
+	// the key: the key never enters the sandbox or a checkpoint.
+	Model *ModelEndpoint `json:"model,omitempty"`
+}
+
+// ModelHost is the name a sandbox reaches its model endpoint by (plain HTTP inside).
+const ModelHost = "model.deltabox.internal"
+
+// ModelEndpoint is a sandbox's model endpoint: URL is the upstream base (e.g.
+// https://api.openai.com/v1; a request for /chat/completions inside goes to
+// URL/chat/completions), Key is sent upstream as "Authorization: Bearer KEY". The
+// API's answers never show the key (KeySet says one is kept).
+type ModelEndpoint struct {
+	URL    string `json:"url"`
+	Key    string `json:"key,omitempty"`
+	KeySet bool   `json:"key_set,omitempty"`
 }
 
 // NetUsage is what a sandbox's traffic through the proxy came to (Usage's "network").

@@ -52,6 +52,10 @@ func (s *Sandbox) answer(msg []byte) []byte {
 	name := normName(q.Name.String())
 	var addrs []netip.Addr
 	switch {
+	case s.model != nil && name == s.model.Host:
+		if q.Type == dnsmessage.TypeA {
+			addrs = []netip.Addr{ModelAddr}
+		}
 	case !s.pol.AllowsName(name):
 		s.dnsRefused.Add(1)
 		s.p.log.Info("network: refused DNS", "sandbox", s.id, "name", name, "why", "name not in allow_out (or in deny_out)")
@@ -78,7 +82,7 @@ func (s *Sandbox) answer(msg []byte) []byte {
 	var kept []netip.Addr
 	for _, a := range addrs {
 		a = a.Unmap()
-		if !a.Is4() || forbidden(a) != "" {
+		if !a.Is4() || (forbidden(a) != "" && a != ModelAddr) {
 			continue // never hand out an address the proxy would refuse anyway
 		}
 		kept = append(kept, a)

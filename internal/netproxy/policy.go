@@ -23,8 +23,8 @@ type rules struct {
 
 // ParsePolicy checks and compiles allow and deny lists. An empty allow list is an
 // error: it would allow nothing, which is what leaving the network option out does.
-func ParsePolicy(allow, deny []string) (*Policy, error) {
-	if len(allow) == 0 {
+func ParsePolicy(allow, deny []string, hasModel bool) (*Policy, error) {
+	if len(allow) == 0 && !hasModel {
 		return nil, fmt.Errorf("network: allow_out is empty, so nothing would be reachable: list the domains and CIDRs to allow (\"*\" for everything), or leave \"network\" out for no network")
 	}
 	p := &Policy{}

@@ -70,12 +70,13 @@ type Counters struct {
 // Sandbox is one sandbox's side of the proxy: its listeners (inside its namespace),
 // its rules, the names its DNS answers gave, its counters and open connections.
 type Sandbox struct {
-	p   *Proxy
-	id  string
-	pol *Policy
-	tcp *net.TCPListener
-	dns *net.UDPConn
-	wg  sync.WaitGroup
+	p     *Proxy
+	id    string
+	pol   *Policy
+	model *Model // nil: none
+	tcp   *net.TCPListener
+	dns   *net.UDPConn
+	wg    sync.WaitGroup
 
 	connections, refused, bytesOut, bytesIn, dnsQueries, dnsRefused atomic.Int64
 
@@ -88,7 +89,7 @@ type Sandbox struct {
 // Attach gives the sandbox whose network namespace is nsFD its listeners and rules,
 // and starts serving it. The namespace keeps the rules after Close (it dies with the
 // sandbox); the listeners go, so its connections then fail.
-func (p *Proxy) Attach(id string, nsFD int, pol *Policy) (*Sandbox, error) {
+func (p *Proxy) Attach(id string, nsFD int, pol *Policy, model *Model) (*Sandbox, error) {
 	tcp, err := netns.ListenTCP(nsFD)
 	if err != nil {
 		return nil, fmt.Errorf("network: proxy listener: %w", err)
@@ -105,7 +106,7 @@ func (p *Proxy) Attach(id string, nsFD int, pol *Policy) (*Sandbox, error) {
 		dns.Close()
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	s := &Sandbox{p: p, id: id, pol: pol, tcp: tcp, dns: dns, names: map[netip.Addr]map[string]bool{}, conns: map[*pipe]struct{}{}}
+	s := &Sandbox{p: p, id: id, pol: pol, model: model, tcp: tcp, dns: dns, names: map[netip.Addr]map[string]bool{}, conns: map[*pipe]struct{}{}}
 	s.wg.Add(2)
 	go s.serveTCP()
 	go s.serveDNS()
@@ -171,6 +172,10 @@ func (s *Sandbox) handle(c *net.TCPConn) {
 		return
 	}
 	head, name := peek(c)
+	if s.isModel(dst, name) {
+		s.serveModel(c, head, dst)
+		return
+	}
 	if ok, why := s.decide(dst, name); !ok {
 		s.refuse(c, dst, name, why)
 		return
@@ -353,6 +358,9 @@ func hostAddr(a netip.Addr) bool {
 type pipe struct {
 	down, up *net.TCPConn
 	what     string // "dst (name)", for messages
+	// busy, when set, says whether a request is in flight (the model endpoint, which
+	// sees requests whole); else lastUp and lastDown tell.
+	busy func() bool
 	// lastUp and lastDown are when bytes last went each way (UnixNano): a request is
 	// in flight while the sandbox has sent more recently than upstream answered.
 	lastUp, lastDown atomic.Int64
@@ -363,7 +371,9 @@ func (p *pipe) close() {
 	p.once.Do(func() {
 		p.down.SetLinger(0)
 		p.down.Close()
-		p.up.Close()
+		if p.up != nil {
+			p.up.Close()
+		}
 	})
 }
 

@@ -57,6 +57,12 @@ func (s *Sandbox) inFlight() []string {
 	defer s.mu.Unlock()
 	var out []string
 	for c := range s.conns {
+		if c.busy != nil {
+			if c.busy() {
+				out = append(out, c.what)
+			}
+			continue
+		}
 		up, down := c.lastUp.Load(), c.lastDown.Load()
 		if up > down || now-down < int64(quietGap) {
 			out = append(out, c.what)

@@ -18,10 +18,27 @@ func checkNetwork(n *apitypes.Network) error {
 	if n == nil {
 		return nil
 	}
-	if _, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut); err != nil {
+	if _, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut, n.Model != nil); err != nil {
 		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
 	}
+	if n.Model != nil {
+		if _, err := netproxy.New(netproxy.Config{}).NewModel(apitypes.ModelHost, n.Model.URL, n.Model.Key); err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+		}
+	}
 	return nil
+}
+
+// redactNet is the network option as the API shows it: the model key never leaves
+// the daemon (KeySet says one is kept).
+func redactNet(n *apitypes.Network) *apitypes.Network {
+	if n == nil || n.Model == nil {
+		return n
+	}
+	c, mc := *n, *n.Model
+	mc.KeySet, mc.Key = mc.Key != "", ""
+	c.Model = &mc
+	return &c
 }
 
 // attachNet serves s's network through the daemon's proxy when its record asks for
@@ -32,16 +49,23 @@ func (m *Manager) attachNet(s *sb) error {
 	if s.rec.Network == nil || s.rt == nil {
 		return nil
 	}
-	pol, err := netproxy.ParsePolicy(s.rec.Network.AllowOut, s.rec.Network.DenyOut)
+	n := s.rec.Network
+	pol, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut, n.Model != nil)
 	if err != nil {
 		return err
+	}
+	var model *netproxy.Model
+	if n.Model != nil {
+		if model, err = m.net.NewModel(apitypes.ModelHost, n.Model.URL, n.Model.Key); err != nil {
+			return err
+		}
 	}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
 	if err != nil {
 		return fmt.Errorf("network: the sandbox's namespace: %w", err)
 	}
 	defer f.Close()
-	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol)
+	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol, model)
 	if err != nil {
 		return err
 	}

@@ -293,6 +293,7 @@ func (m *Manager) lockLive(s *sb) error {
 
 func (m *Manager) info(s *sb) *SandboxInfo {
 	in := &SandboxInfo{Sandbox: s.rec, Status: "running", Durable: m.st.Index.Durable(s.seq)}
+	in.Network = redactNet(in.Network)
 	if s.rt != nil && !s.rt.Alive() {
 		in.Status, in.Error = "broken", "its init died (killed from outside the daemon?); remove it with deltabox rm"
 	} else if s.rt != nil {

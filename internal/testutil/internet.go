@@ -36,6 +36,8 @@ type Internet struct {
 	// answering "allowed", "denied", "raw" (after 1.5 s at /slow); Raw echoes UDP on :7 and answers ping; Metadata is 169.254.169.254 (a cloud's metadata
 	// server), answering "metadata"; DNS is the name server at :53.
 	Allowed, Denied, Raw, DNS, Metadata netip.Addr
+	// ModelKey is the key the model at http://allowed.test/v1/ wants (random).
+	ModelKey string
 	// Names maps the names the DNS server knows to their addresses.
 	Names map[string]netip.Addr
 
@@ -55,6 +57,9 @@ func NewInternet(t testing.TB) *Internet {
 	third := int(rb[1])
 	tag := fmt.Sprintf("%02x%02x", rb[0], rb[1])
 	in := &Internet{NS: "dbxinet" + tag, Names: map[string]netip.Addr{}}
+	var kb [16]byte
+	rand.Read(kb[:])
+	in.ModelKey = fmt.Sprintf("sk-test-%x", kb)
 	addr := func(last int) netip.Addr { return netip.AddrFrom4([4]byte{100, byte(sub), byte(third), byte(last)}) }
 	in.Host, in.Allowed, in.Denied, in.Raw, in.DNS = addr(1), addr(2), addr(3), addr(4), addr(5)
 	in.Metadata = netip.MustParseAddr("169.254.169.254")
@@ -111,6 +116,14 @@ func NewInternet(t testing.TB) *Internet {
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/slow" { // an answer that takes 1.5 s: a request in flight
 				time.Sleep(1500 * time.Millisecond)
+			}
+			if strings.HasPrefix(r.URL.Path, "/v1/") { // the model: its key or 401
+				if r.Header.Get("Authorization") != "Bearer "+in.ModelKey {
+					http.Error(w, "unauthorized", http.StatusUnauthorized)
+					return
+				}
+				fmt.Fprint(w, "authorized "+r.URL.Path)
+				return
 			}
 			fmt.Fprint(w, body)
 		}), ReadHeaderTimeout: 10 * time.Second}

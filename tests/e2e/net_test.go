@@ -6,6 +6,7 @@ package e2e
 // (testutil.NewInternet). Bypasses are in tests/security/net_test.go.
 
 import (
+	"encoding/json"
 	"io"
 	"os/exec"
 	"path/filepath"
@@ -288,5 +289,88 @@ for i in range(2): open("/tmp/got%d" % i, "w").write(urllib.request.urlopen("htt
 	_ = op
 	if got := dbxSh(t, d, sb.ID, "cat /tmp/got0"); got != "allowed" {
 		t.Errorf("the first answer, which the checkpoint waited for: %q", got)
+	}
+}
+
+// TestNetModelEndpoint: a sandbox with a model endpoint (and no other egress) reaches it
+// as http://model.deltabox.internal, the proxy adding the key; the key is in no answer
+// of the API, no file, environment or process memory of the sandbox; a python session
+// keeping a connection to it stays on the fast path over checkpoints and restores.
+func TestNetModelEndpoint(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{
+		Model: &apitypes.ModelEndpoint{URL: "http://allowed.test/v1", Key: in.ModelKey}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Network == nil || sb.Network.Model == nil || sb.Network.Model.Key != "" || !sb.Network.Model.KeySet {
+		t.Fatalf("the create's answer shows the model as %+v", sb.Network)
+	}
+	if got := netProbe(t, d, sb.ID, "get", "http://"+apitypes.ModelHost+"/chat/completions"); got != "OK authorized /v1/chat/completions" {
+		t.Errorf("the model through the proxy: %q", got)
+	}
+	if got := netProbe(t, d, sb.ID, "get", "http://allowed.test/"); !strings.HasPrefix(got, "ERR") {
+		t.Errorf("a sandbox with only a model reached allowed.test: %q", got)
+	}
+	if _, err := d.C.StartSession(dbxCtx(t), sb.ID, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, sb.ID, "py", `import http.client
+c = http.client.HTTPConnection("`+apitypes.ModelHost+`", timeout=10)
+def ask():
+    global c
+    try:
+        c.request("POST", "/chat/completions", body=b"{}", headers={"Authorization": "Bearer not-the-key"})
+        return c.getresponse().read().decode()
+    except (OSError, http.client.HTTPException):
+        c.close()
+        c.request("POST", "/chat/completions", body=b"{}")
+        return c.getresponse().read().decode()`)
+	want := "('authorized /v1/chat/completions', True)"
+	var first string
+	for i := 0; i < 5; i++ {
+		if got := strings.TrimSpace(sessRun(t, d, sb.ID, "py", "(ask(), c.sock is not None)")); got != want {
+			t.Fatalf("round %d: %s, want %s", i, got, want)
+		}
+		op := dbxCheckpoint(t, d, sb.ID, "")
+		if op.Processes != 1 || op.CRIUProcesses != 0 {
+			t.Fatalf("checkpoint %d: processes %d, criu %d (%v)", i, op.Processes, op.CRIUProcesses, op.ProcessErrors)
+		}
+		if first == "" {
+			first = op.Node.ID
+		}
+		if got := strings.TrimSpace(sessRun(t, d, sb.ID, "py", "ask()")); got != "'authorized /v1/chat/completions'" {
+			t.Fatalf("round %d after the checkpoint: %s", i, got)
+		}
+		if op := dbxRestore(t, d, sb.ID, first); op.Processes != 1 || op.CRIUProcesses != 0 {
+			t.Fatalf("restore %d: processes %d, criu %d", i, op.Processes, op.CRIUProcesses)
+		}
+	}
+	// The key: nowhere in the sandbox (files, environments, the session's memory).
+	pid := strings.TrimSpace(sessRun(t, d, sb.ID, "py", "import os; print(os.getpid())"))
+	out := dbxSh(t, d, sb.ID, `k=`+in.ModelKey+`; hits=0
+grep -rqsF "$k" /workspace /tmp /etc /root /proc/*/environ && hits=1
+python3 - "$k" `+pid+` <<'PY' || hits=1
+import sys, re
+key, pid = sys.argv[1].encode(), sys.argv[2]
+mem = open("/proc/%s/mem" % pid, "rb")
+for line in open("/proc/%s/maps" % pid):
+    a, b = (int(x, 16) for x in line.split()[0].split("-"))
+    if "r" not in line.split()[1]: continue
+    try:
+        mem.seek(a); chunk = mem.read(b - a)
+    except OSError: continue
+    if key in chunk: sys.exit(1)
+PY
+echo $hits`)
+	// The script holds the key itself (its argv and bash's memory): it greps files and
+	// environments, and the python session's memory, not its own.
+	if strings.TrimSpace(out) != "0" {
+		t.Errorf("the model key is in the sandbox (files, environment or the session's memory): %q", out)
+	}
+	info, _ := d.C.Get(dbxCtx(t), sb.ID)
+	if b, _ := json.Marshal(info); strings.Contains(string(b), in.ModelKey) {
+		t.Errorf("GET /v1/sandboxes/%s shows the key", sb.ID)
 	}
 }

@@ -310,7 +310,7 @@ class AsyncSandbox:
                remove_nodes: bool = False, user: Optional[str] = None,
                disk_mb: Optional[int] = None,
                template_budget_mb: Optional[int] = None,
-               network: Optional[Dict[str, List[str]]] = None) -> _Creating:
+               network: Optional[Dict[str, Any]] = None) -> _Creating:
         """:meth:`Sandbox.create`: ``sb = await AsyncSandbox.create(...)``, or
         ``async with AsyncSandbox.create(...) as sb:`` (removed at the end)."""
         body = _create_body(image, workdir, name, memory_mb, pids, cpus, hostname,

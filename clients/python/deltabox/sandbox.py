@@ -122,13 +122,13 @@ def _create_body(image: str, workdir: str, name: Optional[str], memory_mb: Optio
                  pids: Optional[int], cpus: Optional[float], hostname: Optional[str],
                  warm_processes: bool, user: Optional[str], disk_mb: Optional[int],
                  template_budget_mb: Optional[int],
-                 network: Optional[Dict[str, List[str]]] = None) -> Dict[str, Any]:
+                 network: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     body: Dict[str, Any] = {"image": image, "workdir": workdir}
     if network is not None:
-        unknown = set(network) - {"allow_out", "deny_out"}
+        unknown = set(network) - {"allow_out", "deny_out", "model"}
         if unknown:
-            raise TypeError("network: unknown keys %s (want allow_out, deny_out)" % sorted(unknown))
-        body["network"] = {k: list(v) for k, v in network.items()}
+            raise TypeError("network: unknown keys %s (want allow_out, deny_out, model)" % sorted(unknown))
+        body["network"] = {k: (dict(v) if k == "model" else list(v)) for k, v in network.items()}
     for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
                  ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb),
                  ("template_budget_mb", template_budget_mb)):
@@ -463,7 +463,7 @@ class Sandbox:
                user: Optional[str] = None,
                disk_mb: Optional[int] = None,
                template_budget_mb: Optional[int] = None,
-               network: Optional[Dict[str, List[str]]] = None) -> "Sandbox":
+               network: Optional[Dict[str, Any]] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -485,7 +485,9 @@ class Sandbox:
                 ``{"allow_out": [...], "deny_out": [...]}``, entries being domains
                 (``"pypi.org"``), wildcards (``"*.github.com"``), ``"*"``, IPs or
                 CIDRs; deny wins. Tools inside need no configuration (docs/API.md,
-                Network).
+                Network). ``"model": {"url": ..., "key": ...}`` adds an
+                OpenAI-compatible endpoint reached inside as
+                ``http://model.deltabox.internal``, the daemon adding the key.
             hostname: default: the id.
             user: run sessions and commands as this user of the sandbox's own
                 ``/etc/passwd`` instead of root: ``"NAME"``, ``"UID"``,
