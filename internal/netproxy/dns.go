@@ -25,10 +25,15 @@ func (s *Sandbox) serveDNS() {
 			}
 			continue
 		}
+		if s.dnsBusy.Add(1) > maxDNS {
+			s.dnsBusy.Add(-1)
+			continue
+		}
 		q := append([]byte(nil), buf[:n]...)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			defer s.dnsBusy.Add(-1)
 			if resp := s.answer(q); resp != nil {
 				s.dns.WriteToUDPAddrPort(resp, from)
 			}

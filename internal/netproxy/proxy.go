@@ -24,6 +24,11 @@ const (
 	dialTimeout = 10 * time.Second
 	dnsTimeout  = 5 * time.Second
 	maxNames    = 4096 // addresses remembered per sandbox from DNS answers
+	// maxConns and maxDNS bound what one sandbox holds of the daemon at once (a
+	// goroutine pair and two fds per connection, a goroutine per query): past them a
+	// connection is refused, a query dropped.
+	maxConns = 1024
+	maxDNS   = 64
 )
 
 // Config configures the daemon's proxy.
@@ -77,6 +82,9 @@ type Sandbox struct {
 	tcp   *net.TCPListener
 	dns   *net.UDPConn
 	wg    sync.WaitGroup
+	// handling counts connections being handled (peeked, dialled or proxied), dnsBusy
+	// the queries being answered.
+	handling, dnsBusy atomic.Int64
 
 	connections, refused, bytesOut, bytesIn, dnsQueries, dnsRefused atomic.Int64
 
@@ -151,8 +159,13 @@ func (s *Sandbox) serveTCP() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		if s.handling.Add(1) > maxConns {
+			s.handling.Add(-1)
+			s.refuse(c, netip.AddrPort{}, "", fmt.Sprintf("over %d connections at once", maxConns))
+			continue
+		}
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); s.handle(c) }()
+		go func() { defer s.wg.Done(); defer s.handling.Add(-1); s.handle(c) }()
 	}
 }
 

@@ -374,3 +374,31 @@ echo $hits`)
 		t.Errorf("GET /v1/sandboxes/%s shows the key", sb.ID)
 	}
 }
+
+// TestNetAfterDaemonRestart: the next daemon adopts a sandbox with a network and serves
+// it again (new listeners, the namespace's rules replaced to name them); a denied
+// destination stays refused.
+func TestNetAfterDaemonRestart(t *testing.T) {
+	in := testutil.NewInternet(t)
+	root := testutil.NewStore(t)
+	d := testutil.StartDaemonEnv(t, root, "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{AllowOut: []string{"allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := netProbe(t, d, sb.ID, "get", "http://allowed.test/"); got != "OK allowed" {
+		t.Fatalf("before the restart: %q", got)
+	}
+	d.Stop()
+	d = testutil.StartDaemonEnv(t, root, "DELTABOX_NET_DNS="+in.DNSAddr())
+	if got := netProbe(t, d, sb.ID, "get", "http://allowed.test/"); got != "OK allowed" {
+		t.Errorf("after the restart: %q\n%s", got, d.Log())
+	}
+	if got := netProbe(t, d, sb.ID, "get", "http://"+in.Denied.String()+"/"); strings.HasPrefix(got, "OK") {
+		t.Errorf("after the restart a denied address answered: %q", got)
+	}
+	info, err := d.C.Get(dbxCtx(t), sb.ID)
+	if err != nil || info.Usage == nil || info.Usage.Network == nil || info.Usage.Network.Connections != 1 || info.Usage.Network.Refused != 1 {
+		t.Errorf("counters after the restart (from zero): %+v %v", info.Usage, err)
+	}
+}
