@@ -43,7 +43,7 @@ func parseRules(what string, list []string) (rules, error) {
 	for _, e := range list {
 		s := strings.ToLower(strings.TrimSuffix(strings.TrimSpace(e), "."))
 		switch {
-		case s == "*":
+		case strings.TrimSpace(e) == "*":
 			r.all = true
 		case strings.Contains(s, "/"):
 			pfx, err := netip.ParsePrefix(s)
