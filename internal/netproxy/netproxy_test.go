@@ -61,8 +61,8 @@ func TestClientNameReadsSNIAndHost(t *testing.T) {
 	c2.Close()
 	for in, want := range map[string]string{
 		"GET / HTTP/1.1\r\nHost: example.test:8080\r\nAccept: */*\r\n\r\n": "example.test",
-		"POST /x HTTP/1.1\r\nhost: [::1]:80\r\n\r\n":                      "::1",
-		"GET / HTTP/1.0\r\n\r\n":                                          "",
+		"POST /x HTTP/1.1\r\nhost: [::1]:80\r\n\r\n":                       "::1",
+		"GET / HTTP/1.0\r\n\r\n":                                           "",
 	} {
 		if name, st := clientName([]byte(in)); st != complete || name != want {
 			t.Errorf("%q: %q %v, want %q", in, name, st, want)
