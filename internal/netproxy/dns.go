@@ -68,7 +68,7 @@ func (s *Sandbox) answer(msg []byte) []byte {
 	case q.Class != dnsmessage.ClassINET || h.OpCode != 0:
 		rh.RCode = dnsmessage.RCodeNotImplemented
 	case q.Type == dnsmessage.TypeA:
-		ctx, cancel := context.WithTimeout(context.Background(), dnsTimeout)
+		ctx, cancel := context.WithTimeout(s.ctx, dnsTimeout)
 		addrs, err = s.p.resolver.LookupNetIP(ctx, "ip4", name)
 		cancel()
 		var de *net.DNSError

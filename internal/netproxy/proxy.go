@@ -82,16 +82,21 @@ type Sandbox struct {
 	tcp   *net.TCPListener
 	dns   *net.UDPConn
 	wg    sync.WaitGroup
+	// ctx ends with Close: dials and lookups in progress stop at once.
+	ctx    context.Context
+	cancel context.CancelFunc
 	// handling counts connections being handled (peeked, dialled or proxied), dnsBusy
 	// the queries being answered.
 	handling, dnsBusy atomic.Int64
 
 	connections, refused, bytesOut, bytesIn, dnsQueries, dnsRefused atomic.Int64
 
-	mu     sync.Mutex
-	names  map[netip.Addr]map[string]bool // +checklocks:mu
-	conns  map[*pipe]struct{}             // +checklocks:mu
-	closed bool                           // +checklocks:mu
+	mu    sync.Mutex
+	names map[netip.Addr]map[string]bool // +checklocks:mu
+	// accepted are the sandbox's connections not closed yet, whatever their stage.
+	accepted map[*net.TCPConn]struct{} // +checklocks:mu
+	conns    map[*pipe]struct{}        // +checklocks:mu
+	closed   bool                      // +checklocks:mu
 }
 
 // Attach gives the sandbox whose network namespace is nsFD its listeners and rules,
@@ -114,7 +119,9 @@ func (p *Proxy) Attach(id string, nsFD int, pol *Policy, model *Model) (*Sandbox
 		dns.Close()
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	s := &Sandbox{p: p, id: id, pol: pol, model: model, tcp: tcp, dns: dns, names: map[netip.Addr]map[string]bool{}, conns: map[*pipe]struct{}{}}
+	s := &Sandbox{p: p, id: id, pol: pol, model: model, tcp: tcp, dns: dns, names: map[netip.Addr]map[string]bool{},
+		conns: map[*pipe]struct{}{}, accepted: map[*net.TCPConn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
 	go s.serveTCP()
 	go s.serveDNS()
@@ -123,11 +130,16 @@ func (p *Proxy) Attach(id string, nsFD int, pol *Policy, model *Model) (*Sandbox
 
 // Close stops serving the sandbox and closes its connections.
 func (s *Sandbox) Close() {
+	s.cancel()
 	s.mu.Lock()
 	s.closed = true
 	conns := make([]*pipe, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
+	}
+	for c := range s.accepted {
+		c.SetLinger(0)
+		c.Close() // a peek in progress ends
 	}
 	s.mu.Unlock()
 	s.tcp.Close()
@@ -164,8 +176,25 @@ func (s *Sandbox) serveTCP() {
 			s.refuse(c, netip.AddrPort{}, "", fmt.Sprintf("over %d connections at once", maxConns))
 			continue
 		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		s.accepted[c] = struct{}{}
+		s.mu.Unlock()
 		s.wg.Add(1)
-		go func() { defer s.wg.Done(); defer s.handling.Add(-1); s.handle(c) }()
+		go func() {
+			defer s.wg.Done()
+			defer s.handling.Add(-1)
+			defer func() {
+				s.mu.Lock()
+				delete(s.accepted, c)
+				s.mu.Unlock()
+			}()
+			s.handle(c)
+		}()
 	}
 }
 
@@ -193,7 +222,7 @@ func (s *Sandbox) handle(c *net.TCPConn) {
 		s.refuse(c, dst, name, why)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, dialTimeout)
 	d := net.Dialer{Control: func(_, address string, _ syscall.RawConn) error {
 		// The address dialled is dst itself (no name is resolved here); checked once
 		// more where the socket is made.
@@ -316,7 +345,7 @@ func (s *Sandbox) answered(a netip.Addr, name string) bool {
 }
 
 func (s *Sandbox) resolvesTo(name string, a netip.Addr) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), dnsTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, dnsTimeout)
 	defer cancel()
 	addrs, err := s.p.resolver.LookupNetIP(ctx, "ip4", name)
 	if err != nil {
