@@ -42,7 +42,8 @@ type Internet struct {
 	Names map[string]netip.Addr
 
 	mu      sync.Mutex
-	queries []string // names the DNS server was asked, in order
+	queries []string          // names the DNS server was asked, in order
+	dirs    map[string]string // first path element -> directory served (ServeDir)
 }
 
 // NewInternet makes the namespace and its servers; t's cleanup removes them.
@@ -114,6 +115,13 @@ func NewInternet(t testing.TB) *Internet {
 			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{selfSigned(t, tlsName)}})
 		}
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			in.mu.Lock()
+			dir := in.dirs[strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 2)[0]]
+			in.mu.Unlock()
+			if dir != "" {
+				http.StripPrefix("/"+strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 2)[0], http.FileServer(http.Dir(dir))).ServeHTTP(w, r)
+				return
+			}
 			if r.URL.Path == "/slow" { // an answer that takes 1.5 s: a request in flight
 				time.Sleep(1500 * time.Millisecond)
 			}
@@ -168,6 +176,16 @@ func NewInternet(t testing.TB) *Internet {
 	t.Cleanup(func() { dns.Close() })
 	go in.serveDNS(dns)
 	return in
+}
+
+// ServeDir serves dir's files at /name/ on every HTTP(S) server of the internet.
+func (in *Internet) ServeDir(name, dir string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.dirs == nil {
+		in.dirs = map[string]string{}
+	}
+	in.dirs[name] = dir
 }
 
 // DNSAddr is the DNS server's address, for the daemon's DELTABOX_NET_DNS.

@@ -402,3 +402,38 @@ func TestNetAfterDaemonRestart(t *testing.T) {
 		t.Errorf("counters after the restart (from zero): %+v %v", info.Usage, err)
 	}
 }
+
+// TestNetGitOverHTTPS: git, unconfigured, clones over https from an allowed name
+// through the proxy (git's dumb HTTP protocol, TLS with SNI; the test's certificate is
+// self-signed, hence sslVerify off), and cannot from a denied one.
+func TestNetGitOverHTTPS(t *testing.T) {
+	_, err := exec.LookPath("git")
+	testutil.Require(t, err == nil, "needs git on the host to make the repository")
+	in := testutil.NewInternet(t)
+	repo := filepath.Join(t.TempDir(), "repo.git")
+	work := t.TempDir()
+	for _, args := range [][]string{
+		{"init", "-q", "-b", "main", work},
+		{"-C", work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "served through the proxy"},
+		{"clone", "-q", "--bare", work, repo},
+		{"-C", repo, "update-server-info"},
+	} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	in.ServeDir("repo.git", repo)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{AllowOut: []string{"allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := dbxSh(t, d, sb.ID, "git -c http.sslVerify=false clone -q https://allowed.test/repo.git /tmp/c && git -C /tmp/c log --format=%s")
+	if strings.TrimSpace(out) != "served through the proxy" {
+		t.Errorf("git clone over https: %q", out)
+	}
+	res := dbxExec(t, d, sb.ID, api.ExecRequest{Argv: []string{"bash", "-c", "git -c http.sslVerify=false clone -q https://denied.test/repo.git /tmp/d"}})
+	if res.ExitCode == 0 {
+		t.Errorf("git cloned from a denied name")
+	}
+}
