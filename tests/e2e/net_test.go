@@ -6,8 +6,10 @@ package e2e
 // (testutil.NewInternet). Bypasses are in tests/security/net_test.go.
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -239,6 +241,20 @@ def ask():
 			t.Fatalf("round %d after the restore: %s, want %s", i, got, want)
 		}
 	}
+	// The templates hold the reset sockets: their durable images (CRIU) take them.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n, err := d.C.Node(dbxCtx(t), nodes[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if im := n.ProcessImage; im != nil && im.State == "complete" {
+			break
+		} else if im != nil && im.State == "failed" {
+			t.Fatalf("the durable image of a node whose template holds a reset socket: %s", im.Error)
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the durable image of node %s not complete within 60 s: %+v", nodes[0], im)
+		}
+	}
 	info, err := d.C.Get(dbxCtx(t), sb.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -368,6 +384,33 @@ echo $hits`)
 	// environments, and the python session's memory, not its own.
 	if strings.TrimSpace(out) != "0" {
 		t.Errorf("the model key is in the sandbox (files, environment or the session's memory): %q", out)
+	}
+	// Nor in the node's durable image (CRIU's dump of the session's template and its
+	// pages), once written.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n, err := d.C.Node(dbxCtx(t), first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if im := n.ProcessImage; im != nil && im.State == "complete" {
+			break
+		} else if (im != nil && im.State == "failed") || time.Now().After(deadline) {
+			t.Fatalf("node %s's durable image: %+v", first, im)
+		}
+	}
+	files := 0
+	filepath.WalkDir(filepath.Join(d.Root, "durable"), func(p string, e os.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return nil
+		}
+		files++
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(in.ModelKey)) {
+			t.Errorf("the model key is in the durable image file %s", p)
+		}
+		return nil
+	})
+	if files == 0 {
+		t.Errorf("no durable image file under %s", filepath.Join(d.Root, "durable"))
 	}
 	info, _ := d.C.Get(dbxCtx(t), sb.ID)
 	if b, _ := json.Marshal(info); strings.Contains(string(b), in.ModelKey) {
