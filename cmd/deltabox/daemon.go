@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -147,6 +148,12 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 		cfg.LazyRestoreMinBytes = 0
 	default:
 		return cfg, bad("DELTABOX_LAZY_RESTORE", v, "auto, 0 or 1 (restores from images: lazy from 64 MiB of pages, never, always)")
+	}
+	if v := getenv("DELTABOX_NET_DNS"); v != "" {
+		if _, err := netip.ParseAddrPort(v); err != nil {
+			return cfg, bad("DELTABOX_NET_DNS", v, "IP:PORT of the resolver the network proxy asks (default: the host's, /etc/resolv.conf)")
+		}
+		cfg.NetDNS = v
 	}
 	switch v := getenv("DELTABOX_STOP_SANDBOXES"); v {
 	case "", "0":

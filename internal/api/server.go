@@ -78,6 +78,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	s.imageRoutes()
 	h("POST /v1/sync", s.sync)
 	s.filesRoutes()
+	s.portsRoutes()
 	h("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("no route %s %s (see docs/API.md): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

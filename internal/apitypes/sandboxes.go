@@ -32,6 +32,46 @@ type CreateOptions struct {
 	// 507. 0: the daemon's default (DELTABOX_TEMPLATE_BUDGET); -1: no budget of their
 	// own, templates count against memory_mb (as before the budget existed).
 	TemplateBudgetMB int64 `json:"template_budget_mb,omitempty"`
+	// Network gives the sandbox egress through the daemon's proxy, by these rules
+	// (docs/design/network.md). nil: no network (lo only).
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is a sandbox's egress rules: a connection or DNS name is allowed when it
+// matches an entry of AllowOut and none of DenyOut (deny wins). An entry is a domain
+// ("pypi.org"), a wildcard ("*.github.com": subdomains only), "*" (everything), an IP
+// or a CIDR ("10.0.0.0/8"). AllowOut must not be empty.
+type Network struct {
+	AllowOut []string `json:"allow_out"`
+	DenyOut  []string `json:"deny_out,omitempty"`
+	// Model is an OpenAI-compatible endpoint the sandbox reaches as
+	// http://model.deltabox.internal (ModelHost), whatever the rules, the proxy adding
+	// the key: the key never enters the sandbox or a checkpoint.
+	Model *ModelEndpoint `json:"model,omitempty"`
+}
+
+// ModelHost is the name a sandbox reaches its model endpoint by (plain HTTP inside).
+const ModelHost = "model.deltabox.internal"
+
+// ModelEndpoint is a sandbox's model endpoint: URL is the upstream base (e.g.
+// https://api.openai.com/v1; a request for /chat/completions inside goes to
+// URL/chat/completions), Key is sent upstream as "Authorization: Bearer KEY". The
+// API's answers never show the key (KeySet says one is kept).
+type ModelEndpoint struct {
+	URL    string `json:"url"`
+	Key    string `json:"key,omitempty"`
+	KeySet bool   `json:"key_set,omitempty"`
+}
+
+// NetUsage is what a sandbox's traffic through the proxy came to (Usage's "network").
+type NetUsage struct {
+	Connections int64 `json:"connections"` // made upstream
+	Refused     int64 `json:"refused"`     // refused by the rules or the guard (each logged)
+	BytesOut    int64 `json:"bytes_out"`
+	BytesIn     int64 `json:"bytes_in"`
+	DNSQueries  int64 `json:"dns_queries"`
+	DNSRefused  int64 `json:"dns_refused"` // names not allowed: NXDOMAIN, never sent upstream
+	Open        int64 `json:"open"`        // connections open now
 }
 
 // SandboxInfo is what the API shows of a sandbox: the answer of POST /v1/sandboxes,
@@ -137,6 +177,8 @@ type Sandbox struct {
 	// Init names the running init for the next daemon, which adopts the sandbox, its
 	// processes and sessions instead of starting it afresh; nil: none recorded.
 	Init *InitRef `json:"init,omitempty"`
+	// Network is CreateOptions.Network as given (nil: no network).
+	Network *Network `json:"network,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime
@@ -176,6 +218,8 @@ type Usage struct {
 	CPUNanos        int64 `json:"cpu_ns"`          // CPU time used (cpuacct.usage)
 	CPUThrottled    int64 `json:"cpu_throttled_periods"`
 	CPUThrottledNS  int64 `json:"cpu_throttled_ns"`
+	// Network: the sandbox's traffic through the proxy (nil: no network).
+	Network *NetUsage `json:"network,omitempty"`
 }
 
 // Stats counts what happened to a sandbox (SandboxInfo's "stats").

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -209,4 +211,21 @@ func errorFrom(resp *http.Response, body []byte) *Error {
 		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
 	}
 	return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %s: %s", resp.Status, body)}
+}
+
+// Port sends an HTTP request to a server listening on port inside sandbox id, through
+// the daemon (ANY /v1/sandboxes/{id}/ports/{port}/{path}); the caller closes the
+// answer's body. A daemon error (nothing listens, no such sandbox) is an answer with
+// its status and an error body, as for any route.
+func (c *Client) Port(ctx context.Context, id string, port int, method, path string, body io.Reader) (*http.Response, error) {
+	u := fmt.Sprintf("http://deltabox/%s/sandboxes/%s/ports/%d/%s", apitypes.Version, url.PathEscape(id), port, strings.TrimPrefix(path, "/"))
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, transportError(ctx, c.Socket, err)
+	}
+	return resp, nil
 }

@@ -61,12 +61,14 @@ import (
 
 // FD is one file descriptor of a process and its treatment.
 type FD struct {
-	Num   int
-	Kind  string // "file", "dir", "pty", "dev"
-	Path  string // as the process sees it
-	Flags int    // open flags (fdinfo)
-	Pos   int64
-	Locks []Lock // file locks held through it (locks.go); none on a Dup
+	Num  int
+	Kind string // "file", "dir", "pty", "dev", "sock" (a closed TCP socket: deadsock.go)
+	Path string // as the process sees it
+	// Domain is a "sock"'s address family (AF_INET, AF_INET6).
+	Domain int
+	Flags  int // open flags (fdinfo)
+	Pos    int64
+	Locks  []Lock // file locks held through it (locks.go); none on a Dup
 	// Dup: the fd shares its open file description with the lower fd DupOf (locks.go),
 	// and is made again as a dup of it.
 	Dup   bool
@@ -303,6 +305,10 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 	}
 	fd := FD{Num: n, Path: target}
 	var locks [][]string // fdinfo "lock:" lines
+	sockDomain := 0
+	if strings.HasPrefix(target, "socket:") {
+		sockDomain = closedTCP(p.HostPid, n)
+	}
 	switch mode := sx.Mode & unix.S_IFMT; {
 	case isTerminal(uint32(mode), sx.Rdev_major, sx.Rdev_minor):
 		// By device: a terminal opened through a state namespace that has since been
@@ -312,6 +318,8 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 		fd.Kind, fd.Path = "dev", statelessDev(&sx)
 	case lerr != nil:
 		return nil, &Ineligible{Pid: p.Pid, Reason: pathTooLong(fmt.Sprintf("fd %d", n), lerr)}
+	case strings.HasPrefix(target, "socket:") && sockDomain != 0:
+		fd.Kind, fd.Domain = "sock", sockDomain
 	case !strings.HasPrefix(target, "/"): // pipe:[..], socket:[..], anon_inode:[eventfd] ...
 		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d is %s, which a fork would share with the template", n, target), CRIU: true}
 	case mode == unix.S_IFREG || mode == unix.S_IFDIR:
@@ -370,8 +378,10 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 }
 
 // reopened reports whether fds of kind are reopened by a move (files, directories and
-// stateless devices; the terminal is shared by design).
-func reopened(kind string) bool { return kind == "file" || kind == "dir" || kind == "dev" }
+// stateless devices; closed TCP sockets are made anew; the terminal is shared by design).
+func reopened(kind string) bool {
+	return kind == "file" || kind == "dir" || kind == "dev" || kind == "sock"
+}
 
 // innerPids translates host PIDs (as /proc lists them) into the PID namespace at depth
 // (the length of the NSpid line of a process there): what the sandbox calls them.
@@ -544,6 +554,10 @@ func moveCalls(b *remote.Batch, p *Proc, nsfd int) []remote.Ref {
 		}
 		if f.Dup { // DupOf, lower, has been reopened: share its description again
 			b.Add(fmt.Sprintf("dup3 fd %d to fd %d", f.DupOf, f.Num), unix.SYS_DUP3, f.DupOf, f.Num, f.Flags&unix.O_CLOEXEC)
+			continue
+		}
+		if f.Kind == "sock" {
+			sockCalls(b, f)
 			continue
 		}
 		flags := f.Flags &^ (unix.O_CREAT | unix.O_TRUNC | unix.O_EXCL)

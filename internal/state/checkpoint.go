@@ -178,6 +178,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	if err := m.waitLazy(s); err != nil {
 		return nil, err
 	}
+	// Connections through the network proxy: requests in flight finish, idle ones are
+	// reset (network.go).
+	if err := m.quiesceNet(s, o.Wait); err != nil {
+		return nil, err
+	}
 	t0 = t0.Add(waited)
 	c := &checkpoint{m: m, s: s, o: o, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {

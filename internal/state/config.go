@@ -58,6 +58,9 @@ type Config struct {
 	// this many bytes is lazy (lazy.go); -1 never (DELTABOX_LAZY_RESTORE=0), 0 always
 	// (DELTABOX_LAZY_RESTORE=1). Default DefaultLazyRestoreMinBytes.
 	LazyRestoreMinBytes int64
+	// NetDNS is the resolver ("ip:port") the network proxy asks for the names sandboxes
+	// resolve (DELTABOX_NET_DNS); "": the host's (/etc/resolv.conf).
+	NetDNS string
 }
 
 // DefaultLazyRestoreMinBytes is where a lazy restore from an image starts to pay.

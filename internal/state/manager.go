@@ -12,6 +12,7 @@ import (
 	"deltabox/internal/cgroup"
 	"deltabox/internal/hostids"
 	"deltabox/internal/mountns"
+	"deltabox/internal/netproxy"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
@@ -23,6 +24,7 @@ import (
 type Manager struct {
 	st  *store.Store
 	log *slog.Logger
+	net *netproxy.Proxy // serves every sandbox with a network (network.go)
 
 	treeMu sync.RWMutex
 
@@ -132,6 +134,10 @@ type sb struct {
 	// +checklocks:lazyMu
 	lazy []*lazyRestore
 
+	// net serves the sandbox's network (network.go); nil: none.
+	// +checklocks:mu
+	net *netproxy.Sandbox
+
 	// +checklocks:opMu
 	tracer *remote.Tracer // owns the ptrace of this sandbox's processes; under opMu
 	// hostPids caches each session process's host PID (by sandbox PID), checked at each
@@ -216,7 +222,8 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{}), crashAt: crashAtFromEnv(log)}
+		uppers: make(chan uint64, 4), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
+		net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
 	}
@@ -373,6 +380,7 @@ func (m *Manager) Close() error {
 		}
 		m.discardNext(s)
 		m.closeWarm(s)
+		m.detachNet(s)
 		if !m.cfg.StopSandboxes && s.rt != nil && s.rt.Alive() {
 			m.detachSandbox(s)
 			s.opMu.Unlock()

@@ -354,6 +354,9 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 		return fail(err)
 	}
 	s.kns = kns
+	if err := m.attachNet(s); err != nil {
+		m.log.Warn("adopt sandbox: its network", "id", r.ID, "err", err) // it runs, without network
+	}
 	s.err = nil
 	s.limitMu.Lock()
 	s.kernelLimit = -1 // unknown: the next fitKernelLimit writes it (New calls it)

@@ -81,6 +81,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	case o.TemplateBudgetMB == 0:
 		o.TemplateBudgetMB = max(m.cfg.TemplateBudgetBytes>>20, 1)
 	}
+	if err := checkNetwork(o.Network); err != nil {
+		return nil, err
+	}
 	lim := cgroup.Limits{MemoryBytes: o.MemoryMB << 20, Pids: o.Pids, CPUs: o.CPUs}
 	if err := cgroup.CheckLimits(lim); err != nil {
 		return nil, fmt.Errorf("limits: %v: %w", err, errdefs.ErrInvalid)
@@ -94,7 +97,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Unlock()
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
-	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB})
+	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -190,6 +193,12 @@ func (m *Manager) boot(s *sb) error {
 		return err
 	}
 	s.rt, s.kns = rt, kns
+	if err := m.attachNet(s); err != nil {
+		s.rt, s.kns = nil, nil
+		kns.Close()
+		rt.Destroy()
+		return err
+	}
 	s.err = nil
 	m.recordInit(s) // written with the record by the caller
 	s.limitMu.Lock()
@@ -288,7 +297,7 @@ func (m *Manager) lockLive(s *sb) error {
 func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 	a := apitypes.Sandbox{ID: r.ID, Image: r.Image, Head: r.Head, Upper: r.Upper, Workdir: r.Workdir,
 		Hostname: r.Hostname, User: r.User, Created: r.Created, Limits: r.Limits, WarmProcesses: r.WarmProcesses,
-		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB}
+		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB, Network: r.Network}
 	if r.Init != nil {
 		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start}
 	}
@@ -297,11 +306,13 @@ func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 
 func (m *Manager) info(s *sb) *SandboxInfo {
 	in := &SandboxInfo{Sandbox: apiSandbox(s.rec), Status: "running", Durable: m.st.Index.Durable(s.seq)}
+	in.Network = redactNet(in.Network)
 	if s.rt != nil && !s.rt.Alive() {
 		in.Status, in.Error = "broken", "its init died (killed from outside the daemon?); remove it with deltabox rm"
 	} else if s.rt != nil {
 		in.InitPid = s.rt.InitPid()
 		u := s.rt.Usage()
+		u.Network = netUsage(s)
 		in.Usage = &u
 	} else {
 		in.Status = "broken"
@@ -391,6 +402,7 @@ func (m *Manager) Remove(id string) error {
 	if m.failStep != nil {
 		m.failStep("remove", 1)
 	}
+	m.detachNet(s)
 	if s.rt != nil {
 		derr = s.rt.Destroy()
 		s.rt = nil

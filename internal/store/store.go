@@ -101,6 +101,9 @@ type Sandbox struct {
 	// Init names the running init for the next daemon, which adopts the sandbox, its
 	// processes and sessions instead of starting it afresh; nil: none recorded.
 	Init *InitRef `json:"init,omitempty"`
+	// Network is the create's egress rules, the model endpoint's key included (this
+	// root-only index is the one place the key is kept; the API redacts it). nil: none.
+	Network *apitypes.Network `json:"network,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime

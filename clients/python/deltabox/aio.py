@@ -310,11 +310,12 @@ class AsyncSandbox:
                client: Optional[AsyncClient] = None,
                remove_nodes: bool = False, user: Optional[str] = None,
                disk_mb: Optional[int] = None,
-               template_budget_mb: Optional[int] = None) -> _Creating:
+               template_budget_mb: Optional[int] = None,
+               network: Optional[Dict[str, Any]] = None) -> _Creating:
         """:meth:`Sandbox.create`: ``sb = await AsyncSandbox.create(...)``, or
         ``async with AsyncSandbox.create(...) as sb:`` (removed at the end)."""
         body = _create_body(image, workdir, name, memory_mb, pids, cpus, hostname,
-                            warm_processes, user, disk_mb, template_budget_mb)
+                            warm_processes, user, disk_mb, template_budget_mb, network)
 
         async def make() -> AsyncSandbox:
             c = _async_client(client)
@@ -444,7 +445,7 @@ class AsyncSandbox:
 
     async def signal(self, pid: int, sig: int = 15) -> None:
         """:meth:`Sandbox.signal`."""
-        await self.client.call(self.blocking.signal, pid, sig)
+        await self.client._t.json("POST", self._p("/signal"), {"pid": pid, "signal": sig})
 
     async def tree(self) -> Tree:
         """:meth:`Sandbox.tree`."""

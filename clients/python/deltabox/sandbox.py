@@ -121,8 +121,14 @@ def _data_bytes(data: Union[bytes, bytearray, memoryview, str, Any]) -> bytes:
 def _create_body(image: str, workdir: str, name: Optional[str], memory_mb: Optional[int],
                  pids: Optional[int], cpus: Optional[float], hostname: Optional[str],
                  warm_processes: bool, user: Optional[str], disk_mb: Optional[int],
-                 template_budget_mb: Optional[int]) -> Dict[str, Any]:
+                 template_budget_mb: Optional[int],
+                 network: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     body: Dict[str, Any] = {"image": image, "workdir": workdir}
+    if network is not None:
+        unknown = set(network) - {"allow_out", "deny_out", "model"}
+        if unknown:
+            raise TypeError("network: unknown keys %s (want allow_out, deny_out, model)" % sorted(unknown))
+        body["network"] = {k: (dict(v) if k == "model" else list(v)) for k, v in network.items()}
     for k, v in (("id", name), ("hostname", hostname), ("memory_mb", memory_mb),
                  ("pids", pids), ("cpus", cpus), ("user", user), ("disk_mb", disk_mb),
                  ("template_budget_mb", template_budget_mb)):
@@ -456,7 +462,8 @@ class Sandbox:
                client: Optional[Client] = None, remove_nodes: bool = False,
                user: Optional[str] = None,
                disk_mb: Optional[int] = None,
-               template_budget_mb: Optional[int] = None) -> "Sandbox":
+               template_budget_mb: Optional[int] = None,
+               network: Optional[Dict[str, Any]] = None) -> "Sandbox":
         """Creates and starts a sandbox.
 
         Args:
@@ -474,6 +481,13 @@ class Sandbox:
                 default, an eighth of its RAM; -1: none, templates count against
                 ``memory_mb``). A checkpoint while they hold more waits (``wait``),
                 then raises :class:`TemplateBudgetExceeded`.
+            network: egress through the daemon's proxy, off when None:
+                ``{"allow_out": [...], "deny_out": [...]}``, entries being domains
+                (``"pypi.org"``), wildcards (``"*.github.com"``), ``"*"``, IPs or
+                CIDRs; deny wins. Tools inside need no configuration (docs/API.md,
+                Network). ``"model": {"url": ..., "key": ...}`` adds an
+                OpenAI-compatible endpoint reached inside as
+                ``http://model.deltabox.internal``, the daemon adding the key.
             hostname: default: the id.
             user: run sessions and commands as this user of the sandbox's own
                 ``/etc/passwd`` instead of root: ``"NAME"``, ``"UID"``,
@@ -493,7 +507,7 @@ class Sandbox:
         """
         c = _client_or_default(client)
         body = _create_body(image, workdir, name, memory_mb, pids, cpus, hostname,
-                            warm_processes, user, disk_mb, template_budget_mb)
+                            warm_processes, user, disk_mb, template_budget_mb, network)
         info = c._t.json("POST", "/sandboxes", body)
         return cls(info["id"], c, info, remove_nodes=remove_nodes)
 

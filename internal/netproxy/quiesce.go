@@ -1,0 +1,73 @@
+package netproxy
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"deltabox/internal/errdefs"
+)
+
+// quietGap is how long a connection must have been silent, after its last answer
+// bytes, to count as idle. A response moving through the proxy arrives in segments
+// microseconds apart on a loopback-class link; 2 ms tells "still arriving" from "done"
+// without making a checkpoint right after a request wait for long. A response streamed
+// with longer pauses (a model's tokens, tens of ms apart) looks idle in a pause: a
+// checkpoint then resets it, and the client sees the stream cut (docs/design/network.md).
+const quietGap = 2 * time.Millisecond
+
+// Quiesce readies the sandbox's connections for a checkpoint, so that its processes
+// hold no live socket to the outside and stay on the fast path: it waits up to wait for
+// the requests in flight (the sandbox sent bytes after the last answer bytes, or answer
+// bytes came within quietGap), then resets every connection from the proxy's side (RST:
+// the process's socket goes to TCP_CLOSE at once, which the fast path takes:
+// internal/fastpath/deadsock.go). Requests still in flight after wait refuse (409,
+// naming them), and nothing is closed.
+func (s *Sandbox) Quiesce(wait time.Duration) error {
+	// Waiting out quietGap is not waiting for a request: it is part of any checkpoint.
+	deadline := time.Now().Add(max(wait, quietGap))
+	for {
+		busy := s.inFlight()
+		if len(busy) == 0 {
+			break
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("network: %d connection(s) through the proxy still carry a request after wait_ms %d (%s): checkpoint when they are done, or give a longer wait_ms: %w",
+				len(busy), wait.Milliseconds(), strings.Join(busy, ", "), errdefs.ErrConflict)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.mu.Lock()
+	conns := make([]*pipe, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+	return nil
+}
+
+// inFlight names the connections that carry a request now.
+func (s *Sandbox) inFlight() []string {
+	now := time.Now().UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for c := range s.conns {
+		if c.busy != nil {
+			if c.busy() {
+				out = append(out, c.what)
+			}
+			continue
+		}
+		up, down := c.lastUp.Load(), c.lastDown.Load()
+		if up > down || now-down < int64(quietGap) {
+			out = append(out, c.what)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,147 @@
+package state
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/errdefs"
+	"deltabox/internal/netns"
+	"deltabox/internal/netproxy"
+)
+
+// checkNetwork checks a create's network option (nil: no network).
+func checkNetwork(n *apitypes.Network) error {
+	if n == nil {
+		return nil
+	}
+	if _, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut, n.Model != nil); err != nil {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+	}
+	if n.Model != nil {
+		if _, err := netproxy.New(netproxy.Config{}).NewModel(apitypes.ModelHost, n.Model.URL, n.Model.Key); err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// redactNet is the network option as the API shows it: the model key never leaves
+// the daemon (KeySet says one is kept).
+func redactNet(n *apitypes.Network) *apitypes.Network {
+	if n == nil || n.Model == nil {
+		return n
+	}
+	c, mc := *n, *n.Model
+	mc.KeySet, mc.Key = mc.Key != "", ""
+	c.Model = &mc
+	return &c
+}
+
+// attachNet serves s's network through the daemon's proxy when its record asks for
+// one (netproxy): listeners and rules in its network namespace, which its init holds.
+// Called whenever s gets a running init (boot, adoption after a restart: the old
+// daemon's listeners went with it, and the rules are replaced to name the new ones).
+func (m *Manager) attachNet(s *sb) error {
+	if s.rec.Network == nil || s.rt == nil {
+		return nil
+	}
+	n := s.rec.Network
+	pol, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut, n.Model != nil)
+	if err != nil {
+		return err
+	}
+	var model *netproxy.Model
+	if n.Model != nil {
+		if model, err = m.net.NewModel(apitypes.ModelHost, n.Model.URL, n.Model.Key); err != nil {
+			return err
+		}
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
+	if err != nil {
+		return fmt.Errorf("network: the sandbox's namespace: %w", err)
+	}
+	defer f.Close()
+	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol, model)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.net = ns
+	s.mu.Unlock()
+	return nil
+}
+
+// quiesceNet readies s's connections through the proxy for a checkpoint
+// (netproxy.Sandbox.Quiesce): requests in flight are waited for, up to wait, and idle
+// connections reset, so that its processes keep no live socket and stay on the fast
+// path. Nothing to do without a network.
+func (m *Manager) quiesceNet(s *sb, wait time.Duration) error {
+	s.mu.Lock()
+	ns := s.net
+	s.mu.Unlock()
+	if ns == nil {
+		return nil
+	}
+	return ns.Quiesce(wait)
+}
+
+// detachNet stops serving s's network (its connections are closed).
+func (m *Manager) detachNet(s *sb) {
+	s.mu.Lock()
+	ns := s.net
+	s.net = nil
+	s.mu.Unlock()
+	if ns != nil {
+		ns.Close()
+	}
+}
+
+// netUsage is s's traffic through the proxy (nil: no network).
+func netUsage(s *sb) *apitypes.NetUsage {
+	s.mu.Lock()
+	ns := s.net
+	s.mu.Unlock()
+	if ns == nil {
+		return nil
+	}
+	c := ns.Counters()
+	return &apitypes.NetUsage{Connections: c.Connections, Refused: c.Refused, BytesOut: c.BytesOut, BytesIn: c.BytesIn,
+		DNSQueries: c.DNSQueries, DNSRefused: c.DNSRefused, Open: c.Open}
+}
+
+// DialPort connects to 127.0.0.1:port inside sandbox id's network namespace, from a
+// daemon thread that entered it (netns.DialLoopback): a service of the sandbox reached
+// from the host without any route between the two. Any sandbox, with or without a
+// network.
+func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d: want 1-65535: %w", port, errdefs.ErrInvalid)
+	}
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	// The namespace is opened while s cannot change init (opMu), and used after: the
+	// file holds the namespace, whatever becomes of the PID.
+	s.opMu.Lock()
+	var f *os.File
+	if s.rt == nil || !s.rt.Alive() {
+		err = fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrConflict)
+	} else {
+		f, err = os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
+	}
+	s.opMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c, err := netns.DialLoopback(ctx, int(f.Fd()), uint16(port))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: nothing answers on port %d (a server must listen on 127.0.0.1 or 0.0.0.0 inside): %v: %w", id, port, err, errdefs.ErrUnavailable)
+	}
+	return c, nil
+}
