@@ -47,6 +47,9 @@ type Manifest struct {
 	// not have (extfiles.go), by CRIU's key, with their paths: Restore opens each in
 	// the state it restores onto.
 	ExtFiles map[string]string `json:",omitempty"`
+	// Removed are the files and directories with no name the tree holds (removed.go),
+	// external to the image too: Restore makes each again, nameless, on the state.
+	Removed []Removed `json:",omitempty"`
 	// ShellJob: the tree's root does not lead its session (a job an exec left behind,
 	// in init's session). CRIU dumps it only as a shell job; Restore has its root lead
 	// a session of its own (shellJobSetsidEnv).
@@ -129,7 +132,15 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
-	extFiles, err := externalFiles(pid)
+	tree := Tree(pid)
+	removed, err := removedFiles(tree, dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range removed {
+		ext = append(ext, r.Key)
+	}
+	extFiles, err := externalFiles(tree, removed)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +179,13 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if _, err := c.run(ctx); err != nil {
 		return nil, err
 	}
-	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
+	if err := criuRemaps(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	if err := unixSocketMounts(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, Removed: removed, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}
 	if o.Sync {
 		if err := syncDir(dir); err != nil {

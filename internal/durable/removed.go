@@ -1,0 +1,298 @@
+package durable
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Removed files: a process may hold a file or a directory that has no name any more (an
+// unlinked open file, a removed working directory). CRIU carries such a file itself by
+// writing into the tree it restores onto: it dumps a file's content as a "ghost" and, at
+// the restore, creates NAME.cr.ID.ghost beside the old name, links it to the old name,
+// opens it and unlinks both; a removed directory is made again at its old path and
+// removed after. Restoring into a sandbox's state (--join-ns mnt), CRIU 4.1.1 makes the
+// ghost in the state but links and cleans it up from its own root, so the restore fails
+// ("Can't link workspace/g.cr.1.ghost -> workspace/g: No such file or directory") and
+// leaves the ghost in the user's tree. Even when it works, every restore (and a
+// checkpoint's move is one) would change the directory's times and leave its ghost
+// behind when CRIU dies or times out.
+//
+// So the daemon carries them, and CRIU never writes into the sandbox's files: each
+// removed file is external to the image (CRIU's file[MNT:INO]); Dump copies a regular
+// file's content into the image directory (removed-N), and Restore makes a nameless file
+// of the same content, owner, mode and times on the state restored onto (O_TMPFILE, in
+// its old directory when that exists: nothing is ever linked into the tree) and hands it
+// to CRIU, which reopens it with the image's flags and offset. A removed directory is
+// made under a name of its own in its nearest existing ancestor, opened and removed at
+// once, and the ancestor's times are put back: the process gets a removed directory on
+// the new state whose ".." is that ancestor (a parent that was removed too is not made
+// again). The process sees the same content; only the inode number changes, as it does
+// with CRIU's ghosts. A file removed between the scan and CRIU's seize would be dumped as
+// CRIU's own ghost: Dump refuses such an image (try again).
+
+// RemovedLimit is the largest removed regular file a dump copies (CRIU's default ghost
+// limit is 1 MiB; the copy is on the checkpoint's path, at disk speed).
+const RemovedLimit = 64 << 20
+
+// Removed is a file or directory with no name that the tree holds (a fd, a mapping, a
+// working directory), carried by the daemon rather than by CRIU.
+type Removed struct {
+	Key      string // CRIU's external key, file[MNT:INO]
+	Path     string // its last name, as the process saw it (without " (deleted)")
+	Dir      bool
+	Mode     uint32 // permission bits (and setuid, setgid, sticky)
+	UID, GID uint32 // on the host (the sandbox's mapped ids)
+	Size     int64
+	Atime    unix.Timespec
+	Mtime    unix.Timespec
+	Copy     string `json:",omitempty"` // its content in the image directory (regular files)
+}
+
+// shmemName says whether a /proc link names memory rather than a file: shared anonymous
+// memory, a memfd, SysV shared memory. They live on the kernel's internal shm mount, and
+// CRIU dumps their content itself.
+func shmemName(link string) bool {
+	return strings.HasPrefix(link, "/dev/zero (deleted)") || strings.HasPrefix(link, "/memfd:") || strings.HasPrefix(link, "/SYSV")
+}
+
+// removedFiles finds what the tree (host PIDs) holds that has no name, and copies each
+// regular one's content into dir.
+func removedFiles(tree []int, dir string) ([]Removed, error) {
+	var out []Removed
+	seen := map[string]bool{}
+	for _, p := range tree {
+		base := "/proc/" + strconv.Itoa(p)
+		var links []string
+		for _, sub := range []string{"fd", "map_files"} {
+			ents, err := os.ReadDir(filepath.Join(base, sub))
+			if err != nil {
+				if p == tree[0] {
+					return nil, err
+				}
+				continue // ended since
+			}
+			for _, e := range ents {
+				links = append(links, filepath.Join(base, sub, e.Name()))
+			}
+		}
+		links = append(links, base+"/cwd")
+		for _, link := range links {
+			r, err := removedAt(p, link)
+			if err != nil {
+				return nil, err
+			}
+			if r == nil || seen[r.Key] {
+				continue
+			}
+			seen[r.Key] = true
+			if !r.Dir {
+				if r.Size > RemovedLimit {
+					return nil, fmt.Errorf("process %d holds the removed file %s (%d MiB), over the %d MiB a checkpoint copies (close it, or keep a name to it)", p, r.Path, r.Size>>20, RemovedLimit>>20)
+				}
+				r.Copy = fmt.Sprintf("removed-%d", len(out))
+				if err := copyRemoved(link, filepath.Join(dir, r.Copy)); err != nil {
+					return nil, fmt.Errorf("process %d: copy the removed file %s: %w", p, r.Path, err)
+				}
+			}
+			out = append(out, *r)
+		}
+	}
+	return out, nil
+}
+
+// removedAt says what link (a /proc/PID/{fd,map_files}/N or cwd of process p) is, if it
+// is a regular file or directory with no name; nil otherwise.
+func removedAt(p int, link string) (*Removed, error) {
+	fd, err := unix.Open(link, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil // closed or unmapped since
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	dir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if !dir && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, nil
+	}
+	name, err := os.Readlink(link)
+	if err != nil || shmemName(name) {
+		return nil, nil
+	}
+	path, suffixed := strings.CutSuffix(name, " (deleted)")
+	if !suffixed {
+		return nil, nil
+	}
+	if st.Nlink > 0 {
+		// Unlinked under this name, or a name that ends so: the name, looked up in the
+		// process's root, must not be this file.
+		if same, err := sameAt(p, name, &st); err != nil || same {
+			return nil, err // a live file whose name ends in " (deleted)"
+		}
+		if !dir {
+			// It keeps other links: carried as a copy, it would no longer be the file
+			// they name, and reopened by a name it would be written through a frozen
+			// layer.
+			return nil, fmt.Errorf("process %d holds %s, unlinked under this name while other links to it are left, which neither path carries (close it, or open it by a name it has)", p, path)
+		}
+	}
+	mnt, err := fdMountID(fd)
+	if err != nil {
+		return nil, err
+	}
+	return &Removed{Key: fmt.Sprintf("file[%x:%x]", mnt, st.Ino), Path: path, Dir: dir, Mode: st.Mode & 0o7777,
+		UID: st.Uid, GID: st.Gid, Size: st.Size, Atime: st.Atim, Mtime: st.Mtim}, nil
+}
+
+// sameAt says whether name, looked up in process p's root (confined to it), is the file
+// st describes.
+func sameAt(p int, name string, st *unix.Stat_t) (bool, error) {
+	root, err := os.Open(fmt.Sprintf("/proc/%d/root", p))
+	if err != nil {
+		return false, err
+	}
+	defer root.Close()
+	fd, err := unix.Openat2(int(root.Fd()), name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return false, nil
+	}
+	defer unix.Close(fd)
+	var ost unix.Stat_t
+	return unix.Fstat(fd, &ost) == nil && ost.Ino == st.Ino && ost.Dev == st.Dev, nil
+}
+
+// copyRemoved copies the file link names into dst (new) and syncs nothing (Dump does).
+func copyRemoved(link, dst string) error {
+	src, err := os.Open(link)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, io.LimitReader(src, RemovedLimit+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// criuRemaps refuses an image in which CRIU carries a file itself (ghost files, link
+// remaps): it would write them into the state restored onto.
+func criuRemaps(dir string) error {
+	ghosts, _ := filepath.Glob(filepath.Join(dir, "ghost-file-*.img"))
+	if len(ghosts) > 0 {
+		return errors.New("a file it holds was removed while CRIU took it (CRIU would write it into the sandbox's files to restore it): try again")
+	}
+	return nil
+}
+
+// makeRemoved makes, on the state whose root is root, a nameless copy of r for CRIU to
+// reopen: a regular file's content from the image directory dir, or a removed directory.
+func makeRemoved(root *os.File, dir string, r Removed) (*os.File, error) {
+	if r.Dir {
+		return makeRemovedDir(root, r)
+	}
+	pfd, err := nearestDir(root, filepath.Dir(r.Path))
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("make the removed file %s again: %w", r.Path, err)
+	}
+	f := os.NewFile(uintptr(fd), r.Path+" (deleted)")
+	err = func() error {
+		src, err := os.Open(filepath.Join(dir, r.Copy))
+		if err != nil {
+			return err
+		}
+		defer src.Close()
+		if _, err := io.Copy(f, src); err != nil {
+			return err
+		}
+		return setAttrs(fd, r)
+	}()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("make the removed file %s again: %w", r.Path, err)
+	}
+	return f, nil
+}
+
+// makeRemovedDir makes a removed directory in r.Path's nearest existing ancestor: made,
+// opened, removed at once, the ancestor's times put back.
+func makeRemovedDir(root *os.File, r Removed) (*os.File, error) {
+	parent := filepath.Dir(r.Path)
+	pfd, err := nearestDir(root, parent)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	var pst unix.Stat_t
+	if err := unix.Fstat(pfd, &pst); err != nil {
+		return nil, err
+	}
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	name := ".deltabox-removed-" + hex.EncodeToString(rnd[:])
+	if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
+		return nil, fmt.Errorf("make the removed directory %s again: %w", r.Path, err)
+	}
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == nil {
+		if err = setAttrs(fd, r); err != nil {
+			unix.Close(fd)
+		}
+	}
+	rerr := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
+	unix.UtimesNanoAt(pfd, "", []unix.Timespec{pst.Atim, pst.Mtim}, unix.AT_EMPTY_PATH)
+	if err == nil && rerr != nil {
+		unix.Close(fd)
+		err = rerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("make the removed directory %s again: %w", r.Path, err)
+	}
+	return os.NewFile(uintptr(fd), r.Path+" (deleted)"), nil
+}
+
+// nearestDir opens (read-only, a directory) path in the state whose root is root, or its
+// nearest ancestor that exists there, confined to the state (no symlink followed).
+func nearestDir(root *os.File, path string) (int, error) {
+	for p := path; ; p = filepath.Dir(p) {
+		fd, err := unix.Openat2(int(root.Fd()), p, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		if err == nil {
+			return fd, nil
+		}
+		if p == "/" || p == "." {
+			return -1, fmt.Errorf("open the state's root: %w", err)
+		}
+	}
+}
+
+// setAttrs gives fd r's owner, mode and times.
+func setAttrs(fd int, r Removed) error {
+	if err := unix.Fchown(fd, int(r.UID), int(r.GID)); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(fd, r.Mode); err != nil {
+		return err
+	}
+	return unix.UtimesNanoAt(fd, "", []unix.Timespec{r.Atime, r.Mtime}, unix.AT_EMPTY_PATH)
+}

@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"deltabox/internal/api"
+	"deltabox/internal/testutil"
+)
+
+// removedThings is a background python with two threads (so that the fast path refuses
+// it and CRIU carries it) that holds what CRIU writes files to carry, by its argument:
+//
+//	ghost: /workspace/g, written "hello" and unlinked while open; each SIGUSR1 appends
+//	       the count to it and copies its whole content to /workspace/ghost.out.
+//	sock:  a unix socket bound at /workspace/sock, listening; each connection is answered
+//	       "pong" and the count of connections.
+//	cwd:   its working directory /workspace/d, removed; each SIGUSR1 writes to
+//	       /workspace/cwd.out the link count of "." and what it lists (0 and nothing).
+//
+// It writes its PID to /workspace/MODE.pid when ready.
+const removedThings = `
+import os, sys, signal, socket, threading, time
+mode = sys.argv[1]
+n = [0]
+ev = threading.Event()
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+if mode == "ghost":
+    f = open("/workspace/g", "w+"); f.write("hello\n"); f.flush(); os.unlink("/workspace/g")
+    def on():
+        n[0] += 1; f.write("%d\n" % n[0]); f.flush(); f.seek(0)
+        data = f.read()
+        open("/workspace/ghost.out", "w").write(data)
+elif mode == "sock":
+    s = socket.socket(socket.AF_UNIX); s.bind("/workspace/sock"); s.listen(8)
+    def serve():
+        while True:
+            c, _ = s.accept(); n[0] += 1; c.sendall(b"pong %d\n" % n[0]); c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    def on(): pass
+elif mode == "cwd":
+    os.mkdir("/workspace/d"); os.chdir("/workspace/d"); os.rmdir("/workspace/d")
+    def on():
+        n[0] += 1
+        open("/workspace/cwd.out", "w").write("%d %d %r\n" % (n[0], os.stat(".").st_nlink, os.listdir(".")))
+signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
+open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
+while True:
+    ev.wait(); ev.clear(); on()
+    open("/workspace/%s.done" % mode, "w").write(str(n[0]))
+`
+
+// startRemoved starts removedThings in mode and returns its PID.
+func startRemoved(t *testing.T, d *testutil.Daemon, id, mode string) string {
+	t.Helper()
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /tmp/removed.py`, "sh", removedThings}}); r.ExitCode != 0 {
+		t.Fatalf("write removed.py: %+v", r)
+	}
+	return startJob(t, d, id, "python3 /tmp/removed.py "+mode, "/workspace/"+mode+".pid")
+}
+
+// poke signals the removedThings in mode (PID pid) and waits for its answer.
+func poke(t *testing.T, d *testutil.Daemon, id, mode, pid string, n int) {
+	t.Helper()
+	dbxSh(t, d, id, fmt.Sprintf(`kill -USR1 %s; for i in $(seq 500); do [ "$(cat /workspace/%s.done 2>/dev/null)" = %d ] && exit 0; sleep 0.01; done; exit 1`, pid, mode, n))
+}
+
+// TestCRIUTreeCarriesRemovedFiles is issue 24's reproducer, and its siblings: processes
+// the fast path refuses (two threads) holding an unlinked open file, a unix socket bound
+// under /workspace, a removed working directory are carried by CRIU through a checkpoint
+// and a restore, and nothing CRIU writes to carry them (ghost files) lands in /workspace.
+func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "g"
+	dbxCreate(t, d, id)
+	ghost := startRemoved(t, d, id, "ghost")
+	sock := startRemoved(t, d, id, "sock")
+	cwd := startRemoved(t, d, id, "cwd")
+	pids := ghost + " " + sock + " " + cwd
+	listing := func() string {
+		// A bound socket's file is bound again (a new inode): its inode is not compared.
+		return dbxSh(t, d, id, `cd /workspace && for f in $(ls -A | sort); do if [ -S $f ]; then stat -c '%n %F %a %U' $f; else stat -c '%n %F %s %i %a %U %y' $f; fi; done`)
+	}
+	check := func(what string, n int) {
+		t.Helper()
+		dbxSh(t, d, id, "for p in "+pids+"; do kill -0 $p; [ $(ls /proc/$p/task | wc -l) = 2 ]; done")
+		poke(t, d, id, "ghost", ghost, n)
+		want := "hello\n"
+		for i := 1; i <= n; i++ {
+			want += fmt.Sprintf("%d\n", i)
+		}
+		if got := dbxSh(t, d, id, "cat /workspace/ghost.out"); got != want {
+			t.Fatalf("%s: the unlinked file holds %q, want %q", what, got, want)
+		}
+		if got := dbxSh(t, d, id, `python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect("/workspace/sock"); print(s.recv(100).decode(), end="")'`); !strings.HasPrefix(got, "pong ") {
+			t.Fatalf("%s: the socket answered %q", what, got)
+		}
+		poke(t, d, id, "cwd", cwd, n)
+		if got, want := dbxSh(t, d, id, "cat /workspace/cwd.out"), fmt.Sprintf("%d 0 []\n", n); got != want {
+			t.Fatalf("%s: the removed cwd: %q, want %q", what, got, want)
+		}
+	}
+	check("before", 1)
+	before := listing()
+	a, err := d.C.Checkpoint(dbxCtx(t), id, "a")
+	if err != nil {
+		t.Logf("ps: %s", dbxSh(t, d, id, "ps -e"))
+		t.Logf("files: %s", listing())
+		t.Fatalf("checkpoint: %v", err)
+	}
+	if a.CRIUProcesses != 3 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want 3: %+v", a.CRIUProcesses, a)
+	}
+	if after := listing(); after != before {
+		t.Fatalf("the checkpoint changed /workspace:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	check("after the checkpoint", 2)
+	dbxSh(t, d, id, "echo later > /workspace/later")
+	dbxRestore(t, d, id, a.Node.ID)
+	if after := listing(); after != before {
+		t.Fatalf("the restore did not give back /workspace as checkpointed:\nat the checkpoint:\n%s\nrestored:\n%s", before, after)
+	}
+	check("after the restore", 2)
+}
