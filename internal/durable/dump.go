@@ -82,6 +82,9 @@ type DumpOptions struct {
 	// SIGSTOP as it lets it go), for a caller that decides afterwards whether it runs
 	// on (SIGCONT) or is ended: a checkpoint, whose node must hold the tree as dumped.
 	LeaveStopped bool
+	// FileLocks dumps the tree's file locks (flock, POSIX, OFD: CRIU's --file-locks),
+	// which CRIU takes again at the restore; without it a tree holding one is refused.
+	FileLocks bool
 }
 
 // Dump writes the images of the process tree rooted at host PID pid, a process of a
@@ -161,6 +164,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		LeaveRunning: proto.Bool(!o.Kill && !o.LeaveStopped),
 		LeaveStopped: proto.Bool(o.LeaveStopped),
 		ShellJob:     proto.Bool(job),
+		FileLocks:    proto.Bool(o.FileLocks),
 		LogLevel:     proto.Int32(logLevel(o.LogLevel)),
 		LogFile:      proto.String(DumpLog),
 		External:     ext,

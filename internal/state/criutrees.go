@@ -460,7 +460,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
 			return fail(fmt.Errorf("%s: its process ended during the checkpoint", what))
 		}
-		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true})
+		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true, FileLocks: true})
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
