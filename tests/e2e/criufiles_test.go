@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"deltabox/internal/api"
+	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
 
@@ -122,4 +123,44 @@ func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 		t.Fatalf("the restore did not give back /workspace as checkpointed:\nat the checkpoint:\n%s\nrestored:\n%s", before, after)
 	}
 	check("after the restore", 2)
+}
+
+// TestCRIUCarriesWhatTheFastPathRefuses: a python session with one thread that the fast
+// path refuses for what CRIU can carry (shared anonymous memory, a memfd, an unlinked
+// open file, a flock on a terminal's neighbour: a lock on /dev/null) is checkpointed
+// through CRIU instead of refused, and a restore gives back the memory and file contents
+// of the checkpoint. Before, each was a 409 ("shared anonymous memory ... no file
+// holds"), and CRIU's own path misnamed /dev/zero (deleted) "a deleted file on a mount
+// the process no longer has".
+func TestCRIUCarriesWhatTheFastPathRefuses(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "cf"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, id, "py", `import mmap, os, fcntl
+anon = mmap.mmap(-1, 4096); anon[:5] = b"anon1"
+mfd = os.memfd_create("m"); os.write(mfd, b"memfd1")
+g = open("/workspace/g", "w+"); g.write("ghost1"); g.flush(); os.unlink("/workspace/g")
+dn = open("/dev/null"); fcntl.flock(dn, fcntl.LOCK_EX)`)
+	a, err := d.C.Checkpoint(dbxCtx(t), id, "a")
+	if err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	if a.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want the session's: %+v", a.CRIUProcesses, a)
+	}
+	if ls := dbxSh(t, d, id, "ls -A /workspace"); ls != "" {
+		t.Fatalf("the checkpoint left %q in /workspace", ls)
+	}
+	probe := `print(bytes(anon[:5]), os.pread(mfd, 6, 0), (g.seek(0), g.read())[1])`
+	sessRun(t, d, id, "py", `anon[:5] = b"anon2"; os.pwrite(mfd, b"memfd2", 0); g.seek(0); g.write("ghost2"); g.flush()`)
+	dbxRestore(t, d, id, a.Node.ID)
+	if out := sessRun(t, d, id, "py", probe); out != "b'anon1' b'memfd1' ghost1\n" {
+		t.Fatalf("restored: %q", out)
+	}
+	if ls := dbxSh(t, d, id, "ls -A /workspace"); ls != "" {
+		t.Fatalf("the restore left %q in /workspace", ls)
+	}
 }
