@@ -136,9 +136,15 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		return nil, err
 	}
 	tree := Tree(pid)
-	removed, err := removedFiles(tree, dir)
+	removed, removedSrc, err := removedFiles(tree)
 	if err != nil {
 		return nil, err
+	}
+	if o.Kill && len(removed) > 0 {
+		// Copied now, from the stopped tree that CRIU ends.
+		if removed, err = copyRemovedFiles(tree, dir, removed, removedSrc); err != nil {
+			return nil, err
+		}
 	}
 	for _, r := range removed {
 		ext = append(ext, r.Key)
@@ -188,6 +194,11 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	if err := unixSocketMounts(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	if !o.Kill && len(removed) > 0 {
+		if removed, err = copyRemovedFiles(Tree(pid), dir, removed, removedSrc); err != nil {
+			return nil, fmt.Errorf("%s: %w", c.what, err)
+		}
 	}
 	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, Removed: removed, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}

@@ -64,11 +64,33 @@ func shmemName(link string) bool {
 	return strings.HasPrefix(link, "/dev/zero (deleted)") || strings.HasPrefix(link, "/memfd:") || strings.HasPrefix(link, "/SYSV")
 }
 
-// removedFiles finds what the tree (host PIDs) holds that has no name, and copies each
-// regular one's content into dir.
-func removedFiles(tree []int, dir string) ([]Removed, error) {
+// removedFiles finds what the tree (host PIDs) holds that has no name, each with a
+// /proc link to it (first found). copyRemovedFiles copies the contents, once the tree is
+// stopped.
+func removedFiles(tree []int) ([]Removed, map[string]string, error) {
 	var out []Removed
-	seen := map[string]bool{}
+	src := map[string]string{}
+	err := treeLinks(tree, func(p int, link string) error {
+		r, err := removedAt(p, link)
+		if err != nil || r == nil {
+			return err
+		}
+		if _, ok := src[r.Key]; ok {
+			return nil
+		}
+		if !r.Dir && r.Size > RemovedLimit {
+			return fmt.Errorf("process %d holds the removed file %s (%d MiB), over the %d MiB a checkpoint copies (close it, or keep a name to it)", p, r.Path, r.Size>>20, RemovedLimit>>20)
+		}
+		src[r.Key] = link
+		out = append(out, *r)
+		return nil
+	})
+	return out, src, err
+}
+
+// treeLinks calls fn with each fd, mapped file and working directory of each process of
+// the tree, as /proc links.
+func treeLinks(tree []int, fn func(p int, link string) error) error {
 	for _, p := range tree {
 		base := "/proc/" + strconv.Itoa(p)
 		var links []string
@@ -76,7 +98,7 @@ func removedFiles(tree []int, dir string) ([]Removed, error) {
 			ents, err := os.ReadDir(filepath.Join(base, sub))
 			if err != nil {
 				if p == tree[0] {
-					return nil, err
+					return err
 				}
 				continue // ended since
 			}
@@ -86,27 +108,64 @@ func removedFiles(tree []int, dir string) ([]Removed, error) {
 		}
 		links = append(links, base+"/cwd")
 		for _, link := range links {
-			r, err := removedAt(p, link)
-			if err != nil {
-				return nil, err
+			if err := fn(p, link); err != nil {
+				return err
 			}
-			if r == nil || seen[r.Key] {
-				continue
-			}
-			seen[r.Key] = true
-			if !r.Dir {
-				if r.Size > RemovedLimit {
-					return nil, fmt.Errorf("process %d holds the removed file %s (%d MiB), over the %d MiB a checkpoint copies (close it, or keep a name to it)", p, r.Path, r.Size>>20, RemovedLimit>>20)
-				}
-				r.Copy = fmt.Sprintf("removed-%d", len(out))
-				if err := copyRemoved(link, filepath.Join(dir, r.Copy)); err != nil {
-					return nil, fmt.Errorf("process %d: copy the removed file %s: %w", p, r.Path, err)
-				}
-			}
-			out = append(out, *r)
 		}
 	}
+	return nil
+}
+
+// copyRemovedFiles copies into dir the content of each removed regular file, read
+// through src's link to it, or another of the tree's when that one no longer is it (the
+// tree ran between the scan and CRIU's seize). It returns those the tree still holds:
+// the contents and sizes are the image's when the tree is stopped (Dump: after CRIU left
+// it stopped, or before CRIU kills it).
+func copyRemovedFiles(tree []int, dir string, removed []Removed, src map[string]string) ([]Removed, error) {
+	var out []Removed
+	for _, r := range removed {
+		if r.Dir {
+			out = append(out, r)
+			continue
+		}
+		link := src[r.Key]
+		if k, _ := keyOf(link); k != r.Key {
+			link = ""
+			treeLinks(tree, func(p int, l string) error {
+				if k, _ := keyOf(l); link == "" && k == r.Key {
+					link = l
+				}
+				return nil
+			})
+		}
+		if link == "" {
+			continue // closed meanwhile: the image does not name it
+		}
+		r.Copy = fmt.Sprintf("removed-%d", len(out))
+		if err := copyRemoved(link, filepath.Join(dir, r.Copy)); err != nil {
+			return nil, fmt.Errorf("copy the removed file %s: %w", r.Path, err)
+		}
+		out = append(out, r)
+	}
 	return out, nil
+}
+
+// keyOf is CRIU's external key of the file link names.
+func keyOf(link string) (string, error) {
+	fd, err := unix.Open(link, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", err
+	}
+	mnt, err := fdMountID(fd)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("file[%x:%x]", mnt, st.Ino), nil
 }
 
 // removedAt says what link (a /proc/PID/{fd,map_files}/N or cwd of process p) is, if it

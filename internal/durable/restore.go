@@ -149,6 +149,10 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		// CRIU's session is outside the sandbox's PID namespace.
 		ShellJob: proto.Bool(m.ShellJob),
 	}
+	// Locks dumped (DumpOptions.FileLocks) are taken again only when the restore asks.
+	if _, err := os.Stat(filepath.Join(dir, "filelocks.img")); err == nil {
+		opts.FileLocks = proto.Bool(true)
+	}
 	// CRIU opens the join_ns files itself, in its own mount namespace with a /proc of
 	// the sandbox's PID namespace: /proc/self/fd/N is its own fd N there.
 	for _, j := range []struct {

@@ -127,9 +127,9 @@ func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 
 // TestCRIUCarriesWhatTheFastPathRefuses: a python session with one thread that the fast
 // path refuses for what CRIU can carry (shared anonymous memory, a memfd, an unlinked
-// open file, a flock on a terminal's neighbour: a lock on /dev/null) is checkpointed
-// through CRIU instead of refused, and a restore gives back the memory and file contents
-// of the checkpoint. Before, each was a 409 ("shared anonymous memory ... no file
+// open file, a lock on a device: /dev/null) is checkpointed through CRIU instead of
+// refused, and a restore gives back the memory and file contents of the checkpoint; its
+// flock on a file is held all along (CRIU's --file-locks, at the dump and the restore). Before, each was a 409 ("shared anonymous memory ... no file
 // holds"), and CRIU's own path misnamed /dev/zero (deleted) "a deleted file on a mount
 // the process no longer has".
 func TestCRIUCarriesWhatTheFastPathRefuses(t *testing.T) {
@@ -143,7 +143,15 @@ func TestCRIUCarriesWhatTheFastPathRefuses(t *testing.T) {
 anon = mmap.mmap(-1, 4096); anon[:5] = b"anon1"
 mfd = os.memfd_create("m"); os.write(mfd, b"memfd1")
 g = open("/workspace/g", "w+"); g.write("ghost1"); g.flush(); os.unlink("/workspace/g")
-dn = open("/dev/null"); fcntl.flock(dn, fcntl.LOCK_EX)`)
+dn = open("/dev/null"); fcntl.flock(dn, fcntl.LOCK_EX)
+lk = open("/workspace/lockf", "w"); fcntl.flock(lk, fcntl.LOCK_EX)`)
+	held := func(what string) {
+		t.Helper()
+		if out := dbxSh(t, d, id, "flock -n /workspace/lockf true && echo free || echo held"); out != "held\n" {
+			t.Fatalf("%s: the session's flock on /workspace/lockf is %s", what, out)
+		}
+	}
+	held("before")
 	a, err := d.C.Checkpoint(dbxCtx(t), id, "a")
 	if err != nil {
 		t.Fatalf("checkpoint: %v", err)
@@ -151,16 +159,18 @@ dn = open("/dev/null"); fcntl.flock(dn, fcntl.LOCK_EX)`)
 	if a.CRIUProcesses != 1 {
 		t.Fatalf("checkpoint: %d processes through CRIU, want the session's: %+v", a.CRIUProcesses, a)
 	}
-	if ls := dbxSh(t, d, id, "ls -A /workspace"); ls != "" {
+	if ls := dbxSh(t, d, id, "ls -A /workspace"); ls != "lockf\n" {
 		t.Fatalf("the checkpoint left %q in /workspace", ls)
 	}
+	held("after the checkpoint")
 	probe := `print(bytes(anon[:5]), os.pread(mfd, 6, 0), (g.seek(0), g.read())[1])`
 	sessRun(t, d, id, "py", `anon[:5] = b"anon2"; os.pwrite(mfd, b"memfd2", 0); g.seek(0); g.write("ghost2"); g.flush()`)
 	dbxRestore(t, d, id, a.Node.ID)
 	if out := sessRun(t, d, id, "py", probe); out != "b'anon1' b'memfd1' ghost1\n" {
 		t.Fatalf("restored: %q", out)
 	}
-	if ls := dbxSh(t, d, id, "ls -A /workspace"); ls != "" {
+	if ls := dbxSh(t, d, id, "ls -A /workspace"); ls != "lockf\n" {
 		t.Fatalf("the restore left %q in /workspace", ls)
 	}
+	held("after the restore")
 }
