@@ -194,15 +194,13 @@ func removedAt(p int, link string) (*Removed, error) {
 	}
 	if st.Nlink > 0 {
 		// Unlinked under this name, or a name that ends so: the name, looked up in the
-		// process's root, must not be this file.
+		// process's root, must not be this file. A file that shows links left (one of
+		// a frozen layer, held read-only, whose name the upper whited out; one whose
+		// other names are in the upper) is carried as a copy too: the copy parts from
+		// the other names as any two names of a file part after a checkpoint, whose
+		// copy-up splits hard links (docs/design/posix.md).
 		if same, err := sameAt(p, name, &st); err != nil || same {
 			return nil, err // a live file whose name ends in " (deleted)"
-		}
-		if !dir {
-			// It keeps other links: carried as a copy, it would no longer be the file
-			// they name, and reopened by a name it would be written through a frozen
-			// layer.
-			return nil, fmt.Errorf("process %d holds %s, unlinked under this name while other links to it are left, which neither path carries (close it, or open it by a name it has)", p, path)
 		}
 	}
 	mnt, err := fdMountID(fd)

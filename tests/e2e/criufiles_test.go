@@ -17,6 +17,9 @@ import (
 //	       the count to it and copies its whole content to /workspace/ghost.out.
 //	sock:  a unix socket bound at /workspace/sock, listening; each connection is answered
 //	       "pong" and the count of connections.
+//	lower: /workspace/lw, a file of a frozen layer, open read-only, its name removed
+//	       (whited out: the file keeps its link in the layer); each SIGUSR1 copies it
+//	       to /workspace/lower.out.
 //	cwd:   its working directory /workspace/d, removed; each SIGUSR1 writes to
 //	       /workspace/cwd.out the link count of "." and what it lists (0 and nothing).
 //
@@ -33,6 +36,10 @@ if mode == "ghost":
         n[0] += 1; f.write("%d\n" % n[0]); f.flush(); f.seek(0)
         data = f.read()
         open("/workspace/ghost.out", "w").write(data)
+elif mode == "lower":
+    f = open("/workspace/lw"); os.unlink("/workspace/lw")
+    def on():
+        n[0] += 1; f.seek(0); open("/workspace/lower.out", "w").write(f.read())
 elif mode == "sock":
     s = socket.socket(socket.AF_UNIX); s.bind("/workspace/sock"); s.listen(8)
     def serve():
@@ -68,17 +75,21 @@ func poke(t *testing.T, d *testutil.Daemon, id, mode, pid string, n int) {
 }
 
 // TestCRIUTreeCarriesRemovedFiles is issue 24's reproducer, and its siblings: processes
-// the fast path refuses (two threads) holding an unlinked open file, a unix socket bound
-// under /workspace, a removed working directory are carried by CRIU through a checkpoint
+// the fast path refuses (two threads) holding an unlinked open file, a frozen layer's
+// file whose name was removed, a unix socket bound under /workspace, a removed working
+// directory are carried by CRIU through a checkpoint
 // and a restore, and nothing CRIU writes to carry them (ghost files) lands in /workspace.
 func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	const id = "g"
 	dbxCreate(t, d, id)
+	dbxSh(t, d, id, "echo lower > /workspace/lw")
+	dbxCheckpoint(t, d, id, "lower") // lw is in a frozen layer now
 	ghost := startRemoved(t, d, id, "ghost")
+	lower := startRemoved(t, d, id, "lower")
 	sock := startRemoved(t, d, id, "sock")
 	cwd := startRemoved(t, d, id, "cwd")
-	pids := ghost + " " + sock + " " + cwd
+	pids := ghost + " " + lower + " " + sock + " " + cwd
 	listing := func() string {
 		// A bound socket's file is bound again (a new inode): its inode is not compared.
 		return dbxSh(t, d, id, `cd /workspace && for f in $(ls -A | sort); do if [ -S $f ]; then stat -c '%n %F %a %U' $f; else stat -c '%n %F %s %i %a %U %y' $f; fi; done`)
@@ -97,6 +108,10 @@ func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 		if got := dbxSh(t, d, id, `python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect("/workspace/sock"); print(s.recv(100).decode(), end="")'`); !strings.HasPrefix(got, "pong ") {
 			t.Fatalf("%s: the socket answered %q", what, got)
 		}
+		poke(t, d, id, "lower", lower, n)
+		if got := dbxSh(t, d, id, "cat /workspace/lower.out"); got != "lower\n" {
+			t.Fatalf("%s: the frozen layer's file whose name was removed holds %q", what, got)
+		}
 		poke(t, d, id, "cwd", cwd, n)
 		if got, want := dbxSh(t, d, id, "cat /workspace/cwd.out"), fmt.Sprintf("%d 0 []\n", n); got != want {
 			t.Fatalf("%s: the removed cwd: %q, want %q", what, got, want)
@@ -110,8 +125,8 @@ func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 		t.Logf("files: %s", listing())
 		t.Fatalf("checkpoint: %v", err)
 	}
-	if a.CRIUProcesses != 3 {
-		t.Fatalf("checkpoint: %d processes through CRIU, want 3: %+v", a.CRIUProcesses, a)
+	if a.CRIUProcesses != 4 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want 4: %+v", a.CRIUProcesses, a)
 	}
 	if after := listing(); after != before {
 		t.Fatalf("the checkpoint changed /workspace:\nbefore:\n%s\nafter:\n%s", before, after)
