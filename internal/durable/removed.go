@@ -39,9 +39,13 @@ import (
 // with CRIU's ghosts. A file removed between the scan and CRIU's seize would be dumped as
 // CRIU's own ghost: Dump refuses such an image (try again).
 
-// RemovedLimit is the largest removed regular file a dump copies (CRIU's default ghost
-// limit is 1 MiB; the copy is on the checkpoint's path, at disk speed).
-const RemovedLimit = 64 << 20
+// RemovedLimit is the largest removed regular file a dump copies, and RemovedTotal the
+// most it copies for one tree (CRIU's default ghost limit is 1 MiB; the copy is on the
+// checkpoint's path, at disk speed, and into the daemon's store).
+const (
+	RemovedLimit = 64 << 20
+	RemovedTotal = 256 << 20
+)
 
 // Removed is a file or directory with no name that the tree holds (a fd, a mapping, a
 // working directory), carried by the daemon rather than by CRIU.
@@ -70,6 +74,7 @@ func shmemName(link string) bool {
 func removedFiles(tree []int) ([]Removed, map[string]string, error) {
 	var out []Removed
 	src := map[string]string{}
+	var total int64
 	err := treeLinks(tree, func(p int, link string) error {
 		r, err := removedAt(p, link)
 		if err != nil || r == nil {
@@ -80,6 +85,11 @@ func removedFiles(tree []int) ([]Removed, map[string]string, error) {
 		}
 		if !r.Dir && r.Size > RemovedLimit {
 			return fmt.Errorf("process %d holds the removed file %s (%d MiB), over the %d MiB a checkpoint copies (close it, or keep a name to it)", p, r.Path, r.Size>>20, RemovedLimit>>20)
+		}
+		if !r.Dir {
+			if total += r.Size; total > RemovedTotal {
+				return fmt.Errorf("the removed files its tree holds come to over %d MiB, the most a checkpoint copies (close some: process %d holds %s)", RemovedTotal>>20, p, r.Path)
+			}
 		}
 		src[r.Key] = link
 		out = append(out, *r)
