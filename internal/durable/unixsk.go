@@ -1,13 +1,14 @@
 package durable
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"google.golang.org/protobuf/proto"
 )
 
 // A unix socket bound to a path is restored by CRIU by unlinking the path's socket file
@@ -20,46 +21,57 @@ import (
 // restore joins anyway: unixSocketMounts drops it from the image (mnt_id -1, CRIU's "not
 // recorded"), and the socket is bound by its path in the joined state.
 
+// files.img is framed as images.go says: two magics, then entries, each a little-endian
+// u32 length and a protobuf message. (go-criu's crit package reads it too, but linking
+// it beside go-criu's stats package panics at start: both register stats.proto.)
+const filesMagic = 0x56303138 // FILES_MAGIC
+
 // unixSocketMounts rewrites dir's files.img without the mounts of unix sockets' files.
 func unixSocketMounts(dir string) error {
 	path := filepath.Join(dir, "files.img")
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	img, err := crit.New(f, nil, "", false, false).Decode(&fdinfo.FileEntry{})
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
+	if len(b) < 8 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != filesMagic {
+		return fmt.Errorf("%s: not a CRIU files image", path)
 	}
+	out := append([]byte(nil), b[:8]...)
 	changed := false
-	for _, e := range img.Entries {
-		if fe, ok := e.Message.(*fdinfo.FileEntry); ok && fe.Usk != nil && fe.Usk.MntId != nil && fe.Usk.GetMntId() >= 0 {
+	for off := 8; off < len(b); {
+		if off+4 > len(b) {
+			return fmt.Errorf("%s: an entry cut at %d", path, off)
+		}
+		n := int(binary.LittleEndian.Uint32(b[off:]))
+		if off+4+n > len(b) {
+			return fmt.Errorf("%s: an entry cut at %d", path, off)
+		}
+		entry := b[off+4 : off+4+n]
+		off += 4 + n
+		var fe fdinfo.FileEntry
+		if err := proto.Unmarshal(entry, &fe); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if fe.Usk != nil && fe.Usk.MntId != nil && fe.Usk.GetMntId() >= 0 {
 			fe.Usk.MntId = nil
+			if entry, err = proto.Marshal(&fe); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
 			changed = true
 		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(entry)))
+		out = append(out, entry...)
 	}
 	if !changed {
 		return nil
 	}
 	tmp := path + ".tmp"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+	if err := os.WriteFile(tmp, out, 0o644); err != nil {
+		os.Remove(tmp)
 		return err
 	}
-	err = crit.New(nil, out, "", false, false).Encode(img)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("rewrite %s: %w", path, err)
-	}
-	return nil
+	return os.Rename(tmp, path)
 }
