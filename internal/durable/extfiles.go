@@ -2,7 +2,6 @@ package durable
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/procfs"
 )
 
 // A process of a sandbox maps files from mounts its mount namespace no longer has: its
@@ -30,8 +31,8 @@ func externalFiles(tree []int, removed []Removed) (map[string]string, error) {
 	out := map[string]string{}
 	for i, pid := range tree {
 		if err := externalFilesOf(pid, removed, out); err != nil {
-			if i > 0 && errors.Is(err, os.ErrNotExist) {
-				continue // ended since
+			if st := procfs.State(pid); i > 0 && (st == 0 || st == 'Z' || st == 'X') {
+				continue // ended since, or a zombie (its /proc files fail with EINVAL)
 			}
 			return nil, err
 		}

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/procfs"
 )
 
 // Removed files: a process may hold a file or a directory that has no name any more (an
@@ -84,11 +86,11 @@ func removedFiles(tree []int) ([]Removed, map[string]string, error) {
 			return nil
 		}
 		if !r.Dir && r.Size > RemovedLimit {
-			return fmt.Errorf("process %d holds the removed file %s (%d MiB), over the %d MiB a checkpoint copies (close it, or keep a name to it)", p, r.Path, r.Size>>20, RemovedLimit>>20)
+			return fmt.Errorf("process %d holds the removed file %s (%d MiB), over the %d MiB a checkpoint copies (close it, or keep a name to it)", sandboxPid(p), r.Path, r.Size>>20, RemovedLimit>>20)
 		}
 		if !r.Dir {
 			if total += r.Size; total > RemovedTotal {
-				return fmt.Errorf("the removed files its tree holds come to over %d MiB, the most a checkpoint copies (close some: process %d holds %s)", RemovedTotal>>20, p, r.Path)
+				return fmt.Errorf("the removed files its tree holds come to over %d MiB, the most a checkpoint copies (close some: process %d holds %s)", RemovedTotal>>20, sandboxPid(p), r.Path)
 			}
 		}
 		src[r.Key] = link
@@ -191,16 +193,22 @@ func removedAt(p int, link string) (*Removed, error) {
 		return nil, err
 	}
 	dir := st.Mode&unix.S_IFMT == unix.S_IFDIR
-	if !dir && st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, nil
-	}
+	special := !dir && st.Mode&unix.S_IFMT != unix.S_IFREG
 	name, err := os.Readlink(link)
 	if err != nil || shmemName(name) {
 		return nil, nil
 	}
 	path, suffixed := strings.CutSuffix(name, " (deleted)")
-	if !suffixed {
+	if !suffixed || !strings.HasPrefix(name, "/") {
 		return nil, nil
+	}
+	if special {
+		// A FIFO or a device node whose name was removed: CRIU would make it again in
+		// the sandbox's files to reopen it.
+		if same, err := sameAt(p, name, &st); err != nil || same {
+			return nil, err
+		}
+		return nil, fmt.Errorf("process %d holds %s, a FIFO or device whose name was removed, which neither path carries (close it, or keep its name)", sandboxPid(p), path)
 	}
 	if st.Nlink > 0 {
 		// Unlinked under this name, or a name that ends so: the name, looked up in the
@@ -219,6 +227,14 @@ func removedAt(p int, link string) (*Removed, error) {
 	}
 	return &Removed{Key: fmt.Sprintf("file[%x:%x]", mnt, st.Ino), Path: path, Dir: dir, Mode: st.Mode & 0o7777,
 		UID: st.Uid, GID: st.Gid, Size: st.Size, Atime: st.Atim, Mtime: st.Mtim}, nil
+}
+
+// sandboxPid is host PID p's PID in its own namespace, for messages (p if unknown).
+func sandboxPid(p int) int {
+	if in, err := procfs.InnerPid(p); err == nil {
+		return in
+	}
+	return p
 }
 
 // sameAt says whether name, looked up in process p's root (confined to it), is the file
@@ -273,7 +289,7 @@ func makeRemoved(root *os.File, dir string, r Removed) (*os.File, error) {
 	if r.Dir {
 		return makeRemovedDir(root, r)
 	}
-	pfd, err := nearestDir(root, filepath.Dir(r.Path))
+	pfd, _, err := nearestDir(root, filepath.Dir(r.Path))
 	if err != nil {
 		return nil, err
 	}
@@ -302,10 +318,12 @@ func makeRemoved(root *os.File, dir string, r Removed) (*os.File, error) {
 }
 
 // makeRemovedDir makes a removed directory in r.Path's nearest existing ancestor: made,
-// opened, removed at once, the ancestor's times put back.
+// opened, removed at once, the ancestor's times put back. It has its old name when its
+// parent is there and the name is free (a process reads it: /proc/self/cwd), else one
+// of its own.
 func makeRemovedDir(root *os.File, r Removed) (*os.File, error) {
 	parent := filepath.Dir(r.Path)
-	pfd, err := nearestDir(root, parent)
+	pfd, at, err := nearestDir(root, parent)
 	if err != nil {
 		return nil, err
 	}
@@ -314,11 +332,14 @@ func makeRemovedDir(root *os.File, r Removed) (*os.File, error) {
 	if err := unix.Fstat(pfd, &pst); err != nil {
 		return nil, err
 	}
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	name := ".deltabox-removed-" + hex.EncodeToString(rnd[:])
-	if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
-		return nil, fmt.Errorf("make the removed directory %s again: %w", r.Path, err)
+	name := filepath.Base(r.Path)
+	if at != parent || name == "/" || name == "." || unix.Mkdirat(pfd, name, 0o700) != nil {
+		var rnd [6]byte
+		rand.Read(rnd[:])
+		name = ".deltabox-removed-" + hex.EncodeToString(rnd[:])
+		if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
+			return nil, fmt.Errorf("make the removed directory %s again: %w", r.Path, err)
+		}
 	}
 	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err == nil {
@@ -339,16 +360,17 @@ func makeRemovedDir(root *os.File, r Removed) (*os.File, error) {
 }
 
 // nearestDir opens (read-only, a directory) path in the state whose root is root, or its
-// nearest ancestor that exists there, confined to the state (no symlink followed).
-func nearestDir(root *os.File, path string) (int, error) {
+// nearest ancestor that exists there, confined to the state (no symlink followed), and
+// says which it opened.
+func nearestDir(root *os.File, path string) (int, string, error) {
 	for p := path; ; p = filepath.Dir(p) {
 		fd, err := unix.Openat2(int(root.Fd()), p, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
 			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
 		if err == nil {
-			return fd, nil
+			return fd, p, nil
 		}
 		if p == "/" || p == "." {
-			return -1, fmt.Errorf("open the state's root: %w", err)
+			return -1, "", fmt.Errorf("open the state's root: %w", err)
 		}
 	}
 }
