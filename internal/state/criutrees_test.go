@@ -130,6 +130,9 @@ import os, sys, signal, socket, threading, time
 mode = sys.argv[1]
 n = [0]
 ev = threading.Event()
+# The other threads block SIGUSR1: Linux may hand a process's signal to any thread
+# that does not block it, and python's main thread, asleep on a lock, would not see it.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 if mode == "ghost":
     f = open("/workspace/g", "w+"); f.write("hello\n"); f.flush(); os.unlink("/workspace/g")
@@ -149,6 +152,7 @@ elif mode == "cwd":
         n[0] += 1
         open("/workspace/cwd.out", "w").write("%d %d\n" % (n[0], os.stat(".").st_nlink))
 signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
 while True:
     ev.wait(); ev.clear(); on()

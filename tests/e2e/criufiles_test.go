@@ -29,6 +29,9 @@ import os, sys, signal, socket, threading, time
 mode = sys.argv[1]
 n = [0]
 ev = threading.Event()
+# The other threads block SIGUSR1: Linux may hand a process's signal to any thread
+# that does not block it, and python's main thread, asleep on a lock, would not see it.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 if mode == "ghost":
     f = open("/workspace/g", "w+"); f.write("hello\n"); f.flush(); os.unlink("/workspace/g")
@@ -53,6 +56,7 @@ elif mode == "cwd":
         n[0] += 1
         open("/workspace/cwd.out", "w").write("%d %d %r\n" % (n[0], os.stat(".").st_nlink, os.listdir(".")))
 signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
 while True:
     ev.wait(); ev.clear(); on()
@@ -128,12 +132,14 @@ func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 	if a.CRIUProcesses != 4 {
 		t.Fatalf("checkpoint: %d processes through CRIU, want 4: %+v", a.CRIUProcesses, a)
 	}
+	t.Logf("checkpoint: %.1f ms, phases %v", a.DurationMS, a.PhasesUS)
 	if after := listing(); after != before {
 		t.Fatalf("the checkpoint changed /workspace:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	check("after the checkpoint", 2)
 	dbxSh(t, d, id, "echo later > /workspace/later")
-	dbxRestore(t, d, id, a.Node.ID)
+	r := dbxRestore(t, d, id, a.Node.ID)
+	t.Logf("restore: %.1f ms, phases %v", r.DurationMS, r.PhasesUS)
 	if after := listing(); after != before {
 		t.Fatalf("the restore did not give back /workspace as checkpointed:\nat the checkpoint:\n%s\nrestored:\n%s", before, after)
 	}

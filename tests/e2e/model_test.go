@@ -1599,7 +1599,12 @@ os.chdir(d + "/cwd"); os.rmdir(d + "/cwd")
 def serve():
     while True:
         c, _ = s.accept(); c.sendall(b"pong"); c.close()
+# SIGUSR1 blocked in the other thread: Linux may hand a process's signal to any thread
+# that does not block it (one whose main thread has a signal pending, right after a
+# SIGCONT), and python's main thread, asleep on a lock, would never see it.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 threading.Thread(target=serve, daemon=True).start()
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 ev = threading.Event()
 signal.signal(signal.SIGUSR1, lambda n, fr: ev.set())
 open(d + "/pid", "w").write(str(os.getpid()))
