@@ -404,6 +404,9 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	if err := pipesAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
+	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil {
+		return fail(err)
+	}
 	for i, root := range roots {
 		what := fmt.Sprintf("process %d (%s)", fastpath.SandboxPid(root, initHost), fastpath.Comm(root))
 		t := &criuTree{Why: why[root], dir: filepath.Join(ts.dir, strconv.Itoa(i))}
@@ -841,6 +844,42 @@ func pipesAcross(roots []int, initHost int) error {
 						fastpath.SandboxPid(o, initHost), fastpath.SandboxPid(root, initHost), l)
 				}
 				owner[l] = root
+			}
+		}
+	}
+	return nil
+}
+
+// sessionsAcross refuses trees of which a process is in a session led by a live process
+// outside its tree (a child that a session leader left to init, zdtm's session00): each
+// tree is restored apart, and CRIU would restore the tree's root leading a session of
+// its own (scripts/criu/0004), not in the leader's: a wrong session id. Init's session
+// (sid 1, where an exec's jobs are) is the sandbox's, not a tree's; a session whose
+// leader has ended has no one to be wrong about. alive answers for a sandbox PID.
+func sessionsAcross(roots []int, initHost int, alive func(int) bool) error {
+	treeOf := map[int]int{} // sandbox PID -> its tree's root (host PID)
+	for _, root := range roots {
+		for _, h := range durable.Tree(root) {
+			treeOf[fastpath.SandboxPid(h, initHost)] = root
+		}
+	}
+	for _, root := range roots {
+		for _, h := range durable.Tree(root) {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
+			if err != nil {
+				continue // ended since
+			}
+			sid := 0
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "NSsid:"); ok {
+					if f := strings.Fields(v); len(f) > 0 {
+						sid, _ = strconv.Atoi(f[len(f)-1])
+					}
+				}
+			}
+			if sid > 1 && treeOf[sid] != root && alive(sid) {
+				return fmt.Errorf("process %d is in the session of process %d, which CRIU would not restore with it: its tree is restored apart and would lead a session of its own (a child its session leader left to init; start it with setsid, or end one of them)",
+					fastpath.SandboxPid(h, initHost), sid)
 			}
 		}
 	}

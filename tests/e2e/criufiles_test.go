@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
 	"deltabox/internal/api"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
@@ -194,4 +196,41 @@ lk = open("/workspace/lockf", "w"); fcntl.flock(lk, fcntl.LOCK_EX)`)
 		t.Fatalf("the restore left %q in /workspace", ls)
 	}
 	held("after the restore")
+}
+
+// TestCRIUTreeInAnotherTreesSessionRefused: a process that its session leader left to
+// init (zdtm's session00) would be restored by CRIU in a session of its own, apart from
+// its leader's tree: the checkpoint refuses it (409, naming both), and nothing changes.
+func TestCRIUTreeInAnotherTreesSessionRefused(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "ss"
+	dbxCreate(t, d, id)
+	// The leader (setsid) leaves a two-thread python to init, then waits with a thread of
+	// its own: both go through CRIU, as two trees.
+	dbxSh(t, d, id, `nohup setsid python3 -c '
+import os, threading, time
+threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+if os.fork() == 0:
+    if os.fork() == 0:
+        threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+        open("/workspace/child.pid", "w").write(str(os.getpid()))
+        time.sleep(1000)
+    os._exit(0)
+os.wait()
+open("/workspace/leader.pid", "w").write(str(os.getpid()))
+time.sleep(1000)
+' </dev/null >/dev/null 2>&1 &
+for i in $(seq 1000); do [ -s /workspace/leader.pid ] && [ -s /workspace/child.pid ] && exit 0; sleep 0.01; done; exit 1`)
+	child := strings.TrimSpace(dbxSh(t, d, id, "cat /workspace/child.pid"))
+	leader := strings.TrimSpace(dbxSh(t, d, id, "cat /workspace/leader.pid"))
+	if sid := strings.Fields(dbxSh(t, d, id, "ps -o sid= -p "+child)); len(sid) != 1 || sid[0] != leader {
+		t.Fatalf("the child's session: %v, want the leader's %s", sid, leader)
+	}
+	_, err := d.C.Checkpoint(dbxCtx(t), id, "x")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "in the session of process "+leader) {
+		t.Fatalf("checkpoint: %v, want a conflict naming the leader's session", err)
+	}
+	if sid := strings.Fields(dbxSh(t, d, id, "ps -o sid= -p "+child+" -p "+leader)); len(sid) != 2 || sid[0] != leader || sid[1] != leader {
+		t.Fatalf("after the refusal: sessions %v, want both %s", sid, leader)
+	}
 }
