@@ -155,7 +155,8 @@ signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
 signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
 while True:
-    ev.wait(); ev.clear(); on()
+    if not ev.wait(0.1): continue  # polled: see removedThings
+    ev.clear(); on()
     open("/workspace/%s.done" % mode, "w").write(str(n[0]))
 `
 
