@@ -34,6 +34,9 @@ import (
 // costs a fork. What neither path carries still refuses with 409, naming both reasons:
 // a process that traces another, one in a PID namespace of its own, one outside the
 // sandbox's cgroup, one holding a session's terminal or a locked description it shares.
+// What a tree holds that has no name (an unlinked open file, a removed working
+// directory) is carried by the daemon, never by CRIU's ghost files in the sandbox's
+// files (internal/durable/removed.go; docs/design/criu-files.md).
 //
 // The unit is a tree: CRIU dumps a process with all its descendants, and restores it as
 // a child of the sandbox's init. A tree is rooted at the child of init that leads to a
