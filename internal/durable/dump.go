@@ -47,6 +47,9 @@ type Manifest struct {
 	// not have (extfiles.go), by CRIU's key, with their paths: Restore opens each in
 	// the state it restores onto.
 	ExtFiles map[string]string `json:",omitempty"`
+	// Removed are the files and directories with no name the tree holds (removed.go),
+	// external to the image too: Restore makes each again, nameless, on the state.
+	Removed []Removed `json:",omitempty"`
 	// ShellJob: the tree's root does not lead its session (a job an exec left behind,
 	// in init's session). CRIU dumps it only as a shell job; Restore has its root lead
 	// a session of its own (shellJobSetsidEnv).
@@ -79,6 +82,9 @@ type DumpOptions struct {
 	// SIGSTOP as it lets it go), for a caller that decides afterwards whether it runs
 	// on (SIGCONT) or is ended: a checkpoint, whose node must hold the tree as dumped.
 	LeaveStopped bool
+	// FileLocks dumps the tree's file locks (flock, POSIX, OFD: CRIU's --file-locks),
+	// which CRIU takes again at the restore; without it a tree holding one is refused.
+	FileLocks bool
 }
 
 // Dump writes the images of the process tree rooted at host PID pid, a process of a
@@ -129,7 +135,21 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
-	extFiles, err := externalFiles(pid)
+	tree := Tree(pid)
+	removed, removedSrc, err := removedFiles(tree)
+	if err != nil {
+		return nil, err
+	}
+	if o.Kill && len(removed) > 0 {
+		// Copied now, from the stopped tree that CRIU ends.
+		if removed, err = copyRemovedFiles(tree, dir, removed, removedSrc); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range removed {
+		ext = append(ext, r.Key)
+	}
+	extFiles, err := externalFiles(tree, removed)
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +170,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		LeaveRunning: proto.Bool(!o.Kill && !o.LeaveStopped),
 		LeaveStopped: proto.Bool(o.LeaveStopped),
 		ShellJob:     proto.Bool(job),
+		FileLocks:    proto.Bool(o.FileLocks),
 		LogLevel:     proto.Int32(logLevel(o.LogLevel)),
 		LogFile:      proto.String(DumpLog),
 		External:     ext,
@@ -182,7 +203,18 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if _, err := c.run(ctx); err != nil {
 		return nil, err
 	}
-	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
+	if err := criuRemaps(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	if err := unixSocketMounts(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	if !o.Kill && len(removed) > 0 {
+		if removed, err = copyRemovedFiles(Tree(pid), dir, removed, removedSrc); err != nil {
+			return nil, fmt.Errorf("%s: %w", c.what, err)
+		}
+	}
+	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, Removed: removed, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}
 	if o.Sync {
 		if err := syncDir(dir); err != nil {

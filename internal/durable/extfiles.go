@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/procfs"
 )
 
 // A process of a sandbox maps files from mounts its mount namespace no longer has: its
@@ -20,15 +22,30 @@ import (
 // key and by their path (Manifest.ExtFiles), and Restore hands CRIU the file at that path
 // in the state it restores onto (Sandbox.Root), where the node's files are the same.
 
-// externalFiles returns, for pid, CRIU's keys of the files it maps, holds open or runs
-// (exe) whose mount is not in its mount namespace, with each one's path there.
-func externalFiles(pid int) (map[string]string, error) {
+// externalFiles returns, for the processes of tree (host PIDs, its root first), CRIU's
+// keys of the files they map, hold open or run (exe) whose mount is not in their mount
+// namespace, with each one's path there. Files with no name (removed, carried apart) and
+// memory that /proc shows as a file (shared anonymous memory, memfds: CRIU's own) are
+// not among them.
+func externalFiles(tree []int, removed []Removed) (map[string]string, error) {
+	out := map[string]string{}
+	for i, pid := range tree {
+		if err := externalFilesOf(pid, removed, out); err != nil {
+			if st := procfs.State(pid); i > 0 && (st == 0 || st == 'Z' || st == 'X') {
+				continue // ended since, or a zombie (its /proc files fail with EINVAL)
+			}
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func externalFilesOf(pid int, removed []Removed, out map[string]string) error {
 	base := "/proc/" + strconv.Itoa(pid)
 	mounts, err := mountIDs(base + "/mountinfo")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := map[string]string{}
 	add := func(link string) error {
 		fd, err := unix.Open(link, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -47,30 +64,30 @@ func externalFiles(pid int) (map[string]string, error) {
 			return nil
 		}
 		path, err := os.Readlink(link)
-		if err != nil {
+		if err != nil || shmemName(path) {
 			return nil
 		}
-		if strings.HasSuffix(path, " (deleted)") {
-			return fmt.Errorf("%s is a deleted file on a mount the process no longer has", path)
+		key := fmt.Sprintf("file[%x:%x]", mnt, st.Ino)
+		for _, r := range removed {
+			if r.Key == key {
+				return nil
+			}
 		}
-		out[fmt.Sprintf("file[%x:%x]", mnt, st.Ino)] = path
+		out[key] = path
 		return nil
 	}
 	for _, dir := range []string{base + "/map_files", base + "/fd"} {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, e := range ents {
 			if err := add(filepath.Join(dir, e.Name())); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	if err := add(base + "/exe"); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return add(base + "/exe")
 }
 
 // mountIDs reads the mount ids of a mountinfo file.

@@ -47,6 +47,10 @@ type Sandbox struct {
 	// the image holds as external (Manifest.ExtFiles) are opened; needed only when it
 	// has some.
 	Root *os.File
+	// AsRoot runs fn with the daemon's file credentials set to the sandbox's root, for
+	// what Restore creates on the state (removed.go): through idmapped layers the
+	// daemon's own ids are not mapped (EOVERFLOW). Nil: fn runs as it is.
+	AsRoot func(fn func() error) error
 	// Cgroup is the sandbox's cgroup namespace, in which CRIU starts and the tree with
 	// it; without it the tree would see the host's cgroup paths.
 	Cgroup *os.File
@@ -145,6 +149,10 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		// CRIU's session is outside the sandbox's PID namespace.
 		ShellJob: proto.Bool(m.ShellJob),
 	}
+	// Locks dumped (DumpOptions.FileLocks) are taken again only when the restore asks.
+	if _, err := os.Stat(filepath.Join(dir, "filelocks.img")); err == nil {
+		opts.FileLocks = proto.Bool(true)
+	}
 	// CRIU opens the join_ns files itself, in its own mount namespace with a /proc of
 	// the sandbox's PID namespace: /proc/self/fd/N is its own fd N there.
 	for _, j := range []struct {
@@ -173,6 +181,27 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		}
 		defer f.Close()
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(k), Fd: proto.Int32(fdOf(len(files)))})
+		files = append(files, f)
+	}
+	for _, rm := range m.Removed {
+		if sb.Root == nil {
+			return nil, fmt.Errorf("the image in %s holds the removed file %s: restore needs the state's root", dir, rm.Path)
+		}
+		var f *os.File
+		mk := func() (err error) {
+			f, err = makeRemoved(sb.Root, dir, rm)
+			return err
+		}
+		if sb.AsRoot != nil {
+			err = sb.AsRoot(mk)
+		} else {
+			err = mk()
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(rm.Key), Fd: proto.Int32(fdOf(len(files)))})
 		files = append(files, f)
 	}
 	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID, cgroupNS: sb.Cgroup, cgroups: sb.Cgroups,

@@ -253,7 +253,7 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 		return nil, fmt.Errorf("inspect process %d: %w", hostPid, err)
 	}
 	if csx.Nlink == 0 {
-		return nil, &Ineligible{Pid: p.Pid, Reason: "its working directory was deleted"}
+		return nil, &Ineligible{Pid: p.Pid, Reason: "its working directory was deleted, so it cannot be entered again on the new state", CRIU: true}
 	}
 	if err := onMount("its working directory "+p.Cwd, csx.Mnt_id); err != nil {
 		return nil, err
@@ -332,7 +332,7 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 			return nil, fmt.Errorf("process %d: fd %d (%s): %w", p.Pid, n, target, err)
 		}
 		if deleted {
-			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d is a deleted file (%s)", n, target)}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d is a deleted file (%s), which cannot be reopened by path on the new state", n, target), CRIU: true}
 		}
 		if err := onMount(fmt.Sprintf("fd %d (%s)", n, target), sx.Mnt_id); err != nil {
 			return nil, err
@@ -344,7 +344,7 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 		// Kept, not reopened: a lock through it would stay with the template's
 		// description (flock) or be lost by the restored child (POSIX).
 		if _, _, locks, err = fdinfo(base, n, buf); err == nil && len(locks) > 0 {
-			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+			return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target), CRIU: true}
 		}
 		return &fd, nil
 	}
@@ -352,7 +352,7 @@ func inspectFD(p *Proc, base string, n int, buf []byte, lookup lookupFunc, onMou
 		return nil, err
 	}
 	if fd.Kind == "dev" && len(locks) > 0 {
-		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target)}
+		return nil, &Ineligible{Pid: p.Pid, Reason: fmt.Sprintf("fd %d (%s) holds a file lock, which the fast path sets again only on files and directories", n, target), CRIU: true}
 	}
 	for _, o := range p.FDs { // the lower fds: in numeric order
 		if o.Dup || o.Path != fd.Path || o.Kind != fd.Kind || !reopened(o.Kind) {

@@ -185,13 +185,13 @@ func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFu
 		}
 		switch {
 		case deleted && strings.HasPrefix(m.path, "/dev/zero (deleted)"):
-			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end)}
+			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end), CRIU: true}
 		case deleted && strings.HasPrefix(m.path, "/SYSV"):
 			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
 		case deleted && strings.HasPrefix(m.path, "/memfd:"):
-			return nil, &Ineligible{Pid: pid, Reason: what + ": a memfd, which fork shares with the template and no state holds"}
+			return nil, &Ineligible{Pid: pid, Reason: what + ": a memfd, which fork shares with the template and no state holds", CRIU: true}
 		case deleted:
-			return nil, &Ineligible{Pid: pid, Reason: what + ": the file was deleted, so it cannot be mapped again from the new state"}
+			return nil, &Ineligible{Pid: pid, Reason: what + ": the file was deleted, so it cannot be mapped again from the new state", CRIU: true}
 		case sx.Mode&unix.S_IFMT != unix.S_IFREG:
 			return nil, &Ineligible{Pid: pid, Reason: what + ": not a regular file (a device?), which fork shares with the template"}
 		}

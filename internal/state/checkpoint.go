@@ -276,15 +276,34 @@ func (c *checkpoint) seize() error {
 			ts := c.criu
 			c.undo.push(func() {
 				if ts.ended {
-					st, err := currentState(s.rt)
-					if err == nil {
-						err = m.restoreCRIUTrees(s, ts, st)
+					// Each tree on its own: one that cannot come back does not take
+					// the others with it.
+					var errs []error
+					lost := 0
+					st, serr := currentState(s.rt)
+					if serr != nil {
+						errs = append(errs, serr)
+					}
+					for _, t := range ts.trees {
+						err := serr
+						if err == nil {
+							if err = m.restoreCRIUTrees(s, &criuTrees{dir: ts.dir, trees: []*criuTree{t}}, st); err != nil {
+								errs = append(errs, err)
+							}
+						}
+						if err != nil {
+							lost += len(t.Pids)
+						}
+					}
+					if serr == nil {
 						st.Close()
 					}
-					if err != nil {
-						c.undoLoss = fmt.Sprintf("the %d processes CRIU took could not be put back (they are gone): %v", ts.count(), err)
-						m.log.Error("checkpoint undo: the CRIU trees could not be put back; their processes are gone", "sandbox", s.rec.ID, "err", err)
+					if len(errs) > 0 {
+						err := errors.Join(errs...)
+						c.undoLoss = fmt.Sprintf("%d of the %d processes CRIU took could not be put back (they are gone): %v", lost, ts.count(), err)
+						m.log.Error("checkpoint undo: CRIU trees could not be put back; their processes are gone", "sandbox", s.rec.ID, "err", err)
 					}
+					ts.ended = false
 				}
 				ts.resume()
 				store.RemoveAll(ts.dir)

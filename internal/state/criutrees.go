@@ -34,6 +34,9 @@ import (
 // costs a fork. What neither path carries still refuses with 409, naming both reasons:
 // a process that traces another, one in a PID namespace of its own, one outside the
 // sandbox's cgroup, one holding a session's terminal or a locked description it shares.
+// What a tree holds that has no name (an unlinked open file, a removed working
+// directory) is carried by the daemon, never by CRIU's ghost files in the sandbox's
+// files (internal/durable/removed.go; docs/design/criu-files.md).
 //
 // The unit is a tree: CRIU dumps a process with all its descendants, and restores it as
 // a child of the sandbox's init. A tree is rooted at the child of init that leads to a
@@ -398,6 +401,9 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	if err := pipesAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
+	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil {
+		return fail(err)
+	}
 	for i, root := range roots {
 		what := fmt.Sprintf("process %d (%s)", fastpath.SandboxPid(root, initHost), fastpath.Comm(root))
 		t := &criuTree{Why: why[root], dir: filepath.Join(ts.dir, strconv.Itoa(i))}
@@ -454,7 +460,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
 			return fail(fmt.Errorf("%s: its process ended during the checkpoint", what))
 		}
-		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true})
+		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true, FileLocks: true})
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
@@ -849,6 +855,42 @@ func pipesAcross(roots []int, initHost int) error {
 						fastpath.SandboxPid(o, initHost), fastpath.SandboxPid(root, initHost), l)
 				}
 				owner[l] = root
+			}
+		}
+	}
+	return nil
+}
+
+// sessionsAcross refuses trees of which a process is in a session led by a live process
+// outside its tree (a child that a session leader left to init, zdtm's session00): each
+// tree is restored apart, and CRIU would restore the tree's root leading a session of
+// its own (scripts/criu/0004), not in the leader's: a wrong session id. Init's session
+// (sid 1, where an exec's jobs are) is the sandbox's, not a tree's; a session whose
+// leader has ended has no one to be wrong about. alive answers for a sandbox PID.
+func sessionsAcross(roots []int, initHost int, alive func(int) bool) error {
+	treeOf := map[int]int{} // sandbox PID -> its tree's root (host PID)
+	for _, root := range roots {
+		for _, h := range durable.Tree(root) {
+			treeOf[fastpath.SandboxPid(h, initHost)] = root
+		}
+	}
+	for _, root := range roots {
+		for _, h := range durable.Tree(root) {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
+			if err != nil {
+				continue // ended since
+			}
+			sid := 0
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "NSsid:"); ok {
+					if f := strings.Fields(v); len(f) > 0 {
+						sid, _ = strconv.Atoi(f[len(f)-1])
+					}
+				}
+			}
+			if sid > 1 && treeOf[sid] != root && alive(sid) {
+				return fmt.Errorf("process %d is in the session of process %d, which CRIU would not restore with it: its tree is restored apart and would lead a session of its own (a child its session leader left to init; start it with setsid, or end one of them)",
+					fastpath.SandboxPid(h, initHost), sid)
 			}
 		}
 	}

@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/cgroup"
+	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
 	"deltabox/internal/store"
 	"deltabox/internal/testutil"
@@ -129,4 +131,136 @@ func TestFailureAtEveryStepKeepsCRIUTrees(t *testing.T) {
 		t.Fatalf("checkpoint after the failures: %v %+v", err, r)
 	}
 	bump("after the last checkpoint")
+}
+
+// removedThings is a background python with two threads (CRIU carries it) that holds,
+// by its argument, an unlinked open file (ghost: each SIGUSR1 appends the count to it
+// and copies it to /workspace/ghost.out), a unix socket bound at /workspace/sock (sock:
+// each connection is answered "pong"), or a removed working directory (cwd: each
+// SIGUSR1 writes the link count of "." to /workspace/cwd.out). tests/e2e has its twin.
+const removedThings = `
+import os, sys, signal, socket, threading, time
+mode = sys.argv[1]
+n = [0]
+ev = threading.Event()
+# The other threads block SIGUSR1: Linux may hand a process's signal to any thread
+# that does not block it, and python's main thread, asleep on a lock, would not see it.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+if mode == "ghost":
+    f = open("/workspace/g", "w+"); f.write("hello\n"); f.flush(); os.unlink("/workspace/g")
+    def on():
+        n[0] += 1; f.write("%d\n" % n[0]); f.flush(); f.seek(0)
+        open("/workspace/ghost.out", "w").write(f.read())
+elif mode == "sock":
+    s = socket.socket(socket.AF_UNIX); s.bind("/workspace/sock"); s.listen(8)
+    def serve():
+        while True:
+            c, _ = s.accept(); c.sendall(b"pong\n"); c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    def on(): n[0] += 1
+elif mode == "cwd":
+    os.mkdir("/workspace/d"); os.chdir("/workspace/d"); os.rmdir("/workspace/d")
+    def on():
+        n[0] += 1
+        open("/workspace/cwd.out", "w").write("%d %d\n" % (n[0], os.stat(".").st_nlink))
+signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
+while True:
+    if not ev.wait(0.1): continue  # polled: see removedThings
+    ev.clear(); on()
+    open("/workspace/%s.done" % mode, "w").write(str(n[0]))
+`
+
+// TestFailureAtEveryStepKeepsRemovedFiles: processes that go through CRIU holding an
+// unlinked open file, a bound unix socket and a removed working directory keep running,
+// with what they hold, through a checkpoint that fails at any step, and the files stay
+// as they were (no ghost file, the socket's path kept); then a checkpoint completes and
+// a restore carries them.
+func TestFailureAtEveryStepKeepsRemovedFiles(t *testing.T) {
+	m := openDurable(t, testutil.NewStore(t))
+	defer m.Close()
+	ctx := context.Background()
+	const id = "fr"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /tmp/removed.py`, "sh", removedThings}, Timeout: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]string{}
+	for _, mode := range []string{"ghost", "sock", "cwd"} {
+		sh(t, m, id, fmt.Sprintf(`cd /workspace; nohup python3 /tmp/removed.py %s </dev/null >/dev/null 2>&1 &
+for i in $(seq 1000); do [ -s /workspace/%s.pid ] && exit 0; sleep 0.01; done; exit 1`, mode, mode))
+		pids[mode] = strings.TrimSpace(sh(t, m, id, "cat /workspace/"+mode+".pid"))
+	}
+	count := 0
+	check := func(what string) {
+		t.Helper()
+		count++
+		for _, mode := range []string{"ghost", "sock", "cwd"} {
+			sh(t, m, id, fmt.Sprintf(`p=%s; kill -0 $p && [ $(ls /proc/$p/task | wc -l) -ge 2 ] || { echo "%s: process $p is gone" >&2; exit 1; }
+kill -USR1 $p; for i in $(seq 500); do [ "$(cat /workspace/%s.done 2>/dev/null)" = %d ] && exit 0; sleep 0.01; done; echo "%s: no answer" >&2; exit 1`, pids[mode], mode, mode, count, mode))
+		}
+		want := "hello\n"
+		for i := 1; i <= count; i++ {
+			want += fmt.Sprintf("%d\n", i)
+		}
+		if got := sh(t, m, id, "cat /workspace/ghost.out"); got != want {
+			t.Fatalf("%s: the unlinked file holds %q, want %q", what, got, want)
+		}
+		if got := sh(t, m, id, `python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect("/workspace/sock"); print(s.recv(100).decode(), end="")'`); got != "pong\n" {
+			t.Fatalf("%s: the socket answered %q", what, got)
+		}
+		if got, want := sh(t, m, id, "cat /workspace/cwd.out"), fmt.Sprintf("%d 0\n", count); got != want {
+			t.Fatalf("%s: the removed cwd: %q, want %q", what, got, want)
+		}
+	}
+	check("at the start")
+	if _, err := m.Checkpoint(ctx, id, "base"); err != nil {
+		testutil.Require(t, !strings.Contains(err.Error(), "CRIU is unusable"), "no CRIU here: %v", err)
+		t.Fatal(err)
+	}
+	check("after the base checkpoint")
+	for step := 1; step <= state.CheckpointStepCount; step++ {
+		t.Run(fmt.Sprintf("checkpoint-step%d", step), func(t *testing.T) {
+			sh(t, m, id, fmt.Sprintf("echo %d > /workspace/step", step))
+			before := sh(t, m, id, manifest)
+			m.FailStep = func(o string, k int) error {
+				if o == "checkpoint" && k == step {
+					os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0)
+					return fmt.Errorf("injected failure at %s step %d", o, k)
+				}
+				return nil
+			}
+			_, err := m.Checkpoint(ctx, id, "x")
+			m.FailStep = nil
+			if err == nil || !strings.Contains(err.Error(), "injected") || strings.Contains(err.Error(), "could not be put back") {
+				t.Fatalf("checkpoint failing at step %d: %v, want the injected failure alone", step, err)
+			}
+			if after := sh(t, m, id, manifest); after != before {
+				t.Fatalf("files changed by a checkpoint failing at step %d:\nbefore:\n%s\nafter:\n%s", step, before, after)
+			}
+			check(fmt.Sprintf("after a checkpoint failing at step %d", step))
+		})
+	}
+	r, err := m.Checkpoint(ctx, id, "done")
+	if err != nil || r.CRIUProcesses != 3 {
+		t.Fatalf("checkpoint after the failures: %v %+v", err, r)
+	}
+	check("after the last checkpoint")
+	done := count
+	sh(t, m, id, "echo later > /workspace/later")
+	if _, err := m.Restore(ctx, id, r.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	if sh(t, m, id, "ls /workspace/later 2>/dev/null || true") != "" {
+		t.Fatal("the restore kept a file made after the checkpoint")
+	}
+	// The node holds the processes as they were at the checkpoint: their counts go on
+	// from there.
+	count = done - 1
+	sh(t, m, id, fmt.Sprintf("for m in ghost sock cwd; do echo %d > /workspace/$m.done; done", count))
+	check("after the restore")
 }

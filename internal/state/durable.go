@@ -750,7 +750,7 @@ func (m *Manager) durableSandbox(rt *sandbox.Sandbox, ns int) (durable.Sandbox, 
 	mf := os.NewFile(uintptr(mnt), "state-mnt-ns")
 	files = append(files, mf)
 	sbx := durable.Sandbox{PID: open("pid"), User: open("user"), Net: open("net"), IPC: open("ipc"), UTS: open("uts"),
-		Time: open("time"), Mnt: mf, Cgroups: rt.CgroupDirs()}
+		Time: open("time"), Mnt: mf, Cgroups: rt.CgroupDirs(), AsRoot: rt.AsRoot}
 	// The commands' cgroup namespace, not init's (sbinit.Client.CommandCgroupNS).
 	cg, err := rt.CommandCgroupNS()
 	if err != nil {

@@ -104,7 +104,9 @@ func TestFastPathMountInsideRefused(t *testing.T) {
 // that are deleted are still refused: one unlinked while open, and a name unlinked from a
 // file that keeps another link, even beside a file that has the name its fd's link reads.
 func TestFastPathFileNamedDeleted(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Durable images off: with them, CRIU carries a deleted file instead
+	// (TestCRIUCarriesWhatTheFastPathRefuses); the refusal is the fast path's own.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "fd")
 	exPython(t, d, "fd", "import os\nf = open('/workspace/x (deleted)', 'w+')\nf.write('abc'); f.flush()")
 	op := dbxCheckpoint(t, d, "fd", "named")
@@ -131,7 +133,8 @@ func TestFastPathFileNamedDeleted(t *testing.T) {
 // working directory named "z (deleted)" is kept, while a removed working directory and
 // an fd on a removed directory are refused.
 func TestFastPathDirNamedDeleted(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Durable images off: with them, CRIU carries a removed directory instead.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "dd")
 	sessRun(t, d, "dd", "main", "mkdir -p /workspace/x && cd /workspace/x && rmdir /workspace/x")
 	fpRefused(t, d, "dd", "session main", "working directory was deleted")

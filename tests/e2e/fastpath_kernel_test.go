@@ -377,7 +377,9 @@ func TestFastPathKcmpNoSharedFiles(t *testing.T) {
 // which fork would share with the template) still refuses it, naming it, and nothing
 // changes.
 func TestFastPathPythonMmap(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	// Durable images off: with them, CRIU carries shared anonymous memory instead
+	// (TestCRIUCarriesWhatTheFastPathRefuses); the refusal is the fast path's own.
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	dbxCreate(t, d, "pm")
 	if _, err := d.C.StartSession(dbxCtx(t), "pm", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
 		t.Fatal(err)

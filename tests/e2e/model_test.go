@@ -22,6 +22,11 @@ package e2e
 // the state, with background writers holding files open there across checkpoints),
 // and two refusals: chattr +i/+a (EPERM: no CAP_LINUX_IMMUTABLE in a sandbox) and files
 // in /dev (EROFS). The manifests carry each file's i and a flags, and /dev's entries.
+// Processes that go through CRIU ride along (startHolder: two threads, an unlinked open
+// file, a unix socket bound under /tmp, a removed working directory): each must live on
+// through every checkpoint and come back with its node at a restore, holding what it
+// held, and nothing that carries removed files (CRIU's ghosts, link remaps, the daemon's
+// removed directories) may be left in the sandbox's files (checkHolders).
 // Names of files and symlinks include NAME_MAX (255-byte) ones, so paths grow long.
 //
 // Two invariants are checked on the side:
@@ -51,6 +56,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -924,6 +930,9 @@ type model struct {
 	upperMts int                      // scans that found the sandbox's own upper (proves the scan sees it)
 	names    int
 	writers  int
+	// holders: the CRIU holders (startHolder) running now, and at each node.
+	holders   []int
+	holdersAt map[string][]int
 }
 
 func (m *model) fatalf(format string, args ...any) {
@@ -1498,6 +1507,8 @@ func (m *model) checkpoint() {
 	m.saved[n.ID], m.bigAt[n.ID], m.depth[n.ID] = saved, m.big, n.Depth
 	m.shmAt[n.ID], m.rootAt[n.ID] = savedShm, m.root.clone()
 	m.maxDepth = max(m.maxDepth, n.Depth)
+	m.holdersAt[n.ID] = slices.Clone(m.holders)
+	m.checkHolders("checkpoint " + n.ID)
 	m.counts["checkpoint"]++
 	if n.Own {
 		m.counts["checkpoint (new layer)"]++
@@ -1542,6 +1553,8 @@ func (m *model) restore() {
 		m.fatalf("%v", err)
 	}
 	m.big, m.root = m.bigAt[id], m.rootAt[id].clone()
+	m.holders = slices.Clone(m.holdersAt[id])
+	m.checkHolders("restore to " + id)
 	m.split()
 	m.counts["restore"]++
 	m.checks[fmt.Sprintf("restores to depth %02d", m.depth[id])]++
@@ -1569,6 +1582,74 @@ func (m *model) startWriter() {
 		for i in $(seq 500); do [ -s "$2" ] && exit 0; sleep 0.01; done; echo "the writer did not start" >&2; exit 1`,
 		"sh", py, path}, nil)
 	m.counts["background writer"]++
+}
+
+// modelHolderPy holds what CRIU would write into the sandbox's files to carry (argv[1]
+// is its directory, under /tmp: outside the compared tree): an unlinked open file, a unix
+// socket bound in its directory, a removed working directory; a second thread makes the
+// fast path refuse it, so every checkpoint takes it through CRIU. On SIGUSR1 it writes
+// what it holds to DIR/out.
+const modelHolderPy = `
+import os, sys, signal, socket, threading, time
+d = sys.argv[1]
+os.makedirs(d + "/cwd")
+f = open(d + "/g", "w+"); f.write("ghost"); f.flush(); os.unlink(d + "/g")
+s = socket.socket(socket.AF_UNIX); s.bind(d + "/sock"); s.listen(4)
+os.chdir(d + "/cwd"); os.rmdir(d + "/cwd")
+def serve():
+    while True:
+        c, _ = s.accept(); c.sendall(b"pong"); c.close()
+# SIGUSR1 blocked in the other thread: Linux may hand a process's signal to any thread
+# that does not block it (one whose main thread has a signal pending, right after a
+# SIGCONT), and python's main thread, asleep on a lock, would never see it.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+threading.Thread(target=serve, daemon=True).start()
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+ev = threading.Event()
+signal.signal(signal.SIGUSR1, lambda n, fr: ev.set())
+open(d + "/pid", "w").write(str(os.getpid()))
+while True:
+    if not ev.wait(0.1): continue  # polled: see removedThings in criufiles_test.go
+    ev.clear()
+    f.seek(0); g = f.read()
+    c = socket.socket(socket.AF_UNIX); c.connect(d + "/sock"); pong = c.recv(10).decode(); c.close()
+    open(d + "/out.tmp", "w").write("%s %s %d\n" % (g, pong, os.stat(".").st_nlink)); os.rename(d + "/out.tmp", d + "/out")
+`
+
+// startHolder leaves a CRIU holder (modelHolderPy) running in the sandbox.
+func (m *model) startHolder() {
+	m.t.Helper()
+	dir := fmt.Sprintf("/tmp/model-holder-%d", m.counts["holder"])
+	m.step("CRIU holder " + dir)
+	out := m.exec([]string{"bash", "-c", `nohup python3 -c "$1" "$2" </dev/null >/dev/null 2>&1 &
+		for i in $(seq 500); do [ -s "$2/pid" ] && cat "$2/pid" && exit 0; sleep 0.01; done; echo "the holder did not start" >&2; exit 1`,
+		"sh", modelHolderPy, dir}, nil)
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		m.fatalf("CRIU holder %s: pid %q", dir, out)
+	}
+	m.holders = append(m.holders, pid)
+	m.counts["holder"]++
+}
+
+// checkHolders checks that the CRIU holders the sandbox should have run and hold what
+// they held, and that nothing CRIU writes to carry a file (ghosts, link remaps, the
+// daemon's removed directories) is left in the sandbox's files.
+func (m *model) checkHolders(why string) {
+	m.t.Helper()
+	for _, pid := range m.holders {
+		out := m.exec([]string{"bash", "-c", `d=$(readlink /proc/$1/cwd) || { echo "holder $1 is gone" >&2; exit 1; }
+		d=$(dirname "$d"); rm -f "$d/out"; kill -USR1 $1
+		for i in $(seq 500); do [ -s "$d/out" ] && cat "$d/out" && exit 0; sleep 0.01; done; echo "holder $1 did not answer" >&2; exit 1`,
+			"sh", strconv.Itoa(pid)}, nil)
+		if out != "ghost pong 0\n" {
+			m.fatalf("after %s: CRIU holder %d answered %q, want its unlinked file, its socket and its removed cwd", why, pid, out)
+		}
+	}
+	if left := m.exec([]string{"bash", "-c", `find /workspace /tmp /dev/shm -xdev \( -name '*.cr.*.ghost' -o -name 'link_remap.*' -o -name '*.cr_link' -o -name '.deltabox-removed-*' \) 2>/dev/null; true`}, nil); left != "" {
+		m.fatalf("after %s: what carries removed files is left in the sandbox's files:\n%s", why, left)
+	}
+	m.checks["CRIU holders checked"] += len(m.holders)
 }
 
 // ---- invariants ----
@@ -1718,6 +1799,7 @@ func TestModelFilesystem(t *testing.T) {
 		shmAt: map[string]string{}, rootAt: map[string]modelRoot{},
 		depth: map[string]int{}, frozen: map[uint64]modelLayerManifest{}, lowers: map[uint64]string{},
 		counts: map[string]int{}, checks: map[string]int{}, spent: map[string]time.Duration{},
+		holdersAt: map[string][]int{},
 	}
 	m.mirror = filepath.Join(m.dir, "mirror")
 	for _, d := range []string{"saved", "saved-shm"} {
@@ -1767,6 +1849,9 @@ func TestModelFilesystem(t *testing.T) {
 		m.checkMounts(o.kind)
 		if m.rng.IntN(25) == 0 {
 			m.startWriter()
+		}
+		if m.rng.IntN(15) == 0 && len(m.holders) < 3 {
+			m.startHolder()
 		}
 		switch r := m.rng.IntN(100); {
 		case r < 15:
