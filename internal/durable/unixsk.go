@@ -24,7 +24,7 @@ import (
 // files.img is framed as images.go says: two magics, then entries, each a little-endian
 // u32 length and a protobuf message. (go-criu's crit package reads it too, but linking
 // it beside go-criu's stats package panics at start: both register stats.proto.)
-const filesMagic = 0x56303138 // FILES_MAGIC
+// (filesMagic: readonly.go.)
 
 // unixSocketMounts rewrites dir's files.img without the mounts of unix sockets' files.
 func unixSocketMounts(dir string) error {
