@@ -53,10 +53,13 @@ type Key struct {
 type Store struct {
 	path string
 
-	mu    sync.Mutex // protects keys and stamp
-	keys  []Key
+	mu sync.Mutex // protects keys and stamp
+	// +checklocks:mu
+	keys []Key
+	// +checklocks:mu
 	stamp [2]int64 // the file's mtime (ns) and size when keys were read; {-1,-1}: absent
-	read  bool
+	// +checklocks:mu
+	read bool
 }
 
 // Open returns the store of the keys file in root (the file need not exist).

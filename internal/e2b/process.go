@@ -44,9 +44,11 @@ type proc struct {
 	stdin  *io.PipeWriter // nil: started without stdin
 	done   chan struct{}  // closed once end is set
 
-	mu   sync.Mutex // protects subs and end
+	mu sync.Mutex // protects subs and end
+	// +checklocks:mu
 	subs map[*sub]bool
-	end  *process.ProcessEvent_EndEvent
+	// +checklocks:mu
+	end *process.ProcessEvent_EndEvent
 }
 
 // sub is one stream attached to a command.

@@ -56,7 +56,8 @@ type Server struct {
 	secret [32]byte
 	image  string // the image "base" maps to
 
-	mu    sync.Mutex // protects boxes
+	mu sync.Mutex // protects boxes
+	// +checklocks:mu
 	boxes map[string]*box
 
 	control *http.ServeMux
@@ -75,14 +76,20 @@ type box struct {
 	// checkpoint or restore that must not interleave with another.
 	opMu sync.Mutex
 
-	mu        sync.Mutex // protects the fields below
-	endAt     time.Time
+	mu sync.Mutex // protects the fields below
+	// +checklocks:mu
+	endAt time.Time
+	// +checklocks:mu
 	timer     *time.Timer
 	autoPause bool
-	paused    string // the node a pause made; pausing while it is made; "": running
-	procs     map[uint32]*proc
-	watches   int // WatchDir streams open
-	nextPid   uint32
+	// +checklocks:mu
+	paused string // the node a pause made; pausing while it is made; "": running
+	// +checklocks:mu
+	procs map[uint32]*proc
+	// +checklocks:mu
+	watches int // WatchDir streams open
+	// +checklocks:mu
+	nextPid uint32
 }
 
 // New returns a server; image is what template "base" (the SDK's default) creates.

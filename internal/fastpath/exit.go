@@ -20,10 +20,13 @@ import (
 
 // exitWatch is a template's pidfd and whether it has been collected.
 type exitWatch struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	pidfd int // the template's pidfd; -1 before watchExit, or once dead
-	dead  bool
-	set   bool // watchExit ran
+	// +checklocks:mu
+	dead bool
+	// +checklocks:mu
+	set bool // watchExit ran
 }
 
 // watchExit opens t's pidfd and, if its Tracer holds it, collects it once it has exited.

@@ -87,9 +87,15 @@ type Sandbox struct {
 	cancel context.CancelFunc
 	// handling counts connections being handled (peeked, dialled or proxied), dnsBusy
 	// the queries being answered.
-	handling, dnsBusy atomic.Int64
+	handling atomic.Int64
+	dnsBusy  atomic.Int64
 
-	connections, refused, bytesOut, bytesIn, dnsQueries, dnsRefused atomic.Int64
+	connections atomic.Int64
+	refused     atomic.Int64
+	bytesOut    atomic.Int64
+	bytesIn     atomic.Int64
+	dnsQueries  atomic.Int64
+	dnsRefused  atomic.Int64
 
 	mu    sync.Mutex
 	names map[netip.Addr]map[string]bool // +checklocks:mu
@@ -383,8 +389,10 @@ func forbidden(a netip.Addr) string {
 // dump (about 0.1 ms here), twice per connection otherwise. Only the host's root adds
 // addresses, and a new one is known within the TTL.
 var hostAddrs struct {
-	mu    sync.Mutex
-	at    time.Time
+	mu sync.Mutex
+	// +checklocks:mu
+	at time.Time
+	// +checklocks:mu
 	addrs map[netip.Addr]bool
 }
 

@@ -227,15 +227,15 @@ kill -USR1 $p; for i in $(seq 500); do [ "$(cat /workspace/%s.done 2>/dev/null)"
 		t.Run(fmt.Sprintf("checkpoint-step%d", step), func(t *testing.T) {
 			sh(t, m, id, fmt.Sprintf("echo %d > /workspace/step", step))
 			before := sh(t, m, id, manifest)
-			m.FailStep = func(o string, k int) error {
+			state.SetFailStep(m, func(o string, k int) error {
 				if o == "checkpoint" && k == step {
 					os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0)
 					return fmt.Errorf("injected failure at %s step %d", o, k)
 				}
 				return nil
-			}
+			})
 			_, err := m.Checkpoint(ctx, id, "x")
-			m.FailStep = nil
+			state.SetFailStep(m, nil)
 			if err == nil || !strings.Contains(err.Error(), "injected") || strings.Contains(err.Error(), "could not be put back") {
 				t.Fatalf("checkpoint failing at step %d: %v, want the injected failure alone", step, err)
 			}

@@ -35,15 +35,21 @@ type Internet struct {
 	// Allowed, Denied and Raw serve HTTP on :80 (Allowed and Denied HTTPS on :443),
 	// answering "allowed", "denied", "raw" (after 1.5 s at /slow); Raw echoes UDP on :7 and answers ping; Metadata is 169.254.169.254 (a cloud's metadata
 	// server), answering "metadata"; DNS is the name server at :53.
-	Allowed, Denied, Raw, DNS, Metadata netip.Addr
+	Allowed  netip.Addr
+	Denied   netip.Addr
+	Raw      netip.Addr
+	DNS      netip.Addr
+	Metadata netip.Addr
 	// ModelKey is the key the model at http://allowed.test/v1/ wants (random).
 	ModelKey string
 	// Names maps the names the DNS server knows to their addresses.
 	Names map[string]netip.Addr
 
-	mu      sync.Mutex
-	queries []string          // names the DNS server was asked, in order
-	dirs    map[string]string // first path element -> directory served (ServeDir)
+	mu sync.Mutex
+	// +checklocks:mu
+	queries []string // names the DNS server was asked, in order
+	// +checklocks:mu
+	dirs map[string]string // first path element -> directory served (ServeDir)
 }
 
 // NewInternet makes the namespace and its servers; t's cleanup removes them.
