@@ -345,17 +345,6 @@ func limBurn(t *testing.T, d *testutil.Daemon, id string, n int, cpu float64) fl
 	return limRatios(t, id, dbxSh(t, d, id, script), n)
 }
 
-// limHostBurn is one busy loop on the host, outside any sandbox: what one busy process
-// can get on this machine (other work on a shared host takes CPUs too).
-func limHostBurn(t *testing.T, cpu float64) float64 {
-	t.Helper()
-	out, err := testutil.Command(t, time.Minute, "python3", "-c", limBurnCode(cpu)).Output()
-	if err != nil {
-		t.Fatalf("busy loop on the host: %v", err)
-	}
-	return limRatios(t, "the host", string(out), 1)
-}
-
 // limBurnBeside runs limBurn in id and, at the same time, a host loop for the same CPU
 // time: the two ratios are of the same moments of a machine whose load changes.
 func limBurnBeside(t *testing.T, d *testutil.Daemon, id string, n int, cpu float64) (sandbox, host float64) {
