@@ -104,7 +104,6 @@ type checkpoint struct {
 	criuRoots []int
 	criuWhy   map[int]string
 	criu      *criuTrees
-	undoLoss  string     // what an undo could not put back, for the error
 	settled   bool       // step 1 saw nothing step 3 must end
 	uts       sbinit.UTS // step 1 (or 3): the names the node records
 	refused   string     // why a refusal was one (counted)
@@ -195,11 +194,11 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	}()
 	// Whatever happens, the position's next state is prepared again: step 4 made
 	// earlier builds stale. Pushed first, it runs last.
-	c.undo.push(func() { m.prepareNext(s) })
+	c.undo.push(func() error { m.prepareNext(s); return nil })
 	if err := runSteps(m, "checkpoint", checkpointSteps, c, &c.inject, c.res, t0); err != nil {
-		c.undo.run()
-		if c.undoLoss != "" {
-			err = fmt.Errorf("%w; undoing it, %s", err, c.undoLoss)
+		if uerr := c.undo.run(); uerr != nil {
+			m.log.Error("checkpoint failed, and its undo could not put everything back", "sandbox", id, "err", err, "undo", uerr)
+			err = withUndo(err, uerr)
 		}
 		return nil, err
 	}
@@ -220,15 +219,14 @@ func (c *checkpoint) seize() error {
 	if err == nil {
 		var others []*heldProc
 		if others, c.settled, refused, err = m.holdOthers(s, held, sessTrees, c.o.EndBackground); err != nil {
-			m.abortHeld(held)
+			err = abortErr(err, m.abortHeld(held))
 		}
 		if len(refused) > 0 && err == nil {
 			// Their trees go through CRIU (criutrees.go), with what the fast path held
 			// below their roots.
 			roots, why, kept, rerr := m.criuRoots(s.rt.InitPid(), refused, held, others)
 			if err = rerr; err != nil {
-				m.abortHeld(held)
-				m.abortHeld(others)
+				err = abortErr(err, append(m.abortHeld(held), m.abortHeld(others)...))
 			} else {
 				c.criuRoots, c.criuWhy, others = roots, why, kept
 			}
@@ -250,23 +248,26 @@ func (c *checkpoint) seize() error {
 		// Read once the processes are stopped: what they share must not change before
 		// their templates are made.
 		if c.uts, err = m.kernelState(s); err != nil {
-			m.abortHeld(held)
+			err = abortErr(err, m.abortHeld(held))
 		}
 	}
 	if err == nil && len(c.criuRoots) > 0 {
 		tc := time.Now()
 		if c.criu, err = m.dumpCRIUTrees(s, c.criuRoots, c.criuWhy, sessTrees); err != nil {
-			m.abortHeld(held)
+			aborted := m.abortHeld(held)
 			var fastWhy []string
 			for _, r := range c.criuRoots {
 				fastWhy = append(fastWhy, c.criuWhy[r])
 			}
-			err = criuRefusal(strings.Join(fastWhy, "; "), err.Error(), len(sessTrees) > 0)
+			err = abortErr(criuRefusal(strings.Join(fastWhy, "; "), err.Error(), len(sessTrees) > 0), aborted)
 		} else if err = m.afterTreeDump(s, held, c.criu, c.o.EndBackground); err != nil {
-			m.abortHeld(held)
+			aborted := m.abortHeld(held)
 			c.criu.resume()
-			store.RemoveAll(c.criu.dir)
+			if rerr := store.RemoveAll(c.criu.dir); rerr != nil {
+				aborted = append(aborted, rerr)
+			}
 			c.criu = nil
+			err = abortErr(err, aborted)
 		} else {
 			c.res.CRIUProcesses = c.criu.count()
 			phase(c.res, "criu_dump", &tc)
@@ -274,7 +275,8 @@ func (c *checkpoint) seize() error {
 			// sandbox's old state (files unfrozen, namespace back) is current again,
 			// and they come back onto it from their images.
 			ts := c.criu
-			c.undo.push(func() {
+			c.undo.push(func() error {
+				var undoErr error
 				if ts.ended {
 					// Each tree on its own: one that cannot come back does not take
 					// the others with it.
@@ -299,14 +301,15 @@ func (c *checkpoint) seize() error {
 						st.Close()
 					}
 					if len(errs) > 0 {
-						err := errors.Join(errs...)
-						c.undoLoss = fmt.Sprintf("%d of the %d processes CRIU took could not be put back (they are gone): %v", lost, ts.count(), err)
-						m.log.Error("checkpoint undo: CRIU trees could not be put back; their processes are gone", "sandbox", s.rec.ID, "err", err)
+						undoErr = fmt.Errorf("%d of the %d processes CRIU took could not be put back (they are gone): %w", lost, ts.count(), errors.Join(errs...))
 					}
 					ts.ended = false
 				}
 				ts.resume()
-				store.RemoveAll(ts.dir)
+				if err := store.RemoveAll(ts.dir); err != nil {
+					undoErr = errors.Join(undoErr, fmt.Errorf("remove the trees' images: %w", err))
+				}
+				return undoErr
 			})
 		}
 	}
@@ -318,10 +321,11 @@ func (c *checkpoint) seize() error {
 		return err
 	}
 	c.held = held
-	c.undo.push(func() {
-		for _, e := range m.releaseHeld(held) {
-			m.log.Error("checkpoint undo: resume a process", "sandbox", s.rec.ID, "err", e)
+	c.undo.push(func() error {
+		if errs := m.releaseHeld(held); len(errs) > 0 {
+			return fmt.Errorf("resume the held processes: %w", errors.Join(errs...))
 		}
+		return nil
 	})
 	return nil
 }
@@ -387,10 +391,11 @@ func (c *checkpoint) upper() error {
 	}
 	if p != nil {
 		c.p, c.newUpper, c.res.Prepared = p, p.newUpper, true
-		c.undo.push(func() {
+		c.undo.push(func() error {
 			if c.p != nil { // else step 5's undo dropped it
 				m.putNext(s, c.p)
 			}
+			return nil
 		})
 		return nil
 	}
@@ -398,7 +403,7 @@ func (c *checkpoint) upper() error {
 		return err
 	}
 	newUpper := c.newUpper
-	c.undo.push(func() { store.RemoveAll(m.st.LayerDir(newUpper)) })
+	c.undo.push(func() error { return store.RemoveAll(m.st.LayerDir(newUpper)) })
 	return nil
 }
 
@@ -411,15 +416,17 @@ func (c *checkpoint) freeze() error {
 	if err := m.st.Freeze(c.n.Layer); err != nil {
 		return err
 	}
-	c.undo.push(func() {
-		if err := m.st.Unfreeze(c.n.Layer); err != nil {
-			m.log.Error("checkpoint undo: unfreeze", "layer", c.n.Layer, "err", err)
+	c.undo.push(func() error {
+		err := m.st.Unfreeze(c.n.Layer)
+		if err != nil {
+			err = fmt.Errorf("unfreeze layer %d: %w", c.n.Layer, err)
 		}
 		if c.p != nil {
 			// Its lower, frozen/, is gone with the unfreeze: it cannot be given back.
 			m.discard(c.p, false)
 			c.p = nil
 		}
+		return err
 	})
 	return nil
 }
@@ -452,12 +459,13 @@ func (c *checkpoint) mount() error {
 		return fmt.Errorf("checkpoint: mount the new state: %w", err)
 	}
 	c.res.Mounted = true
-	c.undo.push(func() {
+	c.undo.push(func() error {
 		cur := s.rt.TakeState()
 		if c.p == nil {
 			cur.Close() // the new stack goes before its lower is unfrozen
 		} // else cur is the prepared state, which step 5's undo releases
 		s.rt.PutState(c.oldNS)
+		return nil
 	})
 	return nil
 }
@@ -508,10 +516,11 @@ func (c *checkpoint) moveCRIUTrees() error {
 	if err != nil {
 		return fmt.Errorf("move the processes CRIU took onto the new state: %w", err)
 	}
-	c.undo.push(func() {
+	c.undo.push(func() error {
 		if err := m.endCRIUTrees(s, ts); err != nil {
-			m.log.Error("checkpoint undo: end the CRIU trees on the new state", "sandbox", s.rec.ID, "err", err)
+			return fmt.Errorf("end the CRIU trees on the new state: %w", err)
 		}
+		return nil
 	})
 	phase(c.res, "criu_move", &tc)
 	return nil

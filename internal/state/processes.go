@@ -360,7 +360,7 @@ func (m *Manager) forkHeld(held []*heldProc, sandbox string, undo *undoList) err
 		if err != nil {
 			return fmt.Errorf("%s: %w", l.what, err)
 		}
-		undo.push(l.h.DropTemplate)
+		undo.push(func() error { l.h.DropTemplate(); return nil })
 		pt := &procTemplate{session: l.name, what: l.what, sandbox: sandbox, tmpl: t}
 		l.pt = pt
 		if l.sess == nil {
@@ -381,10 +381,11 @@ func (m *Manager) moveHeld(s *sb, held []*heldProc, ns int, afterFirst func() er
 		if err := l.h.Move(ns); err != nil {
 			return fmt.Errorf("%s: %w", l.what, err)
 		}
-		undo.push(func() {
+		undo.push(func() error {
 			if err := l.h.MoveBack(); err != nil {
-				m.log.Error("checkpoint undo: a process could not be put back and was killed", "sandbox", s.rec.ID, "process", l.what, "err", err)
+				return fmt.Errorf("%s could not be put back and was killed: %w", l.what, err)
 			}
+			return nil
 		})
 		if i == 0 {
 			if err := afterFirst(); err != nil {

@@ -173,7 +173,10 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 	}()
 	if err := runSteps(m, "restore", restoreSteps, r, &r.inject, r.res, t0); err != nil {
 		r.failure = err
-		r.undo.run()
+		if uerr := r.undo.run(); uerr != nil {
+			m.log.Error("restore failed, and its undo could not put everything back", "sandbox", id, "node", nodeID, "err", err, "undo", uerr)
+			err = withUndo(err, uerr)
+		}
 		if r.late {
 			return nil, fmt.Errorf("restore to %s failed after the sandbox's processes were ended: %w; its files are as they were, and its sessions were ended (they start afresh on their next call)", nodeID, err)
 		}
@@ -239,7 +242,7 @@ func (r *restore) templates() error {
 				return err
 			}
 			r.criu = ts
-			r.undo.push(func() { m.abortTreeSessions(ts) })
+			r.undo.push(func() error { m.abortTreeSessions(ts); return nil })
 		}
 	}
 	rvs, err := m.prepareRevivals(s, tps)
@@ -247,7 +250,7 @@ func (r *restore) templates() error {
 		return err
 	}
 	r.tps, r.rvs = tps, rvs
-	r.undo.push(func() { m.abortRevivals(s, rvs) })
+	r.undo.push(func() error { m.abortRevivals(s, rvs); return nil })
 	return nil
 }
 
@@ -271,14 +274,14 @@ func (r *restore) upper() error {
 	// A warm state of the node (warm.go) replaces the mount.
 	if w := m.takeWarm(s, r.nodeID, spec.Lowers); w != nil {
 		r.w, r.newUpper, r.res.Warm = w, w.upper, true
-		r.undo.push(func() { m.dropWarm(w) })
+		r.undo.push(func() error { m.dropWarm(w); return nil })
 		return nil
 	}
 	if r.newUpper, err = m.freshUpper(spec.Lowers[0]); err != nil {
 		return err
 	}
 	dir := m.st.LayerDir(r.newUpper)
-	r.undo.push(func() { store.RemoveAll(dir) })
+	r.undo.push(func() error { return store.RemoveAll(dir) })
 	return nil
 }
 
@@ -299,7 +302,7 @@ func (r *restore) mount() error {
 		return fmt.Errorf("restore: mount the node's state: %w", err)
 	}
 	st := r.newState
-	r.undo.push(func() { st.Close() })
+	r.undo.push(func() error { st.Close(); return nil })
 	return nil
 }
 
@@ -362,8 +365,9 @@ func (r *restore) kill() error {
 func (r *restore) goLate() {
 	m, s := r.m, r.s
 	r.late = true
-	r.undo.push(func() {
+	r.undo.push(func() error {
 		m.endSessions(s, fmt.Sprintf("ended: a restore to %s failed after its process was ended: %v", r.nodeID, r.failure))
+		return nil
 	})
 }
 
@@ -375,9 +379,10 @@ func (r *restore) install() error {
 	s := r.s
 	r.oldNS = s.rt.TakeState()
 	s.rt.PutState(r.newState)
-	r.undo.push(func() {
+	r.undo.push(func() error {
 		s.rt.TakeState() // newState, which step 3's undo releases
 		s.rt.PutState(r.oldNS)
+		return nil
 	})
 	return nil
 }
@@ -418,7 +423,7 @@ func (r *restore) restoreCRIUTrees() error {
 		return err
 	}
 	defer st.Close()
-	r.undo.push(func() { m.endCRIUTrees(s, ts) })
+	r.undo.push(func() error { return m.endCRIUTrees(s, ts) })
 	var restored []*criuTree
 	for _, t := range ts.trees {
 		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}}
