@@ -931,8 +931,8 @@ type model struct {
 	names    int
 	writers  int
 	// holders: the CRIU holders (startHolder) running now, and at each node.
-	holders   []int
-	holdersAt map[string][]int
+	holders   []modelHolder
+	holdersAt map[string][]modelHolder
 }
 
 func (m *model) fatalf(format string, args ...any) {
@@ -1616,6 +1616,12 @@ while True:
     open(d + "/out.tmp", "w").write("%s %s %d\n" % (g, pong, os.stat(".").st_nlink)); os.rename(d + "/out.tmp", d + "/out")
 `
 
+// modelHolder is a CRIU holder's PID and its directory.
+type modelHolder struct {
+	pid int
+	dir string
+}
+
 // startHolder leaves a CRIU holder (modelHolderPy) running in the sandbox.
 func (m *model) startHolder() {
 	m.t.Helper()
@@ -1628,7 +1634,7 @@ func (m *model) startHolder() {
 	if err != nil {
 		m.fatalf("CRIU holder %s: pid %q", dir, out)
 	}
-	m.holders = append(m.holders, pid)
+	m.holders = append(m.holders, modelHolder{pid, dir})
 	m.counts["holder"]++
 }
 
@@ -1637,11 +1643,16 @@ func (m *model) startHolder() {
 // daemon's removed directories) is left in the sandbox's files.
 func (m *model) checkHolders(why string) {
 	m.t.Helper()
-	for _, pid := range m.holders {
-		out := m.exec([]string{"bash", "-c", `d=$(readlink /proc/$1/cwd) || { echo "holder $1 is gone" >&2; exit 1; }
-		d=$(dirname "$d"); rm -f "$d/out"; kill -USR1 $1
-		for i in $(seq 500); do [ -s "$d/out" ] && cat "$d/out" && exit 0; sleep 0.01; done; echo "holder $1 did not answer" >&2; exit 1`,
-			"sh", strconv.Itoa(pid)}, nil)
+	for _, h := range m.holders {
+		pid := h.pid
+		// Signalled through the daemon: a command cannot signal, nor read the cwd of,
+		// another command's process (landlock).
+		m.exec([]string{"bash", "-c", `[ -e /proc/$1 ] || { echo "holder $1 is gone" >&2; exit 1; }; rm -f "$2/out"`, "sh", strconv.Itoa(pid), h.dir}, nil)
+		if _, err := m.d.C.Signal(m.ctx, m.sb, pid, int(unix.SIGUSR1)); err != nil {
+			m.fatalf("after %s: signal CRIU holder %d: %v", why, pid, err)
+		}
+		out := m.exec([]string{"bash", "-c", `for i in $(seq 500); do [ -s "$2/out" ] && cat "$2/out" && exit 0; sleep 0.01; done; echo "holder $1 did not answer" >&2; exit 1`,
+			"sh", strconv.Itoa(pid), h.dir}, nil)
 		if out != "ghost pong 0\n" {
 			m.fatalf("after %s: CRIU holder %d answered %q, want its unlinked file, its socket and its removed cwd", why, pid, out)
 		}
@@ -1799,7 +1810,7 @@ func TestModelFilesystem(t *testing.T) {
 		shmAt: map[string]string{}, rootAt: map[string]modelRoot{},
 		depth: map[string]int{}, frozen: map[uint64]modelLayerManifest{}, lowers: map[uint64]string{},
 		counts: map[string]int{}, checks: map[string]int{}, spent: map[string]time.Duration{},
-		holdersAt: map[string][]int{},
+		holdersAt: map[string][]modelHolder{},
 	}
 	m.mirror = filepath.Join(m.dir, "mirror")
 	for _, d := range []string{"saved", "saved-shm"} {
