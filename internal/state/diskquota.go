@@ -226,11 +226,19 @@ func (m *Manager) diskPass(full bool) error {
 	return nil
 }
 
+// reclaimWait is how long reclaimDisk's restore queues behind the sandbox's running
+// calls (file reads and watches still run over the quota) before it gives up until a
+// later pass.
+const reclaimWait = 30 * time.Second
+
 // reclaimDisk gives back the space of a stopped sandbox's upper while the store is
 // short: the sandbox is restored to the node it stands on (what it wrote since its last
 // checkpoint or restore is dropped), or removed when it has none (it never
-// checkpointed: its upper is all it has) or the restore fails. In the background: a
-// restore takes opMu and measures again, which diskMu (held by the pass) would deadlock.
+// checkpointed: its upper is all it has) or the restore fails for good. A restore that
+// could not run now (409: calls still running after reclaimWait; 503: something the
+// machine lacks for the moment) removes nothing: the sandbox stays stopped, and the
+// next pass that finds the store short tries again. In the background: the restore
+// waits for calls and measures again, and the pass must not wait for either.
 func (m *Manager) reclaimDisk(s *sb) {
 	select {
 	case <-m.stop:
@@ -261,10 +269,14 @@ func (m *Manager) reclaimDisk(s *sb) {
 		var err error
 		removed := head == ""
 		if head != "" {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			_, err = m.Restore(ctx, id, head)
+			ctx, cancel := context.WithTimeout(context.Background(), reclaimWait+time.Minute)
+			_, err = m.RestoreWith(ctx, id, RestoreOptions{Node: head, Wait: reclaimWait})
 			cancel()
-			// A restore that fails leaves the upper: removal is what frees it then.
+			if errors.Is(err, errdefs.ErrConflict) || errors.Is(err, errdefs.ErrUnavailable) {
+				m.log.Warn("the store is full: a stopped sandbox's upper is not dropped yet, tried again at the next pass", "sandbox", id, "restore_to", head, "mb", held>>20, "err", err)
+				return
+			}
+			// A restore that fails for good leaves the upper: removal is what frees it then.
 			removed = err != nil
 		}
 		if removed {
