@@ -45,3 +45,35 @@ func ReclaimDisk(m *Manager, id string, d time.Duration) error {
 		}
 	}
 }
+
+// HoldOp takes sandbox id's opMu, as a checkpoint does for its whole length, until the
+// returned func is called.
+func HoldOp(m *Manager, id string) (release func(), err error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	s.opMu.Lock()
+	return s.opMu.Unlock, nil
+}
+
+// DiskPass runs one pass of the disk watcher.
+func DiskPass(m *Manager) error { return m.diskPass(false, 0) }
+
+// DiskOver is why sandbox id is stopped for its disk ("" when it is not).
+func DiskOver(m *Manager, id string) string {
+	s, err := m.get(id)
+	if err != nil {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.disk.over
+}
+
+// PassAt is when the last complete disk pass started.
+func PassAt(m *Manager) time.Time {
+	m.diskMu.Lock()
+	defer m.diskMu.Unlock()
+	return m.passAt
+}

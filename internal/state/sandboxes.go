@@ -427,6 +427,7 @@ func (m *Manager) Remove(id string) error {
 		derr = err
 	}
 	m.releaseIDs(id, s.rec.UIDBase)
+	m.diskFreed.Add(1) // the store has room again: a sandbox stopped for it may run
 	return derr
 }
 
