@@ -186,6 +186,9 @@ type Sandbox struct {
 type InitRef struct {
 	Pid   int    `json:"pid"`
 	Start uint64 `json:"start"`
+	// Level is the feature level of the daemon that started it: a daemon adopts no init
+	// below its own (the sandbox restarts afresh). 0: older than levels.
+	Level int `json:"level,omitempty"`
 }
 
 // Limits are one sandbox's resource limits (SandboxInfo's "limits"; cgroup.Limits in the

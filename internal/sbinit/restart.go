@@ -23,6 +23,21 @@ import (
 // outlive the daemon for the session to: when its last master closes, the session's
 // leader gets SIGHUP, and bash and python end.
 
+// FeatureLevel is what this binary's init does for the commands it spawns, recorded with
+// each init the daemon starts (store.InitRef.Level) and checked before a next daemon
+// adopts it: an init keeps running the code of the daemon that started it, so a sandbox
+// adopted across an upgrade would go on spawning commands without what came since. Raise
+// it with each protection init gives commands; a daemon adopts no init below its own.
+//
+//	0  (no level recorded) the daemons before levels
+//	1  a Landlock domain per command with the signal scope (package landlock); the disk
+//	   quota's RLIMIT_FSIZE and fallocate filter (seccomp.go); a user namespace owned
+//	   by the sandbox's uid base, not host root (user.go)
+const FeatureLevel = 1
+
+// FeatureLevelNames says what an init below FeatureLevel lacks, for the log.
+const FeatureLevelNames = "Landlock domains per command, the disk quota's RLIMIT_FSIZE and fallocate filter, a user namespace owned by its uid base"
+
 // spareFD is where init keeps the daemon end of its spare socket.
 const spareFD = 100
 

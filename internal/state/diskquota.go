@@ -124,7 +124,7 @@ func (m *Manager) watchDisk() {
 			continue
 		}
 		t0 := time.Now()
-		if err := m.diskPass(free < store.ReserveBytes); err != nil {
+		if err := m.diskPass(free < store.ReserveBytes, 0); err != nil {
 			m.log.Warn("disk usage", "err", err)
 		}
 		last, cost, lastUsed = time.Now(), time.Since(t0), used
@@ -136,20 +136,55 @@ func (m *Manager) watchDisk() {
 	}
 }
 
+// diskStop is a sandbox a pass marked over its quota (or stopped for the store), whose
+// processes stopWriters ends after the pass.
+type diskStop struct {
+	s     *sb
+	upper uint64 // the upper measured
+	full  bool
+	why   string
+}
+
 // diskPass measures every sandbox's disk and stops those over their quota. When the
 // store runs short (full, or found so), it drops the upper of the stopped sandbox that
 // holds most (reclaimDisk; diskReclaimMin at least), so that the store does not stay
 // full because of it; with none, it stops the sandbox that added most to the store
 // since the last pass, which the next pass finds stopped and reclaims. Nobody else is
-// stopped while an upper is being given back.
-// Lock order: diskMu first (it is taken under no other lock), then each sandbox's opMu.
-func (m *Manager) diskPass(full bool) error {
+// stopped while an upper is being given back. With reuse > 0, a pass that started less
+// than reuse ago, with nothing lowered through the API since (diskFreed), stands
+// instead (diskRefusal).
+//
+// The pass marks whom it stops (diskState.over: their writes answer 507 from then on)
+// and ends their processes after it has let go of diskMu, each in the background
+// (stopWriters): that takes the sandbox's opMu, which a checkpoint holds for as long as
+// its CRIU dump takes (seconds), and the watcher and every other sandbox's refusals must
+// not wait for that. Precondition: no lock held.
+func (m *Manager) diskPass(full bool, reuse time.Duration) error {
+	freed := m.diskFreed.Load()
 	m.diskMu.Lock()
-	defer m.diskMu.Unlock()
+	if reuse > 0 && !m.passAt.IsZero() && time.Since(m.passAt) < reuse && m.passFreed == freed {
+		m.diskMu.Unlock()
+		return nil
+	}
+	t0 := time.Now()
+	stops, err := m.measureDisk(full)
+	if err == nil {
+		m.passAt, m.passFreed = t0, freed
+	}
+	m.diskMu.Unlock()
+	for _, st := range stops {
+		m.stopWritersLater(st)
+	}
+	return err
+}
+
+// measureDisk is diskPass's measure and decisions: it returns whom to stop. Precondition:
+// diskMu held.
+func (m *Manager) measureDisk(full bool) ([]diskStop, error) {
 	usage, err := m.st.ProjectUsage()
 	walk := errors.Is(err, store.ErrNoBulkstat)
 	if err != nil && !walk {
-		return err
+		return nil, err
 	}
 	if m.inodeBytes == 0 {
 		m.inodeBytes = max(m.st.InodeBytes(), 1)
@@ -163,6 +198,7 @@ func (m *Manager) diskPass(full bool) error {
 		all = append(all, s)
 	}
 	m.mu.Unlock()
+	var stops []diskStop
 	var grew, reclaim *sb
 	var growth, held int64
 	var busy bool
@@ -184,8 +220,13 @@ func (m *Manager) diskPass(full bool) error {
 		if now.total() <= limit && (!prev.full || !short) {
 			now.over, now.full = "", false // back under, or the store has room again
 		}
+		if now.total() > limit && prev.over == "" && !s.removed {
+			now.over = fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d (its files %d MB, its checkpoints' process images %d MB)",
+				now.total()>>20, limit>>20, now.bytes>>20, now.images>>20)
+			stops = append(stops, diskStop{s: s, upper: upper, why: now.over})
+		}
 		s.disk = now
-		over := now.total() > limit && prev.over == ""
+		busy = busy || s.reclaiming
 		s.mu.Unlock()
 		// What it added to the store since the last pass: its upper's growth (all of a
 		// new upper's), and its images'.
@@ -199,13 +240,6 @@ func (m *Manager) diskPass(full bool) error {
 		if d >= diskMinGuilt && d > growth && now.over == "" {
 			grew, growth = s, d
 		}
-		if over {
-			m.stopWriters(s, upper, false, fmt.Sprintf("disk quota exceeded: %d MB > disk_mb %d (its files %d MB, its checkpoints' process images %d MB)",
-				now.total()>>20, limit>>20, now.bytes>>20, now.images>>20))
-		}
-		s.mu.Lock()
-		busy = busy || s.reclaiming
-		s.mu.Unlock()
 		if short && now.over != "" && now.bytes >= diskReclaimMin && now.bytes > held {
 			reclaim, held = s, now.bytes
 		}
@@ -218,19 +252,29 @@ func (m *Manager) diskPass(full bool) error {
 	case reclaim != nil:
 		m.reclaimDisk(reclaim)
 	case grew != nil:
+		why := fmt.Sprintf("the store is full (%d MB free) and this sandbox added the most to it since the last look (%d MB)", free>>20, growth>>20)
 		grew.mu.Lock()
 		upper := grew.disk.upper
+		grew.disk.over, grew.disk.full = why, true
 		grew.mu.Unlock()
-		m.stopWriters(grew, upper, true, fmt.Sprintf("the store is full (%d MB free) and this sandbox added the most to it since the last look (%d MB)", free>>20, growth>>20))
+		stops = append(stops, diskStop{s: grew, upper: upper, full: true, why: why})
 	}
-	return nil
+	return stops, nil
 }
+
+// reclaimWait is how long reclaimDisk's restore queues behind the sandbox's running
+// calls (file reads and watches still run over the quota) before it gives up until a
+// later pass.
+const reclaimWait = 30 * time.Second
 
 // reclaimDisk gives back the space of a stopped sandbox's upper while the store is
 // short: the sandbox is restored to the node it stands on (what it wrote since its last
 // checkpoint or restore is dropped), or removed when it has none (it never
-// checkpointed: its upper is all it has) or the restore fails. In the background: a
-// restore takes opMu and measures again, which diskMu (held by the pass) would deadlock.
+// checkpointed: its upper is all it has) or the restore fails for good. A restore that
+// could not run now (409: calls still running after reclaimWait; 503: something the
+// machine lacks for the moment) removes nothing: the sandbox stays stopped, and the
+// next pass that finds the store short tries again. In the background: the restore
+// waits for calls and measures again, and the pass must not wait for either.
 func (m *Manager) reclaimDisk(s *sb) {
 	select {
 	case <-m.stop:
@@ -261,10 +305,14 @@ func (m *Manager) reclaimDisk(s *sb) {
 		var err error
 		removed := head == ""
 		if head != "" {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			_, err = m.Restore(ctx, id, head)
+			ctx, cancel := context.WithTimeout(context.Background(), reclaimWait+time.Minute)
+			_, err = m.RestoreWith(ctx, id, RestoreOptions{Node: head, Wait: reclaimWait})
 			cancel()
-			// A restore that fails leaves the upper: removal is what frees it then.
+			if errors.Is(err, errdefs.ErrConflict) || errors.Is(err, errdefs.ErrUnavailable) {
+				m.log.Warn("the store is full: a stopped sandbox's upper is not dropped yet, tried again at the next pass", "sandbox", id, "restore_to", head, "mb", held>>20, "err", err)
+				return
+			}
+			// A restore that fails for good leaves the upper: removal is what frees it then.
 			removed = err != nil
 		}
 		if removed {
@@ -296,15 +344,34 @@ func diskLimit(mb int64) int64 {
 	return mb << 20
 }
 
-// stopWriters kills every process of s but its templates and marks it over quota (full:
-// because the store ran short, which only a restore or removal ends), unless its upper is no longer the one measured (a restore or checkpoint came between).
-func (m *Manager) stopWriters(s *sb, upper uint64, full bool, why string) {
+// stopWritersLater runs stopWriters(st) in the background (counted in m.wg), unless the
+// manager is closing (the mark stays; the next daemon measures again).
+func (m *Manager) stopWritersLater(st diskStop) {
+	select {
+	case <-m.stop:
+		return // Close may be waiting for m.wg: no goroutine is added to it now
+	default:
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.stopWriters(st)
+	}()
+}
+
+// stopWriters kills every process of st.s but its templates, which a pass marked over
+// its quota (st.full: because the store ran short, which only a restore or removal
+// ends), unless its upper is no longer the one measured (a restore or checkpoint came
+// between): the mark is then taken back, if still the pass's. Precondition: no lock
+// held (it takes opMu).
+func (m *Manager) stopWriters(st diskStop) {
+	s := st.s
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	s.mu.Lock()
-	gone := s.removed || s.rec.Upper != upper
-	if !gone {
-		s.disk.over, s.disk.full = why, full
+	gone := s.removed || s.rec.Upper != st.upper
+	if gone && s.disk.upper == st.upper && s.disk.over == st.why {
+		s.disk.over, s.disk.full = "", false
 	}
 	s.mu.Unlock()
 	if gone || s.rt == nil || !s.rt.Alive() {
@@ -312,12 +379,20 @@ func (m *Manager) stopWriters(s *sb, upper uint64, full bool, why string) {
 	}
 	keep := m.keepPids(s, nil)
 	n, err := m.killAll(s, keep, true)
-	m.log.Warn("sandbox stopped", "sandbox", s.rec.ID, "why", why, "killed", n, "err", err)
+	m.log.Warn("sandbox stopped", "sandbox", s.rec.ID, "why", st.why, "killed", n, "err", err)
 }
 
+// diskRecheck is the age of a pass diskRefusal reuses. What a sandbox over its quota
+// holds falls only through the API: a restore (which clears the mark), files deleted or
+// nodes removed (diskFreed, after which the next refusal measures again). So a client
+// retrying a refused exec in a loop costs a pass per diskRecheck, not one per call (a
+// pass over a store of 200,000 files takes 163 ms).
+const diskRecheck = diskInterval
+
 // diskRefusal is the 507 a write to s answers while it is over its quota; nil when it
-// is not. A sandbox marked over is measured again first (a pass, ~10 ms), so that a
-// delete or a restore takes effect at the next call. Precondition: no lock held.
+// is not. A sandbox marked over is measured again first (a pass, ~10 ms, or the last one
+// when it is recent: diskRecheck), so that a delete or a restore takes effect at the
+// next call. Precondition: no lock held.
 func (m *Manager) diskRefusal(s *sb) error {
 	s.mu.Lock()
 	over := s.disk.over != ""
@@ -325,7 +400,7 @@ func (m *Manager) diskRefusal(s *sb) error {
 	if !over {
 		return nil
 	}
-	if err := m.diskPass(false); err != nil {
+	if err := m.diskPass(false, diskRecheck); err != nil {
 		m.log.Warn("disk usage", "err", err)
 	}
 	s.mu.Lock()

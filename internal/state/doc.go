@@ -41,27 +41,31 @@
 // The one lock order of the daemon (docs/DESIGN.md points here). Each lock may be taken
 // while holding those above it on its branch, never one below; outermost first:
 //
-//	Manager.diskMu          one disk usage pass at a time (diskquota.go); under no other lock
-//	  sb.opMu               a sandbox's position (rec), rt, kns, tracer, hostPids; serialises
+//	Manager.diskMu          one disk usage pass at a time (diskquota.go); under no other
+//	                        lock, and nothing under it but Manager.mu, images.mu and
+//	                        sb.mu, each briefly: never a sandbox's opMu, which a
+//	                        checkpoint holds across its CRIU dump (seconds); a pass
+//	                        stops sandboxes after it lets go (stopWriters)
+//	sb.opMu                 a sandbox's position (rec), rt, kns, tracer, hostPids; serialises
 //	                        its state changes: checkpoint, restore, rm, the start of an exec
-//	    sb.keepMu           keepSessions (restart.go): kept; held across round trips to init
-//	      sb.mu
-//	    Manager.treeMu      node layers on disk: shared to mount a stack (checkpoint,
+//	  sb.keepMu             keepSessions (restart.go): kept; held across round trips to init
+//	    sb.mu
+//	  Manager.treeMu        node layers on disk: shared to mount a stack (checkpoint,
 //	                        restore), exclusive to delete one (RemoveNode)
-//	      sb.tmplMu         the seizure of the sandbox's templates: a restore, parking
+//	    sb.tmplMu           the seizure of the sandbox's templates: a restore, parking
 //	                        (views.go), eviction (budget.go)
-//	        sb.copyMu       a copy of a template being made for its image (durable.go:
+//	      sb.copyMu         a copy of a template being made for its image (durable.go:
 //	                        copyForImage) against the lists of the sandbox's processes
 //	                        (holdOthers, killAll): held across the copy's injected fork
 //	                        and a round trip to init (KillAll, Procs), so not a leaf
-//	          images.mu     the image queue (durable.go): nodes, queue, copies, collect
-//	        sb.buildMu      one background build of a next or warm state (~1 ms of mounts)
-//	          sb.prepMu     next, nextGen, warm, building, buildDone, warmClosed; briefly
-//	            sb.limitMu  the kernel memory limit (budget.go: fitKernelLimit)
-//	              Manager.mu   nodes, sandboxes, templates, procRecs, idsTaken, nextLayer,
+//	        images.mu       the image queue (durable.go): nodes, queue, copies, collect
+//	      sb.buildMu        one background build of a next or warm state (~1 ms of mounts)
+//	        sb.prepMu       next, nextGen, warm, building, buildDone, warmClosed; briefly
+//	          sb.limitMu    the kernel memory limit (budget.go: fitKernelLimit)
+//	            Manager.mu     nodes, sandboxes, templates, procRecs, idsTaken, nextLayer,
 //	                           sessionStarts; briefly, never across a mount, fork or index wait
-//	                images.mu  (restart.go: queueImage)
-//	                sb.mu      execs, adm, removed, sessions, sessionOpts, ended, warming,
+//	              images.mu    (restart.go: queueImage)
+//	              sb.mu        execs, adm, removed, sessions, sessionOpts, ended, warming,
 //	                           stats, oomSeen, disk, budget, memRT; briefly
 //
 // Leaves, under which nothing is taken: sb.lazyMu (lazy.go: lazy; watchLazy's goroutine
@@ -82,7 +86,8 @@
 //
 // API handlers run operations on their own goroutines. The manager starts these, each
 // counted in Manager.wg, which Close waits for after it has stopped every sandbox:
-// fillUppers and watchDisk (until Close), the work queued after an answer (background.go: next and
+// fillUppers and watchDisk (until Close), the disk watcher's stops and reclaims
+// (diskquota.go: stopWriters, reclaimDisk), the work queued after an answer (background.go: next and
 // warm state builds, parking, closing old namespaces, the measure of templates' memory), the release of dropped states
 // (prepare.go, warm.go), the kill of memory holders after a restore (restore.go), and
 // the warm-up of restored processes (procwarm.go, stopped by stopProcWarm). The

@@ -46,5 +46,12 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 	defer unix.Close(root)
 	// As the sandbox's root: files made through its idmapped layers must belong to an
 	// id of its user namespace.
-	return s.rt.AsRoot(func() error { return fn(root, workdir) })
+	err = s.rt.AsRoot(func() error { return fn(root, workdir) })
+	s.mu.Lock()
+	over := s.disk.over != ""
+	s.mu.Unlock()
+	if over {
+		m.diskFreed.Add(1) // it may have deleted files: the next refusal measures again
+	}
+	return err
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -51,10 +52,18 @@ type Manager struct {
 	// img: durable images of templates (durable.go).
 	img *images
 
-	// diskMu serialises the disk usage passes (diskquota.go); taken under no other lock.
+	// diskMu serialises the disk usage passes (diskquota.go); taken under no other lock,
+	// and no sandbox's opMu under it (doc.go).
 	diskMu sync.Mutex
 	// inodeBytes: what an inode costs in a sandbox's quota (the store's inode size; under diskMu).
 	inodeBytes int64
+	// passAt is when the last complete pass started, and passFreed diskFreed then: what
+	// diskRefusal reuses (under diskMu).
+	passAt    time.Time
+	passFreed uint64
+	// diskFreed counts what may have lowered a sandbox's usage through the API since: file
+	// operations on a sandbox over its quota, node and sandbox removals.
+	diskFreed atomic.Uint64
 
 	cfg    Config
 	ids    *hostids.Registry // the host's id ranges (ids.go); nil with isolation off

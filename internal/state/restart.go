@@ -49,6 +49,12 @@ import (
 // afresh, files only, as is one whose init is gone. So a checkpoint or restore that a
 // crash cut is undone unless its record reached the index (its answer's durable, or
 // POST /v1/sync), and never half done.
+//
+// Nor is a sandbox whose init was started by a daemon below this one's feature level
+// (store.InitRef.Level, sbinit.FeatureLevel): init spawns every command with the code of
+// the daemon that started it, so adopted across an upgrade it would go on spawning them
+// without the protections that came since (a Landlock domain each, the disk quota's
+// limits, a user namespace owned by the uid base). It restarts afresh too.
 
 // sessionKey prefixes the keys under which init keeps sessions' terminals.
 const sessionKey = "session/"
@@ -186,6 +192,9 @@ func (m *Manager) adoptable(r store.Sandbox) string {
 	switch {
 	case r.Init == nil:
 		return "no running init recorded"
+	case r.Init.Level < sbinit.FeatureLevel:
+		// Its init spawns commands with the code of the daemon that started it.
+		return fmt.Sprintf("init predates %s (its feature level %d, the daemon's %d)", sbinit.FeatureLevelNames, r.Init.Level, sbinit.FeatureLevel)
 	case m.st.FrozenHasEntries(r.Upper):
 		return "a checkpoint was cut after its freeze, before its record"
 	case m.cfg.NoIsolation != (r.UIDBase == 0):
@@ -504,7 +513,7 @@ func (m *Manager) recordInit(s *sb) {
 		return
 	}
 	m.mu.Lock()
-	s.rec.Init = &store.InitRef{Pid: s.rt.InitPid(), Start: start}
+	s.rec.Init = &store.InitRef{Pid: s.rt.InitPid(), Start: start, Level: sbinit.FeatureLevel}
 	m.mu.Unlock()
 }
 

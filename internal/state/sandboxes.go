@@ -299,7 +299,7 @@ func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 		Hostname: r.Hostname, User: r.User, Created: r.Created, Limits: r.Limits, WarmProcesses: r.WarmProcesses,
 		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB, Network: r.Network}
 	if r.Init != nil {
-		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start}
+		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start, Level: r.Init.Level}
 	}
 	return a
 }
@@ -427,6 +427,7 @@ func (m *Manager) Remove(id string) error {
 		derr = err
 	}
 	m.releaseIDs(id, s.rec.UIDBase)
+	m.diskFreed.Add(1) // the store has room again: a sandbox stopped for it may run
 	return derr
 }
 

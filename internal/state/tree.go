@@ -203,6 +203,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 		m.imagesRemoved()
 	}})
 	m.st.Index.Apply(ops...)
+	m.diskFreed.Add(1) // its images counted against its sandbox's quota (diskquota.go)
 	return sub, nil
 }
 

@@ -107,10 +107,13 @@ type Sandbox struct {
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime
-// (clock ticks after boot), which a reused PID does not have.
+// (clock ticks after boot), which a reused PID does not have, and what its code does.
 type InitRef struct {
 	Pid   int    `json:"pid"`
 	Start uint64 `json:"start"`
+	// Level is the feature level of the daemon that started it (sbinit.FeatureLevel):
+	// what init does for each command it spawns. 0 in records older than levels.
+	Level int `json:"level,omitempty"`
 }
 
 // Image is an imported image (image.json); its wire form, also its form on disk, is

@@ -144,6 +144,45 @@ func NewStore(t testing.TB) string {
 	return root
 }
 
+// NewSmallStore loop-mounts a fresh reflink XFS of mib MiB as a store, with the main
+// store's images linked in (NewStore does the same on the main store): a store of its
+// own filesystem, where it can be filled, and where a disk pass (one BULKSTAT of the
+// whole filesystem, by XFS project: state/diskquota.go) counts no other store's layers.
+func NewSmallStore(t testing.TB, mib int) string {
+	t.Helper()
+	RequireStore(t)
+	_, err := exec.LookPath("mkfs.xfs")
+	Require(t, err == nil, "no mkfs.xfs: %v", err)
+	dir := t.TempDir()
+	img, root := filepath.Join(dir, "store.img"), filepath.Join(dir, "root")
+	run := func(name string, args ...string) {
+		t.Helper()
+		if out, err := Command(t, time.Minute, name, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(int64(mib) << 20)
+	f.Close()
+	run("mkfs.xfs", "-q", "-m", "reflink=1", img)
+	os.Mkdir(root, 0o700)
+	run("mount", "-o", "loop", img, root)
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	// Run before the unmount (cleanups run last first): the sandboxes outlive their daemon.
+	t.Cleanup(func() { EndSandboxes(root) })
+	os.Mkdir(filepath.Join(root, "images"), 0o700)
+	ims, _ := os.ReadDir(filepath.Join(MainRoot(), "images"))
+	for _, im := range ims {
+		if im.Name()[0] != '.' {
+			os.Symlink(filepath.Join(MainRoot(), "images", im.Name()), filepath.Join(root, "images", im.Name()))
+		}
+	}
+	return root
+}
+
 // EndSandboxes kills every process of the sandboxes of the store at root, through the
 // cgroup2 directory its daemons use (cgroup.SetRootFor), and waits until they are gone.
 func EndSandboxes(root string) {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
+	"deltabox/internal/api"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
 )
@@ -296,5 +301,70 @@ func TestRestartAfterImageCut(t *testing.T) {
 			d.Stop()
 			restartNoLeftovers(t, root, dbxCgroupRoot(root))
 		})
+	}
+}
+
+// TestRestartRefusesOlderInit: a sandbox whose recorded init was started by a daemon
+// below this one's feature level (its index record rewritten as an older daemon wrote
+// it: no level) is not adopted across the restart: its init spawns commands with the old
+// daemon's code, without a Landlock domain per command, the disk quota's limits or a
+// user namespace owned by its uid base. It restarts afresh with a new init, whose
+// commands cannot signal each other (kill -0 answers EPERM).
+func TestRestartRefusesOlderInit(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "oldinit"
+	dbxCreate(t, d, id)
+	dbxSh(t, d, id, "echo kept > /workspace/f")
+	before, err := d.C.Get(dbxCtx(t), id)
+	if err != nil || before.Init == nil || before.Init.Level != sbinit.FeatureLevel {
+		t.Fatalf("before: %+v %v, want its init recorded at level %d", before, err, sbinit.FeatureLevel)
+	}
+	d.Stop() // the sandbox keeps running for the next daemon
+	db, err := bolt.Open(filepath.Join(d.Root, "index.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("sandboxes"))
+		var rec map[string]any
+		if err := json.Unmarshal(b.Get([]byte(id)), &rec); err != nil {
+			return fmt.Errorf("record of %s: %w", id, err)
+		}
+		init, ok := rec["init"].(map[string]any)
+		if !ok {
+			return fmt.Errorf("record of %s names no init: %v", id, rec)
+		}
+		delete(init, "level")
+		v, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(id), v)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	d = testutil.StartDaemonOn(t, d.Root)
+	in, err := d.C.Get(dbxCtx(t), id)
+	if err != nil || in.Status != "running" || in.Init == nil {
+		t.Fatalf("after the restart: %+v %v\ndaemon log:\n%s", in, err, d.Log())
+	}
+	if in.Init.Pid == before.Init.Pid && in.Init.Start == before.Init.Start {
+		t.Fatalf("the init of an older daemon was adopted (pid %d): want the sandbox restarted afresh\ndaemon log:\n%s", in.Init.Pid, d.Log())
+	}
+	if in.Init.Level != sbinit.FeatureLevel {
+		t.Errorf("the new init is recorded at level %d, want %d", in.Init.Level, sbinit.FeatureLevel)
+	}
+	if !strings.Contains(d.Log(), "init predates Landlock domains") {
+		t.Errorf("the daemon log does not say why the sandbox restarted:\n%s", d.Log())
+	}
+	if got := dbxSh(t, d, id, "cat /workspace/f"); got != "kept\n" {
+		t.Errorf("its files after the restart: %q, want kept", got)
+	}
+	// The wall: a later command cannot signal what an earlier one left running.
+	pid := strings.TrimSpace(dbxSh(t, d, id, "nohup sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"))
+	r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", "kill -0 " + pid}})
+	if r.ExitCode == 0 || !strings.Contains(r.Stderr, "Operation not permitted") {
+		t.Fatalf("kill -0 %s from a later command after the restart: %+v, want EPERM", pid, r)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -19,42 +18,8 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// smallStore loop-mounts a fresh reflink XFS of mib MiB as a daemon's store, with the
-// main store's images linked in (testutil.NewStore does the same on the main store).
-func smallStore(t *testing.T, mib int) string {
-	t.Helper()
-	testutil.RequireStore(t)
-	_, err := exec.LookPath("mkfs.xfs")
-	testutil.Require(t, err == nil, "no mkfs.xfs: %v", err)
-	dir := t.TempDir()
-	img, root := filepath.Join(dir, "store.img"), filepath.Join(dir, "root")
-	run := func(name string, args ...string) {
-		t.Helper()
-		if out, err := testutil.Command(t, time.Minute, name, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-	}
-	f, err := os.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Truncate(int64(mib) << 20)
-	f.Close()
-	run("mkfs.xfs", "-q", "-m", "reflink=1", img)
-	os.Mkdir(root, 0o700)
-	run("mount", "-o", "loop", img, root)
-	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
-	// Run before the unmount (cleanups run last first): the sandboxes outlive their daemon.
-	t.Cleanup(func() { testutil.EndSandboxes(root) })
-	os.Mkdir(filepath.Join(root, "images"), 0o700)
-	ims, _ := os.ReadDir(filepath.Join(testutil.MainRoot(), "images"))
-	for _, im := range ims {
-		if im.Name()[0] != '.' {
-			os.Symlink(filepath.Join(testutil.MainRoot(), "images", im.Name()), filepath.Join(root, "images", im.Name()))
-		}
-	}
-	return root
-}
+// smallStore is a store on a fresh XFS of mib MiB (testutil.NewSmallStore).
+func smallStore(t *testing.T, mib int) string { return testutil.NewSmallStore(t, mib) }
 
 // fillScript writes 1 MiB at a time until a write fails or it is killed.
 const fillScript = `while head -c 1M /dev/zero >> /workspace/fill; do :; done 2>/dev/null; echo stopped`
