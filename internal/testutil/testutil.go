@@ -197,6 +197,37 @@ func EndSandboxes(root string) {
 	}
 }
 
+// The parent-death signal (PR_SET_PDEATHSIG) is sent when the *thread* that forked the
+// child exits, not the process: a daemon started from a Go thread that a locked
+// goroutine later ends (a remote.Tracer closed, a CRIU call whose thread cannot be put
+// back) was killed with SIGKILL mid-test (TestCheckCopyImage run twice: the second
+// daemon died 0.3 s after it started). Daemons are started from one thread that is
+// locked for the life of the test process and never exits.
+var spawner struct {
+	once sync.Once
+	reqs chan spawnReq
+}
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func startFromLastingThread(cmd *exec.Cmd) error {
+	spawner.once.Do(func() {
+		spawner.reqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: this thread outlives every daemon
+			for r := range spawner.reqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	spawner.reqs <- spawnReq{cmd, done}
+	return <-done
+}
+
 // StartDaemon starts a daemon on a fresh test store.
 func StartDaemon(t testing.TB) *Daemon {
 	t.Helper()
@@ -240,7 +271,7 @@ func StartDaemonArgs(t testing.TB, root string, args []string, env ...string) *D
 		d.cmd.Env = append(os.Environ(), env...)
 	}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
+	if err := startFromLastingThread(d.cmd); err != nil {
 		t.Fatal(err)
 	}
 	d.C = client.New(d.Socket)
