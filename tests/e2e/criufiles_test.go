@@ -108,7 +108,7 @@ func TestCRIUTreeCarriesRemovedFiles(t *testing.T) {
 	}
 	check := func(what string, n int) {
 		t.Helper()
-		dbxSh(t, d, id, "for p in "+pids+"; do [ -e /proc/$p ] && [ $(ls /proc/$p/task | wc -l) = 2 ] || exit 1; done")
+		dbxSh(t, d, id, "for p in "+pids+"; do [ -e /proc/$p ] && [ $(ls /proc/$p/task | wc -l) -ge 2 ] || { echo \"process $p: $(ls /proc/$p/task 2>&1 | tr \"\\\\n\" \" \")\" >&2; exit 1; }; done")
 		poke(t, d, id, "ghost", ghost, n)
 		want := "hello\n"
 		for i := 1; i <= n; i++ {
