@@ -52,8 +52,8 @@ type MCTSOptions struct {
 	Systems    []string  `json:"systems"` // baselines to run (MCTSBaselines by default)
 	Short      bool      `json:"short"`
 	Workload   string    `json:"workload"` // MCTSJSONLib or MCTSDjango (mcts_workload.go)
-	Repo       string    `json:"-"`      // the repository with examples/ and workload/
-	Python     string    `json:"python"` // the host's python3, which drives the search and the replays
+	Repo       string    `json:"-"`        // the repository with examples/ and workload/
+	Python     string    `json:"python"`   // the host's python3, which drives the search and the replays
 	CRIU       string    `json:"criu"`
 	CRIUImages string    `json:"criu_images"` // tmpfs directory for CRIU's images
 	Socket     string    `json:"socket"`
