@@ -51,6 +51,8 @@ def main() -> int:
     timers = Timers()
     agent = cli.agent(args, task, k, timers)
     config["state_points"] = agent.state_points
+    config["workload"] = {"name": wl.name, "size": wl.manifest.get("size"),
+                          "files": len(wl.files), "bytes": sum(len(b) for b in wl.files.values())}
     traj = Trajectory("mcts", task, config)
     client = cli.client()
     with cli.cleanup_nodes(client, args.keep) as roots:

@@ -498,7 +498,7 @@ func thinkArg(t float64) string { return strconv.FormatFloat(t, 'f', -1, 64) }
 // On error the File holds what was measured so far.
 func RunMCTS(ctx context.Context, c *client.Client, o MCTSOptions) (f *File, err error) {
 	start := time.Now()
-	f = &File{Bench: "mcts", Command: o.Command, Machine: CurrentMachine(), Started: start.UTC()}
+	f = &File{Bench: mctsBenchName(o), Command: o.Command, Machine: CurrentMachine(), Started: start.UTC()}
 	settings, _ := json.Marshal(o)
 	json.Unmarshal(settings, &f.Settings)
 	f.Description = mctsDescription(o)
@@ -596,6 +596,7 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 		return nil, fmt.Errorf("%s: %w", trPath, err)
 	}
 	row, thinkTotal := mctsDeltaBoxRow(&tr, think, line)
+	mctsWorkloadInfo(&row, &tr)
 	r.logf("think %s s: deltabox: %d nodes, total %.2f s, state %.3f s", thinkArg(think), len(tr.Nodes), row.TotalS, row.StateS)
 	if st := tr.Summary.SandboxStats; st != nil && o.TemplateBudgetMB != 0 {
 		note := fmt.Sprintf("deltabox at %s s think, template_budget_mb %d: %d nodes evicted over the budget, %d of %d process restores from durable images",

@@ -99,3 +99,32 @@ func mctsWorkloadText(o MCTSOptions) string {
 	}
 	return fmt.Sprintf("UCT over a deterministic scripted agent that fixes bugs injected into CPython's own json package (%d bug(s), seed %d), scored by CPython's own tests run for real", o.Bugs, o.Seed)
 }
+
+// mctsBenchName is the File's bench: "mcts" for jsonlib (the section the summary
+// reads), "mcts-django" for django (a section of its own in the report).
+func mctsBenchName(o MCTSOptions) string {
+	if o.Workload == MCTSDjango {
+		return "mcts-django"
+	}
+	return "mcts"
+}
+
+// mctsWorkloadInfo copies the workload's size, as examples/mcts.py recorded it from
+// the workload's manifest, into DeltaBox's row: files and bytes, and for django the
+// environment's apart.
+func mctsWorkloadInfo(row *MCTSRow, tr *mctsTrajectory) {
+	w, _ := tr.Config["workload"].(map[string]any)
+	if w == nil {
+		return
+	}
+	row.Info["workload"] = w["name"]
+	row.Info["workload_files"] = w["files"]
+	row.Info["workload_bytes"] = w["bytes"]
+	if sz, _ := w["size"].(map[string]any); sz != nil {
+		for _, k := range []string{"repo_files", "repo_bytes", "env_files", "env_bytes", "git_bytes", "pyc_files", "pyc_bytes"} {
+			if v, ok := sz[k]; ok {
+				row.Info["workload_"+k] = v
+			}
+		}
+	}
+}
