@@ -189,6 +189,9 @@ type mctsTrajectory struct {
 		// SearchTimers are the agent's timers over the search alone (no setup, no
 		// root tests).
 		SearchTimers map[string]mctsTimer `json:"search_timers"`
+		// Tree is the tree the search built (examples/mcts.py search_tree), for its
+		// picture (mcts_tree.go).
+		Tree []MCTSTreeNode `json:"tree"`
 		// SandboxStats: the search sandbox's counters at the end of the search.
 		SandboxStats *struct {
 			EvictedNodes    int `json:"evicted_nodes"`

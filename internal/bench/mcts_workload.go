@@ -113,6 +113,9 @@ func mctsBenchName(o MCTSOptions) string {
 // the workload's manifest, into DeltaBox's row: files and bytes, and for django the
 // environment's apart.
 func mctsWorkloadInfo(row *MCTSRow, tr *mctsTrajectory) {
+	if len(tr.Summary.Tree) > 0 {
+		row.Info["tree"] = tr.Summary.Tree
+	}
 	w, _ := tr.Config["workload"].(map[string]any)
 	if w == nil {
 		return
