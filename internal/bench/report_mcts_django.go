@@ -32,8 +32,11 @@ func writeMCTSDjangoSection(b *strings.Builder, f *File) {
 			continue
 		}
 		seed := fmt.Sprintf("%.0f-%.0f%% (coupled filesystem)", 100*seedBeforeLo, 100*seedBeforeHi)
-		if r.System == MCTSDeltaBox {
+		switch r.System {
+		case MCTSDeltaBox:
 			seed = fmt.Sprintf("%.0f-%.0f%% (DeltaBox)", 100*seedAfterLo, 100*seedAfterHi)
+		case MCTSFSReplay:
+			seed = "- (DeltaBox's files without process state: not in the seed's table)"
 		}
 		fmt.Fprintf(b, "| %s | %s | %.2f%% | %s |\n", r.System, thinkArg(r.ThinkS), 100*r.StateS/r.TotalS, seed)
 	}
@@ -53,7 +56,7 @@ func writeMCTSDjangoSection(b *strings.Builder, f *File) {
 		fmt.Fprintf(b, "| this workload, with its environment | %.0f | %.1f |\n", files, bytes/1e6)
 		fmt.Fprintf(b, "| this workload, without the environment (repository, its .git of %.1f MB included) | %.0f | %.1f |\n", gitB/1e6, files-envF, (bytes-envB)/1e6)
 		fmt.Fprintf(b, "| SWE-bench django task (quoted, not measured) | the same code base at older commits; /testbed is a full clone (the project's history in .git) | instance images build on ~60 environment images of ~100 GB in all (SWE-bench's docker harness notes): a conda env and an OS per image, ~1.7 GB each |\n")
-		b.WriteString("\nThe environment here is Django's two requirements from Debian (asgiref, sqlparse) over the image's Python; SWE-bench's is a conda environment with its own Python and more packages, and its .git holds the project's history: both make SWE-bench's workspace larger than this one, so the copy baselines' state times here are, if anything, lower than they would be on SWE-bench's images.\n")
+		b.WriteString("\nThe environment here is Django's two requirements from Debian (asgiref, sqlparse) over the image's Python; SWE-bench's is a conda environment with its own Python and more packages, and its .git holds the project's history: a copy of SWE-bench's repository and environment moves more bytes than this workspace's.\n")
 		break
 	}
 }
