@@ -109,7 +109,7 @@ def main() -> int:
             last, ck, node = results[best]
             with timers.time("restore"):
                 sb.restore(ck)
-            check, _ = run_tests(sb, task.tests)
+            check, _ = run_tests(sb, task.tests, task.kind)
     wall = timers.elapsed()
     solved = [i for i in range(n) if results[i][0].solved]
     traj.summary = {"attempts": n, "solved_attempts": solved, "best_attempt": best,

@@ -28,6 +28,24 @@ from workload.mcts import MCTS  # noqa: E402
 from workload.trajectory import Trajectory, default_out  # noqa: E402
 
 
+def search_tree(search, traj, daemon_nodes) -> list:
+    restores: dict = {}
+    for e in traj.events:
+        if e["type"] == "rollback":
+            restores[e["node"]] = restores.get(e["node"], 0) + 1
+    out = []
+    for n in search.nodes:
+        d = daemon_nodes.get(n.ckpt.id)
+        t = d.templates if d is not None else None
+        out.append({"id": n.idx, "parent": n.parent.idx if n.parent is not None else None,
+                    "node": n.ckpt.id, "score": n.step.score, "reward": round(n.reward, 4),
+                    "visits": n.visits, "restores": restores.get(n.idx, 0), "solved": n.solved,
+                    "layer_bytes": d.layer_bytes if d is not None else -1,
+                    "template_bytes": t.private_dirty_bytes if t is not None else 0,
+                    "template_processes": t.processes if t is not None else 0})
+    return out
+
+
 def main() -> int:
     ap = cli.parser(__doc__.split("\n")[0])
     ap.add_argument("--expansions", type=int, default=None, help="per trajectory (100; short 6)")
@@ -51,6 +69,8 @@ def main() -> int:
     timers = Timers()
     agent = cli.agent(args, task, k, timers)
     config["state_points"] = agent.state_points
+    config["workload"] = {"name": wl.name, "size": wl.manifest.get("size"),
+                          "files": len(wl.files), "bytes": sum(len(b) for b in wl.files.values())}
     traj = Trajectory("mcts", task, config)
     client = cli.client()
     with cli.cleanup_nodes(client, args.keep) as roots:
@@ -84,6 +104,10 @@ def main() -> int:
                 "images_complete": len(images),
                 "image_stored_bytes": sum(im.stored_bytes for im in images),
                 "image_full_bytes": sum(im.full_bytes for im in images)})
+            # The tree the search built, for its picture (deltabox bench report): each
+            # node's reward, visits, restores (rollbacks to it), own layer and template
+            # memory as the daemon counts them, before the checkpoints are removed.
+            summary["tree"] = search_tree(search, traj, client.tree().nodes)
     wall = timers.elapsed()
     summary["wall_seconds"] = round(wall, 3)
     summary["timers"] = timers.summary()

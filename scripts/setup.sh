@@ -645,6 +645,74 @@ step_workload() {
 	probe "workload $WORKLOAD_NAME" ok "$dir"
 }
 
+# ==== Step 4c: the SWE-bench-sized workload ==============================================
+# Django 4.2 as SWE-bench holds a task: the repository (git) with its own test suite
+# (tests/runtests.py, sqlite) and the Python environment its tests need, both in the
+# workspace. The source is Debian's python-django orig tarball (trixie's deb-src, the entry
+# step_criu adds; apt-get source --download-only, as CRIU's), the environment Debian's
+# python3-asgiref and python3-sqlparse (bookworm, the image's Python); all three are checked
+# against the sha256 pinned here before workload/prepare_django.py unpacks them, and the
+# manifest records every file's sha256 (workload/workspace.py checks them at each load).
+# Downloads are cached in $DJANGO_SRC_DIR; the tree is built as .new-django and renamed.
+DJANGO_DEB_VERSION=3:4.2.28-0+deb13u2
+DJANGO_ORIG=python-django_4.2.28.orig.tar.gz
+DJANGO_ORIG_SHA256=a4b9cd881991add394cafa8bb3b11ad1742d1e1470ba99c3ef53dc540316ccfe
+DJANGO_ENV_DEBS=(
+	"python3-asgiref=3.6.0-1 python3-asgiref_3.6.0-1_all.deb 5c7835a18144105fc24172c2fb27a2d2e0b10d80df7bf9615664cefc8b065258"
+	"python3-sqlparse=0.4.2-1+deb12u1 python3-sqlparse_0.4.2-1+deb12u1_all.deb edd31cf6974984723034321451333ff375d0551baf375e8bc0ececaff661eabb"
+)
+DJANGO_SRC_DIR=/var/cache/deltabox/django-src
+
+sha_is() { [[ -f $1 ]] && [[ $(sha256sum "$1" | cut -d' ' -f1) == "$2" ]]; }
+
+step_workload_django() {
+	STEP=workload
+	local name=django dir="$ROOT/workloads/django" stage="$ROOT/workloads/.new-django"
+	if [[ -f $dir/manifest.json ]]; then
+		say "workload present: $dir"
+		probe "workload $name" ok "$dir"
+		return
+	fi
+	if [[ $MODE == check ]]; then
+		say "workload missing: $dir"
+		probe "workload $name" MISSING "$dir/manifest.json"
+		return
+	fi
+	local t log="$DJANGO_SRC_DIR/apt.log" e spec deb sum debs=()
+	t=$(now_ms)
+	mkdir -p "$DJANGO_SRC_DIR/deb" "$CRIU_SRC_DIR"
+	if ! sha_is "$DJANGO_SRC_DIR/$DJANGO_ORIG" "$DJANGO_ORIG_SHA256"; then
+		rm -f "$DJANGO_SRC_DIR/$DJANGO_ORIG"
+		ensure_trixie_src
+		# As for CRIU: the exit code is ignored, the tarball is checked by name and sha256.
+		(cd "$DJANGO_SRC_DIR" && apt-get source -q --download-only "python-django=$DJANGO_DEB_VERSION") >>"$log" 2>&1 || true
+		sha_is "$DJANGO_SRC_DIR/$DJANGO_ORIG" "$DJANGO_ORIG_SHA256" || die \
+			"apt-get source did not fetch $DJANGO_ORIG with sha256 $DJANGO_ORIG_SHA256 (see $log)" \
+			"check $TRIXIE_SRC_LIST and apt-cache showsrc python-django (want $DJANGO_DEB_VERSION)"
+	fi
+	for e in "${DJANGO_ENV_DEBS[@]}"; do
+		read -r spec deb sum <<<"$e"
+		if ! sha_is "$DJANGO_SRC_DIR/deb/$deb" "$sum"; then
+			rm -f "$DJANGO_SRC_DIR/deb/$deb"
+			(cd "$DJANGO_SRC_DIR/deb" && apt-get download -q -o APT::Sandbox::User=root "$spec") >>"$log" 2>&1 || true
+			sha_is "$DJANGO_SRC_DIR/deb/$deb" "$sum" || die "apt-get download $spec did not give $deb with sha256 $sum (see $log)" \
+				"apt-get update; apt-cache policy ${spec%%=*} must list ${spec#*=}"
+		fi
+		debs+=(--deb "$DJANGO_SRC_DIR/deb/$deb")
+	done
+	rm -rf "$stage"
+	mkdir -p "$ROOT/workloads"
+	local py=python3
+	[[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
+	"$py" "$SCRIPT_DIR/../workload/prepare_django.py" --orig "$DJANGO_SRC_DIR/$DJANGO_ORIG" "${debs[@]}" \
+		--dest "$stage" --meta "version=4.2.28" --meta "orig=$DJANGO_ORIG (python-django $DJANGO_DEB_VERSION, apt-get source)" \
+		--meta "orig_sha256=$DJANGO_ORIG_SHA256" >>"$log" 2>&1 || { tail -n 5 "$log" >&2; die "workload/prepare_django.py failed (see $log)" \
+		"rm -rf $stage and re-run"; }
+	mv "$stage" "$dir"
+	say "prepared workload $name in $(secs_since "$t") s: $dir (Django 4.2.28 from $DJANGO_ORIG, env from Debian)"
+	probe "workload $name" ok "$dir"
+}
+
 # ==== Step 5: Go ===========================================================================
 # The toolchain is preinstalled on this machine kind in /usr/local/go; nothing to install.
 step_go() {
@@ -686,6 +754,7 @@ step_store
 step_probes
 step_image
 step_workload
+step_workload_django
 step_go
 step_e2b_sdk
 

@@ -225,7 +225,7 @@ class Agent:
 
     def _tests(self, sb: "Sandbox") -> Tuple[TestRun, dict]:
         with self.timers.time("tests"):
-            return run_tests(sb, self.task.tests)
+            return run_tests(sb, self.task.tests, self.task.kind)
 
     def _remember(self, sb: "Sandbox", edit: Edit) -> Tuple[List[str], bool, dict]:
         code = ("try:\n    _applied\nexcept NameError:\n    _applied = []\n"
@@ -274,7 +274,8 @@ def setup_task(sb: "Sandbox", agent: Agent) -> Tuple[dict, Step]:
     """Puts the agent's task into the sandbox (its files as a git repository at
     /workspace/repo) and evaluates the root: returns (install record, root Step)."""
     from .workspace import install
+    task = agent.task
     with agent.timers.time("setup"):
-        rec = install(sb, agent.task.files, "jsonlib: CPython's json package with its tests")
+        rec = install(sb, task.files, task.kind.install_message, workload=task.workload)
     root = agent.evaluate_root(sb)
     return rec, root

@@ -70,7 +70,7 @@ from typing import IO, TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, 
 
 from .agent import SESSION, STATE_POINTS, Timers, node_score, parse_remembered
 from .tasks import TEST_TIMEOUT, make_task, test_result
-from .workspace import GIT_USER, Workload, install_command
+from .workspace import GIT_USER, Workload, install_command, run_install
 
 if TYPE_CHECKING:  # the client is imported by the examples (clients/python on sys.path)
     from deltabox import CheckpointResult, Result, Sandbox
@@ -108,6 +108,7 @@ class Plan:
         self.tests_total = int(d["setup"]["tests_total"])
         if not self.tests_total:
             raise ReplayError("trajectory: the root ran no test")
+        self._install: Optional[dict] = None
 
     @classmethod
     def load(cls, path: str) -> "Plan":
@@ -129,16 +130,23 @@ class Plan:
 
     def install(self) -> dict:
         """The recorded install command with its stdin regenerated from the task's spec
-        (the recorded sha256 of the tarball must match)."""
+        (the recorded sha256 of the tarball must match); made once."""
+        if self._install is not None:
+            return self._install
         rec = dict(self.d["setup"]["commands"][0])
         spec = self.d["task"]
-        wl = Workload.load(spec.get("workload") or "jsonlib")
+        name = spec.get("workload") or "jsonlib"
+        wl = Workload.load(name)
         task = make_task(wl, seed=spec["seed"], n_bugs=len(spec["bugs"]), bugs=spec["bugs"])
-        cmd = install_command(task.files, "regenerated")
+        cmd = install_command(task.files, "regenerated", workload=name)
         if cmd["tar_sha256"] != rec.get("tar_sha256"):
             raise ReplayError("the task's files regenerated from its spec differ from the recorded "
                               "ones (tar sha256 %s, recorded %s)" % (cmd["tar_sha256"], rec.get("tar_sha256")))
-        rec["stdin"] = cmd["stdin"]
+        if "upload" in cmd:
+            rec["blob"] = cmd["blob"]
+        else:
+            rec["stdin"] = cmd["stdin"]
+        self._install = rec
         return rec
 
     def root_tests(self) -> dict:
@@ -554,6 +562,7 @@ class Runner:
         self.dead_since = ""  # what ended the session last: rollback or checkpoint
         self.replays = {"rollback": [0, 0.0], "checkpoint": [0, 0.0], "start": [0, 0.0]}
         self.replay_mismatch = 0
+        self.uploaded: set = set()  # install tarballs already in the sandbox (by sha256)
         self.info: Dict[str, object] = {}
         self.log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
 
@@ -638,7 +647,7 @@ class Runner:
         """The task's root state in a fresh sandbox: the recorded install command and
         the root's tests (untimed)."""
         inst = self.plan.install()
-        res = self.run_exec(inst)
+        res = run_install(self.sb, inst, self.uploaded)
         if res.exit_code != 0:
             raise ReplayError("install failed: %s%s" % (res.stdout[-300:], res.stderr[-300:]))
         tr = test_result(self.run_exec(self.plan.root_tests()))
@@ -740,7 +749,7 @@ class Runner:
         for nid in range(1, len(self.plan.nodes)):
             parent = self.plan.nodes[nid]["parent"]
             with self.timers.time("rebuild"):
-                res = self.run_exec(self.plan.install())
+                res = run_install(self.sb, self.plan.install(), self.uploaded)
                 if res.exit_code != 0:
                     raise ReplayError("install failed: %s" % res.stderr[-300:])
                 self.session.kill()

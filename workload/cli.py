@@ -18,6 +18,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                          "(0; 2 is a paper-like setting)")
     ap.add_argument("--seed", type=int, default=0, help="task and agent seed (default 0)")
     ap.add_argument("--bugs", type=int, default=None, help="bugs to inject (default 2, short 1)")
+    ap.add_argument("--workload", default="jsonlib",
+                    help="jsonlib (CPython's json package, default) or django (Django 4.2's "
+                         "repository, its test suite and environment; scripts/setup.sh prepares both)")
     ap.add_argument("--task", default=None,
                     help="inject these catalogue mutations (comma-separated ids) instead of "
                          "seeded ones; python3 -m workload.tasks lists them")
@@ -50,7 +53,7 @@ def agent(args, task, k, timers):
 
 
 def load_task(args):
-    wl = Workload.load()
+    wl = Workload.load(args.workload)
     n_bugs = pick(args.bugs, 2, 1, args.short)
     bugs = [b for b in args.task.split(",") if b] if args.task else None
     task = make_task(wl, seed=args.seed, n_bugs=len(bugs) if bugs else n_bugs, bugs=bugs)
@@ -60,7 +63,10 @@ def load_task(args):
 def header(name: str, wl, task, extra: List[str]) -> None:
     src = wl.manifest.get("sources", {})
     print("== %s" % name)
-    print("workload: %s (%s; tests: %s)" % (wl.name, src.get("json_from", "?"), src.get("tests_from", "?")))
+    if wl.name == "jsonlib":
+        print("workload: %s (%s; tests: %s)" % (wl.name, src.get("json_from", "?"), src.get("tests_from", "?")))
+    else:
+        print("workload: %s (%s)" % (wl.name, src.get("orig", src.get("orig_top", "?"))))
     print("task: %s: %d bug(s): %s" % (task.id, len(task.bugs), task.describe()))
     print("relevant tests: %s" % " ".join(task.tests))
     for line in extra:

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .workspace import REPO, Workload, install
 
@@ -197,7 +197,50 @@ def test_argv(modules: Sequence[str]) -> List[str]:
 
 
 TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
-TEST_TIMEOUT = 120.0
+TEST_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a workload's tasks need: its catalogue and how its tests run.
+    ``test_prefix`` is prepended to a mutation's test modules to make the command's
+    labels; ``files_prefix`` is where the repository's files are among the
+    workload's (the django workload also holds its environment, env/)."""
+    name: str
+    catalogue: List[Mutation]
+    test_prefix: str
+    files_prefix: str
+    argv: Callable[[Sequence[str]], List[str]]  # labels -> the test command
+    env: Dict[str, str]
+    whole: List[str]    # labels of the suite verify runs whole on the pristine tree
+    modules: List[str]  # every test module mutations may name, in order
+    install_message: str
+
+    @property
+    def by_id(self) -> Dict[str, Mutation]:
+        return {m.id: m for m in self.catalogue}
+
+    def labels(self, modules: Sequence[str]) -> List[str]:
+        return [self.test_prefix + m for m in modules]
+
+
+def _unittest_argv(labels: Sequence[str]) -> List[str]:
+    return ["python3", "-m", "unittest"] + list(labels)
+
+
+JSONLIB = Kind(name="jsonlib", catalogue=CATALOGUE, test_prefix=T, files_prefix="", argv=_unittest_argv,
+               env=TEST_ENV, whole=[T.rstrip(".")], modules=[],
+               install_message="jsonlib: CPython's json package with its tests")
+
+
+def kind_of(name: str) -> Kind:
+    """The Kind of a workload by name (ValueError naming the known ones)."""
+    if name == "jsonlib":
+        return JSONLIB
+    if name == "django":
+        from .djangowl import KIND
+        return KIND
+    raise ValueError("unknown workload %r (known: jsonlib, django)" % name)
 
 
 @dataclass
@@ -245,12 +288,14 @@ def parse_unittest(out: str) -> TestRun:
     return tr
 
 
-def run_tests(sb: "Sandbox", modules: Sequence[str]) -> Tuple[TestRun, dict]:
-    """Runs the modules' tests for real in the sandbox's repository; returns the
-    parsed result and the command's record."""
-    argv = test_argv(modules)
-    r = sb.run(argv, cwd=REPO, env=TEST_ENV, timeout=TEST_TIMEOUT)
-    return test_result(r), {"kind": "exec", "argv": argv, "cwd": REPO, "env": dict(TEST_ENV),
+def run_tests(sb: "Sandbox", modules: Sequence[str], kind: Optional[Kind] = None) -> Tuple[TestRun, dict]:
+    """Runs the modules' tests for real in the sandbox's repository (the workload
+    kind's command, jsonlib's by default); returns the parsed result and the
+    command's record."""
+    kind = kind or JSONLIB
+    argv = kind.argv(kind.labels(modules))
+    r = sb.run(argv, cwd=REPO, env=kind.env, timeout=TEST_TIMEOUT)
+    return test_result(r), {"kind": "exec", "argv": argv, "cwd": REPO, "env": dict(kind.env),
                             "state_changing": False}
 
 
@@ -266,7 +311,7 @@ def test_result(r) -> TestRun:
 
 def locate(wl: Workload, m: Mutation) -> int:
     """The 1-based line number of the mutation's line in the pristine file."""
-    lines = wl.text(m.file).split("\n")
+    lines = wl.text(kind_of(wl.name).files_prefix + m.file).split("\n")
     hits = [i + 1 for i, l in enumerate(lines) if l == m.orig]
     n = 0 if m.occurrence is None else m.occurrence
     if n >= len(hits) or (m.occurrence is None and len(hits) != 1):
@@ -298,8 +343,12 @@ class Task:
     def sites(self) -> List[Mutation]:
         return self.bugs + self.distractors
 
+    @property
+    def kind(self) -> Kind:
+        return kind_of(self.workload)
+
     def edit(self, mutation_id: str, variant: str) -> Edit:
-        m = BY_ID[mutation_id]
+        m = self.kind.by_id[mutation_id]
         return Edit("%s/%s" % (m.id, variant), m.file, self.lines[m.id], variants(m)[variant])
 
     def edits(self) -> Dict[str, Edit]:
@@ -331,7 +380,7 @@ class Task:
     def spec(self) -> dict:
         return {"id": self.id, "workload": self.workload, "seed": self.seed,
                 "bugs": [m.id for m in self.bugs], "distractors": [m.id for m in self.distractors],
-                "lines": dict(self.lines), "tests": [T + t for t in self.tests]}
+                "lines": dict(self.lines), "tests": self.kind.labels(self.tests)}
 
 
 def make_task(wl: Workload, seed: int = 0, n_bugs: int = 1,
@@ -339,8 +388,14 @@ def make_task(wl: Workload, seed: int = 0, n_bugs: int = 1,
     """A task: n_bugs mutations of the catalogue, chosen by seed (or named by bugs),
     on different lines, and n_distractors other lines."""
     rng = random.Random("task|%s|%d" % (seed, n_bugs))
-    ids = [m.id for m in CATALOGUE]
+    kind = kind_of(wl.name)
+    BY_ID = kind.by_id
+    ids = [m.id for m in kind.catalogue]
     if bugs:
+        unknown = [b for b in bugs if b not in BY_ID]
+        if unknown:
+            raise ValueError("unknown mutation(s) %s of workload %s (python3 -m workload.tasks "
+                             "--workload %s lists them)" % (", ".join(unknown), wl.name, wl.name))
         chosen = [BY_ID[b] for b in bugs]
     else:
         chosen = [BY_ID[i] for i in rng.sample(ids, n_bugs)]
@@ -351,11 +406,13 @@ def make_task(wl: Workload, seed: int = 0, n_bugs: int = 1,
         raise ValueError("two sites of the task share a line")
     files = dict(wl.files)
     for m in chosen:
-        ls = files[m.file].decode("utf-8").split("\n")
+        f = kind.files_prefix + m.file
+        ls = files[f].decode("utf-8").split("\n")
         assert ls[lines[m.id] - 1] == m.orig
         ls[lines[m.id] - 1] = m.bug
-        files[m.file] = "\n".join(ls).encode("utf-8")
-    order = {t[len(T):]: i for i, t in enumerate(wl.test_modules)}
+        files[f] = "\n".join(ls).encode("utf-8")
+    mods = kind.modules or [t[len(T):] for t in wl.test_modules]
+    order = {t: i for i, t in enumerate(mods)}
     tests = sorted({t for m in chosen for t in m.tests}, key=lambda t: order[t])
     tid = "%s-s%d" % ("+".join(m.id for m in chosen), seed) if bugs else "seed%d-%dbug" % (seed, n_bugs)
     return Task(tid, seed, chosen, distractors, lines, files, tests, wl.name)
@@ -366,27 +423,29 @@ def make_task(wl: Workload, seed: int = 0, n_bugs: int = 1,
 def verify(sb: "Sandbox", wl: Workload, ids: Optional[Sequence[str]] = None, out=sys.stdout) -> bool:
     """Checks the catalogue with the real test suite in sandbox sb (see the module's
     doc). Prints one line per mutation; returns True when all hold."""
-    install(sb, wl.files, "pristine " + wl.name)
-    r = sb.run(["python3", "-m", "unittest", T.rstrip(".")], cwd=REPO, env=TEST_ENV, timeout=TEST_TIMEOUT)
+    kind = kind_of(wl.name)
+    BY_ID = kind.by_id
+    install(sb, wl.files, "pristine " + wl.name, workload=wl.name)
+    r = sb.run(kind.argv(kind.whole), cwd=REPO, env=kind.env, timeout=TEST_TIMEOUT)
     whole = parse_unittest(r.stderr + "\n" + r.stdout)
     ok = r.exit_code == 0 and whole.counted > 0 and whole.passed == whole.counted
     print("%-30s %-4s %d/%d (%d skipped)" % ("pristine whole suite", "ok" if ok else "FAIL",
                                              whole.passed, whole.counted, whole.skipped), file=out, flush=True)
-    muts = [BY_ID[i] for i in ids] if ids else CATALOGUE
+    muts = [BY_ID[i] for i in ids] if ids else kind.catalogue
     base_cache: Dict[Tuple[str, ...], TestRun] = {}
     for m in muts:
         line = locate(wl, m)
         mods = list(m.tests)
         key = tuple(mods)
         if key not in base_cache:
-            base_cache[key], _ = run_tests(sb, mods)
+            base_cache[key], _ = run_tests(sb, mods, kind)
         base = base_cache[key]
         res: Dict[str, TestRun] = {}
         for v, text in variants(m).items():
             if v == "fix":
                 continue
             sb.run(edit_argv(Edit(m.id + "/" + v, m.file, line, text)), cwd=REPO).check()
-            res[v], _ = run_tests(sb, mods)
+            res[v], _ = run_tests(sb, mods, kind)
         sb.run(edit_argv(Edit(m.id + "/fix", m.file, line, m.orig)), cwd=REPO).check()
         problems = []
         if base.passed != base.counted or base.counted == 0:
@@ -415,10 +474,12 @@ def main(argv=None) -> int:
                     help="check every mutation with the real tests in a sandbox ($DELTABOX_SOCKET)")
     ap.add_argument("--list", action="store_true", help="list the catalogue")
     ap.add_argument("--only", nargs="*", help="mutation ids (default: all)")
+    ap.add_argument("--workload", default="jsonlib", help="jsonlib (default) or django")
     a = ap.parse_args(argv)
-    wl = Workload.load()
+    kind = kind_of(a.workload)
+    wl = Workload.load(a.workload)
     if a.list or not a.verify:
-        for m in CATALOGUE:
+        for m in kind.catalogue:
             print("%-30s %-18s %s:%d %s" % (m.id, m.kind, m.file, locate(wl, m), m.function))
         if not a.verify:
             return 0
@@ -427,7 +488,7 @@ def main(argv=None) -> int:
     with Sandbox.create() as sb:
         good = verify(sb, wl, a.only)
     print("%s: %d mutations in %.1f s" % ("all hold" if good else "SOME FAIL",
-                                          len(a.only or CATALOGUE), time.time() - t0))
+                                          len(a.only or kind.catalogue), time.time() - t0))
     return 0 if good else 1
 
 

@@ -23,9 +23,10 @@ class Trajectory:
         self._lock = threading.Lock()
 
     def set_setup(self, install_record: Dict[str, Any], root_step) -> None:
-        rec = {k: v for k, v in install_record.items() if k != "stdin"}
-        rec["stdin"] = ("<base64 tar.gz of the task's files: regenerate with "
-                        "workload.tasks.make_task(**task spec) and workload.workspace.install_command>")
+        rec = {k: v for k, v in install_record.items() if k not in ("stdin", "blob")}
+        if "upload" not in rec:
+            rec["stdin"] = ("<base64 tar.gz of the task's files: regenerate with "
+                            "workload.tasks.make_task(**task spec) and workload.workspace.install_command>")
         self.setup = {"commands": [rec] + root_step.commands,
                       "tests_passed": root_step.tests.passed,
                       "tests_total": root_step.tests_total}

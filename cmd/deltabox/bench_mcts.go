@@ -26,7 +26,10 @@ order) with workload/baselines.py: an isolated reference run (every node rebuilt
 scratch, its own commands timed), copytree+replay, fs-only+replay, the fs-only negative
 control, git-reset+replay and criu+copytree. Each row gives the total, think and
 state-management time, the overhead over the isolated commands' time, and whether every
-node's score equals the reference's. Needs the workload prepared by scripts/setup.sh,
+node's score equals the reference's, and its state_frac (state / total, the share the
+seed's SWE-bench table reports). --workload django runs the same on Django 4.2's
+repository, its own test suite (tests/runtests.py, sqlite) and its Python environment,
+all in the workspace (62 MB, ~7,700 files: SWE-bench-sized). Needs the workload prepared by scripts/setup.sh,
 python3 on the host, and CRIU for criu+copytree (run the way its self-test found to
 work here, with CRIU_FAULT=130 where hardware breakpoints are not delivered, or marked
 unavailable). The default (100 expansions, 49
@@ -87,7 +90,8 @@ seconds. Run it from the repository or pass --repo.`,
 	fl := c.Flags()
 	// --json FILE here shadows the global --json switch.
 	fl.StringVar(&out, "json", "", "write the results as JSON to FILE")
-	fl.BoolVar(&short, "short", false, "a few nodes at 0 s think only, for CI (6 expansions, 2 rollbacks, k 3, 1 bug; explicit options still win)")
+	fl.BoolVar(&short, "short", false, "a few nodes at 0 s think only, for CI (6 expansions, 2 rollbacks, k 3, 1 bug; django: 4 expansions, 1 rollback; explicit options still win)")
+	fl.StringVar(&o.Workload, "workload", o.Workload, "what the search works on: jsonlib (CPython's json package) or django (Django 4.2's repository, test suite and environment)")
 	fl.StringVar(&thinks, "thinks", "0,2", "think seconds per expansion, comma-separated; every system runs at each")
 	fl.IntVar(&o.Expansions, "expansions", o.Expansions, "expansions of the search")
 	fl.IntVar(&o.Rollbacks, "rollbacks", o.Rollbacks, "rollbacks of the search")

@@ -51,8 +51,9 @@ type MCTSOptions struct {
 	Seed       int       `json:"seed"`
 	Systems    []string  `json:"systems"` // baselines to run (MCTSBaselines by default)
 	Short      bool      `json:"short"`
-	Repo       string    `json:"-"`      // the repository with examples/ and workload/
-	Python     string    `json:"python"` // the host's python3, which drives the search and the replays
+	Workload   string    `json:"workload"` // MCTSJSONLib or MCTSDjango (mcts_workload.go)
+	Repo       string    `json:"-"`        // the repository with examples/ and workload/
+	Python     string    `json:"python"`   // the host's python3, which drives the search and the replays
 	CRIU       string    `json:"criu"`
 	CRIUImages string    `json:"criu_images"` // tmpfs directory for CRIU's images
 	Socket     string    `json:"socket"`
@@ -71,7 +72,7 @@ type MCTSOptions struct {
 // DefaultMCTSOptions are the issue's parameters: 100 expansions and 49 rollbacks, at
 // 0 s and 2 s of think per expansion.
 func DefaultMCTSOptions() MCTSOptions {
-	return MCTSOptions{Thinks: []float64{0, 2}, Expansions: 100, Rollbacks: 49, K: 4, Bugs: 2,
+	return MCTSOptions{Thinks: []float64{0, 2}, Expansions: 100, Rollbacks: 49, K: 4, Bugs: 2, Workload: MCTSJSONLib,
 		Systems: append([]string(nil), MCTSBaselines...), Python: "python3",
 		CRIU: "/opt/deltabox/criu/sbin/criu", CRIUImages: "/dev/shm"}
 }
@@ -81,12 +82,16 @@ func (o *MCTSOptions) ShortMCTS() {
 	o.Short = true
 	o.Thinks = []float64{0}
 	o.Expansions, o.Rollbacks, o.K, o.Bugs = 6, 2, 3, 1
+	o.shortWorkload()
 }
 
 // Check validates o.
 func (o MCTSOptions) Check() error {
 	if o.Expansions < 1 || o.Rollbacks < 0 || o.K < 1 || o.Bugs < 1 || len(o.Thinks) == 0 {
 		return fmt.Errorf("want --expansions >= 1, --rollbacks >= 0, --k >= 1, --bugs >= 1 and at least one think time")
+	}
+	if err := o.checkWorkload(); err != nil {
+		return err
 	}
 	for _, t := range o.Thinks {
 		if t < 0 {
@@ -184,6 +189,9 @@ type mctsTrajectory struct {
 		// SearchTimers are the agent's timers over the search alone (no setup, no
 		// root tests).
 		SearchTimers map[string]mctsTimer `json:"search_timers"`
+		// Tree is the tree the search built (examples/mcts.py search_tree), for its
+		// picture (mcts_tree.go).
+		Tree []MCTSTreeNode `json:"tree"`
 		// SandboxStats: the search sandbox's counters at the end of the search.
 		SandboxStats *struct {
 			EvictedNodes    int `json:"evicted_nodes"`
@@ -342,6 +350,7 @@ func mctsFinish(row *MCTSRow, thinkTotal float64, ref *mctsReplay, nodes []mctsN
 	if row.TotalS > 0 {
 		row.OverheadFrac = math.Round((row.TotalS-thinkTotal-ref.CommandsS)/row.TotalS*1e5) / 1e5
 	}
+	mctsStateFrac(row)
 }
 
 // MCTSVerdict is one target of the mcts bench, checked against its rows.
@@ -492,7 +501,7 @@ func thinkArg(t float64) string { return strconv.FormatFloat(t, 'f', -1, 64) }
 // On error the File holds what was measured so far.
 func RunMCTS(ctx context.Context, c *client.Client, o MCTSOptions) (f *File, err error) {
 	start := time.Now()
-	f = &File{Bench: "mcts", Command: o.Command, Machine: CurrentMachine(), Started: start.UTC()}
+	f = &File{Bench: mctsBenchName(o), Command: o.Command, Machine: CurrentMachine(), Started: start.UTC()}
 	settings, _ := json.Marshal(o)
 	json.Unmarshal(settings, &f.Settings)
 	f.Description = mctsDescription(o)
@@ -572,7 +581,7 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 		return nil, err
 	}
 	r.logf("think %s s: deltabox: examples/mcts.py, %d expansions, %d rollbacks", thinkArg(think), o.Expansions, o.Rollbacks)
-	args := []string{"examples/mcts.py", "--quiet", "--out", sub, "--think", thinkArg(think), "--seed", strconv.Itoa(o.Seed),
+	args := []string{"examples/mcts.py", "--quiet", "--workload", o.Workload, "--out", sub, "--think", thinkArg(think), "--seed", strconv.Itoa(o.Seed),
 		"--expansions", strconv.Itoa(o.Expansions), "--rollbacks", strconv.Itoa(o.Rollbacks),
 		"--k", strconv.Itoa(o.K), "--bugs", strconv.Itoa(o.Bugs)}
 	if o.TemplateBudgetMB != 0 {
@@ -590,6 +599,7 @@ func (r *mctsRun) one(ctx context.Context, think float64) (*mctsTrajectory, erro
 		return nil, fmt.Errorf("%s: %w", trPath, err)
 	}
 	row, thinkTotal := mctsDeltaBoxRow(&tr, think, line)
+	mctsWorkloadInfo(&row, &tr)
 	r.logf("think %s s: deltabox: %d nodes, total %.2f s, state %.3f s", thinkArg(think), len(tr.Nodes), row.TotalS, row.StateS)
 	if st := tr.Summary.SandboxStats; st != nil && o.TemplateBudgetMB != 0 {
 		note := fmt.Sprintf("deltabox at %s s think, template_budget_mb %d: %d nodes evicted over the budget, %d of %d process restores from durable images",
@@ -696,7 +706,14 @@ func (r *mctsRun) notes(tr *mctsTrajectory) {
 		f.Notes = append(f.Notes, fmt.Sprintf("task %v (bugs %v), %d nodes, %d expansions and %d rollbacks; fix found: %v",
 			tr.Task["id"], tr.Task["bugs"], len(tr.Nodes), tr.Summary.Expansions, tr.Summary.Rollbacks, tr.Summary.FixFound))
 	}
-	for _, v := range MCTSVerdicts(f.MCTS) {
+	if n := mctsSeedNote(f.MCTS, r.o.Workload); n != "" {
+		f.Notes = append(f.Notes, n)
+	}
+	vs := MCTSVerdicts(f.MCTS)
+	if r.o.Workload == MCTSDjango {
+		vs = append(vs, mctsStateFracVerdict(f.MCTS))
+	}
+	for _, v := range vs {
 		if !v.Checked {
 			continue
 		}
@@ -709,7 +726,7 @@ func (r *mctsRun) notes(tr *mctsTrajectory) {
 }
 
 func mctsDescription(o MCTSOptions) string {
-	return fmt.Sprintf(`One tree search, run with DeltaBox and then replayed with five other ways of managing state, at each think time (%s s per expansion). The search is examples/mcts.py: UCT over a deterministic scripted agent that fixes bugs injected into CPython's own json package (%d bug(s), seed %d), scored by CPython's own tests run for real, %d expansions and %d rollbacks, %d proposals per node. A node's score is the relevant tests passed + 2 if the agent's python session remembers exactly the node's path (its working memory): a rollback that loses the session's process state loses those points from depth 2 on. The search writes trajectory.json (every node's path, its commands, its score; every rollback).
+	return fmt.Sprintf(`One tree search, run with DeltaBox and then replayed with five other ways of managing state, at each think time (%s s per expansion). The search is examples/mcts.py: %s, %d expansions and %d rollbacks, %d proposals per node. A node's score is the relevant tests passed + 2 if the agent's python session remembers exactly the node's path (its working memory): a rollback that loses the session's process state loses those points from depth 2 on. The search writes trajectory.json (every node's path, its commands, its score; every rollback).
 
 **Rows.** `+"`total_s`"+` is the wall time of the search from the root's checkpoint to the last node (the sandbox's creation, the task's installation and the root's test run are excluded in every row). `+"`state_s`"+` is the time in state management: DeltaBox's checkpoint and restore calls as the client waits for them; for a baseline its checkpoints, rollbacks and session rebuilds (a fresh python session and the replay of the path's recorded session code). `+"`overhead_frac`"+` = (total - think - the same commands' time in the isolated reference run) / total, so it counts state management and whatever it slows down (e.g. the first command after a checkpoint). `+"`scores_match`"+`: every node's score equals the **isolated reference run's**, in which each node's parent state is rebuilt from scratch (the recorded install command, a fresh session, the path's recorded edits and session calls, untimed) before the node's own commands run (timed): a reference that owes nothing to any checkpoint mechanism, DeltaBox's included. DeltaBox's own scores are checked against it like every other row's.
 
@@ -722,7 +739,7 @@ func mctsDescription(o MCTSOptions) string {
 - `+"`criu+copytree`"+`: files as copytree+replay; the session is dumped at each checkpoint and restored at each rollback by CRIU (images on tmpfs), no replay. CRIU cannot dump the sandbox's own session process (`+"`criu dump`"+` of it fails: "Can't dump a pid namespace without the process init"), so this row's session is a host python process running the same exec-in-one-globals loop as the daemon's python session, over pipes; its stdin and stdout are handed to the restored process with `+"`--inherit-fd`"+`. Its session calls skip the daemon (faster than the other rows'), which its own command time shows.
 
 Think time is real wall time (time.sleep) before each expansion, in every row; nothing a baseline does overlaps it, while DeltaBox's background work after a checkpoint may. Each row's details give the command line that ran it, with $WORK for the bench's work directory (the trajectories and the per-system results; kept with --keep or --workdir).`,
-		floatsString(o.Thinks), o.Bugs, o.Seed, o.Expansions, o.Rollbacks, o.K)
+		floatsString(o.Thinks), mctsWorkloadText(o), o.Expansions, o.Rollbacks, o.K)
 }
 
 func floatsString(v []float64) string {

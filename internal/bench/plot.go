@@ -29,6 +29,7 @@ type Figure struct {
 	Title   string // alt text and first title line
 	Caption string // machine, samples and date: under the title in the SVG and under the link
 	render  func() (*plot.Plot, vg.Length, vg.Length, error)
+	raw     func() ([]byte, error) // an SVG drawn without gonum (the mcts tree)
 }
 
 // PlotsDir is where the figures go, relative to the markdown file.
@@ -36,6 +37,9 @@ const PlotsDir = "plots"
 
 // SVG renders the figure.
 func (fg Figure) SVG() ([]byte, error) {
+	if fg.raw != nil {
+		return fg.raw()
+	}
 	p, w, h, err := fg.render()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", fg.File, err)
@@ -57,6 +61,9 @@ func Figures(f *File, name string) []Figure {
 	base := f.Bench
 	if name != "" {
 		base = strings.TrimSuffix(filepath.Base(name), ".json")
+	}
+	if strings.HasPrefix(f.Bench, "mcts") {
+		return mctsTreeFigures(f, base)
 	}
 	if f.Bench == "scale" {
 		var out []Figure

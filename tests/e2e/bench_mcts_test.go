@@ -113,8 +113,14 @@ func TestBenchMCTSShort(t *testing.T) {
 // results.
 func mctsBench(t *testing.T, d *testutil.Daemon, repo, workloads string, args ...string) *bench.File {
 	t.Helper()
+	return mctsBenchWithin(t, 4*time.Minute, d, repo, workloads, args...)
+}
+
+// mctsBenchWithin is mctsBench with the command's deadline.
+func mctsBenchWithin(t *testing.T, limit time.Duration, d *testutil.Daemon, repo, workloads string, args ...string) *bench.File {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "mcts.json")
-	cmd := testutil.Command(t, 4*time.Minute, testutil.Binary(t), append([]string{"--socket", d.Socket, "bench", "mcts", "--short",
+	cmd := testutil.Command(t, limit, testutil.Binary(t), append([]string{"--socket", d.Socket, "bench", "mcts", "--short",
 		"--json", out, "--repo", repo}, args...)...)
 	cmd.Dir = repo
 	for _, kv := range os.Environ() {
