@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/auth"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
@@ -473,6 +474,11 @@ func (s *Server) images(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeErr(w, err)
 		return
+	}
+	if auth.IsRemote(r.Context()) { // the host's paths are the host's business
+		for i := range ims {
+			ims[i].Source = ""
+		}
 	}
 	writeJSON(w, 200, apitypes.ImageList{Images: ims})
 }

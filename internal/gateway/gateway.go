@@ -69,6 +69,7 @@ func (c *Config) Handler() http.Handler {
 		if r.Method != "POST" || r.URL.Path != "/"+apitypes.Version+"/nodes/import" { // bounded by its handler
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		}
+		r = r.WithContext(auth.WithRemote(r.Context())) // host-path routes refuse it
 		if native {
 			c.Native.ServeHTTP(w, r)
 			return
