@@ -275,6 +275,9 @@ func (fs *filesystemService) Remove(ctx context.Context, req *connect.Request[fi
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
+// errRangeNotSatisfiable is a Range outside the file (416).
+var errRangeNotSatisfiable = errors.New("range not satisfiable")
+
 var errNoWatch = errors.New("the non-streaming watchers are not served by DeltaBox's envd: use WatchDir (files.watchDir)")
 
 // watchPoll is how often a watched directory is listed. Watching polls (a listing
@@ -431,6 +434,14 @@ func fileUser(r *http.Request) string {
 	return userOf(r.Header)
 }
 
+// chunkWait bounds each write of a GET /files answer to its client. The read holds the
+// sandbox's file call (a checkpoint or restore waits for it, or answers 409), so a
+// client that stops reading must not hold it longer than this per 32 KiB.
+const chunkWait = 10 * time.Second
+
+// readFiles answers GET /files: the file's bytes, at most files.DefaultMaxRead of them
+// (the native API's cap; larger files are read in ranges), honouring one Range
+// (bytes=A-B, A-, -N).
 func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) {
 	b := boxOf(r.Context())
 	p, err := s.resolve(r.Context(), b.id, fileUser(r), r.URL.Query().Get("path"))
@@ -444,15 +455,98 @@ func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		defer f.Close()
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.FormatInt(in.Size, 10))
-		w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
-		w.WriteHeader(200)
-		io.Copy(w, io.LimitReader(f, in.Size))
+		off, length, partial, err := byteRange(r.Header.Get("Range"), in.Size)
+		if err != nil {
+			w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(in.Size, 10))
+			return err
+		}
+		n, err := files.ReadRange(p, in.Size, off, length, files.DefaultMaxRead)
+		if err != nil {
+			return fmt.Errorf("%w (send a Range header: bytes=OFFSET-LAST)", err)
+		}
+		hd := w.Header()
+		hd.Set("Content-Type", "application/octet-stream")
+		hd.Set("Content-Length", strconv.FormatInt(n, 10))
+		hd.Set("Accept-Ranges", "bytes")
+		hd.Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
+		status := 200
+		if partial {
+			status = http.StatusPartialContent
+			hd.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", off, off+n-1, in.Size))
+		}
+		w.WriteHeader(status)
+		if err := copyDeadline(w, io.NewSectionReader(f, off, n), chunkWait); err != nil {
+			s.log.Debug("e2b: file read cut short", "sandbox", b.id, "path", p, "err", err)
+		}
 		return nil
 	})
 	if err != nil {
 		envdErr(w, err)
+	}
+}
+
+// byteRange parses one Range header (bytes=A-B, bytes=A-, bytes=-N) against a file of
+// size bytes: the offset and length to send, and whether it is a partial answer. A
+// header it does not take (several ranges, another unit) is ignored, as RFC 9110
+// allows: the whole file is the answer. A range past the end is an error (416).
+func byteRange(h string, size int64) (off, length int64, partial bool, err error) {
+	spec, ok := strings.CutPrefix(h, "bytes=")
+	if !ok || strings.Contains(spec, ",") {
+		return 0, 0, false, nil
+	}
+	a, bs, ok := strings.Cut(strings.TrimSpace(spec), "-")
+	if !ok {
+		return 0, 0, false, nil
+	}
+	unsat := fmt.Errorf("range %q is outside the file's %d bytes: %w", h, size, errRangeNotSatisfiable)
+	if a == "" { // the last N bytes
+		nn, err := strconv.ParseInt(bs, 10, 64)
+		if err != nil || nn <= 0 {
+			return 0, 0, false, nil
+		}
+		if size == 0 {
+			return 0, 0, false, unsat
+		}
+		nn = min(nn, size)
+		return size - nn, nn, true, nil
+	}
+	first, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || first < 0 {
+		return 0, 0, false, nil
+	}
+	if first >= size {
+		return 0, 0, false, unsat
+	}
+	last := size - 1
+	if bs != "" {
+		l, err := strconv.ParseInt(bs, 10, 64)
+		if err != nil || l < first {
+			return 0, 0, false, nil
+		}
+		last = min(l, size-1)
+	}
+	return first, last - first + 1, true, nil
+}
+
+// copyDeadline copies src to w, each write of 32 KiB or less within wait (else the
+// connection is cut and the copy ends).
+func copyDeadline(w http.ResponseWriter, src io.Reader, wait time.Duration) error {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			rc.SetWriteDeadline(time.Now().Add(wait)) // ErrNotSupported: no deadline to set
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+		}
+		if rerr == io.EOF { // the server's last flush keeps the deadline; it resets it after
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
 	}
 }
 

@@ -237,6 +237,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // apiErr answers err as E2B's API does: {"code": status, "message": ...}.
 func apiErr(w http.ResponseWriter, err error) {
 	status, _ := errdefs.HTTPStatus(err)
+	if errors.Is(err, errRangeNotSatisfiable) {
+		status = http.StatusRequestedRangeNotSatisfiable
+	}
 	writeJSON(w, status, apiError{Code: status, Message: err.Error()})
 }
 
