@@ -141,8 +141,8 @@ func (s *Server) stat(ctx context.Context, id, p string) (*filesystem.EntryInfo,
 
 // runAs runs argv in sandbox id as user, with stdin, and turns a failure into an
 // error carrying its stderr.
-func (s *Server) runAs(ctx context.Context, id, user string, stdin []byte, argv ...string) error {
-	res, err := s.m.Exec(ctx, id, sandbox.ExecRequest{Argv: argv, User: user, Stdin: stdin, Dir: "/", Timeout: 5 * time.Minute, OutputLimit: 64 << 10})
+func (s *Server) runAs(ctx context.Context, id, user string, stdin io.Reader, argv ...string) error {
+	res, err := s.m.Exec(ctx, id, sandbox.ExecRequest{Argv: argv, User: user, StdinReader: stdin, Dir: "/", Timeout: 5 * time.Minute, OutputLimit: 64 << 10})
 	if err != nil {
 		return err
 	}
@@ -557,31 +557,98 @@ type entryRef struct {
 	Path string `json:"path"`
 }
 
+// Uploads stream: each file's bytes go from the request body through a pipe to `cat`
+// in the sandbox, 32 KiB at a time, so an upload holds no more than its buffers in the
+// daemon. An upload is a running call of the sandbox (an exec), which a checkpoint
+// waits for: a client that sends nothing for uploadWait is cut. maxUploads bounds the
+// uploads under way in the daemon (and so their buffers: about 64 KiB each).
+const (
+	uploadWait = 10 * time.Second
+	maxUploads = 64
+)
+
+var uploads = make(chan struct{}, maxUploads)
+
+// errWriteEnded is what the upload's copy sees when `cat` has gone (its error is the
+// answer).
+var errWriteEnded = errors.New("the write in the sandbox ended")
+
+// writeFile streams data into file p of sandbox id as user (parents made). The file is
+// created (or truncated) by the user's `cat`; an upload cut short (over
+// files.DefaultMaxWrite, the client gone or stalled) kills it before the end of its
+// input, so the file holds what arrived, and the answer is an error.
+func (s *Server) writeFile(ctx context.Context, id, user, p string, data io.Reader) (*entryRef, error) {
+	ap, err := s.resolve(ctx, id, user, p)
+	if err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(uploadWait)
+	defer t.Stop()
+	select {
+	case uploads <- struct{}{}:
+		defer func() { <-uploads }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return nil, fmt.Errorf("%d uploads are under way in the daemon, its limit: retry in a moment: %w", maxUploads, errdefs.ErrUnavailable)
+	}
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- s.runAs(ectx, id, user, pr, "sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "write", ap)
+		pr.CloseWithError(errWriteEnded) // the exec has returned: nothing reads pr any more
+	}()
+	n, cerr := io.Copy(pw, io.LimitReader(data, files.DefaultMaxWrite+1))
+	if cerr == nil && n > files.DefaultMaxWrite {
+		cerr = fmt.Errorf("%s: over the limit of %d bytes per write: %w", p, files.DefaultMaxWrite, errdefs.ErrTooLarge)
+	}
+	if cerr != nil {
+		cancel() // kills cat before its input ends
+		err := <-runErr
+		pw.Close()
+		if errors.Is(cerr, errWriteEnded) && err != nil {
+			return nil, err
+		}
+		if errors.Is(cerr, errdefs.ErrInvalid) {
+			return nil, cerr
+		}
+		return nil, fmt.Errorf("read the upload of %s: %v: %w", p, cerr, errdefs.ErrInvalid)
+	}
+	pw.Close() // EOF: cat ends
+	if err := <-runErr; err != nil {
+		return nil, err
+	}
+	return &entryRef{Name: path.Base(ap), Type: "file", Path: ap}, nil
+}
+
+// deadlineReader reads a request body, each read within wait of its start.
+type deadlineReader struct {
+	r    io.Reader
+	rc   *http.ResponseController
+	wait time.Duration
+}
+
+func (d deadlineReader) Read(b []byte) (int, error) {
+	d.rc.SetReadDeadline(time.Now().Add(d.wait)) // ErrNotSupported: no deadline to set
+	return d.r.Read(b)
+}
+
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	b, user := boxOf(r.Context()), fileUser(r)
+	rc := http.NewResponseController(w)
+	defer rc.SetReadDeadline(time.Time{})
 	r.Body = http.MaxBytesReader(w, r.Body, files.DefaultMaxWrite+1<<20)
+	body := deadlineReader{r.Body, rc, uploadWait}
 	write := func(p string, data io.Reader) (*entryRef, error) {
-		ap, err := s.resolve(r.Context(), b.id, user, p)
-		if err != nil {
-			return nil, err
-		}
-		content, err := io.ReadAll(io.LimitReader(data, files.DefaultMaxWrite+1))
-		if err != nil {
-			return nil, fmt.Errorf("read the upload: %v: %w", err, errdefs.ErrInvalid)
-		}
-		if len(content) > files.DefaultMaxWrite {
-			return nil, fmt.Errorf("%s: over the limit of %d bytes per write: %w", p, files.DefaultMaxWrite, errdefs.ErrTooLarge)
-		}
-		if err := s.runAs(r.Context(), b.id, user, content, "sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "write", ap); err != nil {
-			return nil, err
-		}
-		return &entryRef{Name: path.Base(ap), Type: "file", Path: ap}, nil
+		return s.writeFile(r.Context(), b.id, user, p, data)
 	}
 	var out []*entryRef
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {
 	case ct == "multipart/form-data":
-		mr := multipart.NewReader(r.Body, params["boundary"])
+		mr := multipart.NewReader(body, params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if err == io.EOF {
@@ -608,7 +675,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 			envdErr(w, fmt.Errorf("gzip uploads are not taken: send the file as it is: %w", errdefs.ErrInvalid))
 			return
 		}
-		e, err := write(r.URL.Query().Get("path"), r.Body)
+		e, err := write(r.URL.Query().Get("path"), body)
 		if err != nil {
 			envdErr(w, err)
 			return

@@ -19,8 +19,11 @@ import (
 )
 
 // outputLimit is a command's output kept per stream (sandbox.capture): the first
-// quarter streams live, the rest (its last 48 MiB) is sent when the command ends.
-const outputLimit = 64 << 20
+// quarter (1 MiB, what a native exec returns of a stream by default) streams live, the
+// rest (its last 3 MiB) is sent when the command ends. A sandbox holds up to maxProcs
+// commands, ended ones for keepEnded, so this is per command what 256 of them may hold:
+// 2 GiB a sandbox at worst (at 64 MiB it was 32 GiB).
+const outputLimit = 4 << 20
 
 // sendTimeout is how long a command's output waits for a slow stream before that
 // stream is dropped (the command and the other streams go on).
@@ -51,7 +54,7 @@ type proc struct {
 	// on in its goroutine (until the command reads, or ends and the pipe closes), and
 	// the next waits behind it rather than starting another goroutine.
 	stdinBusy chan struct{}
-	done   chan struct{}  // closed once end is set
+	done      chan struct{} // closed once end is set
 
 	mu   sync.Mutex // protects subs and end
 	subs map[*sub]bool

@@ -46,7 +46,7 @@ const DefaultTimeout = 300 * time.Second
 const MaxTimeout = 24 * time.Hour
 
 // maxProcs bounds the commands of one sandbox known to this package at once (running,
-// or ended and kept for a late Connect): each may hold up to 2 x 64 MiB of output.
+// or ended and kept for a late Connect): each may hold up to 2 x outputLimit of output.
 const maxProcs = 256
 
 // Server serves E2B's control plane and envd for a state manager.
