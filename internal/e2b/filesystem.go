@@ -623,6 +623,17 @@ func (s *Server) writeFile(ctx context.Context, id, user, p string, data io.Read
 	return &entryRef{Name: path.Base(ap), Type: "file", Path: ap}, nil
 }
 
+// partPath is the path a multipart part names: its Content-Disposition's filename,
+// whole (E2B's SDK sends the file's path there; Part.FileName keeps only its base). It
+// is resolved as any other path, confined to the sandbox.
+func partPath(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
 // deadlineReader reads a request body, each read within wait of its start.
 type deadlineReader struct {
 	r    io.Reader
@@ -660,7 +671,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 			}
 			p := r.URL.Query().Get("path")
 			if p == "" {
-				p = part.FileName()
+				p = partPath(part)
 			}
 			e, err := write(p, part)
 			part.Close()
