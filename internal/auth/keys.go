@@ -90,6 +90,21 @@ func (s *Store) Check(k string) (name string, ok bool) {
 	return name, ok
 }
 
+// Valid reports whether the key of hash (Hash) is still in the file: what was handed
+// out under a key (a sandbox's access token) stops working when the key is revoked.
+func (s *Store) Valid(hash string) bool {
+	keys, err := s.current()
+	if err != nil || hash == "" {
+		return false
+	}
+	for _, key := range keys {
+		if subtle.ConstantTimeCompare([]byte(key.Hash), []byte(hash)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // current is the keys, re-read when the file changed.
 func (s *Store) current() ([]Key, error) {
 	s.mu.Lock()

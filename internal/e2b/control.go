@@ -100,8 +100,11 @@ type sandboxDetail struct {
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 }
 
-func (s *Server) ref(b *box) sandboxRef {
-	return sandboxRef{TemplateID: b.template, SandboxID: b.id, ClientID: "deltabox", EnvdVersion: EnvdVersion, EnvdAccessToken: s.Token(b.id)}
+func (s *Server) ref(ctx context.Context, b *box) sandboxRef {
+	tok := s.token(ctx, b)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return sandboxRef{TemplateID: b.template, SandboxID: b.id, ClientID: "deltabox", EnvdVersion: EnvdVersion, EnvdAccessToken: tok}
 }
 
 func (s *Server) detail(b *box, in *state.SandboxInfo) sandboxDetail {
@@ -218,7 +221,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	b.autoPause = q.AutoPause != nil && *q.AutoPause
 	s.setTimer(b, timeout)
-	writeJSON(w, 201, s.ref(b))
+	writeJSON(w, 201, s.ref(r.Context(), b))
 }
 
 // createBox creates a sandbox from an E2B template with E2B's user in it.
@@ -335,7 +338,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := s.detail(b, in)
-	d.EnvdAccessToken = s.Token(id)
+	d.EnvdAccessToken = s.token(r.Context(), b)
 	writeJSON(w, 200, d)
 }
 
@@ -502,7 +505,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 			s.setTimer(b, d)
 		}
 	}
-	writeJSON(w, status, s.ref(b))
+	writeJSON(w, status, s.ref(r.Context(), b))
 }
 
 // metric is E2B's SandboxMetric: one sample, now (DeltaBox keeps no history).
@@ -659,7 +662,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		}
 		nb.template = b.template
 		s.setTimer(nb, timeout)
-		ref := s.ref(nb)
+		ref := s.ref(r.Context(), nb)
 		out[i].Sandbox = &ref
 	}
 	writeJSON(w, 200, out)

@@ -80,7 +80,11 @@ func (c *Config) Handler() http.Handler {
 		if r.Method != "POST" || r.URL.Path != "/"+apitypes.Version+"/nodes/import" { // bounded by its handler
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		}
-		r = r.WithContext(auth.WithRemote(r.Context())) // host-path routes refuse it
+		var kh string // "": an envd request with its sandbox's token
+		if k := keyOf(r); k != "" {
+			kh = auth.Hash(k)
+		}
+		r = r.WithContext(auth.WithRemote(r.Context(), kh)) // host-path routes refuse it
 		if native {
 			c.Native.ServeHTTP(w, r)
 			return
@@ -89,12 +93,17 @@ func (c *Config) Handler() http.Handler {
 	})
 }
 
-func (c *Config) allowed(r *http.Request, native bool) bool {
+// keyOf is the API key r shows, "" for none.
+func keyOf(r *http.Request) string {
 	key := r.Header.Get("X-API-Key")
 	if k, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && key == "" {
 		key = k
 	}
-	if key != "" {
+	return key
+}
+
+func (c *Config) allowed(r *http.Request, native bool) bool {
+	if key := keyOf(r); key != "" {
 		_, ok := c.Keys.Check(key)
 		return ok
 	}
