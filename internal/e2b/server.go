@@ -17,9 +17,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"deltabox/internal/auth"
 	"deltabox/internal/e2b/spec/filesystem/filesystemconnect"
 	"deltabox/internal/e2b/spec/process/processconnect"
-	"deltabox/internal/auth"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 )
