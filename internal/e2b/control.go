@@ -219,7 +219,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		apiErr(w, err)
 		return
 	}
+	b.mu.Lock()
 	b.autoPause = q.AutoPause != nil && *q.AutoPause
+	b.mu.Unlock()
 	s.setTimer(b, timeout)
 	writeJSON(w, 201, s.ref(r.Context(), b))
 }
@@ -254,11 +256,12 @@ func (s *Server) createBox(ctx context.Context, template string, meta, env map[s
 	if err != nil {
 		return nil, err
 	}
-	b.template = template
-	if b.template == "" {
-		b.template = "base"
+	if template == "" {
+		template = "base"
 	}
-	b.metadata, b.env = meta, env
+	b.mu.Lock() // b is published already: a list or an envd call may read it
+	b.template, b.metadata, b.env = template, meta, env
+	b.mu.Unlock()
 	return b, nil
 }
 
@@ -654,13 +657,18 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]forkResult, q.Count)
 	for i := range out {
-		nb, err := s.createBox(ctx, res.Node.ID, b.metadata, b.env)
+		b.mu.Lock()
+		meta, env, template := b.metadata, b.env, b.template
+		b.mu.Unlock()
+		nb, err := s.createBox(ctx, res.Node.ID, meta, env)
 		if err != nil {
 			st, _ := errdefs.HTTPStatus(err)
 			out[i].Error = &apiError{Code: st, Message: err.Error()}
 			continue
 		}
-		nb.template = b.template
+		nb.mu.Lock()
+		nb.template = template
+		nb.mu.Unlock()
 		s.setTimer(nb, timeout)
 		ref := s.ref(r.Context(), nb)
 		out[i].Sandbox = &ref

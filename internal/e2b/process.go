@@ -196,9 +196,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 	}
 	var env []string
+	b.mu.Lock()
 	for k, v := range b.env {
 		env = append(env, k+"="+v)
 	}
+	b.mu.Unlock()
 	for k, v := range cfg.Envs {
 		env = append(env, k+"="+v)
 	}

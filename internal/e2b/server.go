@@ -72,18 +72,18 @@ type Server struct {
 
 // box is what this package keeps of a sandbox beside DeltaBox's record.
 type box struct {
-	id       string
-	template string
-	started  time.Time
-	token    string // envdAccessToken: 128 random bits, drawn when the box is made
-	metadata map[string]string
-	env      map[string]string
+	id      string
+	started time.Time
+	token   string // envdAccessToken: 128 random bits, drawn when the box is made
 
 	// opMu serializes pause, resume, snapshot and fork of the sandbox: each is a
 	// checkpoint or restore that must not interleave with another.
 	opMu sync.Mutex
 
 	mu        sync.Mutex // protects the fields below
+	template  string
+	metadata  map[string]string // not changed once set: readers may keep the map
+	env       map[string]string // likewise
 	endAt     time.Time
 	timer     *time.Timer
 	autoPause bool
