@@ -344,10 +344,7 @@ func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[
 	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	ka := 50 * time.Second
-	if v, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
-		ka = time.Duration(v) * time.Second
-	}
+	ka := keepaliveOf(req.Header(), 50*time.Second)
 	lastSent := time.Now()
 	tick := time.NewTicker(watchPoll)
 	defer tick.Stop()

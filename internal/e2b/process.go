@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -302,10 +303,7 @@ func startEvent(pid uint32) *process.ProcessEvent {
 // client goes away, or the stream falls behind; idle, it sends keepalives at the
 // interval the client asked for (Keepalive-Ping-Interval, seconds).
 func (ps *processService) follow(ctx context.Context, h http.Header, p *proc, sb *sub, send func(*process.ProcessEvent) error) error {
-	ka := 50 * time.Second
-	if v, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
-		ka = time.Duration(v) * time.Second
-	}
+	ka := keepaliveOf(h, 50*time.Second)
 	tick := time.NewTicker(ka)
 	defer tick.Stop()
 	for {
@@ -479,6 +477,17 @@ func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[p
 	}
 	p.cancel()
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
+}
+
+// keepaliveOf is the request's Keepalive-Ping-Interval (seconds), within 1 s and 1 h
+// (a larger number would overflow time.Duration, and a ticker panics on a period <= 0);
+// def when absent or not a number.
+func keepaliveOf(h http.Header, def time.Duration) time.Duration {
+	v, err := strconv.ParseInt(strings.TrimSpace(h.Get("Keepalive-Ping-Interval")), 10, 64)
+	if err != nil {
+		return def
+	}
+	return time.Duration(min(max(v, 1), 3600)) * time.Second
 }
 
 // timeoutOf is the request's Connect-Timeout-Ms (0: none), which envd makes the

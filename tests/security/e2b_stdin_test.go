@@ -73,3 +73,31 @@ func TestE2BSendInputToCommandNotReadingStdin(t *testing.T) {
 	}
 	t.Logf("SendInput to a killed command: %d %.200s after %v", s, b, took)
 }
+
+// A Keepalive-Ping-Interval past time.Duration's range (or <= 0) must not panic the
+// handler (time.NewTicker does on a period <= 0): it is clamped to 1 s - 1 h.
+func TestE2BKeepaliveIntervalOverflow(t *testing.T) {
+	d, addr := testutil.StartRemoteDaemon(t)
+	c := e2bClient{t, addr}
+	key := testutil.NewKey(t, d, "k")
+	r := c.create(key)
+	js := `{"process":{"cmd":"echo","args":["hi"]}}`
+	n := len(js)
+	body := string([]byte{0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}) + js
+	for _, v := range []string{"9223372036854775807", "9300000000", "-5"} {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/process.Process/Start", strings.NewReader(body))
+		req.Header.Set("E2b-Sandbox-Id", r.SandboxID)
+		req.Header.Set("X-Access-Token", r.EnvdAccessToken)
+		req.Header.Set("Content-Type", "application/connect+json")
+		req.Header.Set("Keepalive-Ping-Interval", v)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("Keepalive-Ping-Interval %s: %v", v, err)
+		}
+		b, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || !strings.Contains(string(b), `"exited":true`) {
+			t.Errorf("Keepalive-Ping-Interval %s: %d %q %v, want the command's end", v, res.StatusCode, b, err)
+		}
+	}
+}
