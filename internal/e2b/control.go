@@ -1,18 +1,16 @@
 package e2b
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
 
+	"deltabox/internal/api"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 )
@@ -51,18 +49,10 @@ func (s *Server) controlRoutes() {
 	})
 }
 
+// decode reads a control-plane JSON body: unknown fields allowed (E2B's SDKs send
+// options DeltaBox does not use).
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxControlBody))
-	if err != nil {
-		return fmt.Errorf("read body (1 MiB at most): %v: %w", err, errdefs.ErrInvalid)
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("bad JSON body: %v: %w", err, errdefs.ErrInvalid)
-	}
-	return nil
+	return api.DecodeBody(w, r, v, maxControlBody, false, "E2B's control-plane bodies are small JSON objects")
 }
 
 // newSandbox is the body of POST /sandboxes (fields DeltaBox uses; others are ignored,

@@ -23,6 +23,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/files"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
 )
 
 // Reads, stats and listings go through the daemon's confined file operations
@@ -31,14 +32,14 @@ import (
 // (a short exec), as envd does them as that user: what they make belongs to the user,
 // and the user's permissions decide what they may change.
 
-// passwd is the sandbox's /etc/passwd, read confined to the sandbox.
+// passwd is the names of the sandbox's /etc/passwd by uid, read confined to the
+// sandbox, for the owners of envd's entries (a user's home is sbinit.LookupUser's).
 type passwd struct {
-	home  map[string]string
 	names map[uint32]string
 }
 
 func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
-	pw := &passwd{home: map[string]string{}, names: map[uint32]string{}}
+	pw := &passwd{names: map[uint32]string{}}
 	err := s.m.FileOp(ctx, id, "files read /etc/passwd", func(root int, _ string) error {
 		b, _, err := files.Read(root, "/etc/passwd", 0, 0, 4<<20)
 		if err != nil {
@@ -55,7 +56,6 @@ func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
 					pw.names[uint32(uid)] = f[0]
 				}
 			}
-			pw.home[f[0]] = f[5]
 		}
 		return nil
 	})
@@ -65,17 +65,19 @@ func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
 // homeOf is user's home in sandbox id ("/" for a user without one, as DeltaBox's exec
 // sets HOME).
 func (s *Server) homeOf(ctx context.Context, id, user string) (string, error) {
-	pw, err := s.passwd(ctx, id)
-	if err != nil {
-		return "", err
+	var home string
+	err := s.m.FileOp(ctx, id, "files read /etc/passwd", func(root int, _ string) error {
+		u, err := sbinit.LookupUser(root, user) // what an exec as user resolves
+		if err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+		}
+		home = u.Home
+		return nil
+	})
+	if err == nil && !path.IsAbs(home) {
+		home = "/"
 	}
-	if h, ok := pw.home[user]; ok && path.IsAbs(h) {
-		return h, nil
-	}
-	if _, err := strconv.ParseUint(user, 10, 32); err == nil {
-		return "/", nil
-	}
-	return "", fmt.Errorf("no user %q in the sandbox's /etc/passwd: %w", user, errdefs.ErrInvalid)
+	return home, err
 }
 
 // resolve is p, absolute or relative to the request's user's home, made absolute.
