@@ -29,8 +29,8 @@
 //     request names another (Authorization: Basic user:). The sandbox itself stays
 //     root's (no CreateOptions.User), so that checkpoints keep its processes.
 //   - A command (process.Start) is one DeltaBox exec whose client may go away: its
-//     output is fanned out to every stream attached (Start, Connect), the first 16 MiB
-//     of each stream live, the rest kept to 48 MiB and sent at exit (sandbox.capture).
+//     output is fanned out to every stream attached (Start, Connect), the first 1 MiB
+//     of each stream live, its last 3 MiB kept and sent at exit (sandbox.capture).
 //     Its pid is a handle of this package, not the process's pid in the sandbox.
 //   - Pause is a checkpoint; the sandbox then refuses envd traffic (502, as E2B answers
 //     for a sandbox that is not running) until connect restores that checkpoint, so the
