@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"deltabox/internal/api"
 	"deltabox/internal/e2b/spec/filesystem"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/files"
@@ -436,7 +437,7 @@ func fileUser(r *http.Request) string {
 // chunkWait bounds each write of a GET /files answer to its client. The read holds the
 // sandbox's file call (a checkpoint or restore waits for it, or answers 409), so a
 // client that stops reading must not hold it longer than this per 32 KiB.
-const chunkWait = 10 * time.Second
+const chunkWait = api.StallWait
 
 // readFiles answers GET /files: the file's bytes, at most files.DefaultMaxRead of them
 // (the native API's cap; larger files are read in ranges), honouring one Range
@@ -474,7 +475,7 @@ func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) {
 			hd.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", off, off+n-1, in.Size))
 		}
 		w.WriteHeader(status)
-		if err := copyDeadline(w, io.NewSectionReader(f, off, n), chunkWait); err != nil {
+		if _, err := io.Copy(api.GuardWrites(w, chunkWait), io.NewSectionReader(f, off, n)); err != nil {
 			s.log.Debug("e2b: file read cut short", "sandbox", b.id, "path", p, "err", err)
 		}
 		return nil
@@ -527,28 +528,6 @@ func byteRange(h string, size int64) (off, length int64, partial bool, err error
 	return first, last - first + 1, true, nil
 }
 
-// copyDeadline copies src to w, each write of 32 KiB or less within wait (else the
-// connection is cut and the copy ends).
-func copyDeadline(w http.ResponseWriter, src io.Reader, wait time.Duration) error {
-	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	for {
-		n, rerr := src.Read(buf)
-		if n > 0 {
-			rc.SetWriteDeadline(time.Now().Add(wait)) // ErrNotSupported: no deadline to set
-			if _, err := w.Write(buf[:n]); err != nil {
-				return err
-			}
-		}
-		if rerr == io.EOF { // the server's last flush keeps the deadline; it resets it after
-			return nil
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
-}
-
 // entryRef is what POST /files answers for each file written.
 type entryRef struct {
 	Name string `json:"name"`
@@ -562,7 +541,7 @@ type entryRef struct {
 // waits for: a client that sends nothing for uploadWait is cut. maxUploads bounds the
 // uploads under way in the daemon (and so their buffers: about 64 KiB each).
 const (
-	uploadWait = 10 * time.Second
+	uploadWait = api.StallWait
 	maxUploads = 64
 )
 
@@ -633,24 +612,10 @@ func partPath(part *multipart.Part) string {
 	return params["filename"]
 }
 
-// deadlineReader reads a request body, each read within wait of its start.
-type deadlineReader struct {
-	r    io.Reader
-	rc   *http.ResponseController
-	wait time.Duration
-}
-
-func (d deadlineReader) Read(b []byte) (int, error) {
-	d.rc.SetReadDeadline(time.Now().Add(d.wait)) // ErrNotSupported: no deadline to set
-	return d.r.Read(b)
-}
-
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	b, user := boxOf(r.Context()), fileUser(r)
-	rc := http.NewResponseController(w)
-	defer rc.SetReadDeadline(time.Time{})
 	r.Body = http.MaxBytesReader(w, r.Body, files.DefaultMaxWrite+1<<20)
-	body := deadlineReader{r.Body, rc, uploadWait}
+	body := api.GuardBody(w, r.Body, uploadWait)
 	write := func(p string, data io.Reader) (*entryRef, error) {
 		return s.writeFile(r.Context(), b.id, user, p, data)
 	}
