@@ -21,7 +21,9 @@ import (
 // serveTCP serves both APIs on addr for key holders until ctx ends (internal/gateway).
 func serveTCP(ctx context.Context, log *slog.Logger, m *state.Manager, native http.Handler, root, addr, cert, key string) error {
 	es := e2b.New(m, log, "default")
-	c := &gateway.Config{Addr: addr, CertFile: cert, KeyFile: key, Keys: auth.Open(root), Native: native, E2B: es,
+	keys := auth.Open(root)
+	es.KeyValid = keys.Valid // a revoked key's sandbox tokens stop working with it
+	c := &gateway.Config{Addr: addr, CertFile: cert, KeyFile: key, Keys: keys, Native: native, E2B: es,
 		EnvdToken: es.TokenOK, IsEnvd: e2b.IsEnvd, Log: log}
 	err := c.Listen(ctx, func(a net.Addr) {
 		log.Info("deltabox daemon listening on TCP (both APIs; API keys required)", "addr", a.String(), "tls", cert != "", "keys", c.Keys.Path())

@@ -140,6 +140,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("format=%q: want raw or json: %w", format, errdefs.ErrInvalid))
 		return
 	}
+	w = GuardWrites(w, StallWait)
 	s.fileOp(w, r, false, func(root int, p string, view func(*files.Info) *files.Info) error {
 		f, in, err := files.Open(root, p)
 		if err != nil {
@@ -190,7 +191,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.fileOp(w, r, false, func(root int, p string, view func(*files.Info) *files.Info) error {
-		in, err := files.Write(root, p, r.Body, files.WriteOptions{Mode: mode, HasMode: hasMode, MkdirParents: mkdir})
+		in, err := files.Write(root, p, GuardBody(w, r.Body, StallWait), files.WriteOptions{Mode: mode, HasMode: hasMode, MkdirParents: mkdir})
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/auth"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/image"
 	"deltabox/internal/store"
@@ -20,7 +21,23 @@ type (
 	ErrorDetail   = apitypes.ErrorDetail
 )
 
+// hostPathRefused is the answer to a route that reads a path on the daemon's host, asked
+// over the TCP listener: the daemon reads as root, and an API key is not root of the
+// host. The refusal comes before the path is looked at, so it says nothing about what
+// exists there.
+func hostPathRefused(r *http.Request, what string) error {
+	if !auth.IsRemote(r.Context()) {
+		return nil
+	}
+	return fmt.Errorf("%s reads a path on the daemon's host, which an API key does not open: run it on the host as root, over the unix socket (deltabox image import NAME PATH): %w", what, errdefs.ErrForbidden)
+}
+
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
+	if err := hostPathRefused(r, "POST /v1/images (image import)"); err != nil {
+		s.log.Warn("image import refused over the network", "remote", r.RemoteAddr)
+		writeErr(w, err)
+		return
+	}
 	var q ImportRequest
 	if err := decode(w, r, &q); err != nil {
 		writeErr(w, err)

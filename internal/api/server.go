@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/auth"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
@@ -132,22 +133,32 @@ func writeErr(w http.ResponseWriter, err error) {
 	writeJSON(w, status, b)
 }
 
-// decode reads a JSON body into v; an empty body leaves v as it is. A body over maxBody
-// is a 413 (http.MaxBytesReader also closes the connection after the answer, so the
-// rest of the body is never read).
+// decode reads a JSON body into v (DecodeBody, strict, maxBody).
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	return DecodeBody(w, r, v, maxBody, true, "send files with PUT /v1/sandboxes/{id}/files?path=P (up to 64 MiB a write) rather than in an exec's stdin")
+}
+
+// DecodeBody reads a JSON body of at most max bytes into v; an empty body leaves v as
+// it is. A body over max is ErrTooLarge (413) whose message ends with hint (what to
+// send instead); http.MaxBytesReader also closes the connection after the answer, so
+// the rest of the body is never read. strict refuses unknown fields (DeltaBox's API:
+// a misspelt option is an error); E2B's API (package e2b) takes them, as its SDKs send
+// options DeltaBox ignores.
+func DecodeBody(w http.ResponseWriter, r *http.Request, v any, max int64, strict bool, hint string) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 	if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
-		return fmt.Errorf("request body over the limit of %d bytes (16 MiB): send files with PUT /v1/sandboxes/{id}/files?path=P (up to 64 MiB a write) rather than in an exec's stdin: %w", maxBody, errdefs.ErrTooLarge)
+		return fmt.Errorf("request body over the limit of %d bytes: %s: %w", max, hint, errdefs.ErrTooLarge)
 	}
 	if err != nil {
 		return fmt.Errorf("read body: %v: %w", err, errdefs.ErrInvalid)
 	}
-	if len(b) == 0 {
+	if len(bytes.TrimSpace(b)) == 0 {
 		return nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("bad JSON body: %v: %w", err, errdefs.ErrInvalid)
 	}
@@ -473,6 +484,11 @@ func (s *Server) images(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeErr(w, err)
 		return
+	}
+	if auth.IsRemote(r.Context()) { // the host's paths are the host's business
+		for i := range ims {
+			ims[i].Source = ""
+		}
 	}
 	writeJSON(w, 200, apitypes.ImageList{Images: ims})
 }

@@ -7,7 +7,7 @@ type ErrorBody struct {
 	Error ErrorDetail `json:"error"`
 }
 
-// ErrorDetail is the inner object of an error: Code is invalid, not_found, conflict,
+// ErrorDetail is the inner object of an error: Code is invalid, forbidden, not_found, conflict,
 // unavailable or internal; Message says what to do. A streamed import's error line
 // carries it alone (ImportEvent.Error).
 type ErrorDetail struct {

@@ -10,11 +10,12 @@
 // (crypto/subtle), so the answer's timing says nothing about how much of a hash matched.
 //
 // `deltabox key create|ls|rm` edit the file directly (as root, under an flock), and the
-// daemon re-reads it when its modification time or size changes (a stat per check), so a
+// daemon reads it at each check (parsing it again when its bytes changed), so a
 // revoked key is refused from the next request on, without a restart.
 package auth
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -32,7 +33,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/hostids"
 )
+
+// lockWait bounds the wait for another `deltabox key` editing the file (an edit takes
+// milliseconds; one that holds the lock longer is stuck).
+var lockWait = 10 * time.Second
 
 // FileName is the keys file in the daemon's root.
 const FileName = "keys.json"
@@ -53,11 +59,11 @@ type Key struct {
 type Store struct {
 	path string
 
-	mu sync.Mutex // protects keys and stamp
+	mu sync.Mutex // protects keys, raw and read
 	// +checklocks:mu
 	keys []Key
 	// +checklocks:mu
-	stamp [2]int64 // the file's mtime (ns) and size when keys were read; {-1,-1}: absent
+	raw []byte // the file's bytes keys were parsed from (nil: absent)
 	// +checklocks:mu
 	read bool
 }
@@ -93,25 +99,44 @@ func (s *Store) Check(k string) (name string, ok bool) {
 	return name, ok
 }
 
-// current is the keys, re-read when the file changed.
+// Valid reports whether the key of hash (Hash) is still in the file: what was handed
+// out under a key (a sandbox's access token) stops working when the key is revoked.
+func (s *Store) Valid(hash string) bool {
+	keys, err := s.current()
+	if err != nil || hash == "" {
+		return false
+	}
+	for _, key := range keys {
+		if subtle.ConstantTimeCompare([]byte(key.Hash), []byte(hash)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// current is the keys, parsed again when the file's bytes changed. The file is read
+// at each check (a few hundred bytes a key; microseconds): its mtime, size and inode
+// do not tell every edit apart (the kernel's file times move at the scheduler tick, a
+// key of a same-length name keeps the size, and the inode the edit before freed is
+// reused by the next).
 func (s *Store) current() ([]Key, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	stamp := [2]int64{-1, -1}
-	var st unix.Stat_t
-	if err := unix.Stat(s.path, &st); err == nil {
-		stamp = [2]int64{st.Mtim.Nano(), st.Size}
-	} else if !errors.Is(err, unix.ENOENT) {
-		return nil, err
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		b, err = nil, nil
 	}
-	if s.read && stamp == s.stamp {
-		return s.keys, nil
-	}
-	keys, err := load(s.path)
 	if err != nil {
 		return nil, err
 	}
-	s.keys, s.stamp, s.read = keys, stamp, true
+	if s.read && bytes.Equal(b, s.raw) {
+		return s.keys, nil
+	}
+	keys, err := parse(s.path, b)
+	if err != nil {
+		return nil, err
+	}
+	s.keys, s.raw, s.read = keys, b, true
 	return keys, nil
 }
 
@@ -122,6 +147,13 @@ func load(path string) ([]Key, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	return parse(path, b)
+}
+
+func parse(path string, b []byte) ([]Key, error) {
+	if len(b) == 0 {
+		return nil, nil
 	}
 	var f struct {
 		Keys []Key `json:"keys"`
@@ -143,14 +175,11 @@ func (s *Store) edit(fn func([]Key) ([]Key, error)) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	lf, err := os.OpenFile(s.path+".lock", os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	unlock, err := hostids.LockFile(s.path+".lock", lockWait, "another `deltabox key` command")
 	if err != nil {
 		return err
 	}
-	defer lf.Close()
-	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
-		return err
-	}
+	defer unlock()
 	keys, err := load(s.path)
 	if err != nil {
 		return err

@@ -1,18 +1,16 @@
 package e2b
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
 
+	"deltabox/internal/api"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 )
@@ -51,18 +49,10 @@ func (s *Server) controlRoutes() {
 	})
 }
 
+// decode reads a control-plane JSON body: unknown fields allowed (E2B's SDKs send
+// options DeltaBox does not use).
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxControlBody))
-	if err != nil {
-		return fmt.Errorf("read body (1 MiB at most): %v: %w", err, errdefs.ErrInvalid)
-	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("bad JSON body: %v: %w", err, errdefs.ErrInvalid)
-	}
-	return nil
+	return api.DecodeBody(w, r, v, maxControlBody, false, "E2B's control-plane bodies are small JSON objects")
 }
 
 // newSandbox is the body of POST /sandboxes (fields DeltaBox uses; others are ignored,
@@ -100,8 +90,11 @@ type sandboxDetail struct {
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 }
 
-func (s *Server) ref(b *box) sandboxRef {
-	return sandboxRef{TemplateID: b.template, SandboxID: b.id, ClientID: "deltabox", EnvdVersion: EnvdVersion, EnvdAccessToken: s.Token(b.id)}
+func (s *Server) ref(ctx context.Context, b *box) sandboxRef {
+	tok := s.token(ctx, b)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return sandboxRef{TemplateID: b.template, SandboxID: b.id, ClientID: "deltabox", EnvdVersion: EnvdVersion, EnvdAccessToken: tok}
 }
 
 func (s *Server) detail(b *box, in *state.SandboxInfo) sandboxDetail {
@@ -216,9 +209,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		apiErr(w, err)
 		return
 	}
+	b.mu.Lock()
 	b.autoPause = q.AutoPause != nil && *q.AutoPause
+	b.mu.Unlock()
 	s.setTimer(b, timeout)
-	writeJSON(w, 201, s.ref(b))
+	writeJSON(w, 201, s.ref(r.Context(), b))
 }
 
 // createBox creates a sandbox from an E2B template with E2B's user in it.
@@ -251,11 +246,12 @@ func (s *Server) createBox(ctx context.Context, template string, meta, env map[s
 	if err != nil {
 		return nil, err
 	}
-	b.template = template
-	if b.template == "" {
-		b.template = "base"
+	if template == "" {
+		template = "base"
 	}
-	b.metadata, b.env = meta, env
+	b.mu.Lock() // b is published already: a list or an envd call may read it
+	b.template, b.metadata, b.env = template, meta, env
+	b.mu.Unlock()
 	return b, nil
 }
 
@@ -335,7 +331,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := s.detail(b, in)
-	d.EnvdAccessToken = s.Token(id)
+	d.EnvdAccessToken = s.token(r.Context(), b)
 	writeJSON(w, 200, d)
 }
 
@@ -502,7 +498,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 			s.setTimer(b, d)
 		}
 	}
-	writeJSON(w, status, s.ref(b))
+	writeJSON(w, status, s.ref(r.Context(), b))
 }
 
 // metric is E2B's SandboxMetric: one sample, now (DeltaBox keeps no history).
@@ -651,15 +647,20 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]forkResult, q.Count)
 	for i := range out {
-		nb, err := s.createBox(ctx, res.Node.ID, b.metadata, b.env)
+		b.mu.Lock()
+		meta, env, template := b.metadata, b.env, b.template
+		b.mu.Unlock()
+		nb, err := s.createBox(ctx, res.Node.ID, meta, env)
 		if err != nil {
 			st, _ := errdefs.HTTPStatus(err)
 			out[i].Error = &apiError{Code: st, Message: err.Error()}
 			continue
 		}
-		nb.template = b.template
+		nb.mu.Lock()
+		nb.template = template
+		nb.mu.Unlock()
 		s.setTimer(nb, timeout)
-		ref := s.ref(nb)
+		ref := s.ref(r.Context(), nb)
 		out[i].Sandbox = &ref
 	}
 	writeJSON(w, 200, out)

@@ -15,9 +15,11 @@
 // served by connectrpc.com/connect: the Connect protocol with JSON over HTTP/1.1, as the
 // SDKs send it. A request names its sandbox in the E2b-Sandbox-Id header (the SDK sets
 // it on every envd call) and proves access with X-Access-Token, the envdAccessToken
-// the control plane answered for that sandbox: an HMAC of the sandbox's id under a
-// secret the daemon draws at start (a restart invalidates the tokens: Sandbox.connect
-// gets a new one).
+// the control plane answered for that sandbox: 128 random bits drawn when this package
+// first sees the sandbox, kept with its E2B state (in memory) and dropped at its removal,
+// so a sandbox made later under the same id has another. A token works while one of the
+// API keys it was handed to is valid (a revoked key's tokens die with it). The E2B state
+// is not persisted: a restart draws new tokens (Sandbox.connect gets the new one).
 //
 // How E2B's model maps onto DeltaBox's:
 //   - Template "base" (the SDK's default) is the default image; any other template is
@@ -27,8 +29,8 @@
 //     request names another (Authorization: Basic user:). The sandbox itself stays
 //     root's (no CreateOptions.User), so that checkpoints keep its processes.
 //   - A command (process.Start) is one DeltaBox exec whose client may go away: its
-//     output is fanned out to every stream attached (Start, Connect), the first 16 MiB
-//     of each stream live, the rest kept to 48 MiB and sent at exit (sandbox.capture).
+//     output is fanned out to every stream attached (Start, Connect), the first 1 MiB
+//     of each stream live, its last 3 MiB kept and sent at exit (sandbox.capture).
 //     Its pid is a handle of this package, not the process's pid in the sandbox.
 //   - Pause is a checkpoint; the sandbox then refuses envd traffic (502, as E2B answers
 //     for a sandbox that is not running) until connect restores that checkpoint, so the

@@ -19,10 +19,12 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"deltabox/internal/api"
 	"deltabox/internal/e2b/spec/filesystem"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/files"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
 )
 
 // Reads, stats and listings go through the daemon's confined file operations
@@ -31,14 +33,14 @@ import (
 // (a short exec), as envd does them as that user: what they make belongs to the user,
 // and the user's permissions decide what they may change.
 
-// passwd is the sandbox's /etc/passwd, read confined to the sandbox.
+// passwd is the names of the sandbox's /etc/passwd by uid, read confined to the
+// sandbox, for the owners of envd's entries (a user's home is sbinit.LookupUser's).
 type passwd struct {
-	home  map[string]string
 	names map[uint32]string
 }
 
 func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
-	pw := &passwd{home: map[string]string{}, names: map[uint32]string{}}
+	pw := &passwd{names: map[uint32]string{}}
 	err := s.m.FileOp(ctx, id, "files read /etc/passwd", func(root int, _ string) error {
 		b, _, err := files.Read(root, "/etc/passwd", 0, 0, 4<<20)
 		if err != nil {
@@ -55,7 +57,6 @@ func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
 					pw.names[uint32(uid)] = f[0]
 				}
 			}
-			pw.home[f[0]] = f[5]
 		}
 		return nil
 	})
@@ -65,17 +66,19 @@ func (s *Server) passwd(ctx context.Context, id string) (*passwd, error) {
 // homeOf is user's home in sandbox id ("/" for a user without one, as DeltaBox's exec
 // sets HOME).
 func (s *Server) homeOf(ctx context.Context, id, user string) (string, error) {
-	pw, err := s.passwd(ctx, id)
-	if err != nil {
-		return "", err
+	var home string
+	err := s.m.FileOp(ctx, id, "files read /etc/passwd", func(root int, _ string) error {
+		u, err := sbinit.LookupUser(root, user) // what an exec as user resolves
+		if err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalid)
+		}
+		home = u.Home
+		return nil
+	})
+	if err == nil && !path.IsAbs(home) {
+		home = "/"
 	}
-	if h, ok := pw.home[user]; ok && path.IsAbs(h) {
-		return h, nil
-	}
-	if _, err := strconv.ParseUint(user, 10, 32); err == nil {
-		return "/", nil
-	}
-	return "", fmt.Errorf("no user %q in the sandbox's /etc/passwd: %w", user, errdefs.ErrInvalid)
+	return home, err
 }
 
 // resolve is p, absolute or relative to the request's user's home, made absolute.
@@ -141,8 +144,8 @@ func (s *Server) stat(ctx context.Context, id, p string) (*filesystem.EntryInfo,
 
 // runAs runs argv in sandbox id as user, with stdin, and turns a failure into an
 // error carrying its stderr.
-func (s *Server) runAs(ctx context.Context, id, user string, stdin []byte, argv ...string) error {
-	res, err := s.m.Exec(ctx, id, sandbox.ExecRequest{Argv: argv, User: user, Stdin: stdin, Dir: "/", Timeout: 5 * time.Minute, OutputLimit: 64 << 10})
+func (s *Server) runAs(ctx context.Context, id, user string, stdin io.Reader, argv ...string) error {
+	res, err := s.m.Exec(ctx, id, sandbox.ExecRequest{Argv: argv, User: user, StdinReader: stdin, Dir: "/", Timeout: 5 * time.Minute, OutputLimit: 64 << 10})
 	if err != nil {
 		return err
 	}
@@ -275,6 +278,9 @@ func (fs *filesystemService) Remove(ctx context.Context, req *connect.Request[fi
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
 
+// errRangeNotSatisfiable is a Range outside the file (416).
+var errRangeNotSatisfiable = errors.New("range not satisfiable")
+
 var errNoWatch = errors.New("the non-streaming watchers are not served by DeltaBox's envd: use WatchDir (files.watchDir)")
 
 // watchPoll is how often a watched directory is listed. Watching polls (a listing
@@ -341,10 +347,7 @@ func (fs *filesystemService) WatchDir(ctx context.Context, req *connect.Request[
 	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	ka := 50 * time.Second
-	if v, err := strconv.Atoi(req.Header().Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
-		ka = time.Duration(v) * time.Second
-	}
+	ka := keepaliveOf(req.Header(), 50*time.Second)
 	lastSent := time.Now()
 	tick := time.NewTicker(watchPoll)
 	defer tick.Stop()
@@ -431,6 +434,14 @@ func fileUser(r *http.Request) string {
 	return userOf(r.Header)
 }
 
+// chunkWait bounds each write of a GET /files answer to its client. The read holds the
+// sandbox's file call (a checkpoint or restore waits for it, or answers 409), so a
+// client that stops reading must not hold it longer than this per 32 KiB.
+const chunkWait = api.StallWait
+
+// readFiles answers GET /files: the file's bytes, at most files.DefaultMaxRead of them
+// (the native API's cap; larger files are read in ranges), honouring one Range
+// (bytes=A-B, A-, -N).
 func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) {
 	b := boxOf(r.Context())
 	p, err := s.resolve(r.Context(), b.id, fileUser(r), r.URL.Query().Get("path"))
@@ -444,16 +455,77 @@ func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		defer f.Close()
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.FormatInt(in.Size, 10))
-		w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
-		w.WriteHeader(200)
-		io.Copy(w, io.LimitReader(f, in.Size))
+		off, length, partial, err := byteRange(r.Header.Get("Range"), in.Size)
+		if err != nil {
+			w.Header().Set("Content-Range", "bytes */"+strconv.FormatInt(in.Size, 10))
+			return err
+		}
+		n, err := files.ReadRange(p, in.Size, off, length, files.DefaultMaxRead)
+		if err != nil {
+			return fmt.Errorf("%w (send a Range header: bytes=OFFSET-LAST)", err)
+		}
+		hd := w.Header()
+		hd.Set("Content-Type", "application/octet-stream")
+		hd.Set("Content-Length", strconv.FormatInt(n, 10))
+		hd.Set("Accept-Ranges", "bytes")
+		hd.Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
+		status := 200
+		if partial {
+			status = http.StatusPartialContent
+			hd.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", off, off+n-1, in.Size))
+		}
+		w.WriteHeader(status)
+		if _, err := io.Copy(api.GuardWrites(w, chunkWait), io.NewSectionReader(f, off, n)); err != nil {
+			s.log.Debug("e2b: file read cut short", "sandbox", b.id, "path", p, "err", err)
+		}
 		return nil
 	})
 	if err != nil {
 		envdErr(w, err)
 	}
+}
+
+// byteRange parses one Range header (bytes=A-B, bytes=A-, bytes=-N) against a file of
+// size bytes: the offset and length to send, and whether it is a partial answer. A
+// header it does not take (several ranges, another unit) is ignored, as RFC 9110
+// allows: the whole file is the answer. A range past the end is an error (416).
+func byteRange(h string, size int64) (off, length int64, partial bool, err error) {
+	spec, ok := strings.CutPrefix(h, "bytes=")
+	if !ok || strings.Contains(spec, ",") {
+		return 0, 0, false, nil
+	}
+	a, bs, ok := strings.Cut(strings.TrimSpace(spec), "-")
+	if !ok {
+		return 0, 0, false, nil
+	}
+	unsat := fmt.Errorf("range %q is outside the file's %d bytes: %w", h, size, errRangeNotSatisfiable)
+	if a == "" { // the last N bytes
+		nn, err := strconv.ParseInt(bs, 10, 64)
+		if err != nil || nn <= 0 {
+			return 0, 0, false, nil
+		}
+		if size == 0 {
+			return 0, 0, false, unsat
+		}
+		nn = min(nn, size)
+		return size - nn, nn, true, nil
+	}
+	first, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || first < 0 {
+		return 0, 0, false, nil
+	}
+	if first >= size {
+		return 0, 0, false, unsat
+	}
+	last := size - 1
+	if bs != "" {
+		l, err := strconv.ParseInt(bs, 10, 64)
+		if err != nil || l < first {
+			return 0, 0, false, nil
+		}
+		last = min(l, size-1)
+	}
+	return first, last - first + 1, true, nil
 }
 
 // entryRef is what POST /files answers for each file written.
@@ -463,31 +535,95 @@ type entryRef struct {
 	Path string `json:"path"`
 }
 
+// Uploads stream: each file's bytes go from the request body through a pipe to `cat`
+// in the sandbox, 32 KiB at a time, so an upload holds no more than its buffers in the
+// daemon. An upload is a running call of the sandbox (an exec), which a checkpoint
+// waits for: a client that sends nothing for uploadWait is cut. maxUploads bounds the
+// uploads under way in the daemon (and so their buffers: about 64 KiB each).
+const (
+	uploadWait = api.StallWait
+	maxUploads = 64
+)
+
+var uploads = make(chan struct{}, maxUploads)
+
+// errWriteEnded is what the upload's copy sees when `cat` has gone (its error is the
+// answer).
+var errWriteEnded = errors.New("the write in the sandbox ended")
+
+// writeFile streams data into file p of sandbox id as user (parents made). The file is
+// created (or truncated) by the user's `cat`; an upload cut short (over
+// files.DefaultMaxWrite, the client gone or stalled) kills it before the end of its
+// input, so the file holds what arrived, and the answer is an error.
+func (s *Server) writeFile(ctx context.Context, id, user, p string, data io.Reader) (*entryRef, error) {
+	ap, err := s.resolve(ctx, id, user, p)
+	if err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(uploadWait)
+	defer t.Stop()
+	select {
+	case uploads <- struct{}{}:
+		defer func() { <-uploads }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return nil, fmt.Errorf("%d uploads are under way in the daemon, its limit: retry in a moment: %w", maxUploads, errdefs.ErrUnavailable)
+	}
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- s.runAs(ectx, id, user, pr, "sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "write", ap)
+		pr.CloseWithError(errWriteEnded) // the exec has returned: nothing reads pr any more
+	}()
+	n, cerr := io.Copy(pw, io.LimitReader(data, files.DefaultMaxWrite+1))
+	if cerr == nil && n > files.DefaultMaxWrite {
+		cerr = fmt.Errorf("%s: over the limit of %d bytes per write: %w", p, files.DefaultMaxWrite, errdefs.ErrTooLarge)
+	}
+	if cerr != nil {
+		cancel() // kills cat before its input ends
+		err := <-runErr
+		pw.Close()
+		if errors.Is(cerr, errWriteEnded) && err != nil {
+			return nil, err
+		}
+		if errors.Is(cerr, errdefs.ErrInvalid) {
+			return nil, cerr
+		}
+		return nil, fmt.Errorf("read the upload of %s: %v: %w", p, cerr, errdefs.ErrInvalid)
+	}
+	pw.Close() // EOF: cat ends
+	if err := <-runErr; err != nil {
+		return nil, err
+	}
+	return &entryRef{Name: path.Base(ap), Type: "file", Path: ap}, nil
+}
+
+// partPath is the path a multipart part names: its Content-Disposition's filename,
+// whole (E2B's SDK sends the file's path there; Part.FileName keeps only its base). It
+// is resolved as any other path, confined to the sandbox.
+func partPath(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 	b, user := boxOf(r.Context()), fileUser(r)
 	r.Body = http.MaxBytesReader(w, r.Body, files.DefaultMaxWrite+1<<20)
+	body := api.GuardBody(w, r.Body, uploadWait)
 	write := func(p string, data io.Reader) (*entryRef, error) {
-		ap, err := s.resolve(r.Context(), b.id, user, p)
-		if err != nil {
-			return nil, err
-		}
-		content, err := io.ReadAll(io.LimitReader(data, files.DefaultMaxWrite+1))
-		if err != nil {
-			return nil, fmt.Errorf("read the upload: %v: %w", err, errdefs.ErrInvalid)
-		}
-		if len(content) > files.DefaultMaxWrite {
-			return nil, fmt.Errorf("%s: over the limit of %d bytes per write: %w", p, files.DefaultMaxWrite, errdefs.ErrTooLarge)
-		}
-		if err := s.runAs(r.Context(), b.id, user, content, "sh", "-c", `mkdir -p -- "$(dirname -- "$1")" && cat > "$1"`, "write", ap); err != nil {
-			return nil, err
-		}
-		return &entryRef{Name: path.Base(ap), Type: "file", Path: ap}, nil
+		return s.writeFile(r.Context(), b.id, user, p, data)
 	}
 	var out []*entryRef
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {
 	case ct == "multipart/form-data":
-		mr := multipart.NewReader(r.Body, params["boundary"])
+		mr := multipart.NewReader(body, params["boundary"])
 		for {
 			part, err := mr.NextPart()
 			if err == io.EOF {
@@ -499,7 +635,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 			}
 			p := r.URL.Query().Get("path")
 			if p == "" {
-				p = part.FileName()
+				p = partPath(part)
 			}
 			e, err := write(p, part)
 			part.Close()
@@ -514,7 +650,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) {
 			envdErr(w, fmt.Errorf("gzip uploads are not taken: send the file as it is: %w", errdefs.ErrInvalid))
 			return
 		}
-		e, err := write(r.URL.Query().Get("path"), r.Body)
+		e, err := write(r.URL.Query().Get("path"), body)
 		if err != nil {
 			envdErr(w, err)
 			return

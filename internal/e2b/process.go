@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,11 @@ import (
 )
 
 // outputLimit is a command's output kept per stream (sandbox.capture): the first
-// quarter streams live, the rest (its last 48 MiB) is sent when the command ends.
-const outputLimit = 64 << 20
+// quarter (1 MiB, what a native exec returns of a stream by default) streams live, the
+// rest (its last 3 MiB) is sent when the command ends. A sandbox holds up to maxProcs
+// commands, ended ones for keepEnded, so this is per command what 256 of them may hold:
+// 2 GiB a sandbox at worst (at 64 MiB it was 32 GiB).
+const outputLimit = 4 << 20
 
 // sendTimeout is how long a command's output waits for a slow stream before that
 // stream is dropped (the command and the other streams go on).
@@ -29,6 +33,11 @@ const sendTimeout = 30 * time.Second
 // keepEnded is how long an ended command stays for a late Connect (envd keeps its exit
 // for the same purpose).
 const keepEnded = 60 * time.Second
+
+// stdinWait bounds a SendInput or a StreamInput chunk: a command that does not read its
+// stdin would otherwise hold the call forever (io.Pipe's Write returns once the reader
+// has taken every byte).
+const stdinWait = 30 * time.Second
 
 // killGrace is how much later than a request's Connect-Timeout-Ms a command is killed:
 // the client's own deadline fires first, so the SDK reports a timeout
@@ -42,7 +51,11 @@ type proc struct {
 	cfg    *process.ProcessConfig
 	cancel context.CancelFunc
 	stdin  *io.PipeWriter // nil: started without stdin
-	done   chan struct{}  // closed once end is set
+	// stdinBusy holds the one write to stdin under way: a write that timed out goes
+	// on in its goroutine (until the command reads, or ends and the pipe closes), and
+	// the next waits behind it rather than starting another goroutine.
+	stdinBusy chan struct{}
+	done      chan struct{} // closed once end is set
 
 	mu sync.Mutex // protects subs and end
 	// +checklocks:mu
@@ -186,14 +199,16 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		}
 	}
 	var env []string
+	b.mu.Lock()
 	for k, v := range b.env {
 		env = append(env, k+"="+v)
 	}
+	b.mu.Unlock()
 	for k, v := range cfg.Envs {
 		env = append(env, k+"="+v)
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &proc{tag: msg.Tag, cfg: cfg, cancel: cancel, done: make(chan struct{}), subs: map[*sub]bool{}}
+	p := &proc{tag: msg.Tag, cfg: cfg, cancel: cancel, done: make(chan struct{}), subs: map[*sub]bool{}, stdinBusy: make(chan struct{}, 1)}
 	var stdinR *io.PipeReader
 	if msg.Stdin == nil || *msg.Stdin { // envd: absent means on (older SDKs)
 		stdinR, p.stdin = io.Pipe()
@@ -290,10 +305,7 @@ func startEvent(pid uint32) *process.ProcessEvent {
 // client goes away, or the stream falls behind; idle, it sends keepalives at the
 // interval the client asked for (Keepalive-Ping-Interval, seconds).
 func (ps *processService) follow(ctx context.Context, h http.Header, p *proc, sb *sub, send func(*process.ProcessEvent) error) error {
-	ka := 50 * time.Second
-	if v, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
-		ka = time.Duration(v) * time.Second
-	}
+	ka := keepaliveOf(h, 50*time.Second)
 	tick := time.NewTicker(ka)
 	defer tick.Stop()
 	for {
@@ -364,7 +376,7 @@ func (ps *processService) StreamInput(ctx context.Context, st *connect.ClientStr
 			if p == nil {
 				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("stream input: a start event naming the process must come first"))
 			}
-			if err := p.write(ev.Data.GetInput()); err != nil {
+			if err := p.write(ctx, ev.Data.GetInput()); err != nil {
 				return nil, err
 			}
 		}
@@ -375,23 +387,54 @@ func (ps *processService) StreamInput(ctx context.Context, st *connect.ClientStr
 	return connect.NewResponse(&process.StreamInputResponse{}), nil
 }
 
-// write sends input to p's stdin.
-func (p *proc) write(in *process.ProcessInput) error {
+// write sends input to p's stdin, waiting until the command has read it, it ends, ctx
+// ends, or stdinWait passes (DeadlineExceeded: the input stays queued, written as the
+// command reads, and later input waits behind it).
+func (p *proc) write(ctx context.Context, in *process.ProcessInput) error {
 	if in.GetPty() != nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("PTY input: DeltaBox's envd serves no PTY"))
 	}
 	if p.stdin == nil {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started without stdin: start it with stdin: true", p.pid))
 	}
+	ended := connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has ended", p.pid))
 	select {
 	case <-p.done:
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has ended", p.pid))
+		return ended
 	default:
 	}
-	if _, err := p.stdin.Write(in.GetStdin()); err != nil {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: stdin: %v", p.pid, err))
+	t := time.NewTimer(stdinWait)
+	defer t.Stop()
+	late := connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("process %d has not read its stdin for %v: the input is queued and written as it reads; send more once it does, or close its stdin (commands.closeStdin)", p.pid, stdinWait))
+	select { // the write before this one still under way
+	case p.stdinBusy <- struct{}{}:
+	case <-p.done:
+		return ended
+	case <-ctx.Done():
+		return connectErr(ctx.Err())
+	case <-t.C:
+		return late
 	}
-	return nil
+	errc := make(chan error, 1)
+	data := in.GetStdin()
+	go func() {
+		_, err := p.stdin.Write(data) // ends at the latest when run closes the pipe's reader
+		<-p.stdinBusy
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if err != nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d: stdin: %v", p.pid, err))
+		}
+		return nil
+	case <-p.done:
+		return ended
+	case <-ctx.Done():
+		return connectErr(ctx.Err())
+	case <-t.C:
+		return late
+	}
 }
 
 func (ps *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
@@ -399,7 +442,7 @@ func (ps *processService) SendInput(ctx context.Context, req *connect.Request[pr
 	if err != nil {
 		return nil, err
 	}
-	if err := p.write(req.Msg.GetInput()); err != nil {
+	if err := p.write(ctx, req.Msg.GetInput()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&process.SendInputResponse{}), nil
@@ -436,6 +479,17 @@ func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[p
 	}
 	p.cancel()
 	return connect.NewResponse(&process.SendSignalResponse{}), nil
+}
+
+// keepaliveOf is the request's Keepalive-Ping-Interval (seconds), within 1 s and 1 h
+// (a larger number would overflow time.Duration, and a ticker panics on a period <= 0);
+// def when absent or not a number.
+func keepaliveOf(h http.Header, def time.Duration) time.Duration {
+	v, err := strconv.ParseInt(strings.TrimSpace(h.Get("Keepalive-Ping-Interval")), 10, 64)
+	if err != nil {
+		return def
+	}
+	return time.Duration(min(max(v, 1), 3600)) * time.Second
 }
 
 // timeoutOf is the request's Connect-Timeout-Ms (0: none), which envd makes the

@@ -2,9 +2,7 @@ package e2b
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
@@ -19,6 +17,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"deltabox/internal/auth"
 	"deltabox/internal/e2b/spec/filesystem/filesystemconnect"
 	"deltabox/internal/e2b/spec/process/processconnect"
 	"deltabox/internal/errdefs"
@@ -46,19 +45,28 @@ const DefaultTimeout = 300 * time.Second
 const MaxTimeout = 24 * time.Hour
 
 // maxProcs bounds the commands of one sandbox known to this package at once (running,
-// or ended and kept for a late Connect): each may hold up to 2 x 64 MiB of output.
+// or ended and kept for a late Connect): each may hold up to 2 x outputLimit of output.
 const maxProcs = 256
 
 // Server serves E2B's control plane and envd for a state manager.
 type Server struct {
-	m      *state.Manager
-	log    *slog.Logger
-	secret [32]byte
-	image  string // the image "base" maps to
+	m     *state.Manager
+	log   *slog.Logger
+	image string // the image "base" maps to
+	// KeyValid reports whether an API key (auth.Hash) is still valid (auth.Store.Valid);
+	// a sandbox's access token works while a key it was handed to does. nil: no keys
+	// (every token handed out stays valid).
+	KeyValid func(hash string) bool
 
-	mu sync.Mutex // protects boxes
+	mu sync.Mutex // protects boxes and gone
 	// +checklocks:mu
 	boxes map[string]*box
+	// gone are boxes of removed sandboxes, maxGone at most, so that their tokens get
+	// E2B's answer for a sandbox that is no more (502), not a 401: the SDK's isRunning
+	// says false on the one and throws on the other. A box made again under the id
+	// drops its entry.
+	// +checklocks:mu
+	gone map[string]*box
 
 	control *http.ServeMux
 	envd    *http.ServeMux
@@ -66,11 +74,9 @@ type Server struct {
 
 // box is what this package keeps of a sandbox beside DeltaBox's record.
 type box struct {
-	id       string
-	template string
-	started  time.Time
-	metadata map[string]string
-	env      map[string]string
+	id      string
+	started time.Time
+	token   string // envdAccessToken: 128 random bits, drawn when the box is made
 
 	// opMu serializes pause, resume, snapshot and fork of the sandbox: each is a
 	// checkpoint or restore that must not interleave with another.
@@ -78,9 +84,16 @@ type box struct {
 
 	mu sync.Mutex // protects the fields below
 	// +checklocks:mu
+	template string
+	// +checklocks:mu
+	metadata map[string]string // not changed once set: readers may keep the map
+	// +checklocks:mu
+	env map[string]string // likewise
+	// +checklocks:mu
 	endAt time.Time
 	// +checklocks:mu
-	timer     *time.Timer
+	timer *time.Timer
+	// +checklocks:mu
 	autoPause bool
 	// +checklocks:mu
 	paused string // the node a pause made; pausing while it is made; "": running
@@ -90,15 +103,16 @@ type box struct {
 	watches int // WatchDir streams open
 	// +checklocks:mu
 	nextPid uint32
+	// tokenKeys are the API keys (auth.Hash) the token was handed to ("": a client
+	// without one, as on a listener without keys).
+	// +checklocks:mu
+	tokenKeys map[string]bool
 }
 
 // New returns a server; image is what template "base" (the SDK's default) creates.
 func New(m *state.Manager, log *slog.Logger, image string) *Server {
-	s := &Server{m: m, log: log, boxes: map[string]*box{}, image: image,
+	s := &Server{m: m, log: log, boxes: map[string]*box{}, gone: map[string]*box{}, image: image,
 		control: http.NewServeMux(), envd: http.NewServeMux()}
-	if _, err := rand.Read(s.secret[:]); err != nil {
-		panic(err) // crypto/rand does not fail on Linux >= 3.17
-	}
 	s.controlRoutes()
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCBody), connect.WithSendMaxBytes(maxRPCBody)}
 	p, ph := processconnect.NewProcessHandler(&processService{s}, opts...)
@@ -132,20 +146,50 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.control.ServeHTTP(w, r)
 }
 
-// Token is the envdAccessToken of sandbox id.
-func (s *Server) Token(id string) string {
-	h := hmac.New(sha256.New, s.secret[:])
-	h.Write([]byte("envd-access:" + id))
-	return hex.EncodeToString(h.Sum(nil))
+// token hands out b's envdAccessToken to the client of ctx, and records its API key:
+// the token works while one of the keys it was handed to is valid.
+func (s *Server) token(ctx context.Context, b *box) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tokenKeys[auth.RemoteKey(ctx)] = true
+	return b.token
 }
 
-// TokenOK reports whether r carries the access token of the sandbox it names.
+// TokenOK reports whether r carries the access token of the sandbox it names, handed
+// out under an API key still valid. The token is the sandbox's own (drawn when this
+// package first saw it), so it dies with the sandbox: another sandbox made later under
+// the same id has another; a daemon restart draws new ones (Sandbox.connect gets it).
 func (s *Server) TokenOK(r *http.Request) bool {
 	id, t := r.Header.Get(SandboxHeader), r.Header.Get("X-Access-Token")
 	if id == "" || t == "" {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(t), []byte(s.Token(id))) == 1
+	b, err := s.box(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		s.mu.Lock()
+		b, err = s.gone[id], nil
+		s.mu.Unlock()
+	}
+	if err != nil || b == nil || subtle.ConstantTimeCompare([]byte(t), []byte(b.token)) != 1 {
+		return false
+	}
+	return s.tokenKeyValid(b)
+}
+
+// tokenKeyValid reports whether a key b's token was handed to is still valid.
+func (s *Server) tokenKeyValid(b *box) bool {
+	b.mu.Lock()
+	keys := make([]string, 0, len(b.tokenKeys))
+	for k := range b.tokenKeys {
+		keys = append(keys, k)
+	}
+	b.mu.Unlock()
+	for _, k := range keys {
+		if s.KeyValid == nil || (k != "" && s.KeyValid(k)) {
+			return true
+		}
+	}
+	return false
 }
 
 type boxKey struct{}
@@ -153,6 +197,13 @@ type boxKey struct{}
 func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(SandboxHeader)
 	b, err := s.box(id)
+	if err == nil && auth.IsRemote(r.Context()) && auth.RemoteKey(r.Context()) == "" &&
+		subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(b.token)) != 1 {
+		// Let in by a gone sandbox's token (TokenOK), and the id made again since.
+		w.Header().Set("Connection", "close")
+		writeJSON(w, 401, apiError{Code: 401, Message: "the access token is not this sandbox's: Sandbox.connect gets it"})
+		return
+	}
 	if err == nil {
 		b.mu.Lock()
 		if b.paused != "" {
@@ -189,19 +240,41 @@ func (s *Server) box(id string) (*box, error) {
 		return nil, err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	b := s.boxes[id]
+	if b != nil && !b.started.Equal(in.Created) { // removed, and the id made again since
+		s.mu.Unlock()
+		s.forget(id)
+		s.mu.Lock()
+		b = s.boxes[id]
+	}
+	defer s.mu.Unlock()
 	if b == nil {
-		b = &box{id: id, template: in.Image, started: in.Created, procs: map[uint32]*proc{}, nextPid: 1}
+		var tok [16]byte
+		rand.Read(tok[:]) // crypto/rand does not fail on Linux >= 3.17
+		b = &box{id: id, template: in.Image, started: in.Created, token: hex.EncodeToString(tok[:]),
+			procs: map[uint32]*proc{}, nextPid: 1, tokenKeys: map[string]bool{}}
 		s.boxes[id] = b
+		delete(s.gone, id)
 	}
 	return b, nil
 }
+
+// maxGone bounds Server.gone.
+const maxGone = 4096
 
 func (s *Server) forget(id string) {
 	s.mu.Lock()
 	b := s.boxes[id]
 	delete(s.boxes, id)
+	if b != nil {
+		for k := range s.gone {
+			if len(s.gone) < maxGone {
+				break
+			}
+			delete(s.gone, k)
+		}
+		s.gone[id] = b
+	}
 	s.mu.Unlock()
 	if b != nil {
 		b.endProcs()
@@ -244,6 +317,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // apiErr answers err as E2B's API does: {"code": status, "message": ...}.
 func apiErr(w http.ResponseWriter, err error) {
 	status, _ := errdefs.HTTPStatus(err)
+	if errors.Is(err, errRangeNotSatisfiable) {
+		status = http.StatusRequestedRangeNotSatisfiable
+	}
 	writeJSON(w, status, apiError{Code: status, Message: err.Error()})
 }
 

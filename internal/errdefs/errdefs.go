@@ -17,6 +17,9 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrInvalid: the request itself is malformed.
 	ErrInvalid = errors.New("invalid argument")
+	// ErrForbidden: the caller may not do this from where it is (a key holder on the
+	// TCP listener naming a path on the daemon's host); the message says where to.
+	ErrForbidden = errors.New("forbidden")
 	// ErrUnavailable: the machine lacks something (store not set up, kernel feature).
 	ErrUnavailable = errors.New("unavailable")
 	// ErrTooLarge: a request body over the API's limit (413). It is an ErrInvalid too,
@@ -39,6 +42,8 @@ func HTTPStatus(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict, "conflict"
+	case errors.Is(err, ErrForbidden):
+		return http.StatusForbidden, "forbidden"
 	case errors.Is(err, ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "too_large"
 	case errors.Is(err, ErrInvalid):
@@ -62,6 +67,8 @@ func FromStatus(status int) error {
 		return ErrNotFound
 	case http.StatusConflict:
 		return ErrConflict
+	case http.StatusForbidden:
+		return ErrForbidden
 	case http.StatusBadRequest:
 		return ErrInvalid
 	case http.StatusRequestEntityTooLarge:

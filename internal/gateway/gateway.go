@@ -11,11 +11,14 @@
 //
 // With a certificate, TLS offers HTTP/2 and HTTP/1.1 (E2B's SDK takes HTTP/2 when
 // offered: its streams then share connections). Anything else is a 401 before any
-// handler runs. Abuse over the network meets the
-// limits a local client meets, and these: headers 64 KiB and 10 s to arrive, bodies 80
-// MiB (a 64 MiB file write and its framing; JSON routes cap their own lower), a
-// connection idle for 2 minutes is closed, and 1024 connections at once (more wait in
-// the kernel's accept queue).
+// handler runs, and the connection is closed after it (Connection: close; a GOAWAY on
+// HTTP/2), so that a peer without a key holds no connection by keep-alive. Abuse over
+// the network meets the limits a local client meets, and these: headers 64 KiB and 10 s
+// to arrive, bodies 80 MiB (a 64 MiB file write and its framing; JSON routes cap their
+// own lower), a connection that has not shown a valid key within 10 s of its accept (TLS
+// handshake included) is closed, an authenticated one idle for 2 minutes is closed, 64
+// connections at once per remote IP (more are closed at accept: one peer cannot take
+// the slots of the others) and 1024 in all (more wait in the kernel's accept queue).
 package gateway
 
 import (
@@ -29,7 +32,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/auth"
@@ -41,7 +47,9 @@ const (
 	maxBody     = 80 << 20
 	idleTimeout = 2 * time.Minute
 	headerWait  = 10 * time.Second
+	preAuthWait = 10 * time.Second // from accept to the first request with a valid key
 	maxConns    = 1024
+	maxConnsIP  = 64
 )
 
 // Config is what the listener serves.
@@ -66,9 +74,17 @@ func (c *Config) Handler() http.Handler {
 			unauthorized(w, native)
 			return
 		}
+		if gc, ok := r.Context().Value(connKey{}).(*conn); ok {
+			gc.authenticated()
+		}
 		if r.Method != "POST" || r.URL.Path != "/"+apitypes.Version+"/nodes/import" { // bounded by its handler
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		}
+		var kh string // "": an envd request with its sandbox's token
+		if k := keyOf(r); k != "" {
+			kh = auth.Hash(k)
+		}
+		r = r.WithContext(auth.WithRemote(r.Context(), kh)) // host-path routes refuse it
 		if native {
 			c.Native.ServeHTTP(w, r)
 			return
@@ -77,12 +93,17 @@ func (c *Config) Handler() http.Handler {
 	})
 }
 
-func (c *Config) allowed(r *http.Request, native bool) bool {
+// keyOf is the API key r shows, "" for none.
+func keyOf(r *http.Request) string {
 	key := r.Header.Get("X-API-Key")
 	if k, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && key == "" {
 		key = k
 	}
-	if key != "" {
+	return key
+}
+
+func (c *Config) allowed(r *http.Request, native bool) bool {
+	if key := keyOf(r); key != "" {
 		_, ok := c.Keys.Check(key)
 		return ok
 	}
@@ -93,6 +114,7 @@ func unauthorized(w http.ResponseWriter, native bool) {
 	msg := "no valid API key: send one (X-API-Key: KEY, or Authorization: Bearer KEY; E2B_API_KEY, DELTABOX_API_KEY); the host's root makes them with `deltabox key create NAME`"
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("WWW-Authenticate", `Bearer realm="deltabox"`)
+	w.Header().Set("Connection", "close") // no keep-alive for a peer without a key
 	w.WriteHeader(401)
 	if native {
 		var b apitypes.ErrorBody
@@ -113,9 +135,9 @@ func (c *Config) Listen(ctx context.Context, ready func(net.Addr)) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", c.Addr, err)
 	}
-	l = &limitListener{Listener: l, sem: make(chan struct{}, maxConns)}
+	l = newPerIPListener(netutil.LimitListener(l, maxConns), maxConnsIP, preAuthWait, c.Log)
 	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: headerWait, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeader,
-		ErrorLog: slog.NewLogLogger(c.Log.Handler(), slog.LevelDebug)}
+		ErrorLog: slog.NewLogLogger(c.Log.Handler(), slog.LevelDebug), ConnContext: connContext}
 	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
@@ -141,30 +163,104 @@ func (c *Config) Listen(ctx context.Context, ready func(net.Addr)) error {
 	return err
 }
 
-// limitListener accepts at most cap(sem) connections at once.
-type limitListener struct {
-	net.Listener
-	sem chan struct{}
-}
+type connKey struct{}
 
-func (l *limitListener) Accept() (net.Conn, error) {
-	l.sem <- struct{}{}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
+// connContext puts the listener's conn (under TLS, the conn TLS runs on) in the
+// context of its requests, for the handler to mark it authenticated.
+func connContext(ctx context.Context, nc net.Conn) context.Context {
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
 	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+	if gc, ok := nc.(*conn); ok {
+		return context.WithValue(ctx, connKey{}, gc)
+	}
+	return ctx
 }
 
-type limitConn struct {
+// perIPListener closes, at accept, a connection from a remote IP that already has max
+// open, and gives each connection preAuth to show a valid key: http.Server's timeouts
+// are per request (ReadHeaderTimeout) or between requests (IdleTimeout), so without
+// this a peer without a key could keep a connection by sending a request every few
+// seconds.
+type perIPListener struct {
+	net.Listener
+	max     int
+	preAuth time.Duration
+	log     *slog.Logger
+
+	mu sync.Mutex
+	// +checklocks:mu
+	open map[string]int
+}
+
+func newPerIPListener(l net.Listener, max int, preAuth time.Duration, log *slog.Logger) *perIPListener {
+	return &perIPListener{Listener: l, max: max, preAuth: preAuth, log: log, open: map[string]int{}}
+}
+
+func (l *perIPListener) Accept() (net.Conn, error) {
+	for {
+		nc, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := nc.RemoteAddr().String()
+		if h, _, err := net.SplitHostPort(ip); err == nil {
+			ip = h
+		}
+		l.mu.Lock()
+		full := l.open[ip] >= l.max
+		if !full {
+			l.open[ip]++
+		}
+		l.mu.Unlock()
+		if full {
+			l.log.Debug("gateway: refused a connection over the per-IP cap", "remote", ip, "max", l.max)
+			nc.Close()
+			continue
+		}
+		c := &conn{Conn: nc, l: l, ip: ip}
+		c.timer = time.AfterFunc(l.preAuth, c.expire)
+		return c, nil
+	}
+}
+
+func (l *perIPListener) release(ip string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open[ip]--; l.open[ip] <= 0 {
+		delete(l.open, ip)
+	}
+}
+
+// conn is one accepted connection: counted under its IP until closed, and closed at
+// preAuth unless a request on it showed a valid key by then.
+type conn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l     *perIPListener
+	ip    string
+	timer *time.Timer
+	authd atomic.Bool
+	once  sync.Once
 }
 
-func (c *limitConn) Close() error {
+func (c *conn) authenticated() {
+	if !c.authd.Swap(true) {
+		c.timer.Stop()
+	}
+}
+
+func (c *conn) expire() {
+	if !c.authd.Load() {
+		c.l.log.Debug("gateway: closed a connection that showed no valid key in time", "remote", c.ip, "after", c.l.preAuth)
+		c.Close()
+	}
+}
+
+func (c *conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.timer.Stop()
+		c.l.release(c.ip)
+	})
 	return err
 }

@@ -196,23 +196,30 @@ func live(h Holder) bool {
 
 // lock takes the registry's lock, waiting at most lockTimeout for another daemon.
 func (r *Registry) lock() (func(), error) {
-	p := filepath.Join(r.dir, ".lock")
-	fd, err := unix.Open(p, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	return LockFile(filepath.Join(r.dir, ".lock"), lockTimeout, "another daemon (stuck while it allocated a sandbox's id range?)")
+}
+
+// LockFile takes an exclusive flock of path (made 0600 if absent), polling: flock(2)
+// has no timeout, and a holder that hangs must not hang the waiter. It waits at most
+// wait; the error then names path and holder (who is expected to hold it). unlock
+// closes the fd, which drops the lock.
+func LockFile(path string, wait time.Duration, holder string) (unlock func(), err error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", p, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	for deadline := time.Now().Add(lockTimeout); ; {
+	for deadline := time.Now().Add(wait); ; {
 		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return func() { unix.Close(fd) }, nil // closing the last fd drops the lock
+			return func() { unix.Close(fd) }, nil
 		}
 		if err != unix.EWOULDBLOCK && err != unix.EINTR {
 			unix.Close(fd)
-			return nil, fmt.Errorf("lock %s: %w", p, err)
+			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
 		if time.Now().After(deadline) {
 			unix.Close(fd)
-			return nil, fmt.Errorf("another daemon held %s for over %v (a daemon stuck while it allocated a sandbox's id range?)", p, lockTimeout)
+			return nil, fmt.Errorf("%s held %s for over %v", holder, path, wait)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

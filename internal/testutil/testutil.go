@@ -67,6 +67,10 @@ var (
 	buildErr  error
 )
 
+// raceDaemon (DELTABOX_TEST_RACE=1) builds the daemon with the race detector; a test
+// whose daemon reported a data race (in its log) then fails at Stop.
+var raceDaemon = os.Getenv("DELTABOX_TEST_RACE") == "1"
+
 // Binary builds cmd/deltabox once per test process and returns its path.
 func Binary(t testing.TB) string {
 	t.Helper()
@@ -81,7 +85,11 @@ func Binary(t testing.TB) string {
 		binPath = filepath.Join(dir, "deltabox")
 		// Generous: a build from cold module and build caches, not a hang.
 		// -tags testhooks: the crash points (DELTABOX_CRASH_AT) of the state package.
-		cmd := deadline.Command(context.Background(), 10*time.Minute, "go", "build", "-tags", "testhooks", "-o", binPath, "./cmd/deltabox")
+		args := []string{"build", "-tags", "testhooks", "-o", binPath}
+		if raceDaemon {
+			args = append(args, "-race")
+		}
+		cmd := deadline.Command(context.Background(), 10*time.Minute, "go", append(args, "./cmd/deltabox")...)
 		cmd.Dir = repo
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -309,6 +317,11 @@ func (d *Daemon) Stop() {
 	}
 	d.cmd = nil
 	d.log.Close()
+	if raceDaemon {
+		if log := d.Log(); strings.Contains(log, "WARNING: DATA RACE") {
+			d.t.Errorf("the daemon reported a data race; its log:\n%s", log)
+		}
+	}
 }
 
 // Kill kills the daemon with SIGKILL, as a crash would.

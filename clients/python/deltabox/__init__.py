@@ -31,7 +31,7 @@ from ._http import DEFAULT_SOCKET
 from .client import Client, default_client
 from .client import Images
 from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, InvalidRequest,
-                     MemoryWarning, NotFound, RequestTimeout, TooLarge, Unavailable,
+                     MemoryWarning, NotFound, Forbidden, RequestTimeout, TooLarge, Unavailable,
                      DiskQuotaExceeded, TemplateBudgetExceeded)
 from .models import (Checkpoint, FileInfo, Listing, Node, NodeClient, OpMemory, RestoreResult,
                      Result, ProcessImage, SandboxMemory, Templates, Tree)
@@ -59,6 +59,7 @@ __all__ = [
     "NodeClient",
     "NodeRef",
     "NotFound",
+    "Forbidden",
     "OpMemory",
     "RequestTimeout",
     "RestoreResult",

@@ -43,6 +43,11 @@ class TooLarge(InvalidRequest):
     stdin included); send files with ``sandbox.files.write`` instead."""
 
 
+class Forbidden(DeltaBoxError):
+    """403 ``forbidden``: a route that reads a path on the daemon's host (an image
+    import) asked over the network with an API key; run it on the host instead."""
+
+
 class NotFound(DeltaBoxError):
     """404 ``not_found``: unknown sandbox, checkpoint (node), session, file or route."""
 
@@ -128,6 +133,7 @@ class CommandError(DeltaBoxError):
 _BY_CODE = {
     "invalid": InvalidRequest,
     "too_large": TooLarge,
+    "forbidden": Forbidden,
     "not_found": NotFound,
     "conflict": Conflict,
     "unavailable": Unavailable,
@@ -137,6 +143,7 @@ _BY_CODE = {
 
 _CODE_BY_STATUS = {
     400: "invalid",
+    403: "forbidden",
     404: "not_found",
     409: "conflict",
     413: "too_large",
