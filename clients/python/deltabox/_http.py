@@ -15,7 +15,7 @@ import os
 import socket
 import ssl
 import threading
-from typing import Any, Dict, Generator, List, Optional, Tuple
+from typing import Any, BinaryIO, Dict, Generator, List, Optional, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import DaemonUnreachable, DeltaBoxError, RequestTimeout, from_answer
@@ -399,7 +399,7 @@ class Transport:
         return unreachable(self.socket_path, err)
 
     def open(self, method: str, path: str, query: Optional[Dict[str, Any]] = None,
-             body: Optional[bytes] = None, content_type: Optional[str] = None,
+             body: Optional[Union[bytes, BinaryIO]] = None, content_type: Optional[str] = None,
              timeout: Any = DEFAULT) -> Tuple[_UnixConnection, http.client.HTTPResponse]:
         """Sends a request and returns the connection and its response (status < 300)
         with the body unread; the caller reads it then calls finish(). Error answers

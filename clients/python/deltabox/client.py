@@ -194,7 +194,7 @@ class Client:
         if max_entries:
             query["max_entries"] = int(max_entries)
         with open(path, "rb") as f:
-            conn, resp = self._t.open("POST", "/nodes/import", query or None, f,  # type: ignore[arg-type]
+            conn, resp = self._t.open("POST", "/nodes/import", query or None, f,
                                       "application/x-tar", timeout=None)
             try:
                 data = resp.read()

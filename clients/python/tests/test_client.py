@@ -1136,6 +1136,7 @@ class DaemonTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             root = os.path.join(d, "rootfs")
             os.makedirs(os.path.join(root, "etc"))
+            os.makedirs(os.path.join(root, "bin"))  # an image without /bin is refused
             with open(os.path.join(root, "etc", "hello"), "w") as f:
                 f.write("hi\n")
             name = "pyimg-%d" % os.getpid()
