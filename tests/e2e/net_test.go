@@ -8,10 +8,12 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -363,27 +365,30 @@ def ask():
 			t.Fatalf("restore %d: processes %d, criu %d", i, op.Processes, op.CRIUProcesses)
 		}
 	}
-	// The key: nowhere in the sandbox (files, environments, the session's memory).
-	pid := strings.TrimSpace(sessRun(t, d, sb.ID, "py", "import os; print(os.getpid())"))
-	out := dbxSh(t, d, sb.ID, `k=`+in.ModelKey+`; hits=0
-grep -rqsF "$k" /workspace /tmp /etc /root /proc/*/environ && hits=1
-python3 - "$k" `+pid+` <<'PY' || hits=1
-import sys, re
-key, pid = sys.argv[1].encode(), sys.argv[2]
-mem = open("/proc/%s/mem" % pid, "rb")
-for line in open("/proc/%s/maps" % pid):
-    a, b = (int(x, 16) for x in line.split()[0].split("-"))
-    if "r" not in line.split()[1]: continue
-    try:
-        mem.seek(a); chunk = mem.read(b - a)
-    except OSError: continue
-    if key in chunk: sys.exit(1)
-PY
-echo $hits`)
-	// The script holds the key itself (its argv and bash's memory): it greps files and
-	// environments, and the python session's memory, not its own.
-	if strings.TrimSpace(out) != "0" {
-		t.Errorf("the model key is in the sandbox (files, environment or the session's memory): %q", out)
+	// The key: nowhere in the environment, command line or readable memory of any
+	// process of the sandbox (init, the python session, its fast-path templates), read
+	// from the host as root: a command cannot read another command's /proc/PID/environ
+	// or /proc/PID/mem (each runs in a Landlock domain of its own). No command given
+	// the key has run in the sandbox yet.
+	info0, err := d.C.Get(dbxCtx(t), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := netSandboxPids(t, dbxCgroupDir(t, info0.InitPid))
+	if len(procs) < 2 {
+		t.Fatalf("the sandbox's cgroup holds %v, want init and the python session at least", procs)
+	}
+	for _, h := range procs {
+		if where := netProcHolds(h, []byte(in.ModelKey)); where != "" {
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", h))
+			t.Errorf("the model key is in process %d (host pid, %s) of the sandbox: %s", h, exe, where)
+		}
+	}
+	// Nor in its files, grepped from inside through the sandbox's own view of its mounts
+	// (after the memory: this command carries the key to the sandbox's init).
+	res := dbxExec(t, d, sb.ID, api.ExecRequest{Argv: []string{"bash", "-c", `grep -rlsF -- "$1" /workspace /tmp /etc /root; [ $? != 0 ]`, "bash", in.ModelKey}})
+	if res.ExitCode != 0 || res.Stdout != "" {
+		t.Errorf("the model key is in the sandbox's files (exit %d):\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
 	}
 	// Nor in the node's durable image (CRIU's dump of the session's template and its
 	// pages), once written.
@@ -479,4 +484,61 @@ func TestNetGitOverHTTPS(t *testing.T) {
 	if res.ExitCode == 0 {
 		t.Errorf("git cloned from a denied name")
 	}
+}
+
+// netSandboxPids lists the host pids of every process in the cgroup dir and the
+// cgroups under it.
+func netSandboxPids(t *testing.T, dir string) []int {
+	t.Helper()
+	var pids []int
+	err := filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.Name() == "cgroup.procs" {
+			pids = append(pids, dbxReadPids(p)...)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listing the processes of cgroup %s: %v", dir, err)
+	}
+	return pids
+}
+
+// netProcHolds says where host process pid holds key: its environment, its command
+// line or a readable mapping of its memory ("" when nowhere; a memory root cannot
+// open fails the check rather than passing it). A process gone meanwhile
+// holds nothing; a mapping the kernel will not let root read (a guard page, [vvar])
+// is skipped.
+func netProcHolds(pid int, key []byte) string {
+	for _, f := range []string{"environ", "cmdline"} {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, f)); err == nil && bytes.Contains(b, key) {
+			return f
+		}
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return ""
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return "unknown, its memory is unreadable to root: " + err.Error()
+	}
+	defer mem.Close()
+	for _, l := range strings.Split(string(maps), "\n") {
+		fs := strings.Fields(l)
+		if len(fs) < 2 || !strings.HasPrefix(fs[1], "r") {
+			continue
+		}
+		lo, hi, _ := strings.Cut(fs[0], "-")
+		a, err1 := strconv.ParseUint(lo, 16, 64)
+		b, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		buf := make([]byte, b-a)
+		n, _ := mem.ReadAt(buf, int64(a))
+		if bytes.Contains(buf[:n], key) {
+			return "memory " + l
+		}
+	}
+	return ""
 }
