@@ -550,9 +550,10 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 	for _, t := range m.sandboxTemplates(s) {
 		known[t.SelfPid] = true
 	}
+	deadline := time.Now().Add(leftStoppedWait)
 	for _, t := range ts.trees {
 		for _, p := range t.Pids {
-			if st := s.rt.ProcState(p); st != 'T' && (st != 'Z' || !slices.Contains(t.zombies, p)) {
+			if st := waitLeftStopped(s.rt, p, deadline); st != 'T' && (st != 'Z' || !slices.Contains(t.zombies, p)) {
 				return fmt.Errorf("process %d, which CRIU took and left stopped, was let run during the checkpoint (state %c): try again: %w", p, st, errdefs.ErrConflict)
 			}
 			known[p] = true
@@ -593,6 +594,27 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 		return fmt.Errorf("process %d appeared while CRIU took the processes the fast path refused (forked by them, or left by a parent that ended): it would be in no node, and step 3 would end it; try again, or checkpoint with end_background to end such processes: %w", p, errdefs.ErrConflict)
 	}
 	return nil
+}
+
+// leftStoppedWait bounds how long checkAfterDump waits for a tree's process to reach
+// the stop CRIU left it in. CRIU's leave_stopped queues SIGSTOP and then detaches
+// (compel_resume_task): the task is runnable ('R') until it is scheduled and takes the
+// signal, which on a loaded 2-core machine was seen to take longer than the dump's
+// return (TestFailureAtEveryStepKeepsCRIUTrees: "was let run (state R)").
+const leftStoppedWait = 2 * time.Second
+
+// waitLeftStopped waits, until deadline at most, while the sandbox's process pid is
+// runnable ('R': on its way to the stop CRIU queued), and returns its state then. Any
+// other state is returned at once: stopped, or let run (sleeping, as a process that got
+// SIGCONT and went back to its work).
+func waitLeftStopped(rt *sandbox.Sandbox, pid int, deadline time.Time) byte {
+	for {
+		st := rt.ProcState(pid)
+		if st != 'R' || time.Now().After(deadline) {
+			return st
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // endCRIUTrees kills the trees and waits until init has reaped every process (their
