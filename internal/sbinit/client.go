@@ -350,6 +350,12 @@ func (c *Client) readLoop() {
 					}
 					c.exits[m.Pid] = w
 				}
+				// A spawn reply's pidfd is the watch's alone. One that isChildOf refused
+				// (a process already reaped when its reply is read: a short command on a
+				// loaded machine) is closed here, not handed to Spawn, which keeps no fds
+				// (TestSpawnReplyPidfdNotKept).
+				closeAll(fds)
+				fds = nil
 			}
 			if ch, ok := c.pending[m.ID]; ok {
 				delete(c.pending, m.ID)

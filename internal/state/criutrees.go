@@ -556,9 +556,10 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 	for _, t := range m.sandboxTemplates(s) {
 		known[t.SelfPid] = true
 	}
+	deadline := time.Now().Add(leftStoppedWait)
 	for _, t := range ts.trees {
 		for _, p := range t.Pids {
-			if st := s.rt.ProcState(p); st != 'T' && (st != 'Z' || !slices.Contains(t.zombies, p)) {
+			if st := waitLeftStopped(s.rt, p, deadline); st != 'T' && (st != 'Z' || !slices.Contains(t.zombies, p)) {
 				return fmt.Errorf("process %d, which CRIU took and left stopped, was let run during the checkpoint (state %c): try again: %w", p, st, errdefs.ErrConflict)
 			}
 			known[p] = true
@@ -613,6 +614,27 @@ func (m *Manager) afterTreeDump(s *sb, held []*heldProc, ts *criuTrees, endBackg
 		return err
 	}
 	return m.imageRoom(s, b, "the CRIU images of the processes the fast path refused")
+}
+
+// leftStoppedWait bounds how long checkAfterDump waits for a tree's process to reach
+// the stop CRIU left it in. CRIU's leave_stopped queues SIGSTOP and then detaches
+// (compel_resume_task): the task is runnable ('R') until it is scheduled and takes the
+// signal, which on a loaded 2-core machine was seen to take longer than the dump's
+// return (TestFailureAtEveryStepKeepsCRIUTrees: "was let run (state R)").
+const leftStoppedWait = 2 * time.Second
+
+// waitLeftStopped waits, until deadline at most, while the sandbox's process pid is
+// runnable ('R': on its way to the stop CRIU queued), and returns its state then. Any
+// other state is returned at once: stopped, or let run (sleeping, as a process that got
+// SIGCONT and went back to its work).
+func waitLeftStopped(rt *sandbox.Sandbox, pid int, deadline time.Time) byte {
+	for {
+		st := rt.ProcState(pid)
+		if st != 'R' || time.Now().After(deadline) {
+			return st
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // endCRIUTrees kills the trees and waits until init has reaped every process (their

@@ -168,7 +168,8 @@ func TestCRIUSessionTreeCutCheckpoint(t *testing.T) {
 
 // TestCRIUSessionTreeSurvivesRestart: a session whose tree CRIU moved at a checkpoint
 // (a new host process, the same PID and terminal) is adopted by the next daemon after a
-// kill -9, with its job, and the node's tree restores under that daemon.
+// kill -9 that follows the checkpoint's record, with its job, and the node's tree
+// restores under that daemon.
 func TestCRIUSessionTreeSurvivesRestart(t *testing.T) {
 	root := testutil.NewStore(t)
 	d := testutil.StartDaemonOn(t, root)
@@ -180,6 +181,14 @@ func TestCRIUSessionTreeSurvivesRestart(t *testing.T) {
 		t.Fatalf("checkpoint: %d processes through CRIU, want 2: %+v", cp.CRIUProcesses, cp)
 	}
 	sessRun(t, d, id, "main", "V=9; kill %1; wait")
+	// The kill after the checkpoint's record reached the index: the checkpoint answers
+	// before its record is committed (store.Index; its answer's durable says which), and
+	// a kill before that undoes the checkpoint and restarts the sandbox afresh, by
+	// design (TestCRIUSessionTreeCutCheckpoint). The commit syncs the store first, which
+	// takes from 0.1 ms to seconds on a store other work writes to.
+	if err := d.C.Sync(dbxCtx(t)); err != nil {
+		t.Fatal(err)
+	}
 	d.Kill()
 	d = testutil.StartDaemonOn(t, root)
 	r, err := d.C.Run(dbxCtx(t), id, "main", "echo $V", 30*time.Second)

@@ -242,10 +242,30 @@ func dbxCount(t *testing.T, d *testutil.Daemon, cgRoot string) dbxCounts {
 	}
 	for _, e := range ents {
 		l, _ := os.Readlink(filepath.Join(fdDir, e.Name()))
+		if l == "anon_inode:[pidfd]" {
+			l += " " + dbxPidfdTarget(d.Pid(), e.Name())
+		}
 		c.fdList = append(c.fdList, l)
 	}
 	c.FDs = len(c.fdList)
 	return c
+}
+
+// dbxPidfdTarget names the process the daemon's pidfd fd refers to, "(pid N: COMM)",
+// so that a leaked pidfd says whose; its fdinfo's Pid is -1 once that process is reaped.
+func dbxPidfdTarget(daemon int, fd string) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", daemon, fd))
+	for _, ln := range strings.Split(string(b), "\n") {
+		if pid, ok := strings.CutPrefix(ln, "Pid:"); ok {
+			pid = strings.TrimSpace(pid)
+			if pid == "-1" {
+				return "(a reaped process)"
+			}
+			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+			return fmt.Sprintf("(pid %s: %s)", pid, strings.TrimSpace(string(comm)))
+		}
+	}
+	return "(pid unknown)"
 }
 
 // dbxOverlayMounts lists the overlay mounts, in every mount namespace that some thread
