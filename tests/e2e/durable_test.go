@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"deltabox/internal/api"
 	"deltabox/internal/apitypes"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
@@ -204,8 +203,10 @@ func TestDurableImageCopyThatRanIsRefused(t *testing.T) {
 	}
 }
 
-// TestDurableImageAfterKillAll: after `kill -9 -1` inside (every process, templates
-// too), a restore falls back to the node's image. The python holds a file open for
+// TestDurableImageAfterKillAll: after `kill -9 -1` inside each session (every process
+// of its Landlock domain: the session and its templates, which are forks of it; an
+// exec's `kill -9 -1` reaches only its own command's processes), a restore falls back
+// to the node's image. The python holds a file open for
 // writing: its image is restored onto the node's read-only view as a template, whose
 // files are read-only there as a parked template's are (its live process reopens them
 // as they were), and works; it failed with EROFS ("Can't open file workspace/w on
@@ -226,8 +227,10 @@ func TestDurableImageAfterKillAll(t *testing.T) {
 	n2 := dbxCheckpoint(t, d, id, "x42").Node.ID
 	durWaitImage(t, d, n2)
 	sessRun(t, d, id, "py", "x = 43")
-	// The exec dies with the rest.
-	d.C.Exec(dbxCtx(t), id, api.ExecRequest{Argv: []string{"bash", "-c", "kill -9 -1"}, TimeoutMS: 10_000})
+	// Each session's call dies with its session and templates: its answer is an error.
+	for sess, code := range map[string]string{"py": "import os; os.kill(-1, 9)", "main": "kill -9 -1"} {
+		d.C.Run(dbxCtx(t), id, sess, code, 10*time.Second)
+	}
 	durNoZombies(t, d, id)
 	res, err := d.C.Restore(dbxCtx(t), id, n)
 	if err != nil {
