@@ -38,6 +38,8 @@ def hostpid_of(init_pid, nspid):
         m = re.search(r"NSpid:\s+(\d+)\s+(\d+)", st)
         if m and int(m.group(2)) == nspid: return int(p)
 
+STARTED = []
+
 def main():
     n = int(sys.argv[1]); lazy = len(sys.argv) > 2 and sys.argv[2] == "lazy"
     os.makedirs(f"{D}/io", exist_ok=True)
@@ -45,11 +47,14 @@ def main():
     shutil.rmtree(IMG, ignore_errors=True); os.makedirs(IMG)
     holder = subprocess.Popen(["unshare", "-p", "-f", "-m", "sh", "-c",
         f"mount --make-rprivate /; mount -t proc proc /proc; mount --bind {D}/src {D}/io; "
-        f"python3 -c \"$PY\" </dev/null >/dev/null 2>&1 & exec sleep 100000"], env={**os.environ, "PY": PY})
-    print("source:", ask(src, "hello").strip())
+        f"echo 99 > /proc/sys/kernel/ns_last_pid; setsid /usr/bin/python3 -c \"$PY\" </dev/null >/dev/null 2>&1 & exec sleep 100000"], env={**os.environ, "PY": PY})
+    a = ask(src, "hello")
+    STARTED.append(holder)
+    print("source:", a.strip())
+    pypid = a.split()[0].split("=")[1]
     init = int(subprocess.check_output(["pgrep", "-P", str(holder.pid)]).split()[0])
     t = time.monotonic()
-    subprocess.run(["nsenter", "-t", str(init), "-p", "-m", CRIU, "dump", "-t", "2", "-D", IMG,
+    subprocess.run(["nsenter", "-t", str(init), "-p", "-m", CRIU, "dump", "-t", pypid, "-D", IMG,
                     "--leave-running", "-o", "dump.log", "-v2"], check=True)
     print(f"criu dump --leave-running: {(time.monotonic()-t)*1e3:.0f} ms; image",
           subprocess.check_output(["du", "-sh", IMG]).split()[0].decode())
@@ -66,14 +71,24 @@ def main():
             + (f"{CRIU} lazy-pages -D {IMG} -o lazy{i}.log & " if lazy else "")
             + f"{CRIU} restore -D {IMG} -d -o restore{i}.log {extra} && exec sleep 100000"])
         procs.append(p)
+        STARTED.append(p)
         a = ask(fds, f"criu-{i}")
         per.append((time.monotonic() - ti) * 1e3)
         print(f"restore {i}: answered after {per[-1]:.1f} ms (at {(time.monotonic()-t0)*1e3:.0f} ms): {a.strip()}")
     total = (time.monotonic() - t0) * 1e3
     print(f"CRIU FANOUT n={n}{' lazy' if lazy else ''}: all answered in {total:.0f} ms "
           f"({total/n:.1f} ms/branch; p50 {sorted(per)[n//2]:.1f} ms)")
-    for p in procs + [holder]:
-        p.kill()
-    subprocess.run(["pkill", "-9", "-P", str(init)])
+    # each unshare's child is its namespace's PID 1: killing it ends the namespace
 
-main()
+
+def cleanup():
+    # each unshare's child is its namespace's PID 1: killing it ends the namespace
+    for p in STARTED:
+        for c in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(c), 9)
+        p.kill()
+
+try:
+    main()
+finally:
+    cleanup()
