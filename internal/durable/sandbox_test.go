@@ -321,7 +321,7 @@ func logLevelFromEnv() int32 {
 // template that its tracer let go), and once continued writes what it then is to
 // /tmp/out: its PID, whether it is dumpable, the hash of its heap.
 const stoppedProg = `
-import ctypes, hashlib, os, signal
+import ctypes, hashlib, os, signal, time
 libc = ctypes.CDLL(None)
 libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
 x = bytearray(os.urandom(10 << 20))
@@ -329,6 +329,7 @@ open('/tmp/hash', 'w').write(hashlib.sha256(x).hexdigest())
 os.kill(os.getpid(), signal.SIGSTOP)
 open('/tmp/out.tmp', 'w').write('%d %d %s' % (os.getpid(), libc.prctl(3, 0, 0, 0, 0), hashlib.sha256(x).hexdigest()))
 os.rename('/tmp/out.tmp', '/tmp/out')
+time.sleep(600)  # alive until the test kills it: the test reads /tmp/out through its /proc/PID/root
 `
 
 // TestDumpStoppedNonDumpable: a non-dumpable process in a group stop (what a template
