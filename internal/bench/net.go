@@ -220,8 +220,11 @@ func netServer(ctx context.Context) (string, func(), error) {
 			srv.Process.Kill()
 			srv.Wait()
 		}
-		exec.Command("ip", "link", "del", hostIf).Run()
-		exec.Command("ip", "netns", "del", ns).Run()
+		// Cleanup runs after ctx may have ended: its own deadline.
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		exec.CommandContext(cctx, "ip", "link", "del", hostIf).Run()
+		exec.CommandContext(cctx, "ip", "netns", "del", ns).Run()
 	}
 	for _, args := range [][]string{
 		{"netns", "add", ns},
@@ -236,12 +239,16 @@ func netServer(ctx context.Context) (string, func(), error) {
 			return "", cleanup, fmt.Errorf("make the bench's server namespace (needs root and iproute2): ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	srv = exec.Command("ip", "netns", "exec", ns, "python3", "-m", "http.server", "80", "--bind", addr, "--directory", dir)
+	// Runs until cleanup kills it (or ctx ends).
+	srv = exec.CommandContext(ctx, "ip", "netns", "exec", ns, "python3", "-m", "http.server", "80", "--bind", addr, "--directory", dir)
 	if err := srv.Start(); err != nil {
 		return "", cleanup, fmt.Errorf("start the bench's HTTP server: %w", err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if exec.Command("python3", "-c", netLoop+fmt.Sprintf("\nreq(%q)", addr)).Run() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := exec.CommandContext(pctx, "python3", "-c", netLoop+fmt.Sprintf("\nreq(%q)", addr)).Run()
+		cancel()
+		if err == nil {
 			return addr, cleanup, nil
 		}
 		if time.Now().After(deadline) {

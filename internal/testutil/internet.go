@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -80,14 +81,16 @@ func NewInternet(t testing.TB) *Internet {
 	hostIf, inIf := "dbxh"+tag, "dbxi"+tag
 	run := func(args ...string) {
 		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		if out, err := Command(t, time.Minute, "ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
 	run("netns", "add", in.NS)
 	t.Cleanup(func() {
-		exec.Command("ip", "link", "del", hostIf).Run()
-		exec.Command("ip", "netns", "del", in.NS).Run()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		exec.CommandContext(ctx, "ip", "link", "del", hostIf).Run()
+		exec.CommandContext(ctx, "ip", "netns", "del", in.NS).Run()
 	})
 	run("link", "add", hostIf, "type", "veth", "peer", "name", inIf, "netns", in.NS)
 	run("addr", "add", in.Host.String()+"/24", "dev", hostIf)
