@@ -379,7 +379,7 @@ func StartRemoteDaemon(t testing.TB, args ...string) (*Daemon, string) {
 // its output's last line.
 func NewKey(t testing.TB, d *Daemon, name string) string {
 	t.Helper()
-	out, err := exec.Command(Binary(t), "key", "create", name, "--root", d.Root).Output()
+	out, err := Command(t, time.Minute, Binary(t), "key", "create", name, "--root", d.Root).Output()
 	if err != nil {
 		t.Fatalf("deltabox key create %s: %v", name, err)
 	}
