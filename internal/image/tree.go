@@ -72,14 +72,27 @@ func baseOf(rel string) string { return rel[strings.LastIndexByte(rel, '/')+1:] 
 // cleanName turns an archive name into a clean relative path ("" is the root), or
 // refuses it.
 func cleanName(name string) (string, error) {
+	rel, why := CleanEntryName(name, "the image root")
+	if why != "" {
+		return "", refuse("%s", why)
+	}
+	return rel, nil
+}
+
+// CleanEntryName turns an archive entry's name into a clean relative path ("" is the
+// root), or says why it is refused (why != ""): empty, absolute, a NUL byte, a ".."
+// component, a component over 255 bytes. root names what entries are relative to, for
+// the message. Shared by the image imports and the node archives (internal/transfer),
+// which wrap why in their own error class.
+func CleanEntryName(name, root string) (rel, why string) {
 	if name == "" {
-		return "", refuse("an entry has an empty name")
+		return "", "an entry has an empty name"
 	}
 	if strings.HasPrefix(name, "/") {
-		return "", refuse("entry %q: absolute path (entries must be relative to the image root)", name)
+		return "", fmt.Sprintf("entry %q: absolute path (entries must be relative to %s)", name, root)
 	}
 	if strings.IndexByte(name, 0) >= 0 {
-		return "", refuse("entry %q: NUL byte in the name", name)
+		return "", fmt.Sprintf("entry %q: NUL byte in the name", name)
 	}
 	var out []string
 	for _, c := range strings.Split(name, "/") {
@@ -87,14 +100,14 @@ func cleanName(name string) (string, error) {
 		case "", ".":
 			continue
 		case "..":
-			return "", refuse("entry %q: \"..\" component (entries may not climb out of the image root)", name)
+			return "", fmt.Sprintf("entry %q: \"..\" component (entries may not climb out of %s)", name, root)
 		}
 		if len(c) > 255 {
-			return "", refuse("entry %q: a name component is over 255 bytes", name)
+			return "", fmt.Sprintf("entry %q: a name component is over 255 bytes", name)
 		}
 		out = append(out, c)
 	}
-	return strings.Join(out, "/"), nil
+	return strings.Join(out, "/"), ""
 }
 
 // how opens a directory of the rootfs. No O_NOFOLLOW: RESOLVE_NO_SYMLINKS already

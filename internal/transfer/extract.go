@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/image"
 )
 
 // ErrRefused marks an archive refused for what it holds (errdefs maps it: the caller
@@ -108,31 +110,14 @@ var beneath = unix.OpenHow{
 	Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 }
 
-// cleanName turns an entry's name into a clean relative path ("" is the root).
+// cleanName turns an entry's name into a clean relative path ("" is the root), or
+// refuses it (image.CleanEntryName's rules).
 func cleanName(name string) (string, error) {
-	if name == "" {
-		return "", refuse("an entry has an empty name")
+	rel, why := image.CleanEntryName(name, "the layer's root")
+	if why != "" {
+		return "", refuse("%s", why)
 	}
-	if strings.HasPrefix(name, "/") {
-		return "", refuse("entry %q: absolute path (entries are relative to the layer's root)", name)
-	}
-	if strings.IndexByte(name, 0) >= 0 {
-		return "", refuse("entry %q: NUL byte in the name", name)
-	}
-	var out []string
-	for _, c := range strings.Split(name, "/") {
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			return "", refuse("entry %q: \"..\" component (entries may not climb out of the layer)", name)
-		}
-		if len(c) > 255 {
-			return "", refuse("entry %q: a name component is over 255 bytes", name)
-		}
-		out = append(out, c)
-	}
-	return strings.Join(out, "/"), nil
+	return rel, nil
 }
 
 func split(rel string) (dir, base string) {
