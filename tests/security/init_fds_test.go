@@ -33,6 +33,12 @@ func sh(t *testing.T, d *testutil.Daemon, id, script string) string {
 	if err != nil {
 		t.Fatalf("exec %q: %v", script, err)
 	}
+	if r.Stdout == "" && (r.ExitCode != 0 || r.Signal != 0) {
+		// Nothing printed and a failure: say how it ended, or the caller's check on
+		// the output fails with nothing to go on.
+		t.Logf("exec %q printed nothing: exit %d, signal %d, timed out %v, oom %q, stderr %q",
+			script, r.ExitCode, r.Signal, r.TimedOut, r.OOM, r.Stderr)
+	}
 	return r.Stdout
 }
 
