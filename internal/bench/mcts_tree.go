@@ -1,11 +1,13 @@
 package bench
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"html"
+	"slices"
 	"sort"
+	"strconv"
+
+	"deltabox/internal/treesvg"
 )
 
 // MCTSTreeNode is one node of the tree a search built, as examples/mcts.py records it
@@ -26,18 +28,9 @@ type MCTSTreeNode struct {
 	TemplateProcesses int     `json:"template_processes"`
 }
 
-// The picture of a search: the tree drawn as SVG (no script, no external reference),
-// one box per node with its score, visits, restores, own layer and template memory, the
-// path to the best node drawn thick. Laid out by depth (rows) and in order of the
-// leaves (columns, each parent centred over its children), so the same tree gives the
-// same bytes.
-
-const (
-	treeBoxW, treeBoxH = 122.0, 58.0
-	treeGapX, treeGapY = 14.0, 36.0
-	treeMargin         = 20.0
-	treeHeader         = 56.0
-)
+// The picture of a search: the tree drawn as SVG by package treesvg, one box per node
+// with its score, visits, restores, own layer and template memory, the path to the best
+// node drawn thick, children in the order of their ids.
 
 // mctsTreeOf reads a row's tree (Info["tree"]: what mctsWorkloadInfo copied, or the
 // same after a JSON round trip).
@@ -87,65 +80,10 @@ func mctsBestPath(nodes []MCTSTreeNode) map[int]bool {
 	return on
 }
 
-func kb(b int64) string {
-	switch {
-	case b < 0:
-		return "?"
-	case b >= 10<<20:
-		return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-	}
-	return fmt.Sprintf("%.0f KiB", float64(b)/1024)
-}
-
 // MCTSTreeSVG draws nodes (one search's tree) with title over it.
 func MCTSTreeSVG(nodes []MCTSTreeNode, title string) []byte {
-	kids := map[int][]int{}
-	var roots []int
-	byID := map[int]MCTSTreeNode{}
-	for _, n := range nodes {
-		byID[n.ID] = n
-	}
-	for _, n := range nodes {
-		if n.Parent == nil {
-			roots = append(roots, n.ID)
-		} else if _, ok := byID[*n.Parent]; ok {
-			kids[*n.Parent] = append(kids[*n.Parent], n.ID)
-		} else {
-			roots = append(roots, n.ID)
-		}
-	}
-	for _, c := range kids {
-		sort.Ints(c)
-	}
-	sort.Ints(roots)
-	x := map[int]float64{}
-	depth := map[int]int{}
-	seen := map[int]bool{}
-	next, maxDepth := 0.0, 0
-	var place func(id, d int) float64
-	place = func(id, d int) float64 {
-		seen[id] = true
-		depth[id] = d
-		maxDepth = max(maxDepth, d)
-		var xs []float64
-		for _, c := range kids[id] {
-			if !seen[c] {
-				xs = append(xs, place(c, d+1))
-			}
-		}
-		if len(xs) == 0 {
-			x[id] = next
-			next++
-		} else {
-			x[id] = (xs[0] + xs[len(xs)-1]) / 2
-		}
-		return x[id]
-	}
-	for _, r := range roots {
-		place(r, 0)
-	}
+	nodes = slices.Clone(nodes)
+	sort.SliceStable(nodes, func(i, j int) bool { return nodes[i].ID < nodes[j].ID })
 	best := mctsBestPath(nodes)
 	lo, hi := 0.0, 0.0
 	for i, n := range nodes {
@@ -156,76 +94,36 @@ func MCTSTreeSVG(nodes []MCTSTreeNode, title string) []byte {
 			hi = n.Score
 		}
 	}
-	cx := func(id int) float64 { return treeMargin + x[id]*(treeBoxW+treeGapX) + treeBoxW/2 }
-	cy := func(id int) float64 { return treeHeader + float64(depth[id])*(treeBoxH+treeGapY) }
-	w := 2*treeMargin + max(1, next)*(treeBoxW+treeGapX) - treeGapX
-	h := treeHeader + float64(maxDepth+1)*(treeBoxH+treeGapY) - treeGapY + treeMargin
-	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="10">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="13" font-weight="bold">%s</text>`+"\n", treeMargin, html.EscapeString(title))
-	fmt.Fprintf(&b, `<text x="%.0f" y="38">%s</text>`+"\n", treeMargin, html.EscapeString(fmt.Sprintf(
-		"%d nodes. Each box: node, score (green: higher) / visits / restores (rollbacks to it) / own layer / template private dirty memory. Thick red: the path to the best node.", len(nodes))))
-	ids := make([]int, 0, len(nodes))
+	boxes := make([]treesvg.Node, 0, len(nodes))
 	for _, n := range nodes {
-		ids = append(ids, n.ID)
-	}
-	sort.Ints(ids)
-	for _, id := range ids {
-		n := byID[id]
-		if n.Parent == nil || !seen[id] {
-			continue
-		}
-		p := *n.Parent
-		if _, ok := byID[p]; !ok {
-			continue
-		}
-		stroke, sw := "#999", 1.0
-		if best[id] && best[p] {
-			stroke, sw = "#c0392b", 3.5
-		}
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="%.1f"/>`+"\n",
-			cx(p), cy(p)+treeBoxH, cx(id), cy(id), stroke, sw)
-	}
-	for _, id := range ids {
-		n := byID[id]
-		if !seen[id] {
-			continue
-		}
 		f := 0.5
 		if hi > lo {
 			f = (n.Score - lo) / (hi - lo)
 		}
-		fill := fmt.Sprintf("rgb(%d,%d,%d)", int(250-60*f), int(235+15*f), int(230-60*f))
-		stroke, sw := "#555", 1.0
-		if best[id] {
-			stroke, sw = "#c0392b", 3.0
-		}
-		x0, y0 := cx(id)-treeBoxW/2, cy(id)
-		fmt.Fprintf(&b, `<g class="node" data-id="%d" data-checkpoint="%s"><rect x="%.1f" y="%.1f" width="%.0f" height="%.0f" rx="5" fill="%s" stroke="%s" stroke-width="%.1f"/>`,
-			id, html.EscapeString(n.Node), x0, y0, treeBoxW, treeBoxH, fill, stroke, sw)
 		solved := ""
 		if n.Solved {
 			solved = " solved"
 		}
-		lines := []string{
-			fmt.Sprintf("n%d %s%s", id, n.Node, solved),
-			fmt.Sprintf("score %g  reward %.3f", n.Score, n.Reward),
-			fmt.Sprintf("visits %d  restores %d", n.Visits, n.Restores),
-			"layer " + kb(n.LayerBytes),
-			fmt.Sprintf("templ. %s", kb(n.TemplateBytes)),
+		box := treesvg.Node{
+			ID:    strconv.Itoa(n.ID),
+			Attrs: [][2]string{{"data-id", strconv.Itoa(n.ID)}, {"data-checkpoint", n.Node}},
+			Lines: []string{
+				fmt.Sprintf("n%d %s%s", n.ID, n.Node, solved),
+				fmt.Sprintf("score %g  reward %.3f", n.Score, n.Reward),
+				fmt.Sprintf("visits %d  restores %d", n.Visits, n.Restores),
+				"layer " + treesvg.Size(n.LayerBytes),
+				fmt.Sprintf("templ. %s", treesvg.Size(n.TemplateBytes)),
+			},
+			Fill:   fmt.Sprintf("rgb(%d,%d,%d)", int(250-60*f), int(235+15*f), int(230-60*f)),
+			Marked: best[n.ID],
 		}
-		for i, l := range lines {
-			weight := ""
-			if i == 0 {
-				weight = ` font-weight="bold"`
-			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f"%s>%s</text>`, x0+5, y0+12+float64(i)*10.5, weight, html.EscapeString(l))
+		if n.Parent != nil {
+			box.Parent = strconv.Itoa(*n.Parent)
 		}
-		b.WriteString("</g>\n")
+		boxes = append(boxes, box)
 	}
-	b.WriteString("</svg>\n")
-	return b.Bytes()
+	return treesvg.Draw(boxes, treesvg.Options{Title: title, Legend: fmt.Sprintf(
+		"%d nodes. Each box: node, score (green: higher) / visits / restores (rollbacks to it) / own layer / template private dirty memory. Thick red: the path to the best node.", len(nodes))})
 }
 
 // mctsTreeFigures: the tree of DeltaBox's search at each think time (its first
