@@ -70,6 +70,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("GET /v1/sandboxes/{id}/sessions/{name}/logs", s.sessionLogs)
 	h("DELETE /v1/sandboxes/{id}/sessions/{name}", s.killSession)
 	h("GET /v1/tree", s.tree)
+	h("GET /v1/tree/page", s.treePage)
 	h("GET /v1/nodes/{id}", s.getNode)
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("POST /v1/nodes/{id}/pin", s.pinNode)

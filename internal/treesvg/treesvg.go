@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"fmt"
 	"html"
+	"math"
 )
 
 // Node is one box.
@@ -30,14 +31,14 @@ type Node struct {
 	Marked bool
 }
 
-// Options are the drawing's title, the legend under it and the width of a box.
+// Options are the drawing's title, the legend under it (none: "") and the width of a box.
 type Options struct {
 	Title, Legend string
 	BoxW          float64 // 0: 122, which fits 20 characters of 10-pixel sans-serif
 }
 
 const (
-	boxH         = 58.0
+	minBoxH      = 58.0 // five lines
 	gapX, gapY   = 14.0, 36.0
 	margin       = 20.0
 	header       = 56.0
@@ -50,6 +51,10 @@ func Draw(nodes []Node, o Options) []byte {
 	boxW := o.BoxW
 	if boxW <= 0 {
 		boxW = defaultBoxW
+	}
+	boxH := minBoxH
+	for _, n := range nodes {
+		boxH = max(boxH, math.Ceil(10.5*float64(len(n.Lines))+5.5))
 	}
 	byID := map[string]*Node{}
 	for i := range nodes {
@@ -98,7 +103,9 @@ func Draw(nodes []Node, o Options) []byte {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="10">`+"\n", w, h, w, h)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%.0f" y="20" font-size="13" font-weight="bold">%s</text>`+"\n", margin, html.EscapeString(o.Title))
-	fmt.Fprintf(&b, `<text x="%.0f" y="38">%s</text>`+"\n", margin, html.EscapeString(o.Legend))
+	if o.Legend != "" {
+		fmt.Fprintf(&b, `<text x="%.0f" y="38">%s</text>`+"\n", margin, html.EscapeString(o.Legend))
+	}
 	for _, n := range nodes {
 		p, ok := byID[n.Parent]
 		if n.Parent == "" || !ok || !seen[n.ID] {
