@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -12,11 +13,27 @@ import (
 )
 
 func treeCmd() *cobra.Command {
+	var htmlFile, root, sandbox string
 	c := &cobra.Command{
-		Use:   "tree",
+		Use:   "tree [--html FILE [--root NODE] [--sandbox ID]]",
 		Short: "Print the snapshot tree and where each sandbox stands",
-		Args:  cobra.NoArgs,
+		Long: `Print the snapshot tree and where each sandbox stands.
+
+With --html FILE, write the daemon's page of the tree instead (GET /v1/tree/page: the
+tree drawn with each node's figures, one self-contained HTML file without scripts), for a
+browser: --root NODE for that node's subtree, --sandbox ID to draw its path thick.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if htmlFile != "" {
+				page, err := cli().TreePage(ctx(), root, sandbox)
+				if err != nil {
+					return err
+				}
+				return os.WriteFile(htmlFile, page, 0o644)
+			}
+			if root != "" || sandbox != "" {
+				return fmt.Errorf("--root and --sandbox choose what --html FILE shows: add --html FILE")
+			}
 			t, err := cli().Tree(ctx())
 			if err != nil {
 				return err
@@ -34,6 +51,9 @@ func treeCmd() *cobra.Command {
 			return nil
 		},
 	}
+	c.Flags().StringVar(&htmlFile, "html", "", "write the tree as an HTML page to this file")
+	c.Flags().StringVar(&root, "root", "", "with --html: only this node's subtree")
+	c.Flags().StringVar(&sandbox, "sandbox", "", "with --html: draw the path to this sandbox's node thick")
 	var unpin bool
 	pin := &cobra.Command{
 		Use:   "pin NODE [--unpin]",

@@ -164,6 +164,35 @@ func (c *Client) Tree(ctx context.Context) (*apitypes.Tree, error) {
 	return &out, c.do(ctx, "GET", "/tree", nil, &out)
 }
 
+// TreePage returns the tree as an HTML page (GET /v1/tree/page): root's subtree ("":
+// all of it), the path to sandbox's node drawn thick ("": none).
+func (c *Client) TreePage(ctx context.Context, root, sandbox string) ([]byte, error) {
+	q := url.Values{}
+	if root != "" {
+		q.Set("root", root)
+	}
+	if sandbox != "" {
+		q.Set("sandbox", sandbox)
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://deltabox/"+apitypes.Version+"/tree/page?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, transportError(ctx, c.Socket, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		return nil, errorFrom(resp, b)
+	}
+	return b, nil
+}
+
 func (c *Client) Node(ctx context.Context, id string) (*apitypes.NodeInfo, error) {
 	var out apitypes.NodeInfo
 	return &out, c.do(ctx, "GET", "/nodes/"+id, nil, &out)
