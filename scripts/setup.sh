@@ -81,8 +81,9 @@ RUNTIME_PKGS=(xfsprogs uidmap mmdebstrap iproute2 util-linux mount e2fsprogs pyt
 CRIU_BUILD_PKGS=(gcc make patch libc6-dev pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
 	libnl-3-dev libcap-dev libnet1-dev uuid-dev libbsd-dev libnftables-dev)
 # Checks: mypy, which scripts/test.sh runs on the Python client (--strict), examples/ and
-# workload/ (Debian's: bookworm has 1.0.1, which checks for Python 3.9).
-CHECK_PKGS=(mypy)
+# workload/ (Debian's: bookworm has 1.0.1, which checks for Python 3.9); chromium, in which
+# tests/e2e renders the daemon's tree page (GET /v1/tree/page) headless.
+CHECK_PKGS=(mypy chromium)
 # Bench baselines: `deltabox bench exec` times `podman exec` beside DeltaBox's calls; runc
 # because crun refuses these VMs' hybrid cgroup layout.
 BENCH_PKGS=(podman runc)
