@@ -57,7 +57,7 @@ func tpChromium(t *testing.T, chromium, url string, args ...string) (string, str
 }
 
 // tpRow is what the page's table shows of a node, cell by cell (class: text).
-func tpRows(doc *html.Node) (rows map[string]map[string]string, marked []string, boxes []string, summary string) {
+func tpRows(doc *html.Node) (rows map[string]map[string]string, marked []string, boxes []string, summary string, scripts int) {
 	rows = map[string]map[string]string{}
 	text := func(n *html.Node) string {
 		var b strings.Builder
@@ -102,6 +102,8 @@ func tpRows(doc *html.Node) (rows map[string]map[string]string, marked []string,
 				boxes = append(boxes, attr(n, "data-node"))
 			case n.Data == "p" && attr(n, "id") == "summary":
 				summary = text(n)
+			case n.Data == "script":
+				scripts++
 			}
 		}
 		for c := n.FirstChild; c != nil; c = c.NextSibling {
@@ -166,7 +168,9 @@ func TestTreePageChromium(t *testing.T) {
 				}
 			})
 		}
-		timed(&tCkpt, func() { nodes = append(nodes, dbxCheckpoint(t, d, a, fmt.Sprintf("files %d <&>", i)).Node.ID) })
+		timed(&tCkpt, func() {
+			nodes = append(nodes, dbxCheckpoint(t, d, a, fmt.Sprintf("files %d <script>document.title='ran'</script>&", i)).Node.ID)
+		})
 	}
 	// 5 more with a bash session: its process is in each node's templates.
 	for i := 25; i < 30; i++ {
@@ -210,6 +214,16 @@ func TestTreePageChromium(t *testing.T) {
 	proxy := httptest.NewServer(rp)
 	defer proxy.Close()
 	pageURL := proxy.URL + "/v1/tree/page?sandbox=" + a
+	resp, err = http.Get(pageURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") ||
+		!strings.HasPrefix(csp, "default-src 'none';") || strings.Contains(csp, "script-src") || strings.Contains(csp, "unsafe") {
+		t.Errorf("GET /v1/tree/page with a key: %d, Content-Type %q, Content-Security-Policy %q: want 200, text/html, default-src 'none' and no script or unsafe source",
+			resp.StatusCode, resp.Header.Get("Content-Type"), csp)
+	}
 
 	art := tpArtifacts(t)
 	before, err := d.C.Tree(dbxCtx(t))
@@ -240,7 +254,10 @@ func TestTreePageChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, marked, boxes, summary := tpRows(doc)
+	rows, marked, boxes, summary, scripts := tpRows(doc)
+	if scripts > 0 || strings.Contains(dom, "<title>ran</title>") {
+		t.Errorf("the labels' <script> became %d script elements in Chromium's DOM", scripts)
+	}
 
 	if len(before.Nodes) != 30 {
 		t.Fatalf("GET /v1/tree lists %d nodes, want the 30 made", len(before.Nodes))
@@ -289,6 +306,18 @@ func TestTreePageChromium(t *testing.T) {
 	slices.Sort(marked)
 	if !slices.Equal(path, marked) {
 		t.Errorf("marked rows %v, want the path to %s's node %v", marked, a, path)
+	}
+
+	// The CLI writes the same page (its figures may have moved on: only its rows).
+	file := filepath.Join(t.TempDir(), "tree.html")
+	if out, err := testutil.Command(t, time.Minute, testutil.Binary(t), "--socket", d.Socket, "tree", "--html", file, "--root", nodes[10], "--sandbox", b).CombinedOutput(); err != nil {
+		t.Fatalf("deltabox tree --html: %v\n%s", err, out)
+	}
+	if cli, err := os.ReadFile(file); err != nil {
+		t.Fatal(err)
+	} else if s := string(cli); !strings.Contains(s, `<tr id="node-`+nodes[10]+`">`) || strings.Contains(s, `<tr id="node-`+nodes[9]+`">`) ||
+		!strings.Contains(s, "outside this part of the tree") {
+		t.Errorf("deltabox tree --html --root %s --sandbox %s wrote no page of %s's subtree (without %s, %s outside it):\n%s", nodes[10], b, nodes[10], nodes[9], b, dbxTail(s, 2000))
 	}
 
 	// The screenshot: wide enough for the drawing, tall enough for the table.
