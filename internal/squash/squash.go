@@ -52,6 +52,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// IdlePriority puts the calling thread at the lowest CPU priority (nice 19) and in the
+// idle I/O class: a squash walks a whole tree and must not slow the sandboxes' answers.
+// The caller has locked its goroutine to the thread and lets the thread end with it.
+func IdlePriority() {
+	const (
+		ioprioWhoProcess = 1 // IOPRIO_WHO_PROCESS: a thread id
+		ioprioClassIdle  = 3 // IOPRIO_CLASS_IDLE
+		ioprioClassShift = 13
+	)
+	tid := unix.Gettid()
+	unix.Setpriority(unix.PRIO_PROCESS, tid, 19)
+	unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(tid), ioprioClassIdle<<ioprioClassShift)
+}
+
 // Stats counts what a squash wrote.
 type Stats struct {
 	Files     int   `json:"files"`     // regular files written (reflinked or copied)
