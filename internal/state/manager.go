@@ -70,8 +70,8 @@ type Manager struct {
 	uppers chan uint64       // empty layers made ahead of time (fillUppers)
 	// squashQ: nodes whose stack is long enough to squash (squash.go: squashLoop).
 	squashQ chan string
-	stop   chan struct{}     // closed by Close
-	wg     sync.WaitGroup    // the manager's goroutines (see the package doc); Close waits
+	stop    chan struct{}  // closed by Close
+	wg      sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
 	// imageDone reports whether a node's durable process image is complete (budget.go:
 	// eviction may then drop its templates). nil until durable images exist: nothing is
