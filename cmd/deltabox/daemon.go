@@ -16,6 +16,7 @@ import (
 
 	"deltabox/internal/api"
 	"deltabox/internal/cgroup"
+	"deltabox/internal/overlay"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/state"
 	"deltabox/internal/store"
@@ -100,6 +101,7 @@ func daemonCmd() *cobra.Command {
 //	DELTABOX_WARM_PROC=1      warm restored processes' memory in every sandbox
 //	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
 //	DELTABOX_WARM_MAX=N       warm restore states kept per sandbox (0: none)
+//	DELTABOX_SQUASH_DEPTH=N   squash a node's stack once it has N layers (default 64; 0: never)
 //	DELTABOX_ANSWER_DELAY=D   how long background work waits after an answer (Go duration)
 //	DELTABOX_MAX_SESSIONS_PER_SANDBOX=N  sessions a sandbox may hold at once (default 64)
 //	DELTABOX_MAX_SESSIONS=N   sessions all sandboxes may hold at once (default 1024)
@@ -154,6 +156,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 			return cfg, bad("DELTABOX_NET_DNS", v, "IP:PORT of the resolver the network proxy asks (default: the host's, /etc/resolv.conf)")
 		}
 		cfg.NetDNS = v
+	}
+	if v := getenv("DELTABOX_SQUASH_DEPTH"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n == 1 || n > overlay.MaxLowers-2 {
+			return cfg, bad("DELTABOX_SQUASH_DEPTH", v, fmt.Sprintf("a layer count from 2 to %d, or 0 to never squash", overlay.MaxLowers-2))
+		}
+		cfg.SquashDepth = n
 	}
 	switch v := getenv("DELTABOX_STOP_SANDBOXES"); v {
 	case "", "0":

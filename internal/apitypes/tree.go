@@ -26,7 +26,10 @@ type NodeInfo struct {
 	Durable   bool     `json:"durable"`             // its index record is on disk
 	Children  []string `json:"children,omitempty"`  // sorted by creation
 	Sandboxes []string `json:"sandboxes,omitempty"` // sandboxes standing on it
-	Depth     int      `json:"depth"`               // layers in its stack (image excluded)
+	Depth     int      `json:"depth"`               // layers a restore of it mounts (image excluded)
+	// Squashed: its stack was squashed into one layer (docs/design/squash.md), which
+	// its restores and its descendants' mount instead of the layers under it.
+	Squashed bool `json:"squashed,omitempty"`
 	// Templates: the node's process templates and their memory (GET /v1/tree and
 	// /v1/nodes/ID only; not in checkpoint and restore answers).
 	Templates *TemplateInfo `json:"templates,omitempty"`

@@ -570,7 +570,9 @@ func (c *checkpoint) publish() error {
 	s.rec.Head, s.rec.Upper = c.n.ID, c.newUpper
 	seq := m.st.Index.Apply(store.Op{PutNode: &c.n}, store.Op{PutSandbox: &s.rec})
 	nd.seq, s.seq = seq, seq
+	depth := len(m.stack(c.n.ID))
 	m.mu.Unlock()
+	m.queueSquash(c.n.ID, depth)
 	if c.n.Own {
 		layer, oldNS, id := c.n.Layer, c.oldNS, c.n.ID
 		m.afterAnswer(s, func() {

@@ -61,6 +61,10 @@ type Config struct {
 	// NetDNS is the resolver ("ip:port") the network proxy asks for the names sandboxes
 	// resolve (DELTABOX_NET_DNS); "": the host's (/etc/resolv.conf).
 	NetDNS string
+	// SquashDepth is the stack length (layers above the image) at which a node's stack
+	// is squashed into one layer in the background (squash.go;
+	// DELTABOX_SQUASH_DEPTH); 0: never.
+	SquashDepth int
 }
 
 // DefaultLazyRestoreMinBytes is where a lazy restore from an image starts to pay.
@@ -88,7 +92,7 @@ func DefaultTemplateBudgets() (perSandbox, total int64) {
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
 	per, total := DefaultTemplateBudgets()
-	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, Durable: true, Prepare: true, WarmMax: 256, AnswerDelay: defaultAnswerDelay,
+	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, Durable: true, Prepare: true, WarmMax: 256, SquashDepth: DefaultSquashDepth, AnswerDelay: defaultAnswerDelay,
 		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions,
 		TemplateBudgetBytes: per, TemplateBudgetTotalBytes: total}
 }

@@ -31,6 +31,12 @@ func (m *Manager) stack(id string) []uint64 {
 		if n == nil {
 			break
 		}
+		if n.Squash != 0 { // it stands for the rest of the stack
+			if n.Squash != last {
+				out = append(out, n.Squash)
+			}
+			break
+		}
 		if n.Layer != 0 && n.Layer != last {
 			out = append(out, n.Layer)
 			last = n.Layer

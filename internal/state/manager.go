@@ -68,8 +68,10 @@ type Manager struct {
 	cfg    Config
 	ids    *hostids.Registry // the host's id ranges (ids.go); nil with isolation off
 	uppers chan uint64       // empty layers made ahead of time (fillUppers)
-	stop   chan struct{}     // closed by Close
-	wg     sync.WaitGroup    // the manager's goroutines (see the package doc); Close waits
+	// squashQ: nodes whose stack is long enough to squash (squash.go: squashLoop).
+	squashQ chan string
+	stop    chan struct{}  // closed by Close
+	wg      sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
 	// imageDone reports whether a node's durable process image is complete (budget.go:
 	// eviction may then drop its templates). nil until durable images exist: nothing is
@@ -231,7 +233,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
+		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
 		net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
@@ -320,9 +322,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	}
 	m.nextLayer = st.MaxLayerID()
 	for _, n := range nodes {
-		if n.Layer > m.nextLayer {
-			m.nextLayer = n.Layer
-		}
+		m.nextLayer = max(m.nextLayer, n.Layer, n.Squash)
 	}
 	for _, r := range sbs {
 		s := byID[r.ID]
@@ -332,9 +332,10 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		}
 	}
 	m.startImages()
-	m.wg.Add(2)
+	m.wg.Add(3)
 	go m.fillUppers()
 	go m.watchDisk()
+	go m.squashLoop()
 	for _, s := range m.sandboxes {
 		if adopted[s.rec.ID] != nil {
 			m.fitKernelLimit(s, false)

@@ -82,6 +82,7 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 		Children:  ch[id],
 		Sandboxes: st[id],
 		Depth:     len(m.stack(id)),
+		Squashed:  n.Squash != 0,
 		Pinned:    n.pinned,
 	}
 	if !n.lastRestore.IsZero() {
@@ -186,6 +187,9 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	for _, n := range sub {
 		if m.nodes[n].Own {
 			dirs = append(dirs, m.st.LayerDir(m.nodes[n].Layer))
+		}
+		if sq := m.nodes[n].Squash; sq != 0 {
+			dirs = append(dirs, m.st.LayerDir(sq))
 		}
 		dirs = append(dirs, m.importedDir(n)) // transfer.go: an imported node's process image
 		delete(m.nodes, n)

@@ -319,7 +319,7 @@ func (x *Index) commitTx(ops []Op) error {
 	}
 	needSync := false
 	for _, op := range ops {
-		if op.PutNode != nil && op.PutNode.Own && !op.MetaOnly {
+		if op.PutNode != nil && (op.PutNode.Own || op.PutNode.Squash != 0) && !op.MetaOnly {
 			needSync = true
 		}
 	}

@@ -63,6 +63,10 @@ type Node struct {
 	Layer uint64 `json:"layer"`
 	Own   bool   `json:"own_layer"`
 	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
+	// Squash is a layer that shows the node's whole stack (its layers over the image)
+	// in one (state/squash.go): set, the node's stack and its descendants' stop there.
+	// Owned by the node, removed with it. 0: none.
+	Squash uint64 `json:"squash_layer,omitempty"`
 }
 
 // Sandbox is the persistent record of a sandbox as index.db records it: the store's,
@@ -252,6 +256,9 @@ func (s *Store) Sweep(nodes []Node, sandboxes []Sandbox) (removed []string) {
 	for _, n := range nodes {
 		if n.Layer != 0 {
 			used[strconv.FormatUint(n.Layer, 10)] = true
+		}
+		if n.Squash != 0 {
+			used[strconv.FormatUint(n.Squash, 10)] = true
 		}
 	}
 	sbs := map[string]bool{}

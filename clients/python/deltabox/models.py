@@ -340,7 +340,9 @@ class Node:
             (False when nothing had changed since its parent: it shares the parent's).
         children: ids of its child nodes, oldest first.
         sandboxes: sandboxes standing on it now.
-        depth: layers in its stack (image excluded).
+        depth: layers a restore of it mounts (image excluded).
+        squashed: its stack was squashed into one layer in the background (long
+            chains: restores and descendants mount that layer instead).
         templates: its process templates (which sessions, how many processes, their
             memory); None when it has none. The daemon measures them for the tree and
             for ``GET /v1/nodes/ID`` only, so the node in a checkpoint's answer has
@@ -365,6 +367,7 @@ class Node:
     children: List[str] = field(default_factory=list)
     sandboxes: List[str] = field(default_factory=list)
     depth: int = 0
+    squashed: bool = False
     templates: Optional[Templates] = None
     pinned: bool = False
     last_restored: Optional[_dt.datetime] = None
@@ -390,6 +393,7 @@ class Node:
             children=list(d.get("children") or []),
             sandboxes=list(d.get("sandboxes") or []),
             depth=int(d.get("depth") or 0),
+            squashed=bool(d.get("squashed")),
             templates=Templates.from_api(d.get("templates")),
             pinned=bool(d.get("pinned")),
             last_restored=parse_time(d.get("last_restored")),
