@@ -198,16 +198,6 @@ func (d *outDir) ensure() error {
 	return nil
 }
 
-func (d *outDir) path() string {
-	if d.parent == nil {
-		return ""
-	}
-	if p := d.parent.path(); p != "" {
-		return p + "/" + d.name
-	}
-	return d.name
-}
-
 // dir squashes the view's directory vdir (rel) against the base's bdir (-1: the base
 // has no directory there) into od. wrote reports whether anything was written in od.
 func (b *builder) dir(vdir, bdir int, od *outDir, rel string) (wrote bool, err error) {
