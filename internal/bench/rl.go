@@ -1,0 +1,537 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/client"
+	"deltabox/internal/criu"
+	"deltabox/internal/deadline"
+)
+
+// `bench rl`: the RL trainer's loop the seed claims DeltaBox keeps busy. Per step the
+// trainer spends PolicyMS on the "GPU" (a sleep standing for generation), then runs one
+// action in each of B branches and resets each branch to the step's start state, all B
+// at once. The GPU is idle during the environment's part, so its busy fraction is
+// policy / (policy + environment); the rows say where each system stops keeping it
+// busy. Systems:
+//
+//   - deltabox: B sandboxes, each with a python session holding the heap, on its own
+//     node; the action is a session call and a file write, the reset a restore of the
+//     branch's node (the fast path: templates forked back).
+//   - criu: B python3 processes on the host with the same heap, each dumped once by
+//     CRIU (images on tmpfs); the reset kills the process and restores its image.
+//     Process state only: CRIU does not reset files (favours it).
+//   - copytree+replay: B workspaces and python3 processes on the host; the reset copies
+//     the workspace back (cp -a --reflink=auto) and starts a fresh python3 that rebuilds
+//     the heap (the replay).
+const (
+	SysRLDeltaBox = "deltabox"
+	SysRLCRIU     = "criu"
+	SysRLCopytree = "copytree+replay"
+)
+
+// RLOptions are `bench rl`'s settings.
+type RLOptions struct {
+	Branches    []int    `json:"branches"`  // B points
+	PolicyMS    int      `json:"policy_ms"` // simulated generation per step
+	Steps       int      `json:"steps"`     // timed steps per point
+	HeapMB      int      `json:"heap_mb"`   // each branch's python heap
+	WorkspaceMB int      `json:"workspace_mb"`
+	Systems     []string `json:"systems"`
+	Seed        int64    `json:"seed"`
+	Image       string   `json:"image"`
+	Python      string   `json:"python"`    // host python3 (baselines)
+	CRIU        string   `json:"criu"`      // criu binary ("": the runner's default)
+	TmpfsDir    string   `json:"tmpfs_dir"` // CRIU images
+	HostDir     string   `json:"host_dir"`  // copytree's workspaces
+
+	Notes   []string  `json:"-"`
+	Command string    `json:"-"`
+	Log     io.Writer `json:"-"`
+}
+
+// DefaultRLOptions are the issue's points (B = 8, 32, 64 at 500 ms of policy).
+func DefaultRLOptions() RLOptions {
+	return RLOptions{Branches: []int{8, 32, 64}, PolicyMS: 500, Steps: 5, HeapMB: 50, WorkspaceMB: 10,
+		Systems: []string{SysRLDeltaBox, SysRLCRIU, SysRLCopytree}, Seed: 1, Image: "default", Python: "python3",
+		TmpfsDir: "/dev/shm", HostDir: "/var/tmp"}
+}
+
+// Validate checks the options.
+func (o RLOptions) Validate() error {
+	if len(o.Branches) == 0 || o.Steps < 1 || o.PolicyMS < 0 || o.HeapMB < 1 || o.WorkspaceMB < 1 {
+		return fmt.Errorf("want branches, steps >= 1, policy-ms >= 0, heap-mb and workspace-mb >= 1")
+	}
+	for _, b := range o.Branches {
+		if b < 1 || b > 256 {
+			return fmt.Errorf("branches %d: want 1-256", b)
+		}
+	}
+	for _, s := range o.Systems {
+		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree {
+			return fmt.Errorf("system %q: want %s, %s or %s", s, SysRLDeltaBox, SysRLCRIU, SysRLCopytree)
+		}
+	}
+	return nil
+}
+
+// rlBusyTarget is the issue's bar: the GPU busy at least 95% of the time.
+const rlBusyTarget = 0.95
+
+// rlBranch is one branch of one system: its action and its reset, and the check that
+// the reset brought back the step's start state.
+type rlBranch interface {
+	act(ctx context.Context, step int) error
+	reset(ctx context.Context) error
+	digest(ctx context.Context) (string, error)
+	close()
+}
+
+type rlRun struct {
+	o     RLOptions
+	c     *client.Client
+	f     *File
+	start time.Time
+	criu  *criu.Runner
+}
+
+func (r *rlRun) logf(format string, a ...any) { progress(r.o.Log, r.start, format, a...) }
+
+func (o RLOptions) initCode() string {
+	return latHeapPy + fmt.Sprintf("bench_init(%d, %d, %d)", o.Seed, o.HeapMB, 1<<20)
+}
+
+// rlActCode is the action: 1 MiB of the heap rewritten (and, where files are reset, a
+// file of the workspace written). No digest: the check after a reset computes it.
+func rlActCode(step int, files bool) string {
+	code := fmt.Sprintf("H[%d %% len(H)] = random.Random(%d).randbytes(1 << 20); label_ = 'act-%d'", step, step, step)
+	if files {
+		code = fmt.Sprintf("open('action.txt', 'w').write('step %d'); ", step) + code
+	}
+	return code
+}
+
+// RunRL runs the bench.
+func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err error) {
+	start := time.Now()
+	f = &File{Bench: "rl", Command: o.Command, Machine: CurrentMachine(), Started: start.UTC()}
+	if err := o.Validate(); err != nil {
+		return f, err
+	}
+	f.Notes = append(f.Notes, o.Notes...)
+	settings, _ := json.Marshal(o)
+	json.Unmarshal(settings, &f.Settings)
+	defer func() {
+		f.Finished = time.Now().UTC()
+		f.DurationS = float64(int(time.Since(start).Seconds()*10)) / 10
+		f.Machine.LoadAvgEnd = LoadAvg()
+	}()
+	r := &rlRun{o: o, c: c, f: f, start: start}
+	f.Description = fmt.Sprintf("The RL trainer's loop (issue 26): per step, %d ms of simulated policy (a sleep standing for the GPU's "+
+		"generation), then one action in each of B branches (1 MiB of a %d MiB python heap rewritten, a file written) and a reset of each branch "+
+		"to the step's start state, the B branches at once. `gpu_busy_frac` = policy time / wall time over %d timed steps (after one untimed); "+
+		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. `criu`: a "+
+		"python3 per branch on the host, dumped once, reset by kill and `criu restore` (process only: files are not reset). "+
+		"`copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
+		"heap in a fresh python3. Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
+		o.PolicyMS, o.HeapMB, o.Steps, o.WorkspaceMB, rlBusyTarget*100)
+	if has(o.Systems, SysRLCRIU) {
+		r.criu = criu.Probe(ctx, o.CRIU)
+		f.Machine.CRIU = r.criu
+		f.Notes = append(f.Notes, "criu: "+criuNote(r.criu))
+	}
+	for _, sys := range o.Systems {
+		for _, b := range o.Branches {
+			row, err := r.point(ctx, sys, b)
+			if err != nil {
+				return f, fmt.Errorf("%s, B=%d: %w", sys, b, err)
+			}
+			f.Results = append(f.Results, row)
+		}
+	}
+	f.Notes = append(f.Notes, r.where()...)
+	return f, nil
+}
+
+func has(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// point sets up b branches of sys (untimed), runs one untimed and o.Steps timed steps,
+// and returns the row.
+func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
+	op := fmt.Sprintf("rl-%d", b)
+	if sys == SysRLCRIU && !r.criu.Usable() {
+		return UnavailableRows(sys, 0, "CRIU is unusable here: "+r.criu.Reason, op)[0], nil
+	}
+	r.logf("%s: setting up %d branches", sys, b)
+	t0 := time.Now()
+	branches, cmds, cleanup, err := r.setup(ctx, sys, b)
+	defer func() {
+		for _, br := range branches {
+			br.close()
+		}
+		if cleanup != nil {
+			cleanup()
+		}
+		if sys == SysRLCRIU {
+			latReapOrphans()
+		}
+	}()
+	if err != nil {
+		return Row{}, err
+	}
+	want, err := branches[0].digest(ctx)
+	if err != nil {
+		return Row{}, err
+	}
+	r.logf("%s: %d branches ready in %.1f s", sys, b, time.Since(t0).Seconds())
+	var steps, envs, acts, resets []float64
+	var mu sync.Mutex
+	var policy, wall time.Duration
+	fails := 0
+	for i := 0; i <= r.o.Steps; i++ {
+		s0 := time.Now()
+		time.Sleep(time.Duration(r.o.PolicyMS) * time.Millisecond) // the GPU's generation
+		e0 := time.Now()
+		errs := make([]error, len(branches))
+		var wg sync.WaitGroup
+		for j, br := range branches {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a0 := time.Now()
+				if err := br.act(ctx, i); err != nil {
+					errs[j] = fmt.Errorf("branch %d: action: %w", j, err)
+					return
+				}
+				a1 := time.Now()
+				if err := br.reset(ctx); err != nil {
+					errs[j] = fmt.Errorf("branch %d: reset: %w", j, err)
+				}
+				if i > 0 {
+					mu.Lock()
+					acts, resets = append(acts, ms(a1.Sub(a0))), append(resets, ms(time.Since(a1)))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		end := time.Now()
+		for _, err := range errs {
+			if err != nil {
+				return Row{}, err
+			}
+		}
+		if sys == SysRLCRIU {
+			latReapOrphans()
+		}
+		// Untimed: the reset brought back the step's start state (one branch per step).
+		if got, err := branches[i%len(branches)].digest(ctx); err != nil || got != want {
+			fails++
+		}
+		if i == 0 {
+			continue // warm-up
+		}
+		steps = append(steps, ms(end.Sub(s0)))
+		envs = append(envs, ms(end.Sub(e0)))
+		policy += e0.Sub(s0)
+		wall += end.Sub(s0)
+	}
+	row := Summarize(steps).Row(sys, op, r.o.WorkspaceMB, cmds...)
+	busy := float64(policy) / float64(wall)
+	env := Summarize(envs)
+	row.Info = map[string]any{"gpu_busy_frac": round3(busy), "step_ms": us(Summarize(steps).P50), "env_ms_p50": us(env.P50),
+		"env_ms_p95": us(env.P95), "action_ms_p50": us(Summarize(acts).P50), "reset_ms_p50": us(Summarize(resets).P50),
+		"reset_ms_p95": us(Summarize(resets).P95), "policy_ms": r.o.PolicyMS, "branches": b, "state_checks_failed": fails}
+	if sys == SysRLCRIU {
+		row.Info["files"] = "not reset (process only)"
+	}
+	r.logf("%s: B=%d: step p50 %.1f ms, environment p50 %.1f ms, GPU busy %.1f%%", sys, b, us(Summarize(steps).P50), us(env.P50), busy*100)
+	return row, nil
+}
+
+func round3(x float64) float64 { return float64(int(x*1000+0.5)) / 1000 }
+
+// where says, per system, the largest B that kept the GPU at the target.
+func (r *rlRun) where() []string {
+	best := map[string]int{}
+	seen := map[string]bool{}
+	for _, row := range r.f.Results {
+		b, _ := row.Info["branches"].(int)
+		busy, ok := row.Info["gpu_busy_frac"].(float64)
+		if !ok {
+			continue
+		}
+		seen[row.System] = true
+		if busy >= rlBusyTarget && b > best[row.System] {
+			best[row.System] = b
+		}
+	}
+	var out []string
+	for _, sys := range r.o.Systems {
+		if !seen[sys] {
+			continue
+		}
+		if best[sys] == 0 {
+			out = append(out, fmt.Sprintf("%s: below %.0f%% GPU busy at every B measured", sys, rlBusyTarget*100))
+		} else {
+			out = append(out, fmt.Sprintf("%s: keeps the GPU >= %.0f%% busy up to B = %d of those measured", sys, rlBusyTarget*100, best[sys]))
+		}
+	}
+	return out
+}
+
+// setup makes b branches of sys, each at the step's start state; cleanup (if not nil)
+// removes what the branches' close leaves, once they are closed.
+func (r *rlRun) setup(ctx context.Context, sys string, b int) (brs []rlBranch, cmds []string, cleanup func(), err error) {
+	switch sys {
+	case SysRLDeltaBox:
+		return r.setupDeltaBox(ctx, b)
+	case SysRLCRIU:
+		brs, cmds, err = r.setupCRIU(ctx, b)
+	default:
+		brs, cmds, err = r.setupCopytree(ctx, b)
+	}
+	return brs, cmds, nil, err
+}
+
+// ---- deltabox ----
+
+type rlSandbox struct {
+	c        *client.Client
+	id, node string
+}
+
+func (s *rlSandbox) act(ctx context.Context, step int) error {
+	res, err := s.c.Run(ctx, s.id, "py", rlActCode(step, true), time.Minute)
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("the action failed: %s", strings.TrimSpace(res.Stdout+res.Stderr))
+	}
+	return err
+}
+
+func (s *rlSandbox) reset(ctx context.Context) error {
+	_, err := s.c.Restore(ctx, s.id, s.node)
+	return err
+}
+
+func (s *rlSandbox) digest(ctx context.Context) (string, error) {
+	res, err := s.c.Run(ctx, s.id, "py", "print(bench_digest(), open('action.txt').read() if __import__('os').path.exists('action.txt') else '-')", time.Minute)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(res.Stdout), nil
+}
+
+func (s *rlSandbox) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.c.Remove(ctx, s.id)
+}
+
+// setupDeltaBox: a base sandbox with the workspace (removed with its node once the
+// branches stand on their own), then per branch a sandbox on the base's files, a python
+// session building the heap, and the branch's node.
+func (r *rlRun) setupDeltaBox(ctx context.Context, b int) ([]rlBranch, []string, func(), error) {
+	base := "bench-rl-base-" + randHex(4)
+	if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: base, Image: r.o.Image, Workdir: "/workspace"}); err != nil {
+		return nil, nil, nil, err
+	}
+	var baseNode string
+	// The base's node (and under it every branch's) goes once the branches are removed.
+	cleanup := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r.c.Remove(ctx, base)
+		if baseNode != "" {
+			r.c.RemoveNode(ctx, baseNode)
+		}
+	}
+	res, err := r.c.Exec(ctx, base, apitypes.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace",
+		strconv.FormatInt(r.o.Seed, 10), strconv.Itoa(r.o.WorkspaceMB), "200", "2"}, TimeoutMS: 300_000})
+	if err != nil {
+		return nil, nil, cleanup, fmt.Errorf("generate the workspace: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return nil, nil, cleanup, fmt.Errorf("generate the workspace: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	ck, err := r.c.Checkpoint(ctx, base, "rl-base")
+	if err != nil {
+		return nil, nil, cleanup, err
+	}
+	baseNode = ck.Node.ID
+	out, cmds, err := r.branchesDeltaBox(ctx, b, baseNode)
+	return out, cmds, cleanup, err
+}
+
+func (r *rlRun) branchesDeltaBox(ctx context.Context, b int, baseNode string) ([]rlBranch, []string, error) {
+	var out []rlBranch
+	for i := 0; i < b; i++ {
+		s := &rlSandbox{c: r.c, id: fmt.Sprintf("bench-rl-%s-%d", randHex(3), i)}
+		if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: s.id, Image: r.o.Image, Workdir: "/workspace", MemoryMB: int64(r.o.HeapMB)*3 + 256}); err != nil {
+			return out, nil, err
+		}
+		out = append(out, s)
+		if _, err := r.c.Restore(ctx, s.id, baseNode); err != nil {
+			return out, nil, err
+		}
+		if _, err := r.c.StartSession(ctx, s.id, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+			return out, nil, err
+		}
+		if res, err := r.c.Run(ctx, s.id, "py", r.o.initCode(), 2*time.Minute); err != nil {
+			return out, nil, fmt.Errorf("build the heap in %s: %w", s.id, err)
+		} else if res.ExitCode != 0 {
+			return out, nil, fmt.Errorf("build the heap in %s: exit %d: %s", s.id, res.ExitCode, res.Stdout)
+		}
+		n, err := r.c.Checkpoint(ctx, s.id, "rl-start")
+		if err != nil {
+			return out, nil, err
+		}
+		s.node = n.Node.ID
+	}
+	return out, []string{"POST /v1/sandboxes/ID/sessions/py/run (the action)", "POST /v1/sandboxes/ID/restore {node: the branch's start} (the reset)"}, nil
+}
+
+// ---- criu ----
+
+type rlCRIU struct {
+	h   *latHost
+	img string
+	run *criu.Runner
+}
+
+func (b *rlCRIU) act(ctx context.Context, step int) error {
+	_, err := b.h.call(ctx, rlActCode(step, false))
+	return err
+}
+
+func (b *rlCRIU) reset(ctx context.Context) error {
+	pid := b.h.pid
+	b.h.kill() // the live process holds the PID its image restores
+	if err := b.run.Restore(b.img).Run(ctx); err != nil {
+		return err
+	}
+	b.h.pid = pid
+	return nil
+}
+
+func (b *rlCRIU) digest(ctx context.Context) (string, error) {
+	out, err := b.h.call(ctx, "bench_digest()")
+	return latPyStr(out), err
+}
+
+func (b *rlCRIU) close() {
+	b.h.kill()
+	os.RemoveAll(filepath.Dir(b.img))
+}
+
+func (r *rlRun) setupCRIU(ctx context.Context, b int) ([]rlBranch, []string, error) {
+	// Restored processes are reparented to the bench, which reaps them.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, nil, fmt.Errorf("become a child subreaper: %w", err)
+	}
+	var out []rlBranch
+	var line string
+	for i := 0; i < b; i++ {
+		dir, err := os.MkdirTemp(r.o.TmpfsDir, "deltabox-bench-rl-")
+		if err != nil {
+			return out, nil, err
+		}
+		cwd, img := filepath.Join(dir, "cwd"), filepath.Join(dir, "img")
+		os.Mkdir(cwd, 0o700)
+		os.Mkdir(img, 0o700)
+		br := &rlCRIU{h: &latHost{python: r.o.Python, sock: "deltabox-bench-rl-" + randHex(4), dir: cwd}, img: img, run: r.criu}
+		if err := br.h.start(ctx); err != nil {
+			os.RemoveAll(dir)
+			return out, nil, err
+		}
+		out = append(out, br)
+		if _, err := br.h.call(ctx, r.o.initCode()); err != nil {
+			return out, nil, fmt.Errorf("build the heap: %w", err)
+		}
+		if err := r.criu.Dump(br.h.pid, img, true).Run(ctx); err != nil {
+			return out, nil, err
+		}
+		line = ShellJoin(r.criu.Restore(img).Line())
+	}
+	return out, []string{"host call (the action)", "kill(PID, SIGKILL) and wait4", line}, nil
+}
+
+// ---- copytree+replay ----
+
+type rlCopytree struct {
+	r        *rlRun
+	h        *latHost
+	snap, ws string
+}
+
+func (b *rlCopytree) act(ctx context.Context, step int) error {
+	_, err := b.h.call(ctx, rlActCode(step, true))
+	return err
+}
+
+func (b *rlCopytree) reset(ctx context.Context) error {
+	b.h.kill()
+	if err := os.RemoveAll(b.ws); err != nil {
+		return err
+	}
+	cmd := deadline.Command(ctx, 5*time.Minute, "cp", "-a", "--reflink=auto", b.snap, b.ws)
+	cmd.What = "cp -a of a branch's workspace"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	if err := b.h.start(ctx); err != nil {
+		return err
+	}
+	_, err := b.h.call(ctx, b.r.o.initCode()) // the replay
+	return err
+}
+
+func (b *rlCopytree) digest(ctx context.Context) (string, error) {
+	out, err := b.h.call(ctx, "bench_digest() + ' ' + (open('action.txt').read() if __import__('os').path.exists('action.txt') else '-')")
+	return latPyStr(out), err
+}
+
+func (b *rlCopytree) close() {
+	b.h.kill()
+	os.RemoveAll(filepath.Dir(b.ws))
+}
+
+func (r *rlRun) setupCopytree(ctx context.Context, b int) ([]rlBranch, []string, error) {
+	var out []rlBranch
+	for i := 0; i < b; i++ {
+		dir, err := os.MkdirTemp(r.o.HostDir, "deltabox-bench-rl-")
+		if err != nil {
+			return out, nil, err
+		}
+		snap, ws := filepath.Join(dir, "snap"), filepath.Join(dir, "ws")
+		if _, err := hostPy(ctx, genPy, snap, strconv.FormatInt(r.o.Seed, 10), strconv.Itoa(r.o.WorkspaceMB), "200", "2"); err != nil {
+			os.RemoveAll(dir)
+			return out, nil, err
+		}
+		br := &rlCopytree{r: r, snap: snap, ws: ws, h: &latHost{python: r.o.Python, sock: "deltabox-bench-rl-ct-" + randHex(4), dir: ws}}
+		out = append(out, br)
+		if err := br.reset(ctx); err != nil { // the start state: a copy and the heap built
+			return out, nil, err
+		}
+	}
+	return out, []string{"host call (the action)", "kill and wait4, rm -rf WS, cp -a --reflink=auto SNAPSHOT WS, python3 (new) + the heap's build (the replay)"}, nil
+}

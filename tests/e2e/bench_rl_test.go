@@ -1,0 +1,52 @@
+package e2e
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"deltabox/internal/bench"
+	"deltabox/internal/testutil"
+)
+
+// TestBenchRLTiny runs `deltabox bench rl` with two branches and one timed step: every
+// system has its row with a GPU busy fraction in (0, 1], every reset brought back the
+// step's start state (the untimed check after each step), and the bench removed what it
+// made.
+func TestBenchRLTiny(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	out := filepath.Join(t.TempDir(), "rl.json")
+	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "rl", "--branches", "2", "--steps", "1",
+		"--heap-mb", "8", "--workspace-mb", "2", "--policy-ms", "50", "--json", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if b, err := cmd.Output(); err != nil {
+		t.Fatalf("bench rl: %v\n%s\n%s", err, b, stderr.String())
+	}
+	f, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range f.Results {
+		seen[r.System] = true
+		if r.Info["unavailable"] != nil {
+			t.Errorf("%s: unavailable: %v", r.System, r.Info["unavailable"])
+			continue
+		}
+		busy, _ := r.Info["gpu_busy_frac"].(float64)
+		if r.Op != "rl-2" || r.N != 1 || r.P50 < 50 || busy <= 0 || busy > 1 {
+			t.Errorf("row %s %s: n %d, step p50 %v ms, busy %v", r.System, r.Op, r.N, r.P50, busy)
+		}
+		if n, _ := r.Info["state_checks_failed"].(float64); n != 0 {
+			t.Errorf("%s: %v resets did not bring back the step's start state", r.System, n)
+		}
+	}
+	for _, s := range []string{bench.SysRLDeltaBox, bench.SysRLCRIU, bench.SysRLCopytree} {
+		if !seen[s] {
+			t.Errorf("no row for %s", s)
+		}
+	}
+	benchLeftovers(t, d, "rl")
+}
