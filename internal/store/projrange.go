@@ -1,0 +1,279 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/hostids"
+)
+
+// Project ranges. XFS project ids are per filesystem, and a bulkstat pass reads every
+// inode of the filesystem, whichever store made it: two stores on one XFS (two
+// daemons, a test daemon's store under the host's) that both named a layer's project
+// after its layer id, both numbered from 1, measured each other's layers as their
+// own: a sandbox was charged, and stopped, for another store's bytes. So each store
+// holds a range of the filesystem's ids of its own:
+//
+//	ROOT/projects     a directory whose own project id is the range's first id,
+//	                  k<<projectRangeBits; the store's layers get the ids after it
+//
+// The claim is the inode itself: every bulkstat of the filesystem sees it, from any
+// store, through any mount or bind mount of it, across reboots, and it goes when the
+// store is deleted, so a deleted store's range is free again with nothing to clean
+// up. A store takes the lowest range that no inode of the filesystem carries an id of
+// (a layer of a store whose marker was lost keeps its range taken), range 0 excepted:
+// it is where stores made before ranges numbered their layers (the bare layer id), and
+// where a daemon of such a version still does. Two claims racing for one range are
+// kept apart by a host-wide lock and, for daemons that do not share it (another
+// mount namespace's /run), by the markers' birth times: a claimer keeps its range only
+// when every other marker of it was born after its own, else it removes its marker
+// and tries the next range. One that missed the other's marker in its scan made its
+// own before that marker was born, so at most the later one keeps it (and equal times
+// make both try again).
+//
+// The marker is made as ROOT/.projects.new and renamed into place: a crash before the
+// rename leaves a directory the next claim removes (until then it holds the range),
+// one after it a complete claim.
+//
+// A layer's id is the next free one of the range after the last given (next-fit): ids
+// are not tied to layer ids, which grow without bound, so no two live layers of a
+// store share one. The ids in use are read from the layers' directories when the store
+// gives its first id, and again when the cursor wraps (a removed layer's id is free
+// from then on).
+//
+// Layers made before ranges keep their bare-id project (read from their directory,
+// like any layer's): re-tagging them would mean setting every inode of a layer whose
+// sandbox may be running (adopted across a daemon restart), and an inode left with the
+// old id in a directory with the new one makes overlayfs's renames fail with EXDEV in
+// the sandbox. An upper is replaced at the sandbox's next checkpoint or restore, so a
+// sandbox is measured by its store's own range from then on; until then, two such
+// stores' same-numbered uppers are measured together, as before ranges.
+const (
+	projectRangeBits = 20
+	projectRangeSize = 1 << projectRangeBits // ids per store: its live layers, at most
+	projectRanges    = 1 << (32 - projectRangeBits)
+	projectsMarker   = "projects"
+	projectClaimTry  = 8
+)
+
+// projectsLock is the host's lock for claims (a variable for tests).
+var projectsLock = "/run/deltabox/xfs-projects.lock"
+
+// projects is a store's range and the ids its live layers hold (Store.proj, under projMu).
+type projects struct {
+	base uint32          // first id of the range (the marker's); 0 until read or claimed
+	next uint32          // next id to try
+	used map[uint32]bool // ids of live layers, as of the last scan, and those given since
+}
+
+// inRange reports whether p is one of the store's layer ids.
+func (pr *projects) inRange(p uint32) bool {
+	return pr.base != 0 && p > pr.base && p-pr.base < projectRangeSize
+}
+
+// markerProject reads the project id of ROOT/projects: the store's range's first id
+// (0: none, or not a range's first id).
+func (s *Store) markerProject() uint32 {
+	p, _, err := Project(filepath.Join(s.Root, projectsMarker))
+	if err != nil || p == 0 || p%projectRangeSize != 0 {
+		return 0
+	}
+	return p
+}
+
+// projectRange returns the store's range's first id, claiming one if the store has
+// none. Precondition: projMu held.
+func (s *Store) projectRange() (uint32, error) {
+	pr := &s.proj
+	if pr.base != 0 {
+		return pr.base, nil
+	}
+	if b := s.markerProject(); b != 0 {
+		pr.base = b
+		return b, nil
+	}
+	b, err := s.claimRange()
+	if err != nil {
+		return 0, err
+	}
+	pr.base = b
+	return b, nil
+}
+
+// claimRange takes the lowest range of the store's filesystem that no inode carries an
+// id of, and makes ROOT/projects its marker.
+func (s *Store) claimRange() (uint32, error) {
+	if err := os.MkdirAll(filepath.Dir(projectsLock), 0o700); err == nil {
+		unlock, err := hostids.LockFile(projectsLock, 10*time.Second, "another daemon (stuck while it claimed an XFS project range?)")
+		if err != nil {
+			return 0, fmt.Errorf("claim an XFS project range for %s: %w", s.Root, err)
+		}
+		defer unlock()
+	}
+	marker, tmp := filepath.Join(s.Root, projectsMarker), filepath.Join(s.Root, ".projects.new")
+	if err := os.RemoveAll(tmp); err != nil {
+		return 0, err
+	}
+	if err := os.RemoveAll(marker); err != nil { // one without a valid id
+		return 0, err
+	}
+	skip := map[uint32]bool{}
+	for range projectClaimTry {
+		taken := map[uint32]bool{0: true}
+		if err := s.bulkstat(func(b *xfsBulkstat) {
+			if b.Projectid != 0 {
+				taken[b.Projectid>>projectRangeBits] = true
+			}
+		}); err != nil {
+			return 0, err
+		}
+		k := uint32(1)
+		for ; k < projectRanges && (taken[k] || skip[k]); k++ {
+		}
+		if k == projectRanges {
+			return 0, fmt.Errorf("every XFS project range of the filesystem of %s is taken (%d stores or strays): remove unused stores", s.Root, projectRanges-1)
+		}
+		base := k << projectRangeBits
+		if err := os.Mkdir(tmp, 0o700); err != nil {
+			return 0, err
+		}
+		var st unix.Stat_t
+		err := SetProject(tmp, base)
+		if err == nil {
+			err = unix.Stat(tmp, &st)
+		}
+		if err != nil {
+			os.Remove(tmp)
+			return 0, err
+		}
+		won, err := s.firstMarker(base, st.Ino)
+		if err == nil && won {
+			err = os.Rename(tmp, marker)
+		}
+		if err == nil && won {
+			return base, syncDir(s.Root)
+		}
+		os.Remove(tmp)
+		if err != nil {
+			return 0, err
+		}
+		skip[k] = true
+		time.Sleep(time.Duration(1+rand.IntN(20)) * time.Millisecond)
+	}
+	return 0, fmt.Errorf("claim an XFS project range for %s: %d ranges were claimed at the same time by other stores", s.Root, projectClaimTry)
+}
+
+// firstMarker reports whether the marker ino of range base was born before every
+// other inode that carries base (another store's marker).
+func (s *Store) firstMarker(base uint32, ino uint64) (bool, error) {
+	type born struct{ sec, nsec int64 }
+	var mine born
+	var others []born
+	err := s.bulkstat(func(b *xfsBulkstat) {
+		if b.Projectid != base {
+			return
+		}
+		t := born{b.Btime, int64(b.BtimeNsec)}
+		if b.Ino == ino {
+			mine = t
+		} else {
+			others = append(others, t)
+		}
+	})
+	if err != nil {
+		return false, err
+	}
+	for _, o := range others {
+		if o.sec < mine.sec || o.sec == mine.sec && o.nsec <= mine.nsec {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func syncDir(p string) error {
+	fd, err := openDir(p)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fsync(fd)
+}
+
+// scanLayerProjects reads the project of every layer directory of the store into used.
+// Precondition: projMu held.
+func (s *Store) scanLayerProjects() {
+	pr := &s.proj
+	pr.used = map[uint32]bool{}
+	ents, _ := os.ReadDir(filepath.Join(s.Root, "layers"))
+	for _, e := range ents {
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil {
+			continue
+		}
+		p, _, err := Project(s.LayerDir(id))
+		if err != nil {
+			continue
+		}
+		if pr.inRange(p) {
+			pr.used[p] = true
+		}
+	}
+}
+
+// errRangeFull: every id of the store's range is held by a live layer.
+var errRangeFull = errors.New("every XFS project id of the store's range is held by a live layer: remove nodes")
+
+// giveProject picks a new layer's project: the next id of the range that no live layer
+// holds. Precondition: projMu held.
+func (s *Store) giveProject() (uint32, error) {
+	base, err := s.projectRange()
+	if err != nil {
+		return 0, err
+	}
+	pr := &s.proj
+	if pr.used == nil {
+		s.scanLayerProjects()
+		pr.next = base + 1
+		for p := range pr.used {
+			if p >= pr.next {
+				pr.next = p + 1
+			}
+		}
+	}
+	for wrapped := false; ; {
+		if !pr.inRange(pr.next) {
+			if wrapped {
+				return 0, fmt.Errorf("%s: %w", s.Root, errRangeFull)
+			}
+			wrapped = true
+			s.scanLayerProjects()
+			pr.next = base + 1
+			continue
+		}
+		p := pr.next
+		pr.next++
+		if !pr.used[p] {
+			pr.used[p] = true
+			return p, nil
+		}
+	}
+}
+
+// LayerProject is the XFS project id that layer id's directories carry (0 when it has
+// none or is gone): one of the store's range, or, for a layer made before ranges, its
+// layer id. Read from the directory (two syscalls), the one record of it.
+func (s *Store) LayerProject(id uint64) uint32 {
+	p, _, err := Project(s.LayerDir(id))
+	if err != nil {
+		return 0
+	}
+	return p
+}
