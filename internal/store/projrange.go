@@ -60,7 +60,7 @@ const (
 	projectRangeSize = 1 << projectRangeBits // ids per store: its live layers, at most
 	projectRanges    = 1 << (32 - projectRangeBits)
 	projectsMarker   = "projects"
-	projectClaimTry  = 8
+	projectClaimTry  = 32
 )
 
 // projectsLock is the host's lock for claims (a variable for tests).
@@ -175,6 +175,7 @@ func (s *Store) claimRange() (uint32, error) {
 func (s *Store) firstMarker(base uint32, ino uint64) (bool, error) {
 	type born struct{ sec, nsec int64 }
 	var mine born
+	var found bool
 	var others []born
 	err := s.bulkstat(func(b *xfsBulkstat) {
 		if b.Projectid != base {
@@ -182,13 +183,16 @@ func (s *Store) firstMarker(base uint32, ino uint64) (bool, error) {
 		}
 		t := born{b.Btime, int64(b.BtimeNsec)}
 		if b.Ino == ino {
-			mine = t
+			mine, found = t, true
 		} else {
 			others = append(others, t)
 		}
 	})
 	if err != nil {
 		return false, err
+	}
+	if !found {
+		return false, fmt.Errorf("bulkstat of %s did not find the project range marker it made (inode %d)", s.Root, ino)
 	}
 	for _, o := range others {
 		if o.sec < mine.sec || o.sec == mine.sec && o.nsec <= mine.nsec {

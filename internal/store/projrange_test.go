@@ -1,0 +1,134 @@
+package store
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+func layerRange(t *testing.T, s *Store, id uint64) uint32 {
+	t.Helper()
+	if err := s.NewLayer(id); err != nil {
+		t.Fatal(err)
+	}
+	p := s.LayerProject(id)
+	if p == 0 {
+		t.Fatalf("%s: layer %d has no project", s.Root, id)
+	}
+	return p >> projectRangeBits
+}
+
+// TestProjectRangeClaim: stores on one XFS take different ranges, never range 0 (bare
+// layer ids, stores made before ranges); a store opened again keeps its range and
+// gives no live layer's id again; a layer made before ranges keeps its bare id and is
+// measured by it; a deleted store's range is free again; a marker left by a crash
+// before its rename is removed.
+func TestProjectRangeClaim(t *testing.T) {
+	fs := smallXFS(t, 320)
+	a := bareStore(t, filepath.Join(fs, "a"))
+	ka := layerRange(t, a, 1)
+	p1 := a.LayerProject(1)
+	// An old store: its layer 5 tagged with its bare id, no marker.
+	old := bareStore(t, filepath.Join(fs, "old"))
+	if err := os.MkdirAll(filepath.Join(old.LayerDiff(5)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetProject(old.LayerDir(5), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetProject(old.LayerDiff(5), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(old.LayerDiff(5), "f"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kold := layerRange(t, old, 6)
+	u, err := old.ProjectUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := old.LayerProject(5); p != 5 || u[5].Bytes < 1<<20 {
+		t.Errorf("the old layer 5: project %d, %d bytes counted; want 5 and its 1 MiB", p, u[5].Bytes)
+	}
+	b := bareStore(t, filepath.Join(fs, "b"))
+	kb := layerRange(t, b, 1)
+	if ka == 0 || kb == 0 || kold == 0 || ka == kb || ka == kold || kb == kold {
+		t.Fatalf("ranges: a %d, old store %d, b %d; want distinct and not 0", ka, kold, kb)
+	}
+	// Opened again (a new Store, as after a restart): same range, a new id.
+	a2 := &Store{Root: a.Root}
+	if k := layerRange(t, a2, 2); k != ka || a2.LayerProject(2) == p1 {
+		t.Errorf("store a reopened: layer 2 has project %d (range %d), layer 1 %d (range %d)", a2.LayerProject(2), k, p1, ka)
+	}
+	// b's usage leaves a's range out.
+	ub, err := b.ProjectUsage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range ub {
+		if p>>projectRangeBits == ka {
+			t.Errorf("store b's usage has store a's project %d", p)
+		}
+	}
+	// a deleted: its range is the lowest free one again, and a crash's leftover
+	// marker (in store c, of that range) does not hold it.
+	if err := os.RemoveAll(a.Root); err != nil {
+		t.Fatal(err)
+	}
+	c := bareStore(t, filepath.Join(fs, "c"))
+	if err := os.Mkdir(filepath.Join(c.Root, ".projects.new"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetProject(filepath.Join(c.Root, ".projects.new"), ka<<projectRangeBits); err != nil {
+		t.Fatal(err)
+	}
+	if k := layerRange(t, c, 1); k != ka {
+		t.Errorf("after store a was deleted, store c took range %d, want a's %d", k, ka)
+	}
+	if _, err := os.Stat(filepath.Join(c.Root, ".projects.new")); !os.IsNotExist(err) {
+		t.Errorf("the leftover marker is still there: %v", err)
+	}
+}
+
+// TestProjectRangeClaimsAtOnce: stores claiming at the same time take different
+// ranges, with the host's lock and without it (daemons that do not share /run: the
+// markers' birth times decide).
+func TestProjectRangeClaimsAtOnce(t *testing.T) {
+	for _, locked := range []bool{true, false} {
+		t.Run(fmt.Sprintf("locked=%v", locked), func(t *testing.T) {
+			if !locked {
+				saved := projectsLock
+				projectsLock = "/dev/null/no-lock" // MkdirAll fails: no lock taken
+				t.Cleanup(func() { projectsLock = saved })
+			}
+			fs := smallXFS(t, 320)
+			const n = 8
+			ks := make([]uint32, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				s := bareStore(t, filepath.Join(fs, fmt.Sprint(i)))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if errs[i] = s.NewLayer(1); errs[i] == nil {
+						ks[i] = s.LayerProject(1) >> projectRangeBits
+					}
+				}()
+			}
+			wg.Wait()
+			seen := map[uint32]int{}
+			for i, k := range ks {
+				if errs[i] != nil {
+					t.Fatalf("store %d: %v", i, errs[i])
+				}
+				if j, ok := seen[k]; ok || k == 0 {
+					t.Errorf("stores %d and %d both took range %d", j, i, k)
+				}
+				seen[k] = i
+			}
+		})
+	}
+}
