@@ -1,7 +1,6 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -90,6 +89,7 @@ func (s *Store) markerProject() uint32 {
 
 // projectRange returns the store's range's first id, claiming one if the store has
 // none. Precondition: projMu held.
+// +checklocks:s.projMu
 func (s *Store) projectRange() (uint32, error) {
 	pr := &s.proj
 	if pr.base != 0 {
@@ -213,6 +213,7 @@ func syncDir(p string) error {
 
 // scanLayerProjects reads the project of every layer directory of the store into used.
 // Precondition: projMu held.
+// +checklocks:s.projMu
 func (s *Store) scanLayerProjects() {
 	pr := &s.proj
 	pr.used = map[uint32]bool{}
@@ -232,11 +233,9 @@ func (s *Store) scanLayerProjects() {
 	}
 }
 
-// errRangeFull: every id of the store's range is held by a live layer.
-var errRangeFull = errors.New("every XFS project id of the store's range is held by a live layer: remove nodes")
-
 // giveProject picks a new layer's project: the next id of the range that no live layer
 // holds. Precondition: projMu held.
+// +checklocks:s.projMu
 func (s *Store) giveProject() (uint32, error) {
 	base, err := s.projectRange()
 	if err != nil {
@@ -255,7 +254,7 @@ func (s *Store) giveProject() (uint32, error) {
 	for wrapped := false; ; {
 		if !pr.inRange(pr.next) {
 			if wrapped {
-				return 0, fmt.Errorf("%s: %w", s.Root, errRangeFull)
+				return 0, fmt.Errorf("every XFS project id of the range of store %s (%d) is held by a live layer: remove nodes", s.Root, projectRangeSize-1)
 			}
 			wrapped = true
 			s.scanLayerProjects()
