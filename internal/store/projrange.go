@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"deltabox/internal/hostids"
 )
 
 // Project ranges. XFS project ids are per filesystem, and a bulkstat pass reads every
@@ -26,16 +24,17 @@ import (
 // The claim is the inode itself: every bulkstat of the filesystem sees it, from any
 // store, through any mount or bind mount of it, across reboots, and it goes when the
 // store is deleted, so a deleted store's range is free again with nothing to clean
-// up. A store takes the lowest range that no inode of the filesystem carries an id of
-// (a layer of a store whose marker was lost keeps its range taken), range 0 excepted:
-// it is where stores made before ranges numbered their layers (the bare layer id), and
-// where a daemon of such a version still does. Two claims racing for one range are
-// kept apart by a host-wide lock and, for daemons that do not share it (another
-// mount namespace's /run), by the markers' birth times: a claimer keeps its range only
-// when every other marker of it was born after its own, else it removes its marker
-// and tries the next range. One that missed the other's marker in its scan made its
-// own before that marker was born, so at most the later one keeps it (and equal times
-// make both try again).
+// up. A store takes a range that no inode of the filesystem carries an id of (a layer
+// of a store whose marker was lost keeps its range taken), picked at random so that
+// claims at the same time seldom meet; never range 0, where stores made before ranges
+// numbered their layers (the bare layer id), and where a daemon of that version still
+// does. After making its marker, a claimer reads every inode once and keeps the range
+// only if no other inode carries an id of it, else it removes its marker and tries
+// another. Two claims of one range never both keep it: if one's pass missed the
+// other's marker, that marker was made after the pass began, so after the first
+// marker, which is then there for the whole of the second claimer's pass. (Both may
+// see each other and both try again.) No lock is shared, so daemons in any mount
+// namespace, and a pass that takes seconds on a loaded store, hold nobody up.
 //
 // The marker is made as ROOT/.projects.new and renamed into place: a crash before the
 // rename leaves a directory the next claim removes (until then it holds the range),
@@ -62,8 +61,8 @@ const (
 	projectClaimTry  = 32
 )
 
-// projectsLock is the host's lock for claims (a variable for tests).
-var projectsLock = "/run/deltabox/xfs-projects.lock"
+// rangeCount is how many ranges a claim picks from (a variable for tests).
+var rangeCount = uint32(projectRanges)
 
 // projects is a store's range and the ids its live layers hold (Store.proj, under projMu).
 type projects struct {
@@ -107,16 +106,11 @@ func (s *Store) projectRange() (uint32, error) {
 	return b, nil
 }
 
-// claimRange takes the lowest range of the store's filesystem that no inode carries an
-// id of, and makes ROOT/projects its marker.
+// claimRange takes a range of the store's filesystem that no inode carries an id of,
+// and makes ROOT/projects its marker. It picks one at random among those its last pass
+// found free (none before the first: any), makes the marker, and reads every inode once
+// to check it: the common case costs one bulkstat pass, at the store's first layer.
 func (s *Store) claimRange() (uint32, error) {
-	if err := os.MkdirAll(filepath.Dir(projectsLock), 0o700); err == nil {
-		unlock, err := hostids.LockFile(projectsLock, 10*time.Second, "another daemon (stuck while it claimed an XFS project range?)")
-		if err != nil {
-			return 0, fmt.Errorf("claim an XFS project range for %s: %w", s.Root, err)
-		}
-		defer unlock()
-	}
 	marker, tmp := filepath.Join(s.Root, projectsMarker), filepath.Join(s.Root, ".projects.new")
 	if err := os.RemoveAll(tmp); err != nil {
 		return 0, err
@@ -124,22 +118,18 @@ func (s *Store) claimRange() (uint32, error) {
 	if err := os.RemoveAll(marker); err != nil { // one without a valid id
 		return 0, err
 	}
-	skip := map[uint32]bool{}
+	taken := map[uint32]bool{0: true}
 	for range projectClaimTry {
-		taken := map[uint32]bool{0: true}
-		if err := s.bulkstat(func(b *xfsBulkstat) {
-			if b.Projectid != 0 {
-				taken[b.Projectid>>projectRangeBits] = true
+		var free []uint32
+		for k := uint32(1); k < rangeCount; k++ {
+			if !taken[k] {
+				free = append(free, k)
 			}
-		}); err != nil {
-			return 0, err
 		}
-		k := uint32(1)
-		for ; k < projectRanges && (taken[k] || skip[k]); k++ {
+		if len(free) == 0 {
+			return 0, fmt.Errorf("every XFS project range of the filesystem of %s is taken (%d stores or strays): remove unused stores", s.Root, rangeCount-1)
 		}
-		if k == projectRanges {
-			return 0, fmt.Errorf("every XFS project range of the filesystem of %s is taken (%d stores or strays): remove unused stores", s.Root, projectRanges-1)
-		}
+		k := free[rand.IntN(len(free))]
 		base := k << projectRangeBits
 		if err := os.Mkdir(tmp, 0o700); err != nil {
 			return 0, err
@@ -153,53 +143,48 @@ func (s *Store) claimRange() (uint32, error) {
 			os.Remove(tmp)
 			return 0, err
 		}
-		won, err := s.firstMarker(base, st.Ino)
-		if err == nil && won {
+		var keep bool
+		taken, keep, err = s.checkClaim(base, st.Ino)
+		if err == nil && keep {
 			err = os.Rename(tmp, marker)
 		}
-		if err == nil && won {
+		if err == nil && keep {
 			return base, syncDir(s.Root)
 		}
 		os.Remove(tmp)
 		if err != nil {
 			return 0, err
 		}
-		skip[k] = true
+		taken[k] = true
 		time.Sleep(time.Duration(1+rand.IntN(20)) * time.Millisecond)
 	}
 	return 0, fmt.Errorf("claim an XFS project range for %s: %d ranges were claimed at the same time by other stores", s.Root, projectClaimTry)
 }
 
-// firstMarker reports whether the marker ino of range base was born before every
-// other inode that carries base (another store's marker).
-func (s *Store) firstMarker(base uint32, ino uint64) (bool, error) {
-	type born struct{ sec, nsec int64 }
-	var mine born
-	var found bool
-	var others []born
+// checkClaim reads every inode of the filesystem once: it returns the ranges some inode
+// carries an id of, and whether the marker ino of range base may keep it: no other
+// inode carries an id of the range.
+func (s *Store) checkClaim(base uint32, ino uint64) (map[uint32]bool, bool, error) {
+	var found, other bool
+	taken := map[uint32]bool{0: true}
 	err := s.bulkstat(func(b *xfsBulkstat) {
-		if b.Projectid != base {
-			return
+		k := b.Projectid >> projectRangeBits
+		if b.Projectid != 0 {
+			taken[k] = true
 		}
-		t := born{b.Btime, int64(b.BtimeNsec)}
 		if b.Ino == ino {
-			mine, found = t, true
-		} else {
-			others = append(others, t)
+			found = true
+		} else if b.Projectid != 0 && k == base>>projectRangeBits {
+			other = true // another claimer's marker, or a layer of a store that lost its own
 		}
 	})
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	if !found {
-		return false, fmt.Errorf("bulkstat of %s did not find the project range marker it made (inode %d)", s.Root, ino)
+		return nil, false, fmt.Errorf("bulkstat of %s did not find the project range marker it made (inode %d)", s.Root, ino)
 	}
-	for _, o := range others {
-		if o.sec < mine.sec || o.sec == mine.sec && o.nsec <= mine.nsec {
-			return false, nil
-		}
-	}
-	return true, nil
+	return taken, !other, nil
 }
 
 func syncDir(p string) error {

@@ -24,7 +24,7 @@ func layerRange(t *testing.T, s *Store, id uint64) uint32 {
 // layer ids, stores made before ranges); a store opened again keeps its range and
 // gives no live layer's id again; a layer made before ranges keeps its bare id and is
 // measured by it; a deleted store's range is free again; a marker left by a crash
-// before its rename is removed.
+// before its rename is removed and holds no range.
 func TestProjectRangeClaim(t *testing.T) {
 	fs := smallXFS(t, 320)
 	a := bareStore(t, filepath.Join(fs, "a"))
@@ -72,10 +72,13 @@ func TestProjectRangeClaim(t *testing.T) {
 			t.Errorf("store b's usage has store a's project %d", p)
 		}
 	}
-	// a deleted: its range is the lowest free one again, and a crash's leftover
-	// marker (in store c, of that range) does not hold it.
+	// a deleted: no inode holds its range any more. A crash's leftover marker (in store
+	// c, of a's old range) does not hold it either once c has claimed.
 	if err := os.RemoveAll(a.Root); err != nil {
 		t.Fatal(err)
+	}
+	if takenRanges(t, b)[ka] {
+		t.Errorf("store a was deleted and its range %d is still taken", ka)
 	}
 	c := bareStore(t, filepath.Join(fs, "c"))
 	if err := os.Mkdir(filepath.Join(c.Root, ".projects.new"), 0o700); err != nil {
@@ -84,51 +87,58 @@ func TestProjectRangeClaim(t *testing.T) {
 	if err := SetProject(filepath.Join(c.Root, ".projects.new"), ka<<projectRangeBits); err != nil {
 		t.Fatal(err)
 	}
-	if k := layerRange(t, c, 1); k != ka {
-		t.Errorf("after store a was deleted, store c took range %d, want a's %d", k, ka)
+	if kc := layerRange(t, c, 1); kc != ka && takenRanges(t, c)[ka] {
+		t.Errorf("store c took range %d, and a's old range %d is still held by the leftover", kc, ka)
 	}
 	if _, err := os.Stat(filepath.Join(c.Root, ".projects.new")); !os.IsNotExist(err) {
 		t.Errorf("the leftover marker is still there: %v", err)
 	}
 }
 
+// takenRanges are the ranges some inode of s's filesystem carries an id of.
+func takenRanges(t *testing.T, s *Store) map[uint32]bool {
+	t.Helper()
+	taken := map[uint32]bool{}
+	if err := s.bulkstat(func(b *xfsBulkstat) {
+		if b.Projectid != 0 {
+			taken[b.Projectid>>projectRangeBits] = true
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return taken
+}
+
 // TestProjectRangeClaimsAtOnce: stores claiming at the same time take different
-// ranges, with the host's lock and without it (daemons that do not share /run: the
-// markers' birth times decide).
+// ranges. Eight stores for sixteen ranges, so that claims meet.
 func TestProjectRangeClaimsAtOnce(t *testing.T) {
-	for _, locked := range []bool{true, false} {
-		t.Run(fmt.Sprintf("locked=%v", locked), func(t *testing.T) {
-			if !locked {
-				saved := projectsLock
-				projectsLock = "/dev/null/no-lock" // MkdirAll fails: no lock taken
-				t.Cleanup(func() { projectsLock = saved })
+	const n = 8
+	saved := rangeCount
+	rangeCount = 2*n + 1
+	t.Cleanup(func() { rangeCount = saved })
+	fs := smallXFS(t, 320)
+	ks := make([]uint32, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		s := bareStore(t, filepath.Join(fs, fmt.Sprint(i)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = s.NewLayer(1); errs[i] == nil {
+				ks[i] = s.LayerProject(1) >> projectRangeBits
 			}
-			fs := smallXFS(t, 320)
-			const n = 8
-			ks := make([]uint32, n)
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				s := bareStore(t, filepath.Join(fs, fmt.Sprint(i)))
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if errs[i] = s.NewLayer(1); errs[i] == nil {
-						ks[i] = s.LayerProject(1) >> projectRangeBits
-					}
-				}()
-			}
-			wg.Wait()
-			seen := map[uint32]int{}
-			for i, k := range ks {
-				if errs[i] != nil {
-					t.Fatalf("store %d: %v", i, errs[i])
-				}
-				if j, ok := seen[k]; ok || k == 0 {
-					t.Errorf("stores %d and %d both took range %d", j, i, k)
-				}
-				seen[k] = i
-			}
-		})
+		}()
+	}
+	wg.Wait()
+	seen := map[uint32]int{}
+	for i, k := range ks {
+		if errs[i] != nil {
+			t.Fatalf("store %d: %v", i, errs[i])
+		}
+		if j, ok := seen[k]; ok || k == 0 {
+			t.Errorf("stores %d and %d both took range %d", j, i, k)
+		}
+		seen[k] = i
 	}
 }
