@@ -14,9 +14,10 @@ import (
 // Project ranges. XFS project ids are per filesystem, and a bulkstat pass reads every
 // inode of the filesystem, whichever store made it: two stores on one XFS (two
 // daemons, a test daemon's store under the host's) that both named a layer's project
-// after its layer id, both numbered from 1, measured each other's layers as their
-// own: a sandbox was charged, and stopped, for another store's bytes. So each store
-// holds a range of the filesystem's ids of its own:
+// after its layer id, both numbered from 1, would measure each other's layers as
+// their own: a sandbox charged, and stopped, for another store's bytes
+// (TestStoresOnOneXFSMeasuredApart). So each store holds a range of the filesystem's
+// ids of its own:
 //
 //	ROOT/projects     a directory whose own project id is the range's first id,
 //	                  k<<projectRangeBits; the store's layers get the ids after it

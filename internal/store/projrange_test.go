@@ -23,7 +23,8 @@ func layerRange(t *testing.T, s *Store, id uint64) uint32 {
 // TestProjectRangeClaim: stores on one XFS take different ranges, never range 0 (bare
 // layer ids, stores made before ranges); a store opened again keeps its range and
 // gives no live layer's id again; a layer made before ranges keeps its bare id and is
-// measured by it; a deleted store's range is free again; a marker left by a crash
+// measured by it; a store that lost its marker takes another range and still measures
+// its layers; a deleted store's range is free again; a marker left by a crash
 // before its rename is removed and holds no range.
 func TestProjectRangeClaim(t *testing.T) {
 	fs := smallXFS(t, 320)
@@ -62,15 +63,24 @@ func TestProjectRangeClaim(t *testing.T) {
 	if k := layerRange(t, a2, 2); k != ka || a2.LayerProject(2) == p1 {
 		t.Errorf("store a reopened: layer 2 has project %d (range %d), layer 1 %d (range %d)", a2.LayerProject(2), k, p1, ka)
 	}
-	// b's usage leaves a's range out.
-	ub, err := b.ProjectUsage()
+	// b's marker lost: b opened again claims another range (its layer 1 still holds
+	// kb), and layer 1 keeps its id and is measured by it.
+	if err := os.WriteFile(filepath.Join(b.LayerDiff(1), "f"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(b.Root, projectsMarker)); err != nil {
+		t.Fatal(err)
+	}
+	b2 := &Store{Root: b.Root}
+	if k := layerRange(t, b2, 2); k == kb || k == ka || k == kold {
+		t.Errorf("store b without its marker took range %d (b had %d, a %d, old %d)", k, kb, ka, kold)
+	}
+	u, err = b2.ProjectUsage()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for p := range ub {
-		if p>>projectRangeBits == ka {
-			t.Errorf("store b's usage has store a's project %d", p)
-		}
+	if p := b2.LayerProject(1); p>>projectRangeBits != kb || u[p].Bytes < 1<<20 {
+		t.Errorf("store b's layer 1 after its marker was lost: project %d, %d bytes counted", p, u[p].Bytes)
 	}
 	// a deleted: no inode holds its range any more. A crash's leftover marker (in store
 	// c, of a's old range) does not hold it either once c has claimed.

@@ -68,9 +68,9 @@ const (
 var ErrNoBulkstat = errors.New("XFS_IOC_BULKSTAT not supported")
 
 // ProjectUsage reads every inode of the store's filesystem with XFS_IOC_BULKSTAT and
-// sums blocks and inodes per project id of the store (project.go): its range's, and the
-// bare layer ids of layers made before ranges (projrange.go); other stores' ranges are
-// left out. One pass serves every sandbox. It counts what a walk of an upper cannot
+// sums blocks and inodes per project id (project.go). Other stores on the filesystem
+// have ids of other ranges (projrange.go), so an upper's id sums its inodes alone. One
+// pass serves every sandbox. It counts what a walk of an upper cannot
 // see: files unlinked but still open, and overlayfs's copy-ups in progress in work/.
 // Blocks shared by reflink (a copy-up) count in full in each inode, as an XFS project
 // quota charges them, and so does XFS's speculative preallocation past the end of a
@@ -85,18 +85,9 @@ var ErrNoBulkstat = errors.New("XFS_IOC_BULKSTAT not supported")
 // other stores on it included: bulkstat cannot be limited to a directory. Needs
 // CAP_SYS_ADMIN.
 func (s *Store) ProjectUsage() (map[uint32]Usage, error) {
-	s.projMu.Lock()
-	base := s.proj.base
-	s.projMu.Unlock()
-	if base == 0 {
-		base = s.markerProject()
-	}
-	mine := func(p uint32) bool {
-		return p < projectRangeSize || base != 0 && p>>projectRangeBits == base>>projectRangeBits
-	}
 	out := map[uint32]Usage{}
 	err := s.bulkstat(func(b *xfsBulkstat) {
-		if b.Projectid == 0 || !mine(b.Projectid) {
+		if b.Projectid == 0 {
 			return
 		}
 		u := out[b.Projectid]
