@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -78,13 +79,19 @@ func (pr *projects) inRange(p uint32) bool {
 }
 
 // markerProject reads the project id of ROOT/projects: the store's range's first id
-// (0: none, or not a range's first id).
-func (s *Store) markerProject() uint32 {
+// (0: no marker, or one whose id is not a range's first, which a claim replaces).
+func (s *Store) markerProject() (uint32, error) {
 	p, _, err := Project(filepath.Join(s.Root, projectsMarker))
-	if err != nil || p == 0 || p%projectRangeSize != 0 {
-		return 0
+	if errors.Is(err, unix.ENOENT) {
+		return 0, nil
 	}
-	return p
+	if err != nil {
+		return 0, fmt.Errorf("read the store's XFS project range (%s): %w", filepath.Join(s.Root, projectsMarker), err)
+	}
+	if p == 0 || p%projectRangeSize != 0 {
+		return 0, nil
+	}
+	return p, nil
 }
 
 // projectRange returns the store's range's first id, claiming one if the store has
@@ -95,12 +102,12 @@ func (s *Store) projectRange() (uint32, error) {
 	if pr.base != 0 {
 		return pr.base, nil
 	}
-	if b := s.markerProject(); b != 0 {
+	b, err := s.markerProject()
+	if err != nil || b != 0 {
 		pr.base = b
-		return b, nil
+		return b, err
 	}
-	b, err := s.claimRange()
-	if err != nil {
+	if b, err = s.claimRange(); err != nil {
 		return 0, err
 	}
 	pr.base = b

@@ -156,6 +156,12 @@ func Open(root string) (*Store, error) {
 		// deleted; the watcher tries again (state/diskquota.go).
 		s.reserveUsed.Store(true)
 	}
+	// The store's range of XFS project ids, claimed now (one bulkstat pass, for a new
+	// store) so that the store is complete before the daemon answers. Not fatal either
+	// (a full store, btrfs): the first NewLayer tries again, and says why.
+	s.projMu.Lock()
+	s.projectRange()
+	s.projMu.Unlock()
 	return s, nil
 }
 
