@@ -117,7 +117,7 @@ func (s *Store) projectRange() (uint32, error) {
 // claimRange takes a range of the store's filesystem that no inode carries an id of,
 // and makes ROOT/projects its marker. It picks one at random among those its last pass
 // found free (none before the first: any), makes the marker, and reads every inode once
-// to check it: the common case costs one bulkstat pass, at the store's first layer.
+// to check it: the common case costs one bulkstat pass, at the store's first Open.
 func (s *Store) claimRange() (uint32, error) {
 	marker, tmp := filepath.Join(s.Root, projectsMarker), filepath.Join(s.Root, ".projects.new")
 	if err := os.RemoveAll(tmp); err != nil {
