@@ -11,7 +11,8 @@ import (
 // on (projid32bit=1, mkfs's default), and a directory with FS_XFLAG_PROJINHERIT gives
 // its id to every entry made in it (measured on this kernel's noquota store: a file,
 // a directory and a file two levels down all carry it; TestProjectInherited). Each
-// layer gets its own id, the layer id itself, on diff/, work/ and frozen/ alike:
+// layer gets an id of its own, one of its store's range (projrange.go), on diff/,
+// work/ and frozen/ alike:
 //
 //   - what a sandbox's upper holds is then the inodes of its upper's project, which
 //     one XFS_IOC_BULKSTAT pass over the store finds (usage.go) without walking the
@@ -46,20 +47,8 @@ const (
 	fsIocFsGetXattr     = 0x801c581f // _IOR('X', 31, struct fsxattr)
 	fsIocFsSetXattr     = 0x401c5820 // _IOW('X', 32, struct fsxattr)
 	fsXflagProjInherit  = 0x00000200
-	maxProject          = 1<<32 - 1
 	projectIoctlAttempt = 3 // EINTR retries
 )
-
-// ProjectOf is the XFS project id a layer's directories carry: the layer id, folded
-// into 32 bits (0 is "no project", so it is skipped). Ids repeat only after 4 billion
-// layers; two layers sharing one would be measured together, never refused.
-func ProjectOf(layer uint64) uint32 {
-	p := uint32(layer % maxProject)
-	if p == 0 {
-		p = maxProject
-	}
-	return p
-}
 
 func fsGetXattr(fd int) (fsxattr, error) {
 	var a fsxattr

@@ -41,44 +41,6 @@ func xfsStore(t *testing.T) *Store {
 	return &Store{Root: dir}
 }
 
-// ownXFSStore is xfsStore on an XFS of its own (a loop-mounted file): a bulkstat pass
-// reads every inode of its filesystem, and a layer's project id is its layer id, so on
-// the shared store other stores' layers with the same ids (tests running at the same
-// time, stores failed tests kept) were summed with this test's (320 MB read for a
-// 4 MiB layer).
-func ownXFSStore(t *testing.T, mib int) *Store {
-	t.Helper()
-	skip.Require(t, os.Geteuid() == 0, "needs root (mount, XFS project ids, bulkstat)")
-	_, err := exec.LookPath("mkfs.xfs")
-	skip.Require(t, err == nil, "no mkfs.xfs (run scripts/setup.sh): %v", err)
-	dir := t.TempDir()
-	img, root := filepath.Join(dir, "xfs.img"), filepath.Join(dir, "root")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, int64(mib)<<20); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "mkfs.xfs", "-q", "-m", "reflink=1", img).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.xfs: %v: %s", err, out)
-	}
-	if err := os.Mkdir(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.CommandContext(ctx, "mount", "-o", "loop", img, root).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", img, err, out)
-	}
-	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
-	for _, d := range []string{"layers", "tmp"} {
-		if err := os.Mkdir(filepath.Join(root, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return &Store{Root: root}
-}
-
 func wantProject(t *testing.T, p string, want uint32) {
 	t.Helper()
 	got, _, err := Project(p)
@@ -101,7 +63,10 @@ func TestProjectInherited(t *testing.T) {
 	if !s.Projects() {
 		t.Fatal("NewLayer fell back to no project ids on XFS")
 	}
-	p := ProjectOf(id)
+	p := s.LayerProject(id)
+	if p>>projectRangeBits == 0 {
+		t.Fatalf("layer %d has project %d, not one of a range's", id, p)
+	}
 	for _, d := range []string{s.LayerDiff(id), s.LayerWork(id)} {
 		got, inherit, err := Project(d)
 		if err != nil || got != p || !inherit {
@@ -142,8 +107,8 @@ func TestFreezeKeepsProject(t *testing.T) {
 		if err := s.Freeze(id); err != nil {
 			t.Fatalf("prepared %v: %v", prepared, err)
 		}
-		wantProject(t, s.LayerFrozen(id), ProjectOf(id))
-		wantProject(t, filepath.Join(s.LayerFrozen(id), "workspace", "sub", "f"), ProjectOf(id))
+		wantProject(t, s.LayerFrozen(id), s.LayerProject(id))
+		wantProject(t, filepath.Join(s.LayerFrozen(id), "workspace", "sub", "f"), s.LayerProject(id))
 		if err := s.Unfreeze(id); err != nil {
 			t.Fatal(err)
 		}
@@ -174,9 +139,10 @@ func TestRenameAcrossProjectsFails(t *testing.T) {
 }
 
 // TestProjectUsage: bulkstat finds a layer's blocks, a file unlinked but still open
-// (which a walk of diff/ misses) included, and nothing of another layer.
+// (which a walk of diff/ misses) included, and nothing of another layer. (On the main
+// store, beside other tests' stores whose layers have the same ids.)
 func TestProjectUsage(t *testing.T) {
-	s := ownXFSStore(t, 512)
+	s := xfsStore(t)
 	for _, id := range []uint64{11, 12} {
 		if err := s.NewLayer(id); err != nil {
 			t.Fatal(err)
@@ -203,14 +169,14 @@ func TestProjectUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := u[ProjectOf(11)]
+	got := u[s.LayerProject(11)]
 	if got.Bytes < 4<<20 || got.Bytes > 5<<20 {
 		t.Errorf("layer 11 holds %d bytes, want 4 MiB (1 MiB file + 3 MiB unlinked and open) and its directories", got.Bytes)
 	}
 	if w := DirBytes(s.LayerDir(11)); w >= 2<<20 {
 		t.Errorf("a walk found %d bytes: the unlinked file was expected to be missed", w)
 	}
-	if o := u[ProjectOf(12)]; o.Bytes > 64<<10 {
+	if o := u[s.LayerProject(12)]; o.Bytes > 64<<10 {
 		t.Errorf("layer 12 holds %d bytes, want its empty directories only", o.Bytes)
 	}
 }
@@ -363,7 +329,7 @@ func TestIndexCommitsOnFullStore(t *testing.T) {
 // take space without writing); XFS's speculative preallocation of a file being
 // appended counts too (up to as much again as its size), as a project quota charges it.
 func TestProjectUsagePrealloc(t *testing.T) {
-	s := ownXFSStore(t, 512)
+	s := xfsStore(t)
 	if err := s.NewLayer(13); err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +346,7 @@ func TestProjectUsagePrealloc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	appended := u[ProjectOf(13)].Bytes
+	appended := u[s.LayerProject(13)].Bytes
 	if appended < 32<<20 || appended > 65<<20 {
 		t.Errorf("32 MiB appended count %d bytes, want 32 to 64 MiB", appended)
 	}
@@ -391,7 +357,7 @@ func TestProjectUsagePrealloc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := u[ProjectOf(13)].Bytes - appended; got < 16<<20 {
+	if got := u[s.LayerProject(13)].Bytes - appended; got < 16<<20 {
 		t.Errorf("16 MiB fallocated past an empty file's end count %d bytes", got)
 	}
 	t.Logf("32 MiB appended (1 MiB writes) count %d MiB", appended>>20)

@@ -14,9 +14,11 @@
 //	ROOT/imported/NODE/        an imported node's process image (state/transfer.go)
 //	ROOT/tmp/                  scratch, emptied at every start
 //	ROOT/reserve               room the index committer frees on ENOSPC (reserve.go)
+//	ROOT/projects              the claim on the store's range of XFS project ids (projrange.go)
 //
-// Every layer directory carries its XFS project id (project.go), inherited by all made
-// in it; usage.go measures the uppers by project for the disk quota.
+// Every layer directory carries an XFS project id of the store's range (project.go,
+// projrange.go), inherited by all made in it; usage.go measures the uppers by project
+// for the disk quota.
 //
 // Crash safety. The index is the truth; the filesystem is made to agree with it at
 // every start (Sweep). New directories are created before the index names them, and
@@ -34,6 +36,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -131,6 +134,9 @@ type Store struct {
 
 	noProjects  atomic.Bool // the filesystem refused a project id (NewLayer)
 	reserveUsed atomic.Bool // the index committer released the reserve (reserve.go)
+
+	projMu sync.Mutex
+	proj   projects // +checklocks:projMu
 }
 
 // Open checks that root is a usable store and opens its index.
@@ -154,6 +160,12 @@ func Open(root string) (*Store, error) {
 		// deleted; the watcher tries again (state/diskquota.go).
 		s.reserveUsed.Store(true)
 	}
+	// The store's range of XFS project ids, claimed now (one bulkstat pass, for a new
+	// store) so that the store is complete before the daemon answers. Not fatal either
+	// (a full store, btrfs): the first NewLayer tries again, and says why.
+	s.projMu.Lock()
+	s.projectRange()
+	s.projMu.Unlock()
 	return s, nil
 }
 
@@ -193,16 +205,17 @@ func (s *Store) ImageRootfs(name string) string {
 func (s *Store) SandboxDir(id string) string { return filepath.Join(s.Root, "sandboxes", id) }
 
 // NewLayer creates the directories of a fresh, empty upper layer id. The layer's
-// directory gets the layer's XFS project id first (project.go), so that diff/, work/
-// and the frozen/ made later inherit it, and everything made in them.
+// directory gets a project id of the store's range first (project.go, projrange.go),
+// so that diff/, work/ and the frozen/ made later inherit it, and everything made in
+// them.
 func (s *Store) NewLayer(id uint64) error {
 	dir := s.LayerDir(id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	if !s.noProjects.Load() {
-		if err := SetProject(dir, ProjectOf(id)); err != nil {
-			if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
+		if err := s.tagLayer(dir); err != nil {
+			if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, ErrNoBulkstat) {
 				return err
 			}
 			// btrfs (CheckFS accepts it) has no project ids: usage falls back to a walk.
@@ -213,6 +226,19 @@ func (s *Store) NewLayer(id uint64) error {
 		return err
 	}
 	return os.Mkdir(s.LayerWork(id), 0o700)
+}
+
+// tagLayer gives the layer directory dir a project id of the store's range. The id is
+// given and set under projMu, so that a scan of the layers' ids (projrange.go) sees
+// every id given.
+func (s *Store) tagLayer(dir string) error {
+	s.projMu.Lock()
+	defer s.projMu.Unlock()
+	p, err := s.giveProject()
+	if err != nil {
+		return err
+	}
+	return SetProject(dir, p)
 }
 
 // Projects reports whether layers carry XFS project ids (false until a layer was made,

@@ -67,30 +67,51 @@ const (
 // ErrNoBulkstat: the store is not XFS (btrfs): usage is measured by a walk instead.
 var ErrNoBulkstat = errors.New("XFS_IOC_BULKSTAT not supported")
 
-// ProjectUsage reads every inode of the store with XFS_IOC_BULKSTAT and sums blocks and
-// inodes per project id (project.go). One pass serves every sandbox. It counts what a
-// walk of an upper cannot see: files unlinked but still open, and overlayfs's copy-ups
-// in progress in work/. Blocks shared by reflink (a copy-up) count in full in each
-// inode, as an XFS project quota charges them, and so does XFS's speculative
-// preallocation past the end of a file being appended to (delayed blocks, up to as much
-// again as the file's size: 32 MiB appended 1 MiB at a time held 64 MiB;
-// TestProjectUsagePrealloc), which a quota charges too and which XFS trims once the
-// file is closed or, for files written in repeated open-append-close steps, by its
-// background scan (fs.xfs.speculative_prealloc_lifetime, 300 s). It cannot be told
-// apart here: bs_size is the on-disk size, which lags writeback (measured 27 of 32 MiB
-// a moment after the writes), so capping blocks by it would undercount a fast writer. Cost: about 1 µs per inode of the store
-// (measured: docs/API.md, Disk; TestBulkstatCost), images included. Needs CAP_SYS_ADMIN.
+// ProjectUsage reads every inode of the store's filesystem with XFS_IOC_BULKSTAT and
+// sums blocks and inodes per project id (project.go). Other stores on the filesystem
+// have ids of other ranges (projrange.go), so an upper's id sums its inodes alone. One
+// pass serves every sandbox. It counts what a walk of an upper cannot
+// see: files unlinked but still open, and overlayfs's copy-ups in progress in work/.
+// Blocks shared by reflink (a copy-up) count in full in each inode, as an XFS project
+// quota charges them, and so does XFS's speculative preallocation past the end of a
+// file being appended to (delayed blocks, up to as much again as the file's size: 32
+// MiB appended 1 MiB at a time held 64 MiB; TestProjectUsagePrealloc), which a quota
+// charges too and which XFS trims once the file is closed or, for files written in
+// repeated open-append-close steps, by its background scan
+// (fs.xfs.speculative_prealloc_lifetime, 300 s). It cannot be told apart here: bs_size
+// is the on-disk size, which lags writeback (measured 27 of 32 MiB a moment after the
+// writes), so capping blocks by it would undercount a fast writer. Cost: about 1 µs per
+// inode of the filesystem (measured: docs/API.md, Disk; TestBulkstatCost), images and
+// other stores on it included: bulkstat cannot be limited to a directory. Needs
+// CAP_SYS_ADMIN.
 func (s *Store) ProjectUsage() (map[uint32]Usage, error) {
-	fd, err := openDir(s.Root)
+	out := map[uint32]Usage{}
+	err := s.bulkstat(func(b *xfsBulkstat) {
+		if b.Projectid == 0 {
+			return
+		}
+		u := out[b.Projectid]
+		u.Bytes += int64(b.Blocks) * int64(b.Blksize)
+		u.Inodes++
+		out[b.Projectid] = u
+	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// bulkstat calls fn with every inode of the store's filesystem.
+func (s *Store) bulkstat(fn func(*xfsBulkstat)) error {
+	fd, err := openDir(s.Root)
+	if err != nil {
+		return err
 	}
 	defer unix.Close(fd)
 	hdr := int(unsafe.Sizeof(xfsBulkIreq{}))
 	one := int(unsafe.Sizeof(xfsBulkstat{}))
 	buf := make([]byte, hdr+bulkBatch*one)
 	req := (*xfsBulkIreq)(unsafe.Pointer(&buf[0]))
-	out := map[uint32]Usage{}
 	for {
 		req.Icount, req.Ocount, req.Flags = bulkBatch, 0, 0
 		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), xfsIocBulkstat, uintptr(unsafe.Pointer(&buf[0])))
@@ -98,23 +119,16 @@ func (s *Store) ProjectUsage() (map[uint32]Usage, error) {
 			continue
 		}
 		if e == unix.ENOTTY || e == unix.EOPNOTSUPP || e == unix.EINVAL {
-			return nil, fmt.Errorf("%s: %w", s.Root, ErrNoBulkstat)
+			return fmt.Errorf("%s: %w", s.Root, ErrNoBulkstat)
 		}
 		if e != 0 {
-			return nil, fmt.Errorf("bulkstat %s: %w", s.Root, e)
+			return fmt.Errorf("bulkstat %s: %w", s.Root, e)
 		}
 		if req.Ocount == 0 {
-			return out, nil
+			return nil
 		}
 		for i := range int(req.Ocount) {
-			b := (*xfsBulkstat)(unsafe.Pointer(&buf[hdr+i*one]))
-			if b.Projectid == 0 {
-				continue
-			}
-			u := out[b.Projectid]
-			u.Bytes += int64(b.Blocks) * int64(b.Blksize)
-			u.Inodes++
-			out[b.Projectid] = u
+			fn((*xfsBulkstat)(unsafe.Pointer(&buf[hdr+i*one])))
 		}
 		// The kernel moved req.Ino past the last inode it returned.
 	}
