@@ -24,7 +24,7 @@ func serveTCP(ctx context.Context, log *slog.Logger, m *state.Manager, native ht
 	keys := auth.Open(root)
 	es.KeyValid = keys.Valid // a revoked key's sandbox tokens stop working with it
 	c := &gateway.Config{Addr: addr, CertFile: cert, KeyFile: key, Keys: keys, Native: native, E2B: es,
-		EnvdToken: es.TokenOK, IsEnvd: e2b.IsEnvd, Log: log}
+		EnvdToken: es.TokenOK, IsEnvd: e2b.IsEnvd, IsPort: e2b.IsPort, PortToken: es.PortTokenOK, Log: log}
 	err := c.Listen(ctx, func(a net.Addr) {
 		log.Info("deltabox daemon listening on TCP (both APIs; API keys required)", "addr", a.String(), "tls", cert != "", "keys", c.Keys.Path())
 	})
