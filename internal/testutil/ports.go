@@ -57,6 +57,8 @@ echo "the echo server does not listen on %[1]d within 10 s" >&2; exit 1`, port, 
 func HostClient(addr string) *http.Client {
 	var d net.Dialer
 	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) { return d.DialContext(ctx, network, addr) },
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, addr)
+		},
 	}}
 }
