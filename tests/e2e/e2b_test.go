@@ -63,7 +63,8 @@ func e2bDir() string {
 // create with the default template, commands (output streamed, exit codes, a timeout, a
 // background command, stdin, connect), files (write, read, list, rename, remove) as E2B's
 // user, info and list, pause and resume (the file and a python process of the user back),
-// a snapshot and a sandbox created from it, kill. tests/e2b/sdk_test.mjs says each
+// a snapshot and a sandbox created from it, kill; a server started in the sandbox
+// fetched at getHost(port)'s address. tests/e2b/sdk_test.mjs says each
 // check; it uses only the SDK's public API.
 func TestE2BSDK(t *testing.T) {
 	dir := e2bDir()
@@ -85,7 +86,9 @@ func TestE2BSDK(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "sdk_test.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key)
+	_, port, _ := net.SplitHostPort(addr)
+	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key,
+		"E2B_DOMAIN=deltabox.test:"+port) // getHost's names: the script resolves them to addr
 	out, err := cmd.CombinedOutput()
 	t.Logf("sdk_test.mjs:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "all ok") {
