@@ -74,11 +74,12 @@ func TestE2BSDK(t *testing.T) {
 	testutil.Require(t, err == nil, "node is not installed: %v", err)
 	d, addr := remoteDaemon(t)
 	key := newKey(t, d, "sdk")
-	env, err := cliRun(t, nil, "e2b", "env", "--key", key, "--host", addr)
+	env, err := cliRun(t, nil, "e2b", "env", "--key", key, "--host", addr, "--domain", "deltabox.test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("export E2B_API_URL=http://%s\nexport E2B_SANDBOX_URL=http://%s\nexport E2B_API_KEY=%s\n", addr, addr, key)
+	_, port, _ := net.SplitHostPort(addr)
+	want := fmt.Sprintf("export E2B_API_URL=http://%s\nexport E2B_SANDBOX_URL=http://%s\nexport E2B_API_KEY=%s\nexport E2B_DOMAIN=deltabox.test:%s\n", addr, addr, key, port)
 	if env != want {
 		t.Fatalf("deltabox e2b env printed\n%s\nwant\n%s", env, want)
 	}
@@ -86,7 +87,6 @@ func TestE2BSDK(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "sdk_test.mjs")
 	cmd.Dir = dir
-	_, port, _ := net.SplitHostPort(addr)
 	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key,
 		"E2B_DOMAIN=deltabox.test:"+port) // getHost's names: the script resolves them to addr
 	out, err := cmd.CombinedOutput()
