@@ -240,14 +240,14 @@ const pausing = "(pausing)"
 
 // box is the record of sandbox id, made for sandboxes DeltaBox's own API created.
 func (s *Server) box(id string) (*box, error) {
-	in, err := s.m.Get(id)
+	created, image, err := s.m.Created(id)
 	if err != nil {
 		s.forget(id)
 		return nil, err
 	}
 	s.mu.Lock()
 	b := s.boxes[id]
-	if b != nil && !b.started.Equal(in.Created) { // removed, and the id made again since
+	if b != nil && !b.started.Equal(created) { // removed, and the id made again since
 		s.mu.Unlock()
 		s.forget(id)
 		s.mu.Lock()
@@ -258,7 +258,7 @@ func (s *Server) box(id string) (*box, error) {
 		var tok, traffic [16]byte
 		rand.Read(tok[:]) // crypto/rand does not fail on Linux >= 3.17
 		rand.Read(traffic[:])
-		b = &box{id: id, template: in.Image, started: in.Created, token: hex.EncodeToString(tok[:]), traffic: hex.EncodeToString(traffic[:]),
+		b = &box{id: id, template: image, started: created, token: hex.EncodeToString(tok[:]), traffic: hex.EncodeToString(traffic[:]),
 			procs: map[uint32]*proc{}, nextPid: 1, tokenKeys: map[string]bool{}}
 		s.boxes[id] = b
 		delete(s.gone, id)
