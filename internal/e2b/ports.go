@@ -84,7 +84,10 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request, port int, id 
 		writeJSON(w, 502, apiError{Code: 502, Message: fmt.Sprintf("sandbox %s is paused: resume it with Sandbox.connect to reach port %d", id, port)})
 		return
 	}
-	r.Header.Del(TrafficHeader) // the daemon's credential, not the service's
+	// The daemon's credentials, not the service's: the gateway removed the key that let
+	// the request in; an X-API-Key that did not (revoked, another's) goes too.
+	r.Header.Del(TrafficHeader)
+	r.Header.Del("X-API-Key")
 	portproxy.Serve(w, r, portproxy.Target{
 		Dial: func(ctx context.Context) (net.Conn, error) { return s.m.DialPort(ctx, id, port) },
 		Err: func(w http.ResponseWriter, err error) {

@@ -46,8 +46,13 @@ func TestE2BPortsStayInTheirSandbox(t *testing.T) {
 		return res.StatusCode, string(body)
 	}
 	traffic := func(tok string) map[string]string { return map[string]string{"e2b-traffic-access-token": tok} }
-	if s, body := get(8000, b.SandboxID, traffic(b.TrafficAccessToken)); s != 200 {
-		t.Fatalf("b's port with b's token: %d %s", s, body)
+	revoked := testutil.NewKey(t, d, "gone")
+	if out, err := exec.Command(testutil.Binary(t), "key", "rm", "gone", "--root", d.Root).CombinedOutput(); err != nil {
+		t.Fatalf("key rm: %v %s", err, out)
+	}
+	s, body := get(8000, b.SandboxID, map[string]string{"e2b-traffic-access-token": b.TrafficAccessToken, "X-API-Key": revoked})
+	if s != 200 || strings.Contains(body, b.TrafficAccessToken) || strings.Contains(body, revoked) {
+		t.Fatalf("b's port with b's token (and a revoked key): %d %s: want 200, neither credential seen by the server", s, body)
 	}
 	for name, hdr := range map[string]map[string]string{
 		"a's traffic token":           traffic(a.TrafficAccessToken),
