@@ -41,7 +41,7 @@ func e2bSandbox(t *testing.T, addr, key string) (id, traffic string) {
 // (PORT-SANDBOXID.DOMAIN, any domain pointed at the daemon) reaches the server
 // listening on that port inside the sandbox, with its path, query, body and Host kept;
 // the client's connection to the daemon is kept alive across requests; an upgrade is
-// passed through both ways. The sandbox's trafficAccessToken or an API key lets it in,
+// passed through both ways; a checkpoint right after requests succeeds. The sandbox's trafficAccessToken or an API key lets it in,
 // and neither reaches the server. Nothing listening is a 502 naming the port, an unknown
 // sandbox a 404, no credential a 403.
 func TestE2BGetHost(t *testing.T) {
@@ -115,7 +115,22 @@ func TestE2BGetHost(t *testing.T) {
 		t.Errorf("GET of an unknown sandbox: %d %q, want 404 naming it", s, body)
 	}
 
-	// An upgrade passes through: after the 101 the server echoes lines back.
+	// Between requests the sandbox holds no connection to the daemon (one inside per
+	// request, closed after it): a checkpoint right after them succeeds (the listening
+	// server goes through CRIU, which is not given established TCP connections), and
+	// the server serves again after a restore.
+	cp, err := d.C.Checkpoint(dbxCtx(t), id, "after-gets")
+	if err != nil {
+		t.Fatalf("checkpoint after GETs through getHost: %v", err)
+	}
+	if _, err := d.C.Restore(dbxCtx(t), id, cp.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	if s, body := do("GET", base+"/again", tok, "", nil); s != 200 || !strings.HasPrefix(body, "GET /again ") {
+		t.Errorf("GET after a restore: %d %q", s, body)
+	}
+
+		// An upgrade passes through: after the 101 the server echoes lines back.
 	nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
