@@ -6,8 +6,10 @@
 // E2B's getHost(port) names, PORT-SANDBOXID.DOMAIN (package e2b).
 //
 // One upstream connection per request, closed after its answer: between requests the
-// sandbox holds no socket to the daemon, so a checkpoint finds none (the fast path
-// refuses a live socket). The client's own connection to the daemon stays kept-alive;
+// sandbox holds no connection to the daemon, so a checkpoint finds none (the fast path
+// refuses a connected socket, and CRIU, which carries a listening server, is not given
+// established ones: a kept-alive upstream failed the dump). The client's own connection
+// to the daemon stays kept-alive;
 // the dial costs a thread's setns into the namespace and back. An upgrade (WebSocket)
 // is passed through: httputil.ReverseProxy then copies both ways until either side
 // closes.
