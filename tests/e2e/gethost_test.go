@@ -130,7 +130,7 @@ func TestE2BGetHost(t *testing.T) {
 		t.Errorf("GET after a restore: %d %q", s, body)
 	}
 
-		// An upgrade passes through: after the 101 the server echoes lines back.
+	// An upgrade passes through: after the 101 the server echoes lines back.
 	nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
