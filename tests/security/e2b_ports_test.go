@@ -14,7 +14,7 @@ import (
 
 // TestE2BPortsStayInTheirSandbox: a sandbox's port, reached by E2B's getHost name
 // (PORT-SANDBOXID.DOMAIN on the daemon's listener), opens with that sandbox's traffic
-// token only: another sandbox's traffic token, the sandbox's own envd token, a token
+// token only (or a key, which the server never sees): another sandbox's traffic token, the sandbox's own envd token, a token
 // of a removed sandbox or of a revoked key get a 403, and a traffic token opens no envd.
 // A port route never reaches the host's loopback: with a server on the host's
 // 127.0.0.1:P, P of a sandbox (getHost's route and the native ports route alike) is
@@ -62,6 +62,12 @@ func TestE2BPortsStayInTheirSandbox(t *testing.T) {
 	} {
 		if s, body := get(8000, b.SandboxID, hdr); s != 403 {
 			t.Errorf("b's port with %s: %d %s, want 403", name, s, body)
+		}
+	}
+	// DeltaBox's own ports route over TCP does not hand the key to the server either.
+	for _, h := range []map[string]string{{"Authorization": "Bearer " + key}, {"X-API-Key": key}} {
+		if s, body := c.do("GET", "/v1/sandboxes/"+a.SandboxID+"/ports/8000/", h, ""); s != 200 || strings.Contains(string(body), key) {
+			t.Errorf("the native ports route with the key as %v: %d %q: want 200, the key unseen by the server", h, s, body)
 		}
 	}
 	if s, body := c.do("GET", "/health", map[string]string{"E2b-Sandbox-Id": a.SandboxID, "X-Access-Token": a.TrafficAccessToken}, ""); s != 401 {
