@@ -14,8 +14,10 @@ import (
 
 // TestE2BPortsStayInTheirSandbox: a sandbox's port, reached by E2B's getHost name
 // (PORT-SANDBOXID.DOMAIN on the daemon's listener), opens with that sandbox's traffic
-// token only (or a key, which the server never sees): another sandbox's traffic token, the sandbox's own envd token, a token
-// of a removed sandbox or of a revoked key get a 403, and a traffic token opens no envd.
+// token only, or a key, and the server sees neither (nor a revoked key): another
+// sandbox's traffic token, the sandbox's own envd token, a token of a removed sandbox
+// or of a revoked key get a 403, and a traffic token opens no envd. The native ports
+// route over TCP does not hand the key to the server either.
 // A port route never reaches the host's loopback: with a server on the host's
 // 127.0.0.1:P, P of a sandbox (getHost's route and the native ports route alike) is
 // the sandbox's own 127.0.0.1:P, where nothing listens (502), the daemon dialing from
