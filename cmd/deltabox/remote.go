@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 
@@ -24,7 +25,7 @@ func serveTCP(ctx context.Context, log *slog.Logger, m *state.Manager, native ht
 	keys := auth.Open(root)
 	es.KeyValid = keys.Valid // a revoked key's sandbox tokens stop working with it
 	c := &gateway.Config{Addr: addr, CertFile: cert, KeyFile: key, Keys: keys, Native: native, E2B: es,
-		EnvdToken: es.TokenOK, IsEnvd: e2b.IsEnvd, Log: log}
+		EnvdToken: es.TokenOK, IsEnvd: e2b.IsEnvd, IsPort: e2b.IsPort, PortToken: es.PortTokenOK, Log: log}
 	err := c.Listen(ctx, func(a net.Addr) {
 		log.Info("deltabox daemon listening on TCP (both APIs; API keys required)", "addr", a.String(), "tls", cert != "", "keys", c.Keys.Path())
 	})
@@ -91,9 +92,9 @@ func keyCmd() *cobra.Command {
 
 func e2bCmd() *cobra.Command {
 	c := &cobra.Command{Use: "e2b", Short: "Point E2B's SDKs at this daemon"}
-	var key, host string
+	var key, host, domain string
 	env := &cobra.Command{
-		Use:   "env --key KEY [--host URL]",
+		Use:   "env --key KEY [--host URL] [--domain NAME]",
 		Short: "Print the export lines that point E2B's SDK at the daemon's TCP listener",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -111,11 +112,23 @@ func e2bCmd() *cobra.Command {
 			}
 			u := hostURL(host)
 			fmt.Printf("export E2B_API_URL=%s\nexport E2B_SANDBOX_URL=%s\nexport E2B_API_KEY=%s\n", u, u, key)
+			if domain != "" {
+				// getHost(port) is PORT-SANDBOXID.E2B_DOMAIN: the listener's port goes with it.
+				pu, err := url.Parse(u)
+				if err != nil {
+					return fmt.Errorf("--host %s: %v", host, err)
+				}
+				if _, _, err := net.SplitHostPort(domain); err != nil && pu.Port() != "" {
+					domain = net.JoinHostPort(domain, pu.Port())
+				}
+				fmt.Printf("export E2B_DOMAIN=%s\n", domain)
+			}
 			return nil
 		},
 	}
 	env.Flags().StringVar(&key, "key", "", "an API key (deltabox key create NAME; env DELTABOX_API_KEY)")
 	env.Flags().StringVar(&host, "host", "", "the daemon's TCP address, http://HOST:PORT or https://HOST:PORT (env DELTABOX_HOST)")
+	env.Flags().StringVar(&domain, "domain", "", "a DNS name whose subdomains (*.NAME) resolve to the daemon: getHost(port) is then PORT-SANDBOXID.NAME (E2B_DOMAIN)")
 	c.AddCommand(env)
 	return c
 }

@@ -2,14 +2,15 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strconv"
 	"strings"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/portproxy"
 )
 
 // portsRoutes registers ANY /v1/sandboxes/{id}/ports/{port}/{path...}: an HTTP request
@@ -28,39 +29,15 @@ func (s *Server) port(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("port %q: want 1-65535: %w", r.PathValue("port"), errdefs.ErrInvalid))
 		return
 	}
-	// Fail before proxying when nothing listens: a clear error rather than a 502 page.
-	first, err := s.m.DialPort(r.Context(), id, port)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	firstc := make(chan net.Conn, 1)
-	firstc <- first
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "127.0.0.1:"+strconv.Itoa(port)
-			pr.Out.URL.Path = "/" + strings.TrimPrefix(r.PathValue("path"), "/")
-			pr.Out.URL.RawPath = ""
-			pr.Out.Host = pr.Out.URL.Host
-		},
-		Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			select {
-			case c := <-firstc:
-				return c, nil
-			default:
-				return s.m.DialPort(ctx, id, port)
+	portproxy.Serve(w, r, portproxy.Target{
+		Dial: func(ctx context.Context) (net.Conn, error) { return s.m.DialPort(ctx, id, port) },
+		Path: "/" + strings.TrimPrefix(r.PathValue("path"), "/"),
+		Host: "127.0.0.1:" + strconv.Itoa(port),
+		Err: func(w http.ResponseWriter, err error) {
+			if !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrConflict) {
+				err = fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable)
 			}
-		}},
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			writeErr(w, fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable))
+			writeErr(w, err)
 		},
-	}
-	defer func() {
-		select {
-		case c := <-firstc:
-			c.Close()
-		default:
-		}
-	}()
-	rp.ServeHTTP(w, r)
+	})
 }

@@ -72,6 +72,8 @@ type sandboxRef struct {
 	ClientID        string `json:"clientID"`
 	EnvdVersion     string `json:"envdVersion"`
 	EnvdAccessToken string `json:"envdAccessToken"`
+	// TrafficAccessToken opens the sandbox's ports (getHost) and nothing else.
+	TrafficAccessToken string `json:"trafficAccessToken"`
 }
 
 // sandboxDetail is E2B's SandboxDetail and ListedSandbox.
@@ -94,7 +96,8 @@ func (s *Server) ref(ctx context.Context, b *box) sandboxRef {
 	tok := s.token(ctx, b)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return sandboxRef{TemplateID: b.template, SandboxID: b.id, ClientID: "deltabox", EnvdVersion: EnvdVersion, EnvdAccessToken: tok}
+	return sandboxRef{TemplateID: b.template, SandboxID: b.id, ClientID: "deltabox", EnvdVersion: EnvdVersion, EnvdAccessToken: tok,
+		TrafficAccessToken: b.traffic}
 }
 
 func (s *Server) detail(b *box, in *state.SandboxInfo) sandboxDetail {

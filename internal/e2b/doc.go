@@ -10,6 +10,8 @@
 //	SDK ──E2b-Sandbox-Id, X-Access-Token──▶ envd (process.go, filesystem.go, files.go)
 //	                   process.Process  ──▶ Manager.Exec (bash -l -c, as the user)
 //	                   filesystem.*, /files ──▶ Manager.FileOp (reads) / Exec (writes)
+//	client ──Host PORT-ID.DOMAIN, e2b-traffic-access-token──▶ ports.go (getHost)
+//	                   portproxy.Serve ──▶ Manager.DialPort (127.0.0.1:PORT in its netns)
 //
 // Envd's RPCs are E2B's published protobuf definitions (package spec, generated code),
 // served by connectrpc.com/connect: the Connect protocol with JSON over HTTP/1.1, as the

@@ -77,6 +77,7 @@ type box struct {
 	id      string
 	started time.Time
 	token   string // envdAccessToken: 128 random bits, drawn when the box is made
+	traffic string // trafficAccessToken (its ports, getHost): likewise, another draw
 
 	// opMu serializes pause, resume, snapshot and fork of the sandbox: each is a
 	// checkpoint or restore that must not interleave with another.
@@ -137,8 +138,13 @@ const SandboxHeader = "E2b-Sandbox-Id"
 // IsEnvd reports whether r is sandbox (envd) traffic: it names a sandbox.
 func IsEnvd(r *http.Request) bool { return r.Header.Get(SandboxHeader) != "" }
 
-// ServeHTTP routes envd traffic (E2b-Sandbox-Id) and the control plane.
+// ServeHTTP routes a sandbox's port (Host PORT-SANDBOXID.DOMAIN), envd traffic
+// (E2b-Sandbox-Id) and the control plane, in this order.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if port, id, ok := PortHost(r.Host); ok {
+		s.servePort(w, r, port, id)
+		return
+	}
 	if IsEnvd(r) {
 		s.serveEnvd(w, r)
 		return
@@ -234,14 +240,14 @@ const pausing = "(pausing)"
 
 // box is the record of sandbox id, made for sandboxes DeltaBox's own API created.
 func (s *Server) box(id string) (*box, error) {
-	in, err := s.m.Get(id)
+	created, image, err := s.m.Created(id)
 	if err != nil {
 		s.forget(id)
 		return nil, err
 	}
 	s.mu.Lock()
 	b := s.boxes[id]
-	if b != nil && !b.started.Equal(in.Created) { // removed, and the id made again since
+	if b != nil && !b.started.Equal(created) { // removed, and the id made again since
 		s.mu.Unlock()
 		s.forget(id)
 		s.mu.Lock()
@@ -249,9 +255,10 @@ func (s *Server) box(id string) (*box, error) {
 	}
 	defer s.mu.Unlock()
 	if b == nil {
-		var tok [16]byte
+		var tok, traffic [16]byte
 		rand.Read(tok[:]) // crypto/rand does not fail on Linux >= 3.17
-		b = &box{id: id, template: in.Image, started: in.Created, token: hex.EncodeToString(tok[:]),
+		rand.Read(traffic[:])
+		b = &box{id: id, template: image, started: created, token: hex.EncodeToString(tok[:]), traffic: hex.EncodeToString(traffic[:]),
 			procs: map[uint32]*proc{}, nextPid: 1, tokenKeys: map[string]bool{}}
 		s.boxes[id] = b
 		delete(s.gone, id)

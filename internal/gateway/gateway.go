@@ -7,7 +7,12 @@
 //     (Authorization: Bearer KEY: the CLI and the Python client with DELTABOX_API_KEY);
 //   - or, for envd traffic only (a request naming its sandbox in E2b-Sandbox-Id), that
 //     sandbox's access token (X-Access-Token), which only a key holder got from the
-//     control plane.
+//     control plane;
+//   - or, for a sandbox's port (Host PORT-SANDBOXID.DOMAIN, E2B's getHost), that
+//     sandbox's traffic token (e2b-traffic-access-token), likewise handed out.
+//
+// The key is removed from the request once checked, so no handler, and no server in a
+// sandbox behind a port, sees it.
 //
 // With a certificate, TLS offers HTTP/2 and HTTP/1.1 (E2B's SDK takes HTTP/2 when
 // offered: its streams then share connections). Anything else is a 401 before any
@@ -62,27 +67,39 @@ type Config struct {
 	// EnvdToken reports whether an envd request carries its sandbox's access token.
 	EnvdToken func(*http.Request) bool
 	IsEnvd    func(*http.Request) bool
+	// IsPort reports whether a request is for a sandbox's port (E2B's getHost name in
+	// Host: it goes to E2B's handler whatever its path), PortToken whether it carries
+	// that sandbox's traffic token.
+	IsPort    func(*http.Request) bool
+	PortToken func(*http.Request) bool
 	Log       *slog.Logger
 }
 
 // Handler is the authenticated router of the listener.
 func (c *Config) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		native := strings.HasPrefix(r.URL.Path, "/"+apitypes.Version+"/")
-		if !c.allowed(r, native) {
-			c.Log.Debug("gateway: refused a request without a valid key", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
-			unauthorized(w, native)
+		port := c.IsPort(r)
+		native := !port && strings.HasPrefix(r.URL.Path, "/"+apitypes.Version+"/")
+		key, ok := c.allowed(r, native, port)
+		if !ok {
+			c.Log.Debug("gateway: refused a request without a valid key", "remote", r.RemoteAddr, "method", r.Method, "host", r.Host, "path", r.URL.Path)
+			if port {
+				forbidden(w)
+			} else {
+				unauthorized(w, native)
+			}
 			return
 		}
 		if gc, ok := r.Context().Value(connKey{}).(*conn); ok {
 			gc.authenticated()
 		}
-		if r.Method != "POST" || r.URL.Path != "/"+apitypes.Version+"/nodes/import" { // bounded by its handler
+		if r.Method != "POST" || r.URL.Path != "/"+apitypes.Version+"/nodes/import" || port { // bounded by its handler
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 		}
-		var kh string // "": an envd request with its sandbox's token
-		if k := keyOf(r); k != "" {
-			kh = auth.Hash(k)
+		var kh string // "": let in by a sandbox's token
+		if key != "" {
+			kh = auth.Hash(key)
+			stripKey(r.Header, key)
 		}
 		r = r.WithContext(auth.WithRemote(r.Context(), kh)) // host-path routes refuse it
 		if native {
@@ -102,12 +119,45 @@ func keyOf(r *http.Request) string {
 	return key
 }
 
-func (c *Config) allowed(r *http.Request, native bool) bool {
-	if key := keyOf(r); key != "" {
-		_, ok := c.Keys.Check(key)
-		return ok
+// stripKey removes the API key from h once it let the request in: no handler reads it
+// (they have auth.RemoteKey), and a request proxied into a sandbox (its ports) must not
+// hand the key to the code there. An Authorization header that is not the key (an
+// application's own, on a port request) stays.
+func stripKey(h http.Header, key string) {
+	h.Del("X-API-Key")
+	if h.Get("Authorization") == "Bearer "+key {
+		h.Del("Authorization")
 	}
-	return !native && c.IsEnvd(r) && c.EnvdToken(r)
+}
+
+// allowed reports whether r may go on, and the API key that let it in ("": a token).
+func (c *Config) allowed(r *http.Request, native, port bool) (string, bool) {
+	if key := keyOf(r); key != "" {
+		if _, ok := c.Keys.Check(key); ok {
+			return key, true
+		}
+		if !port { // a port request's Authorization may be its application's own
+			return "", false
+		}
+	}
+	switch {
+	case port:
+		return "", c.PortToken(r)
+	case native:
+		return "", false
+	default:
+		return "", c.IsEnvd(r) && c.EnvdToken(r)
+	}
+}
+
+// forbidden answers a port request without its sandbox's traffic token or a key (E2B's
+// edge answers 403 there).
+func forbidden(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(403)
+	json.NewEncoder(w).Encode(map[string]any{"code": 403, "message": "a sandbox's port needs its traffic access token " +
+		"(header e2b-traffic-access-token: sandbox.trafficAccessToken, from create or connect) or an API key (X-API-Key)"})
 }
 
 func unauthorized(w http.ResponseWriter, native bool) {

@@ -328,6 +328,17 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	return in
 }
 
+// Created is when sandbox id was created and its image: what create fixed, read without
+// the sandbox's lock, for a caller on every request's path (E2B's envd and port routes)
+// that must not wait behind a checkpoint nor pay for Get's usage readings.
+func (m *Manager) Created(id string) (time.Time, string, error) {
+	s, err := m.get(id)
+	if err != nil {
+		return time.Time{}, "", err
+	}
+	return s.rec.Created, s.rec.Image, nil
+}
+
 // Get returns one sandbox.
 func (m *Manager) Get(id string) (*SandboxInfo, error) {
 	s, err := m.get(id)

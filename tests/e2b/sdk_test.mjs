@@ -2,8 +2,13 @@
 // only its public API, configured only by E2B's own environment variables
 // (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY): the same script runs against E2B's
 // cloud. tests/e2e/e2b_test.go runs it; each check prints "ok NAME" or throws.
+// getHost's names (PORT-SANDBOXID.E2B_DOMAIN) need a wildcard DNS name for the daemon;
+// against a daemon named by E2B_SANDBOX_URL, they are resolved to that daemon's address
+// here instead, the one thing this script does that a user's would not.
 import { Sandbox, CommandExitError, TimeoutError } from 'e2b'
 import assert from 'node:assert/strict'
+import http from 'node:http'
+import https from 'node:https'
 
 const step = async (name, fn) => {
   const t0 = performance.now()
@@ -75,6 +80,44 @@ try {
     const h = await sbx.commands.run('sleep 0.5; echo late', { background: true })
     const c = await sbx.commands.connect(h.pid)
     assert.equal((await c.wait()).stdout, 'late\n')
+  })
+
+  await step('getHost', async () => {
+    // A server started in the sandbox, reached at the address getHost gives, with the
+    // sandbox's traffic token (E2B's header for sandboxes whose traffic is not public).
+    await sbx.files.write('site/index.html', 'served from the sandbox')
+    const srv = await sbx.commands.run('cd site && exec python3 -m http.server 8000', { background: true, timeoutMs: 0 })
+    const host = sbx.getHost(8000)
+    assert.equal(host, `8000-${sbx.sandboxId}.${process.env.E2B_DOMAIN || 'e2b.app'}`)
+    const daemon = process.env.E2B_SANDBOX_URL ? new URL(process.env.E2B_SANDBOX_URL) : null
+    const lookup = daemon && ((name, opts, cb) => (opts && opts.all ? cb(null, [{ address: daemon.hostname, family: 4 }]) : cb(null, daemon.hostname, 4)))
+    const mod = daemon && daemon.protocol === 'http:' ? http : https
+    const agent = new mod.Agent({ keepAlive: true, maxSockets: 1 })
+    const get = (path, headers) => new Promise((resolve, reject) => {
+      const req = mod.get(`${mod === http ? 'http' : 'https'}://${host}${path}`, { agent, lookup, headers }, (res) => {
+        let body = ''
+        res.on('data', (d) => (body += d))
+        res.on('end', () => resolve({ status: res.statusCode, body, reused: req.reusedSocket }))
+      })
+      req.on('error', reject)
+    })
+    const token = sbx.trafficAccessToken ? { 'e2b-traffic-access-token': sbx.trafficAccessToken } : {}
+    let r
+    for (let i = 0; i < 100; i++) { // the server's start
+      r = await get('/index.html', token)
+      if (r.status === 200) break
+      await new Promise((ok) => setTimeout(ok, 100))
+    }
+    assert.equal(r.status, 200, `GET via getHost: ${r.status} ${r.body}`)
+    assert.equal(r.body, 'served from the sandbox')
+    r = await get('/index.html', token)
+    assert.equal(r.body, 'served from the sandbox')
+    assert.equal(r.reused, true, 'the second request did not reuse the kept-alive connection')
+    if (sbx.trafficAccessToken) {
+      assert.equal((await get('/index.html', {})).status, 403)
+    }
+    agent.destroy()
+    await srv.kill()
   })
 
   await step('files write/read', async () => {

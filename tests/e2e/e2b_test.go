@@ -63,7 +63,8 @@ func e2bDir() string {
 // create with the default template, commands (output streamed, exit codes, a timeout, a
 // background command, stdin, connect), files (write, read, list, rename, remove) as E2B's
 // user, info and list, pause and resume (the file and a python process of the user back),
-// a snapshot and a sandbox created from it, kill. tests/e2b/sdk_test.mjs says each
+// a snapshot and a sandbox created from it, kill; a server started in the sandbox
+// fetched at getHost(port)'s address. tests/e2b/sdk_test.mjs says each
 // check; it uses only the SDK's public API.
 func TestE2BSDK(t *testing.T) {
 	dir := e2bDir()
@@ -73,11 +74,12 @@ func TestE2BSDK(t *testing.T) {
 	testutil.Require(t, err == nil, "node is not installed: %v", err)
 	d, addr := remoteDaemon(t)
 	key := newKey(t, d, "sdk")
-	env, err := cliRun(t, nil, "e2b", "env", "--key", key, "--host", addr)
+	env, err := cliRun(t, nil, "e2b", "env", "--key", key, "--host", addr, "--domain", "deltabox.test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("export E2B_API_URL=http://%s\nexport E2B_SANDBOX_URL=http://%s\nexport E2B_API_KEY=%s\n", addr, addr, key)
+	_, port, _ := net.SplitHostPort(addr)
+	want := fmt.Sprintf("export E2B_API_URL=http://%s\nexport E2B_SANDBOX_URL=http://%s\nexport E2B_API_KEY=%s\nexport E2B_DOMAIN=deltabox.test:%s\n", addr, addr, key, port)
 	if env != want {
 		t.Fatalf("deltabox e2b env printed\n%s\nwant\n%s", env, want)
 	}
@@ -85,7 +87,8 @@ func TestE2BSDK(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "sdk_test.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key)
+	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+addr, "E2B_SANDBOX_URL=http://"+addr, "E2B_API_KEY="+key,
+		"E2B_DOMAIN=deltabox.test:"+port) // getHost's names: the script resolves them to addr
 	out, err := cmd.CombinedOutput()
 	t.Logf("sdk_test.mjs:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "all ok") {
@@ -166,7 +169,9 @@ func TestRemoteKeys(t *testing.T) {
 }
 
 // TestRemoteTLS: with --tls-cert and --tls-key the listener speaks TLS with that
-// certificate, and plain HTTP is not answered.
+// certificate, and plain HTTP is not answered. A sandbox's port is reached at
+// https://getHost(port) over HTTP/2 with a wildcard certificate (*.DOMAIN), as E2B's
+// users fetch it.
 func TestRemoteTLS(t *testing.T) {
 	dir := t.TempDir()
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -174,7 +179,7 @@ func TestRemoteTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "deltabox-test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"*.deltabox.test"},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
 	if err != nil {
@@ -204,6 +209,32 @@ func TestRemoteTLS(t *testing.T) {
 	}
 	if res, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/v1/health"); err == nil && res.StatusCode == 200 {
 		t.Fatal("plain HTTP answered 200 on the TLS listener")
+	}
+
+	req, _ = http.NewRequest("POST", "https://"+addr+"/sandboxes", strings.NewReader(`{}`))
+	req.Header.Set("X-API-Key", key)
+	var sb struct{ SandboxID, TrafficAccessToken string }
+	if res, err = hc.Do(req); err != nil || res.StatusCode != 201 || json.NewDecoder(res.Body).Decode(&sb) != nil {
+		t.Fatalf("create over TLS: %v %v", res, err)
+	}
+	res.Body.Close()
+	testutil.StartEchoServer(t, d, sb.SandboxID, 8000)
+	var dialer net.Dialer
+	h2 := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true,
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, addr)
+		}}}
+	_, port, _ := net.SplitHostPort(addr)
+	req, _ = http.NewRequest("GET", "https://8000-"+sb.SandboxID+".deltabox.test:"+port+"/tls", nil)
+	req.Header.Set("e2b-traffic-access-token", sb.TrafficAccessToken)
+	res, err = h2.Do(req)
+	if err != nil {
+		t.Fatalf("getHost over TLS: %v", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || res.ProtoMajor != 2 || !strings.HasPrefix(string(b), "GET /tls ") {
+		t.Fatalf("getHost over TLS: %s %d %q, want HTTP/2 200 from the server in the sandbox", res.Proto, res.StatusCode, b)
 	}
 }
 

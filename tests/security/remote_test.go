@@ -33,8 +33,9 @@ func (c e2bClient) do(method, path string, hdr map[string]string, body string) (
 }
 
 type e2bRef struct {
-	SandboxID       string `json:"sandboxID"`
-	EnvdAccessToken string `json:"envdAccessToken"`
+	SandboxID          string `json:"sandboxID"`
+	EnvdAccessToken    string `json:"envdAccessToken"`
+	TrafficAccessToken string `json:"trafficAccessToken"`
 }
 
 func (c e2bClient) create(key string) e2bRef {
