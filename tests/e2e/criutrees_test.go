@@ -240,9 +240,13 @@ func TestCRIUTreeKeepsAStoppedProcessStopped(t *testing.T) {
 	const id = "cts"
 	dbxCreate(t, d, id)
 	mt := startCounter(t, d, id)
+	// Polled for 5 s: a SIGSTOP or SIGCONT takes effect once the target runs, which on a
+	// loaded machine comes after kill(2) returned (the CI run saw R just after a STOP). A
+	// stopped process that something continued stays R, so the wait hides no resume.
 	state := func(what, want string) {
 		t.Helper()
-		if got := strings.TrimSpace(dbxSh(t, d, id, "cut -d' ' -f3 /proc/"+mt+"/stat")); got != want {
+		got := strings.TrimSpace(dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do s=$(cut -d' ' -f3 /proc/%s/stat); [ "$s" = %s ] && break; sleep 0.01; done; echo $s`, mt, want)))
+		if got != want {
 			t.Fatalf("%s: the counter is %s, want %s", what, got, want)
 		}
 	}
