@@ -166,9 +166,16 @@ func dbxWaitOnlyInit(t *testing.T, d *testutil.Daemon, id string, wait time.Dura
 // started from another goroutine is really running).
 func dbxWaitProcs(t *testing.T, d *testutil.Daemon, id string, n int) {
 	t.Helper()
+	// The cgroup is read directly, not through GET /v1/sandboxes/ID each time: on a
+	// loaded machine that call came back after a 1.5 s exec had ended (CI saw 1 process).
+	in, err := d.C.Get(dbxCtx(t), id)
+	if err != nil {
+		t.Fatalf("get %s: %v", id, err)
+	}
+	procs := filepath.Join(dbxCgroupDir(t, in.InitPid), "cgroup.procs")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, pids := dbxSandboxPids(t, d, id)
+		pids := dbxReadPids(procs)
 		if len(pids) >= n {
 			return
 		}
