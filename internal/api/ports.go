@@ -58,7 +58,7 @@ func (s *Server) port(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		select {
 		case c := <-firstc:
-			c.Close()
+			_ = c.Close()
 		default:
 		}
 	}()
