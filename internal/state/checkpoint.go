@@ -155,8 +155,11 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		res.PhasesUS["admit"] = admitted.Microseconds()
 	}
 	if o.Pin {
-		m.PinNode(res.Node.ID, true)
-		res.Node.Pinned = true
+		if _, err := m.PinNode(res.Node.ID, true); err != nil { // removed meanwhile
+			res.Warnings = append(res.Warnings, "not pinned: "+err.Error())
+		} else {
+			res.Node.Pinned = true
+		}
 	}
 	m.reportMemory(res, id, res.Node.ID)
 	if w := m.st.Warning(); w != "" {
@@ -552,7 +555,7 @@ func (c *checkpoint) publish() error {
 		// Before the node's record: a node the index has names its trees.
 		if err := m.commitCRIUTrees(c.criu, c.n.ID); err != nil {
 			res.ProcessErrors = append(res.ProcessErrors, fmt.Sprintf("the images of the processes CRIU took: %v; they run on, and the node has no process state for them", err))
-			store.RemoveAll(c.criu.dir)
+			_ = store.RemoveAll(c.criu.dir) // what stays, the next start sweeps (cleanCRIUTrees)
 			res.CRIUProcesses = 0
 		} else {
 			res.Sessions = append(res.Sessions, c.criu.sessions()...)

@@ -270,7 +270,7 @@ func (ts *criuTrees) resume() {
 			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
 				continue // stopped by the sandbox's own code before the checkpoint
 			}
-			unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0)
+			_ = unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0) // ESRCH: gone
 		}
 		t.closeFDs()
 		t.closePeer()
@@ -279,7 +279,7 @@ func (ts *criuTrees) resume() {
 
 func (t *criuTree) closePeer() {
 	if t.peer != nil {
-		t.peer.Close()
+		_ = t.peer.Close()
 		t.peer = nil
 	}
 }
@@ -372,7 +372,9 @@ func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*hel
 	for _, l := range held {
 		r, err := rootOf(l.h.P.HostPid)
 		if err == nil && slices.Contains(roots, r) {
-			l.h.Abort()
+			if aerr := l.h.Abort(); aerr != nil { // its tree's dump goes on without it
+				m.log.Error("let go of a process for its tree's CRIU dump", "process", l.what, "err", aerr)
+			}
 			continue
 		}
 		kept = append(kept, l)
@@ -391,8 +393,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	ts := &criuTrees{dir: filepath.Join(m.img.root, "bg", ".tmp-"+hex.EncodeToString(rnd[:]))}
 	fail := func(err error) (*criuTrees, error) {
 		ts.resume()
-		store.RemoveAll(ts.dir)
-		return nil, err
+		return nil, withUndo(err, store.RemoveAll(ts.dir))
 	}
 	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
 		return fail(err)
@@ -536,7 +537,7 @@ func killTree(root int) {
 		}
 	}
 	for i := len(fds) - 1; i >= 0; i-- {
-		unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0)
+		_ = unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0) // ESRCH: gone already
 		unix.Close(fds[i])
 	}
 }
@@ -645,7 +646,7 @@ func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 		// Descendants first: a shell killed before its stopped jobs orphans their
 		// process groups, and the kernel then sends them SIGHUP and SIGCONT.
 		for i := len(t.fds) - 1; i >= 0; i-- {
-			unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0)
+			_ = unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0) // ESRCH: gone; waitPidFree below says if one stays
 		}
 		t.closeFDs()
 		t.exit = nil // the killed root's; a restore watches its replacement
@@ -673,12 +674,12 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		return err
 	}
 	sbx.Root = os.NewFile(uintptr(rootFD), "state-root")
-	defer sbx.Root.Close()
+	defer func() { _ = sbx.Root.Close() }()
 	initHost := s.rt.InitPid()
 	var done []*criuTree
 	defer func() {
 		if err != nil {
-			m.endCRIUTrees(s, &criuTrees{trees: done})
+			err = withUndo(err, m.endCRIUTrees(s, &criuTrees{trees: done}))
 			ts.ended = true
 		}
 	}()
@@ -809,7 +810,7 @@ func resumeCutCRIUTrees(root string) {
 				continue
 			}
 			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
-				unix.Kill(int(h[0]), unix.SIGCONT)
+				_ = unix.Kill(int(h[0]), unix.SIGCONT) // ESRCH: gone
 			}
 		}
 	}
@@ -821,7 +822,7 @@ func (m *Manager) cleanCRIUTrees() {
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "bg"))
 	for _, e := range ents {
 		if _, known := m.nodes[e.Name()]; !known || strings.HasPrefix(e.Name(), ".") {
-			store.RemoveAll(filepath.Join(m.img.root, "bg", e.Name()))
+			_ = store.RemoveAll(filepath.Join(m.img.root, "bg", e.Name())) // what stays, the next start tries again
 		}
 	}
 }
@@ -840,7 +841,7 @@ func syncPath(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: Sync's error is the one that counts
 	return f.Sync()
 }
 

@@ -138,7 +138,7 @@ type imageCopy struct {
 
 func (c imageCopy) kill() {
 	if c.pidfd >= 0 {
-		unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
+		_ = unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0) // ESRCH: gone already
 		unix.Close(c.pidfd)
 	}
 }
@@ -232,7 +232,7 @@ func (m *Manager) startImages() {
 		_, known := m.nodes[node]
 		_, err := os.Stat(filepath.Join(m.imagesDir(node), "complete"))
 		if !known || err != nil {
-			store.RemoveAll(m.imagesDir(node))
+			_ = store.RemoveAll(m.imagesDir(node)) // what stays, the next start tries again
 			continue
 		}
 		st := &imageState{state: "complete"}
@@ -418,7 +418,7 @@ func (m *Manager) imageWorker() {
 			// What the failed image wrote (CRIU's files, the refs of the pages its
 			// earlier templates stored) would stay until the next start otherwise: a
 			// sandbox whose images its quota refuses would still fill the store.
-			store.RemoveAll(m.imagesDir(node))
+			_ = store.RemoveAll(m.imagesDir(node)) // what stays, the next start removes (startImages)
 			m.imagesRemoved()
 		}
 		select {
@@ -453,7 +453,9 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		return 0, 0, fmt.Errorf("the node's process record is not committed: %w", err)
 	}
 	dir := m.imagesDir(node)
-	store.RemoveAll(dir)
+	if err := store.RemoveAll(dir); err != nil { // what an earlier image left
+		return 0, 0, err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, 0, err
 	}
@@ -547,7 +549,7 @@ func writeJSONFile(p string, v any) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // synced above: nothing left to write back
 	if _, err := f.Write(b); err != nil {
 		return err
 	}
@@ -598,7 +600,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		return nil, false, err
 	}
 	sbx.Root = os.NewFile(uintptr(rootFD), "view-root")
-	defer sbx.Root.Close()
+	defer func() { _ = sbx.Root.Close() }()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, false, err
@@ -610,8 +612,8 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			t.tmpl.Kill()
 		}
 		for _, lr := range lrs {
-			lr.l.Kill() // its processes are killed above
-			durable.DropPages(lr.dir)
+			lr.l.Kill()                   // its processes are killed above
+			_ = durable.DropPages(lr.dir) // a copy its refs can make again: disk only
 		}
 		return nil, false, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict)
 	}
@@ -668,20 +670,20 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
 			fill = pages
 		} else {
-			durable.DropPages(sub)
+			_ = durable.DropPages(sub) // a copy its refs can make again: disk only
 		}
 		for _, f := range masters {
-			f.Close()
+			_ = f.Close() // the restored processes have their own
 		}
 		for _, f := range sbx.TTYs {
-			f.Close()
+			_ = f.Close()
 		}
 		if err != nil {
 			return fail(err)
 		}
 		inner, err := procfs.InnerPid(rs.HostPid)
 		if err != nil {
-			unix.Kill(rs.HostPid, unix.SIGKILL)
+			_ = unix.Kill(rs.HostPid, unix.SIGKILL) // ESRCH: gone already; fail kills the rest
 			return fail(err)
 		}
 		t, err := fastpath.AdoptStopped(m.tracer(s), tr.Template, rs.HostPid, inner)
@@ -732,7 +734,7 @@ func (m *Manager) durableSandbox(rt *sandbox.Sandbox, ns int) (durable.Sandbox, 
 	var files []*os.File
 	closeAll := func() {
 		for _, f := range files {
-			f.Close()
+			_ = f.Close()
 		}
 	}
 	open := func(kind string) *os.File {

@@ -103,7 +103,7 @@ func (m *Manager) resetKernelState(s *sb, node string) {
 	m.mu.Unlock()
 	if uts == nil {
 		var u unix.Utsname
-		unix.Uname(&u) // the daemon's: what a new sandbox's UTS namespace copies
+		_ = unix.Uname(&u) // the daemon's: what a new sandbox's UTS namespace copies
 		uts = &sbinit.UTS{Hostname: s.rec.Hostname, Domainname: unix.ByteSliceToString(u.Domainname[:])}
 	}
 	removed, err := s.kns.Reset(*uts)

@@ -93,8 +93,7 @@ func (m *Manager) freshUpperWith(a *store.RootAttrs) (uint64, error) {
 		}
 	}
 	if err := store.SetRootAttrs(m.st.LayerDiff(id), a); err != nil {
-		store.RemoveAll(m.st.LayerDir(id))
-		return 0, fmt.Errorf("give a new upper the attributes of /: %w", err)
+		return 0, withUndo(fmt.Errorf("give a new upper the attributes of /: %w", err), store.RemoveAll(m.st.LayerDir(id)))
 	}
 	return id, nil
 }
@@ -117,7 +116,7 @@ func (m *Manager) fillUppers() {
 		select {
 		case m.uppers <- id:
 		case <-m.stop:
-			store.RemoveAll(m.st.LayerDir(id))
+			_ = store.RemoveAll(m.st.LayerDir(id)) // an unused layer: the start-up sweep removes it
 			return
 		}
 	}

@@ -398,7 +398,7 @@ func (m *Manager) Close() error {
 		// The tracer first: a template it holds that dies stays a zombie until the tracer
 		// has waited for it, and init's exit waits for every process of its namespace.
 		if s.tracer != nil {
-			s.tracer.Close()
+			_ = s.tracer.Close() // stopping: its processes end with init below; one it could not put back it killed
 			s.tracer = nil
 		}
 		if s.kns != nil {
@@ -406,7 +406,9 @@ func (m *Manager) Close() error {
 			s.kns = nil
 		}
 		if s.rt != nil {
-			s.rt.Destroy()
+			if err := s.rt.Destroy(); err != nil {
+				m.log.Warn("close", "sandbox", s.rec.ID, "err", err)
+			}
 			s.rt = nil
 			s.mu.Lock()
 			s.memRT = nil

@@ -64,7 +64,7 @@ func (m *Manager) attachNet(s *sb) error {
 	if err != nil {
 		return fmt.Errorf("network: the sandbox's namespace: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a namespace fd
 	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol, model)
 	if err != nil {
 		return err
@@ -138,7 +138,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a namespace fd
 	c, err := netns.DialLoopback(ctx, int(f.Fd()), uint16(port))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: nothing answers on port %d (a server must listen on 127.0.0.1 or 0.0.0.0 inside): %v: %w", id, port, err, errdefs.ErrUnavailable)

@@ -109,13 +109,13 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 		return nil
 	}
 	if err := m.st.PrepareFrozen(rec.Upper); err != nil {
-		store.RemoveAll(m.st.LayerDir(newUpper))
+		_ = store.RemoveAll(m.st.LayerDir(newUpper)) // an unused layer: the start-up sweep removes it
 		return nil
 	}
 	st, err := rt.BuildState(overlay.Spec{Lowers: lowers, Upper: m.st.LayerDiff(newUpper), Work: m.st.LayerWork(newUpper)})
 	if err != nil {
-		m.st.DropPreparedFrozen(rec.Upper)
-		store.RemoveAll(m.st.LayerDir(newUpper))
+		_ = m.st.DropPreparedFrozen(rec.Upper)       // an empty frozen/ that stays is the one the next Freeze fills
+		_ = store.RemoveAll(m.st.LayerDir(newUpper)) // an unused layer: the start-up sweep removes it
 		m.log.Debug("prepare next state", "sandbox", rec.ID, "err", err)
 		return nil
 	}
@@ -173,13 +173,13 @@ func (m *Manager) discardLocked(s *sb) {
 // overlay is unmounted in the background (it costs two RCU grace periods).
 func (m *Manager) discard(p *prepared, emptyFrozen bool) {
 	if emptyFrozen {
-		m.st.DropPreparedFrozen(p.upper)
+		_ = m.st.DropPreparedFrozen(p.upper) // an empty frozen/ that stays is the one the next Freeze fills
 	}
 	dir := m.st.LayerDir(p.newUpper)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		p.state.Close()
-		store.RemoveAll(dir)
+		_ = store.RemoveAll(dir) // an unused layer: the start-up sweep removes it
 	}()
 }

@@ -100,11 +100,11 @@ func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*session
 			}
 			criuWhy = " (and CRIU cannot take it: " + why + ")"
 		}
-		m.abortHeld(out)
+		aborted := m.abortHeld(out)
 		if in != nil {
-			return nil, nil, fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict)
+			return nil, nil, abortErr(fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict), aborted)
 		}
-		return nil, nil, fmt.Errorf("session %s: %w", n, err)
+		return nil, nil, abortErr(fmt.Errorf("session %s: %w", n, err), aborted)
 	}
 	return out, refused, nil
 }
@@ -220,8 +220,8 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	// double-fork) before its seizure, and what it made is not listed.
 	settled = false
 	refuse := func(host int, err error) error {
-		m.abortHeld(out)
-		return fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
+		aborted := m.abortHeld(out)
+		return abortErr(fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict), aborted)
 	}
 	// First what each unknown process is, and which of them trace others: a tracer
 	// cannot be taken (fork does not copy a ptrace relationship), and its tracee's exit,
@@ -256,15 +256,13 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 		} else if h.HasTerminal() {
 			// Restored, it could not be given the session's terminal without taking
 			// the session's controlling terminal and foreground group.
-			err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}
-			h.Abort()
+			err = withUndo(&fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}, h.Abort())
 		} else if err == nil {
 			// A locked description it shares with a process held before it: each would
 			// take the lock again on its own copy, and the second would be refused.
 			for _, o := range append(append([]*heldProc(nil), held...), out...) {
 				if fd, ofd, ok := fastpath.SharedLock(o.h.P, h.P); ok {
-					err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}
-					h.Abort()
+					err = withUndo(&fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}, h.Abort())
 					break
 				}
 			}

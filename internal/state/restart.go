@@ -129,7 +129,7 @@ func (m *Manager) keepSessions(s *sb) {
 				// terminal stays kept until the session is replaced or killed.
 				continue
 			}
-			k.sess.Forget(sessionKey + name)
+			_ = k.sess.Forget(sessionKey + name) // init's copy of the terminal then stays until init ends
 			delete(s.kept, name)
 		}
 	}
@@ -252,7 +252,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	rt.User = r.User
 	fail := func(err error) error {
 		if s.tracer != nil {
-			s.tracer.Close()
+			err = withUndo(err, s.tracer.Close())
 			s.tracer = nil
 		}
 		m.dropSandboxTemplates(r.ID)
@@ -340,7 +340,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 		}
 		if !ok || !live[ks.Pid] {
 			unix.Close(k.FD)
-			rt.Forget(key)
+			_ = rt.Forget(key) // init's copy of the terminal then stays until init ends
 			if ok {
 				s.sessionOpts[name] = ks.Opts
 				s.ended[name] = "its process ended while the daemon was down"
@@ -524,7 +524,9 @@ func (m *Manager) recordInit(s *sb) {
 func (m *Manager) detachSandbox(s *sb) {
 	m.keepSessions(s)
 	if s.tracer != nil {
-		s.tracer.Close()
+		if err := s.tracer.Close(); err != nil { // a template it could not put back it killed
+			m.log.Warn("detach sandbox", "sandbox", s.rec.ID, "err", err)
+		}
 		s.tracer = nil
 	}
 	if s.kns != nil {

@@ -250,7 +250,7 @@ func (r *restore) templates() error {
 		return err
 	}
 	r.tps, r.rvs = tps, rvs
-	r.undo.push(func() error { m.abortRevivals(s, rvs); return nil })
+	r.undo.push(func() error { return m.abortRevivals(s, rvs) })
 	return nil
 }
 
@@ -328,7 +328,7 @@ func (r *restore) kill() error {
 			defer m.wg.Done()
 			time.Sleep(holderDelay)
 			for _, h := range holderHosts {
-				unix.Kill(h, unix.SIGKILL) // init reaps it
+				_ = unix.Kill(h, unix.SIGKILL) // init reaps it
 			}
 		}()
 	}
@@ -476,7 +476,7 @@ func (r *restore) publish() error {
 		m.afterAnswer(s, func() {
 			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
-			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})
+			m.st.Index.Apply(store.Op{After: func() { _ = store.RemoveAll(dir) }}) // an unused layer: the start-up sweep removes it
 		})
 	}
 	switch {

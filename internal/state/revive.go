@@ -1,6 +1,7 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 
@@ -48,8 +49,7 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 		}
 		if err != nil {
 			out = append(out, rv)
-			m.abortRevivals(s, out)
-			return nil, fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict)
+			return nil, withUndo(fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict), m.abortRevivals(s, out))
 		}
 		out = append(out, rv)
 	}
@@ -118,12 +118,16 @@ func sessionToRevive(s *sb, name string, kind session.Kind, argv []string) (sess
 }
 
 // abortRevivals kills what reviveAll made, parks the templates as they were, and drops
-// the sessions made for the restore.
-func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
+// the sessions made for the restore. Its error names the templates it could not park
+// as they were.
+func (m *Manager) abortRevivals(s *sb, rvs []*revival) error {
+	var errs []error
 	for i := len(rvs) - 1; i >= 0; i-- {
 		rv := rvs[i]
 		if rv.r != nil {
-			rv.r.Abort()
+			if err := rv.r.Abort(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", rv.pt.what, err))
+			}
 		}
 		if rv.exit != nil {
 			s.rt.Unwatch(rv.pt.tmpl.Pid)
@@ -135,6 +139,7 @@ func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
 			unix.Close(rv.peer)
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // commitRevivals lets the revived processes run and binds each session to its process,

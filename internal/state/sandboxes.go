@@ -120,13 +120,13 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Lock()
 		delete(m.sandboxes, o.ID)
 		m.mu.Unlock()
+		var derr error
 		if s.rt != nil {
-			s.rt.Destroy()
+			derr = s.rt.Destroy()
 		}
-		store.RemoveAll(m.st.LayerDir(upper))
-		store.RemoveAll(m.st.SandboxDir(o.ID))
+		derr = errors.Join(derr, store.RemoveAll(m.st.LayerDir(upper)), store.RemoveAll(m.st.SandboxDir(o.ID)))
 		m.releaseIDs(o.ID, s.rec.UIDBase)
-		return nil, err
+		return nil, withUndo(err, derr)
 	}
 	// The directories exist before the record that names them.
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
@@ -184,20 +184,17 @@ func (m *Manager) boot(s *sb) error {
 	}
 	rt.User = s.rec.User
 	if err := rt.SetState(spec); err != nil {
-		rt.Destroy()
-		return err
+		return withUndo(err, rt.Destroy())
 	}
 	kns, err := openKernelNS(rt)
 	if err != nil {
-		rt.Destroy()
-		return err
+		return withUndo(err, rt.Destroy())
 	}
 	s.rt, s.kns = rt, kns
 	if err := m.attachNet(s); err != nil {
 		s.rt, s.kns = nil, nil
 		kns.Close()
-		rt.Destroy()
-		return err
+		return withUndo(err, rt.Destroy())
 	}
 	s.err = nil
 	m.recordInit(s) // written with the record by the caller
@@ -254,7 +251,7 @@ func (m *Manager) workdirEmpty(s *sb) bool {
 		return false
 	}
 	d := os.NewFile(uintptr(fd), s.rec.Workdir)
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read-only, after the read
 	_, err = d.Readdirnames(1)
 	return err == io.EOF
 }
@@ -387,7 +384,7 @@ func (m *Manager) Remove(id string) error {
 	}
 	// The tracer before the sandbox (see Close).
 	if s.tracer != nil {
-		s.tracer.Close()
+		_ = s.tracer.Close() // its processes end with init below; one it could not put back it killed
 		s.tracer = nil
 	}
 	if s.kns != nil {
@@ -400,7 +397,7 @@ func (m *Manager) Remove(id string) error {
 	// tests' point to let it run.
 	var derr error
 	if m.failStep != nil {
-		m.failStep("remove", 1)
+		_ = m.failStep("remove", 1) // a point for tests to wait at, not to fail
 	}
 	m.detachNet(s)
 	if s.rt != nil {
@@ -419,8 +416,9 @@ func (m *Manager) Remove(id string) error {
 	upper, dir := m.st.LayerDir(s.rec.Upper), m.st.SandboxDir(id)
 	// Record first, directories after: a crash in between leaves orphans the sweep removes.
 	seq := m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
-		store.RemoveAll(upper)
-		store.RemoveAll(dir)
+		if err := errors.Join(store.RemoveAll(upper), store.RemoveAll(dir)); err != nil {
+			m.log.Warn("remove: what stays, the next start sweeps", "sandbox", id, "err", err)
+		}
 	}})
 	// Wait for the directories to go, so the id can be reused at once.
 	if err := m.st.Index.WaitDurable(seq); err != nil && derr == nil {

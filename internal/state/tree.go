@@ -198,7 +198,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	}
 	ops = append(ops, store.Op{After: func() {
 		for _, d := range dirs {
-			store.RemoveAll(d)
+			_ = store.RemoveAll(d) // what stays, the start-up sweeps remove
 		}
 		m.imagesRemoved()
 	}})

@@ -94,7 +94,7 @@ func (m *Manager) buildWarm(rt *sandbox.Sandbox, image, node string) *warmState 
 	}
 	st, err := rt.BuildState(overlay.Spec{Lowers: spec.Lowers, Upper: m.st.LayerDiff(upper), Work: m.st.LayerWork(upper)})
 	if err != nil {
-		store.RemoveAll(m.st.LayerDir(upper))
+		_ = store.RemoveAll(m.st.LayerDir(upper)) // an unused layer: the start-up sweep removes it
 		return nil
 	}
 	return &warmState{node: node, upper: upper, stack: stackKey(spec.Lowers), state: st, made: time.Now()}
@@ -155,7 +155,7 @@ func (m *Manager) dropWarm(w *warmState) {
 	go func() {
 		defer m.wg.Done()
 		w.state.Close()
-		store.RemoveAll(dir)
+		_ = store.RemoveAll(dir) // an unused layer: the start-up sweep removes it
 	}()
 }
 
@@ -190,7 +190,7 @@ func (m *Manager) dropWarmNodes(nodes []string) {
 			if w := s.warm[n]; w != nil {
 				delete(s.warm, n)
 				w.state.Close()
-				store.RemoveAll(m.st.LayerDir(w.upper))
+				_ = store.RemoveAll(m.st.LayerDir(w.upper)) // an unused layer: the start-up sweep removes it
 			}
 		}
 		s.prepMu.Unlock()
