@@ -19,6 +19,7 @@ import (
 // runs (a checkpoint or restore answers 409, or waits for it: op.go, admission), so fn
 // works on the state it started on. File operations may run in parallel with each other
 // and with execs.
+// +checklocksignore: enterCall hands it opMu held on success only
 func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int, workdir string) error) error {
 	s, err := m.get(id)
 	if err != nil {
@@ -35,8 +36,8 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 		return err
 	}
 	defer c.end()
-	workdir := s.rec.Workdir
-	root, err := s.rt.RootFD()
+	workdir, rt := s.rec.Workdir, s.rt // rt read under opMu: a remove may clear s.rt once it is let go
+	root, err := rt.RootFD()
 	if err != nil {
 		s.opMu.Unlock()
 		return fmt.Errorf("%v: %w", err, errdefs.ErrConflict)
@@ -46,7 +47,7 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 	defer unix.Close(root)
 	// As the sandbox's root: files made through its idmapped layers must belong to an
 	// id of its user namespace.
-	err = s.rt.AsRoot(func() error { return fn(root, workdir) })
+	err = rt.AsRoot(func() error { return fn(root, workdir) })
 	s.mu.Lock()
 	over := s.disk.over != ""
 	s.mu.Unlock()
