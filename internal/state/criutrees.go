@@ -165,6 +165,7 @@ func (ts *criuTrees) count() (n int) {
 // prepareTreeSessions finds or makes, for a restore, the session of each of ts's session
 // trees, and holds its terminal's slave open. On error what it made is let go.
 // Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) prepareTreeSessions(s *sb, ts *criuTrees) error {
 	for _, t := range ts.trees {
 		if t.Session == "" {
@@ -197,6 +198,7 @@ func (m *Manager) abortTreeSessions(ts *criuTrees) {
 // commitTreeSessions makes the sessions of ts's restored trees s's, with the node's
 // terminal settings and log, before resume binds each to its process. It returns their
 // names.
+// +checklocks:s.opMu
 func (m *Manager) commitTreeSessions(s *sb, ts *criuTrees) (names []string) {
 	for _, t := range ts.trees {
 		if t.Session == "" || t.sess == nil {
@@ -384,6 +386,7 @@ func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*hel
 
 // dumpCRIUTrees dumps the trees rooted at roots (host PIDs) and leaves them stopped (see
 // above). On error, what it dumped runs on and nothing is left on disk.
+// +checklocks:s.opMu
 func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions map[int]*sessionRoot) (*criuTrees, error) {
 	if ok, reason := m.criuTreesUsable(); !ok {
 		return nil, errors.New(reason)
@@ -393,7 +396,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	ts := &criuTrees{dir: filepath.Join(m.img.root, "bg", ".tmp-"+hex.EncodeToString(rnd[:]))}
 	fail := func(err error) (*criuTrees, error) {
 		ts.resume()
-		return nil, withUndo(err, store.RemoveAll(ts.dir))
+		return nil, withUndo(err, store.RemoveAll(ts.dir)) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
 		return fail(err)
@@ -402,7 +405,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	if err := pipesAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
-	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil {
+	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil { // +checklocksignore: called by sessionsAcross, here, under opMu
 		return fail(err)
 	}
 	for i, root := range roots {
@@ -549,6 +552,7 @@ func killTree(root int) {
 // could SIGCONT a tree whose image is taken. Such a process refuses the checkpoint
 // (409), unless endBackground (step 3 ends it); a tree's process that is no longer
 // stopped refuses it in any case. Precondition: s.opMu held, held and the trees stopped.
+// +checklocks:s.opMu
 func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBackground bool) error {
 	known := map[int]bool{1: true}
 	for _, l := range held {
@@ -606,6 +610,7 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 // afterTreeDump checks the trees once dumped: no process escaped them (checkAfterDump),
 // and their images fit in the sandbox's disk quota (imageRoom: counted whole, in blocks).
 // Precondition: as checkAfterDump's.
+// +checklocks:s.opMu
 func (m *Manager) afterTreeDump(s *sb, held []*heldProc, ts *criuTrees, endBackground bool) error {
 	if err := m.checkAfterDump(s, held, ts, endBackground); err != nil {
 		return err
@@ -640,6 +645,7 @@ func waitLeftStopped(rt *sandbox.Sandbox, pid int, deadline time.Time) byte {
 
 // endCRIUTrees kills the trees and waits until init has reaped every process (their
 // PIDs are free for the restore).
+// +checklocks:s.opMu
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 	ts.ended = true
 	for _, t := range ts.trees {
@@ -663,6 +669,7 @@ func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 
 // restoreCRIUTrees restores the trees from their images onto st (a state of s), stopped.
 // On error the trees restored so far are ended.
+// +checklocks:s.opMu
 func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err error) {
 	sbx, closeAll, err := m.durableSandbox(s.rt, st.NS)
 	if err != nil {
@@ -818,6 +825,7 @@ func resumeCutCRIUTrees(root string) {
 
 // cleanCRIUTrees removes, at start, what no node names: the trees of checkpoints cut
 // before their publish, and of nodes removed before their directory went.
+// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) cleanCRIUTrees() {
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "bg"))
 	for _, e := range ents {

@@ -149,6 +149,7 @@ func (c imageCopy) kill() {
 // Remove has just closed its own (a template seized by a tracer no one closes keeps
 // the sandbox's init from exiting: a traced zombie waits for its tracer).
 // Precondition: s.tmplMu held.
+// +checklocks:s.tmplMu
 func (m *Manager) copyForImage(s *sb, tr *remote.Tracer, node string, t *procTemplate) {
 	if m.img == nil || m.img.pages == nil {
 		return
@@ -194,6 +195,7 @@ func (m *Manager) sandboxCopies(s *sb) (hosts, selfs []int) {
 }
 
 // killCopies ends the copies made for node's image. Precondition: img.mu held.
+// +checklocks:m.img.mu
 func (m *Manager) killCopiesLocked(node string) {
 	for _, c := range m.img.copies[node] {
 		c.kill()
@@ -207,6 +209,7 @@ func (m *Manager) imagesDir(node string) string {
 
 // startImages opens the page store, reads which nodes have complete images (removing
 // what no node names), and starts the CRIU probe and the worker. Called by New.
+// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) startImages() {
 	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, trees: map[string]int64{}, copies: map[string][]imageCopy{},
 		wake: make(chan struct{}, 1), ready: make(chan struct{})}
@@ -568,6 +571,7 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 // then adopted as a template (fastpath.AdoptStopped). lazy: the restore was lazy, its
 // pages still coming in (lazy.go). Precondition: s.opMu held (a restore's first step),
 // the node has no template in s.
+// +checklocks:s.opMu
 func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
 	dir := m.imagesDir(node)
@@ -615,7 +619,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			lr.l.Kill()                   // its processes are killed above
 			_ = durable.DropPages(lr.dir) // a copy its refs can make again: disk only
 		}
-		return nil, false, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict)
+		return nil, false, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	for _, e := range ents {
 		if !e.IsDir() {

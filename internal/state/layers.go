@@ -23,6 +23,7 @@ func (m *Manager) newLayer() (uint64, error) {
 
 // stack returns the layer ids of node id's filesystem, top first (image excluded).
 // Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) stack(id string) []uint64 {
 	var out []uint64
 	var last uint64
@@ -125,6 +126,7 @@ func (m *Manager) fillUppers() {
 // ---- tree ----
 
 // setState mounts spec for s and records how long the overlay and the namespace took.
+// +checklocks:s.opMu
 func (m *Manager) setState(s *sb, res *OpResult, spec overlay.Spec) error {
 	ovl, ns, err := s.rt.SetStateTimed(spec)
 	if res.PhasesUS == nil {

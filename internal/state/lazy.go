@@ -107,6 +107,7 @@ func (m *Manager) watchLazy(s *sb, lrs []*lazyRestore) {
 // waitLazy waits until the lazy restores into s have put every page in (each bounded by
 // its server's deadline, durable.LazyTimeout), and refuses if one failed.
 // Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) waitLazy(s *sb) error {
 	s.lazyMu.Lock()
 	lrs := slices.Clone(s.lazy)

@@ -56,10 +56,13 @@ type Manager struct {
 	// and no sandbox's opMu under it (doc.go).
 	diskMu sync.Mutex
 	// inodeBytes: what an inode costs in a sandbox's quota (the store's inode size; under diskMu).
+	// +checklocks:diskMu
 	inodeBytes int64
 	// passAt is when the last complete pass started, and passFreed diskFreed then: what
 	// diskRefusal reuses (under diskMu).
-	passAt    time.Time
+	// +checklocks:diskMu
+	passAt time.Time
+	// +checklocks:diskMu
 	passFreed uint64
 	// diskFreed counts what may have lowered a sandbox's usage through the API since: file
 	// operations on a sandbox over its quota, node and sandbox removals.
@@ -110,7 +113,9 @@ type sb struct {
 	rt *sandbox.Sandbox
 	// +checklocks:opMu
 	kns *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
-	err error      // why rt is nil (start failed after a daemon restart)
+	// +checklocks:opMu
+	err error // why rt is nil (start failed after a daemon restart)
+	// +checklocks:opMu
 	seq uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a
@@ -133,7 +138,7 @@ type sb struct {
 	// +checklocks:prepMu
 	buildDone chan struct{} // closed when that build is over
 	// +checklocks:prepMu
-	warmClosed bool
+	warmClosed bool // +checklocksignore: prepMu guards it; the hint that buildMu does is a coincidence (its writer and readers build)
 
 	bg *background // after-answer work waits for this sandbox's operations (background.go)
 
@@ -176,7 +181,7 @@ type sb struct {
 	// +checklocks:mu
 	adm admission // calls and state switches in arrival order (op.go)
 	// +checklocks:mu
-	oomSeen int64 // the memory limit's kill count when last read (Exec)
+	oomSeen int64 // +checklocksignore: not opMu's: Exec (not analysed) takes only mu; the memory limit's kill count when last read (Exec)
 	// +checklocks:mu
 	removed bool
 	// +checklocks:mu
@@ -225,6 +230,7 @@ type Stats = apitypes.Stats
 // what a previous daemon left running outside the sandboxes it adopts (restart.go), and
 // restarts every sandbox it does not adopt on its head with its upper, with no process
 // running (its nodes' durable images can still bring theirs back: durable.go).
+// +checklocksignore: start-up: nothing is shared before New returns
 func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	if per, total := DefaultTemplateBudgets(); cfg.TemplateBudgetBytes <= 0 || cfg.TemplateBudgetTotalBytes <= 0 {
 		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)

@@ -45,6 +45,7 @@ func redactNet(n *apitypes.Network) *apitypes.Network {
 // one (netproxy): listeners and rules in its network namespace, which its init holds.
 // Called whenever s gets a running init (boot, adoption after a restart: the old
 // daemon's listeners went with it, and the rules are replaced to name the new ones).
+// +checklocks:s.opMu
 func (m *Manager) attachNet(s *sb) error {
 	if s.rec.Network == nil || s.rt == nil {
 		return nil

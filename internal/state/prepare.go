@@ -48,6 +48,7 @@ func stackKey(lowers []string) string { return strings.Join(lowers, "\x00") }
 
 // prepareNext starts preparing s's next checkpoint state. Precondition: s.opMu held
 // (it reads s.rec and s.rt).
+// +checklocks:s.opMu
 func (m *Manager) prepareNext(s *sb) {
 	if s.rt == nil || !m.cfg.Prepare {
 		return
@@ -124,6 +125,7 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 
 // takeNext returns s's prepared next state if it fits the sandbox's current position
 // (upper and lowers), and discards it otherwise. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) takeNext(s *sb, lowers []string) *prepared {
 	s.buildMu.Lock() // a build in flight is this checkpoint's state: wait for it
 	defer s.buildMu.Unlock()
@@ -161,6 +163,7 @@ func (m *Manager) discardNext(s *sb) {
 }
 
 // discardLocked drops s.next. Precondition: prepMu held.
+// +checklocks:s.prepMu
 func (m *Manager) discardLocked(s *sb) {
 	if p := s.next; p != nil {
 		s.next = nil

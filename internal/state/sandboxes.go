@@ -139,6 +139,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 // lookupUser resolves s's user in its current state's /etc/passwd and /etc/group, by
 // openat2 confined to the state's root (sbinit.LookupUser), so that a bad user is a 400
 // at create. Init resolves it again at every spawn: the files may change.
+// +checklocks:s.opMu
 func (m *Manager) lookupUser(s *sb) (*sbinit.User, error) {
 	root, err := s.rt.RootFD()
 	if err != nil {
@@ -153,6 +154,7 @@ func (m *Manager) lookupUser(s *sb) (*sbinit.User, error) {
 }
 
 // boot starts the runtime of s on its head's stack and its upper.
+// +checklocks:s.opMu
 func (m *Manager) boot(s *sb) error {
 	dir := m.st.SandboxDir(s.rec.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -213,16 +215,17 @@ func (m *Manager) boot(s *sb) error {
 // one the image has empty, is given to that user: it is the user's project directory
 // (Docker leaves its WORKDIR to root, and the first thing users then do is chown it).
 // A workdir the image has filled keeps its owners.
+// +checklocks:s.opMu
 func (m *Manager) ensureWorkdir(ctx context.Context, s *sb, u *sbinit.User) error {
 	run := func(argv ...string) error {
 		r, err := s.rt.Exec(ctx, sandbox.ExecRequest{Argv: argv, Dir: "/", User: "0", Timeout: 10 * time.Second})
 		if err != nil {
-			return err
+			return err // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 		}
 		if r.ExitCode != 0 {
-			return fmt.Errorf("%s %s: %s", argv[0], s.rec.Workdir, r.Stderr)
+			return fmt.Errorf("%s %s: %s", argv[0], s.rec.Workdir, r.Stderr) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 		}
-		return nil
+		return nil // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	give := u != nil && m.workdirEmpty(s)
 	if err := run("/bin/mkdir", "-p", s.rec.Workdir); err != nil || !give {
@@ -234,6 +237,7 @@ func (m *Manager) ensureWorkdir(ctx context.Context, s *sb, u *sbinit.User) erro
 // workdirEmpty reports whether s's workdir is missing or an empty directory, looked up
 // confined to the state (a symlink in the image's path must not lead the daemon to a
 // host path).
+// +checklocks:s.opMu
 func (m *Manager) workdirEmpty(s *sb) bool {
 	root, err := s.rt.RootFD()
 	if err != nil {
@@ -266,24 +270,31 @@ func (m *Manager) get(id string) (*sb, error) {
 	return s, nil
 }
 
-// lockLive locks s.opMu and checks that s can be operated on. On success the caller
-// holds opMu and must unlock it.
+// lockLive locks s.opMu and checks that s can be operated on (checkLive). On success
+// the caller holds opMu and must unlock it.
+// +checklocksignore: it returns holding opMu on success only, which annotations cannot say
 func (m *Manager) lockLive(s *sb) error {
 	s.opMu.Lock()
+	if err := m.checkLive(s); err != nil {
+		s.opMu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// checkLive checks that s can be operated on: not removed, its init running.
+// +checklocks:s.opMu
+func (m *Manager) checkLive(s *sb) error {
 	s.mu.Lock()
 	removed := s.removed
 	s.mu.Unlock()
 	if removed {
-		s.opMu.Unlock()
 		return fmt.Errorf("no sandbox %q: it was removed: %w", s.rec.ID, errdefs.ErrNotFound)
 	}
 	if s.rt == nil {
-		err := s.err
-		s.opMu.Unlock()
-		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, err, errdefs.ErrConflict)
+		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, s.err, errdefs.ErrConflict)
 	}
 	if !s.rt.Alive() {
-		s.opMu.Unlock()
 		return fmt.Errorf("sandbox %s is broken: its init died (killed from outside the daemon?); its files are intact: remove it with deltabox rm: %w", s.rec.ID, errdefs.ErrConflict)
 	}
 	return nil
@@ -301,6 +312,7 @@ func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 	return a
 }
 
+// +checklocks:s.opMu
 func (m *Manager) info(s *sb) *SandboxInfo {
 	in := &SandboxInfo{Sandbox: apiSandbox(s.rec), Status: "running", Durable: m.st.Index.Durable(s.seq)}
 	in.Network = redactNet(in.Network)
@@ -434,6 +446,7 @@ func (m *Manager) Remove(id string) error {
 // Exec runs a command in the sandbox. Execs may run in parallel with each other; a
 // checkpoint or restore refuses (409) while one runs, or waits for it (op.go:
 // admission), and an exec that arrives while one waits waits behind it.
+// +checklocksignore: enterCall hands it opMu held on success only
 func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
 	if len(r.Argv) == 0 {
 		return nil, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalid)

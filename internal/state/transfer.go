@@ -78,6 +78,7 @@ func writeDigestFile(p string, b *transfer.Blob) error {
 }
 
 // chain lists node id and its ancestors, the root's side first. Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) chain(id string) []store.Node {
 	var out []store.Node
 	for id != "" {

@@ -26,6 +26,7 @@ import (
 
 // parkTemplates parks node's templates tps of sandbox s, after the answer. Precondition:
 // s.opMu held (it reads s.rt and the tracer).
+// +checklocks:s.opMu
 func (m *Manager) parkTemplates(s *sb, node string, tps []*procTemplate) {
 	if len(tps) == 0 || s.rt == nil {
 		return

@@ -32,6 +32,7 @@ type warmState struct {
 
 // warmNode makes a warm restore state for node in the background. Precondition: s.opMu
 // held (it reads s.rt).
+// +checklocks:s.opMu
 func (m *Manager) warmNode(s *sb, node string) {
 	max := m.cfg.WarmMax
 	if s.rt == nil || max == 0 {
@@ -135,6 +136,7 @@ func (m *Manager) takeWarm(s *sb, node string, lowers []string) *warmState {
 }
 
 // evictOldestLocked drops the oldest warm state. Precondition: prepMu held.
+// +checklocks:s.prepMu
 func (m *Manager) evictOldestLocked(s *sb) {
 	var old *warmState
 	for _, w := range s.warm {
@@ -176,6 +178,7 @@ func (m *Manager) closeWarm(s *sb) {
 
 // dropWarmNodes synchronously releases the warm states of nodes about to be removed (their
 // layers are deleted next). Precondition: the nodes are marked removing; treeMu held.
+// +checklocks:m.treeMu
 func (m *Manager) dropWarmNodes(nodes []string) {
 	m.mu.Lock()
 	var all []*sb
