@@ -375,7 +375,7 @@ func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*hel
 		r, err := rootOf(l.h.P.HostPid)
 		if err == nil && slices.Contains(roots, r) {
 			if aerr := l.h.Abort(); aerr != nil { // its tree's dump goes on without it
-				m.log.Error("let go of a process for its tree's CRIU dump", "process", l.what, "err", aerr)
+				m.log.Error("a process left to its tree's CRIU dump could not be put back as it was seized", "process", l.what, "err", aerr)
 			}
 			continue
 		}
