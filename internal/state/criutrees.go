@@ -825,11 +825,10 @@ func resumeCutCRIUTrees(root string) {
 
 // cleanCRIUTrees removes, at start, what no node names: the trees of checkpoints cut
 // before their publish, and of nodes removed before their directory went.
-// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) cleanCRIUTrees() {
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "bg"))
 	for _, e := range ents {
-		if _, known := m.nodes[e.Name()]; !known || strings.HasPrefix(e.Name(), ".") {
+		if _, known := m.nodes[e.Name()]; !known || strings.HasPrefix(e.Name(), ".") { // +checklocksignore: start-up: New has not shared the manager yet
 			_ = store.RemoveAll(filepath.Join(m.img.root, "bg", e.Name())) // what stays, the next start tries again
 		}
 	}

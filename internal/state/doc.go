@@ -76,14 +76,15 @@
 // Each guarded field says so with a +checklocks annotation (gVisor's checklocks), and
 // each function whose caller must hold a lock says which (+checklocks:s.opMu);
 // scripts/test.sh runs the analyzer on this package as on the others. What it cannot
-// follow is marked +checklocksignore with the reason, on the function or on the line:
-// lockLive, enterCall and queueOp return holding opMu on success only, and beginOp hands
-// opMu and treeMu over in a func (their callers' uses are marked); New's start-up code
-// runs before the manager is shared; an undo step is a closure that undoList.run calls
-// later, under opMu; and a closure called inline under a lock is reported as returning
-// with it held (gVisor issue 11203: the findings of implicit returns carry no position,
-// and -wrappers=false drops them, as gVisor's own configuration does). rec is not
-// annotated: guarded by opMu, read under Manager.mu for listings, its ID without a lock.
+// follow is marked +checklocksignore with the reason, on the line where it can be: the
+// uses of opMu by the callers of lockLive, enterCall and queueOp (which return holding it
+// on success only) and beginOp (which hands it and treeMu over in a func), those
+// functions themselves; start-up code that New runs before the manager is shared
+// (restart.go's adoption whole); an undo step, a closure that undoList.run calls later,
+// under opMu; and the return of a closure called inline under a lock, reported as
+// returning with it held (gVisor issue 11203: the findings of implicit returns carry no
+// position, and -wrappers=false drops them, as gVisor's own configuration does). rec is
+// not annotated: guarded by opMu, read under Manager.mu for listings, its ID unlocked.
 //
 // # Goroutines
 //

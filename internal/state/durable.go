@@ -209,7 +209,6 @@ func (m *Manager) imagesDir(node string) string {
 
 // startImages opens the page store, reads which nodes have complete images (removing
 // what no node names), and starts the CRIU probe and the worker. Called by New.
-// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) startImages() {
 	m.img = &images{root: filepath.Join(m.st.Root, "durable"), nodes: map[string]*imageState{}, trees: map[string]int64{}, copies: map[string][]imageCopy{},
 		wake: make(chan struct{}, 1), ready: make(chan struct{})}
@@ -232,7 +231,7 @@ func (m *Manager) startImages() {
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "nodes"))
 	for _, e := range ents {
 		node := e.Name()
-		_, known := m.nodes[node]
+		_, known := m.nodes[node] // +checklocksignore: start-up: New has not shared the manager yet
 		_, err := os.Stat(filepath.Join(m.imagesDir(node), "complete"))
 		if !known || err != nil {
 			_ = store.RemoveAll(m.imagesDir(node)) // what stays, the next start tries again
@@ -243,10 +242,10 @@ func (m *Manager) startImages() {
 		if b, err := os.ReadFile(filepath.Join(m.imagesDir(node), "complete")); err == nil && json.Unmarshal(b, &mark) == nil {
 			st.bytes = mark.Bytes // counted in its sandbox's disk quota (diskquota.go)
 		}
-		m.img.nodes[node] = st
+		m.img.nodes[node] = st // +checklocksignore: start-up: New has not shared the manager yet
 	}
 	// Pages of images removed before a crash, or just above.
-	m.img.collect = true
+	m.img.collect = true // +checklocksignore: start-up: New has not shared the manager yet
 	m.imageDone = m.hasImage
 	m.wg.Add(1)
 	go func() {

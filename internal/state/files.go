@@ -19,7 +19,6 @@ import (
 // runs (a checkpoint or restore answers 409, or waits for it: op.go, admission), so fn
 // works on the state it started on. File operations may run in parallel with each other
 // and with execs.
-// +checklocksignore: enterCall hands it opMu held on success only
 func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int, workdir string) error) error {
 	s, err := m.get(id)
 	if err != nil {
@@ -36,14 +35,14 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 		return err
 	}
 	defer c.end()
-	workdir, rt := s.rec.Workdir, s.rt // rt read under opMu: a remove may clear s.rt once it is let go
+	workdir, rt := s.rec.Workdir, s.rt // +checklocksignore: opMu held since enterCall; rt read under opMu: a remove may clear s.rt once it is let go
 	root, err := rt.RootFD()
 	if err != nil {
-		s.opMu.Unlock()
+		s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 		return fmt.Errorf("%v: %w", err, errdefs.ErrConflict)
 	}
 	c.start()
-	s.opMu.Unlock()
+	s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 	defer unix.Close(root)
 	// As the sandbox's root: files made through its idmapped layers must belong to an
 	// id of its user namespace.

@@ -230,7 +230,6 @@ type Stats = apitypes.Stats
 // what a previous daemon left running outside the sandboxes it adopts (restart.go), and
 // restarts every sandbox it does not adopt on its head with its upper, with no process
 // running (its nodes' durable images can still bring theirs back: durable.go).
-// +checklocksignore: start-up: nothing is shared before New returns
 func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	if per, total := DefaultTemplateBudgets(); cfg.TemplateBudgetBytes <= 0 || cfg.TemplateBudgetTotalBytes <= 0 {
 		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)
@@ -278,7 +277,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			continue
 		}
 		adopted[r.ID] = s
-		log.Info("adopted a running sandbox", "id", r.ID, "init", r.Init.Pid, "sessions", len(s.sessions))
+		log.Info("adopted a running sandbox", "id", r.ID, "init", r.Init.Pid, "sessions", len(s.sessions)) // +checklocksignore: start-up: New has not shared the manager yet
 	}
 	for _, id := range cgroup.List() {
 		if adopted[id] != nil {
@@ -344,7 +343,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	for _, s := range m.sandboxes {
 		if adopted[s.rec.ID] != nil {
 			m.fitKernelLimit(s, false)
-			m.prepareNext(s)
+			m.prepareNext(s) // +checklocksignore: start-up: New has not shared the manager yet
 			for node, tps := range m.templates {
 				if len(tps) > 0 && tps[0].sandbox == s.rec.ID {
 					// Reattach moved their counters: the records are taken again.
@@ -353,12 +352,12 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			}
 			continue
 		}
-		if err := m.boot(s); err != nil {
-			s.err = err
+		if err := m.boot(s); err != nil { // +checklocksignore: start-up: New has not shared the manager yet
+			s.err = err // +checklocksignore: start-up: New has not shared the manager yet
 			log.Error("sandbox did not restart", "id", s.rec.ID, "err", err)
 			continue
 		}
-		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec}) // its new init
+		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec}) // +checklocksignore: start-up: New has not shared the manager yet; its new init
 
 	}
 	return m, nil

@@ -446,7 +446,6 @@ func (m *Manager) Remove(id string) error {
 // Exec runs a command in the sandbox. Execs may run in parallel with each other; a
 // checkpoint or restore refuses (409) while one runs, or waits for it (op.go:
 // admission), and an exec that arrives while one waits waits behind it.
-// +checklocksignore: enterCall hands it opMu held on success only
 func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*sandbox.ExecResult, error) {
 	if len(r.Argv) == 0 {
 		return nil, fmt.Errorf("exec needs a command: %w", errdefs.ErrInvalid)
@@ -463,13 +462,13 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		return nil, err
 	}
 	defer c.end()
-	rt := s.rt
+	rt := s.rt // +checklocksignore: opMu held since enterCall
 	var sess *session.Session
 	var restarted bool
 	if r.Session != "" {
 		var err error
-		if sess, restarted, err = m.sessionFor(s, r.Session); err != nil {
-			s.opMu.Unlock()
+		if sess, restarted, err = m.sessionFor(s, r.Session); err != nil { // +checklocksignore: opMu held since enterCall
+			s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 			return nil, err
 		}
 	}
@@ -505,7 +504,7 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	}
 	// A warm-up of restored processes lets go of its process before any command runs.
 	werr := m.stopProcWarm(s)
-	s.opMu.Unlock()
+	s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 	if werr != nil {
 		return nil, werr
 	}
