@@ -146,7 +146,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // read-only, after the read
 		n, err := files.ReadRange(p, in.Size, off, length, files.DefaultMaxRead)
 		if err != nil {
 			return err

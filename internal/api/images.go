@@ -77,7 +77,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	fl, _ := w.(http.Flusher)
 	send := func(ev ImportEvent) {
-		enc.Encode(ev)
+		_ = enc.Encode(ev) // the client went away: nothing to tell it
 		if fl != nil {
 			fl.Flush()
 		}

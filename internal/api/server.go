@@ -95,16 +95,16 @@ func (s *Server) Listen(ctx context.Context, path string, mode os.FileMode) erro
 		return err
 	}
 	if c, err := net.Dial("unix", path); err == nil {
-		c.Close()
+		_ = c.Close() // a probe: only that it connected matters
 		return fmt.Errorf("another daemon is listening on %s", path)
 	}
-	os.Remove(path)
+	_ = os.Remove(path) // a stale socket; if it stays, Listen says so
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		return err
 	}
 	if err := os.Chmod(path, mode); err != nil {
-		l.Close()
+		_ = l.Close()
 		return err
 	}
 	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
@@ -112,7 +112,7 @@ func (s *Server) Listen(ctx context.Context, path string, mode os.FileMode) erro
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(sctx)
+		_ = srv.Shutdown(sctx) // past its deadline Serve has returned anyway
 	}()
 	err = srv.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) {
@@ -124,7 +124,7 @@ func (s *Server) Listen(ctx context.Context, path string, mode os.FileMode) erro
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
+	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to tell it
 }
 
 func writeErr(w http.ResponseWriter, err error) {
@@ -257,7 +257,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		} else {
 			ev.Data = string(data)
 		}
-		enc.Encode(ev)
+		_ = enc.Encode(ev) // the client went away: nothing to tell it
 		if fl != nil {
 			fl.Flush()
 		}

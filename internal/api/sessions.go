@@ -37,7 +37,7 @@ func (s *Server) sessionLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Write(b)
+	_, _ = w.Write(b) // the client went away: nothing to tell it
 }
 
 func (s *Server) killSession(w http.ResponseWriter, r *http.Request) {

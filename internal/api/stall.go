@@ -32,7 +32,7 @@ func (s *stallWriter) Write(b []byte) (int, error) {
 	n := 0
 	for len(b) > 0 {
 		c := b[:min(len(b), chunk)]
-		s.rc.SetWriteDeadline(time.Now().Add(s.wait)) // ErrNotSupported: no deadline to set
+		_ = s.rc.SetWriteDeadline(time.Now().Add(s.wait)) // ErrNotSupported: no deadline to set
 		m, err := s.ResponseWriter.Write(c)
 		n += m
 		if err != nil {
@@ -59,7 +59,7 @@ type stallReader struct {
 }
 
 func (s stallReader) Read(b []byte) (int, error) {
-	s.rc.SetReadDeadline(time.Now().Add(s.wait)) // ErrNotSupported: no deadline to set
+	_ = s.rc.SetReadDeadline(time.Now().Add(s.wait)) // ErrNotSupported: no deadline to set
 	if len(b) > chunk {
 		b = b[:chunk]
 	}

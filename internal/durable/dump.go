@@ -122,7 +122,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read-only, after the read
 	ext := []string{
 		fmt.Sprintf("pid[%d]:%s", pidNS, pidKey),
 		fmt.Sprintf("net[%d]:%s", netNS, netKey),
@@ -413,7 +413,7 @@ func syncDir(dir string) error {
 			return err
 		}
 		err = f.Sync()
-		f.Close()
+		_ = f.Close() // read-only: Sync's error is the one that counts
 		if err != nil {
 			return fmt.Errorf("sync %s: %w", name, err)
 		}

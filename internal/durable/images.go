@@ -58,7 +58,7 @@ func readPagemap(path string) (*pagemapFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only, after the read
 	r := bufio.NewReader(f)
 	var magic [2]uint32
 	if err := binary.Read(r, binary.LittleEndian, &magic); err != nil {

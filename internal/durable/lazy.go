@@ -88,7 +88,7 @@ func (l *Lazy) Wait(d time.Duration) error {
 // waits for its goroutine.
 func (l *Lazy) Kill() {
 	if l.cmd.Process != nil {
-		l.cmd.Process.Kill()
+		_ = l.cmd.Process.Kill() // ErrProcessDone: it ended already; the wait below is what counts
 	}
 	<-l.done
 }
@@ -106,7 +106,7 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ready.Close()
+	defer func() { _ = ready.Close() }() // read end, after the read
 	cmd := deadline.Command(context.Background(), LazyTimeout, r.Bin, "lazy-pages",
 		"--images-dir", dir, "--log-file", LazyLog, fmt.Sprintf("-v%d", logLevel), "--status-fd", "3")
 	cmd.ExtraFiles = []*os.File{readyW}
@@ -118,10 +118,10 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer outf.Close()
+	defer func() { _ = outf.Close() }() // the server writes through its own copy
 	cmd.Stdout, cmd.Stderr = outf, outf
 	err = cmd.Start()
-	readyW.Close()
+	_ = readyW.Close() // the server has its own copy
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +138,7 @@ func startLazy(r *criu.Runner, dir string, logLevel int32) (*Lazy, error) {
 		l.mu.Unlock()
 		close(l.done)
 	}()
-	ready.SetReadDeadline(time.Now().Add(lazyListenWait))
+	_ = ready.SetReadDeadline(time.Now().Add(lazyListenWait)) // a pipe is pollable: only a closed one refuses
 	var b [1]byte
 	if n, err := ready.Read(b[:]); n == 1 {
 		return l, nil

@@ -51,7 +51,7 @@ func nsOwnerOf(pid int) (uint32, error) {
 	if err != nil {
 		return 0, fmt.Errorf("the user namespace of pid %d: %w", pid, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: an ioctl
 	var uid uint32
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nsGetOwnerUID, uintptr(unsafe.Pointer(&uid))); e != 0 {
 		return 0, fmt.Errorf("the owner of the user namespace of pid %d: %w", pid, e)
@@ -97,7 +97,7 @@ func becomeOwner(uid uint32) (ambient []uintptr, back func() bool, err error) {
 			return false
 		}
 		var r, e, s uint32
-		unix.RawSyscall(unix.SYS_GETRESUID, uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&e)), uintptr(unsafe.Pointer(&s)))
+		_, _, _ = unix.RawSyscall(unix.SYS_GETRESUID, uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&e)), uintptr(unsafe.Pointer(&s))) // cannot fail: the pointers are valid
 		return r == 0 && e == 0 && s == 0
 	}
 	if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {

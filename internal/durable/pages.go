@@ -73,12 +73,12 @@ func OpenPageStore(dir string) (*PageStore, error) {
 	}
 	idx, err := os.OpenFile(filepath.Join(dir, idxFile), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		pack.Close()
+		_ = pack.Close() // the open's error is the one to report
 		return nil, err
 	}
 	s := &PageStore{dir: dir, pack: pack, idx: idx, byHash: map[[32]byte]uint64{}}
 	if err := s.load(); err != nil {
-		s.Close()
+		_ = s.Close() // the load's error is the one to report
 		return nil, fmt.Errorf("page store %s: %w", dir, err)
 	}
 	return s, nil
@@ -277,7 +277,7 @@ func (s *PageStore) ingestPages(dir string, m *pagemapFile, st *IngestStats) err
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only, after the read
 	fi, err := f.Stat()
 	if err != nil {
 		return err
@@ -374,11 +374,11 @@ func writeSynced(name string, b []byte) error {
 		return err
 	}
 	if _, err := f.Write(b); err != nil {
-		f.Close()
+		_ = f.Close() // the write's error is the one to report
 		return err
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
+		_ = f.Close() // the sync's error is the one to report
 		return err
 	}
 	if err := f.Close(); err != nil {
@@ -420,7 +420,7 @@ func (s *PageStore) materialize(refsName string) error {
 	if err != nil {
 		return err
 	}
-	defer out.Close()
+	defer func() { _ = out.Close() }() // the success path closes it and checks; this one is for the errors
 	if err := out.Truncate(n * pageSize); err != nil {
 		return err
 	}

@@ -91,7 +91,7 @@ func readImageFile(path string, magic uint32) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only, after the read
 	r := bufio.NewReader(f)
 	var m [2]uint32
 	if err := binary.Read(r, binary.LittleEndian, &m); err != nil {
@@ -125,10 +125,10 @@ func writeImageFile(path string, magic uint32, ents [][]byte) error {
 		return err
 	}
 	w := bufio.NewWriter(f)
-	binary.Write(w, binary.LittleEndian, [2]uint32{imgCommonMagic, magic})
+	_ = binary.Write(w, binary.LittleEndian, [2]uint32{imgCommonMagic, magic}) // bufio keeps the first error: Flush returns it
 	for _, b := range ents {
-		binary.Write(w, binary.LittleEndian, uint32(len(b)))
-		w.Write(b)
+		_ = binary.Write(w, binary.LittleEndian, uint32(len(b)))
+		_, _ = w.Write(b)
 	}
 	err = w.Flush()
 	if err == nil {
@@ -141,7 +141,7 @@ func writeImageFile(path string, magic uint32, ents [][]byte) error {
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		_ = os.Remove(tmp) // may not exist: the error above is the one to report
 		return fmt.Errorf("rewrite %s: %w", path, err)
 	}
 	return nil

@@ -64,7 +64,7 @@ func imageTask(dir string) (Regs, uint32, error) {
 	if err != nil {
 		return Regs{}, 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only, after the read
 	r := bufio.NewReader(f)
 	var magic [2]uint32
 	if err := binary.Read(r, binary.LittleEndian, &magic); err != nil || magic[0] != imgCommonMagic {

@@ -143,7 +143,7 @@ func copyRemovedFiles(tree []int, dir string, removed []Removed, src map[string]
 		link := src[r.Key]
 		if k, _ := keyOf(link); k != r.Key {
 			link = ""
-			treeLinks(tree, func(p int, l string) error {
+			_ = treeLinks(tree, func(p int, l string) error { // its callback never fails
 				if k, _ := keyOf(l); link == "" && k == r.Key {
 					link = l
 				}
@@ -244,7 +244,7 @@ func sameAt(p int, name string, st *unix.Stat_t) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	defer root.Close()
+	defer func() { _ = root.Close() }() // O_PATH use only
 	fd, err := unix.Openat2(int(root.Fd()), name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
 	if err != nil {
@@ -261,7 +261,7 @@ func copyRemoved(link, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer src.Close()
+	defer func() { _ = src.Close() }() // read-only, after the copy
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
@@ -304,14 +304,14 @@ func makeRemoved(root *os.File, dir string, r Removed) (*os.File, error) {
 		if err != nil {
 			return err
 		}
-		defer src.Close()
+		defer func() { _ = src.Close() }() // read-only, after the copy
 		if _, err := io.Copy(f, src); err != nil {
 			return err
 		}
 		return setAttrs(fd, r)
 	}()
 	if err != nil {
-		f.Close()
+		_ = f.Close() // the copy's error is the one to report
 		return nil, fmt.Errorf("make the removed file %s again: %w", r.Path, err)
 	}
 	return f, nil
@@ -348,7 +348,7 @@ func makeRemovedDir(root *os.File, r Removed) (*os.File, error) {
 		}
 	}
 	rerr := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
-	unix.UtimesNanoAt(pfd, "", []unix.Timespec{pst.Atim, pst.Mtim}, unix.AT_EMPTY_PATH)
+	_ = unix.UtimesNanoAt(pfd, "", []unix.Timespec{pst.Atim, pst.Mtim}, unix.AT_EMPTY_PATH) // the parent's times only, put back as a courtesy
 	if err == nil && rerr != nil {
 		unix.Close(fd)
 		err = rerr

@@ -121,12 +121,12 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	if err := os.Chmod(abs, 0o711); err != nil {
 		return nil, err
 	}
-	defer os.Chmod(abs, fi.Mode().Perm())
+	defer func() { _ = os.Chmod(abs, fi.Mode().Perm()) }() // 0711 only lets the restore traverse it; the next restore sets it again
 	tmp, err := os.MkdirTemp("", "deltabox-restore-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { _ = os.RemoveAll(tmp) }() // a temporary symlink in /tmp
 	link := filepath.Join(tmp, "images")
 	if err := os.Symlink(abs, link); err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		if err != nil {
 			return nil, err
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // CRIU has its own copy
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(k), Fd: proto.Int32(fdOf(len(files)))})
 		files = append(files, f)
 	}
@@ -200,7 +200,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		if err != nil {
 			return nil, err
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // CRIU has its own copy
 		opts.InheritFd = append(opts.InheritFd, &rpc.InheritFd{Key: proto.String(rm.Key), Fd: proto.Int32(fdOf(len(files)))})
 		files = append(files, f)
 	}

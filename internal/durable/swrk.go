@@ -79,7 +79,7 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	}
 	cln := os.NewFile(uintptr(fds[0]), "criu-client")
 	srv := os.NewFile(uintptr(fds[1]), "criu-server")
-	defer cln.Close()
+	defer func() { _ = cln.Close() }() // a socket: nothing written back
 
 	argv := []string{c.r.Bin, "swrk", "3"}
 	if c.pidNS != nil {
@@ -95,21 +95,21 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := c.start(cmd); err != nil {
-		srv.Close()
+		_ = srv.Close() // CRIU has its own copy
 		return nil, err
 	}
-	srv.Close() // CRIU's alone now: its exit is our EOF
+	_ = srv.Close() // CRIU's alone now: its exit is our EOF
 	if c.background {
 		lowerPriority(cmd.Process.Pid)
 	}
 	if err := joinCgroups(cmd.Process.Pid, c.cgroups); err != nil {
-		cln.Close()
-		cmd.Wait()
+		_ = cln.Close() // CRIU exits when the socket closes
+		_ = cmd.Wait()  // the cgroup error is the one to report; this reaps
 		return nil, fmt.Errorf("%s: %w", c.what, err)
 	}
 
 	resp, rerr := c.exchange(cln)
-	cln.Close() // CRIU exits when the socket closes
+	_ = cln.Close() // CRIU exits when the socket closes
 	werr := cmd.Wait()
 	if rerr == nil && werr != nil {
 		// swrk exits 0 after a served request; a failure after the answer is CRIU's
@@ -160,7 +160,7 @@ func (c *call) start(cmd *deadline.Cmd) error {
 		if err != nil {
 			return fmt.Errorf("%s: our %s namespace: %w", c.what, n.name, err)
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // read-only (setns)
 		n.owned = f
 	}
 	errc := make(chan error, 1)
@@ -223,8 +223,8 @@ const (
 // lowerPriority sets pid's nice to 19 and its I/O class to idle; what it forks after
 // inherits both. Best effort: a dump at normal priority is still a dump.
 func lowerPriority(pid int) {
-	unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
-	unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(pid), ioprioClassIdle<<ioprioClassShift)
+	_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19) // best effort, as said
+	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(pid), ioprioClassIdle<<ioprioClassShift)
 }
 
 // exchange sends the request and answers CRIU's notifications until its final answer.

@@ -70,7 +70,7 @@ func unixSocketMounts(dir string) error {
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, out, 0o644); err != nil {
-		os.Remove(tmp)
+		_ = os.Remove(tmp) // may not exist: the write's error is the one to report
 		return err
 	}
 	return os.Rename(tmp, path)

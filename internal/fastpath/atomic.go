@@ -120,15 +120,15 @@ func (h *Held) Fork() (*Template, error) {
 		tmpl.HostPid, tmpl.SelfPid, tmpl.sc = child.Pid(), child.ClonedAs(), child.SyscallAddr()
 		// Kept seized from birth (Template.tr says why), SIGSTOP queued for a detach.
 		if err := child.KeepStopped(); err != nil {
-			child.Kill()
+			kerr := child.Kill()
 			child = nil
-			return fmt.Errorf("park the template of %d: %w", h.P.Pid, err)
+			return errors.Join(fmt.Errorf("park the template of %d: %w", h.P.Pid, err), kerr)
 		}
 		return nil
 	})
 	if err != nil {
 		if child != nil {
-			child.Kill()
+			_ = child.Kill() // a fresh child: Kill fails only if it is gone already
 		}
 		return nil, err
 	}
@@ -163,15 +163,15 @@ func (h *Held) MoveBack() error {
 		return nil
 	}
 	if h.Tmpl == nil {
-		h.t.Kill()
-		return fmt.Errorf("process %d was moved without a template to move back from: killed", h.P.Pid)
+		kerr := h.t.Kill()
+		return errors.Join(fmt.Errorf("process %d was moved without a template to move back from: killed", h.P.Pid), kerr)
 	}
 	base := "/proc/" + strconv.Itoa(h.Tmpl.SelfPid)
 	tt, err := holdTemplate(h.tr, h.Tmpl)
 	if err != nil {
-		h.t.Kill()
+		kerr := h.t.Kill()
 		h.killed = true
-		return fmt.Errorf("%w: process %d killed rather than left half-moved", err, h.P.Pid)
+		return errors.Join(fmt.Errorf("%w: process %d killed rather than left half-moved", err, h.P.Pid), kerr)
 	}
 	err = h.tr.Do(func() error {
 		// The process reads its template's /proc entries below: the template is made
@@ -186,7 +186,7 @@ func (h *Held) MoveBack() error {
 			return fmt.Errorf("open the template's namespace: %w", err)
 		}
 		err = h.t.Setns(ns, unix.CLONE_NEWNS)
-		h.t.Close(ns)
+		_ = h.t.Close(ns) // a failed injected close kills the tracee (remote)
 		if err != nil {
 			return fmt.Errorf("setns back: %w", err)
 		}
@@ -210,14 +210,14 @@ func (h *Held) MoveBack() error {
 		if err != nil {
 			return fmt.Errorf("pidfd_open of the template: %w", err)
 		}
-		defer h.t.Close(int(pfd))
+		defer func() { _ = h.t.Close(int(pfd)) }() // a failed injected close kills the tracee (remote)
 		for _, f := range files {
 			nfd, err := h.t.Syscall(unix.SYS_PIDFD_GETFD, pfd, uintptr(f.Num), 0)
 			if err != nil {
 				return fmt.Errorf("take back fd %d: %w", f.Num, err)
 			}
 			err = h.t.Dup3(int(nfd), f.Num, f.Flags&unix.O_CLOEXEC)
-			h.t.Close(int(nfd))
+			_ = h.t.Close(int(nfd)) // a failed injected close kills the tracee (remote)
 			if err != nil {
 				return fmt.Errorf("dup3 fd %d back: %w", f.Num, err)
 			}
@@ -235,9 +235,9 @@ func (h *Held) MoveBack() error {
 		return nil
 	})
 	if err != nil {
-		h.t.Kill()
+		kerr := h.t.Kill()
 		h.killed = true
-		return fmt.Errorf("%w: process %d killed rather than left half-moved", err, h.P.Pid)
+		return errors.Join(fmt.Errorf("%w: process %d killed rather than left half-moved", err, h.P.Pid), kerr)
 	}
 	h.moved = false
 	return nil
@@ -339,7 +339,7 @@ func holdTemplate(tr *remote.Tracer, tmpl *Template) (*remote.Tracee, error) {
 			return fmt.Errorf("seize the template: %w", err)
 		}
 		if tmpl.sc != 0 {
-			t.UseSyscallAddr(tmpl.sc)
+			_ = t.UseSyscallAddr(tmpl.sc) // a hint: refused, the tracee finds its own
 		}
 		return nil
 	})
@@ -365,7 +365,7 @@ func (r *Revival) Revive(ns int, ptyPath string) error {
 	r.tt = nil
 	if err != nil {
 		if child != nil {
-			child.Kill()
+			_ = child.Kill() // a fresh child: Kill fails only if it is gone already
 		}
 		return err
 	}
@@ -418,16 +418,19 @@ func (r *Revival) Commit() error {
 	return err
 }
 
-// Abort kills the revived process, if any, and parks the template as it was.
-func (r *Revival) Abort() {
+// Abort kills the revived process, if any, and parks the template as it was. Its error
+// says what it could not: a template that could not be restored was killed (remote).
+func (r *Revival) Abort() error {
+	var errs []error
 	if r.child != nil {
-		r.child.Kill()
+		errs = append(errs, r.child.Kill())
 		r.child = nil
 	}
 	if r.tt != nil {
-		r.tt.Restore() // still held, as it was
+		errs = append(errs, r.tt.Restore()) // still held, as it was
 		r.tt = nil
 	}
+	return errors.Join(errs...)
 }
 
 // HasTerminal reports whether the held process has a terminal among its fds.
@@ -461,7 +464,7 @@ type Ended struct {
 // restore's kill-all ends it). One hand-off to the tracer's thread for all of them.
 func EndLive(tr *remote.Tracer, hostPids []int) []Ended {
 	out := make([]Ended, len(hostPids))
-	tr.Do(func() error {
+	_ = tr.Do(func() error { // fn never fails; a closed tracer leaves every Killed false, as said above
 		for i, host := range hostPids {
 			out[i].HostPid = host
 			t, err := tr.Seize(host)

@@ -1,6 +1,7 @@
 package fastpath
 
 import (
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -71,8 +72,8 @@ func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, unix.PtraceRegs, erro
 			err = child.DetachStopped()
 		}
 		if err != nil {
-			child.Kill()
-			return fmt.Errorf("copy of template %d: %w", tmpl.HostPid, err)
+			kerr := child.Kill()
+			return errors.Join(fmt.Errorf("copy of template %d: %w", tmpl.HostPid, err), kerr)
 		}
 		pid = child.Pid()
 		return nil
@@ -94,18 +95,18 @@ func AdoptStopped(tr *remote.Tracer, rec TemplateRecord, hostPid, selfPid int) (
 			return fmt.Errorf("seize process %d: %w", hostPid, err)
 		}
 		if !t.WasStopped() {
-			t.Kill()
-			return fmt.Errorf("process %d was not stopped: killed", hostPid)
+			kerr := t.Kill()
+			return errors.Join(fmt.Errorf("process %d was not stopped: killed", hostPid), kerr)
 		}
 		if rec.Syscall != 0 {
 			if err := t.UseSyscallAddr(uintptr(rec.Syscall)); err != nil {
-				t.Kill()
-				return fmt.Errorf("process %d: recorded syscall address %#x: %w", hostPid, rec.Syscall, err)
+				kerr := t.Kill()
+				return errors.Join(fmt.Errorf("process %d: recorded syscall address %#x: %w", hostPid, rec.Syscall, err), kerr)
 			}
 		}
 		if err := t.KeepStopped(); err != nil {
-			t.Kill()
-			return fmt.Errorf("park process %d as a template: %w", hostPid, err)
+			kerr := t.Kill()
+			return errors.Join(fmt.Errorf("park process %d as a template: %w", hostPid, err), kerr)
 		}
 		return nil
 	})

@@ -60,13 +60,13 @@ func (t *Template) watchExit() {
 			return
 		}
 		f := os.NewFile(uintptr(wfd), "template pidfd") // non-blocking: in the poller
-		defer f.Close()
+		defer func() { _ = f.Close() }()                // a pidfd: nothing written
 		rc, err := f.SyscallConn()
 		if err != nil {
 			return
 		}
 		// A pidfd polls readable once its process has exited.
-		rc.Read(func(fd uintptr) bool {
+		_ = rc.Read(func(fd uintptr) bool { // returns once the pidfd polls readable; f stays open until then
 			n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
 			return n > 0
 		})
@@ -95,8 +95,8 @@ func (t *Template) signal(sig unix.Signal) {
 	switch {
 	case t.exit.dead:
 	case t.exit.set && t.exit.pidfd >= 0:
-		unix.PidfdSendSignal(t.exit.pidfd, sig, nil, 0)
+		_ = unix.PidfdSendSignal(t.exit.pidfd, sig, nil, 0) // ESRCH: it exited meanwhile
 	case !t.exit.set:
-		unix.Kill(t.HostPid, sig)
+		_ = unix.Kill(t.HostPid, sig) // ESRCH: it exited meanwhile
 	}
 }

@@ -84,8 +84,8 @@ func (h *handed) recvCalls(b *remote.Batch) {
 // free or ours: the process's own fds existed before the socketpair, and a failed
 // batch closes its temporary ones itself.
 func (h *handed) cleanup(t *remote.Tracee) {
-	t.Close(h.rx)
-	t.Close(h.tx)
+	_ = t.Close(h.rx) // a failed injected close kills the tracee (remote)
+	_ = t.Close(h.tx)
 }
 
 // sendFD sends fd over the socket tx of process pid (a host PID), taken with

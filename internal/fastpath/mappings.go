@@ -129,8 +129,8 @@ func probeMayWrite(t *remote.Tracee) mayWriteFunc {
 			return false, fmt.Errorf("probe the mapping %x-%x: %w", start, end, err)
 		}
 		if err := t.Mprotect(uintptr(start), uintptr(end-start), prot); err != nil {
-			t.Kill()
-			return false, fmt.Errorf("put the mapping %x-%x back to read-only after probing it: %w (process killed rather than left with a write permission it did not have)", start, end, err)
+			kerr := t.Kill()
+			return false, errors.Join(fmt.Errorf("put the mapping %x-%x back to read-only after probing it: %w (process killed rather than left with a write permission it did not have)", start, end, err), kerr)
 		}
 		return true, nil
 	}

@@ -79,7 +79,7 @@ func TouchedWritable(hostPid int) ([]Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer pm.Close()
+	defer func() { _ = pm.Close() }() // read-only, after the read
 	var runs []Run
 	buf := make([]byte, 8*512)
 	sc := bufio.NewScanner(bytes.NewReader(maps))

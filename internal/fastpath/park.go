@@ -60,12 +60,12 @@ func Park(tr *remote.Tracer, tmpl *Template, ns int) error {
 			}
 			if f.Kind == "file" && f.Pos != 0 {
 				if _, err := t.Lseek(nfd, f.Pos, 0); err != nil {
-					t.Close(nfd)
+					_ = t.Close(nfd) // a failed injected close kills the tracee (remote)
 					return fmt.Errorf("seek fd %d: %w", f.Num, err)
 				}
 			}
 			err = t.Dup3(nfd, f.Num, f.Flags&unix.O_CLOEXEC)
-			t.Close(nfd)
+			_ = t.Close(nfd) // a failed injected close kills the tracee (remote)
 			if err != nil {
 				return fmt.Errorf("dup3 fd %d: %w", f.Num, err)
 			}

@@ -188,7 +188,7 @@ func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
 	}
 	defer unix.Close(pidfd)
 	ran := func(why string) error {
-		unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) // its state is not the checkpoint's
+		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) // ESRCH: gone already
 		return fmt.Errorf("template %d of process %d: %s; killed: %w (%w)", pid, rec.Proc.Pid, why, ErrTemplateRan, errdefs.ErrConflict)
 	}
 	id, err := readIdentity(pid)
@@ -220,24 +220,24 @@ func Reattach(tr *remote.Tracer, rec TemplateRecord) (*Template, error) {
 			err = fmt.Errorf("pid reused while seizing (start time %d, recorded %d)", after.start, rec.Start)
 		}
 		if err != nil {
-			t.Detach()
+			_ = t.Detach() // not the template: its identity check's error is the one reported
 			return gone(err.Error())
 		}
 		// In a group stop the interrupt trap carries the stop signal: a SIGCONT between
 		// the check above and the seize would have ended it.
 		if !t.WasStopped() {
-			t.Kill()
-			return ran("seized out of its group stop (continued meanwhile)")
+			kerr := t.Kill()
+			return errors.Join(ran("seized out of its group stop (continued meanwhile)"), kerr)
 		}
 		if rec.Syscall != 0 {
 			if err := t.UseSyscallAddr(uintptr(rec.Syscall)); err != nil {
-				t.Kill()
-				return fmt.Errorf("template %d: recorded syscall address %#x: %w", pid, rec.Syscall, err)
+				kerr := t.Kill()
+				return errors.Join(fmt.Errorf("template %d: recorded syscall address %#x: %w", pid, rec.Syscall, err), kerr)
 			}
 		}
 		if err := t.KeepStopped(); err != nil {
-			t.Kill()
-			return fmt.Errorf("park template %d again: %w", pid, err)
+			kerr := t.Kill()
+			return errors.Join(fmt.Errorf("park template %d again: %w", pid, err), kerr)
 		}
 		return nil
 	})

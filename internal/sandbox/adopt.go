@@ -136,7 +136,7 @@ func (s *Sandbox) ReadProcFile(pid int, name string) ([]byte, error) {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only, after the read
 	return io.ReadAll(f)
 }
 

@@ -98,18 +98,18 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	var closers []*os.File
 	defer func() {
 		for _, f := range closers {
-			f.Close()
+			_ = f.Close()
 		}
 	}()
 	// Pipes belong to the fsuid that makes them: made as the sandbox's root, so that a
 	// command may reopen its stdio by path (echo x > /dev/stdout opens /proc/self/fd/1),
 	// which a pipe of the host's root (unmapped inside) would refuse.
 	pipe := func() (r, w *os.File, err error) {
-		s.AsRoot(func() error {
+		err = s.AsRoot(func() (err error) {
 			r, w, err = os.Pipe()
-			return nil
+			return err
 		})
-		if err == nil {
+		if r != nil {
 			closers = append(closers, r, w)
 		}
 		return r, w, err
@@ -138,7 +138,7 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	start := time.Now()
 	p, err := s.init.Spawn(sbinit.SpawnOptions{Argv: r.Argv, Env: env, Dir: r.Dir, User: user, Tasks: int(tasks.Fd())},
 		[3]int{int(inR.Fd()), int(outW.Fd()), int(errW.Fd())}, ns)
-	tasks.Close()
+	_ = tasks.Close() // the child's copy is what counts
 	if err != nil {
 		s.dropExecGroup(group)
 		return nil, fmt.Errorf("start %q: %w", r.Argv[0], err)
@@ -147,15 +147,15 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 	// in its group; the group goes once empty.
 	defer s.dropExecGroup(group)
 	// Our copies of the child's ends must go, or EOF never comes.
-	inR.Close()
-	outW.Close()
-	errW.Close()
+	_ = inR.Close()
+	_ = outW.Close()
+	_ = errW.Close()
 	go func() {
-		inW.Write(r.Stdin)
+		_, _ = inW.Write(r.Stdin) // EPIPE: the command does not read its stdin
 		if r.StdinReader != nil {
-			io.Copy(inW, r.StdinReader)
+			_, _ = io.Copy(inW, r.StdinReader) // EPIPE: the command does not read its stdin
 		}
-		inW.Close()
+		_ = inW.Close()
 	}()
 	stdout, stderr := newCapture(limit), newCapture(limit)
 	if r.OnOutput != nil {
@@ -196,8 +196,8 @@ func (s *Sandbox) Exec(ctx context.Context, r ExecRequest) (*ExecResult, error) 
 		select {
 		case <-outDone:
 		case <-grace:
-			outR.SetReadDeadline(time.Now())
-			errR.SetReadDeadline(time.Now())
+			_ = outR.SetReadDeadline(time.Now()) // pipes are pollable: only a closed one refuses
+			_ = errR.SetReadDeadline(time.Now())
 			<-outDone
 		}
 	}

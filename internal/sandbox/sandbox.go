@@ -9,6 +9,7 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -99,7 +100,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
 	defer func() {
 		if err != nil {
-			s.Destroy()
+			err = errors.Join(err, s.Destroy())
 		}
 	}()
 	if s.cg, err = cgroup.Create(id); err != nil {
@@ -114,7 +115,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 	}
 	defer func() {
 		for _, f := range tasks {
-			f.Close()
+			_ = f.Close() // cgroup files: nothing written back
 		}
 	}()
 	root := filepath.Join(dir, "initroot")
@@ -125,7 +126,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 	if err != nil {
 		return nil, err
 	}
-	defer rootDir.Close()
+	defer func() { _ = rootDir.Close() }()
 	var ids *sbinit.IDRange
 	if iso != nil {
 		ids = &iso.IDs
@@ -134,7 +135,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 	if err != nil {
 		return nil, err
 	}
-	defer log.Close()
+	defer func() { _ = log.Close() }() // init writes through its own copy
 	cgfd, err := s.cg.Open()
 	if err != nil {
 		return nil, err

@@ -219,9 +219,9 @@ func Start(rt *sandbox.Sandbox, name string, kind Kind, argv []string, dir strin
 	// HISTCONTROL from the start, so that even the setup line stays out of history.
 	env = append([]string{"TERM=xterm", "HISTCONTROL=ignorespace"}, env...)
 	p, err := rt.SpawnSession(argv, env, dir, slave)
-	slave.Close()
+	_ = slave.Close()
 	if err != nil {
-		master.Close()
+		_ = master.Close()
 		return nil, err
 	}
 	shown := argv
@@ -295,7 +295,7 @@ func (s *Session) Rebind(pid int, exit <-chan unix.WaitStatus) {
 	s.slave = nil
 	s.mu.Unlock()
 	if slave != nil {
-		slave.Close()
+		_ = slave.Close()
 	}
 	s.watch(exit, gen)
 }
@@ -325,7 +325,7 @@ type TermState struct {
 // RestoreTerm then leaves it as it is) and copies its log.
 func (s *Session) SaveTerm() TermState {
 	var t TermState
-	s.control(func(fd int) {
+	_ = s.control(func(fd int) { // a closed terminal: t stays unset, as said
 		if tio, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
 			t.termios = tio
 		}
@@ -342,12 +342,12 @@ func (s *Session) SaveTerm() TermState {
 // RestoreTerm sets the session's terminal and log to t (a restore, before its process
 // resumes; what the session held before is dropped).
 func (s *Session) RestoreTerm(t TermState) {
-	s.control(func(fd int) {
+	_ = s.control(func(fd int) { // a closed terminal: nothing to restore
 		if t.termios != nil {
-			unix.IoctlSetTermios(fd, unix.TCSETS, t.termios)
+			_ = unix.IoctlSetTermios(fd, unix.TCSETS, t.termios)
 		}
 		if t.winsize != nil {
-			unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
+			_ = unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, t.winsize)
 		}
 	})
 	s.mu.Lock()
@@ -396,7 +396,7 @@ func openPTY(rt *sandbox.Sandbox) (master, slave *os.File, err error) {
 		return nil, nil, err
 	}
 	if master, err = pollable(m); err != nil {
-		slave.Close()
+		_ = slave.Close()
 		return nil, nil, err
 	}
 	return master, slave, nil
@@ -405,7 +405,7 @@ func openPTY(rt *sandbox.Sandbox) (master, slave *os.File, err error) {
 // pollable returns f's file as a nonblocking *os.File on the netpoller, and closes f.
 func pollable(f *os.File) (*os.File, error) {
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	f.Close()
+	_ = f.Close() // the dup, or its error, is what matters
 	if err == nil {
 		if err = unix.SetNonblock(fd, true); err != nil {
 			unix.Close(fd)
@@ -428,7 +428,7 @@ func (s *Session) control(f func(fd int)) error {
 
 // write writes b to the terminal within writeTimeout.
 func (s *Session) write(b []byte) error {
-	s.master.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_ = s.master.SetWriteDeadline(time.Now().Add(writeTimeout)) // fails only on a closed file, as the Write below does
 	_, err := s.master.Write(b)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return fmt.Errorf("the session's process took no input for %v (it no longer reads its terminal: kill the session)", writeTimeout)
@@ -571,9 +571,9 @@ func (s *Session) Run(ctx context.Context, code string, timeout time.Duration, l
 		if errors.Is(err, errTimeout) {
 			// It ignored SIGINT: kill the terminal's foreground group if it is not the
 			// session itself.
-			s.control(func(fd int) {
+			_ = s.control(func(fd int) { // a closed terminal: no group to kill
 				if pg, e := unix.IoctlGetInt(fd, unix.TIOCGPGRP); e == nil && pg > 1 {
-					unix.Kill(-pg, unix.SIGKILL)
+					_ = unix.Kill(-pg, unix.SIGKILL) // gone already, or the await below says it stayed
 				}
 			})
 			end, err = s.await(context.Background(), id, 5*time.Second, out)
@@ -614,10 +614,10 @@ func (s *Session) interrupt() {
 	if s.kind == Bash {
 		var sid, pg int
 		var err error
-		s.control(func(fd int) { sid, err = unix.IoctlGetInt(fd, unix.TIOCGSID) })
+		_ = s.control(func(fd int) { sid, err = unix.IoctlGetInt(fd, unix.TIOCGSID) }) // a closed terminal leaves sid 0: no shell, no wait
 		shell, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", sid))
 		for end := time.Now().Add(200 * time.Millisecond); err == nil && shell != "" && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			s.control(func(fd int) { pg, err = unix.IoctlGetInt(fd, unix.TIOCGPGRP) })
+			_ = s.control(func(fd int) { pg, err = unix.IoctlGetInt(fd, unix.TIOCGPGRP) }) // a closed terminal leaves pg 0: the loop ends
 			if err != nil {
 				break
 			}
@@ -626,7 +626,7 @@ func (s *Session) interrupt() {
 			}
 		}
 	}
-	s.write([]byte{0x03})
+	_ = s.write([]byte{0x03}) // not written: the caller's await times out and kills
 }
 
 // busyGrace is how long a call waits for a busy session before it is refused.
@@ -817,7 +817,7 @@ func (s *Session) close(kill bool) {
 	s.cond.Broadcast() // readLoop may wait for a call to consume
 	s.mu.Unlock()
 	if kill {
-		s.rt.Signal(s.Pid(), unix.SIGKILL, true)
+		_ = s.rt.Signal(s.Pid(), unix.SIGKILL, true) // the master's close below hangs the terminal up too
 	}
-	s.master.Close()
+	_ = s.master.Close()
 }

@@ -28,7 +28,8 @@ type background struct {
 	delay time.Duration   // answerDelay (Config.AnswerDelay)
 	wg    *sync.WaitGroup // the manager's: Close waits for the work
 	mu    sync.Mutex
-	cond  *sync.Cond
+	// +checklocks:mu
+	cond *sync.Cond
 	// +checklocks:mu
 	ops int // checkpoints and restores of the sandbox running (0 or 1)
 }

@@ -421,6 +421,7 @@ func (m *Manager) imageComplete(node string) bool {
 
 // evictionOrder lists s's nodes whose templates may be evicted, least recently restored
 // (or, never restored, made) first: unpinned, with a complete image. Precondition: m.mu.
+// +checklocks:m.mu
 func (m *Manager) evictionOrder(s *sb) []string {
 	var ids []string
 	for id, ts := range m.templates {
@@ -435,8 +436,9 @@ func (m *Manager) evictionOrder(s *sb) []string {
 			}
 		}
 	}
+	nodes := m.nodes // for sort.Slice's closure, which runs here, under m.mu
 	used := func(id string) time.Time {
-		n := m.nodes[id]
+		n := nodes[id]
 		if n.lastRestore.IsZero() {
 			return n.Created
 		}
@@ -568,6 +570,8 @@ func (m *Manager) budgetWarning(res *OpResult, id string) {
 // template each until the sandbox's memory cgroup was full and the kernel's OOM killer
 // took one, perhaps a live process. Precondition: s.opMu held, s.tmplMu not held
 // (evictForRoom takes it).
+// +checklocks:s.opMu
+// +checklocksexclude:s.tmplMu
 func (m *Manager) roomForImage(s *sb, node string) {
 	b := m.templateBudget(s)
 	in := m.imageInfo(node)

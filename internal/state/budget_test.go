@@ -119,6 +119,8 @@ func TestWaitForRoom(t *testing.T) {
 func TestEvictionOrder(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	m := &Manager{nodes: map[string]*node{}, templates: map[string][]*procTemplate{}}
+	m.mu.Lock() // evictionOrder's precondition
+	defer m.mu.Unlock()
 	s := &sb{rec: store.Sandbox{ID: "a"}}
 	add := func(id string, created time.Duration, restored time.Duration, pinned bool, sandbox string) {
 		n := &node{Node: store.Node{ID: id, Created: t0.Add(created)}, pinned: pinned}

@@ -155,8 +155,11 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 		res.PhasesUS["admit"] = admitted.Microseconds()
 	}
 	if o.Pin {
-		m.PinNode(res.Node.ID, true)
-		res.Node.Pinned = true
+		if _, err := m.PinNode(res.Node.ID, true); err != nil { // removed meanwhile
+			res.Warnings = append(res.Warnings, "not pinned: "+err.Error())
+		} else {
+			res.Node.Pinned = true
+		}
 	}
 	m.reportMemory(res, id, res.Node.ID)
 	if w := m.st.Warning(); w != "" {
@@ -174,7 +177,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	defer unlock()
 	// Nothing is taken of a process still missing pages (lazy.go); the wait is the
 	// checkpoint's time.
-	if err := m.waitLazy(s); err != nil {
+	if err := m.waitLazy(s); err != nil { // +checklocksignore: opMu held since beginOp
 		return nil, err
 	}
 	// Connections through the network proxy: requests in flight finish, idle ones are
@@ -194,7 +197,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	}()
 	// Whatever happens, the position's next state is prepared again: step 4 made
 	// earlier builds stale. Pushed first, it runs last.
-	c.undo.push(func() error { m.prepareNext(s); return nil })
+	c.undo.push(func() error { m.prepareNext(s); return nil }) // +checklocksignore: an undo step: undoList.run runs it under opMu
 	if err := runSteps(m, "checkpoint", checkpointSteps, c, &c.inject, c.res, t0); err != nil {
 		if uerr := c.undo.run(); uerr != nil {
 			m.log.Error("checkpoint failed, and its undo could not put everything back", "sandbox", id, "err", err, "undo", uerr)
@@ -207,11 +210,12 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	m.fitKernelLimit(s, true) // room for what the new templates may come to hold (budget.go)
 	phase(c.res, "limit", &tl)
 	c.res.DurationMS = ms(time.Since(t0))
-	c.res.Memory = m.memoryNow(s)
+	c.res.Memory = m.memoryNow(s) // +checklocksignore: opMu held since beginOp
 	return c.res, nil
 }
 
 // seize is step 1.
+// +checklocks:c.s.opMu
 func (c *checkpoint) seize() error {
 	m, s := c.m, c.s
 	held, sessTrees, err := m.holdSessions(s)
@@ -282,14 +286,14 @@ func (c *checkpoint) seize() error {
 					// the others with it.
 					var errs []error
 					lost := 0
-					st, serr := currentState(s.rt)
+					st, serr := currentState(s.rt) // +checklocksignore: an undo step: undoList.run runs it under opMu
 					if serr != nil {
 						errs = append(errs, serr)
 					}
 					for _, t := range ts.trees {
 						err := serr
 						if err == nil {
-							if err = m.restoreCRIUTrees(s, &criuTrees{dir: ts.dir, trees: []*criuTree{t}}, st); err != nil {
+							if err = m.restoreCRIUTrees(s, &criuTrees{dir: ts.dir, trees: []*criuTree{t}}, st); err != nil { // +checklocksignore: an undo step: undoList.run runs it under opMu
 								errs = append(errs, err)
 							}
 						}
@@ -331,11 +335,13 @@ func (c *checkpoint) seize() error {
 }
 
 // fork is step 2.
+// +checklocks:c.s.opMu
 func (c *checkpoint) fork() error {
 	return c.m.forkHeld(c.held, c.s.rec.ID, &c.undo)
 }
 
 // kill is step 3.
+// +checklocks:c.s.opMu
 func (c *checkpoint) kill() error {
 	m, s := c.m, c.s
 	if !c.settled {
@@ -356,6 +362,7 @@ func (c *checkpoint) kill() error {
 }
 
 // upper is step 4.
+// +checklocks:c.s.opMu
 func (c *checkpoint) upper() error {
 	m, s := c.m, c.s
 	var err error
@@ -408,6 +415,7 @@ func (c *checkpoint) upper() error {
 }
 
 // freeze is step 5.
+// +checklocks:c.s.opMu
 func (c *checkpoint) freeze() error {
 	if c.unchanged {
 		return nil
@@ -432,6 +440,7 @@ func (c *checkpoint) freeze() error {
 }
 
 // mount is step 6.
+// +checklocks:c.s.opMu
 func (c *checkpoint) mount() error {
 	if c.unchanged {
 		return nil
@@ -460,11 +469,11 @@ func (c *checkpoint) mount() error {
 	}
 	c.res.Mounted = true
 	c.undo.push(func() error {
-		cur := s.rt.TakeState()
+		cur := s.rt.TakeState() // +checklocksignore: an undo step: undoList.run runs it under opMu
 		if c.p == nil {
 			cur.Close() // the new stack goes before its lower is unfrozen
 		} // else cur is the prepared state, which step 5's undo releases
-		s.rt.PutState(c.oldNS)
+		s.rt.PutState(c.oldNS) // +checklocksignore: an undo step: undoList.run runs it under opMu
 		return nil
 	})
 	return nil
@@ -473,6 +482,7 @@ func (c *checkpoint) mount() error {
 // move is step 7. The processes move onto the sandbox's current state: the new one, or
 // the same one when nothing changed (they still reopen their files, to share no open
 // file description with their templates).
+// +checklocks:c.s.opMu
 func (c *checkpoint) move() error {
 	m, s := c.m, c.s
 	if len(c.held) == 0 {
@@ -499,6 +509,7 @@ func (c *checkpoint) move() error {
 // kept its state. Undo: end them again; step 1's undo, which runs once the old state is
 // back (files unfrozen, namespace reinstalled), restores them onto it. Restored before
 // then, they would reopen their files in a frozen layer.
+// +checklocks:c.s.opMu
 func (c *checkpoint) moveCRIUTrees() error {
 	m, s, ts := c.m, c.s, c.criu
 	if ts == nil || c.unchanged {
@@ -517,7 +528,7 @@ func (c *checkpoint) moveCRIUTrees() error {
 		return fmt.Errorf("move the processes CRIU took onto the new state: %w", err)
 	}
 	c.undo.push(func() error {
-		if err := m.endCRIUTrees(s, ts); err != nil {
+		if err := m.endCRIUTrees(s, ts); err != nil { // +checklocksignore: an undo step: undoList.run runs it under opMu
 			return fmt.Errorf("end the CRIU trees on the new state: %w", err)
 		}
 		return nil
@@ -527,6 +538,7 @@ func (c *checkpoint) moveCRIUTrees() error {
 }
 
 // publish is step 8: from here nothing fails.
+// +checklocks:c.s.opMu
 func (c *checkpoint) publish() error {
 	m, s, res := c.m, c.s, c.res
 	c.undo.release()
@@ -552,7 +564,7 @@ func (c *checkpoint) publish() error {
 		// Before the node's record: a node the index has names its trees.
 		if err := m.commitCRIUTrees(c.criu, c.n.ID); err != nil {
 			res.ProcessErrors = append(res.ProcessErrors, fmt.Sprintf("the images of the processes CRIU took: %v; they run on, and the node has no process state for them", err))
-			store.RemoveAll(c.criu.dir)
+			_ = store.RemoveAll(c.criu.dir) // what stays, the next start sweeps (cleanCRIUTrees)
 			res.CRIUProcesses = 0
 		} else {
 			res.Sessions = append(res.Sessions, c.criu.sessions()...)

@@ -165,6 +165,7 @@ func (ts *criuTrees) count() (n int) {
 // prepareTreeSessions finds or makes, for a restore, the session of each of ts's session
 // trees, and holds its terminal's slave open. On error what it made is let go.
 // Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) prepareTreeSessions(s *sb, ts *criuTrees) error {
 	for _, t := range ts.trees {
 		if t.Session == "" {
@@ -197,6 +198,7 @@ func (m *Manager) abortTreeSessions(ts *criuTrees) {
 // commitTreeSessions makes the sessions of ts's restored trees s's, with the node's
 // terminal settings and log, before resume binds each to its process. It returns their
 // names.
+// +checklocks:s.opMu
 func (m *Manager) commitTreeSessions(s *sb, ts *criuTrees) (names []string) {
 	for _, t := range ts.trees {
 		if t.Session == "" || t.sess == nil {
@@ -270,7 +272,7 @@ func (ts *criuTrees) resume() {
 			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
 				continue // stopped by the sandbox's own code before the checkpoint
 			}
-			unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0)
+			_ = unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0) // ESRCH: gone
 		}
 		t.closeFDs()
 		t.closePeer()
@@ -279,7 +281,7 @@ func (ts *criuTrees) resume() {
 
 func (t *criuTree) closePeer() {
 	if t.peer != nil {
-		t.peer.Close()
+		_ = t.peer.Close()
 		t.peer = nil
 	}
 }
@@ -372,7 +374,9 @@ func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*hel
 	for _, l := range held {
 		r, err := rootOf(l.h.P.HostPid)
 		if err == nil && slices.Contains(roots, r) {
-			l.h.Abort()
+			if aerr := l.h.Abort(); aerr != nil { // its tree's dump goes on without it
+				m.log.Error("a process left to its tree's CRIU dump could not be put back as it was seized", "process", l.what, "err", aerr)
+			}
 			continue
 		}
 		kept = append(kept, l)
@@ -382,6 +386,7 @@ func (m *Manager) criuRoots(initHost int, refused map[int]error, sessions []*hel
 
 // dumpCRIUTrees dumps the trees rooted at roots (host PIDs) and leaves them stopped (see
 // above). On error, what it dumped runs on and nothing is left on disk.
+// +checklocks:s.opMu
 func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions map[int]*sessionRoot) (*criuTrees, error) {
 	if ok, reason := m.criuTreesUsable(); !ok {
 		return nil, errors.New(reason)
@@ -391,8 +396,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	ts := &criuTrees{dir: filepath.Join(m.img.root, "bg", ".tmp-"+hex.EncodeToString(rnd[:]))}
 	fail := func(err error) (*criuTrees, error) {
 		ts.resume()
-		store.RemoveAll(ts.dir)
-		return nil, err
+		return nil, withUndo(err, store.RemoveAll(ts.dir)) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
 		return fail(err)
@@ -401,7 +405,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	if err := pipesAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
-	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil {
+	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil { // +checklocksignore: called by sessionsAcross, here, under opMu
 		return fail(err)
 	}
 	for i, root := range roots {
@@ -536,7 +540,7 @@ func killTree(root int) {
 		}
 	}
 	for i := len(fds) - 1; i >= 0; i-- {
-		unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0)
+		_ = unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0) // ESRCH: gone already
 		unix.Close(fds[i])
 	}
 }
@@ -548,6 +552,7 @@ func killTree(root int) {
 // could SIGCONT a tree whose image is taken. Such a process refuses the checkpoint
 // (409), unless endBackground (step 3 ends it); a tree's process that is no longer
 // stopped refuses it in any case. Precondition: s.opMu held, held and the trees stopped.
+// +checklocks:s.opMu
 func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBackground bool) error {
 	known := map[int]bool{1: true}
 	for _, l := range held {
@@ -605,6 +610,7 @@ func (m *Manager) checkAfterDump(s *sb, held []*heldProc, ts *criuTrees, endBack
 // afterTreeDump checks the trees once dumped: no process escaped them (checkAfterDump),
 // and their images fit in the sandbox's disk quota (imageRoom: counted whole, in blocks).
 // Precondition: as checkAfterDump's.
+// +checklocks:s.opMu
 func (m *Manager) afterTreeDump(s *sb, held []*heldProc, ts *criuTrees, endBackground bool) error {
 	if err := m.checkAfterDump(s, held, ts, endBackground); err != nil {
 		return err
@@ -639,13 +645,14 @@ func waitLeftStopped(rt *sandbox.Sandbox, pid int, deadline time.Time) byte {
 
 // endCRIUTrees kills the trees and waits until init has reaped every process (their
 // PIDs are free for the restore).
+// +checklocks:s.opMu
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 	ts.ended = true
 	for _, t := range ts.trees {
 		// Descendants first: a shell killed before its stopped jobs orphans their
 		// process groups, and the kernel then sends them SIGHUP and SIGCONT.
 		for i := len(t.fds) - 1; i >= 0; i-- {
-			unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0)
+			_ = unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0) // ESRCH: gone; waitPidFree below says if one stays
 		}
 		t.closeFDs()
 		t.exit = nil // the killed root's; a restore watches its replacement
@@ -662,6 +669,7 @@ func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 
 // restoreCRIUTrees restores the trees from their images onto st (a state of s), stopped.
 // On error the trees restored so far are ended.
+// +checklocks:s.opMu
 func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err error) {
 	sbx, closeAll, err := m.durableSandbox(s.rt, st.NS)
 	if err != nil {
@@ -673,12 +681,12 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		return err
 	}
 	sbx.Root = os.NewFile(uintptr(rootFD), "state-root")
-	defer sbx.Root.Close()
+	defer func() { _ = sbx.Root.Close() }()
 	initHost := s.rt.InitPid()
 	var done []*criuTree
 	defer func() {
 		if err != nil {
-			m.endCRIUTrees(s, &criuTrees{trees: done})
+			err = withUndo(err, m.endCRIUTrees(s, &criuTrees{trees: done}))
 			ts.ended = true
 		}
 	}()
@@ -809,7 +817,7 @@ func resumeCutCRIUTrees(root string) {
 				continue
 			}
 			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
-				unix.Kill(int(h[0]), unix.SIGCONT)
+				_ = unix.Kill(int(h[0]), unix.SIGCONT) // ESRCH: gone
 			}
 		}
 	}
@@ -820,8 +828,8 @@ func resumeCutCRIUTrees(root string) {
 func (m *Manager) cleanCRIUTrees() {
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "bg"))
 	for _, e := range ents {
-		if _, known := m.nodes[e.Name()]; !known || strings.HasPrefix(e.Name(), ".") {
-			store.RemoveAll(filepath.Join(m.img.root, "bg", e.Name()))
+		if _, known := m.nodes[e.Name()]; !known || strings.HasPrefix(e.Name(), ".") { // +checklocksignore: start-up: New has not shared the manager yet
+			_ = store.RemoveAll(filepath.Join(m.img.root, "bg", e.Name())) // what stays, the next start tries again
 		}
 	}
 }
@@ -840,7 +848,7 @@ func syncPath(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: Sync's error is the one that counts
 	return f.Sync()
 }
 

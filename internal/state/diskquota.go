@@ -181,6 +181,7 @@ func (m *Manager) diskPass(full bool, reuse time.Duration) error {
 
 // measureDisk is diskPass's measure and decisions: it returns whom to stop. Precondition:
 // diskMu held.
+// +checklocks:m.diskMu
 func (m *Manager) measureDisk(full bool) ([]diskStop, error) {
 	usage, err := m.st.ProjectUsage()
 	walk := errors.Is(err, store.ErrNoBulkstat)
@@ -414,6 +415,7 @@ func (m *Manager) diskRefusal(s *sb) error {
 }
 
 // diskInfo is what SandboxInfo shows of s's disk. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) diskInfo(s *sb) *apitypes.DiskInfo {
 	s.mu.Lock()
 	d := s.disk

@@ -138,7 +138,7 @@ type imageCopy struct {
 
 func (c imageCopy) kill() {
 	if c.pidfd >= 0 {
-		unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0)
+		_ = unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0) // ESRCH: gone already
 		unix.Close(c.pidfd)
 	}
 }
@@ -149,6 +149,7 @@ func (c imageCopy) kill() {
 // Remove has just closed its own (a template seized by a tracer no one closes keeps
 // the sandbox's init from exiting: a traced zombie waits for its tracer).
 // Precondition: s.tmplMu held.
+// +checklocks:s.tmplMu
 func (m *Manager) copyForImage(s *sb, tr *remote.Tracer, node string, t *procTemplate) {
 	if m.img == nil || m.img.pages == nil {
 		return
@@ -194,6 +195,7 @@ func (m *Manager) sandboxCopies(s *sb) (hosts, selfs []int) {
 }
 
 // killCopies ends the copies made for node's image. Precondition: img.mu held.
+// +checklocks:m.img.mu
 func (m *Manager) killCopiesLocked(node string) {
 	for _, c := range m.img.copies[node] {
 		c.kill()
@@ -229,10 +231,10 @@ func (m *Manager) startImages() {
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "nodes"))
 	for _, e := range ents {
 		node := e.Name()
-		_, known := m.nodes[node]
+		_, known := m.nodes[node] // +checklocksignore: start-up: New has not shared the manager yet
 		_, err := os.Stat(filepath.Join(m.imagesDir(node), "complete"))
 		if !known || err != nil {
-			store.RemoveAll(m.imagesDir(node))
+			_ = store.RemoveAll(m.imagesDir(node)) // what stays, the next start tries again
 			continue
 		}
 		st := &imageState{state: "complete"}
@@ -240,10 +242,10 @@ func (m *Manager) startImages() {
 		if b, err := os.ReadFile(filepath.Join(m.imagesDir(node), "complete")); err == nil && json.Unmarshal(b, &mark) == nil {
 			st.bytes = mark.Bytes // counted in its sandbox's disk quota (diskquota.go)
 		}
-		m.img.nodes[node] = st
+		m.img.nodes[node] = st // +checklocksignore: start-up: New has not shared the manager yet
 	}
 	// Pages of images removed before a crash, or just above.
-	m.img.collect = true
+	m.img.collect = true // +checklocksignore: start-up: New has not shared the manager yet
 	m.imageDone = m.hasImage
 	m.wg.Add(1)
 	go func() {
@@ -418,7 +420,7 @@ func (m *Manager) imageWorker() {
 			// What the failed image wrote (CRIU's files, the refs of the pages its
 			// earlier templates stored) would stay until the next start otherwise: a
 			// sandbox whose images its quota refuses would still fill the store.
-			store.RemoveAll(m.imagesDir(node))
+			_ = store.RemoveAll(m.imagesDir(node)) // what stays, the next start removes (startImages)
 			m.imagesRemoved()
 		}
 		select {
@@ -453,7 +455,9 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 		return 0, 0, fmt.Errorf("the node's process record is not committed: %w", err)
 	}
 	dir := m.imagesDir(node)
-	store.RemoveAll(dir)
+	if err := store.RemoveAll(dir); err != nil { // what an earlier image left
+		return 0, 0, err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, 0, err
 	}
@@ -547,7 +551,7 @@ func writeJSONFile(p string, v any) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // synced above: nothing left to write back
 	if _, err := f.Write(b); err != nil {
 		return err
 	}
@@ -566,6 +570,7 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 // then adopted as a template (fastpath.AdoptStopped). lazy: the restore was lazy, its
 // pages still coming in (lazy.go). Precondition: s.opMu held (a restore's first step),
 // the node has no template in s.
+// +checklocks:s.opMu
 func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
 	dir := m.imagesDir(node)
@@ -598,7 +603,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		return nil, false, err
 	}
 	sbx.Root = os.NewFile(uintptr(rootFD), "view-root")
-	defer sbx.Root.Close()
+	defer func() { _ = sbx.Root.Close() }()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, false, err
@@ -610,10 +615,10 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			t.tmpl.Kill()
 		}
 		for _, lr := range lrs {
-			lr.l.Kill() // its processes are killed above
-			durable.DropPages(lr.dir)
+			lr.l.Kill()                   // its processes are killed above
+			_ = durable.DropPages(lr.dir) // a copy its refs can make again: disk only
 		}
-		return nil, false, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict)
+		return nil, false, fmt.Errorf("restore node %s's processes from its image: %w (%w)", node, err, errdefs.ErrConflict) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	for _, e := range ents {
 		if !e.IsDir() {
@@ -668,20 +673,20 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
 			fill = pages
 		} else {
-			durable.DropPages(sub)
+			_ = durable.DropPages(sub) // a copy its refs can make again: disk only
 		}
 		for _, f := range masters {
-			f.Close()
+			_ = f.Close() // the restored processes have their own
 		}
 		for _, f := range sbx.TTYs {
-			f.Close()
+			_ = f.Close()
 		}
 		if err != nil {
 			return fail(err)
 		}
 		inner, err := procfs.InnerPid(rs.HostPid)
 		if err != nil {
-			unix.Kill(rs.HostPid, unix.SIGKILL)
+			_ = unix.Kill(rs.HostPid, unix.SIGKILL) // ESRCH: gone already; fail kills the rest
 			return fail(err)
 		}
 		t, err := fastpath.AdoptStopped(m.tracer(s), tr.Template, rs.HostPid, inner)
@@ -732,7 +737,7 @@ func (m *Manager) durableSandbox(rt *sandbox.Sandbox, ns int) (durable.Sandbox, 
 	var files []*os.File
 	closeAll := func() {
 		for _, f := range files {
-			f.Close()
+			_ = f.Close()
 		}
 	}
 	open := func(kind string) *os.File {

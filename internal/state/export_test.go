@@ -18,7 +18,7 @@ func WaitPidFree(m *Manager, id string, pid int, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	return waitPidFree(s.rt, pid, d)
+	return waitPidFree(s.rt, pid, d) // +checklocksignore: tests: rt is set while the sandbox runs
 }
 
 // SetFailStep sets the fault injection of m's checkpoints, restores and removes
@@ -48,6 +48,7 @@ func ReclaimDisk(m *Manager, id string, d time.Duration) error {
 
 // HoldOp takes sandbox id's opMu, as a checkpoint does for its whole length, until the
 // returned func is called.
+// +checklocksignore: hands opMu to the test through release
 func HoldOp(m *Manager, id string) (release func(), err error) {
 	s, err := m.get(id)
 	if err != nil {

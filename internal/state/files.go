@@ -35,18 +35,18 @@ func (m *Manager) FileOp(ctx context.Context, id, what string, fn func(root int,
 		return err
 	}
 	defer c.end()
-	workdir := s.rec.Workdir
-	root, err := s.rt.RootFD()
+	workdir, rt := s.rec.Workdir, s.rt // +checklocksignore: opMu held since enterCall; rt read under opMu: a remove may clear s.rt once it is let go
+	root, err := rt.RootFD()
 	if err != nil {
-		s.opMu.Unlock()
+		s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 		return fmt.Errorf("%v: %w", err, errdefs.ErrConflict)
 	}
 	c.start()
-	s.opMu.Unlock()
+	s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 	defer unix.Close(root)
 	// As the sandbox's root: files made through its idmapped layers must belong to an
 	// id of its user namespace.
-	err = s.rt.AsRoot(func() error { return fn(root, workdir) })
+	err = rt.AsRoot(func() error { return fn(root, workdir) })
 	s.mu.Lock()
 	over := s.disk.over != ""
 	s.mu.Unlock()

@@ -38,6 +38,7 @@ const (
 // sandbox's init is not running, so a new range costs nothing). nil with isolation off.
 // It reports whether it changed the record. Precondition: s.opMu held (the record is
 // s's).
+// +checklocks:s.opMu
 func (m *Manager) isolation(s *sb, mayMove bool) (*sandbox.Isolation, bool, error) {
 	if m.cfg.NoIsolation {
 		return nil, false, nil

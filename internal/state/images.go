@@ -28,6 +28,7 @@ func (m *Manager) ImportImage(ctx context.Context, name, source string, o image.
 }
 
 // imageUsers lists the sandboxes and the nodes on image name. Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) imageUsers(name string) (sandboxes, nodes []string) {
 	for id, s := range m.sandboxes {
 		if s.rec.Image == name { // Image never changes after creation

@@ -69,6 +69,7 @@ func openKernelNS(rt *sandbox.Sandbox) (*sbinit.NS, error) {
 
 // kernelState reads s's names, and refuses (409) while its IPC namespace holds System
 // V objects or POSIX message queues. Precondition: s.opMu held, the sandbox's processes seized.
+// +checklocks:s.opMu
 func (m *Manager) kernelState(s *sb) (sbinit.UTS, error) {
 	st, err := s.kns.State()
 	if err != nil {
@@ -94,6 +95,7 @@ func (m *Manager) kernelState(s *sb) (sbinit.UTS, error) {
 // Precondition: s.opMu held; no process of the sandbox runs (a restore's publish,
 // before the revived processes resume). Nothing here fails the restore: an error is
 // logged.
+// +checklocks:s.opMu
 func (m *Manager) resetKernelState(s *sb, node string) {
 	m.mu.Lock()
 	var uts *sbinit.UTS
@@ -103,7 +105,7 @@ func (m *Manager) resetKernelState(s *sb, node string) {
 	m.mu.Unlock()
 	if uts == nil {
 		var u unix.Utsname
-		unix.Uname(&u) // the daemon's: what a new sandbox's UTS namespace copies
+		_ = unix.Uname(&u) // the daemon's: what a new sandbox's UTS namespace copies
 		uts = &sbinit.UTS{Hostname: s.rec.Hostname, Domainname: unix.ByteSliceToString(u.Domainname[:])}
 	}
 	removed, err := s.kns.Reset(*uts)

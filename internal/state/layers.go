@@ -23,6 +23,7 @@ func (m *Manager) newLayer() (uint64, error) {
 
 // stack returns the layer ids of node id's filesystem, top first (image excluded).
 // Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) stack(id string) []uint64 {
 	var out []uint64
 	var last uint64
@@ -99,8 +100,7 @@ func (m *Manager) freshUpperWith(a *store.RootAttrs) (uint64, error) {
 		}
 	}
 	if err := store.SetRootAttrs(m.st.LayerDiff(id), a); err != nil {
-		store.RemoveAll(m.st.LayerDir(id))
-		return 0, fmt.Errorf("give a new upper the attributes of /: %w", err)
+		return 0, withUndo(fmt.Errorf("give a new upper the attributes of /: %w", err), store.RemoveAll(m.st.LayerDir(id)))
 	}
 	return id, nil
 }
@@ -123,7 +123,7 @@ func (m *Manager) fillUppers() {
 		select {
 		case m.uppers <- id:
 		case <-m.stop:
-			store.RemoveAll(m.st.LayerDir(id))
+			_ = store.RemoveAll(m.st.LayerDir(id)) // an unused layer: the start-up sweep removes it
 			return
 		}
 	}
@@ -132,6 +132,7 @@ func (m *Manager) fillUppers() {
 // ---- tree ----
 
 // setState mounts spec for s and records how long the overlay and the namespace took.
+// +checklocks:s.opMu
 func (m *Manager) setState(s *sb, res *OpResult, spec overlay.Spec) error {
 	ovl, ns, err := s.rt.SetStateTimed(spec)
 	if res.PhasesUS == nil {

@@ -90,11 +90,13 @@ func (m *Manager) watchLazy(s *sb, lrs []*lazyRestore) {
 				s.tmplMu.Unlock()
 				m.endSessions(s, fmt.Sprintf("ended: the lazy restore of node %s's processes from its image failed (%v), and they may have read missing memory as zeros", lr.node, err))
 				if s.rt != nil {
-					m.killAll(s, m.keepPids(s, nil), true)
+					if _, kerr := m.killAll(s, m.keepPids(s, nil), true); kerr != nil {
+						m.log.Error("a lazy restore failed, and its processes could not all be killed", "sandbox", s.rec.ID, "err", kerr)
+					}
 				}
 				s.opMu.Unlock()
 			}
-			durable.DropPages(lr.dir)
+			_ = durable.DropPages(lr.dir) // a copy its refs can make again: disk only
 			s.lazyMu.Lock()
 			s.lazy = slices.DeleteFunc(s.lazy, func(x *lazyRestore) bool { return x == lr })
 			s.lazyMu.Unlock()
@@ -105,6 +107,7 @@ func (m *Manager) watchLazy(s *sb, lrs []*lazyRestore) {
 // waitLazy waits until the lazy restores into s have put every page in (each bounded by
 // its server's deadline, durable.LazyTimeout), and refuses if one failed.
 // Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) waitLazy(s *sb) error {
 	s.lazyMu.Lock()
 	lrs := slices.Clone(s.lazy)

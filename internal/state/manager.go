@@ -56,10 +56,13 @@ type Manager struct {
 	// and no sandbox's opMu under it (doc.go).
 	diskMu sync.Mutex
 	// inodeBytes: what an inode costs in a sandbox's quota (the store's inode size; under diskMu).
+	// +checklocks:diskMu
 	inodeBytes int64
 	// passAt is when the last complete pass started, and passFreed diskFreed then: what
 	// diskRefusal reuses (under diskMu).
-	passAt    time.Time
+	// +checklocks:diskMu
+	passAt time.Time
+	// +checklocks:diskMu
 	passFreed uint64
 	// diskFreed counts what may have lowered a sandbox's usage through the API since: file
 	// operations on a sandbox over its quota, node and sandbox removals.
@@ -112,7 +115,9 @@ type sb struct {
 	rt *sandbox.Sandbox
 	// +checklocks:opMu
 	kns *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
-	err error      // why rt is nil (start failed after a daemon restart)
+	// +checklocks:opMu
+	err error // why rt is nil (start failed after a daemon restart)
+	// +checklocks:opMu
 	seq uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a
@@ -135,7 +140,7 @@ type sb struct {
 	// +checklocks:prepMu
 	buildDone chan struct{} // closed when that build is over
 	// +checklocks:prepMu
-	warmClosed bool
+	warmClosed bool // +checklocksignore: prepMu guards it; the hint that buildMu does is a coincidence (its writer and readers build)
 
 	bg *background // after-answer work waits for this sandbox's operations (background.go)
 
@@ -178,7 +183,7 @@ type sb struct {
 	// +checklocks:mu
 	adm admission // calls and state switches in arrival order (op.go)
 	// +checklocks:mu
-	oomSeen int64 // the memory limit's kill count when last read (Exec)
+	oomSeen int64 // +checklocksignore: not opMu's: Exec (not analysed) takes only mu; the memory limit's kill count when last read (Exec)
 	// +checklocks:mu
 	removed bool
 	// +checklocks:mu
@@ -274,7 +279,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			continue
 		}
 		adopted[r.ID] = s
-		log.Info("adopted a running sandbox", "id", r.ID, "init", r.Init.Pid, "sessions", len(s.sessions))
+		log.Info("adopted a running sandbox", "id", r.ID, "init", r.Init.Pid, "sessions", len(s.sessions)) // +checklocksignore: start-up: New has not shared the manager yet
 	}
 	for _, id := range cgroup.List() {
 		if adopted[id] != nil {
@@ -339,7 +344,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	for _, s := range m.sandboxes {
 		if adopted[s.rec.ID] != nil {
 			m.fitKernelLimit(s, false)
-			m.prepareNext(s)
+			m.prepareNext(s) // +checklocksignore: start-up: New has not shared the manager yet
 			for node, tps := range m.templates {
 				if len(tps) > 0 && tps[0].sandbox == s.rec.ID {
 					// Reattach moved their counters: the records are taken again.
@@ -348,12 +353,12 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			}
 			continue
 		}
-		if err := m.boot(s); err != nil {
-			s.err = err
+		if err := m.boot(s); err != nil { // +checklocksignore: start-up: New has not shared the manager yet
+			s.err = err // +checklocksignore: start-up: New has not shared the manager yet
 			log.Error("sandbox did not restart", "id", s.rec.ID, "err", err)
 			continue
 		}
-		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec}) // its new init
+		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec}) // +checklocksignore: start-up: New has not shared the manager yet; its new init
 
 	}
 	return m, nil
@@ -399,7 +404,7 @@ func (m *Manager) Close() error {
 		// The tracer first: a template it holds that dies stays a zombie until the tracer
 		// has waited for it, and init's exit waits for every process of its namespace.
 		if s.tracer != nil {
-			s.tracer.Close()
+			_ = s.tracer.Close() // stopping: its processes end with init below; one it could not put back it killed
 			s.tracer = nil
 		}
 		if s.kns != nil {
@@ -407,7 +412,9 @@ func (m *Manager) Close() error {
 			s.kns = nil
 		}
 		if s.rt != nil {
-			s.rt.Destroy()
+			if err := s.rt.Destroy(); err != nil {
+				m.log.Warn("close", "sandbox", s.rec.ID, "err", err)
+			}
 			s.rt = nil
 			s.mu.Lock()
 			s.memRT = nil

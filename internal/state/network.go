@@ -45,6 +45,7 @@ func redactNet(n *apitypes.Network) *apitypes.Network {
 // one (netproxy): listeners and rules in its network namespace, which its init holds.
 // Called whenever s gets a running init (boot, adoption after a restart: the old
 // daemon's listeners went with it, and the rules are replaced to name the new ones).
+// +checklocks:s.opMu
 func (m *Manager) attachNet(s *sb) error {
 	if s.rec.Network == nil || s.rt == nil {
 		return nil
@@ -64,7 +65,7 @@ func (m *Manager) attachNet(s *sb) error {
 	if err != nil {
 		return fmt.Errorf("network: the sandbox's namespace: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a namespace fd
 	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol, model)
 	if err != nil {
 		return err
@@ -138,7 +139,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a namespace fd
 	c, err := netns.DialLoopback(ctx, int(f.Fd()), uint16(port))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: nothing answers on port %d (a server must listen on 127.0.0.1 or 0.0.0.0 inside): %v: %w", id, port, err, errdefs.ErrUnavailable)

@@ -48,6 +48,7 @@ func stackKey(lowers []string) string { return strings.Join(lowers, "\x00") }
 
 // prepareNext starts preparing s's next checkpoint state. Precondition: s.opMu held
 // (it reads s.rec and s.rt).
+// +checklocks:s.opMu
 func (m *Manager) prepareNext(s *sb) {
 	if s.rt == nil || !m.cfg.Prepare {
 		return
@@ -109,13 +110,13 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 		return nil
 	}
 	if err := m.st.PrepareFrozen(rec.Upper); err != nil {
-		store.RemoveAll(m.st.LayerDir(newUpper))
+		_ = store.RemoveAll(m.st.LayerDir(newUpper)) // an unused layer: the start-up sweep removes it
 		return nil
 	}
 	st, err := rt.BuildState(overlay.Spec{Lowers: lowers, Upper: m.st.LayerDiff(newUpper), Work: m.st.LayerWork(newUpper)})
 	if err != nil {
-		m.st.DropPreparedFrozen(rec.Upper)
-		store.RemoveAll(m.st.LayerDir(newUpper))
+		_ = m.st.DropPreparedFrozen(rec.Upper)       // an empty frozen/ that stays is the one the next Freeze fills
+		_ = store.RemoveAll(m.st.LayerDir(newUpper)) // an unused layer: the start-up sweep removes it
 		m.log.Debug("prepare next state", "sandbox", rec.ID, "err", err)
 		return nil
 	}
@@ -124,6 +125,7 @@ func (m *Manager) buildNext(rt *sandbox.Sandbox, rec store.Sandbox) *prepared {
 
 // takeNext returns s's prepared next state if it fits the sandbox's current position
 // (upper and lowers), and discards it otherwise. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) takeNext(s *sb, lowers []string) *prepared {
 	s.buildMu.Lock() // a build in flight is this checkpoint's state: wait for it
 	defer s.buildMu.Unlock()
@@ -161,6 +163,7 @@ func (m *Manager) discardNext(s *sb) {
 }
 
 // discardLocked drops s.next. Precondition: prepMu held.
+// +checklocks:s.prepMu
 func (m *Manager) discardLocked(s *sb) {
 	if p := s.next; p != nil {
 		s.next = nil
@@ -173,13 +176,13 @@ func (m *Manager) discardLocked(s *sb) {
 // overlay is unmounted in the background (it costs two RCU grace periods).
 func (m *Manager) discard(p *prepared, emptyFrozen bool) {
 	if emptyFrozen {
-		m.st.DropPreparedFrozen(p.upper)
+		_ = m.st.DropPreparedFrozen(p.upper) // an empty frozen/ that stays is the one the next Freeze fills
 	}
 	dir := m.st.LayerDir(p.newUpper)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		p.state.Close()
-		store.RemoveAll(dir)
+		_ = store.RemoveAll(dir) // an unused layer: the start-up sweep removes it
 	}()
 }

@@ -69,6 +69,7 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // CRIU (criutrees.go).
 // On error every process already seized is let go untouched. Precondition: s.opMu
 // held, no exec running.
+// +checklocks:s.opMu
 func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
@@ -100,11 +101,11 @@ func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*session
 			}
 			criuWhy = " (and CRIU cannot take it: " + why + ")"
 		}
-		m.abortHeld(out)
+		aborted := m.abortHeld(out)
 		if in != nil {
-			return nil, nil, fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict)
+			return nil, nil, abortErr(fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict), aborted)
 		}
-		return nil, nil, fmt.Errorf("session %s: %w", n, err)
+		return nil, nil, abortErr(fmt.Errorf("session %s: %w", n, err), aborted)
 	}
 	return out, refused, nil
 }
@@ -145,6 +146,7 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
+// +checklocks:s.opMu
 func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
 		return nil, false, nil, nil
@@ -220,8 +222,8 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	// double-fork) before its seizure, and what it made is not listed.
 	settled = false
 	refuse := func(host int, err error) error {
-		m.abortHeld(out)
-		return fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict)
+		aborted := m.abortHeld(out)
+		return abortErr(fmt.Errorf("%w (%s, outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, fastpath.Comm(host), errdefs.ErrConflict), aborted) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	// First what each unknown process is, and which of them trace others: a tracer
 	// cannot be taken (fork does not copy a ptrace relationship), and its tracee's exit,
@@ -256,15 +258,13 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 		} else if h.HasTerminal() {
 			// Restored, it could not be given the session's terminal without taking
 			// the session's controlling terminal and foreground group.
-			err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}
-			h.Abort()
+			err = withUndo(&fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}, h.Abort())
 		} else if err == nil {
 			// A locked description it shares with a process held before it: each would
 			// take the lock again on its own copy, and the second would be refused.
 			for _, o := range append(append([]*heldProc(nil), held...), out...) {
 				if fd, ofd, ok := fastpath.SharedLock(o.h.P, h.P); ok {
-					err = &fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}
-					h.Abort()
+					err = withUndo(&fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}, h.Abort())
 					break
 				}
 			}
@@ -300,6 +300,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 
 // hostPid returns the host PID of the sandbox process pid: the cached one if it still
 // is that process, else found among the sandbox's cgroup. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 	if h, ok := s.hostPids[pid]; ok && fastpath.IsHostPid(h, pid, s.rt.InitPid()) {
 		return h, nil
@@ -322,6 +323,7 @@ func (m *Manager) hostPid(s *sb, pid int) (int, error) {
 // restore's kill must spare them) and host PIDs (to kill them after the answer), and the
 // sandbox and host PIDs of the processes it killed (init must reap them). Precondition:
 // s.opMu held, step 4 of Restore.
+// +checklocks:s.opMu
 func (m *Manager) endLive(s *sb) (pids, hosts, killed, killedHosts []int) {
 	if !m.fastPath(s) {
 		return nil, nil, nil, nil
@@ -442,6 +444,7 @@ func (m *Manager) keepPids(s *sb, held []*heldProc) (keep []int) {
 }
 
 // tracer returns the sandbox's ptrace owner thread. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) tracer(s *sb) *remote.Tracer {
 	if s.tracer == nil {
 		s.tracer = remote.NewTracer()

@@ -42,6 +42,7 @@ type procWarm struct {
 
 // startProcWarm warms the processes a restore revived, after the answer. Precondition:
 // s.opMu held, the revived processes committed.
+// +checklocks:s.opMu
 func (m *Manager) startProcWarm(s *sb, rvs []*revival) {
 	if !(s.rec.WarmProcesses || m.cfg.WarmProcesses) || len(rvs) == 0 || s.rt == nil {
 		return

@@ -129,7 +129,7 @@ func (m *Manager) keepSessions(s *sb) {
 				// terminal stays kept until the session is replaced or killed.
 				continue
 			}
-			k.sess.Forget(sessionKey + name)
+			_ = k.sess.Forget(sessionKey + name) // init's copy of the terminal then stays until init ends
 			delete(s.kept, name)
 		}
 	}
@@ -207,6 +207,7 @@ func (m *Manager) adoptable(r store.Sandbox) string {
 // afresh), the sessions it kept, so that they are known as ended rather than unknown:
 // the next call to one starts it again with its options (session_restarted), as after a
 // restore that ended it. Nothing is changed in the sandbox (the caller then ends it).
+// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) salvageSessions(s *sb) {
 	r := s.rec.Init
 	if r == nil {
@@ -235,6 +236,7 @@ func (m *Manager) salvageSessions(s *sb) {
 // adopt takes over s's running sandbox (see the top of this file). On error nothing of
 // it is kept and the caller destroys it and boots it afresh. procs are the index's
 // process records, by node.
+// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	r := s.rec
 	// Its init maps the recorded range: that range or none.
@@ -252,7 +254,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	rt.User = r.User
 	fail := func(err error) error {
 		if s.tracer != nil {
-			s.tracer.Close()
+			err = withUndo(err, s.tracer.Close())
 			s.tracer = nil
 		}
 		m.dropSandboxTemplates(r.ID)
@@ -340,7 +342,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 		}
 		if !ok || !live[ks.Pid] {
 			unix.Close(k.FD)
-			rt.Forget(key)
+			_ = rt.Forget(key) // init's copy of the terminal then stays until init ends
 			if ok {
 				s.sessionOpts[name] = ks.Opts
 				s.ended[name] = "its process ended while the daemon was down"
@@ -485,6 +487,7 @@ func onTerminal(rt *sandbox.Sandbox, pid, master int) bool {
 
 // loadProcesses reads the index's process records; those of nodes the index no longer
 // has are deleted.
+// +checklocksignore: start-up, called by New before the manager is shared
 func (m *Manager) loadProcesses() map[string]nodeProcesses {
 	raw, err := m.st.Index.LoadProcesses()
 	if err != nil {
@@ -506,6 +509,7 @@ func (m *Manager) loadProcesses() map[string]nodeProcesses {
 
 // recordInit records s's running init for the next daemon. Precondition: s.opMu held
 // or s not yet shared.
+// +checklocks:s.opMu
 func (m *Manager) recordInit(s *sb) {
 	start, err := s.rt.InitStartTime()
 	if err != nil {
@@ -521,10 +525,13 @@ func (m *Manager) recordInit(s *sb) {
 // terminals with init, its templates in a group stop (the tracer detaches them, with
 // SIGSTOP queued), its processes where they are. Precondition: s.opMu held, no
 // background work of s left to start (Close).
+// +checklocks:s.opMu
 func (m *Manager) detachSandbox(s *sb) {
 	m.keepSessions(s)
 	if s.tracer != nil {
-		s.tracer.Close()
+		if err := s.tracer.Close(); err != nil { // a template it could not put back it killed
+			m.log.Warn("detach sandbox", "sandbox", s.rec.ID, "err", err)
+		}
 		s.tracer = nil
 	}
 	if s.kns != nil {

@@ -162,10 +162,10 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 	}()
 	defer func() {
 		if r.discarded { // a new preparation follows whatever happened
-			m.prepareNext(s)
+			m.prepareNext(s) // +checklocksignore: opMu held since beginOp
 		}
 		if r.tmplLocked {
-			s.tmplMu.Unlock()
+			s.tmplMu.Unlock() // +checklocksignore: templates (step 1) took it: r.tmplLocked
 		}
 		for _, f := range r.after { // before unlock: the gate holds them until then
 			m.afterAnswer(s, f)
@@ -184,12 +184,14 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 	}
 	r.res.Node = m.nodeInfo(nodeID)
 	r.res.DurationMS = ms(time.Since(t0))
-	r.res.Memory = m.memoryNow(s)
+	r.res.Memory = m.memoryNow(s) // +checklocksignore: opMu held since beginOp
 	return r.res, nil
 }
 
 // templates is step 1: the node's process templates, if this sandbox made them; a gone
 // one refuses the restore before anything changes.
+// +checklocks:r.s.opMu
+// +checklocksacquire:r.s.tmplMu
 func (r *restore) templates() error {
 	m, s := r.m, r.s
 	// The common case first (the node's templates are here): one lock, then no more.
@@ -250,11 +252,12 @@ func (r *restore) templates() error {
 		return err
 	}
 	r.tps, r.rvs = tps, rvs
-	r.undo.push(func() error { m.abortRevivals(s, rvs); return nil })
+	r.undo.push(func() error { return m.abortRevivals(s, rvs) }) // +checklocksignore: an undo step: undoList.run runs it under opMu
 	return nil
 }
 
 // upper is step 2.
+// +checklocks:r.s.opMu
 func (r *restore) upper() error {
 	m, s := r.m, r.s
 	oldSpec, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper)
@@ -286,6 +289,7 @@ func (r *restore) upper() error {
 }
 
 // mount is step 3.
+// +checklocks:r.s.opMu
 func (r *restore) mount() error {
 	if !r.remount {
 		return nil
@@ -308,6 +312,7 @@ func (r *restore) mount() error {
 
 // kill is step 4. From endLive on, the live processes are gone: a failure ends their
 // sessions.
+// +checklocks:r.s.opMu
 func (r *restore) kill() error {
 	m, s, res := r.m, r.s, r.res
 	// The upper is about to be discarded, and with it what was prepared on it; a new
@@ -328,7 +333,7 @@ func (r *restore) kill() error {
 			defer m.wg.Done()
 			time.Sleep(holderDelay)
 			for _, h := range holderHosts {
-				unix.Kill(h, unix.SIGKILL) // init reaps it
+				_ = unix.Kill(h, unix.SIGKILL) // init reaps it
 			}
 		}()
 	}
@@ -362,6 +367,7 @@ func (r *restore) kill() error {
 
 // goLate marks the live processes ended: from here a failure ends the sessions, after
 // everything else is undone.
+// +checklocks:r.s.opMu
 func (r *restore) goLate() {
 	m, s := r.m, r.s
 	r.late = true
@@ -372,6 +378,7 @@ func (r *restore) goLate() {
 }
 
 // install is step 5.
+// +checklocks:r.s.opMu
 func (r *restore) install() error {
 	if !r.remount {
 		return nil
@@ -380,14 +387,15 @@ func (r *restore) install() error {
 	r.oldNS = s.rt.TakeState()
 	s.rt.PutState(r.newState)
 	r.undo.push(func() error {
-		s.rt.TakeState() // newState, which step 3's undo releases
-		s.rt.PutState(r.oldNS)
+		s.rt.TakeState()       // +checklocksignore: an undo step: undoList.run runs it under opMu; newState, which step 3's undo releases
+		s.rt.PutState(r.oldNS) // +checklocksignore: an undo step: undoList.run runs it under opMu
 		return nil
 	})
 	return nil
 }
 
 // revive is step 6.
+// +checklocks:r.s.opMu
 func (r *restore) revive() error {
 	m, s := r.m, r.s
 	if len(r.rvs) == 0 {
@@ -412,6 +420,7 @@ func (r *restore) revive() error {
 // in a sandbox started afresh, an image CRIU refuses) is left out with a warning naming
 // it, and its session, if it is one, ends; the files and the other processes are
 // restored. Undo: they are ended.
+// +checklocks:r.s.opMu
 func (r *restore) restoreCRIUTrees() error {
 	m, s, ts := r.m, r.s, r.criu
 	if ts == nil {
@@ -423,7 +432,7 @@ func (r *restore) restoreCRIUTrees() error {
 		return err
 	}
 	defer st.Close()
-	r.undo.push(func() error { return m.endCRIUTrees(s, ts) })
+	r.undo.push(func() error { return m.endCRIUTrees(s, ts) }) // +checklocksignore: an undo step: undoList.run runs it under opMu
 	var restored []*criuTree
 	for _, t := range ts.trees {
 		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}}
@@ -449,6 +458,7 @@ func (r *restore) restoreCRIUTrees() error {
 }
 
 // publish is step 7: from here nothing fails.
+// +checklocks:r.s.opMu
 func (r *restore) publish() error {
 	m, s, res := r.m, r.s, r.res
 	r.undo.release()
@@ -476,7 +486,7 @@ func (r *restore) publish() error {
 		m.afterAnswer(s, func() {
 			oldNS.Close()
 			// Queued after the record that stops naming the old upper.
-			m.st.Index.Apply(store.Op{After: func() { store.RemoveAll(dir) }})
+			m.st.Index.Apply(store.Op{After: func() { _ = store.RemoveAll(dir) }}) // an unused layer: the start-up sweep removes it
 		})
 	}
 	switch {

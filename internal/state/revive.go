@@ -1,6 +1,7 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 
@@ -31,6 +32,7 @@ type revival struct {
 // the templates ts can check or prepare: each template seized (present and stopped),
 // its session found or made with a terminal. On error everything is let go as it was.
 // Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error) {
 	if len(ts) == 0 {
 		return nil, nil
@@ -48,8 +50,7 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 		}
 		if err != nil {
 			out = append(out, rv)
-			m.abortRevivals(s, out)
-			return nil, fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict)
+			return nil, withUndo(fmt.Errorf("%s: %v: %w", t.what, err, errdefs.ErrConflict), m.abortRevivals(s, out))
 		}
 		out = append(out, rv)
 	}
@@ -59,6 +60,7 @@ func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error)
 // prepareSession finds or makes the session rv's template belongs to, and holds its
 // terminal's slave open (revival.peer). On error what it made is in rv for
 // abortRevivals. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) prepareSession(s *sb, rv *revival) error {
 	t := rv.pt
 	var err error
@@ -75,6 +77,7 @@ func (m *Manager) prepareSession(s *sb, rv *revival) error {
 // reviveAll forks every template into its session's PID on the state whose namespace is ns; the new
 // processes stay stopped until commitRevivals. afterFirst runs once the first is made.
 // On error the caller aborts (abortRevivals).
+// +checklocks:s.opMu
 func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() error) error {
 	for i, rv := range rvs {
 		if rv.sess != nil {
@@ -99,6 +102,7 @@ func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() err
 // makes it (created) with no process: a live one of that kind is kept (its terminal and
 // reader), a dead one or one of another kind is replaced (old, released once the restore commits: its terminal's reader
 // may be gone). Precondition: s.opMu held.
+// +checklocks:s.opMu
 func sessionToRevive(s *sb, name string, kind session.Kind, argv []string) (sess, old *session.Session, created bool, err error) {
 	s.mu.Lock()
 	sess = s.sessions[name]
@@ -118,12 +122,17 @@ func sessionToRevive(s *sb, name string, kind session.Kind, argv []string) (sess
 }
 
 // abortRevivals kills what reviveAll made, parks the templates as they were, and drops
-// the sessions made for the restore.
-func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
+// the sessions made for the restore. Its error names the templates it could not park
+// as they were.
+// +checklocks:s.opMu
+func (m *Manager) abortRevivals(s *sb, rvs []*revival) error {
+	var errs []error
 	for i := len(rvs) - 1; i >= 0; i-- {
 		rv := rvs[i]
 		if rv.r != nil {
-			rv.r.Abort()
+			if err := rv.r.Abort(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", rv.pt.what, err))
+			}
 		}
 		if rv.exit != nil {
 			s.rt.Unwatch(rv.pt.tmpl.Pid)
@@ -135,12 +144,14 @@ func (m *Manager) abortRevivals(s *sb, rvs []*revival) {
 			unix.Close(rv.peer)
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // commitRevivals lets the revived processes run and binds each session to its process,
 // with the checkpoint's termios and window size. It returns the sessions brought back,
 // those that could not be resumed (they are ended), and what went wrong for each process
 // that could not be.
+// +checklocks:s.opMu
 func (m *Manager) commitRevivals(s *sb, rvs []*revival) (restored, ended, errs []string) {
 	for _, rv := range rvs {
 		t := rv.pt

@@ -120,13 +120,13 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		m.mu.Lock()
 		delete(m.sandboxes, o.ID)
 		m.mu.Unlock()
+		var derr error
 		if s.rt != nil {
-			s.rt.Destroy()
+			derr = s.rt.Destroy()
 		}
-		store.RemoveAll(m.st.LayerDir(upper))
-		store.RemoveAll(m.st.SandboxDir(o.ID))
+		derr = errors.Join(derr, store.RemoveAll(m.st.LayerDir(upper)), store.RemoveAll(m.st.SandboxDir(o.ID)))
 		m.releaseIDs(o.ID, s.rec.UIDBase)
-		return nil, err
+		return nil, withUndo(err, derr)
 	}
 	// The directories exist before the record that names them.
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
@@ -139,6 +139,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 // lookupUser resolves s's user in its current state's /etc/passwd and /etc/group, by
 // openat2 confined to the state's root (sbinit.LookupUser), so that a bad user is a 400
 // at create. Init resolves it again at every spawn: the files may change.
+// +checklocks:s.opMu
 func (m *Manager) lookupUser(s *sb) (*sbinit.User, error) {
 	root, err := s.rt.RootFD()
 	if err != nil {
@@ -153,6 +154,7 @@ func (m *Manager) lookupUser(s *sb) (*sbinit.User, error) {
 }
 
 // boot starts the runtime of s on its head's stack and its upper.
+// +checklocks:s.opMu
 func (m *Manager) boot(s *sb) error {
 	dir := m.st.SandboxDir(s.rec.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -184,20 +186,17 @@ func (m *Manager) boot(s *sb) error {
 	}
 	rt.User = s.rec.User
 	if err := rt.SetState(spec); err != nil {
-		rt.Destroy()
-		return err
+		return withUndo(err, rt.Destroy())
 	}
 	kns, err := openKernelNS(rt)
 	if err != nil {
-		rt.Destroy()
-		return err
+		return withUndo(err, rt.Destroy())
 	}
 	s.rt, s.kns = rt, kns
 	if err := m.attachNet(s); err != nil {
 		s.rt, s.kns = nil, nil
 		kns.Close()
-		rt.Destroy()
-		return err
+		return withUndo(err, rt.Destroy())
 	}
 	s.err = nil
 	m.recordInit(s) // written with the record by the caller
@@ -216,16 +215,17 @@ func (m *Manager) boot(s *sb) error {
 // one the image has empty, is given to that user: it is the user's project directory
 // (Docker leaves its WORKDIR to root, and the first thing users then do is chown it).
 // A workdir the image has filled keeps its owners.
+// +checklocks:s.opMu
 func (m *Manager) ensureWorkdir(ctx context.Context, s *sb, u *sbinit.User) error {
 	run := func(argv ...string) error {
 		r, err := s.rt.Exec(ctx, sandbox.ExecRequest{Argv: argv, Dir: "/", User: "0", Timeout: 10 * time.Second})
 		if err != nil {
-			return err
+			return err // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 		}
 		if r.ExitCode != 0 {
-			return fmt.Errorf("%s %s: %s", argv[0], s.rec.Workdir, r.Stderr)
+			return fmt.Errorf("%s %s: %s", argv[0], s.rec.Workdir, r.Stderr) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 		}
-		return nil
+		return nil // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	give := u != nil && m.workdirEmpty(s)
 	if err := run("/bin/mkdir", "-p", s.rec.Workdir); err != nil || !give {
@@ -237,6 +237,7 @@ func (m *Manager) ensureWorkdir(ctx context.Context, s *sb, u *sbinit.User) erro
 // workdirEmpty reports whether s's workdir is missing or an empty directory, looked up
 // confined to the state (a symlink in the image's path must not lead the daemon to a
 // host path).
+// +checklocks:s.opMu
 func (m *Manager) workdirEmpty(s *sb) bool {
 	root, err := s.rt.RootFD()
 	if err != nil {
@@ -254,7 +255,7 @@ func (m *Manager) workdirEmpty(s *sb) bool {
 		return false
 	}
 	d := os.NewFile(uintptr(fd), s.rec.Workdir)
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read-only, after the read
 	_, err = d.Readdirnames(1)
 	return err == io.EOF
 }
@@ -269,24 +270,31 @@ func (m *Manager) get(id string) (*sb, error) {
 	return s, nil
 }
 
-// lockLive locks s.opMu and checks that s can be operated on. On success the caller
-// holds opMu and must unlock it.
+// lockLive locks s.opMu and checks that s can be operated on (checkLive). On success
+// the caller holds opMu and must unlock it.
+// +checklocksignore: it returns holding opMu on success only, which annotations cannot say
 func (m *Manager) lockLive(s *sb) error {
 	s.opMu.Lock()
+	if err := m.checkLive(s); err != nil {
+		s.opMu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// checkLive checks that s can be operated on: not removed, its init running.
+// +checklocks:s.opMu
+func (m *Manager) checkLive(s *sb) error {
 	s.mu.Lock()
 	removed := s.removed
 	s.mu.Unlock()
 	if removed {
-		s.opMu.Unlock()
 		return fmt.Errorf("no sandbox %q: it was removed: %w", s.rec.ID, errdefs.ErrNotFound)
 	}
 	if s.rt == nil {
-		err := s.err
-		s.opMu.Unlock()
-		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, err, errdefs.ErrConflict)
+		return fmt.Errorf("sandbox %s is broken (%v): remove it with deltabox rm: %w", s.rec.ID, s.err, errdefs.ErrConflict)
 	}
 	if !s.rt.Alive() {
-		s.opMu.Unlock()
 		return fmt.Errorf("sandbox %s is broken: its init died (killed from outside the daemon?); its files are intact: remove it with deltabox rm: %w", s.rec.ID, errdefs.ErrConflict)
 	}
 	return nil
@@ -304,6 +312,7 @@ func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 	return a
 }
 
+// +checklocks:s.opMu
 func (m *Manager) info(s *sb) *SandboxInfo {
 	in := &SandboxInfo{Sandbox: apiSandbox(s.rec), Status: "running", Durable: m.st.Index.Durable(s.seq)}
 	in.Network = redactNet(in.Network)
@@ -398,7 +407,7 @@ func (m *Manager) Remove(id string) error {
 	}
 	// The tracer before the sandbox (see Close).
 	if s.tracer != nil {
-		s.tracer.Close()
+		_ = s.tracer.Close() // its processes end with init below; one it could not put back it killed
 		s.tracer = nil
 	}
 	if s.kns != nil {
@@ -411,7 +420,7 @@ func (m *Manager) Remove(id string) error {
 	// tests' point to let it run.
 	var derr error
 	if m.failStep != nil {
-		m.failStep("remove", 1)
+		_ = m.failStep("remove", 1) // a point for tests to wait at, not to fail
 	}
 	m.detachNet(s)
 	if s.rt != nil {
@@ -430,8 +439,9 @@ func (m *Manager) Remove(id string) error {
 	upper, dir := m.st.LayerDir(s.rec.Upper), m.st.SandboxDir(id)
 	// Record first, directories after: a crash in between leaves orphans the sweep removes.
 	seq := m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
-		store.RemoveAll(upper)
-		store.RemoveAll(dir)
+		if err := errors.Join(store.RemoveAll(upper), store.RemoveAll(dir)); err != nil {
+			m.log.Warn("remove: what stays, the next start sweeps", "sandbox", id, "err", err)
+		}
 	}})
 	// Wait for the directories to go, so the id can be reused at once.
 	if err := m.st.Index.WaitDurable(seq); err != nil && derr == nil {
@@ -463,13 +473,13 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 		return nil, err
 	}
 	defer c.end()
-	rt := s.rt
+	rt := s.rt // +checklocksignore: opMu held since enterCall
 	var sess *session.Session
 	var restarted bool
 	if r.Session != "" {
 		var err error
-		if sess, restarted, err = m.sessionFor(s, r.Session); err != nil {
-			s.opMu.Unlock()
+		if sess, restarted, err = m.sessionFor(s, r.Session); err != nil { // +checklocksignore: opMu held since enterCall
+			s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 			return nil, err
 		}
 	}
@@ -505,7 +515,7 @@ func (m *Manager) Exec(ctx context.Context, id string, r sandbox.ExecRequest) (*
 	}
 	// A warm-up of restored processes lets go of its process before any command runs.
 	werr := m.stopProcWarm(s)
-	s.opMu.Unlock()
+	s.opMu.Unlock() // +checklocksignore: opMu held since enterCall
 	if werr != nil {
 		return nil, werr
 	}

@@ -45,10 +45,11 @@ func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.lockLive(s); err != nil {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if err := m.checkLive(s); err != nil {
 		return nil, err
 	}
-	defer s.opMu.Unlock()
 	s.mu.Lock()
 	if old, ok := s.sessions[o.Name]; ok && old.Alive() {
 		s.mu.Unlock()
@@ -64,6 +65,7 @@ func (m *Manager) StartSession(ctx context.Context, id string, o SessionOptions)
 }
 
 // startSession starts o in s. Precondition: s.opMu held (no state switch meanwhile).
+// +checklocks:s.opMu
 func (m *Manager) startSession(s *sb, o SessionOptions) (*session.Session, error) {
 	release, err := m.reserveSession(s, o.Name)
 	if err != nil {
@@ -233,6 +235,7 @@ func (m *Manager) endSessionsExcept(s *sb, ts []*procTemplate, trees *criuTrees,
 
 // sessionFor returns the session a call goes to, starting the default session or
 // restarting an ended bash/python one. Precondition: s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) sessionFor(s *sb, name string) (*session.Session, bool, error) {
 	s.mu.Lock()
 	sess := s.sessions[name]

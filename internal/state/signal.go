@@ -28,10 +28,11 @@ func (m *Manager) Signal(id string, pid, sig int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := m.lockLive(s); err != nil {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	if err := m.checkLive(s); err != nil {
 		return 0, err
 	}
-	defer s.opMu.Unlock()
 	if err := s.rt.Signal(pid, unix.Signal(sig), false); err != nil {
 		return 0, fmt.Errorf("signal %d to pid %d in %s: %w", sig, pid, id, err)
 	}

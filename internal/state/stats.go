@@ -143,6 +143,7 @@ func get(m map[string]*TemplateInfo, k string) *TemplateInfo {
 // memCache keeps the last smaps_rollup figures of each template (by host PID).
 var memCache struct {
 	sync.Mutex
+	// +checklocks:Mutex
 	m map[int]memEntry
 }
 
@@ -181,6 +182,7 @@ type OpMemory = apitypes.OpMemory
 
 // memoryNow is s's limit and usage (one read of its memory cgroup). Precondition:
 // s.opMu held.
+// +checklocks:s.opMu
 func (m *Manager) memoryNow(s *sb) *OpMemory {
 	if s.rt == nil {
 		return nil
@@ -235,7 +237,14 @@ func (m *Manager) reportMemory(res *OpResult, id, node string) {
 	// the templates' walk is worth it only when what cannot be reclaimed is. It took
 	// 10-60 ms with 100 templates of a 63 MB python beside a 1 GiB workspace (bench
 	// latency: the answer came 15 ms after the checkpoint, p50, at fea7946+issue 16).
-	if s, err := m.get(id); err != nil || s.rt == nil || s.rt.MemoryAnon() <= mem.LimitBytes/2 {
+	s, err := m.get(id)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	rt := s.memRT // not s.rt: the operation let go of opMu
+	s.mu.Unlock()
+	if rt == nil || rt.MemoryAnon() <= mem.LimitBytes/2 {
 		return
 	}
 	perNode, perSandbox, _ := m.templateCosts(nil, id, time.Second)

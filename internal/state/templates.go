@@ -104,6 +104,7 @@ func (m *Manager) hasTemplatesIn(s *sb, node string) bool {
 }
 
 // dropTemplatesLocked kills the templates of nodes (removed nodes). Precondition: m.mu.
+// +checklocks:m.mu
 func (m *Manager) dropTemplatesLocked(nodes []string) {
 	for _, n := range nodes {
 		for _, t := range m.templates[n] {
@@ -134,6 +135,7 @@ func (m *Manager) dropSandboxTemplates(id string) {
 
 // dropNodeTemplates kills and forgets node's templates in s (gone ones, before its
 // durable image replaces them). Precondition: s.tmplMu held.
+// +checklocks:s.tmplMu
 func (m *Manager) dropNodeTemplates(s *sb, node string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -49,7 +49,7 @@ func (m *Manager) layerBlob(id uint64) (*transfer.Blob, error) {
 		return nil, fmt.Errorf("layer %d: %w", id, err)
 	}
 	b := &transfer.Blob{Digest: d, Size: n}
-	writeDigestFile(p, b) // a cache: a failure costs the next export a walk
+	_ = writeDigestFile(p, b) // a cache: a failure costs the next export a walk
 	return b, nil
 }
 
@@ -78,6 +78,7 @@ func writeDigestFile(p string, b *transfer.Blob) error {
 }
 
 // chain lists node id and its ancestors, the root's side first. Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) chain(id string) []store.Node {
 	var out []store.Node
 	for id != "" {
@@ -214,8 +215,10 @@ func (e *Export) stageProcesses(node string) error {
 				return fmt.Errorf("node %s's process image: its pages: %w", node, err)
 			}
 			refs, _ := filepath.Glob(filepath.Join(d, "pages-*.refs"))
-			for _, r := range refs {
-				os.Remove(r)
+			for _, r := range refs { // an archive's image carries its pages, never refs
+				if err := os.Remove(r); err != nil {
+					return fmt.Errorf("node %s's process image: %w", node, err)
+				}
 			}
 		}
 	}
@@ -254,12 +257,12 @@ func cloneFile(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	defer func() { _ = in.Close() }() // read-only, after the copy
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	defer out.Close()
+	defer func() { _ = out.Close() }() // the success path closes it and checks; this one is for the errors
 	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
 		if _, err := io.Copy(out, in); err != nil {
 			return err
@@ -299,7 +302,7 @@ func (e *Export) Write(w io.Writer) error {
 // Close removes what PrepareExport staged.
 func (e *Export) Close() {
 	if e.tmp != "" {
-		store.RemoveAll(e.tmp)
+		_ = store.RemoveAll(e.tmp) // under the store's tmp/: the next start sweeps it
 	}
 }
 
@@ -410,12 +413,14 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 	var tmp string
 	defer func() {
 		if err != nil {
+			var errs []error
 			for _, id := range staged {
-				store.RemoveAll(m.st.LayerDir(id))
+				errs = append(errs, store.RemoveAll(m.st.LayerDir(id)))
 			}
 			if tmp != "" {
-				store.RemoveAll(tmp)
+				errs = append(errs, store.RemoveAll(tmp))
 			}
+			err = withUndo(err, errors.Join(errs...))
 		}
 	}()
 	procDir := ""
@@ -427,7 +432,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 					return err
 				}
 				staged[digest] = id
-				store.RemoveAll(m.st.LayerWork(id))
+				_ = store.RemoveAll(m.st.LayerWork(id)) // a frozen layer needs no work/: one that stays costs a directory
 				return transfer.ExtractTree(ctx, body, m.st.LayerDiff(id), lim)
 			}
 			if man.ProcessImage != nil && digest == man.ProcessImage.Digest && topNew {
@@ -463,7 +468,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		if err := os.Rename(m.st.LayerDiff(id), m.st.LayerFrozen(id)); err != nil {
 			return nil, fmt.Errorf("import: %w", err)
 		}
-		writeDigestFile(filepath.Join(m.st.LayerDir(id), digestFile), man.Nodes[need[d]].Layer)
+		_ = writeDigestFile(filepath.Join(m.st.LayerDir(id), digestFile), man.Nodes[need[d]].Layer) // a cache: a failure costs the next export a walk
 	}
 	res := &apitypes.NodeImport{Image: man.Image.Name}
 	// treeMu shared: RemoveNode (exclusive) cannot take the reused parent away
@@ -529,7 +534,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		}
 	}
 	if tmp != "" {
-		store.RemoveAll(tmp)
+		_ = store.RemoveAll(tmp) // under the store's tmp/: the next start sweeps it
 	}
 	res.Node = top
 	if man.ProcessImage != nil {

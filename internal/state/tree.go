@@ -12,6 +12,7 @@ import (
 // NodeInfo is what the API shows of a node. The wire form is defined once, in apitypes.
 type NodeInfo = apitypes.NodeInfo
 
+// +checklocks:m.mu
 func (m *Manager) newNodeID() string {
 	for {
 		id := randomID("n")[:7]
@@ -35,8 +36,8 @@ func (m *Manager) nodeInfo(id string) *NodeInfo {
 			ch[id] = append(ch[id], n.ID)
 		}
 	}
-	c := ch[id]
-	sort.Slice(c, func(i, j int) bool { return m.nodes[c[i]].Created.Before(m.nodes[c[j]].Created) })
+	c, nodes := ch[id], m.nodes // nodes for sort.Slice's closure, which runs here, under m.mu
+	sort.Slice(c, func(i, j int) bool { return nodes[c[i]].Created.Before(nodes[c[j]].Created) })
 	for _, s := range m.sandboxes {
 		if s.rec.Head == id {
 			st[id] = append(st[id], s.rec.ID)
@@ -47,19 +48,22 @@ func (m *Manager) nodeInfo(id string) *NodeInfo {
 }
 
 // childIndex maps node id to its children. Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) childIndex() map[string][]string {
 	ch := map[string][]string{}
 	for _, n := range m.nodes {
 		ch[n.Parent] = append(ch[n.Parent], n.ID)
 	}
+	nodes := m.nodes // for sort.Slice's closure, which runs here, under m.mu
 	for k := range ch {
 		c := ch[k]
-		sort.Slice(c, func(i, j int) bool { return m.nodes[c[i]].Created.Before(m.nodes[c[j]].Created) })
+		sort.Slice(c, func(i, j int) bool { return nodes[c[i]].Created.Before(nodes[c[j]].Created) })
 	}
 	return ch
 }
 
 // standing maps node id to the sandboxes on it. Precondition: mu held.
+// +checklocks:m.mu
 func (m *Manager) standing() map[string][]string {
 	st := map[string][]string{}
 	for _, s := range m.sandboxes {
@@ -71,6 +75,7 @@ func (m *Manager) standing() map[string][]string {
 	return st
 }
 
+// +checklocks:m.mu
 func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInfo {
 	n := m.nodes[id]
 	if n == nil {
@@ -202,7 +207,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	}
 	ops = append(ops, store.Op{After: func() {
 		for _, d := range dirs {
-			store.RemoveAll(d)
+			_ = store.RemoveAll(d) // what stays, the start-up sweeps remove
 		}
 		m.imagesRemoved()
 	}})

@@ -26,6 +26,7 @@ import (
 
 // parkTemplates parks node's templates tps of sandbox s, after the answer. Precondition:
 // s.opMu held (it reads s.rt and the tracer).
+// +checklocks:s.opMu
 func (m *Manager) parkTemplates(s *sb, node string, tps []*procTemplate) {
 	if len(tps) == 0 || s.rt == nil {
 		return
@@ -43,7 +44,8 @@ func (m *Manager) parkTemplates(s *sb, node string, tps []*procTemplate) {
 	}
 	m.afterAnswer(s, func() {
 		if err := m.park(s, rt, tr, image, node, tps); err != nil {
-			m.log.Debug("park templates", "sandbox", s.rec.ID, "node", node, "err", err)
+			// An unparked template keeps the read-write overlay it was forked on alive.
+			m.log.Warn("park templates", "sandbox", s.rec.ID, "node", node, "err", err)
 		}
 		// Recorded once parked: a template found by the next daemon is then where a
 		// recorded one is (restart.go).

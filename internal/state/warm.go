@@ -32,6 +32,7 @@ type warmState struct {
 
 // warmNode makes a warm restore state for node in the background. Precondition: s.opMu
 // held (it reads s.rt).
+// +checklocks:s.opMu
 func (m *Manager) warmNode(s *sb, node string) {
 	max := m.cfg.WarmMax
 	if s.rt == nil || max == 0 {
@@ -94,7 +95,7 @@ func (m *Manager) buildWarm(rt *sandbox.Sandbox, image, node string) *warmState 
 	}
 	st, err := rt.BuildState(overlay.Spec{Lowers: spec.Lowers, Upper: m.st.LayerDiff(upper), Work: m.st.LayerWork(upper)})
 	if err != nil {
-		store.RemoveAll(m.st.LayerDir(upper))
+		_ = store.RemoveAll(m.st.LayerDir(upper)) // an unused layer: the start-up sweep removes it
 		return nil
 	}
 	return &warmState{node: node, upper: upper, stack: stackKey(spec.Lowers), state: st, made: time.Now()}
@@ -135,6 +136,7 @@ func (m *Manager) takeWarm(s *sb, node string, lowers []string) *warmState {
 }
 
 // evictOldestLocked drops the oldest warm state. Precondition: prepMu held.
+// +checklocks:s.prepMu
 func (m *Manager) evictOldestLocked(s *sb) {
 	var old *warmState
 	for _, w := range s.warm {
@@ -155,7 +157,7 @@ func (m *Manager) dropWarm(w *warmState) {
 	go func() {
 		defer m.wg.Done()
 		w.state.Close()
-		store.RemoveAll(dir)
+		_ = store.RemoveAll(dir) // an unused layer: the start-up sweep removes it
 	}()
 }
 
@@ -176,6 +178,7 @@ func (m *Manager) closeWarm(s *sb) {
 
 // dropWarmNodes synchronously releases the warm states of nodes about to be removed (their
 // layers are deleted next). Precondition: the nodes are marked removing; treeMu held.
+// +checklocks:m.treeMu
 func (m *Manager) dropWarmNodes(nodes []string) {
 	m.mu.Lock()
 	var all []*sb
@@ -190,7 +193,7 @@ func (m *Manager) dropWarmNodes(nodes []string) {
 			if w := s.warm[n]; w != nil {
 				delete(s.warm, n)
 				w.state.Close()
-				store.RemoveAll(m.st.LayerDir(w.upper))
+				_ = store.RemoveAll(m.st.LayerDir(w.upper)) // an unused layer: the start-up sweep removes it
 			}
 		}
 		s.prepMu.Unlock()

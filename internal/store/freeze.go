@@ -40,7 +40,7 @@ func (s *Store) FrozenHasEntries(id uint64) bool {
 	if err != nil {
 		return false
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read-only, after the read
 	names, _ := d.Readdirnames(1)
 	return len(names) > 0
 }
@@ -77,14 +77,14 @@ func (s *Store) Freeze(id uint64) error {
 	}
 	if err != nil {
 		if made {
-			unix.Rmdir(frozen)
+			err = undone(err, unix.Rmdir(frozen))
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
 	defer unix.Close(ffd)
 	if err := copyRootAttrs(dfd, ffd, &st); err != nil {
 		if made {
-			unix.Rmdir(frozen)
+			err = undone(err, unix.Rmdir(frozen))
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
@@ -94,15 +94,26 @@ func (s *Store) Freeze(id uint64) error {
 		err = futimens(ffd, st.Atim, st.Mtim)
 	}
 	if err != nil {
-		if _, uerr := moveNames(ffd, dfd, moved); uerr == nil {
-			futimens(dfd, st.Atim, st.Mtim)
+		if _, uerr := moveNames(ffd, dfd, moved); uerr != nil {
+			err = undone(err, fmt.Errorf("move entries back from %s: %w", frozen, uerr))
+		} else {
+			err = undone(err, futimens(dfd, st.Atim, st.Mtim))
 			if made {
-				unix.Rmdir(frozen)
+				err = undone(err, unix.Rmdir(frozen))
 			}
 		}
 		return fmt.Errorf("freeze layer %d: %w", id, err)
 	}
 	return nil
+}
+
+// undone is err with what its undo could not put back (uerr, if any): err stays the
+// one errors.Is sees.
+func undone(err, uerr error) error {
+	if uerr == nil {
+		return err
+	}
+	return fmt.Errorf("%w; undoing it: %v", err, uerr)
 }
 
 // PrepareFrozen makes layer id's (empty) frozen/ directory ahead of its checkpoint, so
@@ -167,10 +178,11 @@ func (s *Store) Unfreeze(id uint64) error {
 }
 
 // DropUpperDirs removes diff/ and work/ of a frozen layer (after its last overlay as
-// an upper is gone).
+// an upper is gone). Best effort: what stays is removed again at the next start, which
+// drops them for every frozen layer (state's New).
 func (s *Store) DropUpperDirs(id uint64) {
-	RemoveAll(s.LayerDiff(id))
-	RemoveAll(s.LayerWork(id))
+	_ = RemoveAll(s.LayerDiff(id))
+	_ = RemoveAll(s.LayerWork(id))
 }
 
 // ResetWork recreates a layer's overlay workdir. A volatile overlay leaves
@@ -270,7 +282,9 @@ func copyRootAttrs(from, to int, st *unix.Stat_t) error {
 	if tnames, err := listXattrs(to); err == nil {
 		for _, name := range tnames {
 			if !slices.Contains(names, name) {
-				unix.Fremovexattr(to, name)
+				if err := unix.Fremovexattr(to, name); err != nil && !errors.Is(err, unix.ENODATA) {
+					return fmt.Errorf("drop xattr %s: %w", name, err)
+				}
 			}
 		}
 	}

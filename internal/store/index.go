@@ -90,7 +90,7 @@ func openIndex(path string) (*Index, error) {
 		}
 		return nil
 	}); err != nil {
-		db.Close()
+		_ = db.Close() // the Update's error is the one to report
 		return nil, err
 	}
 	x := &Index{db: db, done: make(chan struct{})}
