@@ -95,7 +95,7 @@ func (s *Server) treePage(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(200)
-	w.Write(page)
+	_, _ = w.Write(page) // a client that went away: nothing to tell it
 }
 
 // treePageHTML renders t's subtree under root ("" for all of it), the path to

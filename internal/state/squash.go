@@ -1,6 +1,8 @@
 package state
 
 import (
+	"errors"
+	"fmt"
 	"runtime"
 	"time"
 
@@ -85,7 +87,9 @@ func (m *Manager) squashNode(id string) {
 	n = m.nodes[id]
 	if n == nil || n.removing || n.Squash != 0 {
 		m.mu.Unlock()
-		store.RemoveAll(m.st.LayerDir(layer))
+		if err := store.RemoveAll(m.st.LayerDir(layer)); err != nil {
+			m.log.Warn("remove the squash of a node removed meanwhile (the start-up sweep removes it)", "node", id, "err", err)
+		}
 		return
 	}
 	n.Squash = layer
@@ -135,7 +139,9 @@ func (m *Manager) buildSquashOnThread(stack []uint64, image string) (uint64, *sq
 		err = m.st.Freeze(id)
 	}
 	if err != nil {
-		store.RemoveAll(m.st.LayerDir(id))
+		if rerr := store.RemoveAll(m.st.LayerDir(id)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the half-made layer %d (the start-up sweep removes it): %w", id, rerr))
+		}
 		return 0, nil, err
 	}
 	m.st.DropUpperDirs(id)

@@ -148,7 +148,7 @@ func (s *Store) claimRange() (uint32, error) {
 			err = unix.Stat(tmp, &st)
 		}
 		if err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp) // a leftover marker is removed by the next claim
 			return 0, err
 		}
 		var keep bool
@@ -159,7 +159,7 @@ func (s *Store) claimRange() (uint32, error) {
 		if err == nil && keep {
 			return base, syncDir(s.Root)
 		}
-		os.Remove(tmp)
+		_ = os.Remove(tmp) // a leftover marker is removed by the next claim
 		if err != nil {
 			return 0, err
 		}

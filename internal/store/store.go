@@ -164,7 +164,7 @@ func Open(root string) (*Store, error) {
 	// store) so that the store is complete before the daemon answers. Not fatal either
 	// (a full store, btrfs): the first NewLayer tries again, and says why.
 	s.projMu.Lock()
-	s.projectRange()
+	_, _ = s.projectRange() // its error comes back at the first NewLayer
 	s.projMu.Unlock()
 	return s, nil
 }
