@@ -17,6 +17,10 @@ type Node struct {
 	Layer uint64 `json:"layer"`
 	Own   bool   `json:"own_layer"`
 	Bytes int64  `json:"layer_bytes"` // apparent size of its own layer, -1 until measured
+	// SquashLayer is the layer the daemon wrote to stand for the node's whole stack
+	// (docs/design/squash.md): its restores and its descendants' mount it instead of
+	// the layers under it. 0: none (yet).
+	SquashLayer uint64 `json:"squash_layer,omitempty"`
 }
 
 // NodeInfo is what the API shows of a node: the answer of GET /v1/nodes/{id}, each of
@@ -27,9 +31,6 @@ type NodeInfo struct {
 	Children  []string `json:"children,omitempty"`  // sorted by creation
 	Sandboxes []string `json:"sandboxes,omitempty"` // sandboxes standing on it
 	Depth     int      `json:"depth"`               // layers a restore of it mounts (image excluded)
-	// Squashed: its stack was squashed into one layer (docs/design/squash.md), which
-	// its restores and its descendants' mount instead of the layers under it.
-	Squashed bool `json:"squashed,omitempty"`
 	// Templates: the node's process templates and their memory (GET /v1/tree and
 	// /v1/nodes/ID only; not in checkpoint and restore answers).
 	Templates *TemplateInfo `json:"templates,omitempty"`

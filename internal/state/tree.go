@@ -87,7 +87,6 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 		Children:  ch[id],
 		Sandboxes: st[id],
 		Depth:     len(m.stack(id)),
-		Squashed:  n.Squash != 0,
 		Pinned:    n.pinned,
 	}
 	if !n.lastRestore.IsZero() {
@@ -102,7 +101,7 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 // separate types, so that neither the wire nor the disk changes with the other.
 func apiNode(n store.Node) apitypes.Node {
 	return apitypes.Node{ID: n.ID, Parent: n.Parent, Image: n.Image, Created: n.Created, Label: n.Label,
-		Sandbox: n.Sandbox, Layer: n.Layer, Own: n.Own, Bytes: n.Bytes}
+		Sandbox: n.Sandbox, Layer: n.Layer, Own: n.Own, Bytes: n.Bytes, SquashLayer: n.Squash}
 }
 
 // Tree is the whole snapshot tree. The wire form is defined once, in apitypes.

@@ -84,7 +84,7 @@ func TestSquashedStackRestoresExactly(t *testing.T) {
 	}
 	squashed := 0
 	for _, n := range tree.Nodes {
-		if n.Squashed {
+		if n.SquashLayer != 0 {
 			squashed++
 		}
 		if n.Depth > 4 && n.ID != nodes[4] && n.ID != nodes[5] && n.ID != nodes[6] && n.ID != nodes[7] {

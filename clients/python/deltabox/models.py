@@ -341,8 +341,8 @@ class Node:
         children: ids of its child nodes, oldest first.
         sandboxes: sandboxes standing on it now.
         depth: layers a restore of it mounts (image excluded).
-        squashed: its stack was squashed into one layer in the background (long
-            chains: restores and descendants mount that layer instead).
+        squash_layer: the layer the daemon wrote in the background to stand for its
+            whole stack (long chains: restores and descendants mount it instead); 0: none.
         templates: its process templates (which sessions, how many processes, their
             memory); None when it has none. The daemon measures them for the tree and
             for ``GET /v1/nodes/ID`` only, so the node in a checkpoint's answer has
@@ -367,7 +367,7 @@ class Node:
     children: List[str] = field(default_factory=list)
     sandboxes: List[str] = field(default_factory=list)
     depth: int = 0
-    squashed: bool = False
+    squash_layer: int = 0
     templates: Optional[Templates] = None
     pinned: bool = False
     last_restored: Optional[_dt.datetime] = None
@@ -393,7 +393,7 @@ class Node:
             children=list(d.get("children") or []),
             sandboxes=list(d.get("sandboxes") or []),
             depth=int(d.get("depth") or 0),
-            squashed=bool(d.get("squashed")),
+            squash_layer=int(d.get("squash_layer") or 0),
             templates=Templates.from_api(d.get("templates")),
             pinned=bool(d.get("pinned")),
             last_restored=parse_time(d.get("last_restored")),
