@@ -20,6 +20,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/procfs"
+	"deltabox/internal/proctree"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/session"
 	"deltabox/internal/store"
@@ -398,10 +399,10 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		return fail(err)
 	}
 	initHost := s.rt.InitPid()
-	if err := pipesAcross(roots, initHost); err != nil {
+	if err := proctree.PipesAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
-	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil {
+	if err := proctree.SessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil {
 		return fail(err)
 	}
 	for i, root := range roots {
@@ -430,7 +431,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 			}
 			return fail(fmt.Errorf("%s: its tree holds a session's terminal, which CRIU would have to take from the session", what))
 		}
-		if err := pipesToDaemon(root); err != nil {
+		if err := proctree.PipesToDaemon(root); err != nil {
 			t.closePeer()
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
@@ -521,24 +522,6 @@ func (t *criuTree) track(root, initHost int) error {
 		return err
 	}
 	return syncPath(t.dir)
-}
-
-// killTree kills, by pidfds (never by a PID number that may have been reused), the tree
-// CRIU just restored at host PID root, descendants first.
-func killTree(root int) {
-	if !fastpath.Exists(root) {
-		return
-	}
-	var fds []int
-	for _, h := range durable.Tree(root) {
-		if fd, err := unix.PidfdOpen(h, 0); err == nil {
-			fds = append(fds, fd)
-		}
-	}
-	for i := len(fds) - 1; i >= 0; i-- {
-		unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0)
-		unix.Close(fds[i])
-	}
 }
 
 // checkAfterDump lists the sandbox's processes again once every tree is dumped and left
@@ -728,7 +711,7 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		// before the resume leaves it stopped: resumeCutCRIUTrees).
 		want := t.Pids
 		if err := t.track(rs.HostPid, initHost); err != nil {
-			killTree(rs.HostPid)
+			proctree.Kill(rs.HostPid)
 			return fmt.Errorf("restore process %d's tree: %w", want[0], err)
 		}
 		for _, p := range t.Pids {
@@ -856,88 +839,4 @@ func currentState(rt *sandbox.Sandbox) (sandbox.State, error) {
 		return sandbox.None, err
 	}
 	return sandbox.State{NS: ns, Root: root}, nil
-}
-
-// pipesAcross refuses trees that share a pipe (`a | b &` whose shell has ended leaves two
-// trees, one at each end): each tree is dumped and restored apart, and CRIU would
-// restore each end as a pipe of its own, to nobody.
-func pipesAcross(roots []int, initHost int) error {
-	owner := map[string]int{}
-	for _, root := range roots {
-		for _, p := range durable.Tree(root) {
-			dir := fmt.Sprintf("/proc/%d/fd/", p)
-			ents, _ := os.ReadDir(dir)
-			for _, e := range ents {
-				l, err := os.Readlink(dir + e.Name())
-				if err != nil || !strings.HasPrefix(l, "pipe:") {
-					continue
-				}
-				if o, ok := owner[l]; ok && o != root {
-					return fmt.Errorf("processes %d and %d share %s, in two trees that CRIU would restore apart (start them under one parent that stays, or end one)",
-						fastpath.SandboxPid(o, initHost), fastpath.SandboxPid(root, initHost), l)
-				}
-				owner[l] = root
-			}
-		}
-	}
-	return nil
-}
-
-// sessionsAcross refuses trees of which a process is in a session led by a live process
-// outside its tree (a child that a session leader left to init, zdtm's session00): each
-// tree is restored apart, and CRIU would restore the tree's root leading a session of
-// its own (scripts/criu/0004), not in the leader's: a wrong session id. Init's session
-// (sid 1, where an exec's jobs are) is the sandbox's, not a tree's; a session whose
-// leader has ended has no one to be wrong about. alive answers for a sandbox PID.
-func sessionsAcross(roots []int, initHost int, alive func(int) bool) error {
-	treeOf := map[int]int{} // sandbox PID -> its tree's root (host PID)
-	for _, root := range roots {
-		for _, h := range durable.Tree(root) {
-			treeOf[fastpath.SandboxPid(h, initHost)] = root
-		}
-	}
-	for _, root := range roots {
-		for _, h := range durable.Tree(root) {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
-			if err != nil {
-				continue // ended since
-			}
-			sid := 0
-			for _, l := range strings.Split(string(b), "\n") {
-				if v, ok := strings.CutPrefix(l, "NSsid:"); ok {
-					if f := strings.Fields(v); len(f) > 0 {
-						sid, _ = strconv.Atoi(f[len(f)-1])
-					}
-				}
-			}
-			if sid > 1 && treeOf[sid] != root && alive(sid) {
-				return fmt.Errorf("process %d is in the session of process %d, which CRIU would not restore with it: its tree is restored apart and would lead a session of its own (a child its session leader left to init; start it with setsid, or end one of them)",
-					fastpath.SandboxPid(h, initHost), sid)
-			}
-		}
-	}
-	return nil
-}
-
-// pipesToDaemon refuses a tree that holds a pipe whose other end is the daemon's (an
-// exec's output, left to a background job): CRIU would restore it as a pipe to nobody,
-// and the job would die of SIGPIPE at its next write.
-func pipesToDaemon(root int) error {
-	mine := map[string]bool{}
-	ents, _ := os.ReadDir("/proc/self/fd")
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
-			mine[l] = true
-		}
-	}
-	for _, p := range durable.Tree(root) {
-		dir := fmt.Sprintf("/proc/%d/fd/", p)
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			if l, err := os.Readlink(dir + e.Name()); err == nil && mine[l] {
-				return fmt.Errorf("its fd %s is %s, an exec's output, which the daemon reads (redirect the job's output to a file: job >log 2>&1 &)", e.Name(), l)
-			}
-		}
-	}
-	return nil
 }
