@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -99,12 +98,12 @@ const criuTreeWait = 15 * time.Second
 
 // criuTree is one tree of a checkpoint or restore in progress.
 type criuTree struct {
-	Why  string `json:"why"`  // the fast path's refusal
-	Pids []int  `json:"pids"` // its processes' sandbox PIDs, root first, as dumped
-	// Host is each process's host PID and start time as dumped (left stopped): a daemon
-	// that dies before the checkpoint's publish leaves them so, and the next one lets
-	// them run (resumeCutCRIUTrees).
-	Host [][2]uint64 `json:"host"`
+	Why string `json:"why"` // the fast path's refusal
+	// Its processes, as dumped or as last restored (sandbox PIDs, root first; host PIDs
+	// and start times), held by pidfds while an operation holds the tree. Left stopped
+	// by CRIU, they stay so if the daemon dies before the checkpoint's publish, and the
+	// next one lets them run (resumeCutCRIUTrees).
+	proctree.Tree
 	// A session's tree (the session's process is its root, its children go with it):
 	// the session, with its kind and argv for one made again at a restore, and its
 	// terminal's settings and log at the checkpoint. The terminal itself is the
@@ -116,12 +115,8 @@ type criuTree struct {
 	// TTY is CRIU's key of the session's terminal as dumped ("tty[rdev:dev]"): the only
 	// terminal the image may name.
 	TTY string `json:"tty,omitempty"`
-	// Stopped are the processes (sandbox PIDs) that were stopped before the dump (kill
-	// -STOP, ^Z): CRIU brings them back stopped, and the resume leaves them so.
-	Stopped []int `json:"stopped,omitempty"`
 
 	dir string
-	fds []int // pidfds of its processes, as dumped or as last restored
 	// A session's tree, while an operation holds it: the session, the slave of its
 	// terminal held open from before the tree is ended until the session is rebound
 	// (when the last holder of a slave goes, reads on the master fail with EIO and the
@@ -246,13 +241,6 @@ func (ts *criuTrees) pids() (out []int) {
 	return out
 }
 
-func (t *criuTree) closeFDs() {
-	for _, fd := range t.fds {
-		unix.Close(fd)
-	}
-	t.fds = nil
-}
-
 // resume lets every tree run and drops the pidfds. A session's tree that was restored
 // is first bound to its session (same PID and terminal, the new process's exit).
 // Descendants get SIGCONT before their parents: a shell with job control that ran
@@ -267,13 +255,7 @@ func (ts *criuTrees) resume() {
 			t.sess.Rebind(t.Pids[0], t.exit)
 			t.exit = nil
 		}
-		for i := len(t.fds) - 1; i >= 0; i-- {
-			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
-				continue // stopped by the sandbox's own code before the checkpoint
-			}
-			unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0)
-		}
-		t.closeFDs()
+		t.Continue()
 		t.closePeer()
 	}
 }
@@ -451,11 +433,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if err := t.track(root, initHost); err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
-		for i, h := range t.Host {
-			if procfs.State(int(h[0])) == 'T' {
-				t.Stopped = append(t.Stopped, t.Pids[i])
-			}
-		}
+		t.Stopped = t.PidsIn('T')
 		// root was found while the tree ran: held by a pidfd now, it must still be the
 		// sandbox's (and the session's) process, not one that took its PID since.
 		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
@@ -476,11 +454,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		// A process that had exited and was not reaped yet (a subshell whose parent has
 		// not waited) is dumped as a zombie, and stays one: checkAfterDump must not take
 		// it for a process let run.
-		for i, h := range t.Host {
-			if procfs.State(int(h[0])) == 'Z' {
-				t.zombies = append(t.zombies, t.Pids[i])
-			}
-		}
+		t.zombies = t.PidsIn('Z')
 	}
 	if err := syncPath(ts.dir); err != nil {
 		return fail(err)
@@ -489,39 +463,12 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 }
 
 // track holds the tree rooted at root (host PID) by pidfds, replacing those it held, and
-// records its processes (sandbox PIDs; host PIDs and start times) in tree.json, written
-// whole or not at all.
+// records its processes in tree.json, written whole or not at all.
 func (t *criuTree) track(root, initHost int) error {
-	var fds []int
-	var pids []int
-	var host [][2]uint64
-	for _, h := range durable.Tree(root) {
-		fd, err := unix.PidfdOpen(h, 0)
-		if err != nil {
-			if h == root || !fastpath.Exists(h) {
-				for _, fd := range fds {
-					unix.Close(fd)
-				}
-				if h == root {
-					return fmt.Errorf("its root: %w", err)
-				}
-				continue // ended meanwhile
-			}
-			return fmt.Errorf("a process of its tree: %w", err)
-		}
-		st, _ := procfs.StartTime(h)
-		fds, pids, host = append(fds, fd), append(pids, fastpath.SandboxPid(h, initHost)), append(host, [2]uint64{uint64(h), st})
-	}
-	t.closeFDs()
-	t.fds, t.Pids, t.Host = fds, pids, host
-	tmp := filepath.Join(t.dir, "tree.json.tmp")
-	if err := writeJSONFile(tmp, t); err != nil {
+	if err := t.Hold(root, initHost); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(t.dir, "tree.json")); err != nil {
-		return err
-	}
-	return syncPath(t.dir)
+	return proctree.WriteRecord(t.dir, t)
 }
 
 // checkAfterDump lists the sandbox's processes again once every tree is dumped and left
@@ -625,12 +572,7 @@ func waitLeftStopped(rt *sandbox.Sandbox, pid int, deadline time.Time) byte {
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 	ts.ended = true
 	for _, t := range ts.trees {
-		// Descendants first: a shell killed before its stopped jobs orphans their
-		// process groups, and the kernel then sends them SIGHUP and SIGCONT.
-		for i := len(t.fds) - 1; i >= 0; i-- {
-			unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0)
-		}
-		t.closeFDs()
+		t.Kill()
 		t.exit = nil // the killed root's; a restore watches its replacement
 	}
 	for _, t := range ts.trees {
@@ -755,10 +697,7 @@ func (m *Manager) criuTreesOf(node string) (*criuTrees, error) {
 	ts := &criuTrees{dir: dir}
 	for _, e := range ents {
 		t := &criuTree{dir: filepath.Join(dir, e.Name())}
-		b, err := os.ReadFile(filepath.Join(t.dir, "tree.json"))
-		if err == nil {
-			err = json.Unmarshal(b, t)
-		}
+		err := proctree.ReadRecord(t.dir, t)
 		if err == nil && len(t.Pids) == 0 {
 			err = errors.New("no processes")
 		}
@@ -780,22 +719,7 @@ func resumeCutCRIUTrees(root string) {
 	// Every tree.json: those of cut checkpoints (.tmp-*), and the nodes', which name the
 	// processes last restored from them (a restore or a checkpoint's move cut before
 	// its resume; SIGCONT is nothing to one that runs).
-	dirs, _ := filepath.Glob(filepath.Join(root, "durable", "bg", "*", "*", "tree.json"))
-	for _, f := range dirs {
-		var t criuTree
-		if b, err := os.ReadFile(f); err != nil || json.Unmarshal(b, &t) != nil {
-			continue
-		}
-		for i := len(t.Host) - 1; i >= 0; i-- { // descendants first, as resume does
-			h := t.Host[i]
-			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
-				continue
-			}
-			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
-				unix.Kill(int(h[0]), unix.SIGCONT)
-			}
-		}
-	}
+	proctree.ContinueCut(filepath.Join(root, "durable", "bg", "*", "*", proctree.RecordFile))
 }
 
 // cleanCRIUTrees removes, at start, what no node names: the trees of checkpoints cut
