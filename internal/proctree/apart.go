@@ -8,6 +8,7 @@ import (
 
 	"deltabox/internal/durable"
 	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
 )
 
 // What keeps trees from being taken apart: each is dumped and restored on its own, so
@@ -95,4 +96,86 @@ func PipesToDaemon(root int) error {
 		}
 	}
 	return nil
+}
+
+// IDsTaken refuses to move trees (each tree's processes, host PIDs) that are ended and
+// restored with their PIDs (CRIU's clone3 set_tid), one tree after another, beside
+// processes that outlive the move (staying, host PIDs: those the fast path moves
+// instead), when a process of one is in a session or process group whose id is the PID
+// of a process of another (a child its session leader left to init). The kernel keeps a
+// PID taken while it names a live process's session or group, and CRIU makes a helper
+// with that PID for a session or group led from outside the image: the restore would
+// fail with EEXIST (pid N is taken), and so would its undo's.
+func IDsTaken(trees [][]int, staying []int, initHost int) error {
+	level := 0
+	if in, err := procfs.NSpid(initHost); err == nil {
+		level = len(in) - 1
+	}
+	const stays = -1
+	owner := map[int]int{} // sandbox PID -> its tree's index, or stays
+	for _, h := range staying {
+		if p := fastpath.SandboxPid(h, initHost); p != 0 {
+			owner[p] = stays
+		}
+	}
+	for i, tree := range trees {
+		for _, h := range tree {
+			if p := fastpath.SandboxPid(h, initHost); p != 0 {
+				owner[p] = i
+			}
+		}
+	}
+	check := func(h, mine int) error {
+		sid, pgid := ids(h, level)
+		for _, id := range []int{sid, pgid} {
+			o, ok := owner[id]
+			if !ok || o == mine {
+				continue
+			}
+			what, whose := "session", "which CRIU took"
+			if id != sid {
+				what = "process group"
+			}
+			if o == stays {
+				whose = "which the fast path carries"
+			}
+			return fmt.Errorf("process %d is in the %s of process %d, %s: moving the processes CRIU took onto the new state restores them with their PIDs, and the kernel keeps PID %d taken while a member of its %s lives (start the process with setsid, or end one of them)",
+				fastpath.SandboxPid(h, initHost), what, id, whose, id, what)
+		}
+		return nil
+	}
+	for _, h := range staying {
+		if err := check(h, stays); err != nil {
+			return err
+		}
+	}
+	for i, tree := range trees {
+		for _, h := range tree {
+			if err := check(h, i); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ids returns host PID h's session and process group ids at PID namespace level (0 the
+// host's), or 0 for those it cannot read.
+func ids(h, level int) (sid, pgid int) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if f := strings.Fields(v); ok && len(f) > level {
+			switch k {
+			case "NSsid":
+				sid, _ = strconv.Atoi(f[level])
+			case "NSpgid":
+				pgid, _ = strconv.Atoi(f[level])
+			}
+		}
+	}
+	return sid, pgid
 }

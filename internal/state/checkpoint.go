@@ -12,6 +12,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
+	"deltabox/internal/proctree"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
@@ -499,6 +500,23 @@ func (c *checkpoint) moveCRIUTrees() error {
 		return nil
 	}
 	tc := time.Now()
+	// Nothing that outlives the move may hold a tree's PID as its session or group id
+	// (proctree.IDsTaken): refused while the trees still run.
+	var trees [][]int
+	for _, t := range ts.trees {
+		var hosts []int
+		for _, h := range t.Host {
+			hosts = append(hosts, int(h[0]))
+		}
+		trees = append(trees, hosts)
+	}
+	var staying []int
+	for _, l := range c.held {
+		staying = append(staying, l.h.P.HostPid)
+	}
+	if err := proctree.IDsTaken(trees, staying, s.rt.InitPid()); err != nil {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrConflict)
+	}
 	if err := m.endCRIUTrees(s, ts); err != nil {
 		return err
 	}
