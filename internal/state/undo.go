@@ -50,11 +50,3 @@ func (e *undoFailed) Error() string {
 	return e.err.Error() + "; undoing it: " + strings.ReplaceAll(e.undo.Error(), "\n", "; ")
 }
 func (e *undoFailed) Unwrap() error { return e.err }
-
-// abortErr is err with what abortHeld could not let go of (abortHeld's errors).
-func abortErr(err error, errs []error) error {
-	if len(errs) == 0 {
-		return err
-	}
-	return withUndo(err, errors.Join(errs...))
-}
