@@ -27,7 +27,7 @@ func Kill(root int) {
 		}
 	}
 	for i := len(fds) - 1; i >= 0; i-- {
-		unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0)
-		unix.Close(fds[i])
+		_ = unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0) // ESRCH: ended already
+		_ = unix.Close(fds[i])
 	}
 }

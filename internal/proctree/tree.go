@@ -53,7 +53,7 @@ func (t *Tree) hold(tree []int, initHost int) error {
 	var host [][2]uint64
 	fail := func(err error) error {
 		for _, fd := range fds {
-			unix.Close(fd)
+			_ = unix.Close(fd) // a pidfd: nothing to flush
 		}
 		return err
 	}
@@ -79,7 +79,7 @@ func (t *Tree) hold(tree []int, initHost int) error {
 // Close lets go of the pidfds, sending nothing.
 func (t *Tree) Close() {
 	for _, fd := range t.fds {
-		unix.Close(fd)
+		_ = unix.Close(fd) // a pidfd: nothing to flush
 	}
 	t.fds = nil
 }
@@ -92,7 +92,7 @@ func (t *Tree) Continue() {
 		if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
 			continue // stopped by the sandbox's own code before the checkpoint
 		}
-		unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0)
+		_ = unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0) // ESRCH: ended, nothing to resume
 	}
 	t.Close()
 }
@@ -103,7 +103,7 @@ func (t *Tree) Continue() {
 // init) has reaped them, not when Kill returns.
 func (t *Tree) Kill() {
 	for i := len(t.fds) - 1; i >= 0; i-- {
-		unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0)
+		_ = unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0) // ESRCH: ended already
 	}
 	t.Close()
 }
@@ -148,7 +148,7 @@ func WriteRecord(dir string, v any) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read-only: Sync's error is the one that counts
 	return d.Sync()
 }
 
@@ -178,7 +178,7 @@ func ContinueCut(pattern string) {
 				continue
 			}
 			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
-				unix.Kill(int(h[0]), unix.SIGCONT)
+				_ = unix.Kill(int(h[0]), unix.SIGCONT) // ESRCH: ended since it was read
 			}
 		}
 	}
