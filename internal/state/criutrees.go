@@ -88,6 +88,10 @@ import (
 // A node's directory goes after its record (RemoveNode); start-up removes .tmp-* and
 // the directories of nodes the index does not have.
 //
+// This file decides and records; package proctree holds the trees by pidfds (signals
+// never reach a PID reused since), keeps tree.json, and reads from /proc what keeps
+// trees from being taken apart (a shared pipe, a session or group across them).
+//
 // Trust: the images are written by CRIU as host root into the daemon's store (0700);
 // nothing in the sandbox can reach them, and they are restored only into the sandbox
 // whose processes they hold.
