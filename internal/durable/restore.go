@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -226,7 +228,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 			lazy.Kill()
 		}
 		if resp != nil && resp.GetCrErrno() == int32(unix.EEXIST) {
-			err = fmt.Errorf("%w (pid %d is taken in the sandbox)", err, m.Pid)
+			err = fmt.Errorf("%w (pid %d is taken in the sandbox)", err, takenPid(err.Error(), m.Pid))
 		}
 		return nil, err
 	}
@@ -259,4 +261,19 @@ func hostPidOf(pidNS *os.File, inner int) int {
 		}
 	}
 	return 0
+}
+
+// cantFork is CRIU's log line for a task it could not create with its PID (clone3
+// set_tid failed: EEXIST when the PID is taken).
+var cantFork = regexp.MustCompile(`Can't fork for (\d+): File exists`)
+
+// takenPid is the PID that CRIU's failed restore found taken, as its log names it in msg
+// (any task of the tree: a child's, not only the root's), or root if it does not.
+func takenPid(msg string, root int) int {
+	if m := cantFork.FindStringSubmatch(msg); m != nil {
+		if n, err := strconv.Atoi(m[1]); err == nil {
+			return n
+		}
+	}
+	return root
 }

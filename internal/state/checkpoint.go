@@ -12,6 +12,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
+	"deltabox/internal/proctree"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
@@ -214,123 +215,117 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	return c.res, nil
 }
 
-// seize is step 1.
+// seize is step 1. Each part pushes its undo once done: the held processes are resumed,
+// and the trees CRIU took are put back and resumed before them (LIFO), so that no held
+// process runs, and forks, while a tree's PIDs wait for CRIU.
 // +checklocks:c.s.opMu
-func (c *checkpoint) seize() error {
+func (c *checkpoint) seize() (err error) {
 	m, s := c.m, c.s
-	held, sessTrees, err := m.holdSessions(s)
-	var refused map[int]error
-	if err == nil {
-		var others []*heldProc
-		if others, c.settled, refused, err = m.holdOthers(s, held, sessTrees, c.o.EndBackground); err != nil {
-			err = abortErr(err, m.abortHeld(held))
-		}
-		if len(refused) > 0 && err == nil {
-			// Their trees go through CRIU (criutrees.go), with what the fast path held
-			// below their roots.
-			roots, why, kept, rerr := m.criuRoots(s.rt.InitPid(), refused, held, others)
-			if err = rerr; err != nil {
-				err = abortErr(err, append(m.abortHeld(held), m.abortHeld(others)...))
-			} else {
-				c.criuRoots, c.criuWhy, others = roots, why, kept
-			}
-		}
-		held = append(held, others...)
-		if err == nil && len(sessTrees) > 0 {
-			// Sessions' trees, rooted at the sessions' processes (criutrees.go).
-			if c.criuWhy == nil {
-				c.criuWhy = map[int]string{}
-			}
-			for h, sr := range sessTrees {
-				c.criuRoots = append(c.criuRoots, h)
-				c.criuWhy[h] = sr.why
-			}
-			slices.Sort(c.criuRoots)
-		}
-	}
-	if err == nil {
-		// Read once the processes are stopped: what they share must not change before
-		// their templates are made.
-		if c.uts, err = m.kernelState(s); err != nil {
-			err = abortErr(err, m.abortHeld(held))
-		}
-	}
-	if err == nil && len(c.criuRoots) > 0 {
-		tc := time.Now()
-		if c.criu, err = m.dumpCRIUTrees(s, c.criuRoots, c.criuWhy, sessTrees); err != nil {
-			aborted := m.abortHeld(held)
-			var fastWhy []string
-			for _, r := range c.criuRoots {
-				fastWhy = append(fastWhy, c.criuWhy[r])
-			}
-			err = abortErr(criuRefusal(strings.Join(fastWhy, "; "), err.Error(), len(sessTrees) > 0), aborted)
-		} else if err = m.afterTreeDump(s, held, c.criu, c.o.EndBackground); err != nil {
-			aborted := m.abortHeld(held)
-			c.criu.resume()
-			if rerr := store.RemoveAll(c.criu.dir); rerr != nil {
-				aborted = append(aborted, rerr)
-			}
-			c.criu = nil
-			err = abortErr(err, aborted)
-		} else {
-			c.res.CRIUProcesses = c.criu.count()
-			phase(c.res, "criu_dump", &tc)
-			// Runs after every later step's undo: if step 7 ended the trees, the
-			// sandbox's old state (files unfrozen, namespace back) is current again,
-			// and they come back onto it from their images.
-			ts := c.criu
-			c.undo.push(func() error {
-				var undoErr error
-				if ts.ended {
-					// Each tree on its own: one that cannot come back does not take
-					// the others with it.
-					var errs []error
-					lost := 0
-					st, serr := currentState(s.rt) // +checklocksignore: an undo step: undoList.run runs it under opMu
-					if serr != nil {
-						errs = append(errs, serr)
-					}
-					for _, t := range ts.trees {
-						err := serr
-						if err == nil {
-							if err = m.restoreCRIUTrees(s, &criuTrees{dir: ts.dir, trees: []*criuTree{t}}, st); err != nil { // +checklocksignore: an undo step: undoList.run runs it under opMu
-								errs = append(errs, err)
-							}
-						}
-						if err != nil {
-							lost += len(t.Pids)
-						}
-					}
-					if serr == nil {
-						st.Close()
-					}
-					if len(errs) > 0 {
-						undoErr = fmt.Errorf("%d of the %d processes CRIU took could not be put back (they are gone): %w", lost, ts.count(), errors.Join(errs...))
-					}
-					ts.ended = false
-				}
-				ts.resume()
-				if err := store.RemoveAll(ts.dir); err != nil {
-					undoErr = errors.Join(undoErr, fmt.Errorf("remove the trees' images: %w", err))
-				}
-				return undoErr
-			})
-		}
-	}
-	if err != nil {
+	defer func() {
 		var in *fastpath.Ineligible
 		if errors.As(err, &in) {
 			c.refused = "ineligible"
 		}
+	}()
+	held, sessTrees, err := m.holdSessions(s)
+	if err != nil {
 		return err
 	}
 	c.held = held
 	c.undo.push(func() error {
-		if errs := m.releaseHeld(held); len(errs) > 0 {
+		if errs := m.releaseHeld(c.held); len(errs) > 0 {
 			return fmt.Errorf("resume the held processes: %w", errors.Join(errs...))
 		}
 		return nil
 	})
+	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground)
+	if err != nil {
+		return err
+	}
+	c.held, c.settled = append(c.held, others...), settled
+	if len(refused) > 0 {
+		// Their trees go through CRIU (criutrees.go), with what the fast path held
+		// below their roots (let go by criuRoots).
+		roots, why, kept, err := m.criuRoots(s.rt.InitPid(), refused, held, others)
+		if err != nil {
+			return err
+		}
+		c.held = append(held[:len(held):len(held)], kept...)
+		c.criuRoots, c.criuWhy = roots, why
+	}
+	if len(sessTrees) > 0 {
+		// Sessions' trees, rooted at the sessions' processes (criutrees.go).
+		if c.criuWhy == nil {
+			c.criuWhy = map[int]string{}
+		}
+		for h, sr := range sessTrees {
+			c.criuRoots = append(c.criuRoots, h)
+			c.criuWhy[h] = sr.why
+		}
+		slices.Sort(c.criuRoots)
+	}
+	// Read once the processes are stopped: what they share must not change before
+	// their templates are made.
+	if c.uts, err = m.kernelState(s); err != nil {
+		return err
+	}
+	if len(c.criuRoots) == 0 {
+		return nil
+	}
+	tc := time.Now()
+	ts, err := m.dumpCRIUTrees(s, c.criuRoots, c.criuWhy, sessTrees)
+	if err != nil {
+		var fastWhy []string
+		for _, r := range c.criuRoots {
+			fastWhy = append(fastWhy, c.criuWhy[r])
+		}
+		return criuRefusal(strings.Join(fastWhy, "; "), err.Error(), len(sessTrees) > 0)
+	}
+	c.criu = ts
+	// Runs after every later step's undo: if step 7 ended the trees, the sandbox's old
+	// state (files unfrozen, namespace back) is current again, and they come back onto
+	// it from their images.
+	c.undo.push(func() error {
+		var undoErr error
+		if ts.ended {
+			// Each tree on its own: one that cannot come back does not take
+			// the others with it.
+			var errs []error
+			lost := 0
+			st, serr := currentState(s.rt) // +checklocksignore: an undo step: undoList.run runs it under opMu
+			if serr != nil {
+				errs = append(errs, serr)
+			}
+			for _, t := range ts.trees {
+				err := serr
+				if err == nil {
+					if err = m.restoreCRIUTrees(s, &criuTrees{dir: ts.dir, trees: []*criuTree{t}}, st); err != nil { // +checklocksignore: an undo step: undoList.run runs it under opMu
+						errs = append(errs, err)
+					}
+				}
+				if err != nil {
+					lost += len(t.Pids)
+				}
+			}
+			if serr == nil {
+				st.Close()
+			}
+			if len(errs) > 0 {
+				undoErr = fmt.Errorf("%d of the %d processes CRIU took could not be put back (they are gone): %w", lost, ts.count(), errors.Join(errs...))
+			}
+			ts.ended = false
+		}
+		ts.resume()
+		if err := store.RemoveAll(ts.dir); err != nil {
+			undoErr = errors.Join(undoErr, fmt.Errorf("remove the trees' images: %w", err))
+		}
+		return undoErr
+	})
+	if err := m.afterTreeDump(s, c.held, ts, c.o.EndBackground); err != nil {
+		return err
+	}
+	c.res.CRIUProcesses = ts.count()
+	phase(c.res, "criu_dump", &tc)
 	return nil
 }
 
@@ -516,6 +511,23 @@ func (c *checkpoint) moveCRIUTrees() error {
 		return nil
 	}
 	tc := time.Now()
+	// Nothing that outlives the move may hold a tree's PID as its session or group id
+	// (proctree.IDsTaken): refused while the trees still run.
+	var trees [][]int
+	for _, t := range ts.trees {
+		var hosts []int
+		for _, h := range t.Host {
+			hosts = append(hosts, int(h[0]))
+		}
+		trees = append(trees, hosts)
+	}
+	var staying []int
+	for _, l := range c.held {
+		staying = append(staying, l.h.P.HostPid)
+	}
+	if err := proctree.IDsTaken(trees, staying, s.rt.InitPid()); err != nil {
+		return fmt.Errorf("%v: %w", err, errdefs.ErrConflict)
+	}
 	if err := m.endCRIUTrees(s, ts); err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -20,6 +19,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
 	"deltabox/internal/procfs"
+	"deltabox/internal/proctree"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/session"
 	"deltabox/internal/store"
@@ -88,6 +88,10 @@ import (
 // A node's directory goes after its record (RemoveNode); start-up removes .tmp-* and
 // the directories of nodes the index does not have.
 //
+// This file decides and records; package proctree holds the trees by pidfds (signals
+// never reach a PID reused since), keeps tree.json, and reads from /proc what keeps
+// trees from being taken apart (a shared pipe, a session or group across them).
+//
 // Trust: the images are written by CRIU as host root into the daemon's store (0700);
 // nothing in the sandbox can reach them, and they are restored only into the sandbox
 // whose processes they hold.
@@ -98,12 +102,12 @@ const criuTreeWait = 15 * time.Second
 
 // criuTree is one tree of a checkpoint or restore in progress.
 type criuTree struct {
-	Why  string `json:"why"`  // the fast path's refusal
-	Pids []int  `json:"pids"` // its processes' sandbox PIDs, root first, as dumped
-	// Host is each process's host PID and start time as dumped (left stopped): a daemon
-	// that dies before the checkpoint's publish leaves them so, and the next one lets
-	// them run (resumeCutCRIUTrees).
-	Host [][2]uint64 `json:"host"`
+	Why string `json:"why"` // the fast path's refusal
+	// Its processes, as dumped or as last restored (sandbox PIDs, root first; host PIDs
+	// and start times), held by pidfds while an operation holds the tree. Left stopped
+	// by CRIU, they stay so if the daemon dies before the checkpoint's publish, and the
+	// next one lets them run (resumeCutCRIUTrees).
+	proctree.Tree
 	// A session's tree (the session's process is its root, its children go with it):
 	// the session, with its kind and argv for one made again at a restore, and its
 	// terminal's settings and log at the checkpoint. The terminal itself is the
@@ -115,12 +119,8 @@ type criuTree struct {
 	// TTY is CRIU's key of the session's terminal as dumped ("tty[rdev:dev]"): the only
 	// terminal the image may name.
 	TTY string `json:"tty,omitempty"`
-	// Stopped are the processes (sandbox PIDs) that were stopped before the dump (kill
-	// -STOP, ^Z): CRIU brings them back stopped, and the resume leaves them so.
-	Stopped []int `json:"stopped,omitempty"`
 
 	dir string
-	fds []int // pidfds of its processes, as dumped or as last restored
 	// A session's tree, while an operation holds it: the session, the slave of its
 	// terminal held open from before the tree is ended until the session is rebound
 	// (when the last holder of a slave goes, reads on the master fail with EIO and the
@@ -247,13 +247,6 @@ func (ts *criuTrees) pids() (out []int) {
 	return out
 }
 
-func (t *criuTree) closeFDs() {
-	for _, fd := range t.fds {
-		unix.Close(fd)
-	}
-	t.fds = nil
-}
-
 // resume lets every tree run and drops the pidfds. A session's tree that was restored
 // is first bound to its session (same PID and terminal, the new process's exit).
 // Descendants get SIGCONT before their parents: a shell with job control that ran
@@ -268,13 +261,7 @@ func (ts *criuTrees) resume() {
 			t.sess.Rebind(t.Pids[0], t.exit)
 			t.exit = nil
 		}
-		for i := len(t.fds) - 1; i >= 0; i-- {
-			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
-				continue // stopped by the sandbox's own code before the checkpoint
-			}
-			_ = unix.PidfdSendSignal(t.fds[i], unix.SIGCONT, nil, 0) // ESRCH: gone
-		}
-		t.closeFDs()
+		t.Continue()
 		t.closePeer()
 	}
 }
@@ -402,10 +389,10 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		return fail(err)
 	}
 	initHost := s.rt.InitPid()
-	if err := pipesAcross(roots, initHost); err != nil {
+	if err := proctree.PipesAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
-	if err := sessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil { // +checklocksignore: called by sessionsAcross, here, under opMu
+	if err := proctree.SessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil { // +checklocksignore: called by SessionsAcross, here, under opMu
 		return fail(err)
 	}
 	for i, root := range roots {
@@ -434,7 +421,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 			}
 			return fail(fmt.Errorf("%s: its tree holds a session's terminal, which CRIU would have to take from the session", what))
 		}
-		if err := pipesToDaemon(root); err != nil {
+		if err := proctree.PipesToDaemon(root); err != nil {
 			t.closePeer()
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
@@ -454,11 +441,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if err := t.track(root, initHost); err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
-		for i, h := range t.Host {
-			if procfs.State(int(h[0])) == 'T' {
-				t.Stopped = append(t.Stopped, t.Pids[i])
-			}
-		}
+		t.Stopped = t.PidsIn('T')
 		// root was found while the tree ran: held by a pidfd now, it must still be the
 		// sandbox's (and the session's) process, not one that took its PID since.
 		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
@@ -479,11 +462,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		// A process that had exited and was not reaped yet (a subshell whose parent has
 		// not waited) is dumped as a zombie, and stays one: checkAfterDump must not take
 		// it for a process let run.
-		for i, h := range t.Host {
-			if procfs.State(int(h[0])) == 'Z' {
-				t.zombies = append(t.zombies, t.Pids[i])
-			}
-		}
+		t.zombies = t.PidsIn('Z')
 	}
 	if err := syncPath(ts.dir); err != nil {
 		return fail(err)
@@ -492,57 +471,12 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 }
 
 // track holds the tree rooted at root (host PID) by pidfds, replacing those it held, and
-// records its processes (sandbox PIDs; host PIDs and start times) in tree.json, written
-// whole or not at all.
+// records its processes in tree.json, written whole or not at all.
 func (t *criuTree) track(root, initHost int) error {
-	var fds []int
-	var pids []int
-	var host [][2]uint64
-	for _, h := range durable.Tree(root) {
-		fd, err := unix.PidfdOpen(h, 0)
-		if err != nil {
-			if h == root || !fastpath.Exists(h) {
-				for _, fd := range fds {
-					unix.Close(fd)
-				}
-				if h == root {
-					return fmt.Errorf("its root: %w", err)
-				}
-				continue // ended meanwhile
-			}
-			return fmt.Errorf("a process of its tree: %w", err)
-		}
-		st, _ := procfs.StartTime(h)
-		fds, pids, host = append(fds, fd), append(pids, fastpath.SandboxPid(h, initHost)), append(host, [2]uint64{uint64(h), st})
-	}
-	t.closeFDs()
-	t.fds, t.Pids, t.Host = fds, pids, host
-	tmp := filepath.Join(t.dir, "tree.json.tmp")
-	if err := writeJSONFile(tmp, t); err != nil {
+	if err := t.Hold(root, initHost); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(t.dir, "tree.json")); err != nil {
-		return err
-	}
-	return syncPath(t.dir)
-}
-
-// killTree kills, by pidfds (never by a PID number that may have been reused), the tree
-// CRIU just restored at host PID root, descendants first.
-func killTree(root int) {
-	if !fastpath.Exists(root) {
-		return
-	}
-	var fds []int
-	for _, h := range durable.Tree(root) {
-		if fd, err := unix.PidfdOpen(h, 0); err == nil {
-			fds = append(fds, fd)
-		}
-	}
-	for i := len(fds) - 1; i >= 0; i-- {
-		_ = unix.PidfdSendSignal(fds[i], unix.SIGKILL, nil, 0) // ESRCH: gone already
-		unix.Close(fds[i])
-	}
+	return proctree.WriteRecord(t.dir, t)
 }
 
 // checkAfterDump lists the sandbox's processes again once every tree is dumped and left
@@ -649,12 +583,7 @@ func waitLeftStopped(rt *sandbox.Sandbox, pid int, deadline time.Time) byte {
 func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 	ts.ended = true
 	for _, t := range ts.trees {
-		// Descendants first: a shell killed before its stopped jobs orphans their
-		// process groups, and the kernel then sends them SIGHUP and SIGCONT.
-		for i := len(t.fds) - 1; i >= 0; i-- {
-			_ = unix.PidfdSendSignal(t.fds[i], unix.SIGKILL, nil, 0) // ESRCH: gone; waitPidFree below says if one stays
-		}
-		t.closeFDs()
+		t.Kill()
 		t.exit = nil // the killed root's; a restore watches its replacement
 	}
 	for _, t := range ts.trees {
@@ -736,7 +665,7 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		// before the resume leaves it stopped: resumeCutCRIUTrees).
 		want := t.Pids
 		if err := t.track(rs.HostPid, initHost); err != nil {
-			killTree(rs.HostPid)
+			proctree.Kill(rs.HostPid)
 			return fmt.Errorf("restore process %d's tree: %w", want[0], err)
 		}
 		for _, p := range t.Pids {
@@ -780,10 +709,7 @@ func (m *Manager) criuTreesOf(node string) (*criuTrees, error) {
 	ts := &criuTrees{dir: dir}
 	for _, e := range ents {
 		t := &criuTree{dir: filepath.Join(dir, e.Name())}
-		b, err := os.ReadFile(filepath.Join(t.dir, "tree.json"))
-		if err == nil {
-			err = json.Unmarshal(b, t)
-		}
+		err := proctree.ReadRecord(t.dir, t)
 		if err == nil && len(t.Pids) == 0 {
 			err = errors.New("no processes")
 		}
@@ -805,22 +731,7 @@ func resumeCutCRIUTrees(root string) {
 	// Every tree.json: those of cut checkpoints (.tmp-*), and the nodes', which name the
 	// processes last restored from them (a restore or a checkpoint's move cut before
 	// its resume; SIGCONT is nothing to one that runs).
-	dirs, _ := filepath.Glob(filepath.Join(root, "durable", "bg", "*", "*", "tree.json"))
-	for _, f := range dirs {
-		var t criuTree
-		if b, err := os.ReadFile(f); err != nil || json.Unmarshal(b, &t) != nil {
-			continue
-		}
-		for i := len(t.Host) - 1; i >= 0; i-- { // descendants first, as resume does
-			h := t.Host[i]
-			if i < len(t.Pids) && slices.Contains(t.Stopped, t.Pids[i]) {
-				continue
-			}
-			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
-				_ = unix.Kill(int(h[0]), unix.SIGCONT) // ESRCH: gone
-			}
-		}
-	}
+	proctree.ContinueCut(filepath.Join(root, "durable", "bg", "*", "*", proctree.RecordFile))
 }
 
 // cleanCRIUTrees removes, at start, what no node names: the trees of checkpoints cut
@@ -864,88 +775,4 @@ func currentState(rt *sandbox.Sandbox) (sandbox.State, error) {
 		return sandbox.None, err
 	}
 	return sandbox.State{NS: ns, Root: root}, nil
-}
-
-// pipesAcross refuses trees that share a pipe (`a | b &` whose shell has ended leaves two
-// trees, one at each end): each tree is dumped and restored apart, and CRIU would
-// restore each end as a pipe of its own, to nobody.
-func pipesAcross(roots []int, initHost int) error {
-	owner := map[string]int{}
-	for _, root := range roots {
-		for _, p := range durable.Tree(root) {
-			dir := fmt.Sprintf("/proc/%d/fd/", p)
-			ents, _ := os.ReadDir(dir)
-			for _, e := range ents {
-				l, err := os.Readlink(dir + e.Name())
-				if err != nil || !strings.HasPrefix(l, "pipe:") {
-					continue
-				}
-				if o, ok := owner[l]; ok && o != root {
-					return fmt.Errorf("processes %d and %d share %s, in two trees that CRIU would restore apart (start them under one parent that stays, or end one)",
-						fastpath.SandboxPid(o, initHost), fastpath.SandboxPid(root, initHost), l)
-				}
-				owner[l] = root
-			}
-		}
-	}
-	return nil
-}
-
-// sessionsAcross refuses trees of which a process is in a session led by a live process
-// outside its tree (a child that a session leader left to init, zdtm's session00): each
-// tree is restored apart, and CRIU would restore the tree's root leading a session of
-// its own (scripts/criu/0004), not in the leader's: a wrong session id. Init's session
-// (sid 1, where an exec's jobs are) is the sandbox's, not a tree's; a session whose
-// leader has ended has no one to be wrong about. alive answers for a sandbox PID.
-func sessionsAcross(roots []int, initHost int, alive func(int) bool) error {
-	treeOf := map[int]int{} // sandbox PID -> its tree's root (host PID)
-	for _, root := range roots {
-		for _, h := range durable.Tree(root) {
-			treeOf[fastpath.SandboxPid(h, initHost)] = root
-		}
-	}
-	for _, root := range roots {
-		for _, h := range durable.Tree(root) {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
-			if err != nil {
-				continue // ended since
-			}
-			sid := 0
-			for _, l := range strings.Split(string(b), "\n") {
-				if v, ok := strings.CutPrefix(l, "NSsid:"); ok {
-					if f := strings.Fields(v); len(f) > 0 {
-						sid, _ = strconv.Atoi(f[len(f)-1])
-					}
-				}
-			}
-			if sid > 1 && treeOf[sid] != root && alive(sid) {
-				return fmt.Errorf("process %d is in the session of process %d, which CRIU would not restore with it: its tree is restored apart and would lead a session of its own (a child its session leader left to init; start it with setsid, or end one of them)",
-					fastpath.SandboxPid(h, initHost), sid)
-			}
-		}
-	}
-	return nil
-}
-
-// pipesToDaemon refuses a tree that holds a pipe whose other end is the daemon's (an
-// exec's output, left to a background job): CRIU would restore it as a pipe to nobody,
-// and the job would die of SIGPIPE at its next write.
-func pipesToDaemon(root int) error {
-	mine := map[string]bool{}
-	ents, _ := os.ReadDir("/proc/self/fd")
-	for _, e := range ents {
-		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
-			mine[l] = true
-		}
-	}
-	for _, p := range durable.Tree(root) {
-		dir := fmt.Sprintf("/proc/%d/fd/", p)
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			if l, err := os.Readlink(dir + e.Name()); err == nil && mine[l] {
-				return fmt.Errorf("its fd %s is %s, an exec's output, which the daemon reads (redirect the job's output to a file: job >log 2>&1 &)", e.Name(), l)
-			}
-		}
-	}
-	return nil
 }

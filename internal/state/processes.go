@@ -129,13 +129,11 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // holdOthers seizes, after the sessions' (held), every other process of the sandbox
 // but init: background jobs an exec left behind, checkpointed with their state like
 // the sessions' processes (the fast-path issue's "every process but its init"). Not
-// taken: zombies, and what the daemon already traces (templates, memory holders). A
-// process the fast path cannot take (fastpath.Ineligible: a pipe, a socket, children,
-// a session's terminal...) refuses the checkpoint with 409 naming it, or, with
-// endBackground, is left to the checkpoint's kill (step 3) as before. Without
-// endBackground, one that the fast path's inspection refused (threads, children, a pipe,
-// a socket) is returned in refused instead (host PID, the refusal), for CRIU to take
-// with its tree (criutrees.go). On error the processes held here are let go untouched
+// taken: zombies, and what the daemon already traces (templates, memory holders).
+// fastpath.Choose decides for each process: carried (held here), its tree to CRIU
+// (returned in refused, host PID -> the fast path's refusal, for criutrees.go), or a
+// 409 naming it; with endBackground, what would go to CRIU or refuse is left to the
+// checkpoint's kill (step 3). On error the processes held here are let go untouched
 // (the caller lets held go).
 //
 // settled reports that the sandbox's PID namespace held nothing but init, the processes
@@ -212,9 +210,8 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 		// In the PID namespace, not in the cgroup: it left it (a cgroup2 mount of its
 		// own), or runs in a nested PID namespace. Not taken; the kill at step 3 (init's,
 		// by PID namespace) ends it.
-		err := &fastpath.Ineligible{Pid: p, Reason: "it is not in the sandbox's cgroup (it moved out of it) or runs in a PID namespace of its own"}
-		if !endBackground {
-			return nil, false, nil, fmt.Errorf("%w (outside the sessions: end it, or checkpoint with end_background to end such processes): %w", err, errdefs.ErrConflict)
+		if d := fastpath.Choose(fastpath.Candidate{Pid: p, OutsideCgroup: true}, endBackground, nil, nil, nil); d.Choice == fastpath.Refuse {
+			return nil, false, nil, fmt.Errorf("%w (outside the sessions: end it, or checkpoint with end_background to end such processes): %w", d.Err, errdefs.ErrConflict)
 		}
 	}
 	tr := m.tracer(s)
@@ -237,63 +234,33 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 			tracers[tracer] = host
 		}
 	}
+	// Then each, in the order listed: carried by the fast path, its tree to CRIU, or a
+	// refusal (fastpath.Choose).
+	hold := func(host int) (*fastpath.Held, error) { return fastpath.Hold(tr, host) }
+	carried := make([]fastpath.Carried, 0, len(held))
+	for _, l := range held {
+		carried = append(carried, fastpath.Carried{P: l.h.P, What: l.what})
+	}
 	for _, host := range pids {
-		switch kind[host] {
-		case fastpath.Zombie, fastpath.Traced: // gone; a memory holder (killed after its restore)
-			continue
-		}
-		if len(sessTrees) > 0 && belowAny(host, sessTrees, initHost) {
-			continue // a session's tree carries it (CRIU)
-		}
-		var h *fastpath.Held
-		var err error
-		inspected := false // refused by the fast path's inspection: CRIU may take it
+		c := fastpath.Candidate{Host: host, Pid: fastpath.SandboxPid(host, initHost), Kind: kind[host],
+			OwnPidNS:      !fastpath.SamePidNS(host, initHost),
+			InSessionTree: len(sessTrees) > 0 && belowAny(host, sessTrees, initHost)}
 		if tracee, ok := tracers[host]; ok {
-			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: fmt.Sprintf("it traces process %d (a debugger?), which a fork does not carry", fastpath.SandboxPid(tracee, initHost))}
-		} else if !fastpath.SamePidNS(host, initHost) {
-			// inspect records its innermost PID, which a restore could not give back.
-			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: "it runs in a PID namespace of its own (unshare --pid?)"}
-		} else if h, err = fastpath.Hold(tr, host); err != nil {
-			inspected = true
-		} else if h.HasTerminal() {
-			// Restored, it could not be given the session's terminal without taking
-			// the session's controlling terminal and foreground group.
-			err = withUndo(&fastpath.Ineligible{Pid: h.P.Pid, Reason: "it holds a session's terminal (started from a session with setsid or nohup?)"}, h.Abort())
-		} else if err == nil {
-			// A locked description it shares with a process held before it: each would
-			// take the lock again on its own copy, and the second would be refused.
-			for _, o := range append(append([]*heldProc(nil), held...), out...) {
-				if fd, ofd, ok := fastpath.SharedLock(o.h.P, h.P); ok {
-					err = withUndo(&fastpath.Ineligible{Pid: h.P.Pid, Reason: fmt.Sprintf("its fd %d is the open file description of %s's fd %d, which holds a lock (inherited across a fork?)", fd, o.what, ofd)}, h.Abort())
-					break
-				}
-			}
+			c.Traces = fastpath.SandboxPid(tracee, initHost)
 		}
-		if err == nil {
-			what := fmt.Sprintf("process %d (%s)", h.P.Pid, fastpath.Comm(host))
-			out = append(out, &heldProc{what: what, h: h})
-			continue
-		}
-		if !fastpath.Exists(host) {
-			continue // it ended meanwhile
-		}
-		var in *fastpath.Ineligible
-		if !errors.As(err, &in) {
-			// Not seizable (traced by a debugger inside the sandbox...): as ineligible.
-			err = &fastpath.Ineligible{Pid: fastpath.SandboxPid(host, initHost), Reason: "it cannot be seized: " + err.Error()}
-			inspected = false
-		}
-		if endBackground {
-			continue // the kill at step 3 ends it
-		}
-		if inspected {
+		switch d := fastpath.Choose(c, endBackground, hold, carried, fastpath.Exists); d.Choice {
+		case fastpath.Carry:
+			what := fmt.Sprintf("process %d (%s)", d.Held.P.Pid, fastpath.Comm(host))
+			out = append(out, &heldProc{what: what, h: d.Held})
+			carried = append(carried, fastpath.Carried{P: d.Held.P, What: what})
+		case fastpath.ToCRIU:
 			if refused == nil {
 				refused = map[int]error{}
 			}
-			refused[host] = fmt.Errorf("%w (%s)", err, fastpath.Comm(host))
-			continue
+			refused[host] = fmt.Errorf("%w (%s)", d.Err, fastpath.Comm(host))
+		case fastpath.Refuse:
+			return nil, false, nil, refuse(host, d.Err)
 		}
-		return nil, false, nil, refuse(host, err)
 	}
 	return out, settled, refused, nil
 }

@@ -240,3 +240,47 @@ for i in $(seq 1000); do [ -s /workspace/leader.pid ] && [ -s /workspace/child.p
 		t.Fatalf("after the refusal: sessions %v, want both %s", sid, leader)
 	}
 }
+
+// A process the fast path carries, in the session and process group of a process CRIU
+// takes (a child its session leader left to init), would keep the leader's PID taken
+// when step 7 moves the leader's tree onto the new state by a CRIU restore (the kernel
+// keeps a session's or group's id while a member lives: clone3 set_tid fails with
+// EEXIST), and the undo could not put the tree back either. The checkpoint refuses with
+// 409 before the tree is ended, and every process runs on as it was.
+func TestCRIUTreeLeadingAHeldProcessRefused(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "sh"
+	dbxCreate(t, d, id)
+	// The leader (setsid, two threads: CRIU) leaves a one-thread python to init: the
+	// fast path carries it, in the leader's session and group.
+	dbxSh(t, d, id, `nohup setsid python3 -c '
+import os, threading, time
+threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+if os.fork() == 0:
+    if os.fork() == 0:
+        open("/workspace/child.pid", "w").write(str(os.getpid()))
+        time.sleep(1000)
+    os._exit(0)
+os.wait()
+open("/workspace/leader.pid", "w").write(str(os.getpid()))
+time.sleep(1000)
+' </dev/null >/dev/null 2>&1 &
+for i in $(seq 1000); do [ -s /workspace/leader.pid ] && [ -s /workspace/child.pid ] && exit 0; sleep 0.01; done; exit 1`)
+	child := strings.TrimSpace(dbxSh(t, d, id, "cat /workspace/child.pid"))
+	leader := strings.TrimSpace(dbxSh(t, d, id, "cat /workspace/leader.pid"))
+	ids := func() []string { return strings.Fields(dbxSh(t, d, id, "ps -o sid=,pgid= -p "+child)) }
+	if got := ids(); len(got) != 2 || got[0] != leader || got[1] != leader {
+		t.Fatalf("the child's session and group: %v, want the leader's %s", got, leader)
+	}
+	dbxSh(t, d, id, "echo changed > /workspace/x") // a new state: step 7 moves the trees
+	_, err := d.C.Checkpoint(dbxCtx(t), id, "x")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "process "+child) || !strings.Contains(err.Error(), "process "+leader) {
+		t.Fatalf("checkpoint: %v, want a conflict naming process %s and process %s", err, child, leader)
+	}
+	if got := ids(); len(got) != 2 || got[0] != leader || got[1] != leader {
+		t.Fatalf("after the refusal: the child's session and group %v, want %s", got, leader)
+	}
+	if st := strings.Fields(dbxSh(t, d, id, "ps -o stat= -p "+leader+" -p "+child)); len(st) != 2 || st[0][0] != 'S' || st[1][0] != 'S' {
+		t.Fatalf("after the refusal: states %v, want both sleeping (running on)", st)
+	}
+}

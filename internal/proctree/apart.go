@@ -1,0 +1,181 @@
+package proctree
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"deltabox/internal/durable"
+	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
+)
+
+// What keeps trees from being taken apart: each is dumped and restored on its own, so
+// what it shares with another tree, or with the daemon, CRIU would restore to nobody.
+
+// PipesAcross refuses trees that share a pipe (`a | b &` whose shell has ended leaves two
+// trees, one at each end): each tree is dumped and restored apart, and CRIU would
+// restore each end as a pipe of its own, to nobody.
+func PipesAcross(roots []int, initHost int) error {
+	owner := map[string]int{}
+	for _, root := range roots {
+		for _, p := range durable.Tree(root) {
+			dir := fmt.Sprintf("/proc/%d/fd/", p)
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				l, err := os.Readlink(dir + e.Name())
+				if err != nil || !strings.HasPrefix(l, "pipe:") {
+					continue
+				}
+				if o, ok := owner[l]; ok && o != root {
+					return fmt.Errorf("processes %d and %d share %s, in two trees that CRIU would restore apart (start them under one parent that stays, or end one)",
+						fastpath.SandboxPid(o, initHost), fastpath.SandboxPid(root, initHost), l)
+				}
+				owner[l] = root
+			}
+		}
+	}
+	return nil
+}
+
+// SessionsAcross refuses trees of which a process is in a session led by a live process
+// outside its tree (a child that a session leader left to init, zdtm's session00): each
+// tree is restored apart, and CRIU would restore the tree's root leading a session of
+// its own (scripts/criu/0004), not in the leader's: a wrong session id. Init's session
+// (sid 1, where an exec's jobs are) is the sandbox's, not a tree's; a session whose
+// leader has ended has no one to be wrong about. alive answers for a sandbox PID.
+func SessionsAcross(roots []int, initHost int, alive func(int) bool) error {
+	treeOf := map[int]int{} // sandbox PID -> its tree's root (host PID)
+	for _, root := range roots {
+		for _, h := range durable.Tree(root) {
+			treeOf[fastpath.SandboxPid(h, initHost)] = root
+		}
+	}
+	for _, root := range roots {
+		for _, h := range durable.Tree(root) {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
+			if err != nil {
+				continue // ended since
+			}
+			sid := 0
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "NSsid:"); ok {
+					if f := strings.Fields(v); len(f) > 0 {
+						sid, _ = strconv.Atoi(f[len(f)-1])
+					}
+				}
+			}
+			if sid > 1 && treeOf[sid] != root && alive(sid) {
+				return fmt.Errorf("process %d is in the session of process %d, which CRIU would not restore with it: its tree is restored apart and would lead a session of its own (a child its session leader left to init; start it with setsid, or end one of them)",
+					fastpath.SandboxPid(h, initHost), sid)
+			}
+		}
+	}
+	return nil
+}
+
+// PipesToDaemon refuses a tree that holds a pipe whose other end is the daemon's (an
+// exec's output, left to a background job): CRIU would restore it as a pipe to nobody,
+// and the job would die of SIGPIPE at its next write.
+func PipesToDaemon(root int) error {
+	mine := map[string]bool{}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "pipe:") {
+			mine[l] = true
+		}
+	}
+	for _, p := range durable.Tree(root) {
+		dir := fmt.Sprintf("/proc/%d/fd/", p)
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if l, err := os.Readlink(dir + e.Name()); err == nil && mine[l] {
+				return fmt.Errorf("its fd %s is %s, an exec's output, which the daemon reads (redirect the job's output to a file: job >log 2>&1 &)", e.Name(), l)
+			}
+		}
+	}
+	return nil
+}
+
+// IDsTaken refuses to move trees (each tree's processes, host PIDs) that are ended and
+// restored with their PIDs (CRIU's clone3 set_tid), one tree after another, beside
+// processes that outlive the move (staying, host PIDs: those the fast path moves
+// instead), when a process of one is in a session or process group whose id is the PID
+// of a process of another (a child its session leader left to init). The kernel keeps a
+// PID taken while it names a live process's session or group, and CRIU makes a helper
+// with that PID for a session or group led from outside the image: the restore would
+// fail with EEXIST (pid N is taken), and so would its undo's.
+func IDsTaken(trees [][]int, staying []int, initHost int) error {
+	level := 0
+	if in, err := procfs.NSpid(initHost); err == nil {
+		level = len(in) - 1
+	}
+	const stays = -1
+	owner := map[int]int{} // sandbox PID -> its tree's index, or stays
+	for _, h := range staying {
+		if p := fastpath.SandboxPid(h, initHost); p != 0 {
+			owner[p] = stays
+		}
+	}
+	for i, tree := range trees {
+		for _, h := range tree {
+			if p := fastpath.SandboxPid(h, initHost); p != 0 {
+				owner[p] = i
+			}
+		}
+	}
+	check := func(h, mine int) error {
+		sid, pgid := ids(h, level)
+		for _, id := range []int{sid, pgid} {
+			o, ok := owner[id]
+			if !ok || o == mine {
+				continue
+			}
+			what, whose := "session", "which CRIU took"
+			if id != sid {
+				what = "process group"
+			}
+			if o == stays {
+				whose = "which the fast path carries"
+			}
+			return fmt.Errorf("process %d is in the %s of process %d, %s: moving the processes CRIU took onto the new state restores them with their PIDs, and the kernel keeps PID %d taken while a member of its %s lives (start the process with setsid, or end one of them)",
+				fastpath.SandboxPid(h, initHost), what, id, whose, id, what)
+		}
+		return nil
+	}
+	for _, h := range staying {
+		if err := check(h, stays); err != nil {
+			return err
+		}
+	}
+	for i, tree := range trees {
+		for _, h := range tree {
+			if err := check(h, i); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ids returns host PID h's session and process group ids at PID namespace level (0 the
+// host's), or 0 for those it cannot read.
+func ids(h, level int) (sid, pgid int) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h))
+	if err != nil {
+		return 0, 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if f := strings.Fields(v); ok && len(f) > level {
+			switch k {
+			case "NSsid":
+				sid, _ = strconv.Atoi(f[level])
+			case "NSpgid":
+				pgid, _ = strconv.Atoi(f[level])
+			}
+		}
+	}
+	return sid, pgid
+}
