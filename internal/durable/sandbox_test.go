@@ -418,12 +418,16 @@ func statusField(pid int, key string) uint64 {
 }
 
 // pipeline is a tree of three: sh, and two pythons it started, one writing a counter
-// into a pipe to the other, which keeps the last value in /tmp/last.
+// into a pipe to the other, which keeps the last value in /tmp/last. It rewrites the
+// file in place through one fd of fixed size: a write-then-rename caught by the dump
+// between its open and its rename left CRIU a path that was gone at the restore
+// ("Can't open file tmp/last.tmp", seen under load).
 const pipeline = `python3 -u -c 'import itertools, time
 for i in itertools.count():
     print(i); time.sleep(0.01)' | python3 -c 'import os, sys
+fd = os.open("/tmp/last", os.O_WRONLY | os.O_CREAT, 0o644)
 for l in sys.stdin:
-    open("/tmp/last.tmp", "w").write(l); os.rename("/tmp/last.tmp", "/tmp/last")'`
+    os.pwrite(fd, b"%012d\n" % int(l), 0)'`
 
 // TestDumpRestoreTree: a process tree with a pipe inside (what the fast path refuses:
 // children, a pipe between two processes) is dumped and restored with every PID and
