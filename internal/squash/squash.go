@@ -117,7 +117,20 @@ func Build(view int, base string, layers []string, out string) (*Stats, error) {
 			return nil, fmt.Errorf("squash: layer %s and the image %s are on different filesystems (overlayfs then reports no real inode numbers)", l, base)
 		}
 	}
-	b.roots = append(b.roots, b.base) // last: the image, walked only if a file is not found above
+	// Every path a layer holds, and the directories whose lookup leaves their own path:
+	// the walk visits only these (the rest of the view is the image's, untouched).
+	b.touched, b.whole = map[string]bool{}, map[string]bool{}
+	b.inos = map[uint64]source{}
+	for i, fd := range b.roots {
+		if lookupMoves(fd) {
+			b.whole[""] = true
+		}
+		if err := b.scanLayer(fd, fd, ""); err != nil {
+			return nil, fmt.Errorf("squash: read layer %s: %w", layers[i], err)
+		}
+	}
+	b.scanned = len(b.roots)
+	b.roots = append(b.roots, b.base) // last: the image, scanned only if a file is not found above
 	o, err := unix.Open(out, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("squash: open %s: %w", out, err)
@@ -133,7 +146,7 @@ func Build(view int, base string, layers []string, out string) (*Stats, error) {
 	if err := unix.Fstat(view, &vst); err != nil {
 		return nil, fmt.Errorf("squash: %w", err)
 	}
-	if _, err := b.dir(view, b.base, root, ""); err != nil {
+	if _, err := b.dir(view, b.base, root, "", b.whole[""]); err != nil {
 		return nil, err
 	}
 	// The root directory always carries the view's attributes: overlayfs takes "/"'s
@@ -150,8 +163,12 @@ type builder struct {
 	roots []int // the layers' roots, then the image's (base): sources for reflinks
 	// inos: a regular file's source by inode number, filled a root at a time.
 	inos    map[uint64]source
-	scanned int               // roots scanned into inos so far
-	links   map[uint64]string // view inode -> path written in out (hard links)
+	scanned int // roots scanned into inos so far
+	// touched: every path some layer holds (a file, a directory, a whiteout); whole:
+	// directories some layer makes opaque or redirects, whose view is walked whole. A
+	// path neither touched nor below a whole directory is the image's own, and skipped.
+	touched, whole map[string]bool
+	links          map[uint64]string // view inode -> path written in out (hard links)
 }
 
 type source struct {
@@ -200,7 +217,9 @@ func (d *outDir) ensure() error {
 
 // dir squashes the view's directory vdir (rel) against the base's bdir (-1: the base
 // has no directory there) into od. wrote reports whether anything was written in od.
-func (b *builder) dir(vdir, bdir int, od *outDir, rel string) (wrote bool, err error) {
+// Unless whole (rel or a parent is opaque or redirected in a layer), only the names a
+// layer holds are looked at: overlayfs shows any other name as the image has it.
+func (b *builder) dir(vdir, bdir int, od *outDir, rel string, whole bool) (wrote bool, err error) {
 	names, err := readNames(vdir)
 	if err != nil {
 		return false, fmt.Errorf("squash: list %q: %w", "/"+rel, err)
@@ -214,14 +233,17 @@ func (b *builder) dir(vdir, bdir int, od *outDir, rel string) (wrote bool, err e
 	seen := make(map[string]bool, len(names))
 	for _, name := range names {
 		seen[name] = true
-		w, err := b.entry(vdir, bdir, od, rel, name)
+		if !whole && !b.touched[join(rel, name)] {
+			continue
+		}
+		w, err := b.entry(vdir, bdir, od, rel, name, whole)
 		if err != nil {
 			return false, err
 		}
 		wrote = wrote || w
 	}
 	for _, name := range bnames {
-		if seen[name] {
+		if seen[name] || (!whole && !b.touched[join(rel, name)]) {
 			continue
 		}
 		if err := od.ensure(); err != nil {
@@ -237,7 +259,7 @@ func (b *builder) dir(vdir, bdir int, od *outDir, rel string) (wrote bool, err e
 }
 
 // entry squashes one name of the view's directory vdir.
-func (b *builder) entry(vdir, bdir int, od *outDir, rel, name string) (bool, error) {
+func (b *builder) entry(vdir, bdir int, od *outDir, rel, name string, whole bool) (bool, error) {
 	p := join(rel, name)
 	var vst, bst unix.Stat_t
 	if err := unix.Fstatat(vdir, name, &vst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -253,7 +275,7 @@ func (b *builder) entry(vdir, bdir int, od *outDir, rel, name string) (bool, err
 		}
 	}
 	if vst.Mode&unix.S_IFMT == unix.S_IFDIR {
-		return b.subdir(vdir, bdir, od, p, name, &vst, inBase && bst.Mode&unix.S_IFMT == unix.S_IFDIR, &bst)
+		return b.subdir(vdir, bdir, od, p, name, &vst, inBase && bst.Mode&unix.S_IFMT == unix.S_IFDIR, &bst, whole || b.whole[p])
 	}
 	if inBase && bst.Ino == vst.Ino && bst.Mode&unix.S_IFMT == vst.Mode&unix.S_IFMT {
 		return false, nil // the image's own entry, unchanged
@@ -269,7 +291,7 @@ func (b *builder) entry(vdir, bdir int, od *outDir, rel, name string) (bool, err
 
 // subdir squashes a directory of the view; baseDir tells whether the base has a
 // directory there (bst its attributes).
-func (b *builder) subdir(vdir, bdir int, od *outDir, p, name string, vst *unix.Stat_t, baseDir bool, bst *unix.Stat_t) (bool, error) {
+func (b *builder) subdir(vdir, bdir int, od *outDir, p, name string, vst *unix.Stat_t, baseDir bool, bst *unix.Stat_t, whole bool) (bool, error) {
 	vfd, err := unix.Openat2(vdir, name, &howDir)
 	if err != nil {
 		return false, fmt.Errorf("squash: open %q: %w", "/"+p, err)
@@ -284,7 +306,7 @@ func (b *builder) subdir(vdir, bdir int, od *outDir, p, name string, vst *unix.S
 	}
 	child := &outDir{parent: od, name: name, fd: -1}
 	defer child.close()
-	wrote, err := b.dir(vfd, bfd, child, p)
+	wrote, err := b.dir(vfd, bfd, child, p, whole)
 	if err != nil {
 		return false, err
 	}
@@ -391,13 +413,61 @@ func (b *builder) reflink(dst int, vst *unix.Stat_t) bool {
 		if b.scanned == len(b.roots) {
 			return false
 		}
-		if b.inos == nil {
-			b.inos = map[uint64]source{}
-		}
 		root := b.roots[b.scanned]
 		b.scanned++
 		scanFiles(root, root, "", b.inos)
 	}
+}
+
+// scanLayer records what layer root holds under dir (rel): every path (touched), the
+// directories whose lookup leaves their path (whole), the regular files' inodes (first
+// seen kept: layers are scanned top first). Unlike the image's scan it fails on any
+// error: a path it missed would be squashed as the image's.
+func (b *builder) scanLayer(root, dir int, rel string) error {
+	names, err := readNames(dir)
+	if err != nil {
+		return fmt.Errorf("list %q: %w", "/"+rel, err)
+	}
+	for _, name := range names {
+		p := join(rel, name)
+		b.touched[p] = true
+		var st unix.Stat_t
+		if err := unix.Fstatat(dir, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("stat %q: %w", "/"+p, err)
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			if _, ok := b.inos[st.Ino]; !ok {
+				b.inos[st.Ino] = source{root, p}
+			}
+		case unix.S_IFDIR:
+			fd, err := unix.Openat2(dir, name, &howDir)
+			if err != nil {
+				return fmt.Errorf("open %q: %w", "/"+p, err)
+			}
+			if lookupMoves(fd) {
+				b.whole[p] = true
+			}
+			err = b.scanLayer(root, fd, p)
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// lookupMoves reports whether a layer's directory makes overlayfs look elsewhere below
+// it: opaque (the lower directories are hidden) or redirected (a renamed directory's
+// lower content is at another path).
+func lookupMoves(fd int) bool {
+	for _, k := range []string{"trusted.overlay.opaque", "trusted.overlay.redirect", "user.overlay.opaque", "user.overlay.redirect"} {
+		if _, err := unix.Fgetxattr(fd, k, nil); err == nil || errors.Is(err, unix.ERANGE) {
+			return true
+		}
+	}
+	return false
 }
 
 // scanFiles adds the regular files under dir (rel, of root) to m, first seen kept.

@@ -37,11 +37,20 @@ import (
 // the node's whole tree once per 64 checkpoints of one line.
 const DefaultSquashDepth = 64
 
-// queueSquash asks for node id's stack to be squashed if it is long enough. It never
-// blocks: with the queue full the request is dropped, and the next checkpoint on the
-// line asks again.
+// squashNow is the stack length at which a checkpoint squashes before it answers: the
+// background fell that far behind (a machine too loaded for its idle thread), and the
+// line's next checkpoints would meet overlayfs's 500 lowers.
+const squashNow = overlay.MaxLowers - 100
+
+// queueSquash asks for node id's stack to be squashed if it is long enough. It does not
+// block (with the queue full the request is dropped, and the next checkpoint on the line
+// asks again), but at squashNow layers, where it squashes at once.
 func (m *Manager) queueSquash(id string, stackLen int) {
 	if m.cfg.SquashDepth <= 0 || stackLen < m.cfg.SquashDepth {
+		return
+	}
+	if stackLen >= squashNow {
+		m.squashNode(id)
 		return
 	}
 	select {
