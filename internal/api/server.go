@@ -74,6 +74,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("POST /v1/nodes/{id}/pin", s.pinNode)
 	h("POST /v1/nodes/{id}/evict", s.evictNode)
+	h("POST /v1/nodes/{id}/fork", s.forkNode)
 	s.transferRoutes()
 	h("GET /v1/images", s.images)
 	s.imageRoutes()
@@ -468,6 +469,22 @@ func (s *Server) evictNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, n)
+}
+
+// forkNode makes new sandboxes on a node, its processes carried where a path can
+// (state/fork.go); 201 with each branch's path and why.
+func (s *Server) forkNode(w http.ResponseWriter, r *http.Request) {
+	var q apitypes.ForkRequest
+	if err := decode(w, r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := s.m.Fork(r.Context(), r.PathValue("id"), q)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 201, res)
 }
 
 func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {

@@ -111,6 +111,9 @@ type sb struct {
 	// +checklocks:opMu
 	kns *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
 	err error      // why rt is nil (start failed after a daemon restart)
+	// forkOf: the node this sandbox is a fork branch of (fork.go), set before its boot,
+	// whose PIDs the boot keeps free (pidFloor).
+	forkOf string
 	seq uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a

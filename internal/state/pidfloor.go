@@ -20,7 +20,7 @@ func (m *Manager) pidFloor(s *sb) int {
 	var nodes []string
 	m.mu.Lock()
 	for id, n := range m.nodes {
-		if n.Sandbox != s.rec.ID {
+		if n.Sandbox != s.rec.ID && id != s.forkOf {
 			continue
 		}
 		nodes = append(nodes, id)

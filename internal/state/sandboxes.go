@@ -43,6 +43,12 @@ func randomID(prefix string) string {
 
 // Create makes a sandbox on image and starts it.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, error) {
+	return m.create(ctx, o, "")
+}
+
+// create is Create; forkOf is the node the sandbox is a fork branch of ("" if none),
+// whose PIDs its boot keeps free.
+func (m *Manager) create(ctx context.Context, o CreateOptions, forkOf string) (*SandboxInfo, error) {
 	if o.Image == "" {
 		o.Image = "default"
 	}
@@ -98,6 +104,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
 	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
+	s.forkOf = forkOf
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s

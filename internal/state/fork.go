@@ -1,0 +1,221 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/errdefs"
+)
+
+// A fork makes N new sandboxes on one node, each with the node's files and, where a
+// path can carry them, its processes at their PIDs (docs/design/fork.md). Each branch
+// is a sandbox like any other: its own upper, namespaces, cgroup, limits, sessions,
+// terminals and host uid range.
+//
+// The path built is the durable one: each branch is created (its boot keeps the node's
+// PIDs free: pidFloor, forkOf) and restored to the node, the restore bringing the
+// node's templates into the branch from the node's durable CRIU image (restoreImage
+// with fork set) and forking the live processes from them as any restore does. It works
+// from a node whose sandbox is running, restored elsewhere or gone. What makes an image
+// restorable into a sandbox other than its maker's:
+//
+//   - PIDs: the image's root PID and the live PIDs its template record names must be
+//     free in the branch; a fresh sandbox counts its PIDs from 2 (its init's threads take
+//     some), so the branch's init raises its next PID above the node's (pidFloor).
+//   - uids: CRIU records a task's credentials as the task sees them (its parasite's
+//     getresuid, inside the sandbox's user namespace) and sets them again after the
+//     root task joined the target's user namespace: they land on the branch's own host
+//     range. Files are named by path and opened in the branch's state, whose layers the
+//     branch sees through its own idmapped mount.
+//   - terminals: each is external in the image; the branch opens fresh ones (its own
+//     devpts) and the revive gives each process its session's.
+//
+// The fast path (templates forked into sibling PID namespaces of a family holder,
+// fork.md) is not built: a fork's answer says "durable" or "files" per branch, with why.
+//
+// Failure: a branch that cannot be made or restored removes every branch made so far,
+// and the error says which branch failed and why; the node and the source sandbox are
+// never touched (nothing of the fork runs in them).
+
+// maxForkCount bounds a fork's branches (each is a sandbox with its own namespaces and
+// cgroup; the largest fan-out is 64).
+const maxForkCount = 256
+
+// defaultForkImageWait bounds the wait for a node's durable image still being written
+// (a 50 MB python's dump takes a few hundred ms; a queue of nodes ahead of it more).
+const defaultForkImageWait = 2 * time.Minute
+
+// Fork paths, the answer's path per branch.
+const (
+	forkDurable = "durable"
+	forkFiles   = "files"
+)
+
+type (
+	// ForkOptions is the body of POST /v1/nodes/{id}/fork.
+	ForkOptions = apitypes.ForkRequest
+	// ForkResult is its answer.
+	ForkResult = apitypes.ForkResult
+)
+
+// Fork makes o.Count sandboxes on node (see above).
+func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkResult, error) {
+	t0 := time.Now()
+	if o.Count < 1 || o.Count > maxForkCount {
+		return nil, fmt.Errorf("fork count %d: want 1 to %d branches: %w", o.Count, maxForkCount, errdefs.ErrInvalid)
+	}
+	switch o.Processes {
+	case "":
+		o.Processes = "auto"
+	case "auto", "require", "never":
+	default:
+		return nil, fmt.Errorf("fork processes %q: want \"auto\", \"require\" or \"never\": %w", o.Processes, errdefs.ErrInvalid)
+	}
+	if o.ImageWaitMS < 0 {
+		return nil, fmt.Errorf("image_wait_ms %d: want >= 0 (0: %v): %w", o.ImageWaitMS, defaultForkImageWait, errdefs.ErrInvalid)
+	}
+	m.mu.Lock()
+	n := m.nodes[node]
+	var image, maker, workdir string
+	if n != nil {
+		image, maker = n.Image, n.Sandbox
+		if src := m.sandboxes[maker]; src != nil {
+			workdir = src.rec.Workdir
+		}
+	}
+	m.mu.Unlock()
+	if n == nil {
+		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", node, errdefs.ErrNotFound)
+	}
+	co := o.CreateOptions
+	if co.Image == "" {
+		co.Image = image
+	} else if co.Image != image {
+		return nil, fmt.Errorf("image %q: node %s stands on image %q, and a fork's branches stand on the node: leave image out: %w", co.Image, node, image, errdefs.ErrInvalid)
+	}
+	if co.Workdir == "" {
+		co.Workdir = workdir
+	}
+	ids := forkIDs(co.ID, o.Count)
+	res := &ForkResult{Node: node, Count: o.Count}
+	path, reason, waited := m.forkPath(ctx, node, o)
+	res.ImageWaitMS = ms(waited)
+	if path == forkFiles && o.Processes == "require" {
+		return nil, fmt.Errorf("fork of %s cannot carry its processes: %s (processes \"auto\" forks its files only): %w", node, reason, errdefs.ErrConflict)
+	}
+	var made []string
+	fail := func(i int, err error) (*ForkResult, error) {
+		var undo []error
+		for _, id := range made {
+			if rerr := m.Remove(id); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
+				m.log.Error("fork failed, and a branch it made could not be removed", "node", node, "sandbox", id, "err", rerr)
+				undo = append(undo, fmt.Errorf("remove branch %s: %w", id, rerr))
+			}
+		}
+		err = fmt.Errorf("fork of %s: branch %d of %d: %w (the %d branches made were removed)", node, i, o.Count, err, len(made))
+		if len(undo) > 0 {
+			err = withUndo(err, errors.Join(undo...))
+		}
+		return nil, err
+	}
+	for i, id := range ids {
+		bo := co
+		bo.ID = id
+		info, err := m.create(ctx, bo, node)
+		if err != nil {
+			return fail(i, err)
+		}
+		made = append(made, info.ID)
+		r, err := m.RestoreWith(ctx, info.ID, RestoreOptions{Node: node, fork: path == forkDurable})
+		if err != nil {
+			return fail(i, err)
+		}
+		b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r,
+			Identity: &apitypes.ForkIdentity{Sandbox: info.ID, Branch: i, Count: o.Count, ParentNode: node}}
+		if path == forkDurable && r.Processes == 0 && r.CRIUProcesses == 0 {
+			// The image held nothing this branch could run: say so, never silently.
+			b.Path, b.Reason = forkFiles, "the restore from the node's durable image brought no process back: "+strings.Join(append(r.ProcessErrors, r.Warnings...), "; ")
+			if o.Processes == "require" {
+				return fail(i, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict))
+			}
+		}
+		if in, err := m.Get(info.ID); err == nil {
+			info = in
+		}
+		b.Sandbox = *info
+		res.Branches = append(res.Branches, b)
+	}
+	res.DurationMS = ms(time.Since(t0))
+	return res, nil
+}
+
+// forkIDs are the branches' sandbox ids: ID-0, ID-1, ... (ID alone for one branch), or
+// "" (a random one each) when no ID is given.
+func forkIDs(id string, count int) []string {
+	ids := make([]string, count)
+	for i := range ids {
+		switch {
+		case id == "":
+		case count == 1:
+			ids[i] = id
+		default:
+			ids[i] = fmt.Sprintf("%s-%d", id, i)
+		}
+	}
+	return ids
+}
+
+// forkPath decides how a fork of node carries its processes, and why: "durable" when
+// its durable image is complete (waited for, o.ImageWaitMS at most, while it is being
+// written), else "files" with the reason.
+func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (path, reason string, waited time.Duration) {
+	if o.Processes == "never" {
+		return forkFiles, "processes \"never\" was asked", 0
+	}
+	m.mu.Lock()
+	procs := len(m.templates[node]) > 0
+	if pr := m.procRecs[node]; pr != nil && len(pr.Templates) > 0 {
+		procs = true
+	}
+	m.mu.Unlock()
+	if !procs && m.imageInfo(node) == nil {
+		return forkFiles, "the node holds no process (it was made without processes, or its sandbox ran without the fast path)", 0
+	}
+	if !m.cfg.FastPath {
+		return forkFiles, "the daemon runs without the fast path: process state is not kept", 0
+	}
+	if m.img == nil {
+		return forkFiles, "the daemon writes no durable images (DELTABOX_DURABLE=0), which a fork's processes come from", 0
+	}
+	wait := defaultForkImageWait
+	if o.ImageWaitMS > 0 {
+		wait = time.Duration(o.ImageWaitMS) * time.Millisecond
+	}
+	t0 := time.Now()
+	deadline := t0.Add(wait)
+	for {
+		in := m.imageInfo(node)
+		switch {
+		case in != nil && in.State == "complete":
+			return forkDurable, "restored from the node's durable CRIU image (the fast path into sibling namespaces is not built)", time.Since(t0)
+		case in != nil && in.State == "failed":
+			return forkFiles, "the node's durable image failed: " + in.Error, time.Since(t0)
+		}
+		if time.Now().After(deadline) {
+			st := "not queued"
+			if in != nil {
+				st = in.State
+			}
+			return forkFiles, fmt.Sprintf("the node's durable image is not complete after %v (%s)", wait, st), time.Since(t0)
+		}
+		select {
+		case <-ctx.Done():
+			return forkFiles, "the request ended while the fork waited for the node's durable image: " + ctx.Err().Error(), time.Since(t0)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// forkSource makes a sandbox with a python session (a dict of 10^5 objects, a
+// generator mid-iteration, a random.Random), a bash session (a variable, a function, a
+// cwd) and a background process, checkpoints it and returns the node and the PIDs.
+func forkSource(t *testing.T, d *testutil.Daemon, id string) (node, pyPid, bashPid, bgPid string) {
+	t.Helper()
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid = strings.TrimSpace(sessRun(t, d, id, "py", "import os, random\n"+
+		"d = {i: str(i) for i in range(10**5)}\n"+
+		"def gen():\n    i = 0\n    while True:\n        yield i\n        i += 1\n"+
+		"g = gen(); [next(g) for _ in range(5)]\n"+
+		"r = random.Random(7); r.random()\n"+
+		"os.getpid()"))
+	bashPid = strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; hello() { echo hi-$1; }; echo $$"))
+	bgPid = strings.TrimSpace(dbxSh(t, d, id, `nohup sleep 100000 </dev/null >/dev/null 2>&1 & echo $!`))
+	dbxSh(t, d, id, "echo source > /workspace/f")
+	node = dbxCheckpoint(t, d, id, "fork-source").Node.ID
+	return node, pyPid, bashPid, bgPid
+}
+
+// forkCheckBranch checks that branch sb has the source's state at the checkpoint:
+// python's objects, generator and random state at their PIDs, bash's variable, function
+// and cwd, the background process at its PID, the file.
+func forkCheckBranch(t *testing.T, d *testutil.Daemon, sb, pyPid, bashPid, bgPid, want string) {
+	t.Helper()
+	got := sessRun(t, d, sb, "py", "q = random.Random(7); q.random(); (len(d), d[99999], next(g), r.random() == q.random(), os.getpid())")
+	if exp := fmt.Sprintf("(100000, '99999', 5, True, %s)\n", pyPid); got != exp {
+		t.Fatalf("branch %s: python %q, want %q", sb, got, exp)
+	}
+	if got := sessRun(t, d, sb, "main", "echo $(pwd) $FOO $(hello x) $$"); got != fmt.Sprintf("/tmp bar hi-x %s\n", bashPid) {
+		t.Fatalf("branch %s: bash %q", sb, got)
+	}
+	if got := dbxSh(t, d, sb, "cat /proc/"+bgPid+"/comm; cat /workspace/f"); got != "sleep\n"+want+"\n" {
+		t.Fatalf("branch %s: background process and file: %q", sb, got)
+	}
+}
+
+// TestForkDurableCarriesProcesses: POST /v1/nodes/ID/fork {"count": N} makes N
+// sandboxes each running the node's processes at their checkpoint PIDs, restored from
+// the node's durable image (path "durable"); a branch's writes (files and interpreter
+// state) reach neither its siblings nor the source nor the node; kill -9 -1 in one
+// branch leaves its siblings and the source running; each branch restores the node
+// again with its own templates (the fast path, in the branch).
+func TestForkDurableCarriesProcesses(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	node, pyPid, bashPid, bgPid := forkSource(t, d, "fsrc")
+	sessRun(t, d, "fsrc", "py", "d[0] = 'source-after'")
+	const n = 3
+	t0 := time.Now()
+	res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: n, CreateOptions: apitypes.CreateOptions{ID: "fb"}})
+	if err != nil {
+		t.Fatalf("fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	t.Logf("fork of %d: %v (daemon %.0f ms, image wait %.0f ms)", n, time.Since(t0), res.DurationMS, res.ImageWaitMS)
+	if len(res.Branches) != n {
+		t.Fatalf("%d branches, want %d", len(res.Branches), n)
+	}
+	for i, b := range res.Branches {
+		if b.Path != "durable" || b.Restore.Processes != 3 || b.Sandbox.ID != fmt.Sprintf("fb-%d", i) {
+			t.Fatalf("branch %d: %s path %s (%s), %d processes %v", i, b.Sandbox.ID, b.Path, b.Reason, b.Restore.Processes, b.Restore.ProcessErrors)
+		}
+	}
+	for _, b := range res.Branches {
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+	}
+	// Divergence: branch 0 writes; nothing of it elsewhere.
+	sessRun(t, d, "fb-0", "py", "d[1] = 'b0'")
+	dbxSh(t, d, "fb-0", "echo b0 > /workspace/f")
+	if got := sessRun(t, d, "fb-1", "py", "d[1]"); got != "'1'\n" {
+		t.Fatalf("branch 1 sees %q of branch 0's python", got)
+	}
+	if got := dbxSh(t, d, "fb-1", "cat /workspace/f"); got != "source\n" {
+		t.Fatalf("branch 1 sees %q of branch 0's file", got)
+	}
+	if got := sessRun(t, d, "fsrc", "py", "(d[0], d[1])"); got != "('source-after', '1')\n" {
+		t.Fatalf("the source's python: %q", got)
+	}
+	// kill -9 -1 in branch 0: siblings and source go on.
+	dbxExec(t, d, "fb-0", api.ExecRequest{Argv: []string{"bash", "-c", "kill -9 -1"}})
+	for _, sb := range []string{"fb-1", "fb-2"} {
+		if got := dbxSh(t, d, sb, "cat /proc/"+bgPid+"/comm"); got != "sleep\n" {
+			t.Fatalf("%s's background process after kill -9 -1 in fb-0: %q", sb, got)
+		}
+		if got := sessRun(t, d, sb, "py", "len(d)"); got != "100000\n" {
+			t.Fatalf("%s's python after kill -9 -1 in fb-0: %q", sb, got)
+		}
+	}
+	if got := sessRun(t, d, "fsrc", "py", "d[0]"); got != "'source-after'\n" {
+		t.Fatalf("the source's python after kill -9 -1 in fb-0: %q", got)
+	}
+	// A branch restores the node again: exactly the checkpoint's state.
+	r := dbxRestore(t, d, "fb-0", node)
+	if r.Processes != 3 {
+		t.Fatalf("branch 0's restore to the node: %d processes %v", r.Processes, r.ProcessErrors)
+	}
+	forkCheckBranch(t, d, "fb-0", pyPid, bashPid, bgPid, "source")
+	if got := sessRun(t, d, "fb-0", "py", "d[1]"); got != "'1'\n" {
+		t.Fatalf("branch 0 after its restore: %q", got)
+	}
+}
