@@ -114,7 +114,7 @@ type sb struct {
 	// forkOf: the node this sandbox is a fork branch of (fork.go), set before its boot,
 	// whose PIDs the boot keeps free (pidFloor).
 	forkOf string
-	seq uint64
+	seq    uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a
 	// time per sandbox, so that a layer's frozen/ is prepared by one of them at once).
