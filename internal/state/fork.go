@@ -2,8 +2,11 @@ package state
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -125,7 +128,8 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 	for i, id := range ids {
 		bo := co
 		bo.ID = id
-		info, err := m.create(ctx, bo, node)
+		ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
+		info, err := m.create(ctx, bo, ident)
 		if err != nil {
 			return fail(i, err)
 		}
@@ -134,8 +138,7 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		if err != nil {
 			return fail(i, err)
 		}
-		b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r,
-			Identity: &apitypes.ForkIdentity{Sandbox: info.ID, Branch: i, Count: o.Count, ParentNode: node}}
+		b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r, Identity: ident}
 		if path == forkDurable && r.Processes == 0 && r.CRIUProcesses == 0 {
 			// The image held nothing this branch could run: say so, never silently.
 			b.Path, b.Reason = forkFiles, "the restore from the node's durable image brought no process back: "+strings.Join(append(r.ProcessErrors, r.Warnings...), "; ")
@@ -218,4 +221,45 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// The identity of a branch: /run/deltabox/identity (apitypes.ForkIdentity's JSON, 0444)
+// in a layer of its own, SandboxDir/identity, which the sandbox stacks over the lowers
+// of every state it mounts (sandbox.Sandbox.TopLower): every state of the branch shows
+// it, and a restore, which changes the lowers and the upper only, never rolls it back,
+// even to a node made before the fork. It is a lower, not a mount: the sandbox's root
+// may change it (in its upper, as any file of a lower), which changes only what its own
+// processes read. Written before the sandbox's first process runs. Branches read it to
+// reseed their random generators; DeltaBox never writes process memory.
+const identityPath = "run/deltabox/identity"
+
+// identityLayer is the identity layer of sandbox id, "" if it has none.
+func (m *Manager) identityLayer(id string) string {
+	dir := filepath.Join(m.st.SandboxDir(id), "identity")
+	if _, err := os.Stat(filepath.Join(dir, identityPath)); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// writeIdentity writes s's identity layer. Its files are the daemon's (uid 0 on disk,
+// as every layer's): through the sandbox's idmapped view of the store they are its
+// root's. Precondition: s not yet booted.
+func (m *Manager) writeIdentity(s *sb, ident apitypes.ForkIdentity) error {
+	dir := filepath.Join(m.st.SandboxDir(s.rec.ID), "identity")
+	b, err := json.Marshal(ident)
+	if err != nil {
+		return err
+	}
+	f := filepath.Join(dir, identityPath)
+	if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+		return fmt.Errorf("the branch's identity layer: %w", err)
+	}
+	if err := os.WriteFile(f+".tmp", append(b, '\n'), 0o444); err != nil {
+		return fmt.Errorf("the branch's identity: %w", err)
+	}
+	if err := os.Rename(f+".tmp", f); err != nil {
+		return fmt.Errorf("the branch's identity: %w", err)
+	}
+	return nil
 }

@@ -43,12 +43,12 @@ func randomID(prefix string) string {
 
 // Create makes a sandbox on image and starts it.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, error) {
-	return m.create(ctx, o, "")
+	return m.create(ctx, o, nil)
 }
 
-// create is Create; forkOf is the node the sandbox is a fork branch of ("" if none),
-// whose PIDs its boot keeps free.
-func (m *Manager) create(ctx context.Context, o CreateOptions, forkOf string) (*SandboxInfo, error) {
+// create is Create; ident, for a fork branch, is its identity: the node whose PIDs its
+// boot keeps free, and the file it reads (fork.go).
+func (m *Manager) create(ctx context.Context, o CreateOptions, ident *apitypes.ForkIdentity) (*SandboxInfo, error) {
 	if o.Image == "" {
 		o.Image = "default"
 	}
@@ -104,7 +104,10 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkOf string) (*
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
 	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
-	s.forkOf = forkOf
+	if ident != nil {
+		s.forkOf = ident.ParentNode
+		ident.Sandbox = o.ID
+	}
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -113,6 +116,9 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkOf string) (*
 	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
 	if err == nil {
 		_, _, err = m.isolation(s, true)
+	}
+	if err == nil && ident != nil {
+		err = m.writeIdentity(s, *ident)
 	}
 	if err == nil {
 		s.rec.Upper = upper
@@ -190,6 +196,7 @@ func (m *Manager) boot(s *sb) error {
 		return err
 	}
 	rt.User = s.rec.User
+	rt.TopLower = m.identityLayer(s.rec.ID)
 	if err := rt.SetState(spec); err != nil {
 		rt.Destroy()
 		return err

@@ -78,6 +78,7 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 	}
 	for _, b := range res.Branches {
 		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, n, node)
 	}
 	// Divergence: branch 0 writes; nothing of it elsewhere.
 	sessRun(t, d, "fb-0", "py", "d[1] = 'b0'")
@@ -112,5 +113,78 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 	forkCheckBranch(t, d, "fb-0", pyPid, bashPid, bgPid, "source")
 	if got := sessRun(t, d, "fb-0", "py", "d[1]"); got != "'1'\n" {
 		t.Fatalf("branch 0 after its restore: %q", got)
+	}
+	forkCheckIdentity(t, d, "fb-0", 0, n, node) // never rolled back
+	// The source has none.
+	if got := dbxSh(t, d, "fsrc", "cat /run/deltabox/identity 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Fatalf("the source's identity: %q", got)
+	}
+}
+
+// forkCheckIdentity checks branch sb's /run/deltabox/identity, from a command and from
+// the restored python.
+func forkCheckIdentity(t *testing.T, d *testutil.Daemon, sb string, branch, count int, node string) {
+	t.Helper()
+	want := fmt.Sprintf(`{"sandbox":%q,"branch":%d,"count":%d,"parent_node":%q}`, sb, branch, count, node)
+	if got := dbxSh(t, d, sb, "cat /run/deltabox/identity; stat -c '%a %U' /run/deltabox/identity"); got != want+"\n444 root\n" {
+		t.Fatalf("%s's identity: %q, want %q", sb, got, want)
+	}
+	if got := sessRun(t, d, sb, "py", "open('/run/deltabox/identity').read()"); got != fmt.Sprintf("'%s\\n'\n", want) {
+		t.Fatalf("%s's identity read by its python: %q", sb, got)
+	}
+}
+
+// TestForkFromNodeWhoseSandboxIsGone: a node whose sandbox was removed forks with its
+// processes, from its durable image.
+func TestForkFromNodeWhoseSandboxIsGone(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	node, pyPid, bashPid, bgPid := forkSource(t, d, "gone")
+	durWaitImage(t, d, node)
+	if err := d.C.Remove(dbxCtx(t), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{Workdir: "/workspace"}})
+	if err != nil {
+		t.Fatalf("fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	for _, b := range res.Branches {
+		if b.Path != "durable" || b.Restore.Processes != 3 {
+			t.Fatalf("branch %d: %s path %s (%s), %d processes %v", b.Branch, b.Sandbox.ID, b.Path, b.Reason, b.Restore.Processes, b.Restore.ProcessErrors)
+		}
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, 2, node)
+	}
+}
+
+// TestForkFilesOnlySaysWhy: a node without processes forks its files, each branch's
+// path "files" with the reason; processes "require" refuses it (409) and makes nothing.
+func TestForkFilesOnlySaysWhy(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "plain")
+	dbxSh(t, d, "plain", "echo x > /workspace/f")
+	node := dbxCheckpoint(t, d, "plain", "files").Node.ID
+	if _, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 2, Processes: "require"}); err == nil || !strings.Contains(err.Error(), "holds no process") {
+		t.Fatalf("fork with processes required of a node without any: %v", err)
+	}
+	if l, err := d.C.List(dbxCtx(t)); err != nil || len(l) != 1 {
+		t.Fatalf("a refused fork left %d sandboxes (%v)", len(l), err)
+	}
+	res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range res.Branches {
+		if b.Path != "files" || !strings.Contains(b.Reason, "holds no process") {
+			t.Fatalf("branch %d: path %s (%s)", b.Branch, b.Path, b.Reason)
+		}
+		if got := dbxSh(t, d, b.Sandbox.ID, "cat /workspace/f"); got != "x\n" {
+			t.Fatalf("branch %d's file: %q", b.Branch, got)
+		}
+	}
+	if _, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 0}); err == nil || !strings.Contains(err.Error(), "want 1 to") {
+		t.Fatalf("fork of 0: %v", err)
+	}
+	if _, err := d.C.Fork(dbxCtx(t), "nope", apitypes.ForkRequest{Count: 1}); err == nil || !strings.Contains(err.Error(), "no node") {
+		t.Fatalf("fork of no node: %v", err)
 	}
 }
