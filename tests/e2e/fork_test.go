@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -186,5 +188,28 @@ func TestForkFilesOnlySaysWhy(t *testing.T) {
 	}
 	if _, err := d.C.Fork(dbxCtx(t), "nope", apitypes.ForkRequest{Count: 1}); err == nil || !strings.Contains(err.Error(), "no node") {
 		t.Fatalf("fork of no node: %v", err)
+	}
+}
+
+// TestForkPythonClient runs the Python client's fork tests against a daemon that writes
+// durable images (TestPythonClient's does not): ckpt.fork(count=2) in one request, each
+// branch's python session at its PID with its objects, its fork_branch and identity;
+// the aio client's fork.
+func TestForkPythonClient(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	testutil.Require(t, err == nil, "needs python3 for the Python client's tests: %v", err)
+	repo := pycRepo(t)
+	d := testutil.StartDaemon(t)
+	env := map[string]string{
+		"DELTABOX_SOCKET":            d.Socket,
+		"DELTABOX_TEST_FORK_DURABLE": "1",
+		"PYTHONDONTWRITEBYTECODE":    "1",
+		"PYTHONPATH":                 filepath.Join(repo, "clients", "python"),
+	}
+	out, err := pycCmd(t, py, filepath.Join(repo, "clients", "python", "tests"), env, "-m", "unittest", "-v",
+		"test_client.DaemonTest.test_fork_processes", "test_client.DaemonTest.test_aio_sandbox").CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "\nOK") {
+		t.Fatalf("the Python client's fork tests failed (%v); the daemon's log:\n%s", err, dbxTail(d.Log(), 4000))
 	}
 }
