@@ -565,9 +565,8 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 // template's image restored into the node's read-only view, as a child of init, stopped,
 // then adopted as a template (fastpath.AdoptStopped). lazy: the restore was lazy, its
 // pages still coming in (lazy.go). Precondition: s.opMu held (a restore's first step),
-// the node has no template in s. fork: s is a fork branch of node (fork.go), which
-// another sandbox made: its PIDs were kept free at s's boot (pidFloor).
-func (m *Manager) restoreImage(s *sb, node, lazyImage string, fork bool) (_ []*procTemplate, lazy bool, _ error) {
+// the node has no template in s.
+func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
 	dir := m.imagesDir(node)
 	if !m.hasImage(node) {
@@ -581,8 +580,8 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string, fork bool) (_ []*p
 	}
 	uts := m.procRecs[node]
 	m.mu.Unlock()
-	if n == nil || (n.Sandbox != s.rec.ID && !fork) {
-		return nil, false, nil // an image restores into the sandbox that made it (its PIDs), or a fork's branch
+	if n == nil || !m.pidsKept(s, node) {
+		return nil, false, nil // an image restores where its PIDs are kept free: pidsKept
 	}
 	view, err := m.nodeView(s.rt, image, node)
 	if err != nil {

@@ -19,12 +19,14 @@ import (
 // is a sandbox like any other: its own upper, namespaces, cgroup, limits, sessions,
 // terminals and host uid range.
 //
-// The path built is the durable one: each branch is created (its boot keeps the node's
-// PIDs free: pidFloor, forkOf) and restored to the node, the restore bringing the
-// node's templates into the branch from the node's durable CRIU image (restoreImage
-// with fork set) and forking the live processes from them as any restore does. It works
-// from a node whose sandbox is running, restored elsewhere or gone. What makes an image
-// restorable into a sandbox other than its maker's:
+// The path built is the durable one: each branch is created (its boot keeps the PIDs of
+// the node and its ancestors free: pidFloor, sb.forkOf) and restored to the node, the
+// restore bringing the node's templates into the branch from the node's durable CRIU
+// image (restoreImage, allowed by pidsKept) and forking the live processes from them as
+// any restore does, and restoring the node's CRIU trees (criutrees.go). It works from a
+// node whose sandbox is running, restored elsewhere or gone; the branch's later
+// restores of the node or of an ancestor take the same way when their templates are not
+// in the branch. What makes an image restorable into a sandbox other than its maker's:
 //
 //   - PIDs: the image's root PID and the live PIDs its template record names must be
 //     free in the branch; a fresh sandbox counts its PIDs from 2 (its init's threads take
@@ -129,12 +131,16 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		bo := co
 		bo.ID = id
 		ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
-		info, err := m.create(ctx, bo, ident)
+		forkOf := ""
+		if path == forkDurable {
+			forkOf = node
+		}
+		info, err := m.create(ctx, bo, ident, forkOf)
 		if err != nil {
 			return fail(i, err)
 		}
 		made = append(made, info.ID)
-		r, err := m.RestoreWith(ctx, info.ID, RestoreOptions{Node: node, fork: path == forkDurable})
+		r, err := m.RestoreWith(ctx, info.ID, RestoreOptions{Node: node})
 		if err != nil {
 			return fail(i, err)
 		}
@@ -173,19 +179,29 @@ func forkIDs(id string, count int) []string {
 }
 
 // forkPath decides how a fork of node carries its processes, and why: "durable" when
-// its durable image is complete (waited for, o.ImageWaitMS at most, while it is being
-// written), else "files" with the reason.
+// every kind of process state the node holds can be restored into a new sandbox (its
+// templates' durable image, complete, waited for o.ImageWaitMS at most while it is
+// written; its CRIU trees, which CRIU can restore here), else "files" with the reason.
+// All or nothing: a branch never runs some of the node's processes without the rest.
 func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (path, reason string, waited time.Duration) {
 	if o.Processes == "never" {
 		return forkFiles, "processes \"never\" was asked", 0
 	}
 	m.mu.Lock()
-	procs := len(m.templates[node]) > 0
+	tmpls := len(m.templates[node]) > 0
 	if pr := m.procRecs[node]; pr != nil && len(pr.Templates) > 0 {
-		procs = true
+		tmpls = true
 	}
 	m.mu.Unlock()
-	if !procs && m.imageInfo(node) == nil {
+	if !tmpls && m.imageInfo(node) != nil {
+		tmpls = true // templates gone (evicted, daemon restarted), their image known
+	}
+	ts, err := m.criuTreesOf(node)
+	if err != nil {
+		return forkFiles, "the node's CRIU trees cannot be read: " + err.Error(), 0
+	}
+	trees := ts.count() > 0
+	if !tmpls && !trees {
 		return forkFiles, "the node holds no process (it was made without processes, or its sandbox ran without the fast path)", 0
 	}
 	if !m.cfg.FastPath {
@@ -194,6 +210,27 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 	if m.img == nil {
 		return forkFiles, "the daemon writes no durable images (DELTABOX_DURABLE=0), which a fork's processes come from", 0
 	}
+	var how []string
+	if trees {
+		if ok, why := m.criuTreesUsable(); !ok {
+			return forkFiles, "the node's processes that CRIU took cannot be restored: " + why, 0
+		}
+		how = append(how, fmt.Sprintf("its %d processes that CRIU took from their CRIU images", ts.count()))
+	}
+	if tmpls {
+		p, why, w := m.waitImage(ctx, node, o)
+		if p != forkDurable {
+			return p, why, w
+		}
+		how = append([]string{"its templates' processes from the node's durable CRIU image"}, how...)
+		waited = w
+	}
+	return forkDurable, "restored " + strings.Join(how, " and ") + " (the fast path into sibling namespaces is not built)", waited
+}
+
+// waitImage waits, o.ImageWaitMS at most, for node's durable image to be complete:
+// "durable" once it is, "files" with the reason when it failed or did not come.
+func (m *Manager) waitImage(ctx context.Context, node string, o ForkOptions) (path, reason string, waited time.Duration) {
 	wait := defaultForkImageWait
 	if o.ImageWaitMS > 0 {
 		wait = time.Duration(o.ImageWaitMS) * time.Millisecond
@@ -204,7 +241,7 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 		in := m.imageInfo(node)
 		switch {
 		case in != nil && in.State == "complete":
-			return forkDurable, "restored from the node's durable CRIU image (the fast path into sibling namespaces is not built)", time.Since(t0)
+			return forkDurable, "", time.Since(t0)
 		case in != nil && in.State == "failed":
 			return forkFiles, "the node's durable image failed: " + in.Error, time.Since(t0)
 		}

@@ -111,8 +111,10 @@ type sb struct {
 	// +checklocks:opMu
 	kns *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
 	err error      // why rt is nil (start failed after a daemon restart)
-	// forkOf: the node this sandbox is a fork branch of (fork.go), set before its boot,
-	// whose PIDs the boot keeps free (pidFloor).
+	// forkOf: the node whose processes this fork branch runs (fork.go), set before its
+	// boot, which keeps the PIDs of it and its ancestors free (pidFloor), so that its
+	// restores may bring them back from their images (pidsKept). In memory only: after
+	// a daemon restart the branch restores them from its own templates, not from images.
 	forkOf string
 	seq    uint64
 

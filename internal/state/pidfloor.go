@@ -20,7 +20,7 @@ func (m *Manager) pidFloor(s *sb) int {
 	var nodes []string
 	m.mu.Lock()
 	for id, n := range m.nodes {
-		if n.Sandbox != s.rec.ID && id != s.forkOf {
+		if n.Sandbox != s.rec.ID && !m.onForkLineLocked(s, id) {
 			continue
 		}
 		nodes = append(nodes, id)
@@ -55,4 +55,33 @@ func (m *Manager) pidFloor(s *sb) int {
 		}
 	}
 	return floor
+}
+
+// pidsKept reports whether node's processes may be restored into s from their images:
+// s made node, or s is a fork branch of node or of a descendant of it (fork.go), whose
+// boot kept the PIDs of every node on that line free (pidFloor). Elsewhere an image's
+// PIDs may be taken.
+func (m *Manager) pidsKept(s *sb, node string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := m.nodes[node]; n != nil && n.Sandbox == s.rec.ID {
+		return true
+	}
+	return m.onForkLineLocked(s, node)
+}
+
+// onForkLineLocked reports whether node is s's fork parent (sb.forkOf) or one of its
+// ancestors. Precondition: m.mu held.
+func (m *Manager) onForkLineLocked(s *sb, node string) bool {
+	for id := s.forkOf; id != ""; {
+		if id == node {
+			return true
+		}
+		n := m.nodes[id]
+		if n == nil {
+			return false
+		}
+		id = n.Parent
+	}
+	return false
 }

@@ -70,7 +70,6 @@ type restore struct {
 	nodeID string
 	image  string
 	lazy   string // RestoreOptions.LazyImage
-	fork   bool   // RestoreOptions.fork
 	res    *OpResult
 	undo   undoList
 	inject func() error // step 6's fault-injection point
@@ -102,9 +101,6 @@ type RestoreOptions struct {
 	// LazyImage: "always" or "never" overrides Config.LazyRestoreMinBytes for a restore
 	// from the node's image (lazy.go); "" leaves it.
 	LazyImage string
-	// fork: the sandbox is a fork branch of Node (fork.go): the node's durable image
-	// restores into it, though another sandbox made the node.
-	fork bool
 }
 
 // Restore is RestoreWith the node and no other option.
@@ -158,7 +154,7 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 	if !ok {
 		return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", nodeID, errdefs.ErrNotFound)
 	}
-	r := &restore{m: m, s: s, nodeID: nodeID, image: image, lazy: o.LazyImage, fork: o.fork, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
+	r := &restore{m: m, s: s, nodeID: nodeID, image: image, lazy: o.LazyImage, res: &OpResult{Sandbox: id, WaitedMS: ms(waited)}}
 	defer func() {
 		if err != nil {
 			m.countFailed(s, "restore", r.refused)
@@ -197,7 +193,7 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 func (r *restore) templates() error {
 	m, s := r.m, r.s
 	// The common case first (the node's templates are here): one lock, then no more.
-	if !m.hasTemplatesIn(s, r.nodeID) && m.fastPath(s) && m.hasImage(r.nodeID) && (r.fork || m.madeBy(r.nodeID) == s.rec.ID) {
+	if !m.hasTemplatesIn(s, r.nodeID) && m.fastPath(s) && m.hasImage(r.nodeID) && m.pidsKept(s, r.nodeID) {
 		m.roomForImage(s, r.nodeID) // before tmplMu, which its eviction takes
 	}
 	// tmplMu keeps background parking off them (taken first: a template that parking
@@ -208,7 +204,7 @@ func (r *restore) templates() error {
 	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasImage(r.nodeID) {
 		// Evicted or lost: the node's durable image brings them back (durable.go).
 		m.dropNodeTemplates(s, r.nodeID)
-		itps, lazy, ierr := m.restoreImage(s, r.nodeID, r.lazy, r.fork)
+		itps, lazy, ierr := m.restoreImage(s, r.nodeID, r.lazy)
 		switch {
 		case ierr != nil:
 			err = ierr
@@ -236,7 +232,7 @@ func (r *restore) templates() error {
 		m.mu.Unlock()
 		ok, why := m.criuTreesUsable()
 		switch {
-		case maker != s.rec.ID:
+		case !m.pidsKept(s, r.nodeID):
 			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("node %s's %d processes that CRIU took come back only in sandbox %s, which made it (their PIDs are there)", r.nodeID, ts.count(), maker))
 		case !m.fastPath(s):
 		case !ok:

@@ -43,12 +43,13 @@ func randomID(prefix string) string {
 
 // Create makes a sandbox on image and starts it.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, error) {
-	return m.create(ctx, o, nil)
+	return m.create(ctx, o, nil, "")
 }
 
-// create is Create; ident, for a fork branch, is its identity: the node whose PIDs its
-// boot keeps free, and the file it reads (fork.go).
-func (m *Manager) create(ctx context.Context, o CreateOptions, ident *apitypes.ForkIdentity) (*SandboxInfo, error) {
+// create is Create; ident, for a fork branch, is its identity (the file it reads:
+// fork.go), and forkOf the node whose processes it will run: its boot keeps their PIDs
+// free, and its restores may bring them back (pidsKept).
+func (m *Manager) create(ctx context.Context, o CreateOptions, ident *apitypes.ForkIdentity, forkOf string) (*SandboxInfo, error) {
 	if o.Image == "" {
 		o.Image = "default"
 	}
@@ -104,8 +105,8 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, ident *apitypes.F
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
 	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
+	s.forkOf = forkOf
 	if ident != nil {
-		s.forkOf = ident.ParentNode
 		ident.Sandbox = o.ID
 	}
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"deltabox/internal/api"
 	"deltabox/internal/apitypes"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
@@ -94,8 +93,12 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 	if got := sessRun(t, d, "fsrc", "py", "(d[0], d[1])"); got != "('source-after', '1')\n" {
 		t.Fatalf("the source's python: %q", got)
 	}
-	// kill -9 -1 in branch 0: siblings and source go on.
-	dbxExec(t, d, "fb-0", api.ExecRequest{Argv: []string{"bash", "-c", "kill -9 -1"}})
+	// kill -9 -1 in branch 0, from its bash session (kill(2) spares the caller; a
+	// signal reaches no process outside the sender's Landlock domain, each session's
+	// own): its child dies, siblings and source go on.
+	if got := sessRun(t, d, "fb-0", "main", "sleep 1000 & kill -9 -1; wait $! 2>/dev/null; kill -0 $! 2>/dev/null && echo alive || echo dead"); !strings.HasSuffix(got, "dead\n") {
+		t.Fatalf("kill -9 -1 in fb-0 did not reach its own child: %q", got)
+	}
 	for _, sb := range []string{"fb-1", "fb-2"} {
 		if got := dbxSh(t, d, sb, "cat /proc/"+bgPid+"/comm"); got != "sleep\n" {
 			t.Fatalf("%s's background process after kill -9 -1 in fb-0: %q", sb, got)
@@ -108,9 +111,10 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 		t.Fatalf("the source's python after kill -9 -1 in fb-0: %q", got)
 	}
 	// A branch restores the node again: exactly the checkpoint's state.
+	// Its bash's template was killed with the rest: the node's image brings it back.
 	r := dbxRestore(t, d, "fb-0", node)
-	if r.Processes != 3 {
-		t.Fatalf("branch 0's restore to the node: %d processes %v", r.Processes, r.ProcessErrors)
+	if r.Processes != 3 || !r.FromImage {
+		t.Fatalf("branch 0's restore to the node: %d processes %v, from image %v", r.Processes, r.ProcessErrors, r.FromImage)
 	}
 	forkCheckBranch(t, d, "fb-0", pyPid, bashPid, bgPid, "source")
 	if got := sessRun(t, d, "fb-0", "py", "d[1]"); got != "'1'\n" {
@@ -141,11 +145,15 @@ func forkCheckIdentity(t *testing.T, d *testutil.Daemon, sb string, branch, coun
 func TestForkFromNodeWhoseSandboxIsGone(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	node, pyPid, bashPid, bgPid := forkSource(t, d, "gone")
+	sessRun(t, d, "gone", "py", "d[0] = 'second'")
+	dbxSh(t, d, "gone", "echo second > /workspace/f")
+	node2 := dbxCheckpoint(t, d, "gone", "second").Node.ID
 	durWaitImage(t, d, node)
+	durWaitImage(t, d, node2)
 	if err := d.C.Remove(dbxCtx(t), "gone"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{Workdir: "/workspace"}})
+	res, err := d.C.Fork(dbxCtx(t), node2, apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{Workdir: "/workspace"}})
 	if err != nil {
 		t.Fatalf("fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
 	}
@@ -153,9 +161,22 @@ func TestForkFromNodeWhoseSandboxIsGone(t *testing.T) {
 		if b.Path != "durable" || b.Restore.Processes != 3 {
 			t.Fatalf("branch %d: %s path %s (%s), %d processes %v", b.Branch, b.Sandbox.ID, b.Path, b.Reason, b.Restore.Processes, b.Restore.ProcessErrors)
 		}
-		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
-		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, 2, node)
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "second")
+		if got := sessRun(t, d, b.Sandbox.ID, "py", "d[0]"); got != "'second'\n" {
+			t.Fatalf("branch %d's python: %q", b.Branch, got)
+		}
+		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, 2, node2)
 	}
+	// A branch restores the node made before the fork node, with its processes.
+	sb := res.Branches[1].Sandbox.ID
+	if r := dbxRestore(t, d, sb, node); r.Processes != 3 || !r.FromImage {
+		t.Fatalf("restore of the earlier node in a branch: %d processes %v, from image %v", r.Processes, r.ProcessErrors, r.FromImage)
+	}
+	forkCheckBranch(t, d, sb, pyPid, bashPid, bgPid, "source")
+	if got := sessRun(t, d, sb, "py", "d[0]"); got != "'0'\n" {
+		t.Fatalf("branch's python after the restore of the earlier node: %q", got)
+	}
+	forkCheckIdentity(t, d, sb, 1, 2, node2)
 }
 
 // TestForkFilesOnlySaysWhy: a node without processes forks its files, each branch's
