@@ -207,8 +207,8 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 	if !m.cfg.FastPath {
 		return forkFiles, "the daemon runs without the fast path: process state is not kept", 0
 	}
-	if m.img == nil {
-		return forkFiles, "the daemon writes no durable images (DELTABOX_DURABLE=0), which a fork's processes come from", 0
+	if why := m.noImages(ctx); why != "" {
+		return forkFiles, "the daemon writes no durable images, which a fork's processes come from: " + why, 0
 	}
 	var how []string
 	if trees {
@@ -226,6 +226,28 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 		waited = w
 	}
 	return forkDurable, "restored " + strings.Join(how, " and ") + " (the fast path into sibling namespaces is not built)", waited
+}
+
+// noImages says why the daemon writes no durable images ("" when it does), once its
+// probe of CRIU is done (a few seconds after its start).
+func (m *Manager) noImages(ctx context.Context) string {
+	if m.img == nil {
+		return "durable images are off"
+	}
+	select {
+	case <-m.img.ready:
+	case <-ctx.Done():
+		return "the request ended while the daemon probed CRIU: " + ctx.Err().Error()
+	}
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	if m.img.runner == nil || !m.img.runner.Usable() {
+		if m.img.runner != nil {
+			return m.img.runner.Reason
+		}
+		return "CRIU is unusable here"
+	}
+	return ""
 }
 
 // waitImage waits, o.ImageWaitMS at most, for node's durable image to be complete:

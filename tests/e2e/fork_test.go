@@ -210,6 +210,23 @@ func TestForkFilesOnlySaysWhy(t *testing.T) {
 	if _, err := d.C.Fork(dbxCtx(t), "nope", apitypes.ForkRequest{Count: 1}); err == nil || !strings.Contains(err.Error(), "no node") {
 		t.Fatalf("fork of no node: %v", err)
 	}
+	// A daemon without durable images: a node with a python session forks its files,
+	// at once, saying why.
+	d2 := testutil.StartDaemonNoImages(t)
+	dbxCreate(t, d2, "noimg")
+	if _, err := d2.C.StartSession(dbxCtx(t), "noimg", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d2, "noimg", "py", "x = 1")
+	node2 := dbxCheckpoint(t, d2, "noimg", "py").Node.ID
+	t0 := time.Now()
+	res, err = d2.C.Fork(dbxCtx(t), node2, apitypes.ForkRequest{Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := res.Branches[0]; b.Path != "files" || !strings.Contains(b.Reason, "writes no durable images") || time.Since(t0) > 30*time.Second {
+		t.Fatalf("fork without durable images: path %s (%s) after %v", b.Path, b.Reason, time.Since(t0))
+	}
 }
 
 // TestForkPythonClient runs the Python client's fork tests against a daemon that writes
