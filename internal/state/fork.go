@@ -128,6 +128,7 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		return nil, err
 	}
 	for i, id := range ids {
+		tb := time.Now()
 		bo := co
 		bo.ID = id
 		ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
@@ -156,6 +157,7 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 			info = in
 		}
 		b.Sandbox = *info
+		b.DurationMS = ms(time.Since(tb))
 		res.Branches = append(res.Branches, b)
 	}
 	res.DurationMS = ms(time.Since(t0))
