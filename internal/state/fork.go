@@ -148,7 +148,10 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r, Identity: ident}
 		if path == forkDurable && r.Processes == 0 && r.CRIUProcesses == 0 {
 			// The image held nothing this branch could run: say so, never silently.
-			b.Path, b.Reason = forkFiles, "the restore from the node's durable image brought no process back: "+strings.Join(append(r.ProcessErrors, r.Warnings...), "; ")
+			b.Path, b.Reason = forkFiles, "the restore from the node's durable image brought no process back"
+			if why := append(r.ProcessErrors, r.Warnings...); len(why) > 0 {
+				b.Reason += ": " + strings.Join(why, "; ")
+			}
 			if o.Processes == "require" {
 				return fail(i, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict))
 			}
