@@ -244,6 +244,21 @@ type Stats struct {
 	// budget (state/budget.go); a later restore of one brings them back from its
 	// durable image (restore_paths.image).
 	EvictedNodes int `json:"evicted_nodes,omitempty"`
+	// ForkPaths counts the branches forked from this sandbox's nodes, per path
+	// ("durable", "files"; ForkBranch.Path).
+	ForkPaths map[string]int `json:"fork_paths,omitempty"`
+	// Fork says how a fork made this sandbox; absent for one made otherwise.
+	Fork *ForkOrigin `json:"fork,omitempty"`
+}
+
+// ForkOrigin is how a fork made a sandbox (Stats's "fork"): its branch of a fork of
+// Node, and the path that put the node's state in it, with why.
+type ForkOrigin struct {
+	Node   string `json:"node"`
+	Branch int    `json:"branch"`
+	Count  int    `json:"count"`
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 // PathCounts counts a sandbox's checkpoints or restores per path (Stats's

@@ -156,6 +156,7 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 				return fail(i, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict))
 			}
 		}
+		m.countFork(maker, info.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: b.Path, Reason: b.Reason})
 		if in, err := m.Get(info.ID); err == nil {
 			info = in
 		}
@@ -165,6 +166,24 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 	}
 	res.DurationMS = ms(time.Since(t0))
 	return res, nil
+}
+
+// countFork records a branch in the stats: its origin in its own, its path in those of
+// the sandbox that made the node (maker), if it is there.
+func (m *Manager) countFork(maker, branch string, o *apitypes.ForkOrigin) {
+	if s, err := m.get(branch); err == nil {
+		s.mu.Lock()
+		s.stats.Fork = o
+		s.mu.Unlock()
+	}
+	if s, err := m.get(maker); err == nil {
+		s.mu.Lock()
+		if s.stats.ForkPaths == nil {
+			s.stats.ForkPaths = map[string]int{}
+		}
+		s.stats.ForkPaths[o.Path]++
+		s.mu.Unlock()
+	}
 }
 
 // forkIDs are the branches' sandbox ids: ID-0, ID-1, ... (ID alone for one branch), or

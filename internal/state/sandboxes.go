@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -337,6 +338,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	}
 	s.mu.Lock()
 	in.Stats = s.stats
+	in.Stats.ForkPaths = maps.Clone(s.stats.ForkPaths) // the answer's own: forks count on
 	s.mu.Unlock()
 	in.WarmStates = m.warmCount(s)
 	in.Disk = m.diskInfo(s)

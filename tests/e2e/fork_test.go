@@ -76,6 +76,12 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 		if b.Path != "durable" || b.Restore.Processes != 3 || b.Sandbox.ID != fmt.Sprintf("fb-%d", i) {
 			t.Fatalf("branch %d: %s path %s (%s), %d processes %v", i, b.Sandbox.ID, b.Path, b.Reason, b.Restore.Processes, b.Restore.ProcessErrors)
 		}
+		if o := b.Sandbox.Stats.Fork; o == nil || o.Node != node || o.Branch != i || o.Count != n || o.Path != "durable" {
+			t.Fatalf("branch %d's stats.fork: %+v", i, o)
+		}
+	}
+	if in, err := d.C.Get(dbxCtx(t), "fsrc"); err != nil || in.Stats.ForkPaths["durable"] != n {
+		t.Fatalf("the source's stats.fork_paths: %v (%v)", in.Stats.ForkPaths, err)
 	}
 	for _, b := range res.Branches {
 		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
