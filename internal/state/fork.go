@@ -127,23 +127,63 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		}
 		return nil, err
 	}
-	for i, id := range ids {
-		tb := time.Now()
-		bo := co
-		bo.ID = id
-		ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
-		forkOf := ""
-		if path == forkDurable {
-			forkOf = node
+	// The branches are made one after the other, each created while the one before is
+	// restored (one create ahead: a create is mostly waits on init and mounts, a
+	// restore from an image mostly CRIU's CPU).
+	type created struct {
+		info  *SandboxInfo
+		ident *apitypes.ForkIdentity
+		took  time.Duration
+		err   error
+	}
+	ahead := make(chan created, 1)
+	stop := make(chan struct{})
+	go func() {
+		defer close(ahead)
+		for i, id := range ids {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tb := time.Now()
+			bo := co
+			bo.ID = id
+			ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
+			forkOf := ""
+			if path == forkDurable {
+				forkOf = node
+			}
+			info, err := m.create(ctx, bo, ident, forkOf)
+			ahead <- created{info: info, ident: ident, took: time.Since(tb), err: err}
+			if err != nil {
+				return
+			}
 		}
-		info, err := m.create(ctx, bo, ident, forkOf)
-		if err != nil {
-			return fail(i, err)
+	}()
+	failed := func(i int, err error) (*ForkResult, error) {
+		close(stop)
+		for c := range ahead { // what the creates made meanwhile goes too
+			if c.err == nil {
+				made = append(made, c.info.ID)
+			}
 		}
+		return fail(i, err)
+	}
+	for i := range ids {
+		c, ok := <-ahead
+		if !ok {
+			return failed(i, errors.New("the branch was not created"))
+		}
+		if c.err != nil {
+			return failed(i, c.err)
+		}
+		info, ident := c.info, c.ident
 		made = append(made, info.ID)
+		tr := time.Now()
 		r, err := m.RestoreWith(ctx, info.ID, RestoreOptions{Node: node})
 		if err != nil {
-			return fail(i, err)
+			return failed(i, err)
 		}
 		b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r, Identity: ident}
 		if path == forkDurable && r.Processes == 0 && r.CRIUProcesses == 0 {
@@ -153,7 +193,7 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 				b.Reason += ": " + strings.Join(why, "; ")
 			}
 			if o.Processes == "require" {
-				return fail(i, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict))
+				return failed(i, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict))
 			}
 		}
 		m.countFork(maker, info.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: b.Path, Reason: b.Reason})
@@ -161,9 +201,10 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 			info = in
 		}
 		b.Sandbox = *info
-		b.DurationMS = ms(time.Since(tb))
+		b.DurationMS = ms(c.took + time.Since(tr))
 		res.Branches = append(res.Branches, b)
 	}
+	close(stop)
 	res.DurationMS = ms(time.Since(t0))
 	return res, nil
 }

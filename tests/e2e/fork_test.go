@@ -173,6 +173,20 @@ func TestForkFromNodeWhoseSandboxIsGone(t *testing.T) {
 		}
 		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, 2, node2)
 	}
+	// A fork whose branch 2 cannot be made (its name is taken) removes branches 0 and
+	// 1, restored with their processes, and says which branch failed and why.
+	dbxCreate(t, d, "taken-2")
+	before, err := d.C.List(dbxCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.C.Fork(dbxCtx(t), node2, apitypes.ForkRequest{Count: 3, CreateOptions: apitypes.CreateOptions{ID: "taken"}}); err == nil ||
+		!strings.Contains(err.Error(), "branch 2 of 3") || !strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), "2 branches made were removed") {
+		t.Fatalf("fork with branch 2's name taken: %v", err)
+	}
+	if after, err := d.C.List(dbxCtx(t)); err != nil || len(after) != len(before) {
+		t.Fatalf("a failed fork left %d sandboxes, %d before (%v)", len(after), len(before), err)
+	}
 	// A branch restores the node made before the fork node, with its processes.
 	sb := res.Branches[1].Sandbox.ID
 	if r := dbxRestore(t, d, sb, node); r.Processes != 3 || !r.FromImage {
