@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -226,6 +227,12 @@ func (m *Manager) startImages() {
 		return
 	}
 	m.cleanCRIUTrees()
+	// Copies of images made for restores (privateImage) that a crash left.
+	restores := filepath.Join(m.img.root, "restores")
+	store.RemoveAll(restores)
+	if err := os.MkdirAll(restores, 0o700); err != nil {
+		m.log.Warn("durable images: the directory of restores' copies", "err", err)
+	}
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "nodes"))
 	for _, e := range ents {
 		node := e.Name()
@@ -646,19 +653,29 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		if err := waitPidFree(s.rt, man.Pid, pidFreeWait); err != nil {
 			return fail(err)
 		}
-		err = m.img.pages.Materialize(sub)
+		// A sandbox that did not make the node (a fork's branch) restores from a copy of
+		// the image of its own: restores of one image in several sandboxes may run at
+		// once, and each materializes the pages in its directory, changes its mode and
+		// drops the pages after (privateImage). Eagerly: the copy goes when CRIU is done.
+		from, private := sub, n.Sandbox != s.rec.ID
+		if private {
+			if from, err = m.privateImage(sub); err != nil {
+				return fail(err)
+			}
+		}
+		err = m.img.pages.Materialize(from)
 		var rs *durable.RestoreStats
 		var pages int64 // the image's pages, materialized
 		if err == nil {
-			pages = durable.PagesBytes(sub)
-			lazy := m.lazyFor(s, pages, lazyImage)
-			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: lazy})
+			pages = durable.PagesBytes(from)
+			lazy := !private && m.lazyFor(s, pages, lazyImage)
+			rs, err = durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{Lazy: lazy})
 			if err != nil && lazy {
 				// Where lazy pages cannot work (no /dev/userfaultfd, a CRIU without
 				// patch 0007), the same restore eagerly, once the PID is free again.
 				m.log.Warn("a lazy restore from an image failed: restoring it eagerly", "node", node, "err", err)
 				if err = waitPidFree(s.rt, man.Pid, pidFreeWait); err == nil {
-					rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{})
+					rs, err = durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{})
 				}
 			}
 		}
@@ -668,7 +685,10 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
 			fill = pages
 		} else {
-			durable.DropPages(sub)
+			durable.DropPages(from)
+		}
+		if private {
+			store.RemoveAll(filepath.Dir(from))
 		}
 		for _, f := range masters {
 			f.Close()
@@ -706,6 +726,50 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		m.fitKernelLimit(s, false)
 	}
 	return tps, len(lrs) > 0, nil
+}
+
+// privateImage copies the image in dir (one template's) for one restore, its pages
+// left out (Materialize writes them from the refs), each file keeping its mode (the
+// restored root task reads some as the sandbox's root), by reflink: a few small files.
+// It returns the copy; the caller removes its parent. Under ROOT/durable/restores,
+// which start-up empties (startImages).
+func (m *Manager) privateImage(dir string) (string, error) {
+	parent, err := os.MkdirTemp(filepath.Join(m.img.root, "restores"), "r-")
+	if err != nil {
+		return "", fmt.Errorf("a copy of the image to restore: %w", err)
+	}
+	dst := filepath.Join(parent, filepath.Base(dir))
+	err = func() error {
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			return err
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() || (strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img")) {
+				continue
+			}
+			fi, err := e.Info()
+			if err != nil {
+				return err
+			}
+			to := filepath.Join(dst, e.Name())
+			if err := cloneFile(filepath.Join(dir, e.Name()), to); err != nil {
+				return err
+			}
+			if err := os.Chmod(to, fi.Mode().Perm()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		store.RemoveAll(parent)
+		return "", fmt.Errorf("a copy of the image to restore: %w", err)
+	}
+	return dst, nil
 }
 
 // pidFreeWait bounds how long a restore from an image waits for its PID to be free.

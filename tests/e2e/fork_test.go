@@ -271,3 +271,57 @@ func TestForkPythonClient(t *testing.T) {
 		t.Fatalf("the Python client's fork tests failed (%v); the daemon's log:\n%s", err, dbxTail(d.Log(), 4000))
 	}
 }
+
+// TestForkConcurrentForksOfOneNode: forks of one node at once, while the source
+// restores the node from its image too: every branch runs the node's python. Each
+// restore in a sandbox other than the node's maker reads a copy of the image of its own
+// (state/durable.go: privateImage): restores of one image at once each materialize its
+// pages in its directory, change its mode and drop the pages after.
+func TestForkConcurrentForksOfOneNode(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "cc")
+	if _, err := d.C.StartSession(dbxCtx(t), "cc", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pid := sessRun(t, d, "cc", "py", "import os, random; random.seed(3); heap = [random.randbytes(1<<20) for _ in range(16)]; os.getpid()")
+	node := dbxCheckpoint(t, d, "cc", "cc").Node.ID
+	durWaitImage(t, d, node)
+	const forks, count = 3, 2
+	errs := make(chan error, forks+1)
+	results := make(chan *apitypes.ForkResult, forks)
+	for f := 0; f < forks; f++ {
+		go func() {
+			res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: count})
+			results <- res
+			errs <- err
+		}()
+	}
+	go func() {
+		if _, err := d.C.EvictNode(dbxCtx(t), node); err != nil {
+			errs <- err
+			return
+		}
+		_, err := d.C.Restore(dbxCtx(t), "cc", node)
+		errs <- err
+	}()
+	for i := 0; i < forks+1; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("a fork or the source's restore: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+		}
+	}
+	want := fmt.Sprintf("(16, %s)\n", strings.TrimSpace(pid))
+	for f := 0; f < forks; f++ {
+		res := <-results
+		for _, b := range res.Branches {
+			if b.Path != "durable" {
+				t.Fatalf("branch %s: path %s (%s)", b.Sandbox.ID, b.Path, b.Reason)
+			}
+			if got := sessRun(t, d, b.Sandbox.ID, "py", "len(heap), os.getpid()"); got != want {
+				t.Fatalf("branch %s's python: %q, want %q", b.Sandbox.ID, got, want)
+			}
+		}
+	}
+	if got := sessRun(t, d, "cc", "py", "len(heap), os.getpid()"); got != want {
+		t.Fatalf("the source's python after its restore: %q", got)
+	}
+}
