@@ -224,6 +224,14 @@ func TestForkFilesOnlySaysWhy(t *testing.T) {
 			t.Fatalf("branch %d's file: %q", b.Branch, got)
 		}
 	}
+	// The CLI: one line per branch, its id, path, processes and why.
+	out, err := testutil.Command(t, time.Minute, testutil.Binary(t), "--socket", d.Socket, "fork", node, "--count", "2", "--name", "cli").Output()
+	if err != nil {
+		t.Fatalf("deltabox fork: %v", err)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[0], "cli-0\tfiles\t0 processes\tthe node holds no process") || !strings.HasPrefix(lines[1], "cli-1\tfiles\t") {
+		t.Fatalf("deltabox fork printed %q", out)
+	}
 	if _, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 0}); err == nil || !strings.Contains(err.Error(), "want 1 to") {
 		t.Fatalf("fork of 0: %v", err)
 	}
