@@ -20,7 +20,7 @@ import (
 // terminals and host uid range.
 //
 // The path built is the durable one: each branch is created (its boot keeps the PIDs of
-// the node and its ancestors free: pidFloor, sb.forkOf) and restored to the node, the
+// the node and its ancestors free: pidFloor, the record's ForkOf) and restored to the node, the
 // restore bringing the node's templates into the branch from the node's durable CRIU
 // image (restoreImage, allowed by pidsKept) and forking the live processes from them as
 // any restore does, and restoring the node's CRIU trees (criutrees.go). It works from a

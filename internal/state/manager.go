@@ -111,12 +111,7 @@ type sb struct {
 	// +checklocks:opMu
 	kns *sbinit.NS // rt's IPC and UTS namespaces (kernelstate.go)
 	err error      // why rt is nil (start failed after a daemon restart)
-	// forkOf: the node whose processes this fork branch runs (fork.go), set before its
-	// boot, which keeps the PIDs of it and its ancestors free (pidFloor), so that its
-	// restores may bring them back from their images (pidsKept). In memory only: after
-	// a daemon restart the branch restores them from its own templates, not from images.
-	forkOf string
-	seq    uint64
+	seq uint64
 
 	// buildMu serialises the background builds of the next and warm states (one at a
 	// time per sandbox, so that a layer's frozen/ is prepared by one of them at once).

@@ -70,10 +70,10 @@ func (m *Manager) pidsKept(s *sb, node string) bool {
 	return m.onForkLineLocked(s, node)
 }
 
-// onForkLineLocked reports whether node is s's fork parent (sb.forkOf) or one of its
+// onForkLineLocked reports whether node is s's fork parent (its record's ForkOf) or one of its
 // ancestors. Precondition: m.mu held.
 func (m *Manager) onForkLineLocked(s *sb, node string) bool {
-	for id := s.forkOf; id != ""; {
+	for id := s.rec.ForkOf; id != ""; {
 		if id == node {
 			return true
 		}

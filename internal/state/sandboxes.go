@@ -106,7 +106,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, ident *apitypes.F
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
 	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
-	s.forkOf = forkOf
+	s.rec.ForkOf = forkOf
 	if ident != nil {
 		ident.Sandbox = o.ID
 	}

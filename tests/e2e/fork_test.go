@@ -333,3 +333,38 @@ func TestForkConcurrentForksOfOneNode(t *testing.T) {
 		t.Fatalf("the source's python after its restore: %q", got)
 	}
 }
+
+// TestForkBranchAfterDaemonRestart: a branch outlives its daemon like any sandbox; the
+// next daemon knows it is a branch of its node (the record's fork_of): with the node's
+// templates evicted it restores the node from the node's image, processes included,
+// and its identity is still there.
+func TestForkBranchAfterDaemonRestart(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	dbxCreate(t, d, "rs")
+	if _, err := d.C.StartSession(dbxCtx(t), "rs", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pid := sessRun(t, d, "rs", "py", "import os; x = 41; os.getpid()")
+	node := dbxCheckpoint(t, d, "rs", "rs").Node.ID
+	res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: "rs-b"}})
+	if err != nil || res.Branches[0].Path != "durable" {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	sessRun(t, d, "rs-b", "py", "x = 0")
+	if err := d.C.Sync(dbxCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	d.Kill()
+	d = testutil.StartDaemonOn(t, d.Root)
+	if _, err := d.C.EvictNode(dbxCtx(t), node); err != nil {
+		t.Fatal(err)
+	}
+	r := dbxRestore(t, d, "rs-b", node)
+	if r.Processes != 1 || !r.FromImage {
+		t.Fatalf("the branch's restore after a daemon restart: %d processes %v, from image %v", r.Processes, r.ProcessErrors, r.FromImage)
+	}
+	if got := sessRun(t, d, "rs-b", "py", "x, os.getpid()"); got != fmt.Sprintf("(41, %s)\n", strings.TrimSpace(pid)) {
+		t.Fatalf("the branch's python: %q", got)
+	}
+	forkCheckIdentity(t, d, "rs-b", 0, 1, node)
+}
