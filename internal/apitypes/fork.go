@@ -38,8 +38,8 @@ type ForkBranch struct {
 	Reason string `json:"reason"`
 	// Restore is the restore that put the branch on the node.
 	Restore *OpResult `json:"restore"`
-	// DurationMS: the branch's time in the daemon, its create and its restore (the
-	// next branch is created while one is restored).
+	// DurationMS: the branch's time in the daemon, its create and its restore
+	// (branches are made a few at once: one per CPU).
 	DurationMS float64 `json:"duration_ms"`
 	// Identity is what /run/deltabox/identity says in the branch.
 	Identity *ForkIdentity `json:"identity,omitempty"`

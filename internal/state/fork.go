@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -127,86 +130,101 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		}
 		return nil, err
 	}
-	// The branches are made one after the other, each created while the one before is
-	// restored (one create ahead: a create is mostly waits on init and mounts, a
-	// restore from an image mostly CRIU's CPU).
-	type created struct {
-		info  *SandboxInfo
-		ident *apitypes.ForkIdentity
-		took  time.Duration
-		err   error
+	// The branches are made by forkWorkers goroutines, each creating a branch and
+	// restoring it to the node, then the next: a create is mostly waits on init and
+	// mounts, a restore from an image mostly CRIU's CPU, and each restore reads a copy
+	// of the image of its own (durable.go: privateImage). After a failure no branch is
+	// started; those running finish, and every branch made is removed.
+	type out struct {
+		b   apitypes.ForkBranch
+		id  string // the branch's sandbox, once created
+		err error
 	}
-	ahead := make(chan created, 1)
-	stop := make(chan struct{})
-	go func() {
-		defer close(ahead)
-		for i, id := range ids {
-			select {
-			case <-stop:
-				return
-			default:
+	outs := make([]out, len(ids))
+	next := make(chan int)
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	for w := 0; w < min(len(ids), forkWorkers()); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				b, id, err := m.forkBranch(ctx, node, maker, path, reason, i, ids[i], co, o)
+				outs[i] = out{b, id, err}
+				if err != nil {
+					failed.Store(true)
+				}
 			}
-			tb := time.Now()
-			bo := co
-			bo.ID = id
-			ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
-			forkOf := ""
-			if path == forkDurable {
-				forkOf = node
-			}
-			info, err := m.create(ctx, bo, ident, forkOf)
-			ahead <- created{info: info, ident: ident, took: time.Since(tb), err: err}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	failed := func(i int, err error) (*ForkResult, error) {
-		close(stop)
-		for c := range ahead { // what the creates made meanwhile goes too
-			if c.err == nil {
-				made = append(made, c.info.ID)
-			}
-		}
-		return fail(i, err)
+		}()
 	}
 	for i := range ids {
-		c, ok := <-ahead
-		if !ok {
-			return failed(i, errors.New("the branch was not created"))
+		if failed.Load() {
+			break
 		}
-		if c.err != nil {
-			return failed(i, c.err)
-		}
-		info, ident := c.info, c.ident
-		made = append(made, info.ID)
-		tr := time.Now()
-		r, err := m.RestoreWith(ctx, info.ID, RestoreOptions{Node: node})
-		if err != nil {
-			return failed(i, err)
-		}
-		b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r, Identity: ident}
-		if path == forkDurable && r.Processes == 0 && r.CRIUProcesses == 0 {
-			// The image held nothing this branch could run: say so, never silently.
-			b.Path, b.Reason = forkFiles, "the restore from the node's durable image brought no process back"
-			if why := append(r.ProcessErrors, r.Warnings...); len(why) > 0 {
-				b.Reason += ": " + strings.Join(why, "; ")
-			}
-			if o.Processes == "require" {
-				return failed(i, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict))
-			}
-		}
-		m.countFork(maker, info.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: b.Path, Reason: b.Reason})
-		if in, err := m.Get(info.ID); err == nil {
-			info = in
-		}
-		b.Sandbox = *info
-		b.DurationMS = ms(c.took + time.Since(tr))
-		res.Branches = append(res.Branches, b)
+		next <- i
 	}
-	close(stop)
+	close(next)
+	wg.Wait()
+	first := -1
+	for i, x := range outs {
+		if x.id != "" {
+			made = append(made, x.id)
+		}
+		if x.err != nil && first < 0 {
+			first = i
+		}
+	}
+	if first >= 0 {
+		return fail(first, outs[first].err)
+	}
+	for _, x := range outs {
+		res.Branches = append(res.Branches, x.b)
+	}
 	res.DurationMS = ms(time.Since(t0))
 	return res, nil
+}
+
+// forkWorkers is how many branches a fork makes at once: one per CPU (a restore from an
+// image is mostly CRIU's CPU).
+func forkWorkers() int { return max(1, runtime.NumCPU()) }
+
+// forkBranch makes branch i of a fork of node: creates sandbox id (o's options, co) and
+// restores it to the node. It returns the branch, and the sandbox's id once created
+// (also on a later failure: the caller removes it).
+func (m *Manager) forkBranch(ctx context.Context, node, maker, path, reason string, i int, id string, co CreateOptions, o ForkOptions) (apitypes.ForkBranch, string, error) {
+	tb := time.Now()
+	co.ID = id
+	ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
+	forkOf := ""
+	if path == forkDurable {
+		forkOf = node
+	}
+	info, err := m.create(ctx, co, ident, forkOf)
+	if err != nil {
+		return apitypes.ForkBranch{}, "", err
+	}
+	r, err := m.RestoreWith(ctx, info.ID, RestoreOptions{Node: node})
+	if err != nil {
+		return apitypes.ForkBranch{}, info.ID, err
+	}
+	b := apitypes.ForkBranch{Branch: i, Path: path, Reason: reason, Restore: r, Identity: ident}
+	if path == forkDurable && r.Processes == 0 && r.CRIUProcesses == 0 {
+		// The image held nothing this branch could run: say so, never silently.
+		b.Path, b.Reason = forkFiles, "the restore from the node's durable image brought no process back"
+		if why := append(r.ProcessErrors, r.Warnings...); len(why) > 0 {
+			b.Reason += ": " + strings.Join(why, "; ")
+		}
+		if o.Processes == "require" {
+			return b, info.ID, fmt.Errorf("%s: %w", b.Reason, errdefs.ErrConflict)
+		}
+	}
+	m.countFork(maker, info.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: b.Path, Reason: b.Reason})
+	if in, err := m.Get(info.ID); err == nil {
+		info = in
+	}
+	b.Sandbox = *info
+	b.DurationMS = ms(time.Since(tb))
+	return b, info.ID, nil
 }
 
 // countFork records a branch in the stats: its origin in its own, its path in those of
