@@ -52,17 +52,20 @@ func forkCheckBranch(t *testing.T, d *testutil.Daemon, sb, pyPid, bashPid, bgPid
 	}
 }
 
-// TestForkDurableCarriesProcesses: POST /v1/nodes/ID/fork {"count": N} makes N
-// sandboxes each running the node's processes at their checkpoint PIDs, restored from
-// the node's durable image (path "durable"); a branch's writes (files and interpreter
-// state) reach neither its siblings nor the source nor the node; kill -9 -1 in one
-// branch leaves its siblings and the source running; each branch restores the node
-// again with its own templates (the fast path, in the branch).
+// TestForkDurableCarriesProcesses: POST /v1/nodes/ID/fork {"count": 8} makes 8
+// sandboxes each running the node's processes (a python session with a dict of 10^5
+// objects, a generator mid-iteration and a random.Random; a bash session's variable,
+// function and cwd; a background process) at their checkpoint PIDs, restored from the
+// node's durable image (path "durable"), each with its identity and stats; each branch
+// diverges (files and python) and sees only its own writes, the source none of them;
+// kill -9 -1 in one branch leaves its siblings and the source running; each branch then
+// restores the node and sees exactly the checkpoint's state (its own templates, or the
+// image for the branch whose templates the kill took).
 func TestForkDurableCarriesProcesses(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	node, pyPid, bashPid, bgPid := forkSource(t, d, "fsrc")
 	sessRun(t, d, "fsrc", "py", "d[0] = 'source-after'")
-	const n = 3
+	const n = 8
 	t0 := time.Now()
 	res, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: n, CreateOptions: apitypes.CreateOptions{ID: "fb"}})
 	if err != nil {
@@ -87,14 +90,20 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
 		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, n, node)
 	}
-	// Divergence: branch 0 writes; nothing of it elsewhere.
-	sessRun(t, d, "fb-0", "py", "d[1] = 'b0'")
-	dbxSh(t, d, "fb-0", "echo b0 > /workspace/f")
-	if got := sessRun(t, d, "fb-1", "py", "d[1]"); got != "'1'\n" {
-		t.Fatalf("branch 1 sees %q of branch 0's python", got)
+	// Divergence: each branch writes its own file and python state; each sees its own
+	// only.
+	for _, b := range res.Branches {
+		sessRun(t, d, b.Sandbox.ID, "py", fmt.Sprintf("d[1] = 'b%d'", b.Branch))
+		dbxSh(t, d, b.Sandbox.ID, fmt.Sprintf("echo b%d > /workspace/f", b.Branch))
 	}
-	if got := dbxSh(t, d, "fb-1", "cat /workspace/f"); got != "source\n" {
-		t.Fatalf("branch 1 sees %q of branch 0's file", got)
+	for _, b := range res.Branches {
+		want := fmt.Sprintf("b%d", b.Branch)
+		if got := sessRun(t, d, b.Sandbox.ID, "py", "d[1]"); got != "'"+want+"'\n" {
+			t.Fatalf("branch %d's python: %q, want its own %s", b.Branch, got, want)
+		}
+		if got := dbxSh(t, d, b.Sandbox.ID, "cat /workspace/f"); got != want+"\n" {
+			t.Fatalf("branch %d's file: %q, want its own %s", b.Branch, got, want)
+		}
 	}
 	if got := sessRun(t, d, "fsrc", "py", "(d[0], d[1])"); got != "('source-after', '1')\n" {
 		t.Fatalf("the source's python: %q", got)
@@ -105,7 +114,8 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 	if got := sessRun(t, d, "fb-0", "main", "sleep 1000 & kill -9 -1; wait $! 2>/dev/null; kill -0 $! 2>/dev/null && echo alive || echo dead"); !strings.HasSuffix(got, "dead\n") {
 		t.Fatalf("kill -9 -1 in fb-0 did not reach its own child: %q", got)
 	}
-	for _, sb := range []string{"fb-1", "fb-2"} {
+	for _, b := range res.Branches[1:] {
+		sb := b.Sandbox.ID
 		if got := dbxSh(t, d, sb, "cat /proc/"+bgPid+"/comm"); got != "sleep\n" {
 			t.Fatalf("%s's background process after kill -9 -1 in fb-0: %q", sb, got)
 		}
@@ -116,17 +126,20 @@ func TestForkDurableCarriesProcesses(t *testing.T) {
 	if got := sessRun(t, d, "fsrc", "py", "d[0]"); got != "'source-after'\n" {
 		t.Fatalf("the source's python after kill -9 -1 in fb-0: %q", got)
 	}
-	// A branch restores the node again: exactly the checkpoint's state.
-	// Its bash's template was killed with the rest: the node's image brings it back.
-	r := dbxRestore(t, d, "fb-0", node)
-	if r.Processes != 3 || !r.FromImage {
-		t.Fatalf("branch 0's restore to the node: %d processes %v, from image %v", r.Processes, r.ProcessErrors, r.FromImage)
+	// Each branch restores the node again: exactly the checkpoint's state. Branch 0's
+	// bash template was killed with the rest: the node's image brings it back; the
+	// others fork from their own templates.
+	for _, b := range res.Branches {
+		r := dbxRestore(t, d, b.Sandbox.ID, node)
+		if r.Processes != 3 || r.FromImage != (b.Branch == 0) {
+			t.Fatalf("branch %d's restore to the node: %d processes %v, from image %v", b.Branch, r.Processes, r.ProcessErrors, r.FromImage)
+		}
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+		if got := sessRun(t, d, b.Sandbox.ID, "py", "d[1]"); got != "'1'\n" {
+			t.Fatalf("branch %d after its restore: %q", b.Branch, got)
+		}
+		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, n, node) // never rolled back
 	}
-	forkCheckBranch(t, d, "fb-0", pyPid, bashPid, bgPid, "source")
-	if got := sessRun(t, d, "fb-0", "py", "d[1]"); got != "'1'\n" {
-		t.Fatalf("branch 0 after its restore: %q", got)
-	}
-	forkCheckIdentity(t, d, "fb-0", 0, n, node) // never rolled back
 	// The source has none.
 	if got := dbxSh(t, d, "fsrc", "cat /run/deltabox/identity 2>&1 || true"); !strings.Contains(got, "No such file") {
 		t.Fatalf("the source's identity: %q", got)
