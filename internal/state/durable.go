@@ -283,6 +283,28 @@ func (m *Manager) hasImage(node string) bool {
 	return st != nil && st.state == "complete"
 }
 
+// processImageDir is where node's durable process image is: its own, complete
+// (imagesDir), else the one an import brought (importedDir, imported: its pages in
+// full, no refs into the page store), else "".
+func (m *Manager) processImageDir(node string) (dir string, imported bool) {
+	if m.hasImage(node) {
+		return m.imagesDir(node), false
+	}
+	if m.img == nil || m.img.pages == nil {
+		return "", false
+	}
+	ents, err := os.ReadDir(m.importedDir(node))
+	if err != nil {
+		return "", false
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			return m.importedDir(node), true
+		}
+	}
+	return "", false
+}
+
 // imageInfo is NodeInfo's process_image (nil when none is known).
 func (m *Manager) imageInfo(node string) *apitypes.ImageInfo {
 	if m.img == nil {
@@ -575,8 +597,8 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 // the node has no template in s.
 func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
-	dir := m.imagesDir(node)
-	if !m.hasImage(node) {
+	dir, imported := m.processImageDir(node)
+	if dir == "" {
 		return nil, false, nil
 	}
 	m.mu.Lock()
@@ -657,9 +679,9 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		// the image of its own: restores of one image in several sandboxes may run at
 		// once, and each materializes the pages in its directory, changes its mode and
 		// drops the pages after (privateImage). Eagerly: the copy goes when CRIU is done.
-		from, private := sub, n.Sandbox != s.rec.ID
+		from, private := sub, n.Sandbox != s.rec.ID || imported
 		if private {
-			if from, err = m.privateImage(sub); err != nil {
+			if from, err = m.privateImage(sub, imported); err != nil {
 				return fail(err)
 			}
 		}
@@ -728,12 +750,13 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 	return tps, len(lrs) > 0, nil
 }
 
-// privateImage copies the image in dir (one template's) for one restore, its pages
-// left out (Materialize writes them from the refs), each file keeping its mode (the
-// restored root task reads some as the sandbox's root), by reflink: a few small files.
-// It returns the copy; the caller removes its parent. Under ROOT/durable/restores,
-// which start-up empties (startImages).
-func (m *Manager) privateImage(dir string) (string, error) {
+// privateImage copies the image in dir (one template's) for one restore, by reflink,
+// each file 0644 as CRIU writes them (the restored root task reads some as the
+// sandbox's root; an import's copies are 0600; the directory's parents stay closed). Its pages are left out (Materialize writes them from the refs) unless
+// withPages (an imported image holds its pages, no refs). It returns the copy; the
+// caller removes its parent. Under ROOT/durable/restores, which start-up empties
+// (startImages).
+func (m *Manager) privateImage(dir string, withPages bool) (string, error) {
 	parent, err := os.MkdirTemp(filepath.Join(m.img.root, "restores"), "r-")
 	if err != nil {
 		return "", fmt.Errorf("a copy of the image to restore: %w", err)
@@ -748,18 +771,14 @@ func (m *Manager) privateImage(dir string) (string, error) {
 			return err
 		}
 		for _, e := range ents {
-			if !e.Type().IsRegular() || (strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img")) {
+			if !e.Type().IsRegular() || (!withPages && strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img")) {
 				continue
-			}
-			fi, err := e.Info()
-			if err != nil {
-				return err
 			}
 			to := filepath.Join(dst, e.Name())
 			if err := cloneFile(filepath.Join(dir, e.Name()), to); err != nil {
 				return err
 			}
-			if err := os.Chmod(to, fi.Mode().Perm()); err != nil {
+			if err := os.Chmod(to, 0o644); err != nil {
 				return err
 			}
 		}

@@ -279,6 +279,8 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 	if !tmpls && m.imageInfo(node) != nil {
 		tmpls = true // templates gone (evicted, daemon restarted), their image known
 	}
+	_, imported := m.processImageDir(node) // a node an import brought, with its image
+	tmpls = tmpls || imported
 	ts, err := m.criuTreesOf(node)
 	if err != nil {
 		return forkFiles, "the node's CRIU trees cannot be read: " + err.Error(), 0
@@ -300,7 +302,10 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 		}
 		how = append(how, fmt.Sprintf("its %d processes that CRIU took from their CRIU images", ts.count()))
 	}
-	if tmpls {
+	switch {
+	case imported:
+		how = append([]string{"its processes from the durable CRIU image its import brought"}, how...)
+	case tmpls:
 		p, why, w := m.waitImage(ctx, node, o)
 		if p != forkDurable {
 			return p, why, w

@@ -35,10 +35,15 @@ func (m *Manager) pidFloor(s *sb) int {
 		return floor
 	}
 	for _, id := range nodes {
-		dir := m.imagesDir(id)
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			sub := filepath.Join(dir, e.Name())
+		// Its image's, and an imported one's (processImageDir).
+		var subs []string
+		for _, dir := range []string{m.imagesDir(id), m.importedDir(id)} {
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				subs = append(subs, filepath.Join(dir, e.Name()))
+			}
+		}
+		for _, sub := range subs {
 			if man, err := durable.ReadManifest(sub); err == nil {
 				floor = max(floor, man.Pid)
 			}

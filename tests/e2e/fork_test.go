@@ -381,3 +381,50 @@ func TestForkBranchAfterDaemonRestart(t *testing.T) {
 	}
 	forkCheckIdentity(t, d, "rs-b", 0, 1, node)
 }
+
+// TestForkOfImportedNode: a node exported from one daemon and imported into another
+// forks there with its processes, from the image the import brought (a node whose
+// sandbox never ran on this host); a plain restore of it in another sandbox still
+// carries its files only (its PIDs are not kept there).
+func TestForkOfImportedNode(t *testing.T) {
+	d1 := testutil.StartDaemon(t)
+	dbxCreate(t, d1, "exp")
+	if _, err := d1.C.StartSession(dbxCtx(t), "exp", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(sessRun(t, d1, "exp", "py", "import os; x = {i: i * i for i in range(1000)}; os.getpid()"))
+	dbxSh(t, d1, "exp", "echo exported > /workspace/f")
+	node := dbxCheckpoint(t, d1, "exp", "exp").Node.ID
+	durWaitImage(t, d1, node)
+	file := filepath.Join(t.TempDir(), "n.dbx")
+	bin := testutil.Binary(t)
+	if out, err := testutil.Command(t, 2*time.Minute, bin, "--socket", d1.Socket, "export", node, file).CombinedOutput(); err != nil {
+		t.Fatalf("deltabox export: %v\n%s", err, out)
+	}
+	d2 := testutil.StartDaemon(t)
+	out, err := testutil.Command(t, 2*time.Minute, bin, "--socket", d2.Socket, "import", file).Output()
+	if err != nil {
+		t.Fatalf("deltabox import: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	imported := lines[len(lines)-1] // "FROM -> ID" lines, then the node's id
+	res, err := d2.C.Fork(dbxCtx(t), imported, apitypes.ForkRequest{Count: 2})
+	if err != nil {
+		t.Fatalf("fork of the imported node %s: %v\ndaemon log:\n%s", imported, err, dbxTail(d2.Log(), 4000))
+	}
+	for _, b := range res.Branches {
+		if b.Path != "durable" || b.Restore.Processes != 1 || !strings.Contains(b.Reason, "import") {
+			t.Fatalf("branch %d: path %s (%s), %d processes %v", b.Branch, b.Path, b.Reason, b.Restore.Processes, b.Restore.ProcessErrors)
+		}
+		if got := sessRun(t, d2, b.Sandbox.ID, "py", "x[999], os.getpid()"); got != fmt.Sprintf("(998001, %s)\n", pid) {
+			t.Fatalf("branch %d's python: %q", b.Branch, got)
+		}
+		if got := dbxSh(t, d2, b.Sandbox.ID, "cat /workspace/f"); got != "exported\n" {
+			t.Fatalf("branch %d's file: %q", b.Branch, got)
+		}
+	}
+	dbxCreate(t, d2, "plain")
+	if r := dbxRestore(t, d2, "plain", imported); r.Processes != 0 {
+		t.Fatalf("a plain restore of the imported node brought %d processes", r.Processes)
+	}
+}
