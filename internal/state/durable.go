@@ -305,6 +305,13 @@ func (m *Manager) processImageDir(node string) (dir string, imported bool) {
 	return "", false
 }
 
+// hasProcessImage reports whether node has a process image to restore from
+// (processImageDir).
+func (m *Manager) hasProcessImage(node string) bool {
+	dir, _ := m.processImageDir(node)
+	return dir != ""
+}
+
 // imageInfo is NodeInfo's process_image (nil when none is known).
 func (m *Manager) imageInfo(node string) *apitypes.ImageInfo {
 	if m.img == nil {

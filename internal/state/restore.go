@@ -201,7 +201,7 @@ func (r *restore) templates() error {
 	s.tmplMu.Lock()
 	r.tmplLocked = true
 	tps, err := m.templatesFor(s, r.nodeID)
-	if img, _ := m.processImageDir(r.nodeID); (err != nil || len(tps) == 0) && m.fastPath(s) && img != "" {
+	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasProcessImage(r.nodeID) {
 		// Evicted or lost: the node's durable image brings them back (durable.go).
 		m.dropNodeTemplates(s, r.nodeID)
 		itps, lazy, ierr := m.restoreImage(s, r.nodeID, r.lazy)
