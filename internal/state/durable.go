@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -406,6 +407,16 @@ func (m *Manager) queueImage(node string) {
 	select {
 	case m.img.wake <- struct{}{}:
 	default:
+	}
+}
+
+// imageFirst moves node to the head of the image queue, if it waits there: a fork
+// waits for its image, and the worker dumps in checkpoint order otherwise.
+func (m *Manager) imageFirst(node string) {
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	if i := slices.Index(m.img.queue, node); i > 0 {
+		m.img.queue = slices.Insert(slices.Delete(m.img.queue, i, i+1), 0, node)
 	}
 }
 

@@ -347,6 +347,7 @@ func (m *Manager) waitImage(ctx context.Context, node string, o ForkOptions) (pa
 	}
 	t0 := time.Now()
 	deadline := t0.Add(wait)
+	m.imageFirst(node)
 	for {
 		in := m.imageInfo(node)
 		switch {
