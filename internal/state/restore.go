@@ -241,6 +241,7 @@ func (r *restore) templates() error {
 			if err := m.prepareTreeSessions(s, ts); err != nil {
 				return err
 			}
+			ts.private = maker != s.rec.ID
 			r.criu = ts
 			r.undo.push(func() error { m.abortTreeSessions(ts); return nil })
 		}
@@ -426,7 +427,7 @@ func (r *restore) restoreCRIUTrees() error {
 	r.undo.push(func() error { return m.endCRIUTrees(s, ts) })
 	var restored []*criuTree
 	for _, t := range ts.trees {
-		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}}
+		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}, private: ts.private}
 		if err := m.restoreCRIUTrees(s, one, st); err != nil {
 			what := fmt.Sprintf("process %d's tree", t.Pids[0])
 			if t.Session != "" {
