@@ -64,6 +64,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("POST /v1/sandboxes/{id}/checkpoint", s.checkpoint)
 	h("POST /v1/sandboxes/{id}/restore", s.restore)
+	h("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	h("POST /v1/sandboxes/{id}/signal", s.signal)
 	h("POST /v1/sandboxes/{id}/sessions", s.startSession)
 	h("GET /v1/sandboxes/{id}/sessions", s.listSessions)
@@ -480,6 +481,27 @@ func (s *Server) forkNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := s.m.Fork(r.Context(), r.PathValue("id"), q)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 201, res)
+}
+
+// forkSandbox checkpoints a sandbox and forks the node it made, in one request.
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	var q apitypes.SandboxForkRequest
+	if err := decode(w, r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	wait, err := waitMS(q.Checkpoint.WaitMS)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	c := q.Checkpoint
+	res, err := s.m.ForkSandbox(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: c.Label, EndBackground: c.EndBackground, Wait: wait, Pin: c.Pin}, q.ForkRequest)
 	if err != nil {
 		writeErr(w, err)
 		return

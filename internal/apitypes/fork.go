@@ -16,6 +16,14 @@ type ForkRequest struct {
 	ImageWaitMS int64 `json:"image_wait_ms,omitempty"`
 }
 
+// SandboxForkRequest is the body of POST /v1/sandboxes/{id}/fork: a checkpoint of the
+// sandbox (Checkpoint: its label, wait_ms, pin...), then a fork of the node it made
+// (ForkRequest's fields, inline).
+type SandboxForkRequest struct {
+	ForkRequest
+	Checkpoint CheckpointRequest `json:"checkpoint"`
+}
+
 // ForkResult is the answer of a fork: the sandboxes made, in branch order.
 type ForkResult struct {
 	Node       string       `json:"node"`
@@ -24,6 +32,8 @@ type ForkResult struct {
 	DurationMS float64      `json:"duration_ms"`
 	// ImageWaitMS: how long the fork waited for the node's durable image.
 	ImageWaitMS float64 `json:"image_wait_ms,omitempty"`
+	// Checkpoint: the checkpoint that made the node (POST /v1/sandboxes/{id}/fork).
+	Checkpoint *OpResult `json:"checkpoint,omitempty"`
 }
 
 // ForkBranch is one sandbox of a fork: its info, the path that put the node's state in

@@ -184,6 +184,21 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 	return res, nil
 }
 
+// ForkSandbox checkpoints sandbox id (co) and forks the node it made (o): sb.fork in
+// one request. A fork that fails leaves the checkpoint's node, which its error names.
+func (m *Manager) ForkSandbox(ctx context.Context, id string, co CheckpointOptions, o ForkOptions) (*ForkResult, error) {
+	cp, err := m.CheckpointWith(ctx, id, co)
+	if err != nil {
+		return nil, err
+	}
+	res, err := m.Fork(ctx, cp.Node.ID, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w (the checkpoint made node %s, which stays)", err, cp.Node.ID)
+	}
+	res.Checkpoint = cp
+	return res, nil
+}
+
 // forkWorkers is how many branches a fork makes at once: one per CPU (a restore from an
 // image is mostly CRIU's CPU).
 func forkWorkers() int { return max(1, runtime.NumCPU()) }

@@ -286,7 +286,8 @@ func TestForkPythonClient(t *testing.T) {
 		"PYTHONPATH":                 filepath.Join(repo, "clients", "python"),
 	}
 	out, err := pycCmd(t, py, filepath.Join(repo, "clients", "python", "tests"), env, "-m", "unittest", "-v",
-		"test_client.DaemonTest.test_fork_processes", "test_client.DaemonTest.test_aio_sandbox").CombinedOutput()
+		"test_client.DaemonTest.test_fork_processes", "test_client.DaemonTest.test_aio_sandbox",
+		"test_client.DaemonTest.test_fork", "test_client.DaemonTest.test_fork_names").CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil || !strings.Contains(string(out), "\nOK") {
 		t.Fatalf("the Python client's fork tests failed (%v); the daemon's log:\n%s", err, dbxTail(d.Log(), 4000))

@@ -54,7 +54,7 @@ from .errors import Conflict, NotFound, from_answer
 from .models import FileInfo, Listing, Node, RestoreResult, Result, SandboxMemory, Tree, name_of, parse_time
 from .sandbox import (CLIENT_TIMEOUT, DEFAULT_WAIT, CheckpointResult, Command, ForkBranch, NodeRef, Sandbox,
                       Timeout, _as_node, _checkpoint_body, _create_body, _data_bytes, _env_list,
-                      _exec_request, _fork_body, _fork_branch, _mode, _op_timeout, _Output,
+                      _exec_request, _fork_body, _forked, _mode, _op_timeout, _Output,
                       _node_id, _removable_nodes, _restore_body, _warn)
 
 # on_output of AsyncSandbox.run: called on the event loop, may be a coroutine function.
@@ -154,10 +154,9 @@ class AsyncClient:
         d = await self._t.json("POST", "/nodes/%s/fork" % q(_node_id(node)), body,
                                timeout=_op_timeout(self._t.timeout, ms))
         made: List[AsyncSandbox] = []
-        for b in d.get("branches") or []:
-            info = b.get("sandbox") or {}
-            sb = AsyncSandbox(info["id"], self, info, remove_nodes=remove_nodes)
-            sb.fork_branch = _fork_branch(b, self.blocking)
+        for sb_id, info, b in _forked(d, self.blocking):
+            sb = AsyncSandbox(sb_id, self, info, remove_nodes=remove_nodes)
+            sb.fork_branch = b
             made.append(sb)
         return made
 
@@ -428,10 +427,23 @@ class AsyncSandbox:
         _warn(res.warnings)
         return res
 
-    async def fork(self, count: int = 1, label: Optional[str] = None,
+    async def fork(self, count: int = 1, label: Optional[str] = None, processes: str = "auto",
+                   image_wait: Optional[float] = None, wait: Optional[float] = DEFAULT_WAIT,
                    **create_kwargs: Any) -> List["AsyncSandbox"]:
-        """Checkpoints this sandbox and starts ``count`` new sandboxes on it."""
-        return await self.client.fork(await self.checkpoint(label=label), count, **create_kwargs)
+        """:meth:`Sandbox.fork`: a checkpoint and ``count`` new sandboxes on it, its
+        processes with them, in one request."""
+        create_kwargs.pop("client", None)
+        remove_nodes = bool(create_kwargs.pop("remove_nodes", False))
+        body, ms = _fork_body(count, create_kwargs, processes, image_wait)
+        body["checkpoint"], ck_ms = _checkpoint_body(label, False, wait, False)
+        d = await self.client._t.json("POST", self._p("/fork"), body,
+                                      timeout=_op_timeout(self.client._t.timeout, ms + ck_ms))
+        made: List[AsyncSandbox] = []
+        for sb_id, info, b in _forked(d, self.client.blocking):
+            sb = AsyncSandbox(sb_id, self.client, info, remove_nodes=remove_nodes)
+            sb.fork_branch = b
+            made.append(sb)
+        return made
 
     async def signal(self, pid: int, sig: int = 15) -> None:
         """:meth:`Sandbox.signal`."""

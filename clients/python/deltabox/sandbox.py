@@ -466,6 +466,15 @@ class CheckpointResult:
         return self.node.pin(pinned)
 
 
+def _forked(d: Dict[str, Any], client: Optional[Client]) -> List[Tuple[str, Dict[str, Any], ForkBranch]]:
+    """The sandboxes of a fork's answer: each one's id, info and ForkBranch."""
+    out = []
+    for b in d.get("branches") or []:
+        info = dict(b.get("sandbox") or {})
+        out.append((str(info["id"]), info, _fork_branch(b, client)))
+    return out
+
+
 def _fork_branch(b: Dict[str, Any], client: Optional[Client]) -> ForkBranch:
     """A ForkBranch from one of a fork's answer's branches."""
     res = RestoreResult.from_api(b.get("restore") or {}, client)
@@ -494,7 +503,8 @@ class Sandbox:
     """
 
     def __init__(self, id: str, client: Optional[Client] = None,
-                 info: Optional[Dict[str, Any]] = None, remove_nodes: bool = False) -> None:
+                 info: Optional[Dict[str, Any]] = None, remove_nodes: bool = False,
+                 fork_branch: Optional["ForkBranch"] = None) -> None:
         self.id = id
         self.client = _client_or_default(client)
         self._info = dict(info or {})
@@ -503,8 +513,8 @@ class Sandbox:
         self.remove_nodes_on_close = remove_nodes
         self.files = Files(self)
         self.sessions = Sessions(self)
-        # How a fork made it (fork_from), None otherwise.
-        self.fork_branch: Optional[ForkBranch] = None
+        # How a fork made it (fork_from, fork), None otherwise.
+        self.fork_branch: Optional[ForkBranch] = fork_branch
 
     # ---- life cycle ----
 
@@ -606,13 +616,8 @@ class Sandbox:
         nid = _node_id(node)
         body, ms = _fork_body(count, create_kwargs, processes, image_wait)
         d = client._t.json("POST", "/nodes/%s/fork" % q(nid), body, timeout=_op_timeout(client._t.timeout, ms))
-        made: List[Sandbox] = []
-        for b in d.get("branches") or []:
-            info = b.get("sandbox") or {}
-            sb = cls(info["id"], client, info, remove_nodes=remove_nodes)
-            sb.fork_branch = _fork_branch(b, client)
-            made.append(sb)
-        return made
+        return [cls(sb_id, client, info, remove_nodes=remove_nodes, fork_branch=b)
+                for sb_id, info, b in _forked(d, client)]
 
     def remove(self) -> None:
         """Removes the sandbox: kills its processes and deletes its writable layer.
@@ -822,12 +827,24 @@ class Sandbox:
         _warn(res.warnings)
         return res
 
-    def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
+    def fork(self, count: int = 1, label: Optional[str] = None, processes: str = "auto",
+             image_wait: Optional[float] = None, wait: Optional[float] = DEFAULT_WAIT,
+             **create_kwargs: Any) -> List["Sandbox"]:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on that
-        checkpoint, its files and processes with them (:meth:`fork_from`: a branch's
-        ``fork_branch`` says how; ``name=`` with ``count`` > 1 names them
-        ``name-0``, ``name-1``, ...). This sandbox goes on as it was."""
-        return self.checkpoint(label=label).fork(count, **create_kwargs)
+        checkpoint, its files and processes with them, in one request
+        (``POST /v1/sandboxes/ID/fork``; :meth:`fork_from` says what a fork does, a
+        branch's ``fork_branch`` how it was made; ``name=`` with ``count`` > 1 names
+        them ``name-0``, ``name-1``, ...). ``label`` and ``wait`` are the checkpoint's
+        (:meth:`checkpoint`). This sandbox goes on as it was; the checkpoint's node
+        stays in the tree, also when the fork fails."""
+        create_kwargs.pop("client", None)
+        remove_nodes = bool(create_kwargs.pop("remove_nodes", False))
+        body, ms = _fork_body(count, create_kwargs, processes, image_wait)
+        body["checkpoint"], ck_ms = _checkpoint_body(label, False, wait, False)
+        d = self.client._t.json("POST", "/sandboxes/%s/fork" % q(self.id), body,
+                                timeout=_op_timeout(self.client._t.timeout, ms + ck_ms))
+        return [Sandbox(sb_id, self.client, info, remove_nodes=remove_nodes, fork_branch=b)
+                for sb_id, info, b in _forked(d, self.client)]
 
     def signal(self, pid: int, sig: int = 15) -> None:
         """Sends signal ``sig`` (default SIGTERM) to process ``pid`` of this sandbox (its

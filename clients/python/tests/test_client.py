@@ -1159,6 +1159,14 @@ class DaemonTest(unittest.TestCase):
             self.assertEqual(kids[1].run("x", session="py").stdout, "41\n")
         with self.assertRaises(TypeError):
             ckpt.fork(count=1, nonsense=1)
+        # sb.fork: the checkpoint and the fork in one request.
+        py.run("x = 7")
+        (k,) = sb.fork(label="again")
+        self.addCleanup(k.close)
+        assert k.fork_branch is not None
+        self.assertEqual(self.client.node(k.head).label, "again")
+        if not _fork_files_only(self, k.fork_branch):
+            self.assertEqual(k.run("x", session="py").stdout, "7\n")
 
     def test_fork_names(self):
         sb = self.sandbox()
