@@ -179,6 +179,10 @@ type Sandbox struct {
 	Init *InitRef `json:"init,omitempty"`
 	// Network is CreateOptions.Network as given (nil: no network).
 	Network *Network `json:"network,omitempty"`
+	// ForkOf: the node this sandbox was forked from, when a fork made it (its
+	// stats.fork says how); its restores of that node and the nodes before it may bring
+	// their processes back from their images.
+	ForkOf string `json:"fork_of,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime
