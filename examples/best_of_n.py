@@ -74,6 +74,7 @@ def main() -> int:
             with timers.time("fork"):
                 forks = start.fork(count=n, client=client)
             print("forked %d sandboxes from %s in %.1f ms" % (n, start.id, 1000 * (time.perf_counter() - t0)))
+            print(cli.fork_paths(forks))
             try:
                 def attempt(i: int) -> None:
                     fsb = forks[i]

@@ -79,6 +79,7 @@ def main() -> int:
                 root.tests.passed, root.tests_total, root.score, start.id))
             with timers.time("fork"):
                 workers = start.fork(count=n, client=client)
+            print(cli.fork_paths(workers))
             restores = 0
             try:
                 for r in range(rounds):

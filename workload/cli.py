@@ -107,3 +107,16 @@ def run_main(main) -> int:
     except (DaemonUnreachable, WorkloadMissing) as e:
         print("error: %s" % e, file=sys.stderr)
         return 2
+
+
+def fork_paths(sandboxes) -> str:
+    """What the branches of a fork kept: how many took each path, and the first reason
+    of each (Sandbox.fork_branch: "durable", the node's processes at their PIDs, or
+    "files", its files only)."""
+    counts: dict = {}
+    for sb in sandboxes:
+        b = sb.fork_branch
+        path, why = (b.path, b.reason) if b is not None else ("?", "not made by a fork")
+        n, _ = counts.get(path, (0, why))
+        counts[path] = (n + 1, why)
+    return "fork paths: " + "; ".join("%d %s (%s)" % (n, p, why) for p, (n, why) in sorted(counts.items()))

@@ -16,7 +16,7 @@ import (
 
 func benchCmd() *cobra.Command {
 	c := &cobra.Command{Use: "bench", Short: "Measure DeltaBox beside its baselines"}
-	c.AddCommand(benchFSCmd(), benchLatencyCmd(), benchMCTSCmd(), benchScaleCmd(), benchWarmCmd(), benchExecCmd(), benchDurableCmd(), benchReportCmd(), benchAPICmd(), benchNetCmd(), benchRLCmd())
+	c.AddCommand(benchFSCmd(), benchLatencyCmd(), benchMCTSCmd(), benchScaleCmd(), benchWarmCmd(), benchExecCmd(), benchDurableCmd(), benchReportCmd(), benchAPICmd(), benchNetCmd(), benchRLCmd(), benchFanoutCmd())
 	return c
 }
 

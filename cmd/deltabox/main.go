@@ -63,7 +63,7 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
 	root.AddCommand(exportCmd(), importCmd()) // transfer.go
 	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
-		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd())
+		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd(), forkCmd())
 	root.AddCommand(filesCmd(), keyCmd(), e2bCmd(), killCmd())
 	return root
 }

@@ -64,6 +64,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("POST /v1/sandboxes/{id}/exec", s.exec)
 	h("POST /v1/sandboxes/{id}/checkpoint", s.checkpoint)
 	h("POST /v1/sandboxes/{id}/restore", s.restore)
+	h("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
 	h("POST /v1/sandboxes/{id}/signal", s.signal)
 	h("POST /v1/sandboxes/{id}/sessions", s.startSession)
 	h("GET /v1/sandboxes/{id}/sessions", s.listSessions)
@@ -75,6 +76,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("POST /v1/nodes/{id}/pin", s.pinNode)
 	h("POST /v1/nodes/{id}/evict", s.evictNode)
+	h("POST /v1/nodes/{id}/fork", s.forkNode)
 	s.transferRoutes()
 	h("GET /v1/images", s.images)
 	s.imageRoutes()
@@ -469,6 +471,43 @@ func (s *Server) evictNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, n)
+}
+
+// forkNode makes new sandboxes on a node, its processes carried where a path can
+// (state/fork.go); 201 with each branch's path and why.
+func (s *Server) forkNode(w http.ResponseWriter, r *http.Request) {
+	var q apitypes.ForkRequest
+	if err := decode(w, r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	res, err := s.m.Fork(r.Context(), r.PathValue("id"), q)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 201, res)
+}
+
+// forkSandbox checkpoints a sandbox and forks the node it made, in one request.
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	var q apitypes.SandboxForkRequest
+	if err := decode(w, r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	wait, err := waitMS(q.Checkpoint.WaitMS)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	c := q.Checkpoint
+	res, err := s.m.ForkSandbox(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: c.Label, EndBackground: c.EndBackground, Wait: wait, Pin: c.Pin}, q.ForkRequest)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 201, res)
 }
 
 func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {

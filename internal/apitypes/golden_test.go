@@ -29,6 +29,7 @@ func wireTypes() map[string]any {
 		"Synced": &Synced{}, "Health": &Health{},
 		"TemplateBudget": &TemplateBudget{}, "PinRequest": &PinRequest{},
 		"SignalRequest": &SignalRequest{}, "SignalResult": &SignalResult{},
+		"ForkRequest": &ForkRequest{}, "ForkResult": &ForkResult{}, "ForkBranch": &ForkBranch{}, "ForkIdentity": &ForkIdentity{}, "ForkOrigin": &ForkOrigin{}, "SandboxForkRequest": &SandboxForkRequest{},
 	}
 }
 

@@ -179,6 +179,10 @@ type Sandbox struct {
 	Init *InitRef `json:"init,omitempty"`
 	// Network is CreateOptions.Network as given (nil: no network).
 	Network *Network `json:"network,omitempty"`
+	// ForkOf: the node this sandbox was forked from, when a fork made it (its
+	// stats.fork says how); its restores of that node and the nodes before it may bring
+	// their processes back from their images.
+	ForkOf string `json:"fork_of,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime
@@ -244,6 +248,21 @@ type Stats struct {
 	// budget (state/budget.go); a later restore of one brings them back from its
 	// durable image (restore_paths.image).
 	EvictedNodes int `json:"evicted_nodes,omitempty"`
+	// ForkPaths counts the branches forked from this sandbox's nodes, per path
+	// ("durable", "files"; ForkBranch.Path).
+	ForkPaths map[string]int `json:"fork_paths,omitempty"`
+	// Fork says how a fork made this sandbox; absent for one made otherwise.
+	Fork *ForkOrigin `json:"fork,omitempty"`
+}
+
+// ForkOrigin is how a fork made a sandbox (Stats's "fork"): its branch of a fork of
+// Node, and the path that put the node's state in it, with why.
+type ForkOrigin struct {
+	Node   string `json:"node"`
+	Branch int    `json:"branch"`
+	Count  int    `json:"count"`
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 // PathCounts counts a sandbox's checkpoints or restores per path (Stats's

@@ -212,6 +212,12 @@ func (c *Client) EvictNode(ctx context.Context, id string) (*apitypes.NodeInfo, 
 	return &out, c.do(ctx, "POST", "/nodes/"+id+"/evict", nil, &out)
 }
 
+// Fork makes q.Count sandboxes on node (POST /v1/nodes/{id}/fork).
+func (c *Client) Fork(ctx context.Context, node string, q apitypes.ForkRequest) (*apitypes.ForkResult, error) {
+	var out apitypes.ForkResult
+	return &out, c.do(ctx, "POST", "/nodes/"+node+"/fork", q, &out)
+}
+
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
 	var out apitypes.NodesRemoved
 	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)

@@ -21,8 +21,10 @@
 // What an image holds, and what it leaves to the sandbox: the sandbox's PID and network
 // namespaces, every mount (files are named by path and opened again in the state the
 // restore joins) and the terminals (each session's pty belongs to the daemon) are
-// external; tmpfs mounts are not archived. So an image restores only into the sandbox
-// it came from (same PID namespace), onto a state whose files match the node's.
+// external; tmpfs mounts are not archived. So an image restores into the sandbox it
+// came from, or into a new one whose PIDs were kept free for it (a fork's branch:
+// internal/state/fork.go), onto a state whose files match the node's. Credentials are
+// the tasks' own, inside their user namespace: they land on the target's host range.
 //
 // A restore, drawn (CRIU 4.1.1 with scripts/criu/0001, which keeps the root task out of
 // namespaces it joins; see restore.go for each step's reason; the cgroup namespace is

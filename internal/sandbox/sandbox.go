@@ -47,6 +47,10 @@ type Sandbox struct {
 	// idmap is the sandbox's idmapped view of the store (its user namespace's ids);
 	// nil with isolation off.
 	idmap *overlay.IDMapped
+	// TopLower, when set, is a layer stacked over every state's lowers: a fork branch's
+	// identity (state/fork.go), which no restore of the sandbox rolls back. Set before
+	// the first state is mounted, never after.
+	TopLower string
 	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
 	builderClosed bool
 
@@ -253,6 +257,9 @@ func (s *Sandbox) BuildState(spec overlay.Spec) (State, error) {
 // mount makes spec's overlay: through the sandbox's idmapped view of the store, as its
 // root, when it has a user namespace.
 func (s *Sandbox) mount(spec overlay.Spec) (int, error) {
+	if s.TopLower != "" {
+		spec.Lowers = append([]string{s.TopLower}, spec.Lowers...)
+	}
 	if s.idmap != nil {
 		return s.idmap.Mount(spec)
 	}

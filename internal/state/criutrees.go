@@ -150,6 +150,10 @@ type criuTrees struct {
 	// ended: the trees were killed (endCRIUTrees) and not restored since; a
 	// checkpoint's undo restores them.
 	ended bool
+	// private: restored in a sandbox other than the one that made them (a fork's
+	// branch), each from a copy of its image of its own (privateImage): restores of one
+	// image in several sandboxes may run at once, and each changes its directory's mode.
+	private bool
 }
 
 func (ts *criuTrees) count() (n int) {
@@ -649,7 +653,16 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 			}
 			t.exit = s.rt.Watch(t.Pids[0])
 		}
-		rs, err := durable.Restore(context.Background(), m.img.runner, t.dir, sbx, durable.RestoreOptions{LeaveStopped: true})
+		from := t.dir
+		if ts.private {
+			if from, err = m.privateImage(t.dir, true); err != nil {
+				return err
+			}
+		}
+		rs, err := durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{LeaveStopped: true})
+		if ts.private {
+			_ = store.RemoveAll(filepath.Dir(from)) // a private copy: the start-up sweep removes what is left
+		}
 		if err != nil {
 			if t.exit != nil {
 				s.rt.Unwatch(t.Pids[0])

@@ -34,6 +34,8 @@
 //	               adoption by the next daemon
 //	budget.go      the template memory budget: the kernel limit, measures after answers,
 //	               the admission of checkpoints (507), the eviction hook, pins
+//	fork.go        Fork: N new sandboxes on a node, its processes restored from its
+//	               durable image into each (pidfloor.go keeps their PIDs free)
 //	sandboxes.go, sessions.go, files.go, images.go   the rest of the API's verbs
 //
 // # Locking
@@ -88,7 +90,8 @@
 //
 // # Goroutines
 //
-// API handlers run operations on their own goroutines. The manager starts these, each
+// API handlers run operations on their own goroutines (a fork's, a few workers that it
+// joins before it answers). The manager starts these, each
 // counted in Manager.wg, which Close waits for after it has stopped every sandbox:
 // fillUppers and watchDisk (until Close), the disk watcher's stops and reclaims
 // (diskquota.go: stopWriters, reclaimDisk), the work queued after an answer (background.go: next and

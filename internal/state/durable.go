@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,6 +230,14 @@ func (m *Manager) startImages() {
 		return
 	}
 	m.cleanCRIUTrees()
+	// Copies of images made for restores (privateImage) that a crash left.
+	restores := filepath.Join(m.img.root, "restores")
+	if err := store.RemoveAll(restores); err != nil {
+		m.log.Warn("durable images: remove the restores' copies a crash left", "err", err)
+	}
+	if err := os.MkdirAll(restores, 0o700); err != nil {
+		m.log.Warn("durable images: the directory of restores' copies", "err", err)
+	}
 	ents, _ := os.ReadDir(filepath.Join(m.img.root, "nodes"))
 	for _, e := range ents {
 		node := e.Name()
@@ -276,6 +286,35 @@ func (m *Manager) hasImage(node string) bool {
 	defer m.img.mu.Unlock()
 	st := m.img.nodes[node]
 	return st != nil && st.state == "complete"
+}
+
+// processImageDir is where node's durable process image is: its own, complete
+// (imagesDir), else the one an import brought (importedDir, imported: its pages in
+// full, no refs into the page store), else "".
+func (m *Manager) processImageDir(node string) (dir string, imported bool) {
+	if m.hasImage(node) {
+		return m.imagesDir(node), false
+	}
+	if m.img == nil || m.img.pages == nil {
+		return "", false
+	}
+	ents, err := os.ReadDir(m.importedDir(node))
+	if err != nil {
+		return "", false
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			return m.importedDir(node), true
+		}
+	}
+	return "", false
+}
+
+// hasProcessImage reports whether node has a process image to restore from
+// (processImageDir).
+func (m *Manager) hasProcessImage(node string) bool {
+	dir, _ := m.processImageDir(node)
+	return dir != ""
 }
 
 // imageInfo is NodeInfo's process_image (nil when none is known).
@@ -372,6 +411,16 @@ func (m *Manager) queueImage(node string) {
 	select {
 	case m.img.wake <- struct{}{}:
 	default:
+	}
+}
+
+// imageFirst moves node to the head of the image queue, if it waits there: a fork
+// waits for its image, and the worker dumps in checkpoint order otherwise.
+func (m *Manager) imageFirst(node string) {
+	m.img.mu.Lock()
+	defer m.img.mu.Unlock()
+	if i := slices.Index(m.img.queue, node); i > 0 {
+		m.img.queue = slices.Insert(slices.Delete(m.img.queue, i, i+1), 0, node)
 	}
 }
 
@@ -573,8 +622,8 @@ func (m *Manager) processRecord(node string) *nodeProcesses {
 // +checklocks:s.opMu
 func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate, lazy bool, _ error) {
 	<-m.img.ready
-	dir := m.imagesDir(node)
-	if !m.hasImage(node) {
+	dir, imported := m.processImageDir(node)
+	if dir == "" {
 		return nil, false, nil
 	}
 	m.mu.Lock()
@@ -585,8 +634,8 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 	}
 	uts := m.procRecs[node]
 	m.mu.Unlock()
-	if n == nil || n.Sandbox != s.rec.ID {
-		return nil, false, nil // an image restores into the sandbox that made it (its PIDs)
+	if n == nil || !m.pidsKept(s, node) {
+		return nil, false, nil // an image restores where its PIDs are kept free: pidsKept
 	}
 	view, err := m.nodeView(s.rt, image, node)
 	if err != nil {
@@ -651,19 +700,29 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		if err := waitPidFree(s.rt, man.Pid, pidFreeWait); err != nil {
 			return fail(err)
 		}
-		err = m.img.pages.Materialize(sub)
+		// A sandbox that did not make the node (a fork's branch) restores from a copy of
+		// the image of its own: restores of one image in several sandboxes may run at
+		// once, and each materializes the pages in its directory, changes its mode and
+		// drops the pages after (privateImage). Eagerly: the copy goes when CRIU is done.
+		from, private := sub, n.Sandbox != s.rec.ID || imported
+		if private {
+			if from, err = m.privateImage(sub, imported); err != nil {
+				return fail(err)
+			}
+		}
+		err = m.img.pages.Materialize(from)
 		var rs *durable.RestoreStats
 		var pages int64 // the image's pages, materialized
 		if err == nil {
-			pages = durable.PagesBytes(sub)
-			lazy := m.lazyFor(s, pages, lazyImage)
-			rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{Lazy: lazy})
+			pages = durable.PagesBytes(from)
+			lazy := !private && m.lazyFor(s, pages, lazyImage)
+			rs, err = durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{Lazy: lazy})
 			if err != nil && lazy {
 				// Where lazy pages cannot work (no /dev/userfaultfd, a CRIU without
 				// patch 0007), the same restore eagerly, once the PID is free again.
 				m.log.Warn("a lazy restore from an image failed: restoring it eagerly", "node", node, "err", err)
 				if err = waitPidFree(s.rt, man.Pid, pidFreeWait); err == nil {
-					rs, err = durable.Restore(context.Background(), m.img.runner, sub, sbx, durable.RestoreOptions{})
+					rs, err = durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{})
 				}
 			}
 		}
@@ -673,7 +732,12 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			lrs = append(lrs, &lazyRestore{l: rs.Lazy, node: node, dir: sub})
 			fill = pages
 		} else {
-			_ = durable.DropPages(sub) // a copy its refs can make again: disk only
+			_ = durable.DropPages(from) // a copy its refs can make again: disk only
+		}
+		if private {
+			if err := store.RemoveAll(filepath.Dir(from)); err != nil {
+				m.log.Warn("remove a branch's private copy of an image (the start-up sweep removes it)", "node", node, "err", err)
+			}
 		}
 		for _, f := range masters {
 			_ = f.Close() // the restored processes have their own
@@ -697,7 +761,7 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 			sandbox: s.rec.ID, tmpl: t, term: tr.Term, parked: true, rssAnon: fill})
 	}
 	m.mu.Lock()
-	m.templates[node] = tps
+	m.templates[node] = append(m.templates[node], tps...) // other sandboxes' (fork branches) stay
 	if n.uts == nil && uts != nil {
 		n.uts = uts.UTS
 	}
@@ -711,6 +775,49 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		m.fitKernelLimit(s, false)
 	}
 	return tps, len(lrs) > 0, nil
+}
+
+// privateImage copies the image in dir (one template's) for one restore, by reflink,
+// each file 0644 as CRIU writes them (the restored root task reads some as the
+// sandbox's root; an import's copies are 0600; the directory's parents stay closed). Its pages are left out (Materialize writes them from the refs) unless
+// withPages (an imported image holds its pages, no refs). It returns the copy; the
+// caller removes its parent. Under ROOT/durable/restores, which start-up empties
+// (startImages).
+func (m *Manager) privateImage(dir string, withPages bool) (string, error) {
+	parent, err := os.MkdirTemp(filepath.Join(m.img.root, "restores"), "r-")
+	if err != nil {
+		return "", fmt.Errorf("a copy of the image to restore: %w", err)
+	}
+	dst := filepath.Join(parent, filepath.Base(dir))
+	err = func() error {
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			return err
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() || (!withPages && strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img")) {
+				continue
+			}
+			to := filepath.Join(dst, e.Name())
+			if err := cloneFile(filepath.Join(dir, e.Name()), to); err != nil {
+				return err
+			}
+			if err := os.Chmod(to, 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		if rerr := store.RemoveAll(parent); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return "", fmt.Errorf("a copy of the image to restore: %w", err)
+	}
+	return dst, nil
 }
 
 // pidFreeWait bounds how long a restore from an image waits for its PID to be free.

@@ -20,7 +20,7 @@ func (m *Manager) pidFloor(s *sb) int {
 	var nodes []string
 	m.mu.Lock()
 	for id, n := range m.nodes {
-		if n.Sandbox != s.rec.ID {
+		if n.Sandbox != s.rec.ID && !m.onForkLineLocked(s, id) {
 			continue
 		}
 		nodes = append(nodes, id)
@@ -35,10 +35,15 @@ func (m *Manager) pidFloor(s *sb) int {
 		return floor
 	}
 	for _, id := range nodes {
-		dir := m.imagesDir(id)
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			sub := filepath.Join(dir, e.Name())
+		// Its image's, and an imported one's (processImageDir).
+		var subs []string
+		for _, dir := range []string{m.imagesDir(id), m.importedDir(id)} {
+			ents, _ := os.ReadDir(dir)
+			for _, e := range ents {
+				subs = append(subs, filepath.Join(dir, e.Name()))
+			}
+		}
+		for _, sub := range subs {
 			if man, err := durable.ReadManifest(sub); err == nil {
 				floor = max(floor, man.Pid)
 			}
@@ -55,4 +60,34 @@ func (m *Manager) pidFloor(s *sb) int {
 		}
 	}
 	return floor
+}
+
+// pidsKept reports whether node's processes may be restored into s from their images:
+// s made node, or s is a fork branch of node or of a descendant of it (fork.go), whose
+// boot kept the PIDs of every node on that line free (pidFloor). Elsewhere an image's
+// PIDs may be taken.
+func (m *Manager) pidsKept(s *sb, node string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := m.nodes[node]; n != nil && n.Sandbox == s.rec.ID {
+		return true
+	}
+	return m.onForkLineLocked(s, node)
+}
+
+// onForkLineLocked reports whether node is s's fork parent (its record's ForkOf) or one of its
+// ancestors. Precondition: m.mu held.
+// +checklocks:m.mu
+func (m *Manager) onForkLineLocked(s *sb, node string) bool {
+	for id := s.rec.ForkOf; id != ""; {
+		if id == node {
+			return true
+		}
+		n := m.nodes[id]
+		if n == nil {
+			return false
+		}
+		id = n.Parent
+	}
+	return false
 }

@@ -248,6 +248,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	if err != nil {
 		return err
 	}
+	rt.TopLower = m.identityLayer(r.ID)
 	if warn != nil {
 		m.log.Warn("adopt sandbox", "id", r.ID, "warning", warn)
 	}

@@ -195,7 +195,7 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 func (r *restore) templates() error {
 	m, s := r.m, r.s
 	// The common case first (the node's templates are here): one lock, then no more.
-	if !m.hasTemplatesIn(s, r.nodeID) && m.fastPath(s) && m.hasImage(r.nodeID) && m.madeBy(r.nodeID) == s.rec.ID {
+	if !m.hasTemplatesIn(s, r.nodeID) && m.fastPath(s) && m.hasImage(r.nodeID) && m.pidsKept(s, r.nodeID) {
 		m.roomForImage(s, r.nodeID) // before tmplMu, which its eviction takes
 	}
 	// tmplMu keeps background parking off them (taken first: a template that parking
@@ -203,7 +203,7 @@ func (r *restore) templates() error {
 	s.tmplMu.Lock()
 	r.tmplLocked = true
 	tps, err := m.templatesFor(s, r.nodeID)
-	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasImage(r.nodeID) {
+	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasProcessImage(r.nodeID) {
 		// Evicted or lost: the node's durable image brings them back (durable.go).
 		m.dropNodeTemplates(s, r.nodeID)
 		itps, lazy, ierr := m.restoreImage(s, r.nodeID, r.lazy)
@@ -234,7 +234,7 @@ func (r *restore) templates() error {
 		m.mu.Unlock()
 		ok, why := m.criuTreesUsable()
 		switch {
-		case maker != s.rec.ID:
+		case !m.pidsKept(s, r.nodeID):
 			r.res.Warnings = append(r.res.Warnings, fmt.Sprintf("node %s's %d processes that CRIU took come back only in sandbox %s, which made it (their PIDs are there)", r.nodeID, ts.count(), maker))
 		case !m.fastPath(s):
 		case !ok:
@@ -243,6 +243,7 @@ func (r *restore) templates() error {
 			if err := m.prepareTreeSessions(s, ts); err != nil {
 				return err
 			}
+			ts.private = maker != s.rec.ID
 			r.criu = ts
 			r.undo.push(func() error { m.abortTreeSessions(ts); return nil })
 		}
@@ -435,7 +436,7 @@ func (r *restore) restoreCRIUTrees() error {
 	r.undo.push(func() error { return m.endCRIUTrees(s, ts) }) // +checklocksignore: an undo step: undoList.run runs it under opMu
 	var restored []*criuTree
 	for _, t := range ts.trees {
-		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}}
+		one := &criuTrees{dir: ts.dir, trees: []*criuTree{t}, private: ts.private}
 		if err := m.restoreCRIUTrees(s, one, st); err != nil {
 			what := fmt.Sprintf("process %d's tree", t.Pids[0])
 			if t.Session != "" {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -43,6 +44,13 @@ func randomID(prefix string) string {
 
 // Create makes a sandbox on image and starts it.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, error) {
+	return m.create(ctx, o, nil, "")
+}
+
+// create is Create; ident, for a fork branch, is its identity (the file it reads:
+// fork.go), and forkOf the node whose processes it will run: its boot keeps their PIDs
+// free, and its restores may bring them back (pidsKept).
+func (m *Manager) create(ctx context.Context, o CreateOptions, ident *apitypes.ForkIdentity, forkOf string) (*SandboxInfo, error) {
 	if o.Image == "" {
 		o.Image = "default"
 	}
@@ -98,6 +106,10 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 		return nil, fmt.Errorf("%s is a node id; choose another sandbox id: %w", o.ID, errdefs.ErrConflict)
 	}
 	s := m.newSB(store.Sandbox{ID: o.ID, Image: o.Image, Workdir: o.Workdir, Hostname: o.Hostname, User: o.User, Created: time.Now().UTC(), WarmProcesses: o.WarmProcesses, DiskMB: o.DiskMB, TemplateBudgetMB: o.TemplateBudgetMB, Network: o.Network})
+	s.rec.ForkOf = forkOf
+	if ident != nil {
+		ident.Sandbox = o.ID
+	}
 	s.opMu.Lock() // held until started: nothing else may touch a half-made sandbox
 	defer s.opMu.Unlock()
 	m.sandboxes[o.ID] = s
@@ -106,6 +118,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*SandboxInfo, er
 	upper, err := m.freshUpper(m.st.ImageRootfs(o.Image))
 	if err == nil {
 		_, _, err = m.isolation(s, true)
+	}
+	if err == nil && ident != nil {
+		err = m.writeIdentity(s, *ident)
 	}
 	if err == nil {
 		s.rec.Upper = upper
@@ -185,6 +200,7 @@ func (m *Manager) boot(s *sb) error {
 		return err
 	}
 	rt.User = s.rec.User
+	rt.TopLower = m.identityLayer(s.rec.ID)
 	if err := rt.SetState(spec); err != nil {
 		return withUndo(err, rt.Destroy())
 	}
@@ -305,7 +321,7 @@ func (m *Manager) checkLive(s *sb) error {
 func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 	a := apitypes.Sandbox{ID: r.ID, Image: r.Image, Head: r.Head, Upper: r.Upper, Workdir: r.Workdir,
 		Hostname: r.Hostname, User: r.User, Created: r.Created, Limits: r.Limits, WarmProcesses: r.WarmProcesses,
-		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB, Network: r.Network}
+		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB, Network: r.Network, ForkOf: r.ForkOf}
 	if r.Init != nil {
 		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start, Level: r.Init.Level}
 	}
@@ -331,6 +347,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	}
 	s.mu.Lock()
 	in.Stats = s.stats
+	in.Stats.ForkPaths = maps.Clone(s.stats.ForkPaths) // the answer's own: forks count on
 	s.mu.Unlock()
 	in.WarmStates = m.warmCount(s)
 	in.Disk = m.diskInfo(s)

@@ -80,16 +80,6 @@ func (m *Manager) nodeHasTemplatesElsewhere(s *sb, node string) bool {
 	return false
 }
 
-// madeBy is the sandbox that made node ("" if none is known).
-func (m *Manager) madeBy(node string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if n := m.nodes[node]; n != nil {
-		return n.Sandbox
-	}
-	return ""
-}
-
 // hasTemplatesIn reports whether node has templates in s (alive or not: a dead one is
 // found at the restore).
 func (m *Manager) hasTemplatesIn(s *sb, node string) bool {

@@ -28,11 +28,10 @@ import (
 // only the nodes the store lacks: a node whose chain key (the image, then each layer's
 // digest: transfer.ChainKeys) a node here has is that node.
 //
-// An imported node's process image is kept under ROOT/imported/NODE, verified, for the
-// day a node's processes can be restored into another sandbox than the one that made
-// them (issue 26): an image restores only into its own sandbox (PIDs, namespaces,
-// terminals; docs/design/durable-images.md), so a restore of an imported node brings its
-// files back and its sessions start afresh.
+// An imported node's process image is kept under ROOT/imported/NODE, verified: a fork
+// of the node restores its processes from it into new sandboxes (fork.go,
+// processImageDir), whose PIDs are kept free for it; a restore of an imported node in
+// an existing sandbox brings its files back and its sessions start afresh.
 
 // digestFile caches a frozen layer's transfer digest in its layer directory (frozen
 // layers never change; the file goes with the directory): "v1 DIGEST SIZE".
@@ -538,7 +537,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 	}
 	res.Node = top
 	if man.ProcessImage != nil {
-		res.Warnings = append(res.Warnings, "the node's processes are not restored on this host: a durable process image restores only into the sandbox that made it (docs/design/durable-images.md); a restore of this node brings its files back and its sessions start afresh. The image is kept, verified, for when processes can be restored into another sandbox (issue 26)")
+		res.Warnings = append(res.Warnings, "the node's processes come back on this host in a fork of it (POST /v1/nodes/ID/fork, deltabox fork), which restores them from the image into new sandboxes at their PIDs; a restore of this node in an existing sandbox brings its files back and its sessions start afresh (its PIDs are not kept free there: docs/design/fork.md)")
 	} else {
 		res.Warnings = append(res.Warnings, "the archive carries no process image: a restore of this node brings its files back and its sessions start afresh")
 	}

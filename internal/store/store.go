@@ -111,6 +111,10 @@ type Sandbox struct {
 	// Network is the create's egress rules, the model endpoint's key included (this
 	// root-only index is the one place the key is kept; the API redacts it). nil: none.
 	Network *apitypes.Network `json:"network,omitempty"`
+	// ForkOf is the node whose processes this sandbox, a fork's branch, was made to run
+	// (state/fork.go): its boots keep the PIDs of it and its ancestors free, and its
+	// restores may bring them back from their images. Fixed at create.
+	ForkOf string `json:"fork_of,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime

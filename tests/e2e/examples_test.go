@@ -122,6 +122,7 @@ func TestExamples(t *testing.T) {
 		out := run(t, "examples/best_of_n.py", "--short", "--out", dir)
 		exWant(t, out,
 			`(?m)^forked 2 sandboxes from n[0-9a-f]+ in `,
+			`(?m)^fork paths: 2 (durable|files) \(`,
 			`(?m)^attempt [01] step 1: `,
 			`(?m)^best of 2: attempt [01], score [0-9.]+`,
 			`(?m)^fix found: (yes|no)`,
@@ -139,6 +140,7 @@ func TestExamples(t *testing.T) {
 		dir := t.TempDir()
 		out := run(t, "examples/rl_fanout.py", "--short", "--out", dir)
 		exWant(t, out,
+			`(?m)^fork paths: 2 (durable|files) \(`,
 			`(?m)^  round 1 rollout [01] step 1: `,
 			`(?m)^round 1: scores [0-9.]+ [0-9.]+  mean `,
 			`(?m)^rounds: \d+  rollouts: \d+  steps per rollout: 2  worker restores: \d+`,

@@ -13,7 +13,7 @@ only, Python 3.9+.
         ckpt = sb.checkpoint(label="clean")  # a CheckpointResult; ckpt.node is the Node
         sb.run("rm hello.py")
         sb.restore(ckpt)                  # hello.py is back
-        for child in ckpt.fork(count=2):  # two more sandboxes on that node
+        for child in ckpt.fork(count=2):  # two more sandboxes on that node, processes too
             with child:
                 child.run("python3 hello.py").check()
 
@@ -35,15 +35,16 @@ from .errors import (CommandError, Conflict, DaemonUnreachable, DeltaBoxError, I
                      DiskQuotaExceeded, TemplateBudgetExceeded)
 from .models import (Checkpoint, FileInfo, Listing, Node, NodeClient, OpMemory, RestoreResult,
                      Result, ProcessImage, SandboxMemory, Templates, Tree)
-from .sandbox import DEFAULT_WAIT, CheckpointResult, Files, NodeRef, Session, Sessions, Sandbox
+from .sandbox import DEFAULT_WAIT, CheckpointResult, Files, ForkBranch, NodeRef, Session, Sessions, Sandbox
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_WAIT",
     "Checkpoint",
     "CheckpointResult",
+    "ForkBranch",
     "Client",
     "CommandError",
     "Conflict",

@@ -52,10 +52,10 @@ from ._http import q
 from .client import Client, default_client
 from .errors import Conflict, NotFound, from_answer
 from .models import FileInfo, Listing, Node, RestoreResult, Result, SandboxMemory, Tree, name_of, parse_time
-from .sandbox import (CLIENT_TIMEOUT, DEFAULT_WAIT, CheckpointResult, Command, NodeRef, Sandbox,
+from .sandbox import (CLIENT_TIMEOUT, DEFAULT_WAIT, CheckpointResult, Command, ForkBranch, NodeRef, Sandbox,
                       Timeout, _as_node, _checkpoint_body, _create_body, _data_bytes, _env_list,
-                      _exec_request, _fork_defaults, _mode, _op_timeout, _Output,
-                      _removable_nodes, _restore_body, _warn)
+                      _exec_request, _fork_body, _forked, _mode, _op_timeout, _Output,
+                      _node_id, _removable_nodes, _restore_body, _warn)
 
 # on_output of AsyncSandbox.run: called on the event loop, may be a coroutine function.
 AsyncOnOutput = Callable[[str, str], Union[None, Awaitable[None]]]
@@ -143,34 +143,21 @@ class AsyncClient:
         d = await self._t.json("POST", "/nodes/%s/pin" % q(id), {"pinned": bool(pinned)})
         return Node.from_api(d, self.blocking)
 
-    async def fork(self, node: NodeRef, count: int = 1, **create_kwargs: Any) -> List["AsyncSandbox"]:
+    async def fork(self, node: NodeRef, count: int = 1, processes: str = "auto",
+                   image_wait: Optional[float] = None, **create_kwargs: Any) -> List["AsyncSandbox"]:
         """:meth:`Sandbox.fork_from`: ``count`` new sandboxes on the node (a Node, a
-        CheckpointResult or an id). If one fails, or the call is cancelled, the
-        sandboxes made so far are removed."""
+        CheckpointResult or an id), its processes with them, in one request; each
+        one's ``fork_branch`` says how. If one fails, the daemon removes those made."""
         create_kwargs.pop("client", None)
-        n = await self.node(node) if isinstance(node, str) else _as_node(node, self.blocking)
-        # The workdir of the sandbox that made a node read from the tree, looked up
-        # here since _fork_defaults cannot await.
-        workdir: Optional[str] = None
-        if n._workdir is None and n.sandbox and "workdir" not in create_kwargs:
-            try:
-                workdir = (await AsyncSandbox.connect(n.sandbox, client=self)).workdir or None
-            except NotFound:
-                pass
-        kw, names = _fork_defaults(n, create_kwargs, count, lambda sid: workdir)
+        remove_nodes = bool(create_kwargs.pop("remove_nodes", False))
+        body, ms = _fork_body(count, create_kwargs, processes, image_wait)
+        d = await self._t.json("POST", "/nodes/%s/fork" % q(_node_id(node)), body,
+                               timeout=_op_timeout(self._t.timeout, ms))
         made: List[AsyncSandbox] = []
-        try:
-            for name in names:
-                sb = await AsyncSandbox.create(client=self, name=name, **kw)
-                made.append(sb)
-                await sb.restore(n)
-        except BaseException:
-            for sb in made:
-                try:
-                    await sb.close()
-                except Exception:
-                    pass
-            raise
+        for sb_id, info, b in _forked(d, self.blocking):
+            sb = AsyncSandbox(sb_id, self, info, remove_nodes=remove_nodes)
+            sb.fork_branch = b
+            made.append(sb)
         return made
 
 
@@ -280,6 +267,8 @@ class AsyncSandbox:
         self._closed = False
         # close() (the end of an async with block) also removes the nodes it made.
         self.remove_nodes_on_close = remove_nodes
+        # How a fork made it (AsyncClient.fork), None otherwise.
+        self.fork_branch: Optional[ForkBranch] = None
         self.files = AsyncFiles(self)
         self.sessions = AsyncSessions(self)
 
@@ -438,10 +427,23 @@ class AsyncSandbox:
         _warn(res.warnings)
         return res
 
-    async def fork(self, count: int = 1, label: Optional[str] = None,
+    async def fork(self, count: int = 1, label: Optional[str] = None, processes: str = "auto",
+                   image_wait: Optional[float] = None, wait: Optional[float] = DEFAULT_WAIT,
                    **create_kwargs: Any) -> List["AsyncSandbox"]:
-        """Checkpoints this sandbox and starts ``count`` new sandboxes on it."""
-        return await self.client.fork(await self.checkpoint(label=label), count, **create_kwargs)
+        """:meth:`Sandbox.fork`: a checkpoint and ``count`` new sandboxes on it, its
+        processes with them, in one request."""
+        create_kwargs.pop("client", None)
+        remove_nodes = bool(create_kwargs.pop("remove_nodes", False))
+        body, ms = _fork_body(count, create_kwargs, processes, image_wait)
+        body["checkpoint"], ck_ms = _checkpoint_body(label, False, wait, False)
+        d = await self.client._t.json("POST", self._p("/fork"), body,
+                                      timeout=_op_timeout(self.client._t.timeout, ms + ck_ms))
+        made: List[AsyncSandbox] = []
+        for sb_id, info, b in _forked(d, self.client.blocking):
+            sb = AsyncSandbox(sb_id, self.client, info, remove_nodes=remove_nodes)
+            sb.fork_branch = b
+            made.append(sb)
+        return made
 
     async def signal(self, pid: int, sig: int = 15) -> None:
         """:meth:`Sandbox.signal`."""

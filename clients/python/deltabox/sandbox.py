@@ -295,26 +295,68 @@ def _removable_nodes(t: Tree, sandbox: str) -> List[str]:
     return [n.id for n in t if removable(n.id) and not (n.parent in t.nodes and removable(n.parent))]
 
 
-def _fork_defaults(node: Node, create_kwargs: Dict[str, Any], count: int,
-                   workdir_of: Callable[[str], Optional[str]]) -> Tuple[Dict[str, Any], List[Optional[str]]]:
-    """The arguments of each fork's create (image, workdir: the node's, unless given)
-    and their names (``name-0``, ``name-1``, ... for count > 1)."""
+# The create arguments a fork takes for its branches (Sandbox.create's).
+_FORK_CREATE_ARGS = ("image", "workdir", "name", "memory_mb", "pids", "cpus", "hostname",
+                     "warm_processes", "user", "disk_mb", "template_budget_mb", "network")
+
+
+def _fork_body(count: int, create_kwargs: Dict[str, Any], processes: str,
+               image_wait: Optional[float]) -> Tuple[Dict[str, Any], int]:
+    """The body of POST /v1/nodes/ID/fork and how long its answer may take (ms): each
+    branch is made by the daemon, image and workdir by default the node's (the
+    workdir of the sandbox that made it)."""
     if count < 1:
         raise ValueError("fork count must be >= 1, got %r" % (count,))
+    if processes not in ("auto", "require", "never"):
+        raise ValueError("fork processes must be 'auto', 'require' or 'never', got %r" % (processes,))
+    unknown = set(create_kwargs) - set(_FORK_CREATE_ARGS)
+    if unknown:
+        raise TypeError("fork: unknown arguments %s (it takes create's: %s)" % (sorted(unknown), ", ".join(_FORK_CREATE_ARGS)))
     kw = dict(create_kwargs)
-    kw.setdefault("image", node.image or "default")
-    if "workdir" not in kw:
-        workdir = node._workdir
-        if workdir is None and node.sandbox:
-            # A node from the tree: the workdir of the sandbox it came from, if that
-            # sandbox still exists.
-            workdir = workdir_of(node.sandbox)
-        if workdir is not None:
-            kw["workdir"] = workdir
-    name = kw.pop("name", None)
-    if name is None:
-        return kw, [None] * count
-    return kw, [name if count == 1 else "%s-%d" % (name, i) for i in range(count)]
+    body = _create_body(kw.get("image") or "", kw.get("workdir") or "", kw.get("name"), kw.get("memory_mb"),
+                        kw.get("pids"), kw.get("cpus"), kw.get("hostname"), bool(kw.get("warm_processes")),
+                        kw.get("user"), kw.get("disk_mb"), kw.get("template_budget_mb"), kw.get("network"))
+    for k in ("image", "workdir"):
+        if not body[k]:
+            del body[k]
+    body["count"] = count
+    body["processes"] = processes
+    wait_ms = 120000
+    if image_wait is not None:
+        if image_wait <= 0:
+            raise ValueError("image_wait must be > 0 seconds, got %r" % (image_wait,))
+        wait_ms = max(1, int(image_wait * 1000))
+        body["image_wait_ms"] = wait_ms
+    # Each branch is a create and a restore (from the image: a few hundred ms each).
+    return body, wait_ms + 30000 * count
+
+
+@dataclass
+class ForkBranch:
+    """How a fork made one of its sandboxes (``sb.fork_branch``).
+
+    Attributes:
+        branch: its index, 0 to count-1.
+        path: ``"durable"``: the node's processes were restored into it from the
+            node's durable image (same PIDs, sessions with their state); ``"files"``:
+            its files only, its sessions start afresh; ``"fast"``: forked from the
+            node's templates (designed, not built).
+        reason: why that path.
+        identity: what ``/run/deltabox/identity`` says inside it (sandbox, branch,
+            count, parent_node): agent code reseeds its random generators from it.
+        restore: the restore that put it on the node (``processes``, ``sessions``...).
+    """
+
+    branch: int
+    path: str
+    reason: str
+    identity: Dict[str, Any]
+    restore: RestoreResult
+
+    @property
+    def processes(self) -> int:
+        """How many of the node's processes run in the branch."""
+        return self.restore.processes
 
 
 @dataclass
@@ -403,8 +445,9 @@ class CheckpointResult:
         return self.node.id
 
     def fork(self, count: int = 1, **create_kwargs: Any) -> List["Sandbox"]:
-        """:meth:`Sandbox.fork_from` of the node: ``count`` new sandboxes on it (with
-        the client that made the checkpoint, unless ``client=`` is given)."""
+        """:meth:`Sandbox.fork_from` of the node: ``count`` new sandboxes on it, its
+        processes with them (with the client that made the checkpoint, unless
+        ``client=`` is given)."""
         if self._client is not None:
             create_kwargs.setdefault("client", self._client)
         return Sandbox.fork_from(self.node, count, **create_kwargs)
@@ -421,6 +464,24 @@ class CheckpointResult:
     def pin(self, pinned: bool = True) -> Node:
         """:meth:`Node.pin`."""
         return self.node.pin(pinned)
+
+
+def _forked(d: Dict[str, Any], client: Optional[Client]) -> List[Tuple[str, Dict[str, Any], ForkBranch]]:
+    """The sandboxes of a fork's answer: each one's id, info and ForkBranch."""
+    out = []
+    for b in d.get("branches") or []:
+        info = dict(b.get("sandbox") or {})
+        out.append((str(info["id"]), info, _fork_branch(b, client)))
+    return out
+
+
+def _fork_branch(b: Dict[str, Any], client: Optional[Client]) -> ForkBranch:
+    """A ForkBranch from one of a fork's answer's branches."""
+    res = RestoreResult.from_api(b.get("restore") or {}, client)
+    _warn(res.warnings)
+    return ForkBranch(branch=int(b.get("branch") or 0), path=str(b.get("path") or ""),
+                      reason=str(b.get("reason") or ""), identity=dict(b.get("identity") or {}),
+                      restore=res)
 
 
 # What sb.restore() and Sandbox.fork_from() take for a node.
@@ -442,7 +503,8 @@ class Sandbox:
     """
 
     def __init__(self, id: str, client: Optional[Client] = None,
-                 info: Optional[Dict[str, Any]] = None, remove_nodes: bool = False) -> None:
+                 info: Optional[Dict[str, Any]] = None, remove_nodes: bool = False,
+                 fork_branch: Optional["ForkBranch"] = None) -> None:
         self.id = id
         self.client = _client_or_default(client)
         self._info = dict(info or {})
@@ -451,6 +513,8 @@ class Sandbox:
         self.remove_nodes_on_close = remove_nodes
         self.files = Files(self)
         self.sessions = Sessions(self)
+        # How a fork made it (fork_from, fork), None otherwise.
+        self.fork_branch: Optional[ForkBranch] = fork_branch
 
     # ---- life cycle ----
 
@@ -526,45 +590,34 @@ class Sandbox:
         return [cls(s["id"], c, s) for s in (d.get("sandboxes") or [])]
 
     @classmethod
-    def fork_from(cls, node: NodeRef, count: int = 1, **create_kwargs: Any) -> List["Sandbox"]:
+    def fork_from(cls, node: NodeRef, count: int = 1, processes: str = "auto",
+                  image_wait: Optional[float] = None, **create_kwargs: Any) -> List["Sandbox"]:
         """Starts ``count`` new sandboxes, each standing on ``node`` (a :class:`Node`,
-        a :class:`CheckpointResult`, or an id).
+        a :class:`CheckpointResult`, or an id), in one request
+        (``POST /v1/nodes/ID/fork``), and returns them in branch order.
 
-        Each is created (``create_kwargs`` go to :meth:`create`; by default the node's
-        image and the workdir of the sandbox that made it, when known) and then
-        restored to the node. Nothing is copied: the new sandboxes share the node's
-        layers and each gets its own writable layer.
+        Each is made with ``create_kwargs`` (:meth:`create`'s; by default the node's
+        image and the workdir of the sandbox that made it) and gets the node's files
+        (its layers shared, a writable layer of its own) and, where a path can carry
+        them, its processes: the python and bash sessions' state and background
+        processes, every one at its PID at the checkpoint, restored from the node's
+        durable image (the daemon waits for it while it is written, ``image_wait``
+        seconds at most, default 120). The node's sandbox may be running, elsewhere or
+        gone. ``sb.fork_branch`` (:class:`ForkBranch`) says per sandbox which path was
+        taken (``"durable"`` or ``"files"``) and why; ``processes="require"`` raises
+        Conflict rather than fall back to files, ``"never"`` carries files only. Each
+        branch reads its identity in ``/run/deltabox/identity``.
 
-        What is carried over is the files: a node's processes come back only in the
-        sandbox that made it (``sb.restore``), so a fork starts with no process but
-        its init, and its sessions start afresh on their first call. If one creation
-        or restore fails, the sandboxes made so far are removed and the error is
-        raised. ``name=`` names the fork; with ``count`` > 1 the forks are
-        ``name-0``, ``name-1``, ... (a name is unique among sandboxes)."""
+        If one branch cannot be made, the daemon removes those made and the error says
+        which and why. ``name=`` names the forks ``name-0``, ``name-1``, ... (``name``
+        alone when ``count`` is 1; a name is unique among sandboxes)."""
         client = _client_or_default(create_kwargs.pop("client", None))
-        n = _as_node(node, client)
-
-        def workdir_of(sid: str) -> Optional[str]:
-            try:
-                return cls.connect(sid, client=client).workdir or None
-            except NotFound:
-                return None
-
-        kw, names = _fork_defaults(n, create_kwargs, count, workdir_of)
-        made: List[Sandbox] = []
-        try:
-            for name in names:
-                sb = cls.create(client=client, name=name, **kw)
-                made.append(sb)
-                sb.restore(n)
-        except BaseException:
-            for sb in made:
-                try:
-                    sb.close()
-                except Exception:
-                    pass
-            raise
-        return made
+        remove_nodes = bool(create_kwargs.pop("remove_nodes", False))
+        nid = _node_id(node)
+        body, ms = _fork_body(count, create_kwargs, processes, image_wait)
+        d = client._t.json("POST", "/nodes/%s/fork" % q(nid), body, timeout=_op_timeout(client._t.timeout, ms))
+        return [cls(sb_id, client, info, remove_nodes=remove_nodes, fork_branch=b)
+                for sb_id, info, b in _forked(d, client)]
 
     def remove(self) -> None:
         """Removes the sandbox: kills its processes and deletes its writable layer.
@@ -774,12 +827,24 @@ class Sandbox:
         _warn(res.warnings)
         return res
 
-    def fork(self, count: int = 1, label: Optional[str] = None, **create_kwargs: Any) -> List["Sandbox"]:
+    def fork(self, count: int = 1, label: Optional[str] = None, processes: str = "auto",
+             image_wait: Optional[float] = None, wait: Optional[float] = DEFAULT_WAIT,
+             **create_kwargs: Any) -> List["Sandbox"]:
         """Checkpoints this sandbox and starts ``count`` new sandboxes on that
-        checkpoint (its files; processes stay with this sandbox, see
-        :meth:`fork_from`; ``name=`` with ``count`` > 1 names them
-        ``name-0``, ``name-1``, ...)."""
-        return self.checkpoint(label=label).fork(count, **create_kwargs)
+        checkpoint, its files and processes with them, in one request
+        (``POST /v1/sandboxes/ID/fork``; :meth:`fork_from` says what a fork does, a
+        branch's ``fork_branch`` how it was made; ``name=`` with ``count`` > 1 names
+        them ``name-0``, ``name-1``, ...). ``label`` and ``wait`` are the checkpoint's
+        (:meth:`checkpoint`). This sandbox goes on as it was; the checkpoint's node
+        stays in the tree, also when the fork fails."""
+        create_kwargs.pop("client", None)
+        remove_nodes = bool(create_kwargs.pop("remove_nodes", False))
+        body, ms = _fork_body(count, create_kwargs, processes, image_wait)
+        body["checkpoint"], ck_ms = _checkpoint_body(label, False, wait, False)
+        d = self.client._t.json("POST", "/sandboxes/%s/fork" % q(self.id), body,
+                                timeout=_op_timeout(self.client._t.timeout, ms + ck_ms))
+        return [Sandbox(sb_id, self.client, info, remove_nodes=remove_nodes, fork_branch=b)
+                for sb_id, info, b in _forked(d, self.client)]
 
     def signal(self, pid: int, sig: int = 15) -> None:
         """Sends signal ``sig`` (default SIGTERM) to process ``pid`` of this sandbox (its

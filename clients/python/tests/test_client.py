@@ -16,6 +16,7 @@ import asyncio
 import base64
 import datetime
 import hashlib
+import json
 import http.server
 import os
 import re
@@ -629,6 +630,16 @@ class OfflineTest(unittest.TestCase):
 
 
 @unittest.skipUnless(SOCKET, NO_DAEMON)
+def _fork_files_only(t: unittest.TestCase, b: "deltabox.ForkBranch") -> bool:
+    """Whether a fork's branch carried files only because the daemon writes no durable
+    images (DELTABOX_DURABLE=0, as the suite's daemon: tests/e2e/pyclient_test.go; its
+    TestForkPythonClient runs the fork tests with images, DELTABOX_TEST_FORK_DURABLE=1)."""
+    if os.environ.get("DELTABOX_TEST_FORK_DURABLE") == "1" or b.path != "files":
+        return False
+    t.assertIn("writes no durable images", b.reason)
+    return True
+
+
 class DaemonTest(unittest.TestCase):
     """Against the real daemon on $DELTABOX_SOCKET."""
 
@@ -1121,6 +1132,42 @@ class DaemonTest(unittest.TestCase):
             with self.assertRaises(NotFound):
                 Sandbox.connect(k.id, client=self.client)
 
+    def test_fork_processes(self):
+        # One request: each branch runs the node's python session (its objects, its
+        # PID) and reads its identity; a branch's change reaches no sibling.
+        sb = self.sandbox()
+        py = sb.sessions.start("py", kind="python")
+        pid = py.run("import os, json\nx = 41\nos.getpid()").stdout
+        ckpt = sb.checkpoint(label="fork-procs")
+        kids = ckpt.fork(count=2)
+        for k in kids:
+            self.addCleanup(k.close)
+        files_only = False
+        for i, k in enumerate(kids):
+            b = k.fork_branch
+            assert b is not None
+            self.assertEqual(b.identity, {"sandbox": k.id, "branch": i, "count": 2, "parent_node": ckpt.id})
+            self.assertEqual(self.sh(k, "cat /run/deltabox/identity"), json.dumps(b.identity, separators=(",", ":")) + "\n")
+            if _fork_files_only(self, b):
+                files_only = True
+                continue
+            self.assertEqual((b.branch, b.path, b.processes), (i, "durable", 1), b.reason)
+            self.assertEqual(k.run("x + 1, os.getpid()", session="py").stdout, "(42, %s)\n" % pid.strip())
+            self.assertEqual(k.run("json.load(open('/run/deltabox/identity'))['branch']", session="py").stdout, "%d\n" % i)
+        if not files_only:
+            kids[0].run("x = 0", session="py")
+            self.assertEqual(kids[1].run("x", session="py").stdout, "41\n")
+        with self.assertRaises(TypeError):
+            ckpt.fork(count=1, nonsense=1)
+        # sb.fork: the checkpoint and the fork in one request.
+        py.run("x = 7")
+        (k,) = sb.fork(label="again")
+        self.addCleanup(k.close)
+        assert k.fork_branch is not None
+        self.assertEqual(self.client.node(k.head).label, "again")
+        if not _fork_files_only(self, k.fork_branch):
+            self.assertEqual(k.run("x", session="py").stdout, "7\n")
+
     def test_fork_names(self):
         sb = self.sandbox()
         base = "fk-%d-%d" % (os.getpid(), int(time.time() * 1000) % 10**6)
@@ -1239,7 +1286,7 @@ class DaemonTest(unittest.TestCase):
                     self.assertEqual(ck.memory.limit_bytes, (await sb.memory()).limit_bytes)
                     self.assertIn("default", [i["name"] for i in await c.images()])
                     self.assertIn("default", [i["name"] for i in await c.images.list()])
-                    # Files, and a fork (files only: no process in the new sandbox).
+                    # Files, and a fork (the node's files and its python session).
                     await sb.files.write("f", "from aio")
                     self.assertEqual(await sb.files.read_text("f"), "from aio")
                     (kid,) = await c.fork(ck, 1)
@@ -1247,7 +1294,12 @@ class DaemonTest(unittest.TestCase):
                         self.assertIsInstance(kid, AsyncSandbox)
                         self.assertEqual(await kid.head(), ck.id)
                         self.assertFalse(await kid.files.exists("f"))
-                        self.assertEqual([s.running for s in await kid.sessions.list()], [])
+                        assert kid.fork_branch is not None
+                        if _fork_files_only(self, kid.fork_branch):
+                            self.assertEqual([s.running for s in await kid.sessions.list()], [])
+                        else:
+                            self.assertEqual((kid.fork_branch.path, kid.fork_branch.processes), ("durable", 1))
+                            self.assertEqual((await kid.sessions.run("py", "x + 1")).stdout, "42\n")
                     finally:
                         await kid.close()
                 with self.assertRaises(NotFound):

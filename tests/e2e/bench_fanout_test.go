@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"bytes"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"deltabox/internal/bench"
+	"deltabox/internal/testutil"
+)
+
+// TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings: each fork has its
+// deltabox row (every branch carried its python by the durable path) and its
+// files+replay row with samples, the systems that cannot run are marked so with the
+// reason, and the bench removed what it made.
+func TestBenchFanoutTiny(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	out := filepath.Join(t.TempDir(), "fanout.json")
+	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "fanout", "--counts", "1,2",
+		"--heap-mb", "4", "--workspace-mb", "4", "--json", out)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if b, err := cmd.Output(); err != nil {
+		t.Fatalf("bench fanout: %v\n%s\n%s", err, b, stderr.String())
+	}
+	f, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Bench != "fanout" || f.Description == "" {
+		t.Fatalf("bench %q, description %q", f.Bench, f.Description)
+	}
+	got := map[string]bench.Row{}
+	for _, r := range f.Results {
+		got[r.System+" "+r.Op] = r
+	}
+	want := map[string][]int{"1": {0}, "2": {0, 1}} // the branches of each fork
+	for _, n := range []string{"1", "2"} {
+		op := "fork-" + n
+		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutReplay} {
+			r, ok := got[sys+" "+op]
+			if !ok {
+				t.Fatalf("no row %s %s", sys, op)
+			}
+			if total, _ := r.Info["total_ms"].(float64); r.N == 0 || r.P50 <= 0 || total <= 0 {
+				t.Errorf("row %s %s: n %d, p50 %v, info %v", sys, op, r.N, r.P50, r.Info)
+			}
+		}
+		if p, _ := got[bench.SysFanoutDeltabox+" "+op].Info["paths"].(map[string]any); p["durable"] != float64(len(want[n])) {
+			t.Errorf("%s: paths %v, want every branch durable", op, p)
+		}
+		for _, sys := range []string{bench.SysFanoutCRIU, bench.SysFanoutPodman} {
+			if r := got[sys+" "+op]; r.Unavailable() == "" {
+				t.Errorf("row %s %s: not marked unavailable with its reason", sys, op)
+			}
+		}
+	}
+	benchLeftovers(t, d, "fanout")
+}
