@@ -612,8 +612,10 @@ type forkResult struct {
 	Error   *apiError   `json:"error,omitempty"`
 }
 
-// fork checkpoints the sandbox in place and starts count sandboxes from that node
-// (with its files: a node's processes come back only in the sandbox that made it).
+// fork checkpoints the sandbox in place and forks count sandboxes from that node, each
+// with the node's files and its processes where a path carries them (state.Manager.Fork:
+// the node's durable image restored into each branch; else its files, and the branch's
+// fork_of and stats say why).
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var q struct {
 		Timeout *int64 `json:"timeout"`
@@ -648,19 +650,24 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		apiErr(w, err)
 		return
 	}
-	out := make([]forkResult, q.Count)
-	for i := range out {
-		b.mu.Lock()
-		meta, env, template := b.metadata, b.env, b.template
-		b.mu.Unlock()
-		nb, err := s.createBox(ctx, res.Node.ID, meta, env)
+	fr, err := s.m.Fork(ctx, res.Node.ID, state.ForkOptions{Count: q.Count, CreateOptions: state.CreateOptions{Workdir: DefaultHome}})
+	if err != nil {
+		apiErr(w, err)
+		return
+	}
+	b.mu.Lock()
+	meta, env, template := b.metadata, b.env, b.template
+	b.mu.Unlock()
+	out := make([]forkResult, len(fr.Branches))
+	for i, br := range fr.Branches {
+		nb, err := s.box(br.Sandbox.ID)
 		if err != nil {
 			st, _ := errdefs.HTTPStatus(err)
 			out[i].Error = &apiError{Code: st, Message: err.Error()}
 			continue
 		}
 		nb.mu.Lock()
-		nb.template = template
+		nb.template, nb.metadata, nb.env = template, meta, env
 		nb.mu.Unlock()
 		s.setTimer(nb, timeout)
 		ref := s.ref(r.Context(), nb)

@@ -194,11 +194,16 @@ try {
     })
 
     await step('fork', async () => {
+      // A process left running (detached, as an agent's server would be) comes along.
+      const bg = await sbx.commands.run(`nohup python3 -c 'import time; time.sleep(1000)' >/dev/null 2>&1 & echo $!`)
+      const pid = bg.stdout.trim()
       const [f] = await sbx.fork()
       assert.ok(!(f instanceof Error), `fork failed: ${f}`)
       try {
         assert.equal(await f.files.read('snap.txt'), 'in the snapshot')
         assert.notEqual(f.sandboxId, sbx.sandboxId)
+        const cmd = await f.commands.run(`tr '\\0' ' ' < /proc/${pid}/cmdline`)
+        assert.match(cmd.stdout, /time\.sleep\(1000\)/, `pid ${pid} in the fork: ${cmd.stdout}`)
       } finally {
         await f.kill()
       }
