@@ -30,7 +30,7 @@ func benchAPICmd() *cobra.Command {
 		Long: `Runs tests/e2b/bench.mjs (E2B's npm SDK, as installed by scripts/setup.sh) against the
 daemon's TCP listener (--host, a key from deltabox key create), then the same steps through
 the daemon's own API on its socket: create; exec of true; pause = a checkpoint; resume = a
-restore of it; fork = a checkpoint, a create and a restore into it; kill = remove. Each
+restore of it; fork = a checkpoint and a fork of one branch; kill = remove. Each
 sample is the latency the client sees. Prints the median and 90th percentile per step.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -117,11 +117,12 @@ func benchNative(cx context.Context, c *client.Client, samples int) (map[string]
 				if err != nil {
 					return err
 				}
-				if fork, err = c.Create(cx, apitypes.CreateOptions{}); err != nil {
+				fr, err := c.Fork(cx, res.Node.ID, apitypes.ForkRequest{Count: 1})
+				if err != nil {
 					return err
 				}
-				_, err = c.Restore(cx, fork.ID, res.Node.ID)
-				return err
+				fork = &fr.Branches[0].Sandbox
+				return nil
 			})
 		}
 		if fork != nil {
