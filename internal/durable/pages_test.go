@@ -7,7 +7,10 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
@@ -202,4 +205,66 @@ func TestPageStoreCollect(t *testing.T) {
 	if st, err := s.Collect(glob); err != nil || st.Freed != 0 {
 		t.Fatalf("collect with nothing removed: %+v %v", st, err)
 	}
+}
+
+// TestIngestHashesAtIdlePriority: Ingest hashes an image's pages on a thread at nice 19
+// (as CRIU's background dumps run), not at the daemon's priority, and without the
+// store's lock: Pages, which takes it, answers while the hashing thread still runs.
+func TestIngestHashesAtIdlePriority(t *testing.T) {
+	root := t.TempDir()
+	s, err := OpenPageStore(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 32768 // 128 MiB of distinct pages: a few hundred ms of hashing
+	mem := make([]byte, n*pageSize)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint64(mem[i*pageSize:], uint64(i)+1)
+	}
+	dir := filepath.Join(root, "img")
+	os.Mkdir(dir, 0o700)
+	writeImage(t, dir, 1, mem)
+	mem = nil
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Ingest(dir)
+		done <- err
+	}()
+	for seen := false; !seen; time.Sleep(100 * time.Microsecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("Ingest ended (err %v) with no thread of this process seen at nice 19", err)
+		default:
+		}
+		seen = threadAtNice(t, 19)
+	}
+	s.Pages()
+	if !threadAtNice(t, 19) {
+		t.Fatal("the store's lock was held while the pages were hashed: Pages answered only once the hashing was over")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// threadAtNice reports whether a thread of this process has nice value nice.
+func threadAtNice(t *testing.T, nice int) bool {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", e.Name(), "stat"))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// Field 19 is nice; fields 3 on follow the command's closing parenthesis.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 16 && f[16] == strconv.Itoa(nice) {
+			return true
+		}
+	}
+	return false
 }
