@@ -14,6 +14,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"deltabox/internal/cgroup"
 )
 
 // PageStore keeps the memory pages of CRIU images, each distinct 4 KiB page once, so
@@ -288,12 +290,13 @@ func pagesName(dir string, m *pagemapFile) string {
 // hashPages returns the SHA-256 of each of the want pages of the file name, and the
 // zero hash for a page of zeros (no 4 KiB page hashes to it: that would be a SHA-256
 // preimage). Hashing is nearly all of the page store's CPU (a 63 MB python's image is
-// 57 MB of pages: 14,000 hashes), and it runs beside the agents' operations, in the
-// daemon: at nice 0 it took CPU from their restores on a 2-core machine (the restore's
-// kill and reap phases, which wait on the sandbox's processes, +0.5 ms at p50 in
-// docs/research/ab-6318f36), where CRIU's part of the same image runs at nice 19
-// (Background). So it runs on an OS thread of its own at nice 19 and the idle I/O class
-// too, holding no lock that an operation may wait for; the thread ends with it.
+// 57 MB of pages: 14,000 hashes), and it runs beside the agents' operations: in the
+// daemon, at its priority, it took CPU from their restores on a 2-core machine
+// (docs/research/ab-6318f36). So it runs on an OS thread of its own in the daemon's
+// background CPU group (cgroup.JoinBackground, where nice alone does not reach), at
+// nice 19 and the idle I/O class (where that group cannot be made), holding no lock an
+// operation may wait for; the thread ends with it. Best effort: pages hashed at normal
+// priority are the same pages.
 func hashPages(name string, want int64) ([][hashLen]byte, error) {
 	type result struct {
 		sums [][hashLen]byte
@@ -301,8 +304,10 @@ func hashPages(name string, want int64) ([][hashLen]byte, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread, at nice 19, ends with this goroutine
-		lowerPriority(unix.Gettid())
+		runtime.LockOSThread() // never unlocked: the thread, in the background group, ends with this goroutine
+		tid := unix.Gettid()
+		lowerPriority(tid)
+		cgroup.JoinBackground(tid)
 		sums, err := hashFile(name, want)
 		ch <- result{sums, err}
 	}()
