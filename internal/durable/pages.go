@@ -290,13 +290,14 @@ func pagesName(dir string, m *pagemapFile) string {
 // hashPages returns the SHA-256 of each of the want pages of the file name, and the
 // zero hash for a page of zeros (no 4 KiB page hashes to it: that would be a SHA-256
 // preimage). Hashing is nearly all of the page store's CPU (a 63 MB python's image is
-// 57 MB of pages: 14,000 hashes), and it runs beside the agents' operations: in the
-// daemon, at its priority, it took CPU from their restores on a 2-core machine
-// (docs/research/ab-6318f36). So it runs on an OS thread of its own in the daemon's
-// background CPU group (cgroup.JoinBackground, where nice alone does not reach), at
-// nice 19 and the idle I/O class (where that group cannot be made), holding no lock an
-// operation may wait for; the thread ends with it. Best effort: pages hashed at normal
-// priority are the same pages.
+// 57 MB of pages: 14,000 hashes; during bench latency, a third of the samples of the
+// daemon and its CRIUs), and it runs beside the agents' operations. So it runs on an
+// OS thread of its own in the daemon's background CPU group (cgroup.JoinBackground:
+// in the daemon's own group, nice 19 shielded a restore from a CPU-bound thread no
+// better than nice 0, docs/research/ab-6318f36), at nice 19 and the idle I/O class
+// (where that group cannot be made), holding no lock an operation may wait for (a
+// restore from an image materializes under it); the thread ends with it. Best effort:
+// pages hashed at normal priority are the same pages.
 func hashPages(name string, want int64) ([][hashLen]byte, error) {
 	type result struct {
 		sums [][hashLen]byte
