@@ -581,9 +581,11 @@ func ListV1() []string {
 	return out
 }
 
-// removeV1Roots removes this daemon's (empty) parent directories at shutdown.
+// removeV1Roots removes this daemon's (empty) parent directories at shutdown, and its
+// background group (background.go).
 func removeV1Roots() {
 	for _, c := range v1Controllers {
 		unix.Rmdir(v1Parent(c))
 	}
+	unix.Rmdir(backgroundDir())
 }

@@ -7,10 +7,16 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
+
+	"deltabox/internal/cgroup"
 )
 
 // writeImage writes a pagemap-1.img and pages-<id>.img as CRIU does: one present run
@@ -202,4 +208,89 @@ func TestPageStoreCollect(t *testing.T) {
 	if st, err := s.Collect(glob); err != nil || st.Freed != 0 {
 		t.Fatalf("collect with nothing removed: %+v %v", st, err)
 	}
+}
+
+// TestIngestHashesInBackground: Ingest hashes an image's pages on a thread of its own in
+// the daemon's background CPU group (where the v1 cpu controller is mounted) at nice 19,
+// not at the daemon's priority, and without the store's lock: Pages, which takes it,
+// answers while the hashing thread still runs.
+func TestIngestHashesInBackground(t *testing.T) {
+	root := t.TempDir()
+	cgroup.SetRootFor(root, "/nonexistent") // a background group of this test's own
+	_, err := os.Stat(filepath.Join(cgroup.V1Mount, "cpu", "cpu.shares"))
+	inGroup := err == nil
+	group := "/" + filepath.Base(cgroup.Root) + "-background"
+	t.Cleanup(func() {
+		// Once the hashing thread has ended (it is in the group until then).
+		for i := 0; i < 200 && os.Remove(filepath.Join(cgroup.V1Mount, "cpu", group)) != nil && inGroup; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	s, err := OpenPageStore(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 32768 // 128 MiB of distinct pages: a few hundred ms of hashing
+	mem := make([]byte, n*pageSize)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint64(mem[i*pageSize:], uint64(i)+1)
+	}
+	dir := filepath.Join(root, "img")
+	os.Mkdir(dir, 0o700)
+	writeImage(t, dir, 1, mem)
+	mem = nil
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Ingest(dir)
+		done <- err
+	}()
+	hashing := func() bool { return backgroundThread(t, 19, group, inGroup) }
+	for seen := false; !seen; time.Sleep(100 * time.Microsecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("Ingest ended (err %v) with no thread of this process seen at nice 19 (in cpu group %s: %v)", err, group, inGroup)
+		default:
+		}
+		seen = hashing()
+	}
+	s.Pages()
+	if !hashing() {
+		t.Fatal("the store's lock was held while the pages were hashed: Pages answered only once the hashing was over")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// backgroundThread reports whether a thread of this process has nice value nice and,
+// with inGroup, is in the v1 cpu group group.
+func backgroundThread(t *testing.T, nice int, group string, inGroup bool) bool {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", e.Name(), "stat"))
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// Field 19 is nice; fields 3 on follow the command's closing parenthesis.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) <= 16 || f[16] != strconv.Itoa(nice) {
+			continue
+		}
+		if !inGroup {
+			return true
+		}
+		cg, _ := os.ReadFile(filepath.Join("/proc/self/task", e.Name(), "cgroup"))
+		for _, l := range strings.Split(string(cg), "\n") {
+			// "ID:controllers:path", the v1 cpu hierarchy's controllers naming cpu.
+			if p := strings.SplitN(l, ":", 3); len(p) == 3 && slices.Contains(strings.Split(p[1], ","), "cpu") && p[2] == group {
+				return true
+			}
+		}
+	}
+	return false
 }

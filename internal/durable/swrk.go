@@ -220,8 +220,9 @@ const (
 	ioprioClassShift = 13
 )
 
-// lowerPriority sets pid's nice to 19 and its I/O class to idle; what it forks after
-// inherits both. Best effort: a dump at normal priority is still a dump.
+// lowerPriority sets pid's nice to 19 and its I/O class to idle (a thread id sets that
+// thread's alone: both are per thread); what it forks after inherits both. Best effort:
+// a dump at normal priority is still a dump.
 func lowerPriority(pid int) {
 	_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19) // best effort, as said
 	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(pid), ioprioClassIdle<<ioprioClassShift)
