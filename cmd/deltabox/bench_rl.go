@@ -20,7 +20,8 @@ func benchRLCmd() *cobra.Command {
 in each of B branches and a reset of each to the step's start state, the branches at once.
 Reports the step's wall time and the GPU's busy fraction (policy / wall) for DeltaBox
 (a sandbox and python session per branch, reset by restore), CRIU (a python3 per branch
-on the host, reset by kill and criu restore; process only) and copytree+replay (reset by
+on the host, reset by kill and criu restore; process only), deltabox-fork (each step forks B
+sandboxes from one node, processes included) and copytree+replay (reset by
 copying the workspace back and rebuilding the heap in a fresh python3). Needs root for
 CRIU. Every sandbox, node and host process the bench made is removed at the end.`,
 		Args: cobra.NoArgs,

@@ -27,6 +27,9 @@ import (
 // policy / (policy + environment); the rows say where each system stops keeping it
 // busy. Systems:
 //
+//   - deltabox-fork: each step forks B sandboxes from the step's node (processes
+//     included: a CRIU restore of the node's durable image per branch), acts in each
+//     and removes them: the RL step that starts every rollout from one state.
 //   - deltabox: B sandboxes, each with a python session holding the heap, on its own
 //     node; the action is a session call and a file write, the reset a restore of the
 //     branch's node (the fast path: templates forked back).
@@ -40,6 +43,9 @@ const (
 	SysRLDeltaBox = "deltabox"
 	SysRLCRIU     = "criu"
 	SysRLCopytree = "copytree+replay"
+	// SysRLFork: each step forks B new sandboxes from the step's node (POST
+	// /v1/nodes/ID/fork, processes included), acts in each, and removes them.
+	SysRLFork = "deltabox-fork"
 )
 
 // RLOptions are `bench rl`'s settings.
@@ -65,7 +71,7 @@ type RLOptions struct {
 // DefaultRLOptions are the issue's points (B = 8, 32, 64 at 500 ms of policy).
 func DefaultRLOptions() RLOptions {
 	return RLOptions{Branches: []int{8, 32, 64}, PolicyMS: 500, Steps: 5, HeapMB: 50, WorkspaceMB: 10,
-		Systems: []string{SysRLDeltaBox, SysRLCRIU, SysRLCopytree}, Seed: 1, Image: "default", Python: "python3",
+		Systems: []string{SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree}, Seed: 1, Image: "default", Python: "python3",
 		TmpfsDir: "/dev/shm", HostDir: "/var/tmp"}
 }
 
@@ -80,8 +86,8 @@ func (o RLOptions) Validate() error {
 		}
 	}
 	for _, s := range o.Systems {
-		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree {
-			return fmt.Errorf("system %q: want %s, %s or %s", s, SysRLDeltaBox, SysRLCRIU, SysRLCopytree)
+		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork {
+			return fmt.Errorf("system %q: want %s, %s, %s or %s", s, SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree)
 		}
 	}
 	return nil
@@ -144,7 +150,7 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 		"to the step's start state, the B branches at once. `gpu_busy_frac` = policy time / wall time over %d timed steps (after one untimed); "+
 		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. `criu`: a "+
 		"python3 per branch on the host, dumped once, reset by kill and `criu restore` (process only: files are not reset). "+
-		"`copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
+		"`deltabox-fork`: each step forks B sandboxes from one node (processes included) and acts in each. `copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
 		"heap in a fresh python3. Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
 		o.PolicyMS, o.HeapMB, o.Steps, o.WorkspaceMB, rlBusyTarget*100)
 	if has(o.Systems, SysRLCRIU) {
@@ -178,6 +184,9 @@ func has(list []string, s string) bool {
 // and returns the row.
 func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	op := fmt.Sprintf("rl-%d", b)
+	if sys == SysRLFork {
+		return r.forkPoint(ctx, b)
+	}
 	if sys == SysRLCRIU && !r.criu.Usable() {
 		return UnavailableRows(sys, 0, "CRIU is unusable here: "+r.criu.Reason, op)[0], nil
 	}
@@ -534,4 +543,111 @@ func (r *rlRun) setupCopytree(ctx context.Context, b int) ([]rlBranch, []string,
 		}
 	}
 	return out, []string{"host call (the action)", "kill and wait4, rm -rf WS, cp -a --reflink=auto SNAPSHOT WS, python3 (new) + the heap's build (the replay)"}, nil
+}
+
+// forkPoint: the step's start state is one node; each step forks b sandboxes from it
+// (the node's processes included), runs the action in each, and removes them.
+func (r *rlRun) forkPoint(ctx context.Context, b int) (Row, error) {
+	op := fmt.Sprintf("rl-%d", b)
+	base := "bench-rl-fork-" + randHex(4)
+	if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: base, Image: r.o.Image, Workdir: "/workspace", MemoryMB: int64(r.o.HeapMB)*3 + 256}); err != nil {
+		return Row{}, err
+	}
+	var node string
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r.c.Remove(ctx, base)
+		if node != "" {
+			r.c.RemoveNode(ctx, node)
+		}
+	}()
+	res, err := r.c.Exec(ctx, base, apitypes.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace",
+		strconv.FormatInt(r.o.Seed, 10), strconv.Itoa(r.o.WorkspaceMB), "200", "2"}, TimeoutMS: 300_000})
+	if err != nil {
+		return Row{}, fmt.Errorf("generate the workspace: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return Row{}, fmt.Errorf("generate the workspace: exit %d: %s", res.ExitCode, res.Stderr)
+	}
+	if _, err := r.c.StartSession(ctx, base, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		return Row{}, err
+	}
+	if res, err := r.c.Run(ctx, base, "py", r.o.initCode(), 2*time.Minute); err != nil {
+		return Row{}, fmt.Errorf("build the heap: %w", err)
+	} else if res.ExitCode != 0 {
+		return Row{}, fmt.Errorf("build the heap: exit %d: %s", res.ExitCode, res.Stdout)
+	}
+	ck, err := r.c.Checkpoint(ctx, base, "rl-start")
+	if err != nil {
+		return Row{}, err
+	}
+	node = ck.Node.ID
+	want, err := (&rlSandbox{c: r.c, id: base}).digest(ctx)
+	if err != nil {
+		return Row{}, err
+	}
+	r.logf("%s: forking %d branches a step from %s", SysRLFork, b, node)
+	var steps, envs, forks []float64
+	var policy, wall time.Duration
+	fails, files := 0, 0
+	for i := 0; i <= r.o.Steps; i++ {
+		s0 := time.Now()
+		time.Sleep(time.Duration(r.o.PolicyMS) * time.Millisecond)
+		e0 := time.Now()
+		fr, err := r.c.Fork(ctx, node, apitypes.ForkRequest{Count: b})
+		if err != nil {
+			return Row{}, fmt.Errorf("step %d: fork: %w", i, err)
+		}
+		f1 := time.Now()
+		if i == 0 {
+			// Untimed (the warm-up step): every branch holds the node's process state.
+			for _, br := range fr.Branches {
+				if got, err := (&rlSandbox{c: r.c, id: br.Sandbox.ID}).digest(ctx); err != nil || got != want {
+					fails++
+				}
+			}
+		}
+		errs := make([]error, len(fr.Branches))
+		var wg sync.WaitGroup
+		for j, br := range fr.Branches {
+			if br.Path != "durable" {
+				files++
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[j] = (&rlSandbox{c: r.c, id: br.Sandbox.ID}).act(ctx, i)
+			}()
+		}
+		wg.Wait()
+		end := time.Now()
+		for _, br := range fr.Branches {
+			rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			r.c.Remove(rctx, br.Sandbox.ID)
+			cancel()
+		}
+		for _, err := range errs {
+			if err != nil {
+				return Row{}, fmt.Errorf("step %d: action: %w", i, err)
+			}
+		}
+		if i == 0 {
+			continue
+		}
+		steps = append(steps, ms(end.Sub(s0)))
+		envs = append(envs, ms(end.Sub(e0)))
+		forks = append(forks, ms(f1.Sub(e0)))
+		policy += e0.Sub(s0)
+		wall += end.Sub(s0)
+	}
+	row := Summarize(steps).Row(SysRLFork, op, r.o.WorkspaceMB, "POST /v1/nodes/ID/fork {count: B} (the step's branches)",
+		"POST /v1/sandboxes/ID/sessions/py/run (the action, in each)", "DELETE /v1/sandboxes/ID (each, untimed)")
+	busy := float64(policy) / float64(wall)
+	env := Summarize(envs)
+	row.Info = map[string]any{"gpu_busy_frac": round3(busy), "step_ms": us(Summarize(steps).P50), "env_ms_p50": us(env.P50),
+		"env_ms_p95": us(env.P95), "fork_ms_p50": us(Summarize(forks).P50), "policy_ms": r.o.PolicyMS, "branches": b,
+		"state_checks_failed": fails, "branches_files_only": files}
+	r.logf("%s: B=%d: step p50 %.1f ms, fork p50 %.1f ms, GPU busy %.1f%%", SysRLFork, b, us(Summarize(steps).P50), us(Summarize(forks).P50), busy*100)
+	return row, nil
 }

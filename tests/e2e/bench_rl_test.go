@@ -43,7 +43,7 @@ func TestBenchRLTiny(t *testing.T) {
 			t.Errorf("%s: %v resets did not bring back the step's start state", r.System, n)
 		}
 	}
-	for _, s := range []string{bench.SysRLDeltaBox, bench.SysRLCRIU, bench.SysRLCopytree} {
+	for _, s := range []string{bench.SysRLDeltaBox, bench.SysRLFork, bench.SysRLCRIU, bench.SysRLCopytree} {
 		if !seen[s] {
 			t.Errorf("no row for %s", s)
 		}
