@@ -374,13 +374,8 @@ func (r *rlRun) setupDeltaBox(ctx context.Context, b int) ([]rlBranch, []string,
 			r.c.RemoveNode(ctx, baseNode)
 		}
 	}
-	res, err := r.c.Exec(ctx, base, apitypes.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace",
-		strconv.FormatInt(r.o.Seed, 10), strconv.Itoa(r.o.WorkspaceMB), "200", "2"}, TimeoutMS: 300_000})
-	if err != nil {
-		return nil, nil, cleanup, fmt.Errorf("generate the workspace: %w", err)
-	}
-	if res.ExitCode != 0 {
-		return nil, nil, cleanup, fmt.Errorf("generate the workspace: exit %d: %s", res.ExitCode, res.Stderr)
+	if err := r.genWorkspace(ctx, base); err != nil {
+		return nil, nil, cleanup, err
 	}
 	ck, err := r.c.Checkpoint(ctx, base, "rl-base")
 	if err != nil {
@@ -402,13 +397,8 @@ func (r *rlRun) branchesDeltaBox(ctx context.Context, b int, baseNode string) ([
 		if _, err := r.c.Restore(ctx, s.id, baseNode); err != nil {
 			return out, nil, err
 		}
-		if _, err := r.c.StartSession(ctx, s.id, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		if err := r.startHeap(ctx, s.id); err != nil {
 			return out, nil, err
-		}
-		if res, err := r.c.Run(ctx, s.id, "py", r.o.initCode(), 2*time.Minute); err != nil {
-			return out, nil, fmt.Errorf("build the heap in %s: %w", s.id, err)
-		} else if res.ExitCode != 0 {
-			return out, nil, fmt.Errorf("build the heap in %s: exit %d: %s", s.id, res.ExitCode, res.Stdout)
 		}
 		n, err := r.c.Checkpoint(ctx, s.id, "rl-start")
 		if err != nil {
@@ -562,21 +552,11 @@ func (r *rlRun) forkPoint(ctx context.Context, b int) (Row, error) {
 			r.c.RemoveNode(ctx, node)
 		}
 	}()
-	res, err := r.c.Exec(ctx, base, apitypes.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace",
-		strconv.FormatInt(r.o.Seed, 10), strconv.Itoa(r.o.WorkspaceMB), "200", "2"}, TimeoutMS: 300_000})
-	if err != nil {
-		return Row{}, fmt.Errorf("generate the workspace: %w", err)
-	}
-	if res.ExitCode != 0 {
-		return Row{}, fmt.Errorf("generate the workspace: exit %d: %s", res.ExitCode, res.Stderr)
-	}
-	if _, err := r.c.StartSession(ctx, base, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+	if err := r.genWorkspace(ctx, base); err != nil {
 		return Row{}, err
 	}
-	if res, err := r.c.Run(ctx, base, "py", r.o.initCode(), 2*time.Minute); err != nil {
-		return Row{}, fmt.Errorf("build the heap: %w", err)
-	} else if res.ExitCode != 0 {
-		return Row{}, fmt.Errorf("build the heap: exit %d: %s", res.ExitCode, res.Stdout)
+	if err := r.startHeap(ctx, base); err != nil {
+		return Row{}, err
 	}
 	ck, err := r.c.Checkpoint(ctx, base, "rl-start")
 	if err != nil {
@@ -650,4 +630,32 @@ func (r *rlRun) forkPoint(ctx context.Context, b int) (Row, error) {
 		"state_checks_failed": fails, "branches_files_only": files}
 	r.logf("%s: B=%d: step p50 %.1f ms, fork p50 %.1f ms, GPU busy %.1f%%", SysRLFork, b, us(Summarize(steps).P50), us(Summarize(forks).P50), busy*100)
 	return row, nil
+}
+
+// genWorkspace writes the bench's workspace into sandbox id's /workspace.
+func (r *rlRun) genWorkspace(ctx context.Context, id string) error {
+	res, err := r.c.Exec(ctx, id, apitypes.ExecRequest{Argv: []string{"python3", "-c", genPy, "/workspace",
+		strconv.FormatInt(r.o.Seed, 10), strconv.Itoa(r.o.WorkspaceMB), "200", "2"}, TimeoutMS: 300_000})
+	if err != nil {
+		return fmt.Errorf("generate the workspace in %s: %w", id, err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("generate the workspace in %s: exit %d: %s", id, res.ExitCode, res.Stderr)
+	}
+	return nil
+}
+
+// startHeap starts sandbox id's python session "py" and builds the heap in it.
+func (r *rlRun) startHeap(ctx context.Context, id string) error {
+	if _, err := r.c.StartSession(ctx, id, apitypes.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		return err
+	}
+	res, err := r.c.Run(ctx, id, "py", r.o.initCode(), 2*time.Minute)
+	if err != nil {
+		return fmt.Errorf("build the heap in %s: %w", id, err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("build the heap in %s: exit %d: %s", id, res.ExitCode, res.Stdout)
+	}
+	return nil
 }
