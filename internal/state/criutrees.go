@@ -677,7 +677,16 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 		// Held again by pidfds, and its new host PIDs in tree.json (a daemon that dies
 		// before the resume leaves it stopped: resumeCutCRIUTrees).
 		want := t.Pids
-		if err := t.track(rs.HostPid, initHost); err != nil {
+		track := t.track
+		if ts.private {
+			// A fork's branch: held by pidfds only. The node's tree.json names the
+			// processes of the sandbox that made it; branches restored at once raced on
+			// it (rename of tree.json.tmp: no such file) and would write their own PIDs
+			// into it. A daemon that dies before the resume leaves the branch's tree
+			// stopped.
+			track = t.Hold
+		}
+		if err := track(rs.HostPid, initHost); err != nil {
 			proctree.Kill(rs.HostPid)
 			return fmt.Errorf("restore process %d's tree: %w", want[0], err)
 		}
