@@ -364,7 +364,13 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		apiErr(w, fmt.Errorf(`timeout needs {"timeout": SECONDS}: %w`, errdefs.ErrInvalid))
 		return
 	}
-	d, err := timeoutOrDefault(q.Timeout)
+	s.retime(w, r, q.Timeout)
+}
+
+// retime sets the sandbox's timer to secs (timeoutOrDefault's rules) and answers 204:
+// setTimeout and refresh.
+func (s *Server) retime(w http.ResponseWriter, r *http.Request, secs *int64) {
+	d, err := timeoutOrDefault(secs)
 	if err != nil {
 		apiErr(w, err)
 		return
@@ -386,18 +392,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		apiErr(w, err)
 		return
 	}
-	d, err := timeoutOrDefault(q.Duration)
-	if err != nil {
-		apiErr(w, err)
-		return
-	}
-	b, err := s.box(r.PathValue("id"))
-	if err != nil {
-		apiErr(w, err)
-		return
-	}
-	s.setTimer(b, d)
-	w.WriteHeader(204)
+	s.retime(w, r, q.Duration)
 }
 
 // doPause ends b's E2B commands (an exec cannot span a checkpoint; what they started
