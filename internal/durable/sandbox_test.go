@@ -446,7 +446,7 @@ func TestDumpRestoreTree(t *testing.T) {
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if hp = childWithInnerPid(s.initPid, inner); hp != 0 {
 			if tr = Tree(hp); len(tr) == 3 {
-				if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/tmp/last", hp)); err == nil {
+				if fi, err := os.Stat(fmt.Sprintf("/proc/%d/root/tmp/last", hp)); err == nil && fi.Size() > 0 { // its size fixed: CRIU checks it at the restore
 					break
 				}
 			}
