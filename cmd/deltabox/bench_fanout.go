@@ -7,12 +7,13 @@ import (
 
 	"deltabox/internal/bench"
 	"deltabox/internal/client"
+	"deltabox/internal/store"
 )
 
 func benchFanoutCmd() *cobra.Command {
 	o := bench.DefaultFanoutOptions()
 	var out string
-	var noReplay bool
+	var noReplay, noPodman bool
 	c := &cobra.Command{
 		Use:   "fanout [--json FILE] [--counts 1,8,32,64]",
 		Short: "Measure forks of one node into N live sandboxes (POST /v1/nodes/ID/fork) beside a files-only fork with replay",
@@ -20,10 +21,16 @@ func benchFanoutCmd() *cobra.Command {
 --workspace-mb workspace, checkpoints it and waits for its durable image. Then, for each
 --counts N, forks the node into N sandboxes, timed until every branch's python has
 answered its first call, beside the same fork with files only and the session's code
-replayed in each branch. Branches and the source are removed at the end.`,
+replayed in each branch, and beside podman (where it runs here): a container of the same
+python exported once by podman container checkpoint and restored N times by podman
+container restore --import. Branches, containers and the source are removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Replay = !noReplay
+			o.Podman = !noPodman
+			if o.Root = os.Getenv("DELTABOX_ROOT"); o.Root == "" {
+				o.Root = store.DefaultRoot
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -40,6 +47,7 @@ replayed in each branch. Branches and the source are removed at the end.`,
 	fl.IntVar(&o.WorkspaceMB, "workspace-mb", o.WorkspaceMB, "MiB of files in the workspace")
 	fl.StringVar(&o.Image, "image", o.Image, "image of the bench's sandbox")
 	fl.BoolVar(&noReplay, "no-replay", false, "skip the files+replay baseline")
+	fl.BoolVar(&noPodman, "no-podman", false, "skip the podman checkpoint/restore baseline")
 	fl.StringArrayVar(&o.Notes, "note", nil, "a note to record in the results (repeatable)")
 	return c
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"strings"
 	"time"
 
@@ -28,6 +27,8 @@ type FanoutOptions struct {
 	WorkspaceMB int       `json:"workspace_mb"` // files written into the workspace before the checkpoint
 	Image       string    `json:"image"`
 	Replay      bool      `json:"replay"` // run the files+replay baseline
+	Podman      bool      `json:"podman"` // run the podman checkpoint/restore baseline
+	Root        string    `json:"-"`      // the store, whose images/<image>/rootfs the podman baseline imports
 	Command     string    `json:"-"`
 	Notes       []string  `json:"-"`
 	Log         io.Writer `json:"-"`
@@ -37,7 +38,7 @@ type FanoutOptions struct {
 // of 64 MiB (the issue's 1 GiB with --workspace-mb 1024: the layers are shared, so its
 // size shows only in the checkpoint).
 func DefaultFanoutOptions() FanoutOptions {
-	return FanoutOptions{Counts: []int{1, 8, 32, 64}, HeapMB: 50, WorkspaceMB: 64, Image: "default", Replay: true}
+	return FanoutOptions{Counts: []int{1, 8, 32, 64}, HeapMB: 50, WorkspaceMB: 64, Image: "default", Replay: true, Podman: true}
 }
 
 // Validate checks the options.
@@ -79,8 +80,10 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		"workspace, checkpointed once (its durable image waited for). `%s`: `POST /v1/nodes/ID/fork {\"count\": N}`, until every "+
 		"branch's python has answered `len(heap)` (total_ms in info); p50/p95 are each branch's own time in the daemon (its create "+
 		"and its restore, `duration_ms` of the branch); `mem_added_mb` the mean memory cgroup charge of a branch after its answer. "+
-		"`%s`: the same fork with `processes: never`, then the session's code run again in each branch.",
-		o.HeapMB, o.WorkspaceMB, SysFanoutDeltabox, SysFanoutReplay)
+		"`%s`: the same fork with `processes: never`, then the session's code run again in each branch. "+
+		"`%s`: a container of the same image running the same heap, `podman container checkpoint --export` once (checkpoint_ms), "+
+		"then N `podman container restore --import` one per CPU at once, each timed until its python is seen running with its heap.",
+		o.HeapMB, o.WorkspaceMB, SysFanoutDeltabox, SysFanoutReplay, SysFanoutPodman)
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, "[%7.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
@@ -136,9 +139,16 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		return f, err
 	}
 	want := fmt.Sprintf("%d\n", o.HeapMB)
-	podman := "podman is not installed here"
-	if _, err := exec.LookPath("podman"); err == nil {
-		podman = "not run by this bench yet (podman is installed)"
+	podman := "not asked for (--no-podman)"
+	var pf *podmanFanout
+	if o.Podman {
+		logf("podman: a container of the same python, checkpointed with --export")
+		if pf, podman, err = startPodmanFanout(ctx, o.Root, o.Image, o.HeapMB, o.WorkspaceMB, logf); err != nil {
+			return f, err
+		}
+		if pf != nil {
+			defer func() { err = errors.Join(err, pf.close(context.WithoutCancel(ctx))) }()
+		}
 	}
 	for _, n := range o.Counts {
 		op := fmt.Sprintf("fork-%d", n)
@@ -206,7 +216,20 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		}
 		f.Results = append(f.Results,
 			UnavailableRows(SysFanoutCRIU, o.WorkspaceMB, "the deltabox row is this: each branch is a CRIU restore of the node's durable image into a fresh sandbox (the fast path it would be set against is not built)", op)...)
-		f.Results = append(f.Results, UnavailableRows(SysFanoutPodman, o.WorkspaceMB, podman, op)...)
+		if pf == nil {
+			f.Results = append(f.Results, UnavailableRows(SysFanoutPodman, o.WorkspaceMB, podman, op)...)
+			continue
+		}
+		logf("%s: podman", op)
+		per, total, err = pf.fork(ctx, n)
+		if err != nil {
+			return f, err
+		}
+		row = Summarize(per).Row(SysFanoutPodman, op, o.WorkspaceMB, "podman container checkpoint --export FILE (once)",
+			"podman container restore --import FILE --name NEW, one per CPU at once, until its python is seen running with its heap")
+		row.Info = map[string]any{"total_ms": total, "checkpoint_ms": pf.CheckpointMS, "archive_mb": pf.ArchiveMB}
+		f.Results = append(f.Results, row)
+		logf("%s: podman %.0f ms until every container's python ran", op, total)
 	}
 	return f, nil
 }

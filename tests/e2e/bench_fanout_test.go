@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -11,10 +13,15 @@ import (
 )
 
 // TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings: each fork has its
-// deltabox row (every branch carried its python by the durable path) and its
-// files+replay row with samples, the systems that cannot run are marked so with the
-// reason, and the bench removed what it made.
+// deltabox row (every branch carried its python by the durable path), its files+replay
+// row and, where podman is installed (scripts/setup.sh installs it), its podman row
+// with samples; the systems that cannot run are marked so with the reason, and the
+// bench removed what it made, podman's containers too.
 func TestBenchFanoutTiny(t *testing.T) {
+	podman, _ := exec.LookPath("podman")
+	if podman == "" && os.Getenv("CI") == "true" {
+		t.Fatal("podman is not installed: scripts/setup.sh installs it for the benches' baselines")
+	}
 	d := testutil.StartDaemon(t)
 	out := filepath.Join(t.TempDir(), "fanout.json")
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "fanout", "--counts", "1,2",
@@ -50,11 +57,28 @@ func TestBenchFanoutTiny(t *testing.T) {
 		if p, _ := got[bench.SysFanoutDeltabox+" "+op].Info["paths"].(map[string]any); p["durable"] != float64(len(want[n])) {
 			t.Errorf("%s: paths %v, want every branch durable", op, p)
 		}
-		for _, sys := range []string{bench.SysFanoutCRIU, bench.SysFanoutPodman} {
-			if r := got[sys+" "+op]; r.Unavailable() == "" {
-				t.Errorf("row %s %s: not marked unavailable with its reason", sys, op)
+		if r := got[bench.SysFanoutCRIU+" "+op]; r.Unavailable() == "" {
+			t.Errorf("row %s %s: not marked unavailable with its reason", bench.SysFanoutCRIU, op)
+		}
+		r := got[bench.SysFanoutPodman+" "+op]
+		if podman == "" {
+			if r.Unavailable() == "" {
+				t.Errorf("row podman %s: podman is not installed, yet the row is not marked unavailable", op)
 			}
+			continue
+		}
+		if total, _ := r.Info["total_ms"].(float64); r.N != len(want[n]) || r.P50 <= 0 || total <= 0 {
+			t.Errorf("row podman %s: n %d (want %d), p50 %v, info %v, unavailable %q", op, r.N, len(want[n]), r.P50, r.Info, r.Unavailable())
 		}
 	}
 	benchLeftovers(t, d, "fanout")
+	if podman != "" {
+		out, err := testutil.Command(t, time.Minute, podman, "--cgroup-manager=cgroupfs", "--events-backend=file", "ps", "-a", "--format", "{{.Names}}").Output()
+		if err != nil {
+			t.Fatalf("podman ps: %v", err)
+		}
+		if bytes.Contains(out, []byte("deltabox-bench-fanout-")) {
+			t.Errorf("the bench left podman containers:\n%s", out)
+		}
+	}
 }

@@ -1,0 +1,210 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"deltabox/internal/criu"
+	"deltabox/internal/deadline"
+)
+
+// podmanFanout is bench fanout's podman baseline: what a user of containers does to
+// fan one live process out into N. A container of the bench's image runs the same
+// python heap; `podman container checkpoint --export` writes it (process and the
+// container's changed files) to one archive; a fork of N is N `podman container
+// restore --import` of that archive under new names, run one per CPU at once as
+// DeltaBox makes its branches, each timed until its python is seen running again with
+// its heap. podman runs CRIU through runc, which looks for `criu` on PATH: the
+// project's CRIU (criu.DefaultPath) is put first on it, as Debian's fails on this
+// kernel. podman's --import needs an image (a container run from --rootfs cannot be
+// restored: "repository name must have at least one component"), so the image's
+// rootfs is imported once as localhost/deltabox-bench:IMAGE and kept.
+type podmanFanout struct {
+	bin     string
+	env     []string
+	dir     string // the archive's directory, removed by close
+	archive string
+	heapMB  int
+	n       int // names made so far (containers are named NAME-k)
+	name    string
+	// CheckpointMS is the export's duration, ArchiveMB its size.
+	CheckpointMS, ArchiveMB float64
+}
+
+// podmanFanoutScript is the container's python: it holds the heap and rewrites
+// /tmp/alive every 10 ms with the heap's length, its bytes and the time, so that a
+// restored copy shows it runs (a time after its restore) with its heap whole.
+const podmanFanoutScript = `
+import os, random, time
+heap = [random.randbytes(1 << 20) for _ in range(%d)]
+while True:
+    with open("/tmp/alive.tmp", "w") as f:
+        f.write("%%d %%d %%f" %% (len(heap), sum(len(h) for h in heap), time.time()))
+    os.rename("/tmp/alive.tmp", "/tmp/alive")
+    time.sleep(0.01)
+`
+
+// startPodmanFanout starts and exports the baseline's container, or says why it
+// cannot run here (why != "", nil error), or fails (err).
+func startPodmanFanout(ctx context.Context, root, image string, heapMB, workspaceMB int, logf func(string, ...any)) (_ *podmanFanout, why string, err error) {
+	bin, lerr := exec.LookPath("podman")
+	if lerr != nil {
+		return nil, "podman is not installed (apt-get install podman)", nil
+	}
+	if _, serr := os.Stat(criu.DefaultPath); serr != nil {
+		return nil, fmt.Sprintf("no CRIU at %s for podman's checkpoint (scripts/setup.sh builds it)", criu.DefaultPath), nil
+	}
+	rootfs := filepath.Join(root, "images", image, "rootfs")
+	if _, serr := os.Stat(rootfs); serr != nil {
+		return nil, fmt.Sprintf("no rootfs of image %s to import into podman: %v", image, serr), nil
+	}
+	p := &podmanFanout{bin: bin, heapMB: heapMB, name: "deltabox-bench-fanout-" + randHex(3),
+		env: append(os.Environ(), "PATH="+filepath.Dir(criu.DefaultPath)+":"+os.Getenv("PATH"))}
+	if p.dir, err = os.MkdirTemp("", "deltabox-bench-podman-"); err != nil {
+		return nil, "", err
+	}
+	defer func() {
+		if err != nil || why != "" {
+			err = errors.Join(err, p.close(context.WithoutCancel(ctx)))
+		}
+	}()
+	tag := "localhost/deltabox-bench:" + image
+	if p.run(ctx, time.Minute, "image", "exists", tag) != nil {
+		logf("podman: importing %s's rootfs as %s (once)", image, tag)
+		imp := deadline.Command(ctx, 10*time.Minute, "sh", "-c", `tar -C "$1" -c . | "$2" "$@"`, "sh", rootfs, bin)
+		imp.Args = append(imp.Args, podmanArgs("import", "-", tag)...)
+		imp.Env = p.env
+		if out, ierr := imp.CombinedOutput(); ierr != nil {
+			return p, fmt.Sprintf("podman import of the image failed here: %v: %s", ierr, firstLine(string(out))), nil
+		}
+	}
+	src := p.name + "-src"
+	if out, rerr := p.output(ctx, 2*time.Minute, "run", "-d", "--name", src, "--network=none",
+		"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", tag,
+		"python3", "-c", fmt.Sprintf(podmanFanoutScript, heapMB)); rerr != nil {
+		return p, fmt.Sprintf("podman run failed here: %v: %s", rerr, firstLine(out)), nil
+	}
+	if workspaceMB > 0 {
+		script := fmt.Sprintf("mkdir -p /workspace/ws && for i in $(seq %d); do head -c 4M /dev/urandom > /workspace/ws/f$i; done", (workspaceMB+3)/4)
+		if out, werr := p.output(ctx, 10*time.Minute, "exec", src, "sh", "-c", script); werr != nil {
+			return p, "", fmt.Errorf("podman: write the workspace: %v: %s", werr, firstLine(out))
+		}
+	}
+	if err := p.alive(ctx, src, time.Time{}); err != nil {
+		return p, "", err
+	}
+	p.archive = filepath.Join(p.dir, "checkpoint.tar")
+	t0 := time.Now()
+	if out, cerr := p.output(ctx, 5*time.Minute, "container", "checkpoint", "--export", p.archive, src); cerr != nil {
+		return p, fmt.Sprintf("podman container checkpoint failed here: %v: %s", cerr, firstLine(out)), nil
+	}
+	p.CheckpointMS = ms(time.Since(t0))
+	if st, serr := os.Stat(p.archive); serr == nil {
+		p.ArchiveMB = float64(st.Size()) / (1 << 20)
+	}
+	if out, rerr := p.output(ctx, time.Minute, "rm", "-f", "-t", "0", src); rerr != nil {
+		return p, "", fmt.Errorf("podman rm %s: %v: %s", src, rerr, firstLine(out))
+	}
+	logf("podman: checkpoint exported in %.0f ms (%.0f MiB)", p.CheckpointMS, p.ArchiveMB)
+	return p, "", nil
+}
+
+// fork restores n containers from the archive, one per CPU at once, and returns each
+// one's time from its restore's start until its python was seen running with its heap,
+// and the time until all were; the containers are removed before it returns.
+func (p *podmanFanout) fork(ctx context.Context, n int) (per []float64, total float64, err error) {
+	names := make([]string, n)
+	for i := range names {
+		p.n++
+		names[i] = p.name + "-" + strconv.Itoa(p.n)
+	}
+	per = make([]float64, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, runtime.NumCPU())
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			tb := time.Now()
+			if out, rerr := p.output(ctx, 5*time.Minute, "container", "restore", "--import", p.archive, "--name", names[i]); rerr != nil {
+				errs[i] = fmt.Errorf("podman container restore %s: %v: %s", names[i], rerr, firstLine(out))
+				return
+			}
+			if errs[i] = p.alive(ctx, names[i], tb); errs[i] == nil {
+				per[i] = ms(time.Since(tb))
+			}
+		}()
+	}
+	wg.Wait()
+	total = ms(time.Since(t0))
+	err = errors.Join(errs...)
+	for _, name := range names {
+		if out, rerr := p.output(context.WithoutCancel(ctx), time.Minute, "rm", "-f", "-t", "0", name); rerr != nil &&
+			!strings.Contains(out, "no such container") {
+			err = errors.Join(err, fmt.Errorf("podman rm %s: %v: %s", name, rerr, firstLine(out)))
+		}
+	}
+	return per, total, err
+}
+
+// alive waits (at most a minute) until container name's /tmp/alive was written after
+// since with the whole heap.
+func (p *podmanFanout) alive(ctx context.Context, name string, since time.Time) error {
+	want := fmt.Sprintf("%d %d ", p.heapMB, p.heapMB<<20)
+	end := time.Now().Add(time.Minute)
+	var last string
+	for time.Now().Before(end) {
+		out, err := p.output(ctx, 30*time.Second, "exec", name, "cat", "/tmp/alive")
+		last = strings.TrimSpace(out)
+		if err == nil && strings.HasPrefix(last, want) {
+			if f := strings.Fields(last); len(f) == 3 {
+				if t, perr := strconv.ParseFloat(f[2], 64); perr == nil && t >= float64(since.UnixNano())/1e9 {
+					return nil
+				}
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return fmt.Errorf("podman: container %s's python was not seen running with its %d MiB heap within a minute (last /tmp/alive: %q)", name, p.heapMB, last)
+}
+
+func (p *podmanFanout) run(ctx context.Context, d time.Duration, args ...string) error {
+	_, err := p.output(ctx, d, args...)
+	return err
+}
+
+func (p *podmanFanout) output(ctx context.Context, d time.Duration, args ...string) (string, error) {
+	cmd := deadline.Command(ctx, d, p.bin, podmanArgs(args...)...)
+	cmd.Env = p.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// close removes the archive and any container of this run left behind.
+func (p *podmanFanout) close(ctx context.Context) error {
+	var err error
+	if out, lerr := p.output(ctx, time.Minute, "ps", "-a", "--format", "{{.Names}}", "--filter", "name="+p.name); lerr == nil {
+		for _, name := range strings.Fields(out) {
+			if out, rerr := p.output(ctx, time.Minute, "rm", "-f", "-t", "0", name); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("podman rm %s: %v: %s", name, rerr, firstLine(out)))
+			}
+		}
+	}
+	return errors.Join(err, os.RemoveAll(p.dir))
+}
