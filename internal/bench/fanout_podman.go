@@ -23,14 +23,9 @@ import (
 // container's changed files) to one archive; a fork of N is N `podman container
 // restore --import` of that archive under new names, run one per CPU at once as
 // DeltaBox makes its branches, each timed until its python is seen running again with
-// its heap. podman runs CRIU through runc, which looks for `criu` on PATH: the
-// project's CRIU (criu.DefaultPath) is put first on it, as Debian's fails on this
-// kernel. podman's --import needs an image (a container run from --rootfs cannot be
-// restored: "repository name must have at least one component"), so the image's
-// rootfs is imported once as localhost/deltabox-bench:IMAGE and kept.
+// its heap.
 type podmanFanout struct {
-	bin     string
-	env     []string
+	podmanCLI
 	dir     string // the archive's directory, removed by close
 	archive string
 	heapMB  int
@@ -53,22 +48,86 @@ while True:
     time.sleep(0.01)
 `
 
+// podmanCLI runs podman with the benches' global options (podmanGlobal) and the
+// project's CRIU first on PATH: runc looks for `criu` there, and Debian's fails on this
+// kernel.
+type podmanCLI struct {
+	bin string
+	env []string
+}
+
+// newPodmanCLI finds podman and the project's CRIU, or says why the baseline cannot
+// run here.
+func newPodmanCLI() (podmanCLI, string) {
+	bin, err := exec.LookPath("podman")
+	if err != nil {
+		return podmanCLI{}, "podman is not installed (apt-get install podman)"
+	}
+	if _, err := os.Stat(criu.DefaultPath); err != nil {
+		return podmanCLI{}, fmt.Sprintf("no CRIU at %s for podman's checkpoint (scripts/setup.sh builds it)", criu.DefaultPath)
+	}
+	return podmanCLI{bin: bin, env: append(os.Environ(), "PATH="+filepath.Dir(criu.DefaultPath)+":"+os.Getenv("PATH"))}, ""
+}
+
+func (p podmanCLI) run(ctx context.Context, d time.Duration, args ...string) error {
+	_, err := p.output(ctx, d, args...)
+	return err
+}
+
+func (p podmanCLI) output(ctx context.Context, d time.Duration, args ...string) (string, error) {
+	cmd := deadline.Command(ctx, d, p.bin, podmanArgs(args...)...)
+	cmd.Env = p.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// image imports the store's image's rootfs as localhost/deltabox-bench:IMAGE, once
+// (kept for later runs), and returns its tag, or why it cannot. podman's restore
+// --import needs an image: a container run from --rootfs cannot be restored
+// ("repository name must have at least one component").
+func (p podmanCLI) image(ctx context.Context, root, image string, logf func(string, ...any)) (tag, why string) {
+	rootfs := filepath.Join(root, "images", image, "rootfs")
+	if _, err := os.Stat(rootfs); err != nil {
+		return "", fmt.Sprintf("no rootfs of image %s to import into podman: %v", image, err)
+	}
+	tag = "localhost/deltabox-bench:" + image
+	if p.run(ctx, time.Minute, "image", "exists", tag) == nil {
+		return tag, ""
+	}
+	logf("podman: importing %s's rootfs as %s (once)", image, tag)
+	imp := deadline.Command(ctx, 10*time.Minute, "sh", "-c", `tar -C "$1" -c . | "$2" "$@"`, "sh", rootfs, p.bin)
+	imp.Args = append(imp.Args, podmanArgs("import", "-", tag)...)
+	imp.Env = p.env
+	if out, err := imp.CombinedOutput(); err != nil {
+		return "", fmt.Sprintf("podman import of the image failed here: %v: %s", err, firstLine(string(out)))
+	}
+	return tag, ""
+}
+
+// removeNamed removes every container whose name starts with prefix.
+func (p podmanCLI) removeNamed(ctx context.Context, prefix string) error {
+	out, err := p.output(ctx, time.Minute, "ps", "-a", "--format", "{{.Names}}", "--filter", "name="+prefix)
+	if err != nil {
+		return fmt.Errorf("podman ps: %v: %s", err, firstLine(out))
+	}
+	for _, name := range strings.Fields(out) {
+		if strings.HasPrefix(name, prefix) {
+			if out, rerr := p.output(ctx, time.Minute, "rm", "-f", "-t", "0", name); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("podman rm %s: %v: %s", name, rerr, firstLine(out)))
+			}
+		}
+	}
+	return err
+}
+
 // startPodmanFanout starts and exports the baseline's container, or says why it
 // cannot run here (why != "", nil error), or fails (err).
 func startPodmanFanout(ctx context.Context, root, image string, heapMB, workspaceMB int, logf func(string, ...any)) (_ *podmanFanout, why string, err error) {
-	bin, lerr := exec.LookPath("podman")
-	if lerr != nil {
-		return nil, "podman is not installed (apt-get install podman)", nil
+	cli, why := newPodmanCLI()
+	if why != "" {
+		return nil, why, nil
 	}
-	if _, serr := os.Stat(criu.DefaultPath); serr != nil {
-		return nil, fmt.Sprintf("no CRIU at %s for podman's checkpoint (scripts/setup.sh builds it)", criu.DefaultPath), nil
-	}
-	rootfs := filepath.Join(root, "images", image, "rootfs")
-	if _, serr := os.Stat(rootfs); serr != nil {
-		return nil, fmt.Sprintf("no rootfs of image %s to import into podman: %v", image, serr), nil
-	}
-	p := &podmanFanout{bin: bin, heapMB: heapMB, name: "deltabox-bench-fanout-" + randHex(3),
-		env: append(os.Environ(), "PATH="+filepath.Dir(criu.DefaultPath)+":"+os.Getenv("PATH"))}
+	p := &podmanFanout{podmanCLI: cli, heapMB: heapMB, name: "deltabox-bench-fanout-" + randHex(3)}
 	if p.dir, err = os.MkdirTemp("", "deltabox-bench-podman-"); err != nil {
 		return nil, "", err
 	}
@@ -77,15 +136,9 @@ func startPodmanFanout(ctx context.Context, root, image string, heapMB, workspac
 			err = errors.Join(err, p.close(context.WithoutCancel(ctx)))
 		}
 	}()
-	tag := "localhost/deltabox-bench:" + image
-	if p.run(ctx, time.Minute, "image", "exists", tag) != nil {
-		logf("podman: importing %s's rootfs as %s (once)", image, tag)
-		imp := deadline.Command(ctx, 10*time.Minute, "sh", "-c", `tar -C "$1" -c . | "$2" "$@"`, "sh", rootfs, bin)
-		imp.Args = append(imp.Args, podmanArgs("import", "-", tag)...)
-		imp.Env = p.env
-		if out, ierr := imp.CombinedOutput(); ierr != nil {
-			return p, fmt.Sprintf("podman import of the image failed here: %v: %s", ierr, firstLine(string(out))), nil
-		}
+	tag, why := p.image(ctx, root, image, logf)
+	if why != "" {
+		return p, why, nil
 	}
 	src := p.name + "-src"
 	if out, rerr := p.output(ctx, 2*time.Minute, "run", "-d", "--name", src, "--network=none",
@@ -184,27 +237,7 @@ func (p *podmanFanout) alive(ctx context.Context, name string, since time.Time) 
 	return fmt.Errorf("podman: container %s's python was not seen running with its %d MiB heap within a minute (last /tmp/alive: %q)", name, p.heapMB, last)
 }
 
-func (p *podmanFanout) run(ctx context.Context, d time.Duration, args ...string) error {
-	_, err := p.output(ctx, d, args...)
-	return err
-}
-
-func (p *podmanFanout) output(ctx context.Context, d time.Duration, args ...string) (string, error) {
-	cmd := deadline.Command(ctx, d, p.bin, podmanArgs(args...)...)
-	cmd.Env = p.env
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
 // close removes the archive and any container of this run left behind.
 func (p *podmanFanout) close(ctx context.Context) error {
-	var err error
-	if out, lerr := p.output(ctx, time.Minute, "ps", "-a", "--format", "{{.Names}}", "--filter", "name="+p.name); lerr == nil {
-		for _, name := range strings.Fields(out) {
-			if out, rerr := p.output(ctx, time.Minute, "rm", "-f", "-t", "0", name); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("podman rm %s: %v: %s", name, rerr, firstLine(out)))
-			}
-		}
-	}
-	return errors.Join(err, os.RemoveAll(p.dir))
+	return errors.Join(p.removeNamed(ctx, p.name), os.RemoveAll(p.dir))
 }
