@@ -8,6 +8,7 @@ import (
 
 	"deltabox/internal/bench"
 	"deltabox/internal/client"
+	"deltabox/internal/store"
 )
 
 func benchRLCmd() *cobra.Command {
@@ -15,14 +16,15 @@ func benchRLCmd() *cobra.Command {
 	var out, branches, systems string
 	c := &cobra.Command{
 		Use:   "rl [--json FILE] [--branches 8,32,64] [--policy-ms 500]",
-		Short: "Measure an RL trainer's loop: how busy a simulated GPU stays while B branches act and reset, beside CRIU and copytree+replay",
+		Short: "Measure an RL trainer's loop: how busy a simulated GPU stays while B branches act and reset, beside CRIU, copytree+replay and podman",
 		Long: `Per step: --policy-ms of simulated generation (a sleep standing for the GPU), then one action
 in each of B branches and a reset of each to the step's start state, the branches at once.
 Reports the step's wall time and the GPU's busy fraction (policy / wall) for DeltaBox
 (a sandbox and python session per branch, reset by restore), CRIU (a python3 per branch
 on the host, reset by kill and criu restore; process only), deltabox-fork (each step forks B
-sandboxes from one node, processes included) and copytree+replay (reset by
-copying the workspace back and rebuilding the heap in a fresh python3). Needs root for
+sandboxes from one node, processes included), copytree+replay (reset by
+copying the workspace back and rebuilding the heap in a fresh python3) and podman (a
+container per branch, reset by podman container restore --import of its checkpoint). Needs root for
 CRIU. Every sandbox, node and host process the bench made is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -45,6 +47,9 @@ CRIU. Every sandbox, node and host process the bench made is removed at the end.
 			}
 			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])
 			o.Log = os.Stderr
+			if o.Root = os.Getenv("DELTABOX_ROOT"); o.Root == "" {
+				o.Root = store.DefaultRoot
+			}
 			f, err := bench.RunRL(ctx(), client.New(socketPath), o)
 			return finishBench(f, err, out, func() string { return bench.FormatTable(f.Results) })
 		},

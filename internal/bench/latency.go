@@ -23,6 +23,7 @@ import (
 	"deltabox/internal/client"
 	"deltabox/internal/criu"
 	"deltabox/internal/deadline"
+	"deltabox/internal/netns"
 	"deltabox/internal/pydriver"
 )
 
@@ -809,6 +810,22 @@ func latPathDelta(a, b apitypes.PathCounts) map[string]int {
 type latHost struct {
 	python, sock, dir string
 	pid               int
+	// netns, when not nil, is the network namespace whose abstract socket sock is (a
+	// container's: bench rl's podman baseline); else the bench's own.
+	netns *os.File
+}
+
+// dial connects to the python's socket.
+func (h *latHost) dial(ctx context.Context) (conn net.Conn, err error) {
+	var d net.Dialer
+	if h.netns == nil {
+		return d.DialContext(ctx, "unix", "@"+h.sock)
+	}
+	err = netns.In(int(h.netns.Fd()), func() (err error) {
+		conn, err = d.DialContext(ctx, "unix", "@"+h.sock)
+		return err
+	})
+	return conn, err
 }
 
 // latCallTimeout bounds a call into the host python, which answers within a second here
@@ -834,7 +851,7 @@ func (h *latHost) start(ctx context.Context) error {
 func (h *latHost) waitListening(ctx context.Context, max time.Duration) error {
 	deadline := time.Now().Add(max)
 	for {
-		conn, err := net.Dial("unix", "@"+h.sock)
+		conn, err := h.dial(ctx)
 		if err == nil {
 			conn.Close() // the driver drops a connection that sends nothing
 			return nil
@@ -848,8 +865,7 @@ func (h *latHost) waitListening(ctx context.Context, max time.Duration) error {
 
 // call runs code in the host python and returns the repr of its last expression.
 func (h *latHost) call(ctx context.Context, code string) (string, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", "@"+h.sock)
+	conn, err := h.dial(ctx)
 	if err != nil {
 		return "", err
 	}

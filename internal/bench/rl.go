@@ -39,6 +39,9 @@ import (
 //   - copytree+replay: B workspaces and python3 processes on the host; the reset copies
 //     the workspace back (cp -a --reflink=auto) and starts a fresh python3 that rebuilds
 //     the heap (the replay).
+//   - podman: B containers of the image with the same python, each exported once by
+//     podman container checkpoint; the reset removes the container and restores the
+//     archive (rl_podman.go). Process and files, as deltabox.
 const (
 	SysRLDeltaBox = "deltabox"
 	SysRLCRIU     = "criu"
@@ -46,6 +49,8 @@ const (
 	// SysRLFork: each step forks B new sandboxes from the step's node (POST
 	// /v1/nodes/ID/fork, processes included), acts in each, and removes them.
 	SysRLFork = "deltabox-fork"
+	// SysRLPodman: a container per branch, reset by podman container restore --import.
+	SysRLPodman = "podman"
 )
 
 // RLOptions are `bench rl`'s settings.
@@ -61,7 +66,8 @@ type RLOptions struct {
 	Python      string   `json:"python"`    // host python3 (baselines)
 	CRIU        string   `json:"criu"`      // criu binary ("": the runner's default)
 	TmpfsDir    string   `json:"tmpfs_dir"` // CRIU images
-	HostDir     string   `json:"host_dir"`  // copytree's workspaces
+	HostDir     string   `json:"host_dir"`  // copytree's workspaces and podman's archives
+	Root        string   `json:"-"`         // the store, whose images/<image>/rootfs podman imports
 
 	Notes   []string  `json:"-"`
 	Command string    `json:"-"`
@@ -71,7 +77,7 @@ type RLOptions struct {
 // DefaultRLOptions are the issue's points (B = 8, 32, 64 at 500 ms of policy).
 func DefaultRLOptions() RLOptions {
 	return RLOptions{Branches: []int{8, 32, 64}, PolicyMS: 500, Steps: 5, HeapMB: 50, WorkspaceMB: 10,
-		Systems: []string{SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree}, Seed: 1, Image: "default", Python: "python3",
+		Systems: []string{SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman}, Seed: 1, Image: "default", Python: "python3",
 		TmpfsDir: "/dev/shm", HostDir: "/var/tmp"}
 }
 
@@ -86,8 +92,8 @@ func (o RLOptions) Validate() error {
 		}
 	}
 	for _, s := range o.Systems {
-		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork {
-			return fmt.Errorf("system %q: want %s, %s, %s or %s", s, SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree)
+		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork && s != SysRLPodman {
+			return fmt.Errorf("system %q: want %s, %s, %s, %s or %s", s, SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman)
 		}
 	}
 	return nil
@@ -111,6 +117,9 @@ type rlRun struct {
 	f     *File
 	start time.Time
 	criu  *criu.Runner
+	// podman's CLI and the image's tag in it, or why it cannot run here.
+	podman               podmanCLI
+	podmanTag, podmanWhy string
 }
 
 func (r *rlRun) logf(format string, a ...any) { progress(r.o.Log, r.start, format, a...) }
@@ -151,12 +160,18 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. `criu`: a "+
 		"python3 per branch on the host, dumped once, reset by kill and `criu restore` (process only: files are not reset). "+
 		"`deltabox-fork`: each step forks B sandboxes from one node (processes included) and acts in each. `copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
-		"heap in a fresh python3. Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
+		"heap in a fresh python3. `podman`: a container per branch with the same python, exported once by `podman container checkpoint`, "+
+		"reset by `podman rm -f` and `podman container restore --import` (process and files). Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
 		o.PolicyMS, o.HeapMB, o.Steps, o.WorkspaceMB, rlBusyTarget*100)
 	if has(o.Systems, SysRLCRIU) {
 		r.criu = criu.Probe(ctx, o.CRIU)
 		f.Machine.CRIU = r.criu
 		f.Notes = append(f.Notes, "criu: "+criuNote(r.criu))
+	}
+	if has(o.Systems, SysRLPodman) {
+		if r.podman, r.podmanWhy = newPodmanCLI(); r.podmanWhy == "" {
+			r.podmanTag, r.podmanWhy = r.podman.image(ctx, o.Root, o.Image, r.logf)
+		}
 	}
 	for _, sys := range o.Systems {
 		for _, b := range o.Branches {
@@ -189,6 +204,9 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	}
 	if sys == SysRLCRIU && !r.criu.Usable() {
 		return UnavailableRows(sys, 0, "CRIU is unusable here: "+r.criu.Reason, op)[0], nil
+	}
+	if sys == SysRLPodman && r.podmanWhy != "" {
+		return UnavailableRows(sys, 0, r.podmanWhy, op)[0], nil
 	}
 	r.logf("%s: setting up %d branches", sys, b)
 	t0 := time.Now()
@@ -314,6 +332,8 @@ func (r *rlRun) setup(ctx context.Context, sys string, b int) (brs []rlBranch, c
 	switch sys {
 	case SysRLDeltaBox:
 		return r.setupDeltaBox(ctx, b)
+	case SysRLPodman:
+		return r.setupPodman(ctx, b)
 	case SysRLCRIU:
 		brs, cmds, err = r.setupCRIU(ctx, b)
 	default:

@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,12 +16,21 @@ import (
 // TestBenchRLTiny runs `deltabox bench rl` with two branches and one timed step: every
 // system has its row with a GPU busy fraction in (0, 1], every reset brought back the
 // step's start state (the untimed check after each step), and the bench removed what it
-// made.
+// made, podman's containers too. podman's row runs where podman is installed
+// (scripts/setup.sh installs it; CI must have it).
 func TestBenchRLTiny(t *testing.T) {
+	systems := []string{bench.SysRLDeltaBox, bench.SysRLFork, bench.SysRLCRIU, bench.SysRLCopytree, bench.SysRLPodman}
+	podman, _ := exec.LookPath("podman")
+	if podman == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("podman is not installed: scripts/setup.sh installs it for the benches' baselines")
+		}
+		systems = systems[:len(systems)-1]
+	}
 	d := testutil.StartDaemon(t)
 	out := filepath.Join(t.TempDir(), "rl.json")
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "rl", "--branches", "2", "--steps", "1",
-		"--heap-mb", "8", "--workspace-mb", "2", "--policy-ms", "50", "--json", out)
+		"--heap-mb", "8", "--workspace-mb", "2", "--policy-ms", "50", "--systems", strings.Join(systems, ","), "--json", out)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if b, err := cmd.Output(); err != nil {
@@ -43,10 +55,19 @@ func TestBenchRLTiny(t *testing.T) {
 			t.Errorf("%s: %v resets did not bring back the step's start state", r.System, n)
 		}
 	}
-	for _, s := range []string{bench.SysRLDeltaBox, bench.SysRLFork, bench.SysRLCRIU, bench.SysRLCopytree} {
+	for _, s := range systems {
 		if !seen[s] {
 			t.Errorf("no row for %s", s)
 		}
 	}
 	benchLeftovers(t, d, "rl")
+	if podman != "" {
+		out, err := testutil.Command(t, time.Minute, podman, "--cgroup-manager=cgroupfs", "--events-backend=file", "ps", "-a", "--format", "{{.Names}}").Output()
+		if err != nil {
+			t.Fatalf("podman ps: %v", err)
+		}
+		if bytes.Contains(out, []byte("deltabox-bench-rl-")) {
+			t.Errorf("the bench left podman containers:\n%s", out)
+		}
+	}
 }
