@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/cgroup"
 	"deltabox/internal/client"
 )
 
@@ -79,7 +81,8 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 	f.Description = fmt.Sprintf("A sandbox with a python session holding a %d MiB heap of 1 MiB random objects and a %d MiB "+
 		"workspace, checkpointed once (its durable image waited for). `%s`: `POST /v1/nodes/ID/fork {\"count\": N}`, until every "+
 		"branch's python has answered `len(heap)` (total_ms in info); p50/p95 are each branch's own time in the daemon (its create "+
-		"and its restore, `duration_ms` of the branch); `mem_added_mb` the mean memory cgroup charge of a branch after its answer. "+
+		"and its restore, `duration_ms` of the branch); `mem_added_mb` the mean memory cgroup charge of a branch after its answer, "+
+		"`pss_added_mb` the mean PSS of its processes (pages shared copy-on-write count for their share; podman: the container's python). "+
 		"`%s`: the same fork with `processes: never`, then the session's code run again in each branch. "+
 		"`%s`: a container of the same image running the same heap, `podman container checkpoint --export` once (checkpoint_ms), "+
 		"then N `podman container restore --import` one per CPU at once, each timed until its python is seen running with its heap.",
@@ -158,7 +161,7 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		if err != nil {
 			return f, err
 		}
-		var per, mem []float64
+		var per, mem, pss []float64
 		paths := map[string]int{}
 		for _, b := range res.Branches {
 			made = append(made, b.Sandbox.ID)
@@ -173,10 +176,13 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 			if in, err := c.Get(ctx, b.Sandbox.ID); err == nil && in.Usage != nil {
 				mem = append(mem, float64(in.Usage.MemoryBytes)/(1<<20))
 			}
+			if pids := cgroupPids(filepath.Join(cgroup.RootFor(o.Root), b.Sandbox.ID)); len(pids) > 0 {
+				pss = append(pss, pssMB(pids))
+			}
 		}
 		row := Summarize(per).Row(SysFanoutDeltabox, op, o.WorkspaceMB, "POST /v1/nodes/ID/fork", "POST /v1/sandboxes/ID/exec (session py) per branch")
 		row.Info = map[string]any{"total_ms": total, "daemon_ms": res.DurationMS, "image_wait_ms": res.ImageWaitMS,
-			"mem_added_mb": Summarize(mem).Mean, "paths": paths, "reason": res.Branches[0].Reason}
+			"mem_added_mb": Summarize(mem).Mean, "pss_added_mb": Summarize(pss).Mean, "paths": paths, "reason": res.Branches[0].Reason}
 		f.Results = append(f.Results, row)
 		logf("%s: deltabox %.0f ms until every branch answered (%v)", op, total, paths)
 		made, err = fanoutRemove(ctx, c, made)
@@ -221,13 +227,13 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 			continue
 		}
 		logf("%s: podman", op)
-		per, total, err = pf.fork(ctx, n)
+		per, total, pssMean, err := pf.fork(ctx, n)
 		if err != nil {
 			return f, err
 		}
 		row = Summarize(per).Row(SysFanoutPodman, op, o.WorkspaceMB, "podman container checkpoint --export FILE (once)",
 			"podman container restore --import FILE --name NEW, one per CPU at once, until its python is seen running with its heap")
-		row.Info = map[string]any{"total_ms": total, "checkpoint_ms": pf.CheckpointMS, "archive_mb": pf.ArchiveMB}
+		row.Info = map[string]any{"total_ms": total, "checkpoint_ms": pf.CheckpointMS, "archive_mb": pf.ArchiveMB, "pss_added_mb": pssMean}
 		f.Results = append(f.Results, row)
 		logf("%s: podman %.0f ms until every container's python ran", op, total)
 	}

@@ -173,8 +173,9 @@ func startPodmanFanout(ctx context.Context, root, image string, heapMB, workspac
 
 // fork restores n containers from the archive, one per CPU at once, and returns each
 // one's time from its restore's start until its python was seen running with its heap,
-// and the time until all were; the containers are removed before it returns.
-func (p *podmanFanout) fork(ctx context.Context, n int) (per []float64, total float64, err error) {
+// the time until all were, and their mean PSS in MiB; the containers are removed
+// before it returns.
+func (p *podmanFanout) fork(ctx context.Context, n int) (per []float64, total, pss float64, err error) {
 	names := make([]string, n)
 	for i := range names {
 		p.n++
@@ -204,13 +205,22 @@ func (p *podmanFanout) fork(ctx context.Context, n int) (per []float64, total fl
 	wg.Wait()
 	total = ms(time.Since(t0))
 	err = errors.Join(errs...)
+	if err == nil {
+		var pids []int
+		for _, name := range names {
+			if pid := p.containerPid(ctx, name); pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+		pss = pssMB(pids) / float64(n)
+	}
 	for _, name := range names {
 		if out, rerr := p.output(context.WithoutCancel(ctx), time.Minute, "rm", "-f", "-t", "0", name); rerr != nil &&
 			!strings.Contains(out, "no such container") {
 			err = errors.Join(err, fmt.Errorf("podman rm %s: %v: %s", name, rerr, firstLine(out)))
 		}
 	}
-	return per, total, err
+	return per, total, pss, err
 }
 
 // alive waits (at most a minute) until container name's /tmp/alive was written after
@@ -240,4 +250,49 @@ func (p *podmanFanout) alive(ctx context.Context, name string, since time.Time) 
 // close removes the archive and any container of this run left behind.
 func (p *podmanFanout) close(ctx context.Context) error {
 	return errors.Join(p.removeNamed(ctx, p.name), os.RemoveAll(p.dir))
+}
+
+// pssMB is the proportional set size (MiB) of the processes pids: each shared page
+// counts for its share only (smaps_rollup's Pss), so a branch whose pages are shared
+// copy-on-write with its siblings shows what it adds. Processes gone meanwhile count 0.
+func pssMB(pids []int) float64 {
+	var kb int64
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
+				v, _ := strconv.ParseInt(f[1], 10, 64)
+				kb += v
+			}
+		}
+	}
+	return float64(kb) / 1024
+}
+
+// cgroupPids lists the processes of cgroup v2 directory dir (nil if it cannot be read).
+func cgroupPids(dir string) []int {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// containerPid is the host PID of a running container's first process (0 if unknown).
+func (p podmanCLI) containerPid(ctx context.Context, name string) int {
+	out, err := p.output(ctx, time.Minute, "inspect", "--format", "{{.State.Pid}}", name)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(out))
+	return pid
 }

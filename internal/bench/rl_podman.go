@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -43,13 +42,9 @@ func (b *rlPodman) reset(ctx context.Context) error {
 // attach opens the network namespace of the container's python (its PID changes at
 // each restore).
 func (b *rlPodman) attach(ctx context.Context) error {
-	out, err := b.cli.output(ctx, time.Minute, "inspect", "--format", "{{.State.Pid}}", b.name)
-	if err != nil {
-		return fmt.Errorf("podman inspect %s: %v: %s", b.name, err, firstLine(out))
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(out))
-	if err != nil || pid <= 0 {
-		return fmt.Errorf("podman inspect %s: no PID in %q", b.name, out)
+	pid := b.cli.containerPid(ctx, b.name)
+	if pid <= 0 {
+		return fmt.Errorf("podman inspect %s: no PID of a running container", b.name)
 	}
 	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {

@@ -26,6 +26,7 @@ func TestBenchFanoutTiny(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "fanout.json")
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "fanout", "--counts", "1,2",
 		"--heap-mb", "4", "--workspace-mb", "4", "--json", out)
+	cmd.Env = append(os.Environ(), "DELTABOX_ROOT="+d.Root) // where the bench finds the branches' cgroups
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if b, err := cmd.Output(); err != nil {
@@ -54,6 +55,9 @@ func TestBenchFanoutTiny(t *testing.T) {
 				t.Errorf("row %s %s: n %d, p50 %v, info %v", sys, op, r.N, r.P50, r.Info)
 			}
 		}
+		if pss, _ := got[bench.SysFanoutDeltabox+" "+op].Info["pss_added_mb"].(float64); pss <= 0 {
+			t.Errorf("%s: deltabox's pss_added_mb %v, want the branches' PSS", op, got[bench.SysFanoutDeltabox+" "+op].Info["pss_added_mb"])
+		}
 		if p, _ := got[bench.SysFanoutDeltabox+" "+op].Info["paths"].(map[string]any); p["durable"] != float64(len(want[n])) {
 			t.Errorf("%s: paths %v, want every branch durable", op, p)
 		}
@@ -67,7 +71,8 @@ func TestBenchFanoutTiny(t *testing.T) {
 			}
 			continue
 		}
-		if total, _ := r.Info["total_ms"].(float64); r.N != len(want[n]) || r.P50 <= 0 || total <= 0 {
+		total, _ := r.Info["total_ms"].(float64)
+		if pss, _ := r.Info["pss_added_mb"].(float64); r.N != len(want[n]) || r.P50 <= 0 || total <= 0 || pss <= 0 {
 			t.Errorf("row podman %s: n %d (want %d), p50 %v, info %v, unavailable %q", op, r.N, len(want[n]), r.P50, r.Info, r.Unavailable())
 		}
 	}
