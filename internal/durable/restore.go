@@ -228,7 +228,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 			lazy.Kill()
 		}
 		if resp != nil && resp.GetCrErrno() == int32(unix.EEXIST) {
-			err = fmt.Errorf("%w (pid %d is taken in the sandbox)", err, takenPid(err.Error(), m.Pid))
+			err = &PidTakenError{Pid: takenPid(err.Error(), m.Pid), Err: err}
 		}
 		return nil, err
 	}
@@ -269,6 +269,20 @@ var cantFork = regexp.MustCompile(`Can't fork for (\d+): File exists`)
 
 // takenPid is the PID that CRIU's failed restore found taken, as its log names it in msg
 // (any task of the tree: a child's, not only the root's), or root if it does not.
+// PidTakenError is a restore that failed because a PID of the image is taken in the
+// sandbox (CRIU's clone3 set_tid: EEXIST). The caller, which knows the sandbox's
+// processes, can say what holds it (proctree.Holders).
+type PidTakenError struct {
+	Pid int // the sandbox PID CRIU could not give back
+	Err error
+}
+
+func (e *PidTakenError) Error() string {
+	return fmt.Sprintf("%v (pid %d is taken in the sandbox)", e.Err, e.Pid)
+}
+
+func (e *PidTakenError) Unwrap() error { return e.Err }
+
 func takenPid(msg string, root int) int {
 	if m := cantFork.FindStringSubmatch(msg); m != nil {
 		if n, err := strconv.Atoi(m[1]); err == nil {

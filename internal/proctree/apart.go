@@ -179,3 +179,65 @@ func ids(h, level int) (sid, pgid int) {
 	}
 	return sid, pgid
 }
+
+// Holders says what holds sandbox PID pid in the PID namespace of the sandbox's init
+// (host PID initHost): a task (process or thread) with that PID, with its command and
+// state, or a process whose session or process group it names. It is read when a
+// restore that must give a process its PID back fails with EEXIST, so that the error
+// names the holder; "no process holds it now" when it was freed meanwhile. Each /proc
+// entry read is racy: the answer describes a moment, for a message.
+func Holders(initHost, pid int) string {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initHost))
+	if err != nil {
+		return "unknown (the sandbox's init is gone)"
+	}
+	level := 0
+	if in, err := procfs.NSpid(initHost); err == nil {
+		level = len(in) - 1
+	}
+	var out []string
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		h, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", h)); err != nil || l != ns {
+			continue // another namespace (a nested one is not looked into)
+		}
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", h))
+		for _, te := range tasks {
+			t, err := strconv.Atoi(te.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", h, t))
+			if err != nil {
+				continue
+			}
+			if nsPid, _ := procfs.ParseNSpid(b); len(nsPid) > level && nsPid[level] == pid {
+				out = append(out, fmt.Sprintf("task %d (host %d) of process %s, state %c", pid, t, describe(h, level), procfs.State(t)))
+			}
+		}
+		sid, pgid := ids(h, level)
+		if sid == pid {
+			out = append(out, "the session of process "+describe(h, level))
+		} else if pgid == pid {
+			out = append(out, "the process group of process "+describe(h, level))
+		}
+	}
+	if len(out) == 0 {
+		return "no process holds it now"
+	}
+	return strings.Join(out, "; ")
+}
+
+// describe names host process h as the sandbox sees it: "PID (comm)".
+func describe(h, level int) string {
+	p := h
+	if in, err := procfs.NSpid(h); err == nil && len(in) > level {
+		p = in[level]
+	}
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", h))
+	return fmt.Sprintf("%d (%s, host %d)", p, strings.TrimSpace(string(comm)), h)
+}

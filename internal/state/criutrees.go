@@ -664,6 +664,9 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 			_ = store.RemoveAll(filepath.Dir(from)) // a private copy: the start-up sweep removes what is left
 		}
 		if err != nil {
+			if pt := (*durable.PidTakenError)(nil); errors.As(err, &pt) {
+				err = fmt.Errorf("%w: held by %s", err, proctree.Holders(initHost, pt.Pid))
+			}
 			if t.exit != nil {
 				s.rt.Unwatch(t.Pids[0])
 				t.exit = nil
