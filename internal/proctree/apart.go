@@ -180,11 +180,14 @@ func ids(h, level int) (sid, pgid int) {
 	return sid, pgid
 }
 
+// NoHolder is Holders's answer when no task, session or group has the PID.
+const NoHolder = "no process holds it now"
+
 // Holders says what holds sandbox PID pid in the PID namespace of the sandbox's init
 // (host PID initHost): a task (process or thread) with that PID, with its command and
 // state, or a process whose session or process group it names. It is read when a
 // restore that must give a process its PID back fails with EEXIST, so that the error
-// names the holder; "no process holds it now" when it was freed meanwhile. Each /proc
+// names the holder; NoHolder when it was freed meanwhile. Each /proc
 // entry read is racy: the answer describes a moment, for a message.
 func Holders(initHost, pid int) string {
 	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initHost))
@@ -227,7 +230,7 @@ func Holders(initHost, pid int) string {
 		}
 	}
 	if len(out) == 0 {
-		return "no process holds it now"
+		return NoHolder
 	}
 	return strings.Join(out, "; ")
 }

@@ -659,7 +659,9 @@ func (m *Manager) restoreCRIUTrees(s *sb, ts *criuTrees, st sandbox.State) (err 
 				return err
 			}
 		}
-		rs, err := durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{LeaveStopped: true})
+		rs, err := m.restoreFreeingPid(initHost, proctree.Holders, func() (*durable.RestoreStats, error) {
+			return durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{LeaveStopped: true})
+		})
 		if ts.private {
 			_ = store.RemoveAll(filepath.Dir(from)) // a private copy: the start-up sweep removes what is left
 		}

@@ -22,6 +22,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
 	"deltabox/internal/procfs"
+	"deltabox/internal/proctree"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
@@ -716,7 +717,9 @@ func (m *Manager) restoreImage(s *sb, node, lazyImage string) (_ []*procTemplate
 		if err == nil {
 			pages = durable.PagesBytes(from)
 			lazy := !private && m.lazyFor(s, pages, lazyImage)
-			rs, err = durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{Lazy: lazy})
+			rs, err = m.restoreFreeingPid(s.rt.InitPid(), proctree.Holders, func() (*durable.RestoreStats, error) {
+				return durable.Restore(context.Background(), m.img.runner, from, sbx, durable.RestoreOptions{Lazy: lazy})
+			})
 			if err != nil && lazy {
 				// Where lazy pages cannot work (no /dev/userfaultfd, a CRIU without
 				// patch 0007), the same restore eagerly, once the PID is free again.
@@ -837,6 +840,37 @@ func waitPidFree(rt *sandbox.Sandbox, pid int, d time.Duration) error {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// restoreFreeingPid runs a CRIU restore (restore), again while it fails on a PID of
+// its image that no process holds once it has failed (durable.PidTakenError, holders
+// answering proctree.NoHolder), up to pidRetries times, 1 ms apart doubling. The PID was
+// being freed: since Linux 6.15 release_task frees a reaped task's PIDs after it drops
+// tasklist_lock ("pid: perform free_pid() calls outside of tasklist_lock"), so the
+// task's /proc entry, which waitPidFree watches, goes first, and on a loaded machine the
+// reaping thread can be preempted between the two for milliseconds; CRIU's clone3
+// set_tid meanwhile fails with EEXIST (TestDiskCheckpointImagesCounted, 1 run in about
+// 15 at load average 14: nothing held the PID a moment after). A PID that something
+// does hold is reported with its holder, and not tried again.
+func (m *Manager) restoreFreeingPid(initHost int, holders func(initHost, pid int) string, restore func() (*durable.RestoreStats, error)) (*durable.RestoreStats, error) {
+	delay := time.Millisecond
+	for attempt := 0; ; attempt++ {
+		rs, err := restore()
+		var pt *durable.PidTakenError
+		if err == nil || !errors.As(err, &pt) {
+			return rs, err
+		}
+		h := holders(initHost, pt.Pid)
+		if h != proctree.NoHolder || attempt == pidRetries {
+			return nil, fmt.Errorf("%w: held by %s (tried %d times)", err, h, attempt+1)
+		}
+		m.log.Info("a CRIU restore met a PID being freed: trying again", "pid", pt.Pid, "attempt", attempt+1, "after", delay)
+		time.Sleep(delay)
+		delay *= 2
+	}
+}
+
+// pidRetries bounds restoreFreeingPid: 10 retries wait about 1 s in all.
+const pidRetries = 10
 
 // durableSandbox opens what durable.Restore needs of rt: its init's namespaces, the
 // state namespace ns to restore onto, its cgroups. closeAll closes the files.
