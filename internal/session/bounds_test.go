@@ -3,6 +3,7 @@ package session
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -160,5 +161,37 @@ func TestCallFloodBounded(t *testing.T) {
 	wantMarker := fmt.Sprintf("[deltabox: output truncated: %d bytes dropped here;", total+1-(1<<20))
 	if out.total != total+1 || !trunc || !strings.Contains(res, wantMarker) {
 		t.Errorf("answer: %d bytes passed, truncated %v, %q", out.total, trunc, res[max(0, len(res)/4-40):len(res)/4+120])
+	}
+}
+
+// TestEndedCallKeepsTheLastOutput: the session's process is reported ended (init's
+// exit message, watch) before its last output has been read from the terminal; the
+// call still answers with that output, read up to the terminal's end. Before, the call
+// answered at the exit report and "echo bye; builtin exit 9" lost "bye" on a loaded
+// machine (TestBashSessionExitEndsTheCallNotTheShell).
+func TestEndedCallKeepsTheLastOutput(t *testing.T) {
+	s, slave := ptySession(t)
+	exit := make(chan unix.WaitStatus, 1)
+	s.watch(exit, 0)
+	s.mu.Lock()
+	s.busy = true
+	s.mu.Unlock()
+	exit <- unix.WaitStatus(9 << 8) // exited with status 9, reported first
+	go func() {
+		// What the process wrote last reaches the terminal after the report.
+		time.Sleep(50 * time.Millisecond)
+		slave.Write([]byte("bye\n"))
+		slave.Close() // the last holder: readLoop reads the rest, then EIO
+	}()
+	out := newOutput(1<<20, nil)
+	_, err := s.await(context.Background(), "ID", 10*time.Second, out)
+	s.endCall()
+	var ended *endedError
+	if !errors.As(err, &ended) || ended.status != 9 {
+		t.Fatalf("await: %v, want the session ended with status 9", err)
+	}
+	out.finish(false) // as Run does for an ended call (addNote)
+	if res, _ := out.result(); res != "bye\n" {
+		t.Fatalf("output %q, want %q", res, "bye\n")
 	}
 }

@@ -119,6 +119,8 @@ type Session struct {
 	// +checklocks:mu
 	reaped bool // watch reported the end of this generation's process
 	// +checklocks:mu
+	eof bool // readLoop read the terminal to its end (EIO: no process holds it)
+	// +checklocks:mu
 	status *unix.WaitStatus // how it ended (nil: init could not say)
 	// +checklocks:mu
 	busy bool
@@ -289,7 +291,7 @@ func (s *Session) watch(exit <-chan unix.WaitStatus, gen int) {
 func (s *Session) Rebind(pid int, exit <-chan unix.WaitStatus) {
 	s.mu.Lock()
 	s.gen++
-	s.pid, s.dead, s.exit, s.busy, s.reaped, s.status = pid, false, "", false, false, nil
+	s.pid, s.dead, s.exit, s.busy, s.reaped, s.status, s.eof = pid, false, "", false, false, nil, false
 	gen := s.gen
 	slave := s.slave
 	s.slave = nil
@@ -464,8 +466,8 @@ func (s *Session) readLoop() {
 			}
 		}
 		if err != nil {
-			// EIO once every holder of the slave is gone.
-			s.dead = true
+			// EIO once every holder of the slave is gone, after what they wrote.
+			s.dead, s.eof = true, true
 			if s.exit == "" {
 				s.exit = "terminal closed"
 			}
@@ -662,7 +664,7 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 	}
 	stop := make(chan struct{})
 	defer close(stop)
-	expired, gaveUp := false, false
+	expired, gaveUp, drainGaveUp := false, false, false
 	go func() {
 		select {
 		case <-deadline:
@@ -722,6 +724,14 @@ func (s *Session) await(ctx context.Context, id string, timeout time.Duration, o
 			}
 		}
 		if s.dead {
+			if !s.eof && !drainGaveUp {
+				// The exit was reported (watch) before readLoop read what the process
+				// wrote last ("echo bye; exit 9" lost "bye" on a loaded machine):
+				// read the terminal to its end first, at most drainWait (a background
+				// job of the shell may hold it open).
+				s.waitEOF(&drainGaveUp)
+				continue
+			}
 			if !s.reaped && !gaveUp {
 				s.waitReaped(&gaveUp)
 			}
@@ -772,6 +782,26 @@ func (s *Session) waitReaped(gaveUp *bool) {
 		s.cond.Wait()
 	}
 }
+
+// waitEOF waits until readLoop has read the terminal to its end or drainWait went by
+// (then *gaveUp).
+// +checklocks:s.mu
+func (s *Session) waitEOF(gaveUp *bool) {
+	t := time.AfterFunc(drainWait, func() {
+		s.mu.Lock()
+		*gaveUp = true
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer t.Stop()
+	for !s.eof && !*gaveUp {
+		s.cond.Wait()
+	}
+}
+
+// drainWait bounds how long a call whose session's process ended waits for the rest of
+// its output: the terminal closes right after the process when nothing else holds it.
+const drainWait = 500 * time.Millisecond
 
 // heldFlush is how long a held-back trailing newline waits for more output (bash writes
 // the unwind newline and the sentinel back to back).
