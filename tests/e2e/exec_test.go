@@ -102,15 +102,19 @@ func dbxCgroupDir(t *testing.T, initPid int) string {
 	if initPid <= 0 {
 		t.Fatalf("sandbox has no init pid (%d)", initPid)
 	}
-	files, _ := filepath.Glob("/sys/fs/cgroup/unified/deltabox*/*/cgroup.procs")
-	for _, f := range files {
-		for _, p := range dbxReadPids(f) {
-			if p == initPid {
-				return filepath.Dir(f)
-			}
+	// init's own v2 group, from /proc (not a walk of every store's groups: thousands
+	// on a machine that ran the suites for long, seconds to read, and a 1.5 s exec was
+	// over before the walk was: "still 1 processes after 10s").
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", initPid))
+	if err != nil {
+		t.Fatalf("init pid %d: %v", initPid, err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(l, "0::"); ok && strings.HasPrefix(rel, "/deltabox") {
+			return filepath.Join("/sys/fs/cgroup/unified", rel)
 		}
 	}
-	t.Fatalf("no cgroup under /sys/fs/cgroup/unified/deltabox*/ holds init pid %d", initPid)
+	t.Fatalf("init pid %d is in no cgroup under /sys/fs/cgroup/unified/deltabox*: %s", initPid, b)
 	return ""
 }
 
