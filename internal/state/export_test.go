@@ -1,8 +1,11 @@
 package state
 
 import (
+	"errors"
 	"fmt"
 	"time"
+
+	"deltabox/internal/sandbox"
 )
 
 // For the external tests: how many steps the fault injection has (SetFailStep numbers
@@ -77,4 +80,55 @@ func PassAt(m *Manager) time.Time {
 	m.diskMu.Lock()
 	defer m.diskMu.Unlock()
 	return m.passAt
+}
+
+// ForkFastBranches makes n branches of sandbox id's family on node with the fast path's
+// mechanism (forkBranchFast: node's templates in id placed at their PIDs) and lets the
+// copies run. remove removes them all.
+// +checklocksignore: takes opMu for the branches' making
+func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbox, remove func() error, err error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.tmplMu.Lock()
+	defer s.tmplMu.Unlock()
+	tps, err := m.templatesFor(s, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	var made []*fastBranch
+	remove = func() error {
+		var errs []error
+		for _, b := range made {
+			errs = append(errs, b.remove(m))
+		}
+		return errors.Join(errs...)
+	}
+	for i := 0; i < n; i++ {
+		b, err := m.forkBranchFast(s, node, fmt.Sprintf("%s-fast%d", id, i), tps)
+		if err != nil {
+			return nil, nil, withUndo(err, remove())
+		}
+		made = append(made, b)
+		rts = append(rts, b.rt)
+	}
+	for _, b := range made {
+		if err := b.commit(); err != nil {
+			return nil, nil, withUndo(err, remove())
+		}
+	}
+	return rts, remove, nil
+}
+
+// Runtime is sandbox id's runtime.
+// +checklocksignore: tests: rt is set while the sandbox runs
+func Runtime(m *Manager, id string) (*sandbox.Sandbox, error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.rt, nil
 }

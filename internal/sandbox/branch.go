@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/cgroup"
+	"deltabox/internal/fastpath"
+	"deltabox/internal/sbinit"
+)
+
+// StartBranch starts a sandbox whose init is a branch init made by family's init
+// (sbinit.Client.Branch): its PID and user namespaces are children of family's, so the
+// family's templates can be forked into it at their PIDs (PlaceTarget). Otherwise it is
+// a sandbox like one Start makes: its own cgroups and limits, mount, UTS, IPC, network
+// and cgroup namespaces, proc, devpts, states. iso is the family's (the branch runs as
+// the family's host ids: its user namespace maps them one to one).
+func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64) (_ *Sandbox, err error) {
+	if family == nil || family.init == nil {
+		return nil, fmt.Errorf("branch %s: no family init", id)
+	}
+	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.Destroy())
+		}
+	}()
+	if s.cg, err = cgroup.Create(id); err != nil {
+		return nil, err
+	}
+	if s.lim, err = cgroup.CreateV1(id, lim); err != nil {
+		return nil, err
+	}
+	tasks, err := s.lim.OpenTasks()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, f := range tasks {
+			_ = f.Close()
+		}
+	}()
+	if err = os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	log, err := os.OpenFile(filepath.Join(dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = log.Close() }()
+	s.init, err = family.init.Branch(sbinit.BranchOptions{
+		Config:      sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, DiskQuota: diskQuota},
+		Log:         log,
+		CgroupTasks: tasks,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Into the branch's own cgroup2 group before any process of it exists: what its
+	// commands and copies start in (the limits are v1: each spawn joins them).
+	if err = s.cg.Add(s.init.Pid()); err != nil {
+		return nil, fmt.Errorf("the branch init's cgroup: %w", err)
+	}
+	if err = s.openFromInit(iso); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// PlaceTarget opens what fastpath.Revival.ReviveInto needs to place a family template's
+// copy into s: the daemon's fds on s's init's namespaces, a cgroup namespace rooted as
+// its commands' are, and home, the family's PID namespace (family's init's). close
+// releases them.
+func (s *Sandbox) PlaceTarget(family *Sandbox) (_ *fastpath.Target, closeFn func(), err error) {
+	var fds []int
+	closeFn = func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeFn()
+		}
+	}()
+	open := func(pid int, kind string) (int, error) {
+		fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/"+kind, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("open %s namespace of init %d: %w", kind, pid, err)
+		}
+		fds = append(fds, fd)
+		return fd, nil
+	}
+	tg := &fastpath.Target{}
+	pid := s.init.Pid()
+	for _, n := range []struct {
+		dst  *int
+		kind string
+	}{{&tg.PID, "pid"}, {&tg.User, "user"}, {&tg.Net, "net"}, {&tg.IPC, "ipc"}, {&tg.UTS, "uts"}} {
+		if *n.dst, err = open(pid, n.kind); err != nil {
+			return nil, nil, err
+		}
+	}
+	if tg.Home, err = open(family.init.Pid(), "pid"); err != nil {
+		return nil, nil, err
+	}
+	cg, err := s.init.CommandCgroupNS()
+	if err != nil {
+		return nil, nil, err
+	}
+	tg.Cgroup, err = unix.FcntlInt(cg.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	_ = cg.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	fds = append(fds, tg.Cgroup)
+	tg.Place = func(hostPid int) error {
+		if err := s.cg.Add(hostPid); err != nil {
+			return err
+		}
+		return s.lim.Add(hostPid)
+	}
+	return tg, closeFn, nil
+}

@@ -1,0 +1,304 @@
+package state_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/procfs"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// fastCounter is a process outside the sessions whose memory the test checks: a 20 MB
+// heap and a dict made before the checkpoint, and a counter. Every 20 ms it writes
+// "PID HASH N HOSTNAME" to /tmp/fast.out of whatever state it stands on (opened anew
+// each time, so in a branch it lands in the branch's own upper).
+const fastCounter = `cd /; nohup python3 -c '
+import os, time, hashlib, random
+buf = bytearray(random.Random(7).randbytes(20 << 20))
+d = {i: str(i) for i in range(100000)}
+h = hashlib.sha256(bytes(buf) + repr(sorted(d.items())[:1000]).encode()).hexdigest()[:16]
+n = 0
+while True:
+    n += 1
+    with open("/tmp/fast.tmp", "w") as f:
+        f.write("%d %s %d %s\n" % (os.getpid(), h, n, os.uname().nodename))
+    os.rename("/tmp/fast.tmp", "/tmp/fast.out")
+    time.sleep(0.02)
+' </dev/null >/dev/null 2>&1 & echo $!`
+
+// readState reads /tmp/fast.out in rt's current state, confined to it.
+func readState(t *testing.T, rt *sandbox.Sandbox) string {
+	t.Helper()
+	root, err := rt.RootFD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, "tmp/fast.out", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+	if err != nil {
+		return ""
+	}
+	f := os.NewFile(uintptr(fd), "fast.out")
+	defer f.Close()
+	b := make([]byte, 256)
+	n, _ := f.Read(b)
+	return strings.TrimSpace(string(b[:n]))
+}
+
+// waitCount waits until rt's counter line shows pid and hash with a count past after.
+func waitCount(t *testing.T, rt *sandbox.Sandbox, pid, hash string, after int) string {
+	t.Helper()
+	var last string
+	for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(20 * time.Millisecond) {
+		last = readState(t, rt)
+		f := strings.Fields(last)
+		if len(f) == 4 && f[0] == pid && (hash == "" || f[1] == hash) {
+			if n, _ := strconv.Atoi(f[2]); n > after {
+				return last
+			}
+		}
+	}
+	t.Fatalf("sandbox %s: counter %q, want pid %s hash %s past %d", rt.ID, last, pid, hash, after)
+	return ""
+}
+
+// waitHost waits until rt's counter line is written by pid with hash in rt (its
+// hostname).
+func waitHost(t *testing.T, rt *sandbox.Sandbox, pid, hash string) {
+	t.Helper()
+	var last string
+	for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(20 * time.Millisecond) {
+		last = readState(t, rt)
+		if f := strings.Fields(last); len(f) == 4 && f[0] == pid && f[1] == hash && f[3] == rt.Hostname {
+			return
+		}
+	}
+	t.Fatalf("sandbox %s: counter %q, want pid %s hash %s host %s", rt.ID, last, pid, hash, rt.Hostname)
+}
+
+func statusField(t *testing.T, hostPid int, key string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", hostPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", key, hostPid)
+	return ""
+}
+
+// TestForkFastPlacesCopies: the fast path's mechanism (docs/design/fork.md). A process of
+// sandbox src (20 MB heap, a dict) is checkpointed (its template in the family's PID
+// namespace P_S); three branches are made by src's init in sibling namespaces, and the
+// template is forked into each at its checkpoint PID. Each copy: alive at that PID in
+// its branch, whose /proc lists init and it alone; in a PID and user namespace of its
+// own, children of src's; its memory intact (the heap's hash); writing into its branch's
+// own upper, named by its branch's hostname; in its branch's UTS, network and IPC
+// namespaces; with its capabilities, ids and seccomp as they were (a user namespace's
+// setns gives a full set). A command of branch 0 lists only its branch in /proc and its
+// kill -9 -1 spares the others and src; branch 0's init's kill-all ends its copy and
+// nothing else. Removing the branches leaves src running.
+func TestForkFastPlacesCopies(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "ffsrc"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(sh(t, m, id, fastCounter))
+	src := rtOf(t, m, id)
+	first := waitCount(t, src, pid, "", -1)
+	hash := strings.Fields(first)[1]
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.Processes != 1 {
+		t.Fatalf("checkpoint: %v %+v", err, cp)
+	}
+	const n = 3
+	t0 := time.Now()
+	rts, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d branches (branch inits, states, copies placed) in %v", n, time.Since(t0))
+	removed := false
+	defer func() {
+		if !removed {
+			remove()
+		}
+	}()
+	srcInit := src.InitPid()
+	want, _ := strconv.Atoi(pid)
+	srcHost := 0
+	hosts := map[int]bool{}
+	for i, rt := range rts {
+		// The node's own /tmp/fast.out (the source's, at the checkpoint) is there until
+		// the copy writes its own, which names the branch's host.
+		waitHost(t, rt, pid, hash)
+		procs, err := rt.Procs()
+		if err != nil || fmt.Sprint(procs) != fmt.Sprintf("[1 %d]", want) {
+			t.Fatalf("branch %d's /proc lists %v (%v), want [1 %d]", i, procs, err, want)
+		}
+		host, err := fastpath(rt, want)
+		if err != nil {
+			t.Fatalf("branch %d: %v", i, err)
+		}
+		hosts[host] = true
+		ns, err := procfs.NSpid(host)
+		if err != nil || len(ns) != 3 || ns[2] != want {
+			t.Fatalf("branch %d's copy %d: NSpid %v (%v), want 3 levels ending in %d", i, host, ns, err, want)
+		}
+		if a, b := nsOf(t, host, "pid"), nsOf(t, rt.InitPid(), "pid"); a != b {
+			t.Fatalf("branch %d's copy is in PID namespace %s, its init in %s", i, a, b)
+		}
+		for _, k := range []string{"uts", "net", "ipc"} {
+			if a, b := nsOf(t, host, k), nsOf(t, rt.InitPid(), k); a != b {
+				t.Fatalf("branch %d's copy is in %s namespace %s, its init in %s", i, k, a, b)
+			}
+		}
+		if a, b := nsOf(t, host, "user"), nsOf(t, rt.InitPid(), "user"); a != b || a == nsOf(t, srcInit, "user") {
+			t.Fatalf("branch %d's copy is in user namespace %s, its init in %s, the source's %s", i, a, b, nsOf(t, srcInit, "user"))
+		}
+		if srcHost == 0 {
+			for _, p := range mustPids(t, src) {
+				if fastpathInner(p) == want && statusField(t, p, "State")[0] != 'T' {
+					srcHost = p
+				}
+			}
+		}
+		for _, k := range []string{"CapBnd", "CapEff", "CapPrm", "CapInh", "CapAmb", "Uid", "Gid", "Seccomp"} {
+			if a, b := statusField(t, host, k), statusField(t, srcHost, k); a != b {
+				t.Fatalf("branch %d's copy: %s %s, the source's process %s", i, k, a, b)
+			}
+		}
+		// Seen from the host: the same ids as the source's (U_i maps U_S's one to one).
+		a, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", host))
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", srcHost))
+		if len(a) == 0 || string(a) != string(b) {
+			t.Fatalf("branch %d's copy's uid_map %q, the source's %q", i, a, b)
+		}
+	}
+	if len(hosts) != n {
+		t.Fatalf("copies' host PIDs %v: not one per branch", hosts)
+	}
+	// The source goes on, on its own files.
+	c := strings.Fields(readState(t, src))
+	k, _ := strconv.Atoi(c[2])
+	waitCount(t, src, pid, hash, k)
+	if got := strings.Fields(readState(t, src))[3]; got != id {
+		t.Fatalf("the source's counter names %q", got)
+	}
+	// A command of branch 0 sees its own PID namespace (init, the copy, itself) and its
+	// kill -9 -1 reaches nothing outside it (nor the copy: a command's Landlock domain
+	// scopes its signals to what it started).
+	r, err := rts[0].Exec(ctx, sandbox.ExecRequest{Argv: []string{"sh", "-c", "cd /proc; echo [0-9]*; kill -9 -1"}, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Fields(r.Stdout); len(f) != 3 || f[0] != "1" || f[1] != pid {
+		t.Fatalf("a command of branch 0 lists /proc %q, want 1, %s and itself", r.Stdout, pid)
+	}
+	// Branch 0's init's kill-all (kill(-1) from PID 1 of P_0): its copy, nothing else.
+	if _, err := rts[0].KillAll(); err != nil {
+		t.Fatal(err)
+	}
+	gone := false
+	for t0 := time.Now(); time.Since(t0) < 5*time.Second; time.Sleep(20 * time.Millisecond) {
+		if procs, _ := rts[0].Procs(); fmt.Sprint(procs) == "[1]" {
+			gone = true
+			break
+		}
+	}
+	if !gone {
+		procs, _ := rts[0].Procs()
+		t.Fatalf("branch 0's copy survived its init's kill-all: %v", procs)
+	}
+	for _, rt := range rts[1:] {
+		c := strings.Fields(readState(t, rt))
+		k, _ := strconv.Atoi(c[2])
+		waitCount(t, rt, pid, hash, k)
+	}
+	c = strings.Fields(readState(t, src))
+	k, _ = strconv.Atoi(c[2])
+	waitCount(t, src, pid, hash, k)
+	if err := remove(); err != nil {
+		t.Fatalf("remove the branches: %v", err)
+	}
+	removed = true
+	c = strings.Fields(readState(t, src))
+	k, _ = strconv.Atoi(c[2])
+	waitCount(t, src, pid, hash, k)
+}
+
+func rtOf(t *testing.T, m *state.Manager, id string) *sandbox.Sandbox {
+	t.Helper()
+	rt, err := state.Runtime(m, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+func mustPids(t *testing.T, rt *sandbox.Sandbox) []int {
+	t.Helper()
+	p, err := rt.Pids()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// fastpathInner is host's PID in its innermost namespace, or 0.
+func fastpathInner(host int) int {
+	p, err := procfs.InnerPid(host)
+	if err != nil {
+		return 0
+	}
+	return p
+}
+
+// fastpath finds the host PID of rt's process pid (through its cgroup).
+func fastpath(rt *sandbox.Sandbox, pid int) (int, error) {
+	hosts, err := rt.Pids()
+	if err != nil {
+		return 0, err
+	}
+	for _, h := range hosts {
+		if fastpathInner(h) == pid && statusNSDepth(h) == 3 {
+			return h, nil
+		}
+	}
+	return 0, fmt.Errorf("no process %d in %s's cgroup %v", pid, rt.ID, hosts)
+}
+
+func statusNSDepth(host int) int {
+	ns, err := procfs.NSpid(host)
+	if err != nil {
+		return 0
+	}
+	return len(ns)
+}
+
+func nsOf(t *testing.T, host int, kind string) string {
+	t.Helper()
+	l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", host, kind))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
