@@ -302,3 +302,69 @@ func nsOf(t *testing.T, host int, kind string) string {
 	}
 	return l
 }
+
+// TestForkFastFanout measures the fast path's mechanism on the fan-out bench's process:
+// a 50 MB python forked into N branches (8; DELTABOX_FORKFAST_N sets another), until
+// every copy has written its first line in its own branch; and the memory each copy
+// adds (Pss, Private_Dirty after its first write). It checks each copy's PID and heap.
+func TestForkFastFanout(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	n := 8
+	if v := os.Getenv("DELTABOX_FORKFAST_N"); v != "" {
+		n, _ = strconv.Atoi(v)
+	}
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "fffan"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id, MemoryMB: 2048}); err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(sh(t, m, id, strings.Replace(fastCounter, "20 << 20", "50 << 20", 1)))
+	src := rtOf(t, m, id)
+	hash := strings.Fields(waitCount(t, src, pid, "", -1))[1]
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.Processes != 1 {
+		t.Fatalf("checkpoint: %v %+v", err, cp)
+	}
+	state.ForkFastPhases = [3]time.Duration{}
+	t0 := time.Now()
+	rts, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	made := time.Since(t0)
+	ph := state.ForkFastPhases
+	t.Logf("per branch: init %.1f ms, state %.1f ms, copy placed %.1f ms", ms(ph[0], n), ms(ph[1], n), ms(ph[2], n))
+	defer remove()
+	for _, rt := range rts {
+		waitHost(t, rt, pid, hash)
+	}
+	total := time.Since(t0)
+	var pss, dirty int64
+	want, _ := strconv.Atoi(pid)
+	for _, rt := range rts {
+		host, err := fastpath(rt, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", host))
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 2 {
+				v, _ := strconv.ParseInt(f[1], 10, 64)
+				switch f[0] {
+				case "Pss:":
+					pss += v
+				case "Private_Dirty:":
+					dirty += v
+				}
+			}
+		}
+	}
+	t.Logf("FORKFAST n=%d: made (branch inits, states, copies placed) in %v (%.1f ms/branch), every copy written in its branch by %v; per copy Pss %d kB, Private_Dirty %d kB",
+		n, made.Round(time.Millisecond), float64(made.Microseconds())/1000/float64(n), total.Round(time.Millisecond), pss/int64(n), dirty/int64(n))
+}
+
+func ms(d time.Duration, n int) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
