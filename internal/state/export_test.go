@@ -83,19 +83,15 @@ func PassAt(m *Manager) time.Time {
 	return m.passAt
 }
 
-// ForkFastPhases sums, over the branches ForkFastBranches made, the time their inits,
-// states and copies took.
-var ForkFastPhases [3]time.Duration
-
 // ForkFastBranches makes n branches of sandbox id's family on node with the fast path's
 // mechanism (startFastBranch, all at once; then place, node's templates in id placed at
-// their PIDs, one branch after the other) and lets the copies run. remove removes them
-// all.
+// their PIDs, one branch after the other) and lets the copies run. phases sums, over
+// the branches, the time their inits, states and copies took. remove removes them all.
 // +checklocksignore: takes opMu for the branches' making
-func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbox, remove func() error, err error) {
+func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbox, phases [3]time.Duration, remove func() error, err error) {
 	s, err := m.get(id)
 	if err != nil {
-		return nil, nil, err
+		return nil, phases, nil, err
 	}
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -103,11 +99,11 @@ func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbo
 	defer s.tmplMu.Unlock()
 	tps, err := m.templatesFor(s, node)
 	if err != nil {
-		return nil, nil, err
+		return nil, phases, nil, err
 	}
 	iso, floor, err := m.fastFamily(s, tps)
 	if err != nil {
-		return nil, nil, err
+		return nil, phases, nil, err
 	}
 	made := make([]*fastBranch, n)
 	errs := make([]error, n)
@@ -130,23 +126,23 @@ func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbo
 		return errors.Join(errs...)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, nil, withUndo(err, remove())
+		return nil, phases, nil, withUndo(err, remove())
 	}
 	for _, b := range made {
 		if err := m.place(s, b, tps); err != nil {
-			return nil, nil, withUndo(err, remove())
+			return nil, phases, nil, withUndo(err, remove())
 		}
 		rts = append(rts, b.rt)
-		ForkFastPhases[0] += b.init
-		ForkFastPhases[1] += b.state
-		ForkFastPhases[2] += b.place
+		phases[0] += b.init
+		phases[1] += b.state
+		phases[2] += b.place
 	}
 	for _, b := range made {
 		if err := b.commit(); err != nil {
-			return nil, nil, withUndo(err, remove())
+			return nil, phases, nil, withUndo(err, remove())
 		}
 	}
-	return rts, remove, nil
+	return rts, phases, remove, nil
 }
 
 // Runtime is sandbox id's runtime.
