@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -24,7 +25,7 @@ func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, i
 	if family == nil || family.init == nil {
 		return nil, fmt.Errorf("branch %s: no family init", id)
 	}
-	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
+	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None, family: family}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, s.Destroy())
@@ -126,4 +127,67 @@ func (s *Sandbox) PlaceTarget(family *Sandbox) (_ *fastpath.Target, closeFn func
 		return s.lim.Add(hostPid)
 	}
 	return tg, closeFn, nil
+}
+
+// A process placed in a branch by injection (a copy of a family template, and every
+// template forked from it: CLONE_PARENT) is a child of the family init, outside the
+// branch: its exit is reported on the family's socket, and the family init reaps it,
+// not the branch init. Until then its zombie holds its PID in the branch. So a branch's
+// Watch of such a process goes to the family (WatchPlaced), and its KillAll and Reap
+// return once the processes are gone from the branch's proc, reaped (the family init
+// reaps on SIGCHLD; reapWait bounds the wait).
+
+// reapWait bounds the wait for the family init to reap a branch's killed processes.
+const reapWait = 10 * time.Second
+
+// WatchPlaced is Watch for a process of s placed by injection, known by its host PID: on
+// the family's init for a branch (see above), on s's own otherwise. Precondition: the
+// process cannot have exited yet (it is stopped, traced).
+func (s *Sandbox) WatchPlaced(pid, hostPid int) <-chan unix.WaitStatus {
+	if s.family == nil {
+		return s.init.Watch(pid)
+	}
+	return s.family.init.Watch(fastpath.SandboxPid(hostPid, s.family.init.Pid()))
+}
+
+// waitGone waits until s's PID namespace holds init and keep alone.
+func (s *Sandbox) waitGone(keep []int) error {
+	spare := map[int]bool{1: true}
+	for _, p := range keep {
+		spare[p] = true
+	}
+	deadline := time.Now().Add(reapWait)
+	for {
+		pids, err := s.Procs()
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, p := range pids {
+			if !spare[p] {
+				left++
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("branch %s: %d processes still in its PID namespace %v after its kill-all (the family init reaps them)", s.ID, left, reapWait)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+}
+
+// waitReaped waits until each of pids is gone from s's proc (reaped).
+func (s *Sandbox) waitReaped(pids []int) error {
+	deadline := time.Now().Add(reapWait)
+	for _, p := range pids {
+		for s.ProcState(p) != 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("branch %s: process %d not reaped %v after it was killed (the family init reaps it)", s.ID, p, reapWait)
+			}
+			time.Sleep(500 * time.Microsecond)
+		}
+	}
+	return nil
 }

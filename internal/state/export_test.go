@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"deltabox/internal/sandbox"
+	"deltabox/internal/session"
 )
 
 // For the external tests: how many steps the fault injection has (SetFailStep numbers
@@ -83,12 +84,18 @@ func PassAt(m *Manager) time.Time {
 	return m.passAt
 }
 
+// FastBranch is a branch ForkFastBranches made: its runtime and its sessions.
+type FastBranch struct {
+	RT       *sandbox.Sandbox
+	Sessions map[string]*session.Session
+}
+
 // ForkFastBranches makes n branches of sandbox id's family on node with the fast path's
 // mechanism (startFastBranch, all at once; then place, node's templates in id placed at
 // their PIDs, one branch after the other) and lets the copies run. phases sums, over
 // the branches, the time their inits, states and copies took. remove removes them all.
 // +checklocksignore: takes opMu for the branches' making
-func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbox, phases [3]time.Duration, remove func() error, err error) {
+func ForkFastBranches(m *Manager, id, node string, n int) (out []FastBranch, phases [3]time.Duration, remove func() error, err error) {
 	s, err := m.get(id)
 	if err != nil {
 		return nil, phases, nil, err
@@ -132,17 +139,17 @@ func ForkFastBranches(m *Manager, id, node string, n int) (rts []*sandbox.Sandbo
 		if err := m.place(s, b, tps); err != nil {
 			return nil, phases, nil, withUndo(err, remove())
 		}
-		rts = append(rts, b.rt)
 		phases[0] += b.init
 		phases[1] += b.state
 		phases[2] += b.place
 	}
 	for _, b := range made {
+		out = append(out, FastBranch{RT: b.rt, Sessions: b.sessions})
 		if err := b.commit(); err != nil {
 			return nil, phases, nil, withUndo(err, remove())
 		}
 	}
-	return rts, phases, remove, nil
+	return out, phases, remove, nil
 }
 
 // Runtime is sandbox id's runtime.

@@ -10,6 +10,7 @@ import (
 
 	"deltabox/internal/fastpath"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/session"
 	"deltabox/internal/store"
 )
 
@@ -25,7 +26,9 @@ import (
 type fastBranch struct {
 	rt     *sandbox.Sandbox
 	upper  uint64
-	copies []*fastpath.Revival
+	copies []*fastCopy
+	// sessions are the sessions made in the branch for its copies, by name.
+	sessions map[string]*session.Session
 	// init, state, place: how long its init, its state and its copies took to make.
 	init, state, place time.Duration
 }
@@ -92,9 +95,6 @@ func (m *Manager) fastFamily(src *sb, tps []*procTemplate) (*sandbox.Isolation, 
 	}
 	floor := 0
 	for _, t := range tps {
-		if t.session != "" {
-			return nil, 0, fmt.Errorf("%s: a session's process is not placed by the fast path of a fork yet", t.what)
-		}
 		floor = max(floor, t.tmpl.Pid)
 	}
 	return iso, floor, nil
@@ -118,24 +118,71 @@ func (m *Manager) place(src *sb, b *fastBranch, tps []*procTemplate) error {
 	defer closeTarget()
 	tr := m.tracer(src)
 	for _, t := range tps {
-		r, err := fastpath.SeizeTemplate(tr, t.tmpl)
-		if err != nil {
+		c := &fastCopy{pt: t, peer: -1}
+		pts := ""
+		if t.session != "" {
+			c.sess, err = session.NewDetached(b.rt, t.session, t.kind, t.argv)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.what, err)
+			}
+			if b.sessions == nil {
+				b.sessions = map[string]*session.Session{}
+			}
+			b.sessions[t.session] = c.sess
+			if pts, err = c.sess.PtsPath(); err == nil {
+				c.peer, err = c.sess.OpenPeer()
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.what, err)
+			}
+		}
+		if c.r, err = fastpath.SeizeTemplate(tr, t.tmpl); err != nil {
+			if c.peer >= 0 {
+				unix.Close(c.peer)
+			}
 			return fmt.Errorf("%s: %w", t.what, err)
 		}
-		if err := r.ReviveInto(tg, ns, ""); err != nil {
-			return withUndo(fmt.Errorf("%s: %w", t.what, err), r.Abort())
+		if err := c.r.ReviveInto(tg, ns, pts); err != nil {
+			if c.peer >= 0 {
+				unix.Close(c.peer)
+			}
+			return withUndo(fmt.Errorf("%s: %w", t.what, err), c.r.Abort())
 		}
-		b.copies = append(b.copies, r)
+		c.exit = b.rt.WatchPlaced(t.tmpl.Pid, c.r.HostPid)
+		b.copies = append(b.copies, c)
 	}
 	b.place = time.Since(t0)
 	return nil
 }
 
-// commit lets the branch's copies run.
+// fastCopy is a copy placed in a branch, stopped until commit: its template, its
+// session (nil outside the sessions) with the terminal's slave held open until then
+// (revival.peer says why), and its exit, watched on the family init.
+type fastCopy struct {
+	pt   *procTemplate
+	r    *fastpath.Revival
+	sess *session.Session
+	peer int
+	exit <-chan unix.WaitStatus
+}
+
+// commit lets the branch's copies run, each session bound to its copy with the
+// checkpoint's terminal settings.
 func (b *fastBranch) commit() error {
 	var errs []error
-	for _, r := range b.copies {
-		errs = append(errs, r.Commit())
+	for _, c := range b.copies {
+		if c.sess != nil {
+			c.sess.RestoreTerm(c.pt.term)
+		}
+		err := c.r.Commit()
+		if c.sess != nil {
+			if err == nil {
+				c.sess.Rebind(c.pt.tmpl.Pid, c.exit)
+			}
+			unix.Close(c.peer)
+			c.peer = -1
+		}
+		errs = append(errs, err)
 	}
 	b.copies = nil
 	return errors.Join(errs...)
@@ -145,10 +192,17 @@ func (b *fastBranch) commit() error {
 // it) and removes its upper.
 func (b *fastBranch) remove(m *Manager) error {
 	var errs []error
-	for _, r := range b.copies {
-		errs = append(errs, r.Abort())
+	for _, c := range b.copies {
+		errs = append(errs, c.r.Abort())
+		if c.peer >= 0 {
+			unix.Close(c.peer)
+		}
 	}
 	b.copies = nil
+	for _, sess := range b.sessions {
+		sess.Release()
+	}
+	b.sessions = nil
 	if b.rt != nil {
 		errs = append(errs, b.rt.Destroy())
 	}

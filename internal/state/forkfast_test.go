@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
@@ -131,10 +132,11 @@ func TestForkFastPlacesCopies(t *testing.T) {
 	}
 	const n = 3
 	t0 := time.Now()
-	rts, _, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
+	bs, _, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
 	if err != nil {
 		t.Fatal(err)
 	}
+	rts := runtimes(bs)
 	t.Logf("%d branches (branch inits, states, copies placed) in %v", n, time.Since(t0))
 	removed := false
 	defer func() {
@@ -217,15 +219,8 @@ func TestForkFastPlacesCopies(t *testing.T) {
 	if _, err := rts[0].KillAll(); err != nil {
 		t.Fatal(err)
 	}
-	gone := false
-	for t0 := time.Now(); time.Since(t0) < 5*time.Second; time.Sleep(20 * time.Millisecond) {
-		if procs, _ := rts[0].Procs(); fmt.Sprint(procs) == "[1]" {
-			gone = true
-			break
-		}
-	}
-	if !gone {
-		procs, _ := rts[0].Procs()
+	// KillAll returns once the family init has reaped it (sandbox.Sandbox.waitGone).
+	if procs, _ := rts[0].Procs(); fmt.Sprint(procs) != "[1]" {
 		t.Fatalf("branch 0's copy survived its init's kill-all: %v", procs)
 	}
 	for _, rt := range rts[1:] {
@@ -329,11 +324,12 @@ func TestForkFastFanout(t *testing.T) {
 		t.Fatalf("checkpoint: %v %+v", err, cp)
 	}
 	t0 := time.Now()
-	rts, ph, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
+	bs, ph, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	made := time.Since(t0)
+	rts := runtimes(bs)
 	t.Logf("per branch: init %.1f ms, state %.1f ms, copy placed %.1f ms", ms(ph[0], n), ms(ph[1], n), ms(ph[2], n))
 	defer remove()
 	for _, rt := range rts {
@@ -366,3 +362,102 @@ func TestForkFastFanout(t *testing.T) {
 }
 
 func ms(d time.Duration, n int) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
+
+func runtimes(bs []state.FastBranch) []*sandbox.Sandbox {
+	var out []*sandbox.Sandbox
+	for _, b := range bs {
+		out = append(out, b.RT)
+	}
+	return out
+}
+
+// TestForkFastSessions: a python session (a dict of 10^5 objects, a generator
+// mid-iteration, a random.Random) and a bash session (a variable, a function, a cwd),
+// checkpointed, placed by the fast path's mechanism into 4 branches: each branch's
+// sessions answer with the checkpoint's state at the checkpoint's PIDs, through
+// terminals of the branch's own; each diverges alone; the source is unchanged. The copy
+// of a session killed in one branch is seen ended there (its exit, reported by the
+// family init, reaches the branch's session) and the others go on.
+func TestForkFastSessions(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "ffsess"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"python", "bash"} {
+		if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: k[:2], Kind: apitypes.SessionKind(k)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call(t, m, id, "py", "import os, random\nd = {i: str(i) for i in range(100000)}\ng = iter(range(1000))\nnext(g); next(g)\nr = random.Random(5)\nr.random()")
+	call(t, m, id, "ba", "V=hello; f() { echo f$1; }; cd /tmp")
+	const pyState = "(len(d), d[99999], next(g), r.random(), os.getpid())"
+	const baState = `echo "$V $(f 1) $PWD $$"`
+	wantPy := call(t, m, id, "py", pyState)
+	call(t, m, id, "py", "g = iter(range(2, 1000))\nr = random.Random(5)\nr.random()") // back to the state above
+	wantBa := call(t, m, id, "ba", baState)
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.Processes != 2 {
+		t.Fatalf("checkpoint: %v %+v", err, cp)
+	}
+	bs, _, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remove()
+	run := func(b state.FastBranch, name, code string) string {
+		t.Helper()
+		s := b.Sessions[name]
+		if s == nil {
+			t.Fatalf("branch %s has no session %s", b.RT.ID, name)
+		}
+		r, err := s.Run(ctx, code, 10*time.Second, 1<<20, nil)
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("branch %s session %s: %q: %v %+v", b.RT.ID, name, code, err, r)
+		}
+		return r.Output
+	}
+	for i, b := range bs {
+		if got := run(b, "py", pyState); got != wantPy {
+			t.Fatalf("branch %d's python: %q, want the checkpoint's %q", i, got, wantPy)
+		}
+		if got := run(b, "ba", baState); got != wantBa {
+			t.Fatalf("branch %d's bash: %q, want the checkpoint's %q", i, got, wantBa)
+		}
+		run(b, "py", fmt.Sprintf("d[0] = 'b%d'", i))
+	}
+	for i, b := range bs {
+		if got := run(b, "py", "d[0]"); got != fmt.Sprintf("'b%d'\n", i) {
+			t.Fatalf("branch %d's python after the divergence: %q", i, got)
+		}
+	}
+	if got := call(t, m, id, "py", pyState); got != wantPy {
+		t.Fatalf("the source's python: %q, want %q", got, wantPy)
+	}
+	if got := call(t, m, id, "py", "d[0]"); got != "'0'\n" {
+		t.Fatalf("the source's d[0]: %q", got)
+	}
+	// Branch 0's init kills everything in it: its sessions see their processes end.
+	if _, err := bs[0].RT.KillAll(); err != nil {
+		t.Fatal(err)
+	}
+	var info string
+	for t0 := time.Now(); time.Since(t0) < 5*time.Second; time.Sleep(10 * time.Millisecond) {
+		in := bs[0].Sessions["py"].Info()
+		if info = fmt.Sprintf("running %v exit %q", in.Running, in.Exit); !in.Running && in.Exit == "killed by SIGKILL" {
+			break
+		}
+	}
+	if info != `running false exit "killed by SIGKILL"` {
+		t.Fatalf("branch 0's python session after its init's kill-all: %s, want its process's exit status from the family init", info)
+	}
+	for i, b := range bs[1:] {
+		if got := run(b, "py", "d[0]"); got != fmt.Sprintf("'b%d'\n", i+1) {
+			t.Fatalf("branch %d's python after branch 0's kill-all: %q", i+1, got)
+		}
+	}
+}
