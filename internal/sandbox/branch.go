@@ -191,3 +191,43 @@ func (s *Sandbox) waitReaped(pids []int) error {
 	}
 	return nil
 }
+
+// BecomeHolder makes s, a fast fork's source runtime, the holder of its family: its
+// init (the family init) and hostPids (its templates) move into cgroups of their own
+// named id, which s's Destroy then ends. The cgroups s had keep what else runs there
+// (the source's live processes: KillOwnCgroup) and are the source's next runtime's.
+func (s *Sandbox) BecomeHolder(id string, hostPids []int) error {
+	cg, err := cgroup.Create(id)
+	if err != nil {
+		return err
+	}
+	lim, err := cgroup.CreateV1(id, cgroup.Limits{})
+	if err != nil {
+		return errors.Join(err, cg.Destroy(time.Second))
+	}
+	undo := func(err error) error { return errors.Join(err, cg.Destroy(time.Second), lim.Destroy(time.Second)) }
+	if err := cg.Add(s.init.Pid()); err != nil {
+		return undo(err)
+	}
+	for _, h := range hostPids {
+		if err := cg.Add(h); err != nil {
+			return undo(err)
+		}
+		if err := lim.Add(h); err != nil {
+			return undo(err)
+		}
+	}
+	s.ownCG = s.cg
+	s.cg, s.lim = cg, lim
+	return nil
+}
+
+// KillOwnCgroup ends what is left in the cgroup2 group s had before BecomeHolder (the
+// source's live processes, children of the family init, which reaps them), waits until
+// it is empty and removes it.
+func (s *Sandbox) KillOwnCgroup() error {
+	if s.ownCG == nil {
+		return fmt.Errorf("sandbox %s is no holder", s.ID)
+	}
+	return s.ownCG.Destroy(reapWait)
+}

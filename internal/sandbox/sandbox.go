@@ -56,6 +56,8 @@ type Sandbox struct {
 	// family, for a branch of a fast fork (StartBranch), is the runtime whose init made
 	// its init: the parent of every process placed in the branch by injection (branch.go).
 	family *Sandbox
+	// ownCG, for a family's holder (BecomeHolder), is the cgroup it had before.
+	ownCG *cgroup.Group
 
 	// execLeft counts exec groups left with processes in them (Exec's dropExecGroup);
 	// the next Exec tries to remove them.

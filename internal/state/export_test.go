@@ -8,6 +8,7 @@ import (
 
 	"deltabox/internal/sandbox"
 	"deltabox/internal/session"
+	"deltabox/internal/store"
 )
 
 // For the external tests: how many steps the fault injection has (SetFailStep numbers
@@ -119,7 +120,7 @@ func ForkFastBranches(m *Manager, id, node string, n int) (out []FastBranch, pha
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			made[i], errs[i] = m.startFastBranch(s.rt, s.rec, iso, node, fmt.Sprintf("%s-fast%d", id, i), floor)
+			made[i], errs[i] = m.startFastBranch(s.rt, store.Sandbox{Limits: s.rec.Limits, DiskMB: s.rec.DiskMB, Image: s.rec.Image}, iso, node, fmt.Sprintf("%s-fast%d", id, i), floor, "")
 		}()
 	}
 	wg.Wait()
@@ -136,7 +137,7 @@ func ForkFastBranches(m *Manager, id, node string, n int) (out []FastBranch, pha
 		return nil, phases, nil, withUndo(err, remove())
 	}
 	for _, b := range made {
-		if err := m.place(s, b, tps); err != nil {
+		if err := m.place(m.tracer(s), s.rt, b, tps); err != nil {
 			return nil, phases, nil, withUndo(err, remove())
 		}
 		phases[0] += b.init

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/fastpath"
+	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/session"
 	"deltabox/internal/store"
@@ -29,6 +30,8 @@ type fastBranch struct {
 	copies []*fastCopy
 	// sessions are the sessions made in the branch for its copies, by name.
 	sessions map[string]*session.Session
+	// failed says, for each copy that could not be resumed at commit, why.
+	failed []string
 	// init, state, place: how long its init, its state and its copies took to make.
 	init, state, place time.Duration
 }
@@ -39,7 +42,9 @@ type fastBranch struct {
 // once (their inits' starts, ~30 ms each on a loaded 2-core VM, overlap: the family
 // init only clones and execs, the rest of each start is the branch init's own). On error
 // what it made is removed.
-func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id string, floor int) (_ *fastBranch, err error) {
+//
+// topLower is the branch's identity layer ("" for none: sandbox.Sandbox.TopLower).
+func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id string, floor int, topLower string) (_ *fastBranch, err error) {
 	m.mu.Lock()
 	image := rec.Image
 	if n := m.nodes[node]; n != nil {
@@ -62,10 +67,15 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 		}
 	}()
 	t0 := time.Now()
-	b.rt, err = sandbox.StartBranch(family, id, id, dir, rec.Limits, iso, floor, diskLimit(rec.DiskMB))
+	hostname := rec.Hostname
+	if hostname == "" {
+		hostname = id
+	}
+	b.rt, err = sandbox.StartBranch(family, id, hostname, dir, rec.Limits, iso, floor, diskLimit(rec.DiskMB))
 	if err != nil {
 		return nil, err
 	}
+	b.rt.TopLower = topLower
 	b.init = time.Since(t0)
 	t0 = time.Now()
 	if b.upper, err = m.freshUpper(spec.Lowers[0]); err != nil {
@@ -100,23 +110,21 @@ func (m *Manager) fastFamily(src *sb, tps []*procTemplate) (*sandbox.Isolation, 
 	return iso, floor, nil
 }
 
-// place forks tps, node's templates in src, into b, each stopped at its checkpoint PID
-// (one tracer: src's, which holds them). On error the copies made are killed; the
-// templates are as they were.
-// +checklocks:src.opMu
-func (m *Manager) place(src *sb, b *fastBranch, tps []*procTemplate) error {
+// place forks tps, templates in family's PID namespace held by tr, into b, each stopped
+// at its checkpoint PID. On error the copies made are killed; the templates are as they
+// were.
+func (m *Manager) place(tr *remote.Tracer, family *sandbox.Sandbox, b *fastBranch, tps []*procTemplate) error {
 	t0 := time.Now()
 	ns, err := b.rt.StateNS()
 	if err != nil {
 		return err
 	}
 	defer unix.Close(ns)
-	tg, closeTarget, err := b.rt.PlaceTarget(src.rt)
+	tg, closeTarget, err := b.rt.PlaceTarget(family)
 	if err != nil {
 		return err
 	}
 	defer closeTarget()
-	tr := m.tracer(src)
 	for _, t := range tps {
 		c := &fastCopy{pt: t, peer: -1}
 		pts := ""
@@ -175,6 +183,9 @@ func (b *fastBranch) commit() error {
 			c.sess.RestoreTerm(c.pt.term)
 		}
 		err := c.r.Commit()
+		if err != nil {
+			b.failed = append(b.failed, fmt.Sprintf("%s: %v", c.pt.what, err))
+		}
 		if c.sess != nil {
 			if err == nil {
 				c.sess.Rebind(c.pt.tmpl.Pid, c.exit)

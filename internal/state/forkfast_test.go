@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/cgroup"
 	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
@@ -460,4 +462,100 @@ func TestForkFastSessions(t *testing.T) {
 			t.Fatalf("branch %d's python after branch 0's kill-all: %q", i+1, got)
 		}
 	}
+}
+
+// TestForkFastSandbox: sb.fork (ForkSandbox) with the fast path on: 3 branches of a
+// sandbox with a python and a bash session and a background process, each "fast", at
+// the checkpoint's PIDs, each session answering with the checkpoint's state; the source
+// moved into a PID namespace of its own (none of the branches' processes in it) with
+// the same state; removing the source leaves the branches running; removing them all
+// ends the family's holder (nothing of the family left on the host).
+func TestForkFastSandbox(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	cfg := state.DefaultConfig()
+	cfg.ForkFast = true
+	m := openWith(t, root, cfg)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "ffsb"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid := strings.TrimSpace(call(t, m, id, "py", "import os, random\nd = {i: str(i) for i in range(100000)}\ng = iter(range(1000)); next(g)\nr = random.Random(3); r.random()\nos.getpid()"))
+	baPid := strings.TrimSpace(call(t, m, id, "main", "cd /tmp; V=v1; f() { echo f$1; }; echo $$"))
+	bgPid := strings.TrimSpace(sh(t, m, id, "nohup sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
+	const pyState = "q = random.Random(3); q.random(); (len(d), next(g), r.random() == q.random(), os.getpid())"
+	check := func(sb string) {
+		t.Helper()
+		if got, want := call(t, m, sb, "py", pyState), fmt.Sprintf("(100000, 1, True, %s)\n", pyPid); got != want {
+			t.Fatalf("%s: python %q, want %q", sb, got, want)
+		}
+		if got, want := call(t, m, sb, "main", `echo $PWD $V $(f x) $$`), fmt.Sprintf("/tmp v1 fx %s\n", baPid); got != want {
+			t.Fatalf("%s: bash %q, want %q", sb, got, want)
+		}
+		if got := sh(t, m, sb, "cat /proc/"+bgPid+"/comm"); got != "sleep\n" {
+			t.Fatalf("%s: background process %q", sb, got)
+		}
+	}
+	res, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 3, CreateOptions: state.CreateOptions{ID: "ffb"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fork of 3: %.0f ms: %s", res.DurationMS, res.Branches[0].Reason)
+	for i, b := range res.Branches {
+		if b.Path != "fast" || b.Restore.Processes != 3 || b.Sandbox.ID != fmt.Sprintf("ffb-%d", i) {
+			t.Fatalf("branch %d: %s path %s (%s), %+v", i, b.Sandbox.ID, b.Path, b.Reason, b.Restore)
+		}
+	}
+	for _, b := range res.Branches {
+		check(b.Sandbox.ID)
+		call(t, m, b.Sandbox.ID, "py", fmt.Sprintf("d[0] = '%s'", b.Sandbox.ID))
+	}
+	// The source: its state, in a PID namespace of its own (it lists its own).
+	if got := call(t, m, id, "py", "d[0]"); got != "'0'\n" {
+		t.Fatalf("the source's d[0]: %q", got)
+	}
+	check(id)
+	ps := sh(t, m, id, "cd /proc; echo [0-9]*")
+	for _, b := range res.Branches {
+		bps := sh(t, m, b.Sandbox.ID, "cd /proc; echo [0-9]*")
+		t.Logf("%s /proc: %s", b.Sandbox.ID, strings.TrimSpace(bps))
+	}
+	t.Logf("%s /proc: %s", id, strings.TrimSpace(ps))
+	src := rtOf(t, m, id)
+	for _, b := range res.Branches {
+		if a, c := nsOf(t, rtOf(t, m, b.Sandbox.ID).InitPid(), "pid"), nsOf(t, src.InitPid(), "pid"); a == c {
+			t.Fatalf("branch %s shares the source's PID namespace", b.Sandbox.ID)
+		}
+	}
+	// Removing the source: the branches go on.
+	if err := m.Remove(id); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range res.Branches {
+		if got := call(t, m, b.Sandbox.ID, "py", "d[0]"); got != fmt.Sprintf("'%s'\n", b.Sandbox.ID) {
+			t.Fatalf("%s after the source's removal: %q", b.Sandbox.ID, got)
+		}
+	}
+	for _, b := range res.Branches {
+		if err := m.Remove(b.Sandbox.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left := sandboxLeft(t, id+".family"); left != "" {
+		t.Fatalf("the family's holder is left: %s", left)
+	}
+}
+
+// sandboxLeft says what is left of cgroup id ("" when it is gone).
+func sandboxLeft(t *testing.T, id string) string {
+	b, err := os.ReadFile(filepath.Join(cgroup.Root, id, "cgroup.procs"))
+	if err != nil {
+		return ""
+	}
+	return "processes " + strings.Join(strings.Fields(string(b)), " ")
 }
