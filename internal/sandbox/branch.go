@@ -150,6 +150,9 @@ func (s *Sandbox) WatchPlaced(pid, hostPid int) <-chan unix.WaitStatus {
 	return s.family.init.Watch(fastpath.SandboxPid(hostPid, s.family.init.Pid()))
 }
 
+// IsBranch reports whether s is a branch of a fast fork (StartBranch).
+func (s *Sandbox) IsBranch() bool { return s.family != nil }
+
 // waitGone waits until s's PID namespace holds init and keep alone.
 func (s *Sandbox) waitGone(keep []int) error {
 	spare := map[int]bool{1: true}

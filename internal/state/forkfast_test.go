@@ -468,8 +468,9 @@ func TestForkFastSessions(t *testing.T) {
 // sandbox with a python and a bash session and a background process, each "fast", at
 // the checkpoint's PIDs, each session answering with the checkpoint's state; the source
 // moved into a PID namespace of its own (none of the branches' processes in it) with
-// the same state; removing the source leaves the branches running; removing them all
-// ends the family's holder (nothing of the family left on the host).
+// the same state; a branch's own checkpoint and restore bring its state back at the
+// PIDs; removing the source leaves the branches running; removing them all ends the
+// family's holder (nothing of the family left on the host).
 func TestForkFastSandbox(t *testing.T) {
 	testutil.Require(t, os.Geteuid() == 0, "needs root")
 	root := testutil.NewStore(t)
@@ -531,6 +532,21 @@ func TestForkFastSandbox(t *testing.T) {
 		if a, c := nsOf(t, rtOf(t, m, b.Sandbox.ID).InitPid(), "pid"), nsOf(t, src.InitPid(), "pid"); a == c {
 			t.Fatalf("branch %s shares the source's PID namespace", b.Sandbox.ID)
 		}
+	}
+	// A branch is a sandbox like any other: its own checkpoint and restore (templates
+	// forked from its processes, in its namespace) bring its state back, at the PIDs.
+	b0 := res.Branches[0].Sandbox.ID
+	cp0, err := m.Checkpoint(ctx, b0, "")
+	if err != nil || cp0.Processes != 3 {
+		t.Fatalf("checkpoint of %s: %v %+v", b0, err, cp0)
+	}
+	call(t, m, b0, "py", "d[0] = 'changed'")
+	r0, err := m.Restore(ctx, b0, cp0.Node.ID)
+	if err != nil || r0.Processes != 3 {
+		t.Fatalf("restore of %s: %v %+v", b0, err, r0)
+	}
+	if got := call(t, m, b0, "py", "(d[0], os.getpid())"); got != fmt.Sprintf("('%s', %s)\n", b0, pyPid) {
+		t.Fatalf("%s after its restore: %q", b0, got)
 	}
 	// Removing the source: the branches go on.
 	if err := m.Remove(id); err != nil {

@@ -80,11 +80,18 @@ func (m *Manager) prepareSession(s *sb, rv *revival) error {
 // +checklocks:s.opMu
 func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() error) error {
 	for i, rv := range rvs {
-		if rv.sess != nil {
+		// A fast fork's branch: the revived process is the family init's child, whose
+		// exit the family's init reports (sandbox.Sandbox.WatchPlaced), known by its
+		// host PID once forked (it is stopped until the commit).
+		branch := s.rt.IsBranch()
+		if rv.sess != nil && !branch {
 			rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
 		}
 		if err := rv.r.Revive(ns, rv.pts); err != nil {
 			return fmt.Errorf("%s: %w", rv.pt.what, err)
+		}
+		if rv.sess != nil && branch {
+			rv.exit = s.rt.WatchPlaced(rv.pt.tmpl.Pid, rv.r.HostPid)
 		}
 		if i == 0 {
 			if err := afterFirst(); err != nil {
