@@ -46,6 +46,37 @@ type family struct {
 	// members are the sandboxes placed from it (the source included). Under Manager.mu.
 	members map[string]bool
 	once    sync.Once
+	// mu is held by a member's restore that places the holder's templates (one at a
+	// time: they are tracer's). Lock order: the member's opMu, then mu.
+	mu sync.Mutex
+}
+
+// familyTemplates returns node's templates in the holder of s's family, if s is a
+// member and the holder has them, and an error if one of them is gone.
+func (m *Manager) familyTemplates(s *sb, node string) ([]*procTemplate, *family, error) {
+	if !m.fastPath(s) {
+		return nil, nil, nil
+	}
+	m.mu.Lock()
+	fam := m.famOf[s.rec.ID]
+	var ts []*procTemplate
+	if fam != nil {
+		for _, t := range m.templates[node] {
+			if t.sandbox == fam.id {
+				ts = append(ts, t)
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, t := range ts {
+		if !templateAlive(t.tmpl) {
+			return nil, nil, fmt.Errorf("the process template of %s at node %s (pid %d) is gone: that node's process state is lost: %w", t.what, node, t.tmpl.Pid, errdefs.ErrConflict)
+		}
+	}
+	if len(ts) == 0 {
+		return nil, nil, nil
+	}
+	return ts, fam, nil
 }
 
 // fastForkPossible says why node's fork from src cannot take the fast path ("" when it
@@ -456,3 +487,11 @@ func (m *Manager) closeFamilies() {
 		}
 	}
 }
+
+// hold takes f.mu for a restore that places the holder's templates, from its step 1
+// until it returns (restore.fam); release gives it back.
+// +checklocksignore: held across a restore's steps (restore.fam records it)
+func (f *family) hold() { f.mu.Lock() }
+
+// +checklocksignore: see hold
+func (f *family) release() { f.mu.Unlock() }

@@ -469,8 +469,10 @@ func TestForkFastSessions(t *testing.T) {
 // the checkpoint's PIDs, each session answering with the checkpoint's state; the source
 // moved into a PID namespace of its own (none of the branches' processes in it) with
 // the same state; a branch's own checkpoint and restore bring its state back at the
-// PIDs; removing the source leaves the branches running; removing them all ends the
-// family's holder (nothing of the family left on the host).
+// PIDs; a restore of the node made before the fork, in a branch and in the source,
+// places the holder's templates (the checkpoint's state at its PIDs); removing the
+// source leaves the branches running; removing them all ends the family's holder
+// (nothing of the family left on the host).
 func TestForkFastSandbox(t *testing.T) {
 	testutil.Require(t, os.Geteuid() == 0, "needs root")
 	root := testutil.NewStore(t)
@@ -548,11 +550,23 @@ func TestForkFastSandbox(t *testing.T) {
 	if got := call(t, m, b0, "py", "(d[0], os.getpid())"); got != fmt.Sprintf("('%s', %s)\n", b0, pyPid) {
 		t.Fatalf("%s after its restore: %q", b0, got)
 	}
+	// The node made before the fork, restored in a branch and in the source: the
+	// holder's templates placed into each one's namespace, the checkpoint's state.
+	for _, sb := range []string{b0, id} {
+		r, err := m.Restore(ctx, sb, res.Node)
+		if err != nil || r.Processes != 3 {
+			t.Fatalf("restore of %s to the pre-fork node: %v %+v", sb, err, r)
+		}
+		check(sb)
+		if got := call(t, m, sb, "py", "d[0]"); got != "'0'\n" {
+			t.Fatalf("%s after its restore to the pre-fork node: d[0] %q", sb, got)
+		}
+	}
 	// Removing the source: the branches go on.
 	if err := m.Remove(id); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range res.Branches {
+	for _, b := range res.Branches[1:] {
 		if got := call(t, m, b.Sandbox.ID, "py", "d[0]"); got != fmt.Sprintf("'%s'\n", b.Sandbox.ID) {
 			t.Fatalf("%s after the source's removal: %q", b.Sandbox.ID, got)
 		}
