@@ -10,12 +10,13 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings: each fork has its
-// deltabox row (every branch carried its python by the durable path) and its
+// TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings on a daemon with
+// the fast path of forks on: each fork has its deltabox row (every branch carried its
+// python by the durable path), its deltabox-fast row (by the fast path) and its
 // files+replay row with samples, the systems that cannot run are marked so with the
 // reason, and the bench removed what it made.
 func TestBenchFanoutTiny(t *testing.T) {
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_FORK_FAST=1")
 	out := filepath.Join(t.TempDir(), "fanout.json")
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "fanout", "--counts", "1,2",
 		"--heap-mb", "4", "--workspace-mb", "4", "--json", out)
@@ -38,7 +39,7 @@ func TestBenchFanoutTiny(t *testing.T) {
 	want := map[string][]int{"1": {0}, "2": {0, 1}} // the branches of each fork
 	for _, n := range []string{"1", "2"} {
 		op := "fork-" + n
-		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutReplay} {
+		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutFast, bench.SysFanoutReplay} {
 			r, ok := got[sys+" "+op]
 			if !ok {
 				t.Fatalf("no row %s %s", sys, op)
@@ -49,6 +50,9 @@ func TestBenchFanoutTiny(t *testing.T) {
 		}
 		if p, _ := got[bench.SysFanoutDeltabox+" "+op].Info["paths"].(map[string]any); p["durable"] != float64(len(want[n])) {
 			t.Errorf("%s: paths %v, want every branch durable", op, p)
+		}
+		if p, _ := got[bench.SysFanoutFast+" "+op].Info["paths"].(map[string]any); p["fast"] != float64(len(want[n])) {
+			t.Errorf("%s: deltabox-fast paths %v (%v), want every branch fast", op, p, got[bench.SysFanoutFast+" "+op].Info["reason"])
 		}
 		for _, sys := range []string{bench.SysFanoutCRIU, bench.SysFanoutPodman} {
 			if r := got[sys+" "+op]; r.Unavailable() == "" {
