@@ -15,11 +15,11 @@ import (
 
 // Systems of `bench fanout`.
 const (
-	SysFanoutDeltabox = "deltabox"     // POST /v1/nodes/ID/fork: processes carried (its path per branch in info)
+	SysFanoutDeltabox = "deltabox"      // POST /v1/nodes/ID/fork: processes carried (its path per branch in info)
 	SysFanoutFast     = "deltabox-fast" // POST /v1/sandboxes/ID/fork of a fresh source: the fast path when the daemon takes it
-	SysFanoutReplay   = "files+replay" // the same fork with files only, then the session's code replayed in each branch
-	SysFanoutCRIU     = "criu-restore" // CRIU restores into N fresh sandboxes
-	SysFanoutPodman   = "podman"       // podman container checkpoint/restore
+	SysFanoutReplay   = "files+replay"  // the same fork with files only, then the session's code replayed in each branch
+	SysFanoutCRIU     = "criu-restore"  // CRIU restores into N fresh sandboxes
+	SysFanoutPodman   = "podman"        // podman container checkpoint/restore
 )
 
 // FanoutOptions configure `bench fanout`.
