@@ -43,7 +43,9 @@ import (
 //     devpts) and the revive gives each process its session's.
 //
 // The fast path (templates forked into sibling PID namespaces of a family holder,
-// fork.md) is not built: a fork's answer says "durable" or "files" per branch, with why.
+// fork.md) is family.go's: taken by a fork of a sandbox (ForkSandbox) when
+// Config.ForkFast is on and nothing ran between its checkpoint and the fork; every
+// other fork says "durable" or "files" per branch, with why, and why not "fast".
 //
 // Failure: a branch that cannot be made or restored removes every branch made so far,
 // and the error says which branch failed and why; the node and the source sandbox are
