@@ -326,6 +326,18 @@ func (m *Manager) placeMember(tr *remote.Tracer, family *sandbox.Sandbox, s *sb,
 // and src.copyMu held; the branches committed.
 // +checklocks:src.opMu
 func (m *Manager) moveSource(src *sb, fam *family, node string, tps []*procTemplate, iso *sandbox.Isolation, floor int) error {
+	err := m.moveSourceSteps(src, fam, node, tps, iso, floor)
+	if err != nil && src.rt == nil {
+		// Its old runtime is the holder's now, and no live code of the family may run
+		// in it again: the sandbox stays broken, with why (checkLive), its files as F.
+		src.err = fmt.Errorf("it could not move into a namespace of its own at a fork of %s: %v", node, err)
+	}
+	return err
+}
+
+// moveSourceSteps is moveSource's work.
+// +checklocks:src.opMu
+func (m *Manager) moveSourceSteps(src *sb, fam *family, node string, tps []*procTemplate, iso *sandbox.Isolation, floor int) error {
 	old := src.rt
 	// What the old runtime built ahead of time goes with it.
 	m.discardNext(src)

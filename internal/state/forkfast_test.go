@@ -589,3 +589,44 @@ func sandboxLeft(t *testing.T, id string) string {
 	}
 	return "processes " + strings.Join(strings.Fields(string(b)), " ")
 }
+
+// TestForkFastFailureLeavesSource: a fast fork whose branch 2 cannot be made (its name is
+// taken) removes the branches made and leaves the source as it was: its sessions' state
+// and PIDs, in its own PID namespace (no holder made, nothing moved).
+func TestForkFastFailureLeavesSource(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	cfg := state.DefaultConfig()
+	cfg.ForkFast = true
+	m := openWith(t, root, cfg)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "fffail"
+	for _, sb := range []string{id, "fff-2"} {
+		if _, err := m.Create(ctx, state.CreateOptions{ID: sb}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	want := call(t, m, id, "py", "import os\nx = 41\n(x, os.getpid())")
+	initNS := nsOf(t, rtOf(t, m, id).InitPid(), "pid")
+	before := m.List()
+	_, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 3, CreateOptions: state.CreateOptions{ID: "fff"}})
+	if err == nil || !strings.Contains(err.Error(), "branch 2 of 3") || !strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), "fast path") {
+		t.Fatalf("fork with branch 2's name taken: %v", err)
+	}
+	if after := m.List(); len(after) != len(before) {
+		t.Fatalf("%d sandboxes after the failed fork, %d before", len(after), len(before))
+	}
+	if got := call(t, m, id, "py", "(x, os.getpid())"); got != want {
+		t.Fatalf("the source after the failed fork: %q, want %q", got, want)
+	}
+	if got := nsOf(t, rtOf(t, m, id).InitPid(), "pid"); got != initNS {
+		t.Fatalf("the source moved (PID namespace %s, was %s)", got, initNS)
+	}
+	if left := sandboxLeft(t, id+".family"); left != "" {
+		t.Fatalf("a holder was made: %s", left)
+	}
+}
