@@ -99,6 +99,7 @@ func daemonCmd() *cobra.Command {
 //
 //	DELTABOX_FASTPATH=0       checkpoints carry files only (no process templates)
 //	DELTABOX_WARM_PROC=1      warm restored processes' memory in every sandbox
+//	DELTABOX_FORK_FAST=1      a fork of a live sandbox's node takes the fast path
 //	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
 //	DELTABOX_WARM_MAX=N       warm restore states kept per sandbox (0: none)
 //	DELTABOX_SQUASH_DEPTH=N   squash a node's stack once it has N layers (default 64; 0: never)
@@ -127,6 +128,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 		cfg.WarmProcesses = true
 	default:
 		return cfg, bad("DELTABOX_WARM_PROC", v, "0 or 1")
+	}
+	switch v := getenv("DELTABOX_FORK_FAST"); v {
+	case "", "0":
+	case "1":
+		cfg.ForkFast = true
+	default:
+		return cfg, bad("DELTABOX_FORK_FAST", v, "0 or 1")
 	}
 	switch v := getenv("DELTABOX_NO_PREPARE"); v {
 	case "", "0":

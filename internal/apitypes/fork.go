@@ -42,7 +42,7 @@ type ForkBranch struct {
 	Branch  int         `json:"branch"`
 	Sandbox SandboxInfo `json:"sandbox"`
 	// Path: "durable" (the node's processes restored from its durable CRIU image, at
-	// their PIDs), "fast" (forked from its templates: not built yet), or "files" (the
+	// their PIDs), "fast" (forked from its templates into sibling namespaces: state/family.go), or "files" (the
 	// node's files only: its sessions start afresh); Reason says why this path.
 	Path   string `json:"path"`
 	Reason string `json:"reason"`

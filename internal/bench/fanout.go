@@ -16,10 +16,11 @@ import (
 
 // Systems of `bench fanout`.
 const (
-	SysFanoutDeltabox = "deltabox"     // POST /v1/nodes/ID/fork: processes carried (its path per branch in info)
-	SysFanoutReplay   = "files+replay" // the same fork with files only, then the session's code replayed in each branch
-	SysFanoutCRIU     = "criu-restore" // CRIU restores into N fresh sandboxes
-	SysFanoutPodman   = "podman"       // podman container checkpoint/restore
+	SysFanoutDeltabox = "deltabox"      // POST /v1/nodes/ID/fork: processes carried (its path per branch in info)
+	SysFanoutFast     = "deltabox-fast" // POST /v1/sandboxes/ID/fork of a fresh source: the fast path when the daemon takes it
+	SysFanoutReplay   = "files+replay"  // the same fork with files only, then the session's code replayed in each branch
+	SysFanoutCRIU     = "criu-restore"  // CRIU restores into N fresh sandboxes
+	SysFanoutPodman   = "podman"        // podman container checkpoint/restore
 )
 
 // FanoutOptions configure `bench fanout`.
@@ -84,16 +85,18 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		"and its restore, `duration_ms` of the branch); `mem_added_mb` the mean memory cgroup charge of a branch after its answer, "+
 		"`pss_added_mb` the mean PSS of its processes (pages shared copy-on-write count for their share; podman: the container's python). "+
 		"`%s`: the same fork with `processes: never`, then the session's code run again in each branch. "+
+		"`%s`: `POST /v1/sandboxes/ID/fork {\"count\": N}` of a fresh source made as the first (its checkpoint included), "+
+		"the fast path when the daemon takes it (DELTABOX_FORK_FAST=1; paths and reason in info). "+
 		"`%s`: a container of the same image running the same heap, `podman container checkpoint --export` once (checkpoint_ms), "+
 		"then N `podman container restore --import` one per CPU at once, each timed until its python is seen running with its heap.",
-		o.HeapMB, o.WorkspaceMB, SysFanoutDeltabox, SysFanoutReplay, SysFanoutPodman)
+		o.HeapMB, o.WorkspaceMB, SysFanoutDeltabox, SysFanoutReplay, SysFanoutFast, SysFanoutPodman)
 	logf := func(format string, a ...any) {
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, "[%7.1fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 		}
 	}
 	src := "bench-fanout-" + randHex(3)
-	var made []string
+	var made, fastNodes []string
 	var node string
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
@@ -103,31 +106,18 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 				err = errors.Join(err, fmt.Errorf("cleanup: remove sandbox %s: %w", id, e))
 			}
 		}
-		if node != "" {
-			if _, e := c.RemoveNode(cctx, node); e != nil {
-				err = errors.Join(err, fmt.Errorf("cleanup: remove node %s: %w", node, e))
+		for _, n := range append(fastNodes, node) {
+			if n == "" {
+				continue
+			}
+			if _, e := c.RemoveNode(cctx, n); e != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup: remove node %s: %w", n, e))
 			}
 		}
 	}()
 	logf("sandbox %s: %d MiB workspace, python with a %d MiB heap", src, o.WorkspaceMB, o.HeapMB)
-	if _, err := c.Create(ctx, apitypes.CreateOptions{ID: src, Image: o.Image}); err != nil {
-		return f, err
-	}
-	if o.WorkspaceMB > 0 {
-		script := fmt.Sprintf("mkdir -p /workspace/ws && for i in $(seq %d); do head -c 4M /dev/urandom > /workspace/ws/f$i; done", (o.WorkspaceMB+3)/4)
-		r, err := c.Exec(ctx, src, apitypes.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutMS: 600_000})
-		if err != nil {
-			return f, err
-		}
-		if r.ExitCode != 0 {
-			return f, fmt.Errorf("write the workspace: exit %d: %s", r.ExitCode, r.Stderr)
-		}
-	}
-	if _, err := c.StartSession(ctx, src, apitypes.SessionOptions{Name: durSession, Kind: "python"}); err != nil {
-		return f, err
-	}
 	heap := durHeapCode(o.HeapMB)
-	if _, err := fanoutRun(ctx, c, src, heap, ""); err != nil {
+	if err := fanoutSource(ctx, c, src, o, heap); err != nil {
 		return f, err
 	}
 	ck, err := c.Checkpoint(ctx, src, "fanout")
@@ -220,8 +210,48 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 				return f, err
 			}
 		}
+		// The fast path: a fork of a live sandbox moves it into a namespace of its own
+		// (docs/design/fork.md), so each N forks a fresh source, made as the first.
+		fsrc := "bench-fanout-fast-" + randHex(3)
+		logf("%s: deltabox-fast (source %s)", op, fsrc)
+		made = append(made, fsrc)
+		if err := fanoutSource(ctx, c, fsrc, o, heap); err != nil {
+			return f, err
+		}
+		t0 = time.Now()
+		res, err = c.ForkSandbox(ctx, fsrc, apitypes.SandboxForkRequest{ForkRequest: apitypes.ForkRequest{Count: n, CreateOptions: apitypes.CreateOptions{ID: "bff-" + randHex(3)}}})
+		if err != nil {
+			return f, err
+		}
+		fastNodes = append(fastNodes, res.Node)
+		per, mem, pss = per[:0], mem[:0], pss[:0]
+		paths = map[string]int{}
+		for _, b := range res.Branches {
+			made = append(made, b.Sandbox.ID)
+			if _, err := fanoutRun(ctx, c, b.Sandbox.ID, "len(heap)", want); err != nil {
+				return f, fmt.Errorf("branch %d (%s, path %s: %s): %w", b.Branch, b.Sandbox.ID, b.Path, b.Reason, err)
+			}
+			per = append(per, b.DurationMS)
+			paths[b.Path]++
+		}
+		total = ms(time.Since(t0))
+		for _, b := range res.Branches {
+			if in, err := c.Get(ctx, b.Sandbox.ID); err == nil && in.Usage != nil {
+				mem = append(mem, float64(in.Usage.MemoryBytes)/(1<<20))
+			}
+			if pids := cgroupPids(filepath.Join(cgroup.RootFor(o.Root), b.Sandbox.ID)); len(pids) > 0 {
+				pss = append(pss, pssMB(pids))
+			}
+		}
+		row = Summarize(per).Row(SysFanoutFast, op, o.WorkspaceMB, "POST /v1/sandboxes/ID/fork (its checkpoint included)", "POST /v1/sandboxes/ID/exec (session py) per branch")
+		row.Info = map[string]any{"total_ms": total, "daemon_ms": res.DurationMS, "mem_added_mb": Summarize(mem).Mean, "pss_added_mb": Summarize(pss).Mean, "paths": paths, "reason": res.Branches[0].Reason}
+		f.Results = append(f.Results, row)
+		logf("%s: deltabox-fast %.0f ms until every branch answered (%v)", op, total, paths)
+		if made, err = fanoutRemove(ctx, c, made); err != nil {
+			return f, err
+		}
 		f.Results = append(f.Results,
-			UnavailableRows(SysFanoutCRIU, o.WorkspaceMB, "the deltabox row is this: each branch is a CRIU restore of the node's durable image into a fresh sandbox (the fast path it would be set against is not built)", op)...)
+			UnavailableRows(SysFanoutCRIU, o.WorkspaceMB, "the deltabox row is this: each branch is a CRIU restore of the node's durable image into a fresh sandbox ; deltabox-fast is the fast path beside it", op)...)
 		if pf == nil {
 			f.Results = append(f.Results, UnavailableRows(SysFanoutPodman, o.WorkspaceMB, podman, op)...)
 			continue
@@ -260,4 +290,27 @@ func fanoutRemove(ctx context.Context, c *client.Client, ids []string) ([]string
 		}
 	}
 	return nil, nil
+}
+
+// fanoutSource makes sandbox id as the bench's source: its workspace, and its python
+// session holding heap.
+func fanoutSource(ctx context.Context, c *client.Client, id string, o FanoutOptions, heap string) error {
+	if _, err := c.Create(ctx, apitypes.CreateOptions{ID: id, Image: o.Image}); err != nil {
+		return err
+	}
+	if o.WorkspaceMB > 0 {
+		script := fmt.Sprintf("mkdir -p /workspace/ws && for i in $(seq %d); do head -c 4M /dev/urandom > /workspace/ws/f$i; done", (o.WorkspaceMB+3)/4)
+		r, err := c.Exec(ctx, id, apitypes.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutMS: 600_000})
+		if err != nil {
+			return err
+		}
+		if r.ExitCode != 0 {
+			return fmt.Errorf("write the workspace: exit %d: %s", r.ExitCode, r.Stderr)
+		}
+	}
+	if _, err := c.StartSession(ctx, id, apitypes.SessionOptions{Name: durSession, Kind: "python"}); err != nil {
+		return err
+	}
+	_, err := fanoutRun(ctx, c, id, heap, "")
+	return err
 }

@@ -157,3 +157,8 @@ func List() []string {
 	}
 	return out
 }
+
+// Add moves process pid (a host PID, all its threads) into the group.
+func (g *Group) Add(pid int) error {
+	return writeFile(filepath.Join(g.Path, "cgroup.procs"), strconv.Itoa(pid))
+}

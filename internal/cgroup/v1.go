@@ -589,3 +589,17 @@ func removeV1Roots() {
 	}
 	unix.Rmdir(backgroundDir())
 }
+
+// Add moves process pid (a host PID, all its threads) into every limit group: a
+// process the daemon placed by injection (a fast fork's copy), which spawn's join
+// did not put there.
+func (v *V1) Add(pid int) error {
+	for _, c := range v1Controllers {
+		if d := v.dirs[c]; d != "" {
+			if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

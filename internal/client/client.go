@@ -218,6 +218,12 @@ func (c *Client) Fork(ctx context.Context, node string, q apitypes.ForkRequest) 
 	return &out, c.do(ctx, "POST", "/nodes/"+node+"/fork", q, &out)
 }
 
+// ForkSandbox checkpoints sandbox id and forks the node it made, in one request.
+func (c *Client) ForkSandbox(ctx context.Context, id string, q apitypes.SandboxForkRequest) (*apitypes.ForkResult, error) {
+	var out apitypes.ForkResult
+	return &out, c.do(ctx, "POST", "/sandboxes/"+id+"/fork", q, &out)
+}
+
 func (c *Client) RemoveNode(ctx context.Context, id string) ([]string, error) {
 	var out apitypes.NodesRemoved
 	return out.Removed, c.do(ctx, "DELETE", "/nodes/"+id, nil, &out)

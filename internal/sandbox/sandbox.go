@@ -53,6 +53,11 @@ type Sandbox struct {
 	TopLower string
 	// builderClosed: Destroy closed the builder (Destroy runs once at a time, by contract).
 	builderClosed bool
+	// family, for a branch of a fast fork (StartBranch), is the runtime whose init made
+	// its init: the parent of every process placed in the branch by injection (branch.go).
+	family *Sandbox
+	// ownCG, for a family's holder (BecomeHolder), is the cgroup it had before.
+	ownCG *cgroup.Group
 
 	// execLeft counts exec groups left with processes in them (Exec's dropExecGroup);
 	// the next Exec tries to remove them.
@@ -330,11 +335,23 @@ func (s *Sandbox) dupState(which func(State) int) (int, error) {
 
 // KillAll kills every process but init and keep (PIDs in the sandbox), and waits until
 // init has reaped them.
-func (s *Sandbox) KillAll(keep ...int) (int, error) { return s.init.KillAll(keep...) }
+func (s *Sandbox) KillAll(keep ...int) (int, error) {
+	n, err := s.init.KillAll(keep...)
+	if err == nil && s.family != nil {
+		err = s.waitGone(keep)
+	}
+	return n, err
+}
 
 // Reap asks init to reap pids (in the sandbox), processes the caller killed, once they
 // have exited; their exits reach Watch before it returns.
-func (s *Sandbox) Reap(pids ...int) (int, error) { return s.init.Reap(pids...) }
+func (s *Sandbox) Reap(pids ...int) (int, error) {
+	n, err := s.init.Reap(pids...)
+	if err == nil && s.family != nil {
+		err = s.waitReaped(pids)
+	}
+	return n, err
+}
 
 // Watch returns a channel that receives the wait status of pid (in the sandbox) when
 // init reaps it.

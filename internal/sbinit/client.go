@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -172,19 +171,8 @@ func Start(o StartOptions) (*Client, error) {
 	go copyLog(logR, logDup)
 	c := newClient(fds[0], cmd.Process.Pid, cmd.Process.Kill)
 	go func() { cmd.Wait(); close(c.done) }()
-	// The first message is ready (or the setup error). Past readyTimeout init is
-	// killed, which closes its end of the socket and ends the recv.
-	var late atomic.Bool
-	timer := time.AfterFunc(readyTimeout, func() { late.Store(true); cmd.Process.Kill() })
-	buf := make([]byte, maxMessage)
-	m, _, err := recv(c.fd, buf, nil)
-	timer.Stop()
-	if late.Load() {
-		err = fmt.Errorf("sandbox init (pid %d) did not report ready within %v (killed)", cmd.Process.Pid, readyTimeout)
-	} else if err == nil && m.Err != "" {
-		err = fmt.Errorf("sandbox init setup: %s", m.Err)
-	}
-	if err != nil {
+	// The first message is ready (or the setup error).
+	if err := c.awaitReady(); err != nil {
 		c.Kill()
 		return nil, fmt.Errorf("sandbox init did not start (see its log): %w", err)
 	}

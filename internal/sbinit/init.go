@@ -588,6 +588,18 @@ func (s *server) serve() {
 				reply.Err = err.Error()
 			}
 			s.reapMu.Unlock()
+		case "branch":
+			pid, pidfd, err := startBranch(m, fds)
+			closeAll(fds)
+			reply.Pid = pid
+			if err != nil {
+				reply.Err = err.Error()
+				s.send(reply, nil)
+				continue
+			}
+			s.send(reply, []int{pidfd})
+			unix.Close(pidfd)
+			continue
 		case "mkns":
 			fd, err := newMountNS()
 			if err != nil {

@@ -32,6 +32,8 @@
 //	  |<------------- {id} + fd ---------------|   groups and unshares a cgroup namespace
 //	  |                                        |   rooted as each command's is, for
 //	  |                                        |   the processes CRIU restores
+//	  |-- {id,op:branch,data} + fds ---------->|   a branch init for a fast fork
+//	  |<------------- {id,pid} + pidfd --------|   (branch.go)
 //	  |-- {id,op:ping} ----------------------->|   liveness
 //	  |<------------- {id} --------------------|
 //	  |-- {id,op:keep,key,data} + fd --------->|   init keeps fd and data under key for the

@@ -13,6 +13,10 @@ type Config struct {
 	// FastPath keeps processes across checkpoints and restores (template forks). Off,
 	// a checkpoint carries files only and ends the sessions (DELTABOX_FASTPATH=0).
 	FastPath bool
+	// ForkFast lets a fork of a live sandbox's node take the fast path (family.go):
+	// branches in sibling namespaces of the sandbox's, its templates forked into them at
+	// their PIDs, the sandbox moved into one of its own (DELTABOX_FORK_FAST=1).
+	ForkFast bool
 	// WarmProcesses pre-faults restored processes' memory after every restore, in every
 	// sandbox (procwarm.go; DELTABOX_WARM_PROC=1). A sandbox can ask for it alone
 	// (CreateOptions.WarmProcesses).

@@ -1,8 +1,14 @@
 package state
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"time"
+
+	"deltabox/internal/sandbox"
+	"deltabox/internal/session"
+	"deltabox/internal/store"
 )
 
 // For the external tests: how many steps the fault injection has (SetFailStep numbers
@@ -77,4 +83,82 @@ func PassAt(m *Manager) time.Time {
 	m.diskMu.Lock()
 	defer m.diskMu.Unlock()
 	return m.passAt
+}
+
+// FastBranch is a branch ForkFastBranches made: its runtime and its sessions.
+type FastBranch struct {
+	RT       *sandbox.Sandbox
+	Sessions map[string]*session.Session
+}
+
+// ForkFastBranches makes n branches of sandbox id's family on node with the fast path's
+// mechanism (startFastBranch, all at once; then place, node's templates in id placed at
+// their PIDs, one branch after the other) and lets the copies run. phases sums, over
+// the branches, the time their inits, states and copies took. remove removes them all.
+// +checklocksignore: takes opMu for the branches' making
+func ForkFastBranches(m *Manager, id, node string, n int) (out []FastBranch, phases [3]time.Duration, remove func() error, err error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, phases, nil, err
+	}
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	s.tmplMu.Lock()
+	defer s.tmplMu.Unlock()
+	tps, err := m.templatesFor(s, node)
+	if err != nil {
+		return nil, phases, nil, err
+	}
+	iso, floor, err := m.fastFamily(s, tps)
+	if err != nil {
+		return nil, phases, nil, err
+	}
+	made := make([]*fastBranch, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range made {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			made[i], errs[i] = m.startFastBranch(s.rt, store.Sandbox{Limits: s.rec.Limits, DiskMB: s.rec.DiskMB, Image: s.rec.Image}, iso, node, fmt.Sprintf("%s-fast%d", id, i), floor, "")
+		}()
+	}
+	wg.Wait()
+	remove = func() error {
+		var errs []error
+		for _, b := range made {
+			if b != nil {
+				errs = append(errs, b.remove(m))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, phases, nil, withUndo(err, remove())
+	}
+	for _, b := range made {
+		if err := m.place(m.tracer(s), s.rt, b, tps); err != nil {
+			return nil, phases, nil, withUndo(err, remove())
+		}
+		phases[0] += b.init
+		phases[1] += b.state
+		phases[2] += b.place
+	}
+	for _, b := range made {
+		out = append(out, FastBranch{RT: b.rt, Sessions: b.sessions})
+		if err := b.commit(); err != nil {
+			return nil, phases, nil, withUndo(err, remove())
+		}
+	}
+	return out, phases, remove, nil
+}
+
+// Runtime is sandbox id's runtime.
+// +checklocksignore: tests: rt is set while the sandbox runs
+func Runtime(m *Manager, id string) (*sandbox.Sandbox, error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.rt, nil
 }

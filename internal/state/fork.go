@@ -43,7 +43,9 @@ import (
 //     devpts) and the revive gives each process its session's.
 //
 // The fast path (templates forked into sibling PID namespaces of a family holder,
-// fork.md) is not built: a fork's answer says "durable" or "files" per branch, with why.
+// fork.md) is family.go's: taken by a fork of a sandbox (ForkSandbox) when
+// Config.ForkFast is on and nothing ran between its checkpoint and the fork; every
+// other fork says "durable" or "files" per branch, with why, and why not "fast".
 //
 // Failure: a branch that cannot be made or restored removes every branch made so far,
 // and the error says which branch failed and why; the node and the source sandbox are
@@ -59,8 +61,9 @@ const defaultForkImageWait = 2 * time.Minute
 
 // Fork paths, the answer's path per branch.
 const (
-	forkDurable = "durable"
-	forkFiles   = "files"
+	forkFastPath = "fast"
+	forkDurable  = "durable"
+	forkFiles    = "files"
 )
 
 type (
@@ -72,6 +75,13 @@ type (
 
 // Fork makes o.Count sandboxes on node (see above).
 func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkResult, error) {
+	return m.fork(ctx, node, o, -1)
+}
+
+// fork is Fork; execs, when >= 0, is the count of the node's sandbox's commands
+// (stats.Execs) read before the checkpoint that made node (ForkSandbox): the fast path,
+// which moves the sandbox back onto node, is taken only if none ran since.
+func (m *Manager) fork(ctx context.Context, node string, o ForkOptions, execs int64) (*ForkResult, error) {
 	t0 := time.Now()
 	if o.Count < 1 || o.Count > maxForkCount {
 		return nil, fmt.Errorf("fork count %d: want 1 to %d branches: %w", o.Count, maxForkCount, errdefs.ErrInvalid)
@@ -109,8 +119,21 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 		co.Workdir = workdir
 	}
 	ids := forkIDs(co.ID, o.Count)
+	fastWhy := "processes \"never\" was asked"
+	switch {
+	case o.Processes == "never":
+	case execs < 0:
+		fastWhy = "it moves the node's sandbox back onto the node: only a fork of the sandbox itself (POST /v1/sandboxes/ID/fork, a checkpoint and the fork in one request) takes it"
+	default:
+		fr, why, err := m.forkFast(ctx, node, maker, ids, co, o, execs)
+		if err != nil || fr != nil {
+			return fr, err
+		}
+		fastWhy = why
+	}
 	res := &ForkResult{Node: node, Count: o.Count}
 	path, reason, waited := m.forkPath(ctx, node, o)
+	reason += " (not the fast path: " + fastWhy + ")"
 	res.ImageWaitMS = ms(waited)
 	if path == forkFiles && o.Processes == "require" {
 		return nil, fmt.Errorf("fork of %s cannot carry its processes: %s (processes \"auto\" forks its files only): %w", node, reason, errdefs.ErrConflict)
@@ -187,11 +210,17 @@ func (m *Manager) Fork(ctx context.Context, node string, o ForkOptions) (*ForkRe
 // ForkSandbox checkpoints sandbox id (co) and forks the node it made (o): sb.fork in
 // one request. A fork that fails leaves the checkpoint's node, which its error names.
 func (m *Manager) ForkSandbox(ctx context.Context, id string, co CheckpointOptions, o ForkOptions) (*ForkResult, error) {
+	var execs int64
+	if s, err := m.get(id); err == nil {
+		s.mu.Lock()
+		execs = int64(s.stats.Execs)
+		s.mu.Unlock()
+	}
 	cp, err := m.CheckpointWith(ctx, id, co)
 	if err != nil {
 		return nil, err
 	}
-	res, err := m.Fork(ctx, cp.Node.ID, o)
+	res, err := m.fork(ctx, cp.Node.ID, o, execs)
 	if err != nil {
 		return nil, fmt.Errorf("%w (the checkpoint made node %s, which stays)", err, cp.Node.ID)
 	}
@@ -328,7 +357,7 @@ func (m *Manager) forkPath(ctx context.Context, node string, o ForkOptions) (pat
 		how = append([]string{"its templates' processes from the node's durable CRIU image"}, how...)
 		waited = w
 	}
-	return forkDurable, "restored " + strings.Join(how, " and ") + " (the fast path into sibling namespaces is not built)", waited
+	return forkDurable, "restored " + strings.Join(how, " and "), waited
 }
 
 // noImages says why the daemon writes no durable images ("" when it does), once its

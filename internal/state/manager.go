@@ -46,6 +46,12 @@ type Manager struct {
 
 	// +checklocks:mu
 	templates map[string][]*procTemplate // node id -> its process templates (templates.go)
+	// famOf is each fast fork family's member's family, families every family alive
+	// (family.go).
+	// +checklocks:mu
+	famOf map[string]*family
+	// +checklocks:mu
+	families []*family
 	// procRecs is each node's last process record (restart.go: recordTemplates), under mu.
 	// +checklocks:mu
 	procRecs map[string]*nodeProcesses
@@ -237,7 +243,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
-	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, procRecs: map[string]*nodeProcesses{},
+	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, famOf: map[string]*family{}, procRecs: map[string]*nodeProcesses{},
 		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
 		net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {
@@ -423,6 +429,7 @@ func (m *Manager) Close() error {
 		m.endSessions(s, "daemon stopped")
 		s.opMu.Unlock()
 	}
+	m.closeFamilies()
 	// Work queued after answers runs to its end (it finds its sandbox closed), and the
 	// index is closed after the last of it.
 	m.wg.Wait()

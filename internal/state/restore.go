@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/errdefs"
+	"deltabox/internal/fastpath"
 	"deltabox/internal/overlay"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/store"
@@ -75,8 +76,9 @@ type restore struct {
 	inject func() error // step 6's fault-injection point
 	after  []func()     // work for after the answer, queued when the restore ends
 
-	refused    string // why a refusal was one (counted)
-	tmplLocked bool   // step 1 holds s.tmplMu
+	refused    string  // why a refusal was one (counted)
+	tmplLocked bool    // step 1 holds s.tmplMu
+	fam        *family // step 1: the node's templates are this family's holder's; its mu held
 	tps        []*procTemplate
 	rvs        []*revival
 	criu       *criuTrees // step 1: the node's CRIU trees, restored at step 6
@@ -167,6 +169,9 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 		if r.tmplLocked {
 			s.tmplMu.Unlock() // +checklocksignore: templates (step 1) took it: r.tmplLocked
 		}
+		if r.fam != nil {
+			r.fam.release() // templates (step 1) took it: r.fam
+		}
 		for _, f := range r.after { // before unlock: the gate holds them until then
 			m.afterAnswer(s, f)
 		}
@@ -203,6 +208,17 @@ func (r *restore) templates() error {
 	s.tmplMu.Lock()
 	r.tmplLocked = true
 	tps, err := m.templatesFor(s, r.nodeID)
+	if err == nil && len(tps) == 0 {
+		// A node made before a fast fork: its templates are the family's holder's,
+		// placed into this member's namespace (family.go).
+		if ftps, fam, ferr := m.familyTemplates(s, r.nodeID); ferr != nil || len(ftps) > 0 {
+			tps, err = ftps, ferr
+			if fam != nil {
+				fam.hold() // until Restore returns (r.fam), as tmplMu
+				r.fam = fam
+			}
+		}
+	}
 	if (err != nil || len(tps) == 0) && m.fastPath(s) && m.hasProcessImage(r.nodeID) {
 		// Evicted or lost: the node's durable image brings them back (durable.go).
 		m.dropNodeTemplates(s, r.nodeID)
@@ -248,7 +264,7 @@ func (r *restore) templates() error {
 			r.undo.push(func() error { m.abortTreeSessions(ts); return nil })
 		}
 	}
-	rvs, err := m.prepareRevivals(s, tps)
+	rvs, err := m.prepareRevivals(s, tps, r.fam)
 	if err != nil {
 		return err
 	}
@@ -410,7 +426,16 @@ func (r *restore) revive() error {
 		return err
 	}
 	r.after = append(r.after, func() { unix.Close(ns) }) // as at a checkpoint
-	if err := m.reviveAll(s, r.rvs, ns, r.inject); err != nil {
+	var tg *fastpath.Target
+	if r.fam != nil {
+		t, closeTarget, err := s.rt.PlaceTarget(r.fam.rt)
+		if err != nil {
+			return err
+		}
+		r.after = append(r.after, closeTarget)
+		tg = t
+	}
+	if err := m.reviveAll(s, r.rvs, ns, tg, r.inject); err != nil {
 		return err
 	}
 	return r.restoreCRIUTrees()
@@ -510,8 +535,12 @@ func (r *restore) publish() error {
 		m.countPath(s, "restore", pathNoTemplates)
 	}
 	m.warmNode(s, r.nodeID) // for the next restore to this node
-	m.startProcWarm(s, r.rvs)
 	tps, node := r.tps, r.nodeID
+	if r.fam == nil { // the holder's templates are its own tracer's, and its record's
+		m.startProcWarm(s, r.rvs)
+	} else {
+		tps = nil
+	}
 	m.afterAnswer(s, func() {
 		m.keepSessions(s)
 		if len(tps) > 0 {

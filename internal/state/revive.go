@@ -33,11 +33,14 @@ type revival struct {
 // its session found or made with a terminal. On error everything is let go as it was.
 // Precondition: s.opMu held.
 // +checklocks:s.opMu
-func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate) ([]*revival, error) {
+func (m *Manager) prepareRevivals(s *sb, ts []*procTemplate, fam *family) ([]*revival, error) {
 	if len(ts) == 0 {
 		return nil, nil
 	}
 	tr := m.tracer(s)
+	if fam != nil { // the family's holder's templates (family.go: familyTemplates)
+		tr = fam.tracer
+	}
 	var out []*revival
 	for _, t := range ts {
 		rv := &revival{pt: t, peer: -1}
@@ -76,15 +79,28 @@ func (m *Manager) prepareSession(s *sb, rv *revival) error {
 
 // reviveAll forks every template into its session's PID on the state whose namespace is ns; the new
 // processes stay stopped until commitRevivals. afterFirst runs once the first is made.
-// On error the caller aborts (abortRevivals).
+// tg, for the templates of a fast fork's holder, is s's branch, where each is placed
+// (fastpath.Revival.ReviveInto); nil forks them in place. On error the caller aborts
+// (abortRevivals).
 // +checklocks:s.opMu
-func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, afterFirst func() error) error {
+func (m *Manager) reviveAll(s *sb, rvs []*revival, ns int, tg *fastpath.Target, afterFirst func() error) error {
 	for i, rv := range rvs {
-		if rv.sess != nil {
+		// A fast fork's branch: the revived process is the family init's child, whose
+		// exit the family's init reports (sandbox.Sandbox.WatchPlaced), known by its
+		// host PID once forked (it is stopped until the commit).
+		branch := s.rt.IsBranch()
+		if rv.sess != nil && !branch {
 			rv.exit = s.rt.Watch(rv.pt.tmpl.Pid)
 		}
-		if err := rv.r.Revive(ns, rv.pts); err != nil {
+		revive := rv.r.Revive
+		if tg != nil {
+			revive = func(ns int, pts string) error { return rv.r.ReviveInto(tg, ns, pts) }
+		}
+		if err := revive(ns, rv.pts); err != nil {
 			return fmt.Errorf("%s: %w", rv.pt.what, err)
+		}
+		if rv.sess != nil && branch {
+			rv.exit = s.rt.WatchPlaced(rv.pt.tmpl.Pid, rv.r.HostPid)
 		}
 		if i == 0 {
 			if err := afterFirst(); err != nil {

@@ -453,10 +453,16 @@ func (m *Manager) Remove(id string) error {
 	m.mu.Lock()
 	delete(m.sandboxes, id)
 	m.mu.Unlock()
+	// A fast fork's source removed before its branches: its directory, the proof of
+	// life of the family's uid range, stays until the family ends (family.go).
+	keepIDs := m.leaveFamily(id)
 	upper, dir := m.st.LayerDir(s.rec.Upper), m.st.SandboxDir(id)
+	if keepIDs {
+		dir = ""
+	}
 	// Record first, directories after: a crash in between leaves orphans the sweep removes.
 	seq := m.st.Index.Apply(store.Op{DeleteSandbox: id}, store.Op{After: func() {
-		if err := errors.Join(store.RemoveAll(upper), store.RemoveAll(dir)); err != nil {
+		if err := errors.Join(store.RemoveAll(upper), removeDir(dir)); err != nil {
 			m.log.Warn("remove: what stays, the next start sweeps", "sandbox", id, "err", err)
 		}
 	}})
@@ -464,7 +470,9 @@ func (m *Manager) Remove(id string) error {
 	if err := m.st.Index.WaitDurable(seq); err != nil && derr == nil {
 		derr = err
 	}
-	m.releaseIDs(id, s.rec.UIDBase)
+	if !keepIDs {
+		m.releaseIDs(id, s.rec.UIDBase)
+	}
 	m.diskFreed.Add(1) // the store has room again: a sandbox stopped for it may run
 	return derr
 }
@@ -573,3 +581,11 @@ func describeExec(r sandbox.ExecRequest) string {
 }
 
 // ---- layers ----
+
+// removeDir is store.RemoveAll of dir, nothing for "".
+func removeDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	return store.RemoveAll(dir)
+}

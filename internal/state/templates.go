@@ -108,6 +108,12 @@ func (m *Manager) dropTemplatesLocked(nodes []string) {
 func (m *Manager) dropSandboxTemplates(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.dropSandboxTemplatesLocked(id)
+}
+
+// dropSandboxTemplatesLocked is dropSandboxTemplates. Precondition: m.mu held.
+// +checklocks:m.mu
+func (m *Manager) dropSandboxTemplatesLocked(id string) {
 	for n, ts := range m.templates {
 		var keep []*procTemplate
 		for _, t := range ts {

@@ -12,17 +12,18 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings: each fork has its
-// deltabox row (every branch carried its python by the durable path), its files+replay
-// row and, where podman is installed (scripts/setup.sh installs it), its podman row
-// with samples; the systems that cannot run are marked so with the reason, and the
-// bench removed what it made, podman's containers too.
+// TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings on a daemon with
+// the fast path of forks on: each fork has its deltabox row (every branch carried its
+// python by the durable path), its deltabox-fast row (by the fast path), its
+// files+replay row and, where podman is installed (scripts/setup.sh installs it), its
+// podman row with samples; the systems that cannot run are marked so with the reason,
+// and the bench removed what it made, podman's containers too.
 func TestBenchFanoutTiny(t *testing.T) {
 	podman, _ := exec.LookPath("podman")
 	if podman == "" && os.Getenv("CI") == "true" {
 		t.Fatal("podman is not installed: scripts/setup.sh installs it for the benches' baselines")
 	}
-	d := testutil.StartDaemon(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_FORK_FAST=1")
 	out := filepath.Join(t.TempDir(), "fanout.json")
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "fanout", "--counts", "1,2",
 		"--heap-mb", "4", "--workspace-mb", "4", "--json", out)
@@ -46,7 +47,7 @@ func TestBenchFanoutTiny(t *testing.T) {
 	want := map[string][]int{"1": {0}, "2": {0, 1}} // the branches of each fork
 	for _, n := range []string{"1", "2"} {
 		op := "fork-" + n
-		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutReplay} {
+		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutFast, bench.SysFanoutReplay} {
 			r, ok := got[sys+" "+op]
 			if !ok {
 				t.Fatalf("no row %s %s", sys, op)
@@ -60,6 +61,12 @@ func TestBenchFanoutTiny(t *testing.T) {
 		}
 		if p, _ := got[bench.SysFanoutDeltabox+" "+op].Info["paths"].(map[string]any); p["durable"] != float64(len(want[n])) {
 			t.Errorf("%s: paths %v, want every branch durable", op, p)
+		}
+		if p, _ := got[bench.SysFanoutFast+" "+op].Info["paths"].(map[string]any); p["fast"] != float64(len(want[n])) {
+			t.Errorf("%s: deltabox-fast paths %v (%v), want every branch fast", op, p, got[bench.SysFanoutFast+" "+op].Info["reason"])
+		}
+		if pss, _ := got[bench.SysFanoutFast+" "+op].Info["pss_added_mb"].(float64); pss <= 0 {
+			t.Errorf("%s: deltabox-fast's pss_added_mb %v, want the branches' PSS", op, got[bench.SysFanoutFast+" "+op].Info["pss_added_mb"])
 		}
 		if r := got[bench.SysFanoutCRIU+" "+op]; r.Unavailable() == "" {
 			t.Errorf("row %s %s: not marked unavailable with its reason", bench.SysFanoutCRIU, op)

@@ -18,6 +18,14 @@ import (
 // cwd) and a background process, checkpoints it and returns the node and the PIDs.
 func forkSource(t *testing.T, d *testutil.Daemon, id string) (node, pyPid, bashPid, bgPid string) {
 	t.Helper()
+	pyPid, bashPid, bgPid = forkSourceLive(t, d, id)
+	node = dbxCheckpoint(t, d, id, "fork-source").Node.ID
+	return node, pyPid, bashPid, bgPid
+}
+
+// forkSourceLive makes forkSource's sandbox, without its checkpoint.
+func forkSourceLive(t *testing.T, d *testutil.Daemon, id string) (pyPid, bashPid, bgPid string) {
+	t.Helper()
 	dbxCreate(t, d, id)
 	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
 		t.Fatal(err)
@@ -31,8 +39,7 @@ func forkSource(t *testing.T, d *testutil.Daemon, id string) (node, pyPid, bashP
 	bashPid = strings.TrimSpace(sessRun(t, d, id, "main", "cd /tmp; export FOO=bar; hello() { echo hi-$1; }; echo $$"))
 	bgPid = strings.TrimSpace(dbxSh(t, d, id, `nohup sleep 100000 </dev/null >/dev/null 2>&1 & echo $!`))
 	dbxSh(t, d, id, "echo source > /workspace/f")
-	node = dbxCheckpoint(t, d, id, "fork-source").Node.ID
-	return node, pyPid, bashPid, bgPid
+	return pyPid, bashPid, bgPid
 }
 
 // forkCheckBranch checks that branch sb has the source's state at the checkpoint:

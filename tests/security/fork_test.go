@@ -142,3 +142,93 @@ echo done`, 120*time.Second)
 		}
 	}
 }
+
+// TestForkFastBranchesCannotReachEachOther: the fast path's branches (sb.fork with
+// DELTABOX_FORK_FAST=1) are siblings in the family's PID namespace, and the source moved
+// into one of its own: each runs the node's background process at its PID in a PID and
+// user namespace of its own (the family's host uids: docs/design/fork.md). From branch
+// 0, as its root, kill(2) reaches no PID but its own and /proc lists only its own; from
+// the source, /proc lists none of the branches' (no live code in their ancestor); kill
+// -9 -1 from branch 0 leaves the sibling's and the source's processes running.
+func TestForkFastBranchesCannotReachEachOther(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0", "DELTABOX_FORK_FAST=1")
+	const src = "ffsec"
+	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: src}); err != nil {
+		t.Fatal(err)
+	}
+	marker := strconv.Itoa(5000000 + os.Getpid()%100000)
+	// Started by a command (its parent is init): the fast path forks it.
+	if r, err := d.C.Exec(ctx(t), src, apitypes.ExecRequest{Argv: []string{"sh", "-c", "nohup sleep " + marker + " </dev/null >/dev/null 2>&1 &"}}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("start the sleep: %v %+v", err, r)
+	}
+	res, err := d.C.ForkSandbox(ctx(t), src, apitypes.SandboxForkRequest{ForkRequest: apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "ffsec-b"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range res.Branches {
+		if b.Path != "fast" {
+			t.Fatalf("branch %d: path %s (%s): the test needs the fast path", b.Branch, b.Path, b.Reason)
+		}
+	}
+	live := func() map[string]forkProc {
+		out := map[string]forkProc{}
+		for _, pid := range hostPidsWith(t, "sleep\x00"+marker) {
+			if p, ok := forkReadProc(t, pid); ok && p.state == "S" {
+				out[p.pidns] = p
+			}
+		}
+		return out
+	}
+	var procs map[string]forkProc
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if procs = live(); len(procs) == 3 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(procs) != 3 {
+		t.Fatalf("want the sleep running in 3 PID namespaces (source, 2 branches), got %+v", procs)
+	}
+	scan := `own=" $(cd /proc && echo [0-9]*) "
+for p in $(seq 1 65535); do
+  kill -0 $p 2>/dev/null || continue
+  case "$own" in *" $p "*) ;; *) echo "SIGNALLED $p";; esac
+done
+for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < $f 2>/dev/null | grep -q "^sleep ` + marker + `" && echo $f; done | wc -l
+echo done`
+	for _, sb := range []string{"ffsec-b-0", src} {
+		r, err := d.C.Run(ctx(t), sb, "main", scan, 120*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(r.Stdout, "SIGNALLED") || !strings.Contains(r.Stdout, "done") {
+			t.Fatalf("%s signals PIDs outside its /proc (or the scan did not finish):\n%s", sb, r.Stdout)
+		}
+		if !strings.Contains("\n"+r.Stdout, "\n1\ndone") {
+			t.Fatalf("%s's /proc should list one sleep, its own:\n%s", sb, r.Stdout)
+		}
+	}
+	d.C.Exec(ctx(t), "ffsec-b-0", apitypes.ExecRequest{Argv: []string{"sh", "-c", "kill -9 -1"}})
+	time.Sleep(300 * time.Millisecond)
+	after := live()
+	for ns, p := range procs {
+		if q, ok := after[ns]; !ok || q.pid != p.pid {
+			if ns != nsOfBranch(t, d, "ffsec-b-0") {
+				t.Fatalf("kill -9 -1 in branch 0 reached a process outside it: %+v (now %+v)", p, after)
+			}
+		}
+	}
+}
+
+// nsOfBranch is sandbox id's PID namespace, as the host names it.
+func nsOfBranch(t *testing.T, d *testutil.Daemon, id string) string {
+	t.Helper()
+	in, err := d.C.Get(ctx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", in.InitPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}

@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"deltabox/internal/apitypes"
+	"deltabox/internal/testutil"
+)
+
+// TestForkFastCarriesProcesses: with the fast path on (DELTABOX_FORK_FAST=1), POST
+// /v1/sandboxes/ID/fork {"count": 8} makes 8 branches in sibling namespaces of the
+// sandbox's family, each running the node's processes (a python session with a dict of
+// 10^5 objects, a generator mid-iteration and a random.Random; a bash session's
+// variable, function and cwd; a background process) at their checkpoint PIDs, forked
+// from the node's templates (path "fast"), each with its identity and stats; the source
+// moved into a namespace of its own with the same state. Each branch diverges alone;
+// kill -9 -1 in one branch leaves every sibling and the source intact; each branch, and
+// the source, restores the node made before the fork to exactly its state; removing the
+// source leaves the branches running.
+func TestForkFastCarriesProcesses(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0", "DELTABOX_FORK_FAST=1")
+	pyPid, bashPid, bgPid := forkSourceLive(t, d, "ffsrc")
+	const n = 8
+	t0 := time.Now()
+	res, err := d.C.ForkSandbox(dbxCtx(t), "ffsrc", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: n, CreateOptions: apitypes.CreateOptions{ID: "ffb"}},
+		Checkpoint:  apitypes.CheckpointRequest{Label: "fork-source"},
+	})
+	if err != nil {
+		t.Fatalf("fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	node := res.Node
+	t.Logf("fast fork of %d: %v (daemon %.0f ms)", n, time.Since(t0), res.DurationMS)
+	if len(res.Branches) != n {
+		t.Fatalf("%d branches, want %d", len(res.Branches), n)
+	}
+	for i, b := range res.Branches {
+		if b.Path != "fast" || b.Restore.Processes != 3 || b.Sandbox.ID != fmt.Sprintf("ffb-%d", i) {
+			t.Fatalf("branch %d: %s path %s (%s), %+v", i, b.Sandbox.ID, b.Path, b.Reason, b.Restore)
+		}
+		if o := b.Sandbox.Stats.Fork; o == nil || o.Node != node || o.Branch != i || o.Count != n || o.Path != "fast" {
+			t.Fatalf("branch %d's stats.fork: %+v", i, o)
+		}
+	}
+	if in, err := d.C.Get(dbxCtx(t), "ffsrc"); err != nil || in.Stats.ForkPaths["fast"] != n {
+		t.Fatalf("the source's stats.fork_paths: %v (%v)", in.Stats.ForkPaths, err)
+	}
+	for _, b := range res.Branches {
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+		forkCheckIdentity(t, d, b.Sandbox.ID, b.Branch, n, node)
+	}
+	forkCheckBranch(t, d, "ffsrc", pyPid, bashPid, bgPid, "source")
+	for _, b := range res.Branches {
+		sessRun(t, d, b.Sandbox.ID, "py", fmt.Sprintf("d[1] = 'b%d'", b.Branch))
+		dbxSh(t, d, b.Sandbox.ID, fmt.Sprintf("echo b%d > /workspace/f", b.Branch))
+	}
+	for _, b := range res.Branches {
+		want := fmt.Sprintf("b%d", b.Branch)
+		if got := sessRun(t, d, b.Sandbox.ID, "py", "d[1]"); got != "'"+want+"'\n" {
+			t.Fatalf("branch %d's python: %q, want its own %s", b.Branch, got, want)
+		}
+		if got := dbxSh(t, d, b.Sandbox.ID, "cat /workspace/f"); got != want+"\n" {
+			t.Fatalf("branch %d's file: %q, want its own %s", b.Branch, got, want)
+		}
+	}
+	if got := sessRun(t, d, "ffsrc", "py", "d[1]"); got != "'1'\n" {
+		t.Fatalf("the source's python: %q", got)
+	}
+	// kill -9 -1 in branch 0, from its bash session: its child dies, siblings and the
+	// source go on.
+	if got := sessRun(t, d, "ffb-0", "main", "sleep 1000 & kill -9 -1; wait $! 2>/dev/null; kill -0 $! 2>/dev/null && echo alive || echo dead"); !strings.HasSuffix(got, "dead\n") {
+		t.Fatalf("kill -9 -1 in ffb-0 did not reach its own child: %q", got)
+	}
+	for _, sb := range []string{"ffb-1", "ffb-7", "ffsrc"} {
+		if got := dbxSh(t, d, sb, "cat /proc/"+bgPid+"/comm"); got != "sleep\n" {
+			t.Fatalf("%s's background process after kill -9 -1 in ffb-0: %q", sb, got)
+		}
+		if got := sessRun(t, d, sb, "py", "len(d)"); got != "100000\n" {
+			t.Fatalf("%s's python after kill -9 -1 in ffb-0: %q", sb, got)
+		}
+	}
+	// Each branch and the source restore the node made before the fork: exactly the
+	// checkpoint's state, from the family's templates placed into their namespaces.
+	for _, sb := range []string{"ffb-0", "ffb-3", "ffsrc"} {
+		r := dbxRestore(t, d, sb, node)
+		if r.Processes != 3 || r.FromImage {
+			t.Fatalf("%s's restore to the pre-fork node: %d processes %v, from image %v", sb, r.Processes, r.ProcessErrors, r.FromImage)
+		}
+		forkCheckBranch(t, d, sb, pyPid, bashPid, bgPid, "source")
+		if got := sessRun(t, d, sb, "py", "d[1]"); got != "'1'\n" {
+			t.Fatalf("%s after its restore: %q", sb, got)
+		}
+	}
+	forkCheckIdentity(t, d, "ffb-3", 3, n, node) // never rolled back
+	if err := d.C.Remove(dbxCtx(t), "ffsrc"); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range res.Branches[1:] {
+		if got := sessRun(t, d, b.Sandbox.ID, "py", "len(d)"); got != "100000\n" {
+			t.Fatalf("%s after the source's removal: %q", b.Sandbox.ID, got)
+		}
+	}
+}
