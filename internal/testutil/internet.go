@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
 
 	"deltabox/internal/netns"
 )
@@ -53,12 +54,36 @@ type Internet struct {
 	dirs map[string]string // first path element -> directory served (ServeDir)
 }
 
+// lockInternet holds, until t's cleanup, the host-wide lock of the test internets: each
+// routes 169.254.169.254/32 (its metadata server) on the host, which one internet at
+// a time can, and the e2e and security packages run at once ("ip route add
+// 169.254.169.254/32: File exists", CI on this machine). It waits at most 5 minutes.
+func lockInternet(t testing.TB) {
+	t.Helper()
+	f, err := os.OpenFile("/run/deltabox-test-internet.lock", os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		t.Fatalf("the test internets' lock: %v", err)
+	}
+	for end := time.Now().Add(5 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if err != unix.EWOULDBLOCK || time.Now().After(end) {
+			f.Close()
+			t.Fatalf("the test internets' lock (/run/deltabox-test-internet.lock, held by another test process's internet): %v", err)
+		}
+	}
+	t.Cleanup(func() { f.Close() }) // the flock goes with the file
+}
+
 // NewInternet makes the namespace and its servers; t's cleanup removes them.
 func NewInternet(t testing.TB) *Internet {
 	t.Helper()
 	_, err := exec.LookPath("ip")
 	Require(t, err == nil, "iproute2's ip is needed to make the test's internet (apt-get install iproute2)")
 	Require(t, os.Geteuid() == 0, "making network namespaces needs root")
+	lockInternet(t)
 	var rb [2]byte
 	rand.Read(rb[:])
 	sub := 64 + int(rb[0])%64 // 100.64.0.0/10 (shared address space), one /24 per test
