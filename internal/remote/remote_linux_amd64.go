@@ -88,7 +88,6 @@ type Tracee struct {
 	codePage uintptr // where a Batch's code is written, 0 until needed (batchPage)
 	nsPid    int     // the tracee's pid in its own PID namespace, 0 until needed
 	exitKill bool    // PTRACE_O_EXITKILL is set
-	stopSent bool    // restore queued a SIGSTOP that came while injecting
 	regsDirt bool    // registers differ from saved
 	held     []siginfo
 	scr      scratch
@@ -452,7 +451,6 @@ func (t *Tracee) restore() (lost, err error) {
 		if err := unix.Kill(t.pid, unix.SIGSTOP); err != nil {
 			return nil, fmt.Errorf("re-sending SIGSTOP: %w", err)
 		}
-		t.stopSent = true
 	}
 	if t.exitKill {
 		if err := ptrace(unix.PTRACE_SETOPTIONS, t.pid, 0, baseOptions); err != nil {
@@ -491,8 +489,7 @@ func (t *Tracee) Detach() error {
 // DetachStopped is Detach, but the tracee is left in a SIGSTOP group stop, whatever its
 // state before: SIGSTOP is queued with kill() before PTRACE_DETACH, because PTRACE_DETACH's
 // signal argument is ignored unless the tracee is in a signal-delivery-stop. The tracee
-// takes the SIGSTOP before returning to user space, so none of its code runs; DetachStopped
-// returns once it has (settleStop).
+// takes the SIGSTOP before returning to user space, so none of its code runs.
 func (t *Tracee) DetachStopped() error {
 	return t.tr.Do(func() error { return t.detach(true) })
 }
@@ -542,7 +539,7 @@ func (t *Tracee) detach(stopped bool) error {
 	}
 	t.state = detached
 	delete(t.tr.tracees, t.pid)
-	if stopped || t.wasStopped || t.stopSent {
+	if t.wasStopped {
 		settleStop(t.pid, true)
 	}
 	if lost != nil {
@@ -1262,18 +1259,21 @@ const stopSettleWait = 2 * time.Second
 
 // settleStop waits, stopSettleWait at most, while pid is runnable ('R') on its way into a
 // group stop, and returns its state then: 'T' once stopped. always: a group stop is in
-// effect for it (a detached tracee that was in one, or given SIGSTOP before its detach);
-// else only while a SIGSTOP is pending for it.
+// effect for it (a detached tracee that was in one); else only while a SIGSTOP is pending
+// for it.
 //
-// The kernel fact: PTRACE_DETACH of a tracee in a group stop re-arms the stop and wakes
-// the tracee (__ptrace_unlink), which re-enters TASK_STOPPED only once scheduled; a SIGSTOP
-// queued before a detach (ours, or CRIU's leave-stopped and restore's) is taken the same
-// way. A tracer that seizes it meanwhile gets the group stop's trap and its own
-// PTRACE_INTERRUPT's as one: CRIU then PTRACE_CONTs it out of the stop and waits for a
-// second trap that never comes, until its 10 s freeze timeout ("SEIZE N: can't wait task:
-// Interrupted system call": TestCheckCopyImage's dump of a stopped python just detached,
-// 7 of 10 runs at load 18); and Seize finds it running (the interrupt's trap comes before
-// any signal is dequeued), so WasStopped is false for a process about to stop.
+// The kernel facts: PTRACE_DETACH of a tracee in a group stop re-arms the stop and wakes
+// the tracee (__ptrace_unlink), which re-enters TASK_STOPPED only once scheduled. A tracer
+// that seizes it meanwhile gets the group stop's trap and its own PTRACE_INTERRUPT's as
+// one: CRIU then PTRACE_CONTs it out of the stop and waits for a second trap that never
+// comes, until its 10 s freeze timeout ("SEIZE N: can't wait task: Interrupted system
+// call": TestCheckCopyImage's dump of a stopped python just detached, 7 of 10 runs at load
+// 18). A SIGSTOP queued before a detach (DetachStopped's, CRIU's when it restores a tree
+// stopped) is taken the same way, once scheduled; CRIU seizes such a task correctly (its
+// interrupt's trap, then the SIGSTOP's), but Seize finds it running (the interrupt's trap
+// comes before any signal is dequeued), so WasStopped is false for a process about to
+// stop. DetachStopped does not wait for it: that cost its copy's park about 1 ms at load
+// 10, for no tracer that needs it.
 func settleStop(pid int, always bool) byte {
 	deadline := time.Now().Add(stopSettleWait)
 	for {

@@ -1526,11 +1526,11 @@ func TestForgetLaterEndsBeforeClose(t *testing.T) {
 	}
 }
 
-// TestDetachReturnsStopped: Detach of a tracee seized in a group stop and DetachStopped
-// return once the tracee is back in TASK_STOPPED, and WaitQueuedStop once a process given
-// SIGSTOP before its detach (as CRIU leaves the processes it restores stopped) has taken
-// it: a tracer that seizes it earlier (CRIU) gets the group stop's trap and its interrupt's
-// as one. The tracee is pinned to the tracer thread's CPU at SCHED_IDLE, so that it cannot
+// TestDetachReturnsStopped: Detach and DetachStopped of a tracee seized in a group stop
+// return once the tracee is back in TASK_STOPPED (a tracer that seizes it earlier, CRIU,
+// gets the group stop's trap and its interrupt's as one), and WaitQueuedStop once a
+// process given SIGSTOP before its detach (as CRIU leaves the processes it restores
+// stopped) has taken it. The tracee is pinned to the tracer thread's CPU at SCHED_IDLE, so that it cannot
 // run between the detach and the state read unless the call waits for it.
 func TestDetachReturnsStopped(t *testing.T) {
 	requirePython(t)
@@ -1599,12 +1599,16 @@ func TestDetachReturnsStopped(t *testing.T) {
 		}
 		running()
 
-		// Seized running, let go stopped.
+		// The same, let go with DetachStopped.
+		if err := unix.Kill(p.pid, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, p.pid, "T")
 		if tc, err = tr.Seize(p.pid); err != nil {
 			t.Fatal(err)
 		}
 		if st := afterDetach(tc.DetachStopped); st != 'T' {
-			t.Fatalf("round %d: state %q when DetachStopped returned, want T", i, st)
+			t.Fatalf("round %d: state %q when DetachStopped of a tracee seized stopped returned, want T", i, st)
 		}
 		running()
 
