@@ -2,6 +2,7 @@ package netproxy
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"time"
@@ -19,8 +20,9 @@ const quietGap = 2 * time.Millisecond
 
 // Quiesce readies the sandbox's connections for a checkpoint, so that its processes
 // hold no live socket to the outside and stay on the fast path: it waits up to wait for
-// the requests in flight (the sandbox sent bytes after the last answer bytes, or answer
-// bytes came within quietGap), then resets every connection from the proxy's side (RST:
+// the requests in flight (the sandbox sent bytes after the last answer bytes, answer
+// bytes came within quietGap, or the sandbox's socket holds answer bytes its process has
+// not read: netns.Diag says why), then resets every connection from the proxy's side (RST:
 // the process's socket goes to TCP_CLOSE at once, which the fast path takes:
 // internal/fastpath/deadsock.go). Requests still in flight after wait refuse (409,
 // naming them), and nothing is closed.
@@ -58,16 +60,29 @@ func (s *Sandbox) inFlight() []string {
 	var out []string
 	for c := range s.conns {
 		if c.busy != nil {
-			if c.busy() {
+			if c.busy() || s.unreadLocked(c) {
 				out = append(out, c.what)
 			}
 			continue
 		}
 		up, down := c.lastUp.Load(), c.lastDown.Load()
-		if up > down || now-down < int64(quietGap) {
+		if up > down || now-down < int64(quietGap) || s.unreadLocked(c) {
 			out = append(out, c.what)
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// unreadLocked reports whether the sandbox's socket of c holds answer bytes its process
+// has not read yet (a sandbox socket already gone, or one the lookup cannot find, holds
+// none). Precondition: s.mu held.
+// +checklocks:s.mu
+func (s *Sandbox) unreadLocked(c *pipe) bool {
+	local, err := netip.ParseAddrPort(c.down.RemoteAddr().String())
+	if err != nil {
+		return false
+	}
+	n, err := s.diag.Unread(local, c.dst)
+	return err == nil && n > 0
 }
