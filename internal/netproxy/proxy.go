@@ -81,8 +81,9 @@ type Sandbox struct {
 	model *Model // nil: none
 	tcp   *net.TCPListener
 	dns   *net.UDPConn
-	diag  *netns.Diag // the sandbox's sockets' unread bytes (Quiesce), used under mu
-	wg    sync.WaitGroup
+	// diag reads the sandbox's sockets' unread bytes (Quiesce).
+	diag *netns.Diag // +checklocks:mu
+	wg   sync.WaitGroup
 	// ctx ends with Close: dials and lookups in progress stop at once.
 	ctx    context.Context
 	cancel context.CancelFunc
