@@ -18,6 +18,15 @@ import (
 // checkpoint then resets it, and the client sees the stream cut (docs/design/network.md).
 const quietGap = 2 * time.Millisecond
 
+// unreadWindow is how long answer bytes the sandbox's socket holds unread count as an
+// answer its process is still reading. A process that waits for its answer reads it
+// within milliseconds, a loaded machine's scheduling delays included; bytes older than
+// this are ones it is not waiting for (a TLS close_notify on an idle keep-alive
+// connection, say), which would otherwise hold every checkpoint: the reset drops them,
+// and the client reconnects. The model endpoint's connections carry no unsolicited
+// bytes: unread ones always count there.
+const unreadWindow = 3 * time.Second
+
 // Quiesce readies the sandbox's connections for a checkpoint, so that its processes
 // hold no live socket to the outside and stay on the fast path: it waits up to wait for
 // the requests in flight (the sandbox sent bytes after the last answer bytes, answer
@@ -66,7 +75,7 @@ func (s *Sandbox) inFlight() []string {
 			continue
 		}
 		up, down := c.lastUp.Load(), c.lastDown.Load()
-		if up > down || now-down < int64(quietGap) || s.unreadLocked(c) {
+		if up > down || now-down < int64(quietGap) || (now-down < int64(unreadWindow) && s.unreadLocked(c)) {
 			out = append(out, c.what)
 		}
 	}
