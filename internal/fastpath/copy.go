@@ -90,6 +90,9 @@ func AdoptStopped(tr *remote.Tracer, rec TemplateRecord, hostPid, selfPid int) (
 	tmpl := &Template{Proc: rec.Proc, HostPid: hostPid, SelfPid: selfPid, sc: uintptr(rec.Syscall), tr: tr,
 		Itimers: rec.Itimers, Signals: rec.Signals, Dumpable: rec.Dumpable}
 	err := tr.Do(func() error {
+		// CRIU queues SIGSTOP to a process it restores stopped just before it lets it
+		// go: seized before it took it, the process would be found running, and killed.
+		remote.WaitQueuedStop(hostPid)
 		t, err := tr.Seize(hostPid)
 		if err != nil {
 			return fmt.Errorf("seize process %d: %w", hostPid, err)

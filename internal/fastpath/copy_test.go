@@ -117,3 +117,85 @@ func TestCopyTemplateRevives(t *testing.T) {
 		t.Errorf("revived process reads %q, want map=before", l)
 	}
 }
+
+// TestAdoptStoppedWaitsForQueuedStop: a process CRIU restores stopped gets SIGSTOP just
+// before CRIU lets it go, and is runnable until it has taken it. AdoptStopped must take it
+// as the stopped process it is about to be, not kill it as one that runs ("process M was
+// not stopped: killed", which lost a node's processes after its eviction). The copy is put
+// in that state (SIGCONT, then SIGSTOP, from the tracer's thread) pinned to the tracer
+// thread's CPU at SCHED_IDLE, so that it cannot take the SIGSTOP before the seize unless
+// AdoptStopped waits for it.
+func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(file, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sub := startMapper(t, file)
+	rec := forkInDyingDaemon(t, sub.pid)
+	if s := waitState(rec.HostPid, "T", 5*time.Second); s != 'T' {
+		t.Fatalf("template state %q, want T", s)
+	}
+	tr := remote.NewTracer()
+	defer tr.Close()
+	tmpl, err := Reattach(tr, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmpl.Kill()
+	for i := range 5 {
+		cp, _, err := CopyTemplate(tr, tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := waitState(cp, "T", 5*time.Second); s != 'T' {
+			t.Fatalf("copy state %q, want T (group stop)", s)
+		}
+		inner, err := procfs.InnerPid(cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var adopted *Template
+		var queued byte
+		err = tr.Do(func() error {
+			var set, one unix.CPUSet
+			if err := unix.SchedGetaffinity(0, &set); err != nil {
+				return err
+			}
+			for c := 0; c < 1024; c++ {
+				if set.IsSet(c) {
+					one.Set(c)
+					break
+				}
+			}
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
+				return err
+			}
+			if err := unix.SchedSetaffinity(cp, &one); err != nil {
+				return err
+			}
+			if err := unix.SchedSetAttr(cp, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+				return err
+			}
+			if err := unix.Kill(cp, unix.SIGCONT); err != nil {
+				return err
+			}
+			if err := unix.Kill(cp, unix.SIGSTOP); err != nil {
+				return err
+			}
+			queued = procfs.State(cp)
+			var err error
+			adopted, err = AdoptStopped(tr, rec, cp, inner)
+			return err
+		})
+		if err != nil {
+			unix.Kill(cp, unix.SIGKILL)
+			reap(cp)
+			t.Fatalf("round %d: adopt a copy with its SIGSTOP queued (state %q then): %v", i, queued, err)
+		}
+		if s := procfs.State(cp); s != 't' {
+			t.Errorf("round %d: adopted copy's state %q, want t (parked)", i, s)
+		}
+		adopted.Kill()
+		reap(cp)
+	}
+}

@@ -55,7 +55,7 @@ func (s *Sandbox) isModel(dst netip.AddrPort, name string) bool {
 func (s *Sandbox) serveModel(c *net.TCPConn, head []byte, dst netip.AddrPort) {
 	s.connections.Add(1)
 	var active atomic.Int64
-	p := &pipe{down: c, what: dst.String() + " (" + s.model.Host + ")", busy: func() bool { return active.Load() > 0 }}
+	p := &pipe{down: c, dst: dst, what: dst.String() + " (" + s.model.Host + ")", busy: func() bool { return active.Load() > 0 }}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -81,7 +81,9 @@ type Sandbox struct {
 	model *Model // nil: none
 	tcp   *net.TCPListener
 	dns   *net.UDPConn
-	wg    sync.WaitGroup
+	// diag reads the sandbox's sockets' unread bytes (Quiesce).
+	diag *netns.Diag // +checklocks:mu
+	wg   sync.WaitGroup
 	// ctx ends with Close: dials and lookups in progress stop at once.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -125,7 +127,13 @@ func (p *Proxy) Attach(id string, nsFD int, pol *Policy, model *Model) (*Sandbox
 		dns.Close()
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	s := &Sandbox{p: p, id: id, pol: pol, model: model, tcp: tcp, dns: dns, names: map[netip.Addr]map[string]bool{},
+	diag, err := netns.NewDiag(nsFD)
+	if err != nil {
+		tcp.Close()
+		dns.Close()
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	s := &Sandbox{p: p, id: id, pol: pol, model: model, tcp: tcp, dns: dns, diag: diag, names: map[netip.Addr]map[string]bool{},
 		conns: map[*pipe]struct{}{}, accepted: map[*net.TCPConn]struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
@@ -154,6 +162,9 @@ func (s *Sandbox) Close() {
 		c.close()
 	}
 	s.wg.Wait()
+	s.mu.Lock()
+	s.diag.Close()
+	s.mu.Unlock()
 }
 
 // Counters reads the sandbox's counters.
@@ -249,7 +260,7 @@ func (s *Sandbox) handle(c *net.TCPConn) {
 	}
 	up := upc.(*net.TCPConn)
 	s.connections.Add(1)
-	p := &pipe{down: c, up: up, what: dst.String()}
+	p := &pipe{down: c, up: up, what: dst.String(), dst: dst}
 	if name != "" {
 		p.what += " (" + name + ")"
 	}
@@ -423,7 +434,8 @@ func hostAddr(a netip.Addr) bool {
 // pipe is one proxied connection: down is the sandbox's side, up the upstream's.
 type pipe struct {
 	down, up *net.TCPConn
-	what     string // "dst (name)", for messages
+	what     string         // "dst (name)", for messages
+	dst      netip.AddrPort // where the sandbox's socket connected (SO_ORIGINAL_DST)
 	// busy, when set, says whether a request is in flight (the model endpoint, which
 	// sees requests whole); else lastUp and lastDown tell.
 	busy func() bool

@@ -2,6 +2,7 @@ package netproxy
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"time"
@@ -17,10 +18,20 @@ import (
 // checkpoint then resets it, and the client sees the stream cut (docs/design/network.md).
 const quietGap = 2 * time.Millisecond
 
+// unreadWindow is how long answer bytes the sandbox's socket holds unread count as an
+// answer its process is still reading. A process that waits for its answer reads it
+// within milliseconds, a loaded machine's scheduling delays included; bytes older than
+// this are ones it is not waiting for (a TLS close_notify on an idle keep-alive
+// connection, say), which would otherwise hold every checkpoint: the reset drops them,
+// and the client reconnects. The model endpoint's connections carry no unsolicited
+// bytes: unread ones always count there.
+const unreadWindow = 3 * time.Second
+
 // Quiesce readies the sandbox's connections for a checkpoint, so that its processes
 // hold no live socket to the outside and stay on the fast path: it waits up to wait for
-// the requests in flight (the sandbox sent bytes after the last answer bytes, or answer
-// bytes came within quietGap), then resets every connection from the proxy's side (RST:
+// the requests in flight (the sandbox sent bytes after the last answer bytes, answer
+// bytes came within quietGap, or the sandbox's socket holds answer bytes its process has
+// not read: netns.Diag says why), then resets every connection from the proxy's side (RST:
 // the process's socket goes to TCP_CLOSE at once, which the fast path takes:
 // internal/fastpath/deadsock.go). Requests still in flight after wait refuse (409,
 // naming them), and nothing is closed.
@@ -58,16 +69,29 @@ func (s *Sandbox) inFlight() []string {
 	var out []string
 	for c := range s.conns {
 		if c.busy != nil {
-			if c.busy() {
+			if c.busy() || s.unreadLocked(c) {
 				out = append(out, c.what)
 			}
 			continue
 		}
 		up, down := c.lastUp.Load(), c.lastDown.Load()
-		if up > down || now-down < int64(quietGap) {
+		if up > down || now-down < int64(quietGap) || (now-down < int64(unreadWindow) && s.unreadLocked(c)) {
 			out = append(out, c.what)
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// unreadLocked reports whether the sandbox's socket of c holds answer bytes its process
+// has not read yet (a sandbox socket already gone, or one the lookup cannot find, holds
+// none). Precondition: s.mu held.
+// +checklocks:s.mu
+func (s *Sandbox) unreadLocked(c *pipe) bool {
+	local, err := netip.ParseAddrPort(c.down.RemoteAddr().String())
+	if err != nil {
+		return false
+	}
+	n, err := s.diag.Unread(local, c.dst)
+	return err == nil && n > 0
 }

@@ -1525,3 +1525,120 @@ func TestForgetLaterEndsBeforeClose(t *testing.T) {
 		}
 	}
 }
+
+// TestDetachReturnsStopped: Detach and DetachStopped of a tracee seized in a group stop
+// return once the tracee is back in TASK_STOPPED (a tracer that seizes it earlier, CRIU,
+// gets the group stop's trap and its interrupt's as one), and WaitQueuedStop once a
+// process given SIGSTOP before its detach (as CRIU leaves the processes it restores
+// stopped) has taken it. The tracee is pinned to the tracer thread's CPU at SCHED_IDLE, so that it cannot
+// run between the detach and the state read unless the call waits for it.
+func TestDetachReturnsStopped(t *testing.T) {
+	requirePython(t)
+	p := startPython(t)
+	tr := newTracer(t)
+	err := tr.Do(func() error {
+		var set, one unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &set); err != nil {
+			return err
+		}
+		for c := 0; c < 1024; c++ {
+			if set.IsSet(c) {
+				one.Set(c)
+				break
+			}
+		}
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			return err
+		}
+		if err := unix.SchedSetaffinity(p.pid, &one); err != nil {
+			return err
+		}
+		return unix.SchedSetAttr(p.pid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// afterDetach runs detach on the tracer's thread and reads the state right after it.
+	afterDetach := func(detach func() error) byte {
+		t.Helper()
+		var st byte
+		if err := tr.Do(func() error {
+			if err := detach(); err != nil {
+				return err
+			}
+			st = procState(p.pid)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	running := func() {
+		t.Helper()
+		if err := unix.Kill(p.pid, unix.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if _, n, _, _ := answer(t, p.ask("add 1")); n == 0 {
+			t.Fatal("the REPL did not answer")
+		}
+	}
+
+	runnable := 0
+	for i := range 20 {
+		// Seized in a group stop.
+		if err := unix.Kill(p.pid, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, p.pid, "T")
+		tc, err := tr.Seize(p.pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := afterDetach(tc.Detach); st != 'T' {
+			t.Fatalf("round %d: state %q when Detach of a tracee seized stopped returned, want T", i, st)
+		}
+		running()
+
+		// The same, let go with DetachStopped.
+		if err := unix.Kill(p.pid, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, p.pid, "T")
+		if tc, err = tr.Seize(p.pid); err != nil {
+			t.Fatal(err)
+		}
+		if st := afterDetach(tc.DetachStopped); st != 'T' {
+			t.Fatalf("round %d: state %q when DetachStopped of a tracee seized stopped returned, want T", i, st)
+		}
+		running()
+
+		// SIGSTOP queued before a plain detach, as CRIU's restore does.
+		if tc, err = tr.Seize(p.pid); err != nil {
+			t.Fatal(err)
+		}
+		st := afterDetach(func() error {
+			if err := unix.Kill(p.pid, unix.SIGSTOP); err != nil {
+				return err
+			}
+			if err := tc.Detach(); err != nil {
+				return err
+			}
+			return nil
+		})
+		if st == 'R' {
+			runnable++
+		}
+		if st = tr0(tr, func() byte { return WaitQueuedStop(p.pid) }); st != 'T' {
+			t.Fatalf("round %d: state %q when WaitQueuedStop returned, want T", i, st)
+		}
+		running()
+	}
+	// How often the window was there to be waited out (the pinning's evidence).
+	t.Logf("a SIGSTOP queued before the detach was still pending after it in %d of 20 rounds", runnable)
+}
+
+// tr0 runs f on the tracer's thread (pinned by the caller) and returns its answer.
+func tr0(tr *Tracer, f func() byte) (b byte) {
+	_ = tr.Do(func() error { b = f(); return nil })
+	return b
+}

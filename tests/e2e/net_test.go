@@ -310,6 +310,86 @@ for i in range(2): open("/tmp/got%d" % i, "w").write(urllib.request.urlopen("htt
 	}
 }
 
+// TestNetCheckpointWaitsForAnswerRead: an answer the proxy has relayed whole but the
+// sandbox's process has not read yet is a request still in flight. The process sleeps
+// 1.5 s between sending its request and reading the answer; a checkpoint meanwhile took
+// the connection for idle, reset it, and the fast path gave the process a fresh socket:
+// the answer was lost, and its recv failed with ENOTCONN (what made
+// TestNetCheckpointWaitsForRequests fail under load). Without wait_ms the checkpoint is
+// refused naming the connection; with it, it waits until the answer is read.
+func TestNetCheckpointWaitsForAnswerRead(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{AllowOut: []string{"allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbxSh(t, d, sb.ID, `(setsid python3 -c '
+import socket, time
+s = socket.create_connection(("allowed.test", 80))
+s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+time.sleep(1.5)
+data = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    data += b
+open("/tmp/got", "w").write(data.decode().split("\r\n\r\n", 1)[1])
+' >/dev/null 2>/tmp/err &)`)
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		info, err := d.C.Get(dbxCtx(t), sb.ID)
+		if err == nil && info.Usage != nil && info.Usage.Network != nil && info.Usage.Network.BytesIn > 0 {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the answer never went through the proxy")
+		}
+	}
+	_, err = d.C.Checkpoint(dbxCtx(t), sb.ID, "")
+	if err == nil || !strings.Contains(err.Error(), "still carry a request") || !strings.Contains(err.Error(), "allowed.test") {
+		t.Fatalf("checkpoint with an answer unread and no wait_ms: %v, want a 409 naming allowed.test", err)
+	}
+	t0 := time.Now()
+	if _, err := d.C.CheckpointWith(dbxCtx(t), sb.ID, apitypes.CheckpointRequest{WaitMS: 5000}); err != nil {
+		t.Fatalf("checkpoint with wait_ms 5000: %v", err)
+	}
+	t.Logf("the checkpoint waited %v for the answer to be read", time.Since(t0))
+	got := dbxSh(t, d, sb.ID, `for i in $(seq 500); do [ -s /tmp/got ] && break; sleep 0.01; done; cat /tmp/got; cat /tmp/err`)
+	if got != "allowed" {
+		t.Errorf("the answer the process read after the checkpoint: %q, want allowed", got)
+	}
+
+	// Bytes a process leaves unread for longer than netproxy's unreadWindow (3 s) are not
+	// an answer it is reading: they hold no checkpoint, and the reset drops them.
+	info, err := d.C.Get(dbxCtx(t), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := info.Usage.Network.BytesIn
+	dbxSh(t, d, sb.ID, `(setsid python3 -c '
+import socket, time
+s = socket.create_connection(("allowed.test", 80))
+s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+time.sleep(1000)
+' >/dev/null 2>&1 &)`)
+	var answered time.Time
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		info, err := d.C.Get(dbxCtx(t), sb.ID)
+		if err == nil && info.Usage.Network.BytesIn > before {
+			answered = time.Now()
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the second answer never went through the proxy")
+		}
+	}
+	time.Sleep(time.Until(answered.Add(3500 * time.Millisecond)))
+	if _, err := d.C.Checkpoint(dbxCtx(t), sb.ID, "stale"); err != nil {
+		t.Errorf("checkpoint with an answer left unread for 3.5 s: %v, want it taken (the connection reset)", err)
+	}
+}
+
 // TestNetModelEndpoint: a sandbox with a model endpoint (and no other egress) reaches it
 // as http://model.deltabox.internal, the proxy adding the key; the key is in no answer
 // of the API, no file, environment or process memory of the sandbox; a python session
