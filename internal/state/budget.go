@@ -501,6 +501,9 @@ func (m *Manager) evictForRoom(s *sb, c budgetCheck) int {
 // PinNode pins (or unpins) a node: a hint that the client will restore it again, so
 // that its templates are never evicted over a template budget.
 func (m *Manager) PinNode(id string, pinned bool) (*NodeInfo, error) {
+	if err := m.awaitNode(context.Background(), id); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	m.mu.Lock()
 	n := m.nodes[id]
 	if n != nil {
