@@ -284,6 +284,18 @@ class OfflineTest(unittest.TestCase):
             self.assertFalse(hasattr(n, op_field), "a Node has no %s: it is the checkpoint's" % op_field)
         self.assertFalse(hasattr(ck, "label"), "a CheckpointResult's node fields are on .node")
         self.assertIs(Checkpoint, Node)  # the old name of the node
+        # An early answer: the node pending, no complete time; the node, once complete,
+        # says it. The answer is asked for by name.
+        early = CheckpointResult.from_api({"node": dict(node, pending=True), "sandbox": "sb1",
+                                           "duration_ms": 1.2})
+        self.assertEqual((early.node.pending, early.complete, early.duration), (True, 0.0, 0.0012))
+        done = Node.from_api(dict(node, complete_ms=5.5))
+        self.assertEqual((done.pending, done.complete), (False, 0.0055))
+        from deltabox.sandbox import _checkpoint_body
+        self.assertEqual(_checkpoint_body("x", False, 0, False, "complete")[0], {"label": "x", "answer": "complete"})
+        self.assertNotIn("answer", _checkpoint_body("x", False, 0, False)[0])
+        with self.assertRaises(ValueError):
+            _checkpoint_body("x", False, 0, False, "soon")
         r = RestoreResult.from_api({"node": node, "sandbox": "sb2"})
         self.assertIsInstance(r.node, Node)
         # What takes a node takes any of them, or an id; and not another object.
