@@ -134,7 +134,8 @@ type checkpoint struct {
 
 // CheckpointWith makes a node of the sandbox's files and processes, as one atomic step:
 // it either completes or leaves the sandbox exactly as it was, with no node made. The
-// steps are checkpointSteps. The answer reports the sandbox's memory after it
+// steps are checkpointSteps; it may answer after step 1 and complete after the answer
+// (see "The early answer"). The answer reports the sandbox's memory after it
 // (reportMemory), outside the operation's locks.
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
 	// Over its disk quota a sandbox is not checkpointed: the node would keep the
