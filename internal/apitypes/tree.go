@@ -42,9 +42,9 @@ type NodeInfo struct {
 	// ProcessImage: the node's durable process image (absent: none asked for, as for a
 	// node without templates, or images are off).
 	ProcessImage *ImageInfo `json:"process_image,omitempty"`
-	// Pending: its checkpoint answered early, and its templates are still being made;
-	// a restore or fork of it waits for them (docs/API.md, "Checkpoints that answer
-	// early").
+	// Pending: in a checkpoint's early answer only: its templates are still being made;
+	// whatever names the node (a read, a restore, a fork) waits for them (docs/API.md,
+	// "Checkpoints that answer early").
 	Pending bool `json:"pending,omitempty"`
 	// CompleteMS: how long its checkpoint took until the node was complete (its
 	// answer's duration_ms is the time until the answer); for nodes made since the

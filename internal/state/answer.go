@@ -12,10 +12,12 @@ import (
 //
 // A checkpoint reserves its node's id once its processes are seized (step 1), and the
 // id is pending until the checkpoint ends: published (the node is in m.nodes), or
-// failed. A pending id is never handed out again; GET /v1/nodes/ID shows it pending;
-// a restore or fork of it, and a pin, eviction or removal, waits for its end
-// (awaitNode). The sandbox's own next operation waits for it anyway: the checkpoint
-// holds the sandbox's opMu until it ends.
+// failed. A pending id is never handed out again. Whatever names it waits for its end
+// (awaitNode): a read of it (GET /v1/nodes/ID), a restore or fork of it, a pin, an
+// eviction, an export, a removal; and a listing of the tree waits for every pending one
+// (awaitPending), so that no read shows the node missing or half made. The sandbox's
+// own next operation waits for it anyway: the checkpoint holds the sandbox's opMu (which
+// GET /v1/sandboxes/ID takes too) until it ends.
 //
 // A checkpoint that fails after its early answer is undone as any failed checkpoint
 // (every process running as before, every file as it was): its node is never made.
@@ -30,10 +32,9 @@ type pendingNode struct {
 	id      string
 	sandbox string
 	done    chan struct{} // closed at the end; err is fixed before
-	// Under Manager.mu: early, the checkpoint answered before its end, with info (what
-	// its answer said of the node); err, its failure after that answer.
+	// Under Manager.mu: early, the checkpoint answered before its end; err, its failure
+	// after that answer.
 	early bool
-	info  NodeInfo
 	err   error
 }
 
@@ -53,10 +54,10 @@ func (m *Manager) reserveNode(s *sb) *pendingNode {
 	return p
 }
 
-// answeredEarly marks p as answered before its end, with info.
-func (m *Manager) answeredEarly(p *pendingNode, info NodeInfo) {
+// answeredEarly marks p as answered before its end.
+func (m *Manager) answeredEarly(p *pendingNode) {
 	m.mu.Lock()
-	p.early, p.info = true, info
+	p.early = true
 	m.mu.Unlock()
 }
 
@@ -123,20 +124,20 @@ func (m *Manager) awaitNode(ctx context.Context, id string) error {
 	return fmt.Errorf("%w: %w", p.failure(), errdefs.ErrNotFound)
 }
 
-// pendingInfo is GET /v1/nodes/ID of a pending id (what its early answer said, pending),
-// or the failure of one whose checkpoint failed after its answer; nil, nil for other ids.
-func (m *Manager) pendingInfo(id string) (*NodeInfo, error) {
+// awaitPending waits for the checkpoints that answered early and run now, so that a
+// listing of the tree holds their nodes (each wait bounded as awaitNode's).
+func (m *Manager) awaitPending() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	p := m.pending[id]
-	switch {
-	case p == nil || !p.early:
-		return nil, nil
-	case p.err != nil:
-		return nil, fmt.Errorf("%w: %w", p.failure(), errdefs.ErrNotFound)
+	var ids []string
+	for id, p := range m.pending {
+		if p.early && p.err == nil {
+			ids = append(ids, id)
+		}
 	}
-	in := p.info
-	return &in, nil
+	m.mu.Unlock()
+	for _, id := range ids {
+		_ = m.awaitNode(context.Background(), id) // a failed one is not listed: nothing to wait for
+	}
 }
 
 // takeLateFailure is the unreported failure of s's last early checkpoint, as the error

@@ -337,7 +337,7 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 		depth++
 	}
 	info := NodeInfo{Node: apiNode(n), Depth: depth, Pinned: c.o.Pin, Pending: true}
-	m.answeredEarly(c.pend, info)
+	m.answeredEarly(c.pend)
 	ans := *c.res
 	ans.Node = &info
 	ans.Processes = len(c.held)

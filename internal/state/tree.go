@@ -111,6 +111,7 @@ type Tree = apitypes.Tree
 
 // Tree returns every node.
 func (m *Manager) Tree() *Tree {
+	m.awaitPending() // the nodes of checkpoints that answered early (answer.go)
 	perNode, _, total := m.templateCosts(nil, "", 0)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -132,8 +133,8 @@ func (m *Manager) Tree() *Tree {
 
 // Node returns one node.
 func (m *Manager) Node(id string) (*NodeInfo, error) {
-	if in, err := m.pendingInfo(id); in != nil || err != nil {
-		return in, err
+	if err := m.awaitNode(context.Background(), id); err != nil { // a node answered early (answer.go)
+		return nil, err
 	}
 	if n := m.nodeInfo(id); n != nil {
 		perNode, _, _ := m.templateCosts([]string{id}, "", 0)

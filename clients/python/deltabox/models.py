@@ -352,8 +352,8 @@ class Node:
         last_restored: its last restore (aware datetime, UTC), None if never.
         process_image: its durable process image (:class:`ProcessImage`), None when
             none was asked for (no process template, or images off).
-        pending: its checkpoint answered early and its templates are still being made
-            (a restore or fork of it waits for them).
+        pending: in a checkpoint's early answer only: its templates are still being
+            made (whatever names the node, a read, a restore, a fork, waits for them).
         complete: seconds its checkpoint took until the node was complete (0.0: not
             known, for a node made before the daemon started).
     """
