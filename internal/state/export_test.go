@@ -1,7 +1,6 @@
 package state
 
 import (
-	"context"
 	"fmt"
 	"time"
 )
@@ -21,9 +20,6 @@ func WaitPidFree(m *Manager, id string, pid int, d time.Duration) error {
 	}
 	return waitPidFree(s.rt, pid, d) // +checklocksignore: tests: rt is set while the sandbox runs
 }
-
-// AwaitNode is awaitNode: it waits while node id is pending (an early answer's).
-func AwaitNode(m *Manager, id string) error { return m.awaitNode(context.Background(), id) }
 
 // SetFailStep sets the fault injection of m's checkpoints, restores and removes
 // (Manager.failStep): step k of op fails with f's error; nil turns it off.
