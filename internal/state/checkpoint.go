@@ -259,12 +259,15 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 //
 // The early answer is taken when it is exact and worth it: step 1 held processes (there
 // is a fork to hide), CRIU took no tree (its move restores it from its images: a
-// failure there is likelier), and step 3 will end nothing (nothingToKill: the answer's
-// killed_processes and sessions_ended are 0). Its node is what
-// step 4 will make: the upper is read before the answer (store.ReadUpper, no change),
-// so the answer's node has its layer and depth. What only the end knows (mounted,
-// prepared, the memory, process_errors) is not in it: the node's complete_ms says when
-// it ended; GET /v1/nodes/ID shows it pending until then.
+// failure there is likelier), step 3 will end nothing (nothingToKill: the answer's
+// killed_processes and sessions_ended are 0), and the answer would carry no memory
+// warning (quietMemory: past half the limit or budget, the complete answer measures
+// the new templates). Its node is what step 4 will make: the upper is read before the
+// answer (store.ReadUpper, no change), so the answer's node has its layer and depth;
+// its memory is the sandbox's now, with the held processes' resident memory as the new
+// templates' (they will share every page) and the kernel's limit grown for them. What
+// only the end knows (mounted, prepared, process_errors) is not in it: the node's
+// complete_ms says when it ended.
 
 // early reports whether the checkpoint answers early (see above).
 // +checklocks:c.s.opMu
@@ -277,7 +280,22 @@ func (c *checkpoint) early() bool {
 			return false
 		}
 	}
-	return len(c.held) > 0 && c.criu == nil && c.nothingToKill()
+	return len(c.held) > 0 && c.criu == nil && c.nothingToKill() && c.quietMemory()
+}
+
+// quietMemory reports whether the answer would carry no memory warning (reportMemory):
+// the sandbox's memory is under half its template budget, or, without one, under half
+// its limit. Past that, the complete answer measures the templates, the new ones
+// included, and warns. (The fork adds page tables, not pages: the template shares
+// every page with its process.)
+// +checklocks:c.s.opMu
+func (c *checkpoint) quietMemory() bool {
+	m, s := c.m, c.s
+	if b := m.templateBudget(s); b > 0 {
+		return sandboxUsage(s) <= b/2
+	}
+	lim := s.rec.Limits.MemoryBytes
+	return lim <= 0 || s.rt.MemoryAnon() <= lim/2
 }
 
 // nothingToKill reports whether step 3 will end nothing: step 1 saw nothing else
@@ -338,8 +356,22 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 	}
 	info := NodeInfo{Node: apiNode(n), Depth: depth, Pinned: c.o.Pin, Pending: true}
 	m.answeredEarly(c.pend)
+	// The memory after the checkpoint, but for its fork: the new templates will hold
+	// what their processes hold now (every page, shared), and the kernel's limit grows
+	// for them now (budget.go; after a failure, the next fit takes it down).
+	var rss, anon int64
+	for _, l := range c.held {
+		if r, err := statmRSS(l.h.P.HostPid); err == nil {
+			rss += r
+		}
+		anon += rssAnon(l.h.P.HostPid)
+	}
+	m.fitKernelLimitPlus(s, true, anon)
 	ans := *c.res
 	ans.Node = &info
+	if ans.Memory = m.memoryNow(s); ans.Memory != nil {
+		ans.Memory.NodeTemplatesRSS = rss
+	}
 	ans.Processes = len(c.held)
 	for _, l := range c.held {
 		if l.name != "" {
