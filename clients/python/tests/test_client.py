@@ -1001,10 +1001,18 @@ class DaemonTest(unittest.TestCase):
         c1 = sb.checkpoint(label="two sessions")
         self.assertEqual((c1.processes, c1.process_errors, c1.killed_processes), (2, [], 0))
         self.assertEqual((c1.sessions, c1.sessions_ended), (["main", "py"], []))
-        self.assertIn("fork", c1.phases_us)
+        # It answered once the processes were seized (the daemon's default): their
+        # templates were forked after the answer, and the node says when it was complete.
+        self.assertTrue(c1.node.pending)
+        self.assertIn("seize", c1.phases_us)
+        self.assertNotIn("fork", c1.phases_us)
+        self.assertEqual(c1.complete, 0.0)
         self.assertIsInstance(c1.prepared, bool)
         self.assertIsNone(c1.node.templates)  # not in a checkpoint's answer...
-        t = c1.refresh().templates  # ... but in the node's
+        n1 = c1.refresh()
+        self.assertFalse(n1.pending)
+        self.assertGreater(n1.complete, c1.duration)
+        t = n1.templates  # ... but in the node's
         self.assertIsInstance(t, Templates)
         self.assertEqual((t.processes, t.sessions), (2, ["main", "py"]))
         self.assertGreater(t.rss_bytes, 0)
