@@ -138,13 +138,13 @@ type checkpoint struct {
 // (see "The early answer"). The answer reports the sandbox's memory after it
 // (reportMemory), outside the operation's locks.
 func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOptions) (*OpResult, error) {
-	// Over its disk quota a sandbox is not checkpointed: the node would keep the
-	// oversized layer.
 	switch o.Answer {
 	case "", AnswerEarly, AnswerComplete:
 	default:
 		return nil, fmt.Errorf("checkpoint answer %q: want %q (once the processes are seized), %q (once the node is complete) or \"\" (the daemon's choice): %w", o.Answer, AnswerEarly, AnswerComplete, errdefs.ErrInvalid)
 	}
+	// Over its disk quota a sandbox is not checkpointed: the node would keep the
+	// oversized layer.
 	var admitted time.Duration
 	if s, err := m.get(id); err != nil {
 		return nil, err
