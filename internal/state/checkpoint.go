@@ -121,6 +121,9 @@ type checkpoint struct {
 
 	t0   time.Time    // when it started (after its wait in the queue)
 	pend *pendingNode // the node's id, pending from step 1's end (answer.go)
+	// heldRSS, heldAnon: the held processes' resident and anonymous resident memory,
+	// which their templates will share (quietMemory, for an early answer).
+	heldRSS, heldAnon int64
 
 	oldSpec   overlay.Spec
 	u         *store.Upper     // what step 4 read of the upper (readUpper)
@@ -283,16 +286,26 @@ func (c *checkpoint) early() bool {
 	return len(c.held) > 0 && c.criu == nil && c.nothingToKill() && c.quietMemory()
 }
 
-// quietMemory reports whether the answer would carry no memory warning (reportMemory):
-// the sandbox's memory is under half its template budget, or, without one, under half
-// its limit. Past that, the complete answer measures the templates, the new ones
-// included, and warns. (The fork adds page tables, not pages: the template shares
-// every page with its process.)
+// quietMemory reports whether the answer cannot carry a memory warning (reportMemory),
+// whatever the new templates come to hold, and reads what they will hold (heldRSS,
+// heldAnon: their processes', every page shared at the fork). With a template budget:
+// the sandbox's templates hold at most their bound (budget.go) plus the new ones' anon
+// pages, under half the budget. Without one: the sandbox's anonymous memory, the
+// templates' included, is under half its limit (the fork adds page tables, not pages).
+// Past that, the complete answer measures the templates, the new ones included, and
+// warns.
 // +checklocks:c.s.opMu
 func (c *checkpoint) quietMemory() bool {
 	m, s := c.m, c.s
+	c.heldRSS, c.heldAnon = 0, 0
+	for _, l := range c.held {
+		if r, err := statmRSS(l.h.P.HostPid); err == nil {
+			c.heldRSS += r
+		}
+		c.heldAnon += rssAnon(l.h.P.HostPid)
+	}
 	if b := m.templateBudget(s); b > 0 {
-		return sandboxUsage(s) <= b/2
+		return s.bound(sandboxUsage(s))+c.heldAnon <= b/2
 	}
 	lim := s.rec.Limits.MemoryBytes
 	return lim <= 0 || s.rt.MemoryAnon() <= lim/2
@@ -359,18 +372,11 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 	// The memory after the checkpoint, but for its fork: the new templates will hold
 	// what their processes hold now (every page, shared), and the kernel's limit grows
 	// for them now (budget.go; after a failure, the next fit takes it down).
-	var rss, anon int64
-	for _, l := range c.held {
-		if r, err := statmRSS(l.h.P.HostPid); err == nil {
-			rss += r
-		}
-		anon += rssAnon(l.h.P.HostPid)
-	}
-	m.fitKernelLimitPlus(s, true, anon)
+	m.fitKernelLimitPlus(s, true, c.heldAnon)
 	ans := *c.res
 	ans.Node = &info
 	if ans.Memory = m.memoryNow(s); ans.Memory != nil {
-		ans.Memory.NodeTemplatesRSS = rss
+		ans.Memory.NodeTemplatesRSS = c.heldRSS
 	}
 	ans.Processes = len(c.held)
 	for _, l := range c.held {
