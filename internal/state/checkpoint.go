@@ -263,8 +263,8 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 // The early answer is taken when it is exact and worth it: step 1 held processes (there
 // is a fork to hide), CRIU took no tree (its move restores it from its images: a
 // failure there is likelier), step 3 will end nothing (nothingToKill: the answer's
-// killed_processes and sessions_ended are 0), and the answer would carry no memory
-// warning (quietMemory: past half the limit or budget, the complete answer measures
+// killed_processes and sessions_ended are 0), and the answer cannot carry a memory
+// warning (quietMemory: near half the limit or budget, the complete answer measures
 // the new templates). Its node is what step 4 will make: the upper is read before the
 // answer (store.ReadUpper, no change), so the answer's node has its layer and depth;
 // its memory is the sandbox's now, with the held processes' resident memory as the new
