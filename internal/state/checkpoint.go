@@ -178,7 +178,11 @@ func (m *Manager) CheckpointWith(ctx context.Context, id string, o CheckpointOpt
 	if res.PhasesUS != nil { // the admission, before the operation's own clock started
 		res.PhasesUS["admit"] = admitted.Microseconds()
 	}
-	m.reportMemory(res, id, res.Node.ID)
+	if !res.Node.Pending {
+		// (An early answer's memory is complete, and cannot warn: quietMemory. Measuring
+		// the templates here would wait for the node's, which the fork makes now.)
+		m.reportMemory(res, id, res.Node.ID)
+	}
 	if w := m.st.Warning(); w != "" {
 		res.Warnings = append(res.Warnings, w)
 	}
