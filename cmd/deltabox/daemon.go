@@ -101,6 +101,8 @@ func daemonCmd() *cobra.Command {
 //	DELTABOX_WARM_PROC=1      warm restored processes' memory in every sandbox
 //	DELTABOX_FORK_FAST=1      a fork of a live sandbox's node takes the fast path
 //	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
+//	DELTABOX_EARLY_ANSWER=0   checkpoints answer once their node is complete (not once
+//	                          the processes are seized)
 //	DELTABOX_WARM_MAX=N       warm restore states kept per sandbox (0: none)
 //	DELTABOX_SQUASH_DEPTH=N   squash a node's stack once it has N layers (default 64; 0: never)
 //	DELTABOX_ANSWER_DELAY=D   how long background work waits after an answer (Go duration)
@@ -142,6 +144,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 		cfg.Prepare = false
 	default:
 		return cfg, bad("DELTABOX_NO_PREPARE", v, "0 or 1")
+	}
+	switch v := getenv("DELTABOX_EARLY_ANSWER"); v {
+	case "", "1":
+	case "0":
+		cfg.EarlyAnswer = false
+	default:
+		return cfg, bad("DELTABOX_EARLY_ANSWER", v, "0 or 1 (checkpoints answer once their node is complete, or once the processes are seized)")
 	}
 	switch v := getenv("DELTABOX_DURABLE"); v {
 	case "", "1":

@@ -332,7 +332,7 @@ func checkpointCmd() *cobra.Command {
 	var q apitypes.CheckpointRequest
 	var wait time.Duration
 	c := &cobra.Command{
-		Use:   "checkpoint SANDBOX [--label L] [--end-background] [--wait D] [--pin]",
+		Use:   "checkpoint SANDBOX [--label L] [--end-background] [--wait D] [--pin] [--answer early|complete]",
 		Short: "Checkpoint a sandbox; prints the new node's id",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -354,6 +354,7 @@ func checkpointCmd() *cobra.Command {
 	c.Flags().BoolVar(&q.EndBackground, "end-background", false, "end the processes outside sessions that cannot be checkpointed with their state (a pipe, a socket, children...) instead of refusing")
 	c.Flags().DurationVar(&wait, "wait", 0, waitFlagUsage)
 	c.Flags().BoolVar(&q.Pin, "pin", false, "pin the new node: its templates are never evicted over the template budget")
+	c.Flags().StringVar(&q.Answer, "answer", "", "early: answer once the processes are seized (the node pending until its templates are made); complete: once the node is complete (default: the daemon's, early unless DELTABOX_EARLY_ANSWER=0)")
 	return c
 }
 

@@ -391,7 +391,7 @@ func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait, Pin: q.Pin})
+	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait, Pin: q.Pin, Answer: q.Answer})
 	if err != nil {
 		writeErr(w, err)
 		return

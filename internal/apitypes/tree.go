@@ -42,6 +42,14 @@ type NodeInfo struct {
 	// ProcessImage: the node's durable process image (absent: none asked for, as for a
 	// node without templates, or images are off).
 	ProcessImage *ImageInfo `json:"process_image,omitempty"`
+	// Pending: in a checkpoint's early answer only: its templates are still being made;
+	// whatever names the node (a read, a restore, a fork) waits for them (docs/API.md,
+	// "Checkpoints that answer early").
+	Pending bool `json:"pending,omitempty"`
+	// CompleteMS: how long its checkpoint took until the node was complete (its
+	// answer's duration_ms is the time until the answer); for nodes made since the
+	// daemon started.
+	CompleteMS float64 `json:"complete_ms,omitempty"`
 }
 
 // ImageInfo is a node's durable process image (NodeInfo's "process_image"): written in the
@@ -91,6 +99,12 @@ type CheckpointRequest struct {
 	WaitMS int64 `json:"wait_ms,omitempty"`
 	// Pin the new node (NodeInfo.Pinned).
 	Pin bool `json:"pin,omitempty"`
+	// Answer: "early" answers once the processes are seized, and the node's templates
+	// are made after the answer (the node is pending until then; the sandbox's next
+	// operation waits for them); "complete" answers once the node is complete; "" is
+	// the daemon's choice (early unless DELTABOX_EARLY_ANSWER=0). docs/API.md,
+	// "Checkpoints that answer early".
+	Answer string `json:"answer,omitempty"`
 }
 
 // RestoreRequest is the body of POST /v1/sandboxes/{id}/restore.
@@ -113,7 +127,10 @@ type OpResult struct {
 	Sandbox    string    `json:"sandbox"`
 	Killed     int       `json:"killed_processes"` // processes ended: not carried (see Processes)
 	Mounted    bool      `json:"mounted"`          // false: nothing changed, no new mount
-	DurationMS float64   `json:"duration_ms"`      // time inside the daemon
+	DurationMS float64   `json:"duration_ms"`      // time inside the daemon, until the answer
+	// CompleteMS: the time until the node was complete, when it was before the answer
+	// (a checkpoint that answered early has none: its node's complete_ms says it).
+	CompleteMS float64 `json:"complete_ms,omitempty"`
 	// Processes is how many processes (sessions' and others') were checkpointed
 	// (templates forked) or restored from templates; ProcessErrors says which could not
 	// be (they were ended).

@@ -243,6 +243,7 @@ type latSample struct {
 	processErrors      int
 	parts              map[string]float64 // baselines: parts of the interval (copy, replay, ...)
 	replayed           int
+	complete           float64 // checkpoint: the node's complete_ms (the daemon's time until the node was complete)
 }
 
 type latRun struct {
@@ -258,6 +259,8 @@ type latRun struct {
 	files                 *fsRun       // file change steps in the deltabox sandbox (reused from bench fs)
 	base                  *latNode
 	ckpts, rests          []latSample
+	ckptsEarly            []latSample // checkpoints that answered early (checkpoint-answer)
+	earlyDeclined         int         // asked to answer early, answered at the end (counted in ckpts)
 	forks                 []latSample // bench_fork in the session (SysForkFloor)
 	heapMS                []float64
 	stateFails            int
@@ -289,6 +292,7 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 		{System: SysDeltaBox, Op: "checkpoint", Stat: "p99_ms", MaxMS: 5},
 		{System: SysDeltaBox, Op: "restore", Stat: "p50_ms", MaxMS: 1.5},
 		{System: SysDeltaBox, Op: "restore", Stat: "p99_ms", MaxMS: 4},
+		{System: SysDeltaBox, Op: "checkpoint-answer", Stat: "p50_ms", MaxMS: 1.5},
 	}
 	f.Notes = append(f.Notes, o.Notes...)
 	if err := c.Health(ctx); err != nil {
@@ -415,7 +419,14 @@ func latencyDescription(o LatencyOptions) string {
 	b.WriteString("\n\n`kernel-fork` is a reference, not a baseline: after each branch checkpoint the session itself times an " +
 		"`os.fork()` (the child exits at once; `bench_fork`), so the same process, with the same memory, mappings and fork " +
 		"lineage, at the same moments. A template fork is that kernel work (page tables copied, anon_vma chains cloned) plus " +
-		"the injection around it: it is the floor under every deltabox row.")
+		"the injection around it: it is the floor under every deltabox row but `checkpoint-answer`.")
+	b.WriteString("\n\nThe chain's checkpoints and every other branch checkpoint answer once their node is complete (`answer: " +
+		"\"complete\"`: the `checkpoint` rows); the other branch checkpoints answer early (`answer: \"early\"`: the " +
+		"`checkpoint-answer` rows), once the session's process is seized, and make its template after the answer " +
+		"(internal/state/checkpoint.go, \"The early answer\"); one the daemon answered at its end anyway (its node not pending: " +
+		"when an early answer would not be exact) counts in the `checkpoint` rows (`early_declined`). Its `+exec` row's call " +
+		"waits for the node to be complete. `complete_ms` is the node's time until complete (GET /v1/nodes/{id}, read untimed " +
+		"after that call), beside the complete checkpoints' own (`checkpoint_complete_ms_p50`).")
 	return b.String()
 }
 
@@ -483,19 +494,41 @@ func (r *latRun) ping(ctx context.Context, sb, label string) error {
 	return nil
 }
 
-func (r *latRun) checkpoint(ctx context.Context, sb string, parent *latNode, s latStep, digest string) (*latNode, error) {
+// checkpoint checkpoints sb, with the answer asked for (apitypes.CheckpointRequest.Answer):
+// "complete" (the checkpoint row) or "early" (checkpoint-answer, which must answer with
+// its node pending).
+func (r *latRun) checkpoint(ctx context.Context, sb string, parent *latNode, s latStep, digest, answer string) (*latNode, error) {
 	t0 := time.Now()
-	res, err := r.c.Checkpoint(ctx, sb, s.label)
+	res, err := r.c.CheckpointWith(ctx, sb, apitypes.CheckpointRequest{Label: s.label, Answer: answer})
 	t1 := time.Now()
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", s.label, err)
+	}
+	early := res.Node.Pending
+	if early && answer != "early" {
+		return nil, fmt.Errorf("checkpoint %s, answer %q: node %s pending", s.label, answer, res.Node.ID)
+	}
+	if answer == "early" && !early {
+		r.earlyDeclined++ // the daemon answered at the end (checkpoint.go: when an early answer is taken)
 	}
 	if err := r.ping(ctx, sb, s.label); err != nil {
 		return nil, fmt.Errorf("after checkpoint %s: %w", s.label, err)
 	}
 	t2 := time.Now()
-	r.ckpts = append(r.ckpts, latSample{op: ms(t1.Sub(t0)), withCall: ms(t2.Sub(t0)), call: ms(t2.Sub(t1)), daemon: res.DurationMS,
-		phases: res.PhasesUS, depth: res.Node.Depth, fast: res.Prepared, processes: res.Processes, processErrors: len(res.ProcessErrors)})
+	sample := latSample{op: ms(t1.Sub(t0)), withCall: ms(t2.Sub(t0)), call: ms(t2.Sub(t1)), daemon: res.DurationMS,
+		phases: res.PhasesUS, depth: res.Node.Depth, fast: res.Prepared, processes: res.Processes, processErrors: len(res.ProcessErrors),
+		complete: res.CompleteMS}
+	if early {
+		// Untimed: the node is complete once the call above has run (it waited for it).
+		in, err := r.c.Node(ctx, res.Node.ID)
+		if err != nil || in.Pending || in.CompleteMS <= 0 {
+			return nil, fmt.Errorf("node %s after its early checkpoint and a call: %+v, %v; want it complete, with complete_ms", res.Node.ID, in, err)
+		}
+		sample.complete = in.CompleteMS
+		r.ckptsEarly = append(r.ckptsEarly, sample)
+	} else {
+		r.ckpts = append(r.ckpts, sample)
+	}
 	if res.Processes != 1 || len(res.ProcessErrors) > 0 {
 		return nil, fmt.Errorf("checkpoint %s took %d processes (%v), want the python session", s.label, res.Processes, res.ProcessErrors)
 	}
@@ -613,7 +646,7 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		n, err := r.checkpoint(ctx, sb, head, s, d)
+		n, err := r.checkpoint(ctx, sb, head, s, d, "complete")
 		if err != nil {
 			return nil, err
 		}
@@ -641,7 +674,12 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		m, err := r.checkpoint(ctx, sb, n, s, d)
+		// Every other branch checkpoint answers early (checkpoint-answer).
+		answer := "complete"
+		if j%2 == 1 {
+			answer = "early"
+		}
+		m, err := r.checkpoint(ctx, sb, n, s, d, answer)
 		if err != nil {
 			return nil, err
 		}
@@ -706,9 +744,10 @@ func latPickLeaf(pool []*latNode, head, root *latNode, rng *mrand.Rand) int {
 }
 
 const (
-	latCkCall   = "client.Checkpoint(ctx, sandbox, label): POST /v1/sandboxes/{id}/checkpoint"
-	latRsCall   = "client.Restore(ctx, sandbox, node): POST /v1/sandboxes/{id}/restore"
-	latPingCall = `client.Run(ctx, sandbox, "py", "label_"): POST /v1/sandboxes/{id}/exec {session: "py"}`
+	latCkCall      = `client.CheckpointWith(ctx, sandbox, {label, answer: "complete"}): POST /v1/sandboxes/{id}/checkpoint`
+	latCkEarlyCall = `client.CheckpointWith(ctx, sandbox, {label, answer: "early"}): POST /v1/sandboxes/{id}/checkpoint`
+	latRsCall      = "client.Restore(ctx, sandbox, node): POST /v1/sandboxes/{id}/restore"
+	latPingCall    = `client.Run(ctx, sandbox, "py", "label_"): POST /v1/sandboxes/{id}/exec {session: "py"}`
 )
 
 func latPhases(ss []latSample) map[string]float64 {
@@ -754,6 +793,26 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 		row = Summarize(pick(r.ckpts, withCall)).Row(SysDeltaBox, "checkpoint+exec", r.o.WorkspaceMB, latCkCall, latPingCall)
 		row.Layers = depths(r.ckpts)
 		e := Summarize(pick(r.ckpts, call))
+		row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
+		rows = append(rows, row)
+	}
+	if len(r.ckptsEarly) > 0 {
+		d := Summarize(pick(r.ckptsEarly, daemon))
+		cm := Summarize(pick(r.ckptsEarly, func(s latSample) float64 { return s.complete }))
+		cmComplete := Summarize(pick(r.ckpts, func(s latSample) float64 { return s.complete }))
+		row := Summarize(pick(r.ckptsEarly, op)).Row(SysDeltaBox, "checkpoint-answer", r.o.WorkspaceMB, latCkEarlyCall)
+		row.Layers = depths(r.ckptsEarly)
+		row.Info = map[string]any{
+			"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(r.ckptsEarly),
+			"client_minus_daemon_p50_ms": us(Summarize(pick(r.ckptsEarly, overhead)).P50),
+			"complete_ms_p50":            us(cm.P50), "complete_ms_p95": us(cm.P95), "complete_ms_p99": us(cm.P99),
+			"checkpoint_complete_ms_p50": us(cmComplete.P50),
+			"early_declined":             r.earlyDeclined,
+		}
+		rows = append(rows, row)
+		row = Summarize(pick(r.ckptsEarly, withCall)).Row(SysDeltaBox, "checkpoint-answer+exec", r.o.WorkspaceMB, latCkEarlyCall, latPingCall)
+		row.Layers = depths(r.ckptsEarly)
+		e := Summarize(pick(r.ckptsEarly, call))
 		row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
 		rows = append(rows, row)
 	}

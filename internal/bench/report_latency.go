@@ -32,12 +32,16 @@ func writeLatencyReading(b *strings.Builder, f *File) {
 		"the rest is what DeltaBox adds.\n\n",
 		rss, fmtMS(fork.P50), fmtMS(fork.P95))
 	b.WriteString("| Operation | p50 (ms) | kernel fork p50 (ms) | rest p50 (ms) | daemon phases, p50 (µs) |\n|---|--:|--:|--:|---|\n")
-	for _, op := range []string{"checkpoint", "restore"} {
+	for _, op := range []string{"checkpoint", "checkpoint-answer", "restore"} {
 		r, ok := rows[SysDeltaBox+" "+op]
 		if !ok {
 			continue
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", op, fmtMS(r.P50), fmtMS(fork.P50), fmtMS(r.P50-fork.P50), phasesCell(r.Info["phases_p50_us"]))
+	}
+	if _, ok := rows[SysDeltaBox+" checkpoint-answer"]; ok {
+		b.WriteString("\nA `checkpoint-answer` answers before its fork (its rest is negative: it is below the floor); the fork and " +
+			"the steps after it run after the answer, and the sandbox's next call waits for them (its `+exec` row).\n")
 	}
 	b.WriteString("\nCheckpoint `fork` is the template's clone3 (the kernel fork) with the timer and signal reads around it (one " +
 		"batch of injected calls), the template's setsid and its parking; `seize` is PTRACE_SEIZE and the inspection of the stopped " +

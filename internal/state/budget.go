@@ -103,7 +103,11 @@ func (m *Manager) templateBudget(s *sb) int64 {
 // (its new templates: nothing to do once the limit is at its most), and after answers
 // and node removals (it comes down; the kernel refuses, EBUSY, while it cannot reclaim
 // to the lower limit: then the next call tries again).
-func (m *Manager) fitKernelLimit(s *sb, grow bool) {
+func (m *Manager) fitKernelLimit(s *sb, grow bool) { m.fitKernelLimitPlus(s, grow, 0) }
+
+// fitKernelLimitPlus is fitKernelLimit counting coming templates that will hold extra
+// bytes alone (a checkpoint's early answer, before its fork: checkpoint.go).
+func (m *Manager) fitKernelLimitPlus(s *sb, grow bool, extra int64) {
 	b := m.templateBudget(s)
 	if b <= 0 {
 		return // no budget of their own: memory_mb, templates included
@@ -123,7 +127,7 @@ func (m *Manager) fitKernelLimit(s *sb, grow bool) {
 		}
 	}
 	m.mu.Unlock()
-	var sum int64
+	sum := extra
 	for _, t := range ts {
 		if t.rssAnon == 0 {
 			t.rssAnon = max(rssAnon(t.tmpl.HostPid), 1) // 1: read (a template gone holds nothing)
@@ -501,6 +505,9 @@ func (m *Manager) evictForRoom(s *sb, c budgetCheck) int {
 // PinNode pins (or unpins) a node: a hint that the client will restore it again, so
 // that its templates are never evicted over a template budget.
 func (m *Manager) PinNode(id string, pinned bool) (*NodeInfo, error) {
+	if err := m.awaitNode(context.Background(), id); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	m.mu.Lock()
 	n := m.nodes[id]
 	if n != nil {

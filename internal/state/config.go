@@ -27,6 +27,10 @@ type Config struct {
 	// WarmMax bounds the warm restore states kept mounted per sandbox (warm.go;
 	// DELTABOX_WARM_MAX); 0 turns them off.
 	WarmMax int
+	// EarlyAnswer: a checkpoint answers once the sandbox's processes are seized, and
+	// makes its templates after the answer (checkpoint.go: "The early answer";
+	// DELTABOX_EARLY_ANSWER=0 turns it off). A request can choose (CheckpointOptions.Answer).
+	EarlyAnswer bool
 	// AnswerDelay is how long background work waits after the answer it follows
 	// (background.go; DELTABOX_ANSWER_DELAY).
 	AnswerDelay time.Duration
@@ -96,7 +100,7 @@ func DefaultTemplateBudgets() (perSandbox, total int64) {
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
 	per, total := DefaultTemplateBudgets()
-	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, Durable: true, Prepare: true, WarmMax: 256, SquashDepth: DefaultSquashDepth, AnswerDelay: defaultAnswerDelay,
+	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, EarlyAnswer: true, Durable: true, Prepare: true, WarmMax: 256, SquashDepth: DefaultSquashDepth, AnswerDelay: defaultAnswerDelay,
 		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions,
 		TemplateBudgetBytes: per, TemplateBudgetTotalBytes: total}
 }

@@ -14,7 +14,8 @@
 //
 // # Where things are
 //
-//	checkpoint.go  Checkpoint: its numbered steps, each with its undo
+//	checkpoint.go  Checkpoint: its numbered steps, each with its undo; the early answer
+//	answer.go      the node ids of checkpoints that answered early, until they end
 //	restore.go     Restore: its numbered steps, each with its undo
 //	undo.go        the undo list both use (last in, first out)
 //	op.go          what both share: the queue of calls and switches (admission: who
@@ -51,6 +52,8 @@
 //	                        stops sandboxes after it lets go (stopWriters)
 //	sb.opMu                 a sandbox's position (rec, seq), rt, err, kns, tracer, hostPids; serialises
 //	                        its state changes: checkpoint, restore, rm, the start of an exec
+//	                        (a checkpoint that answered early holds it, with treeMu shared,
+//	                        on a goroutine of its own until its end: checkpoint.go)
 //	  sb.keepMu             keepSessions (restart.go): kept; held across round trips to init
 //	    sb.mu
 //	  Manager.treeMu        node layers on disk: shared to mount a stack (checkpoint,

@@ -344,6 +344,9 @@ func (m *Manager) imageInfo(node string) *apitypes.ImageInfo {
 // soon (the budget evicts least recently restored nodes by itself). 409 without a
 // complete image.
 func (m *Manager) EvictNode(id string) (*NodeInfo, error) {
+	if err := m.awaitNode(context.Background(), id); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	m.mu.Lock()
 	n := m.nodes[id]
 	var sbs []*sb

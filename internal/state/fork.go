@@ -96,6 +96,9 @@ func (m *Manager) fork(ctx context.Context, node string, o ForkOptions, execs in
 	if o.ImageWaitMS < 0 {
 		return nil, fmt.Errorf("image_wait_ms %d: want >= 0 (0: %v): %w", o.ImageWaitMS, defaultForkImageWait, errdefs.ErrInvalid)
 	}
+	if err := m.awaitNode(ctx, node); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	m.mu.Lock()
 	n := m.nodes[node]
 	var image, maker, workdir string

@@ -36,6 +36,12 @@ type Manager struct {
 	// checkpoint syncs its CRIU trees between the two); protected by mu.
 	// +checklocks:mu
 	idsTaken map[string]bool
+	// pending: the nodes of checkpoints between their answer and their end (answer.go),
+	// and those whose checkpoint failed after an early answer (kept, bounded, to say so).
+	// +checklocks:mu
+	pending map[string]*pendingNode
+	// +checklocks:mu
+	failedOrder []string // the failed ones in pending, oldest first
 	// +checklocks:mu
 	sandboxes map[string]*sb
 	// +checklocks:mu
@@ -110,6 +116,9 @@ type node struct {
 	// templates.
 	pinned      bool
 	lastRestore time.Time
+	// completeMS: the time its checkpoint took until it was complete (0: made before
+	// this daemon started, or imported).
+	completeMS float64
 }
 
 type sb struct {
@@ -192,6 +201,10 @@ type sb struct {
 	oomSeen int64 // +checklocksignore: not opMu's: Exec (not analysed) takes only mu; the memory limit's kill count when last read (Exec)
 	// +checklocks:mu
 	removed bool
+	// lateFailure: a checkpoint of this sandbox that answered early and then failed,
+	// not reported yet: the next call or switch answers it (answer.go).
+	// +checklocks:mu
+	lateFailure *pendingNode
 	// +checklocks:mu
 	sessions map[string]*session.Session
 	// +checklocks:mu
@@ -243,7 +256,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetBytes = cmp.Or(max(cfg.TemplateBudgetBytes, 0), per)
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
-	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, famOf: map[string]*family{}, procRecs: map[string]*nodeProcesses{},
+	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, pending: map[string]*pendingNode{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, famOf: map[string]*family{}, procRecs: map[string]*nodeProcesses{},
 		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
 		net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {

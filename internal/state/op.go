@@ -188,6 +188,11 @@ func (m *Manager) enterCall(ctx context.Context, s *sb, what string) (*call, err
 		c.end()
 		return nil, err
 	}
+	if err := m.takeLateFailure(s); err != nil { // answer.go
+		s.opMu.Unlock()
+		c.end()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -241,6 +246,11 @@ func (m *Manager) beginOp(ctx context.Context, id, what string, wait time.Durati
 		return nil, nil, 0, err
 	}
 	// Held: s.opMu.
+	if err := m.takeLateFailure(s); err != nil { // answer.go
+		s.opMu.Unlock()
+		leave()
+		return nil, nil, 0, err
+	}
 	s.mu.Lock()
 	busy := s.adm.running()
 	desc := s.adm.describe(busy)
@@ -370,8 +380,14 @@ type step[T any] struct {
 // and records each one's time in res from t0 on. It stops at the first error; the
 // caller runs op's undo list.
 func runSteps[T any](m *Manager, name string, steps []step[T], op T, inject *func() error, res *OpResult, t0 time.Time) error {
-	tp := t0
-	for i, st := range steps {
+	return runStepsRange(m, name, steps, 0, len(steps), op, inject, res, &t0)
+}
+
+// runStepsRange is runSteps of steps[from:to] (their numbers stay k = index+1), timed
+// from *tp on, which it moves to the end of the last one run.
+func runStepsRange[T any](m *Manager, name string, steps []step[T], from, to int, op T, inject *func() error, res *OpResult, tp *time.Time) error {
+	for i := from; i < to; i++ {
+		st := steps[i]
 		k := i + 1
 		point := func() error { return m.fail(name, k) }
 		if st.injectInside {
@@ -382,10 +398,12 @@ func runSteps[T any](m *Manager, name string, steps []step[T], op T, inject *fun
 		if err := st.run(op); err != nil {
 			return err
 		}
-		phase(res, st.phase, &tp)
+		phase(res, st.phase, tp)
 	}
-	// After the last step, before the answer and the index commit (a crash hook only).
-	m.crashPoint(name, len(steps)+1)
+	if to == len(steps) {
+		// After the last step, before the answer and the index commit (a crash hook only).
+		m.crashPoint(name, len(steps)+1)
+	}
 	return nil
 }
 

@@ -168,8 +168,11 @@ except OSError:
 		t.Fatalf("the background process %s is not in the sandbox", bg)
 		return ""
 	}
-	steps := map[string]int{"checkpoint": state.CheckpointStepCount, "restore": state.RestoreStepCount}
-	for _, op := range []string{"checkpoint", "restore"} {
+	// A checkpoint answers early (checkpoint.go: "The early answer"), so that a failure
+	// at step 2 or later comes after its answer; checkpoint-complete is one that answers
+	// at its end.
+	steps := map[string]int{"checkpoint": state.CheckpointStepCount, "checkpoint-complete": state.CheckpointStepCount, "restore": state.RestoreStepCount}
+	for _, op := range []string{"checkpoint", "checkpoint-complete", "restore"} {
 		for step := 1; step <= steps[op]; step++ {
 			t.Run(fmt.Sprintf("%s-step%d", op, step), func(t *testing.T) {
 				late := op == "restore" && step >= 5
@@ -187,18 +190,22 @@ except OSError:
 				frozen := frozenLayers(t, root)
 				templates := stopped(t, id)
 				var bg0 string
-				if op == "checkpoint" {
+				ckpt := strings.HasPrefix(op, "checkpoint")
+				if ckpt {
 					bg0 = bgNS()
 				}
 				state.SetFailStep(m, func(o string, k int) error {
-					if o == op && k == step {
+					if strings.HasPrefix(op, o) && k == step {
 						return fmt.Errorf("injected failure at %s step %d", o, k)
 					}
 					return nil
 				})
-				if op == "checkpoint" {
-					_, err = m.Checkpoint(ctx, id, "x")
-				} else {
+				switch op {
+				case "checkpoint":
+					err = checkpointFault(t, m, id, step, state.CheckpointOptions{Label: "x"}, true)
+				case "checkpoint-complete":
+					err = checkpointFault(t, m, id, step, state.CheckpointOptions{Label: "x", Answer: state.AnswerComplete}, false)
+				default:
 					_, err = m.Restore(ctx, id, base.Node.ID)
 				}
 				state.SetFailStep(m, nil)
@@ -246,7 +253,7 @@ except OSError:
 						t.Fatalf("fin after a failed %s: %q, want %q", op, l, want)
 					}
 					locked(t, "after a failed "+op)
-					if op == "checkpoint" {
+					if ckpt {
 						if ns := bgNS(); ns != bg0 {
 							t.Fatalf("the background process after a failed checkpoint: namespace %s, was %s", ns, bg0)
 						}
@@ -258,20 +265,20 @@ except OSError:
 				}
 				// And the operation works once the fault is gone.
 				var res *state.OpResult
-				if op == "checkpoint" {
+				if ckpt {
 					res, err = m.Checkpoint(ctx, id, "ok")
 				} else {
 					res, err = m.Restore(ctx, id, base.Node.ID)
 				}
 				want := 2 // base's sessions
-				if op == "checkpoint" {
+				if ckpt {
 					want = 3 // and the background process
 				}
 				if err != nil || res.Processes != want {
 					t.Fatalf("%s after the fault: %v %+v, want %d processes", op, err, res, want)
 				}
 				locked(t, op+" after the fault")
-				if op == "checkpoint" && res.Killed != 0 {
+				if ckpt && res.Killed != 0 {
 					t.Fatalf("the checkpoint after the fault killed %d processes, want the background one kept", res.Killed)
 				}
 			})
@@ -279,7 +286,7 @@ except OSError:
 	}
 	info, _ := m.Get(id)
 	c, r := info.Stats.CheckpointPaths, info.Stats.RestorePaths
-	if c.Failed != 8 || r.Failed != 7 || c.Process != 9 || r.Process != 7 {
+	if c.Failed != 16 || r.Failed != 7 || c.Process != 17 || r.Process != 7 {
 		t.Fatalf("counts: checkpoints %+v restores %+v", c, r)
 	}
 }

@@ -115,6 +115,9 @@ func (m *Manager) Restore(ctx context.Context, id, nodeID string) (*OpResult, er
 // terminals), as atomically as the PID constraint allows. The steps are restoreSteps.
 // The answer reports the sandbox's memory after it (reportMemory).
 func (m *Manager) RestoreWith(ctx context.Context, id string, o RestoreOptions) (*OpResult, error) {
+	if err := m.awaitNode(ctx, o.Node); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	res, err := m.restoreLocked(ctx, id, o)
 	if err != nil {
 		return nil, err

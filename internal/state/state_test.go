@@ -2,6 +2,7 @@ package state_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"deltabox/internal/cgroup"
+	"deltabox/internal/errdefs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/state"
@@ -120,7 +122,7 @@ func TestFailureAtEveryStepLeavesSandboxUnchanged(t *testing.T) {
 					return nil
 				})
 				if op == "checkpoint" {
-					_, err = m.Checkpoint(ctx, "f1", "x")
+					err = checkpointFault(t, m, "f1", step, state.CheckpointOptions{Label: "x"}, false)
 				} else {
 					_, err = m.Restore(ctx, "f1", base.Node.ID)
 				}
@@ -195,4 +197,41 @@ func TestInterruptedCheckpointIsRepairedAtStart(t *testing.T) {
 	if n := len(m2.Tree().Nodes); n != 0 {
 		t.Fatalf("the interrupted checkpoint left %d nodes", n)
 	}
+}
+
+// checkpointFault runs a checkpoint of sandbox id whose step `step` fails (the caller
+// set the fault), as a client sees it, and returns the failure. Before step 2, or when
+// it answers at its end (without processes to fork, or o.Answer complete), the
+// checkpoint itself fails. From step 2 on, a checkpoint that answers early (it must
+// when mustEarly) answers with its node pending; then the sandbox's next call answers
+// the failure (409) instead of running, and the node's id answers it too (404), as
+// does a restore of it. The next call waits for the checkpoint's end, so the caller may
+// clear the fault once this returns.
+func checkpointFault(t *testing.T, m *state.Manager, id string, step int, o state.CheckpointOptions, mustEarly bool) error {
+	t.Helper()
+	ctx := context.Background()
+	res, err := m.CheckpointWith(ctx, id, o)
+	if err != nil {
+		if mustEarly && step > 1 {
+			t.Fatalf("checkpoint failing at step %d (after its early answer) failed before it: %v", step, err)
+		}
+		return err
+	}
+	if step == 1 || o.Answer == state.AnswerComplete {
+		t.Fatalf("checkpoint failing at step %d answered %+v, want the failure", step, res)
+	}
+	if res.Node == nil || !res.Node.Pending || res.CompleteMS != 0 {
+		t.Fatalf("checkpoint failing at step %d: answer %+v node %+v, want an early answer (node pending)", step, res, res.Node)
+	}
+	_, err = m.Exec(ctx, id, sandbox.ExecRequest{Argv: []string{"true"}, Timeout: 30 * time.Second})
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), res.Node.ID) {
+		t.Fatalf("the call after a checkpoint that failed at step %d after its answer: %v, want a 409 naming node %s", step, err, res.Node.ID)
+	}
+	if _, nerr := m.Node(res.Node.ID); !errors.Is(nerr, errdefs.ErrNotFound) || !strings.Contains(nerr.Error(), "injected") {
+		t.Fatalf("node %s of a checkpoint that failed at step %d after its answer: %v, want 404 with the failure", res.Node.ID, step, nerr)
+	}
+	if _, rerr := m.Restore(ctx, id, res.Node.ID); !errors.Is(rerr, errdefs.ErrNotFound) || !strings.Contains(rerr.Error(), "injected") {
+		t.Fatalf("restore of node %s, whose checkpoint failed at step %d after its answer: %v, want 404 with the failure", res.Node.ID, step, rerr)
+	}
+	return err
 }

@@ -117,6 +117,9 @@ type Export struct {
 // export) and stages its durable process image, so that every refusal comes before the
 // first byte of the archive. Close removes what it staged.
 func (m *Manager) PrepareExport(ctx context.Context, id string) (_ *Export, err error) {
+	if err := m.awaitNode(ctx, id); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	m.mu.Lock()
 	ch := m.chain(id)
 	m.mu.Unlock()

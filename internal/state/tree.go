@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"fmt"
 	"sort"
 
@@ -16,7 +17,7 @@ type NodeInfo = apitypes.NodeInfo
 func (m *Manager) newNodeID() string {
 	for {
 		id := randomID("n")[:7]
-		if _, ok := m.nodes[id]; !ok && !m.idsTaken[id] {
+		if _, ok := m.nodes[id]; !ok && !m.idsTaken[id] && m.pending[id] == nil {
 			if _, ok := m.sandboxes[id]; !ok {
 				return id
 			}
@@ -82,12 +83,13 @@ func (m *Manager) nodeInfoLocked(id string, ch, st map[string][]string) *NodeInf
 		return nil
 	}
 	in := &NodeInfo{
-		Node:      apiNode(n.Node),
-		Durable:   m.st.Index.Durable(n.seq),
-		Children:  ch[id],
-		Sandboxes: st[id],
-		Depth:     len(m.stack(id)),
-		Pinned:    n.pinned,
+		Node:       apiNode(n.Node),
+		Durable:    m.st.Index.Durable(n.seq),
+		Children:   ch[id],
+		Sandboxes:  st[id],
+		Depth:      len(m.stack(id)),
+		Pinned:     n.pinned,
+		CompleteMS: n.completeMS,
 	}
 	if !n.lastRestore.IsZero() {
 		t := n.lastRestore.UTC()
@@ -109,6 +111,7 @@ type Tree = apitypes.Tree
 
 // Tree returns every node.
 func (m *Manager) Tree() *Tree {
+	m.awaitPending() // the nodes of checkpoints that answered early (answer.go)
 	perNode, _, total := m.templateCosts(nil, "", 0)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -130,6 +133,9 @@ func (m *Manager) Tree() *Tree {
 
 // Node returns one node.
 func (m *Manager) Node(id string) (*NodeInfo, error) {
+	if err := m.awaitNode(context.Background(), id); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	if n := m.nodeInfo(id); n != nil {
 		perNode, _, _ := m.templateCosts([]string{id}, "", 0)
 		n.Templates = perNode[id]
@@ -142,6 +148,9 @@ func (m *Manager) Node(id string) (*NodeInfo, error) {
 // any node of it. Layers owned by the removed nodes are deleted after the index
 // stops naming them.
 func (m *Manager) RemoveNode(id string) ([]string, error) {
+	if err := m.awaitNode(context.Background(), id); err != nil { // a node answered early (answer.go)
+		return nil, err
+	}
 	m.treeMu.Lock()
 	defer m.treeMu.Unlock()
 	m.mu.Lock()

@@ -45,7 +45,7 @@ func TestBenchLatencyTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Bench != "latency" || f.Description == "" || len(f.Targets) != 4 {
+	if f.Bench != "latency" || f.Description == "" || len(f.Targets) != 5 {
 		t.Fatalf("bench %q, description %q, %d targets", f.Bench, f.Description, len(f.Targets))
 	}
 	got := map[string]bench.Row{}
@@ -53,7 +53,9 @@ func TestBenchLatencyTiny(t *testing.T) {
 		got[r.System+" "+r.Op] = r
 	}
 	want := map[string]int{
-		"deltabox checkpoint": 7, "deltabox checkpoint+exec": 7, "deltabox restore": 4, "deltabox restore+exec": 4,
+		// The chain's 3 and every other branch checkpoint answer complete, the other 2 early.
+		"deltabox checkpoint": 5, "deltabox checkpoint+exec": 5, "deltabox checkpoint-answer": 2, "deltabox checkpoint-answer+exec": 2,
+		"deltabox restore": 4, "deltabox restore+exec": 4,
 		"criu checkpoint": 2, "criu restore": 2, "copytree+replay checkpoint": 2, "copytree+replay restore": 2,
 		"fs-only+replay checkpoint": 2, "fs-only+replay restore": 2,
 		"kernel-fork fork": 4, // one per branch checkpoint
@@ -70,6 +72,13 @@ func TestBenchLatencyTiny(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d rows, want %d", len(got), len(want))
+	}
+	// An early answer comes before its node is complete: the node's complete_ms (read
+	// once the next call has waited for it) is above the answer's own time.
+	ca := got["deltabox checkpoint-answer"]
+	complete, _ := ca.Info["complete_ms_p50"].(float64)
+	if answer, _ := ca.Info["daemon_p50_ms"].(float64); !(answer > 0) || complete <= answer {
+		t.Errorf("deltabox checkpoint-answer info: %v, want complete_ms_p50 above daemon_p50_ms", ca.Info)
 	}
 	rs := got["deltabox restore"]
 	if rs.Info["template_restores"] != float64(4) || rs.Info["state_checks_failed"] != float64(0) {

@@ -71,7 +71,10 @@ func dbxSh(t *testing.T, d *testutil.Daemon, id, script string) string {
 	return res.Stdout
 }
 
-// dbxCheckpoint checkpoints and fails the test on error.
+// dbxCheckpoint checkpoints and fails the test on error. A checkpoint that answered
+// early (its node pending) is waited for, by a read of its node: tests look at the
+// host (stopped templates, layers on disk) right after, which no call of theirs orders
+// after the checkpoint's end.
 func dbxCheckpoint(t *testing.T, d *testutil.Daemon, id, label string) *state.OpResult {
 	t.Helper()
 	r, err := d.C.Checkpoint(dbxCtx(t), id, label)
@@ -80,6 +83,11 @@ func dbxCheckpoint(t *testing.T, d *testutil.Daemon, id, label string) *state.Op
 	}
 	if r.Node == nil || r.Node.ID == "" {
 		t.Fatalf("checkpoint %s (%s) returned no node: %+v", id, label, r)
+	}
+	if r.Node.Pending {
+		if n, err := d.C.Node(dbxCtx(t), r.Node.ID); err != nil || n.Pending {
+			t.Fatalf("checkpoint %s (%s): node %s after its early answer: %+v, %v", id, label, r.Node.ID, n, err)
+		}
 	}
 	return r
 }

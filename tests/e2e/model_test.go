@@ -1491,7 +1491,14 @@ func (m *model) checkpoint() {
 	}
 	m.timed("checkpoint calls", t0)
 	n := res.Node
-	m.step(fmt.Sprintf("checkpoint -> node %s (layer %d own %v, depth %d)", n.ID, n.Layer, n.Own, n.Depth))
+	m.step(fmt.Sprintf("checkpoint -> node %s (layer %d own %v, depth %d, pending %v)", n.ID, n.Layer, n.Own, n.Depth, n.Pending))
+	if n.Pending {
+		// An early answer: the layer is frozen, and the mounts changed, once the node is
+		// complete; this model looks at the host, which no call orders after that.
+		if c, err := m.d.C.Node(m.ctx, n.ID); err != nil || c.Pending || c.Layer != n.Layer || c.Own != n.Own || c.Depth != n.Depth {
+			m.fatalf("node %s after its early answer %+v: %+v, %v", n.ID, n, c, err)
+		}
+	}
 	if n.Own && n.Layer != info.Upper {
 		m.fatalf("checkpoint froze layer %d, but the sandbox's upper was layer %d", n.Layer, info.Upper)
 	}

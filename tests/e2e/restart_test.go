@@ -93,7 +93,8 @@ func TestRestartKeepsSessionsAndTemplates(t *testing.T) {
 }
 
 // TestRestartAfterCutAtEveryStep: the daemon dies (SIGKILL, DELTABOX_CRASH_AT) before
-// each step of a checkpoint and of a restore, and after the last; the next daemon gives
+// each step of a checkpoint and of a restore, and after the last (a checkpoint's steps
+// 2-8 after its early answer); the next daemon gives
 // back a sandbox whose files and processes agree (files and processes are one atomic
 // pair: x in the python session equals the file's content, unless the session was
 // started afresh), whose tree holds every node recorded before, and that checkpoints
@@ -132,8 +133,13 @@ func TestRestartAfterCutAtEveryStep(t *testing.T) {
 				if _, err := d.C.Restore(dbxCtx(t), id, n1); err == nil {
 					t.Fatalf("the restore answered: the daemon did not die at %s", at)
 				}
-			} else if _, err := d.C.Checkpoint(dbxCtx(t), id, "x1"); err == nil {
+			} else if res, err := d.C.Checkpoint(dbxCtx(t), id, "x1"); at == "checkpoint:1" && err == nil {
 				t.Fatalf("the checkpoint answered: the daemon did not die at %s", at)
+			} else if at != "checkpoint:1" && err == nil && !res.Node.Pending {
+				// Steps 2-8 run after the early answer (the session's process is seized):
+				// the daemon dies after it, its node pending (or before the answer has
+				// reached the client, which then sees the connection end).
+				t.Fatalf("the checkpoint cut at %s answered %+v: want its early answer, the node pending", at, res)
 			}
 			d.Kill()
 			d = testutil.StartDaemonOn(t, root)

@@ -407,10 +407,11 @@ class AsyncSandbox:
         return res
 
     async def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
-                         wait: Optional[float] = DEFAULT_WAIT, pin: bool = False) -> CheckpointResult:
+                         wait: Optional[float] = DEFAULT_WAIT, pin: bool = False,
+                         answer: Optional[str] = None) -> CheckpointResult:
         """:meth:`Sandbox.checkpoint` (it queues behind running commands for ``wait``
         seconds: those of other tasks of this sandbox)."""
-        body, ms = _checkpoint_body(label, end_background, wait, pin)
+        body, ms = _checkpoint_body(label, end_background, wait, pin, answer)
         d = await self.client._t.json("POST", self._p("/checkpoint"), body,
                                       timeout=_op_timeout(self.client._t.timeout, ms))
         ck = CheckpointResult.from_api(d, self.client.blocking, workdir=self.workdir or None)

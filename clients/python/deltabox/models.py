@@ -352,6 +352,10 @@ class Node:
         last_restored: its last restore (aware datetime, UTC), None if never.
         process_image: its durable process image (:class:`ProcessImage`), None when
             none was asked for (no process template, or images off).
+        pending: in a checkpoint's early answer only: its templates are still being
+            made (whatever names the node, a read, a restore, a fork, waits for them).
+        complete: seconds its checkpoint took until the node was complete (0.0: not
+            known, for a node made before the daemon started).
     """
 
     id: str
@@ -372,6 +376,8 @@ class Node:
     pinned: bool = False
     last_restored: Optional[_dt.datetime] = None
     process_image: Optional[ProcessImage] = None
+    pending: bool = False
+    complete: float = 0.0
     _client: Optional[NodeClient] = field(default=None, repr=False, compare=False)
     # The workdir of the sandbox that made it, when known (a fork's default).
     _workdir: Optional[str] = field(default=None, repr=False, compare=False)
@@ -398,6 +404,8 @@ class Node:
             pinned=bool(d.get("pinned")),
             last_restored=parse_time(d.get("last_restored")),
             process_image=ProcessImage.from_api(d.get("process_image")),
+            pending=bool(d.get("pending")),
+            complete=float(d.get("complete_ms") or 0.0) / 1000.0,
             _client=client,
             _workdir=workdir,
         )

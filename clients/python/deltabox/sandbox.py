@@ -228,9 +228,16 @@ class _Output:
                                b"".join(self.got["stderr"]))
 
 
+_ANSWERS = (None, "early", "complete")
+
+
 def _checkpoint_body(label: Optional[str], end_background: bool, wait: Optional[float],
-                     pin: bool) -> Tuple[Dict[str, Any], int]:
+                     pin: bool, answer: Optional[str] = None) -> Tuple[Dict[str, Any], int]:
     body: Dict[str, Any] = {}
+    if answer not in _ANSWERS:
+        raise ValueError("answer=%r: want 'early', 'complete' or None (the daemon's choice)" % (answer,))
+    if answer:
+        body["answer"] = answer
     if pin:
         body["pin"] = True
     if label:
@@ -384,9 +391,13 @@ class CheckpointResult:
             threads, children, pipes, sockets) that CRIU took instead, with their
             trees; not counted in ``processes``.
         mounted: a new layer was mounted (False when nothing had changed since the
-            sandbox's head: the node shares its parent's layer).
-        prepared: the next state had been mounted ahead of time.
-        duration: seconds inside the daemon.
+            sandbox's head: the node shares its parent's layer; False too in an early
+            answer, which does not know it yet).
+        prepared: the next state had been mounted ahead of time (early answer: False).
+        duration: seconds inside the daemon, until the answer.
+        complete: seconds until the node was complete; 0.0 when the checkpoint answered
+            early (``node.pending``: its templates are made after the answer, and the
+            sandbox's next call waits for them; ``ckpt.refresh().complete`` then).
         phases_us: microseconds per step (seize, fork, kill, upper, freeze, mount,
             move, publish, ...).
         waited: seconds it queued behind running commands (``wait``) before it
@@ -412,6 +423,7 @@ class CheckpointResult:
     waited: float = 0.0
     memory: Optional[OpMemory] = None
     warnings: List[str] = field(default_factory=list)
+    complete: float = 0.0
     _client: Optional[Client] = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -433,6 +445,7 @@ class CheckpointResult:
             waited=float(d.get("waited_ms") or 0.0) / 1000.0,
             memory=OpMemory.from_api(d.get("memory")),
             warnings=[str(w) for w in (d.get("warnings") or [])],
+            complete=float(d.get("complete_ms") or 0.0) / 1000.0,
             _client=client,
         )
 
@@ -762,7 +775,8 @@ class Sandbox:
     # ---- checkpoints ----
 
     def checkpoint(self, label: Optional[str] = None, end_background: bool = False,
-                   wait: Optional[float] = DEFAULT_WAIT, pin: bool = False) -> CheckpointResult:
+                   wait: Optional[float] = DEFAULT_WAIT, pin: bool = False,
+                   answer: Optional[str] = None) -> CheckpointResult:
         """Freezes the sandbox's files and its processes (its bash and python sessions',
         and background jobs a command left) into a new node of the tree, in one atomic
         step, and returns what it did (:class:`CheckpointResult`): ``ckpt.node`` is
@@ -789,8 +803,15 @@ class Sandbox:
         ``template_budget_mb`` (or every sandbox's more than the daemon's total), it
         waits for room (``wait``; with ``wait=0``, a second), then raises
         :class:`~deltabox.TemplateBudgetExceeded` naming the budget. ``pin=True`` pins
-        the new node (:meth:`Node.pin`)."""
-        body, ms = _checkpoint_body(label, end_background, wait, pin)
+        the new node (:meth:`Node.pin`).
+
+        With processes to keep, it answers once they are stopped, before their
+        templates are forked (``answer="early"``, the daemon's default): ``ckpt.node``
+        is then ``pending``, and the sandbox's next call waits for the node (a few ms).
+        If the checkpoint fails after that answer, it is undone (nothing changed), and
+        the next call raises Conflict saying so. ``answer="complete"`` waits for the
+        node (``ckpt.complete``). docs/API.md, "Checkpoints that answer early"."""
+        body, ms = _checkpoint_body(label, end_background, wait, pin, answer)
         d = self.client._t.json("POST", "/sandboxes/%s/checkpoint" % q(self.id), body,
                                 timeout=_op_timeout(self.client._t.timeout, ms))
         ck = CheckpointResult.from_api(d, self.client, workdir=self.workdir or None)

@@ -284,6 +284,18 @@ class OfflineTest(unittest.TestCase):
             self.assertFalse(hasattr(n, op_field), "a Node has no %s: it is the checkpoint's" % op_field)
         self.assertFalse(hasattr(ck, "label"), "a CheckpointResult's node fields are on .node")
         self.assertIs(Checkpoint, Node)  # the old name of the node
+        # An early answer: the node pending, no complete time; the node, once complete,
+        # says it. The answer is asked for by name.
+        early = CheckpointResult.from_api({"node": dict(node, pending=True), "sandbox": "sb1",
+                                           "duration_ms": 1.2})
+        self.assertEqual((early.node.pending, early.complete, early.duration), (True, 0.0, 0.0012))
+        done = Node.from_api(dict(node, complete_ms=5.5))
+        self.assertEqual((done.pending, done.complete), (False, 0.0055))
+        from deltabox.sandbox import _checkpoint_body
+        self.assertEqual(_checkpoint_body("x", False, 0, False, "complete")[0], {"label": "x", "answer": "complete"})
+        self.assertNotIn("answer", _checkpoint_body("x", False, 0, False)[0])
+        with self.assertRaises(ValueError):
+            _checkpoint_body("x", False, 0, False, "soon")
         r = RestoreResult.from_api({"node": node, "sandbox": "sb2"})
         self.assertIsInstance(r.node, Node)
         # What takes a node takes any of them, or an id; and not another object.
@@ -989,10 +1001,18 @@ class DaemonTest(unittest.TestCase):
         c1 = sb.checkpoint(label="two sessions")
         self.assertEqual((c1.processes, c1.process_errors, c1.killed_processes), (2, [], 0))
         self.assertEqual((c1.sessions, c1.sessions_ended), (["main", "py"], []))
-        self.assertIn("fork", c1.phases_us)
+        # It answered once the processes were seized (the daemon's default): their
+        # templates were forked after the answer, and the node says when it was complete.
+        self.assertTrue(c1.node.pending)
+        self.assertIn("seize", c1.phases_us)
+        self.assertNotIn("fork", c1.phases_us)
+        self.assertEqual(c1.complete, 0.0)
         self.assertIsInstance(c1.prepared, bool)
         self.assertIsNone(c1.node.templates)  # not in a checkpoint's answer...
-        t = c1.refresh().templates  # ... but in the node's
+        n1 = c1.refresh()
+        self.assertFalse(n1.pending)
+        self.assertGreater(n1.complete, c1.duration)
+        t = n1.templates  # ... but in the node's
         self.assertIsInstance(t, Templates)
         self.assertEqual((t.processes, t.sessions), (2, ["main", "py"]))
         self.assertGreater(t.rss_bytes, 0)
