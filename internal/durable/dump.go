@@ -128,9 +128,9 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	// image: CRIU dumps every namespace of the tree that is not its own, and for a
 	// network namespace, even an external one, it dumps the conntrack table through
 	// ctnetlink, which walks the host's whole conntrack hash (262,144 buckets here,
-	// shared by all namespaces) in one netlink sendmsg: 9-10 ms in the kernel, twice
-	// per dump (entries, expectations), that a kernel built without preemption
-	// (PREEMPT(none), as here) does not interrupt. A background dump at nice 19 thus
+	// shared by all namespaces) in one netlink sendmsg: 9-14 ms in the kernel per dump
+	// (the expectations' table, dumped next, is small), which a kernel built without
+	// preemption (PREEMPT(none), as here) does not interrupt. A background dump at nice 19 thus
 	// took a CPU from the sandboxes' operations for 10 ms at a time (measured: restores
 	// beside dumps, docs/research/ab-6318f36/). Nothing is lost: Restore joins the
 	// sandbox's network namespace (--join-ns), and CRIU restores conntrack entries only
