@@ -150,8 +150,8 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 
 // start starts cmd; with pidNS (and cgroupNS), from a thread whose pid_for_children
 // (and cgroup namespace) are the sandbox's for the fork, and ours again after it; with
-// netNS, likewise in that network namespace; with owner, from a thread whose uids are owner for the fork (becomeOwner), and 0 again
-// after it. The thread is given back rather than discarded: a thread's exit sends the
+// netNS, likewise in that network namespace; with owner, from a thread whose uids are
+// owner for the fork (becomeOwner), and 0 again after it. The thread is given back rather than discarded: a thread's exit sends the
 // parent-death signal (PR_SET_PDEATHSIG) of every child it forked, and a discarded
 // thread that had started, say, a test's daemon with Pdeathsig killed that daemon, its
 // sandboxes' inits and this CRIU with them (seen once in six runs). Only when the way
