@@ -71,10 +71,6 @@ type DumpOptions struct {
 	// for the whole dump, so this lengthens its pause when the machine is busy: for
 	// templates, which are stopped anyway.
 	Background bool
-	// Yield, with Background, makes CRIU give way to the caller's operations (yield.go):
-	// Dump calls it with a function to tell whether one runs (busy), which the caller
-	// calls at each change until the returned stop; Dump calls stop when CRIU is done.
-	Yield func(set func(busy bool)) (stop func())
 	// Sync makes the image durable before Dump returns: CRIU syncs nothing, so every
 	// file and the directory are synced before the manifest is written (and it after).
 	// Without it, PageStore.Ingest is what makes the image durable.
@@ -214,7 +210,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d}, owner: owner, env: env, netNS: netFile,
 		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
-		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background, yield: o.Yield}
+		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
 	start := time.Now()
 	if _, err := c.run(ctx); err != nil {
 		return nil, err

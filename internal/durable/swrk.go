@@ -58,9 +58,6 @@ type call struct {
 	cgroups []string
 	// env is added to CRIU's environment (switches of DeltaBox's patches).
 	env []string
-	// yield, when set, stops and continues CRIU as the caller's operations run
-	// (DumpOptions.Yield, yield.go).
-	yield func(set func(busy bool)) (stop func())
 	// owner, when not 0, is the uid CRIU runs as, with the daemon's capabilities: the
 	// owner of the sandbox's user namespace, for a dump (owner.go says why).
 	owner uint32
@@ -100,10 +97,6 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	cmd.ExtraFiles = append([]*os.File{srv}, c.files...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if c.yield != nil {
-		// A daemon that dies while CRIU is stopped (yield.go) continues it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGCONT}
-	}
 	if err := c.start(cmd); err != nil {
 		_ = srv.Close() // CRIU has its own copy
 		return nil, err
@@ -118,16 +111,7 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 		return nil, fmt.Errorf("%s: %w", c.what, err)
 	}
 
-	var p *pacer
-	if c.yield != nil {
-		p = &pacer{pgid: cmd.Process.Pid} // its own group (deadline.Cmd.Start)
-		stop := c.yield(p.set)
-		defer stop()
-	}
 	resp, rerr := c.exchange(cln)
-	if p != nil {
-		p.end()
-	}
 	_ = cln.Close() // CRIU exits when the socket closes
 	werr := cmd.Wait()
 	if rerr == nil && werr != nil {

@@ -32,28 +32,6 @@ type background struct {
 	cond *sync.Cond
 	// +checklocks:mu
 	ops int // checkpoints and restores of the sandbox running (0 or 1)
-	// watchers are told when operations start (true) and all have ended (false): the
-	// durable images' dumps of the sandbox's templates give way (durable.go).
-	// +checklocks:mu
-	watchers map[*func(bool)]struct{}
-}
-
-// watch calls f(busy) now and whenever operations of the sandbox start (true) or all
-// have ended (false), under the gate's lock (f must not block), until the returned
-// function is called.
-func (b *background) watch(f func(busy bool)) (stop func()) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.watchers == nil {
-		b.watchers = map[*func(bool)]struct{}{}
-	}
-	b.watchers[&f] = struct{}{}
-	f(b.ops > 0)
-	return func() {
-		b.mu.Lock()
-		delete(b.watchers, &f)
-		b.mu.Unlock()
-	}
 }
 
 // newBackground makes a sandbox's gate; work waits delay after it is queued and is
@@ -68,11 +46,6 @@ func newBackground(delay time.Duration, wg *sync.WaitGroup) *background {
 func (b *background) begin() (end func()) {
 	b.mu.Lock()
 	b.ops++
-	if b.ops == 1 {
-		for f := range b.watchers {
-			(*f)(true)
-		}
-	}
 	b.mu.Unlock()
 	var once sync.Once
 	return func() {
@@ -81,9 +54,6 @@ func (b *background) begin() (end func()) {
 			b.ops--
 			if b.ops == 0 {
 				b.cond.Broadcast()
-				for f := range b.watchers {
-					(*f)(false)
-				}
 			}
 			b.mu.Unlock()
 		})

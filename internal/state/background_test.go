@@ -1,7 +1,6 @@
 package state
 
 import (
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -85,23 +84,5 @@ func TestBackgroundWaitIsBounded(t *testing.T) {
 		}
 	case <-time.After(answerDelay + maxGateWait + 5*time.Second):
 		t.Fatal("operations back to back starved the background work")
-	}
-}
-
-// A watcher (a durable image's dump, durable.go) hears at once that it is idle, then
-// when the first operation starts and when the last one ends, and nothing once it
-// stopped watching.
-func TestBackgroundWatch(t *testing.T) {
-	b := newBackground(answerDelay, new(sync.WaitGroup))
-	var got []bool
-	stop := b.watch(func(busy bool) { got = append(got, busy) })
-	end1 := b.begin()
-	end2 := b.begin()
-	end1()
-	end2()
-	stop()
-	b.begin()()
-	if want := []bool{false, true, false}; !slices.Equal(got, want) {
-		t.Fatalf("the watcher heard %v, want %v", got, want)
 	}
 }

@@ -73,8 +73,7 @@
 //
 // Leaves, under which nothing is taken: sb.lazyMu (lazy.go: lazy; watchLazy's goroutine
 // takes opMu only after its server ended, so nothing waits for it under opMu),
-// background.mu (but for the pacer's lock of a dump that watches the gate:
-// durable/yield.go, a leaf), memCache's mutex (stats.go), session.Session's own.
+// background.mu, memCache's mutex (stats.go), session.Session's own.
 //
 // Each guarded field says so with a +checklocks annotation (gVisor's checklocks), and
 // each function whose caller must hold a lock says which (+checklocks:s.opMu);

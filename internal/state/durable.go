@@ -43,8 +43,7 @@ import (
 // that process's mount namespace, and a parked template's mappings (its executable, its
 // libraries) stay on the state it was forked on, which the copy still stands in. The
 // copy waits stopped, sharing the template's pages, until CRIU dumps it, at the lowest
-// CPU and I/O priority, stopped while a checkpoint or restore of the sandbox runs
-// (yieldTo), and ends it. One worker dumps at a time, in
+// CPU and I/O priority, and ends it. One worker dumps at a time, in
 // the order checkpoints are made; the queue is bounded (maxImageQueue): past it the
 // oldest job is dropped (that node stays without an image) and counted.
 //
@@ -523,7 +522,7 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 			return 0, 0, err
 		}
 		m.crashPoint("image", 1+3*i) // DELTABOX_CRASH_AT=image:K, a test hook
-		if _, err := durable.Dump(context.Background(), m.img.runner, cp, sub, durable.DumpOptions{Kill: true, Background: true, Yield: m.yieldTo(c.sandbox)}); err != nil {
+		if _, err := durable.Dump(context.Background(), m.img.runner, cp, sub, durable.DumpOptions{Kill: true, Background: true}); err != nil {
 			return 0, 0, fmt.Errorf("dump %s: %w", what, err)
 		}
 		// The copy waited in a group stop, which a SIGCONT from the sandbox ends: an image
@@ -555,20 +554,6 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 	}
 	m.crashPoint("image", 1+3*len(copies))
 	return bytes, full, nil
-}
-
-// yieldTo is a dump's DumpOptions.Yield: CRIU gives way to the checkpoints and
-// restores of the sandbox the copy is in (its background gate), which follow one
-// another closely in a search loop (a restore right after each checkpoint). nil if the
-// sandbox is gone.
-func (m *Manager) yieldTo(sandbox string) func(func(bool)) func() {
-	m.mu.Lock()
-	s := m.sandboxes[sandbox]
-	m.mu.Unlock()
-	if s == nil {
-		return nil
-	}
-	return s.bg.watch
 }
 
 // imageMark is an image's "complete" file.
