@@ -19,12 +19,9 @@ import (
 	"deltabox/internal/procfs"
 )
 
-// Keys under which the sandbox's namespaces are external in an image: Restore hands
-// CRIU the sandbox's PID namespace under pidKey and joins the others.
-const (
-	pidKey = "pidns"
-	netKey = "netns"
-)
+// pidKey is the key under which the sandbox's PID namespace is external in an image:
+// Restore hands CRIU the sandbox's PID namespace under it and joins the others.
+const pidKey = "pidns"
 
 // Deadlines: a dump of a 50 MB python takes 0.16-0.3 s here, its restore 0.3 s.
 const (
@@ -123,9 +120,24 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		return nil, err
 	}
 	defer func() { _ = d.Close() }() // read-only, after the read
+	// CRIU runs in the tree's network namespace, which leaves that namespace out of the
+	// image: CRIU dumps every namespace of the tree that is not its own, and for a
+	// network namespace, even an external one, it dumps the conntrack table through
+	// ctnetlink, which walks the host's whole conntrack hash (262,144 buckets here,
+	// shared by all namespaces) in one netlink sendmsg: 9-14 ms in the kernel per dump
+	// (the expectations' table, dumped next, is small), which a kernel built without
+	// preemption (PREEMPT(none), as here) does not interrupt. A background dump at nice 19 thus
+	// took a CPU from the sandboxes' operations for 10 ms at a time (measured: restores
+	// beside dumps, docs/research/ab-6318f36/). Nothing is lost: Restore joins the
+	// sandbox's network namespace (--join-ns), and CRIU restores conntrack entries only
+	// into a namespace it restores.
+	netFile, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, fmt.Errorf("the network namespace of pid %d: %w", pid, err)
+	}
+	defer func() { _ = netFile.Close() }() // read-only (setns)
 	ext := []string{
 		fmt.Sprintf("pid[%d]:%s", pidNS, pidKey),
-		fmt.Sprintf("net[%d]:%s", netNS, netKey),
 		// Every mount: the image names files by path, resolved in the state the
 		// restored process joins (its mount namespace).
 		"mnt[]",
@@ -196,7 +208,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		opts.Unprivileged = proto.Bool(true)
 		env = []string{"XDG_RUNTIME_DIR=" + unprivKdatDir}
 	}
-	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d}, owner: owner, env: env,
+	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d}, owner: owner, env: env, netNS: netFile,
 		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
 		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
 	start := time.Now()

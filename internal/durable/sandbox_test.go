@@ -239,6 +239,12 @@ func TestDumpRestoreSession(t *testing.T) {
 	if m.Pid != s.pid || len(m.TTYs) != 1 {
 		t.Fatalf("manifest: pid %d (want %d), ttys %v (want the session's one)", m.Pid, s.pid, m.TTYs)
 	}
+	// The sandbox's network namespace is not in the image (CRIU ran in it): no dump of
+	// the host's conntrack table (Dump says why), and Restore joins the namespace.
+	if nets, _ := filepath.Glob(filepath.Join(dir, "net*.img")); len(nets) > 0 {
+		t.Fatalf("the image holds the network namespace: %v", nets)
+	}
+	netns := nsLink(s.hostPid, "net")
 	// Its pages go to a page store (the image keeps refs) and come back for the restore.
 	ps, err := OpenPageStore(filepath.Join(s.d.Root, "durable", "pages"))
 	if err != nil {
@@ -300,6 +306,9 @@ func TestDumpRestoreSession(t *testing.T) {
 	}
 	if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.HostPid)); !bytes.Equal(cg, cgroups) {
 		t.Fatalf("restored process's cgroups:\n%s\nbefore:\n%s", cg, cgroups)
+	}
+	if a := nsLink(st.HostPid, "net"); a != netns {
+		t.Fatalf("restored process's network namespace %s, the session's was %s", a, netns)
 	}
 	if a := nsLink(st.HostPid, "cgroup"); a != cgns {
 		t.Fatalf("restored process's cgroup namespace %s, the session's was %s (init's %s)", a, cgns, nsLink(s.initPid, "cgroup"))

@@ -48,6 +48,9 @@ type call struct {
 	// cgroupNS, with pidNS, is the cgroup namespace CRIU starts in, which the restored
 	// tree inherits (CRIU cannot join one: --join-ns has no cgroup).
 	cgroupNS *os.File
+	// netNS, when set, is the network namespace CRIU starts in: a dump's, the tree's
+	// own (Dump says why).
+	netNS *os.File
 	// background lowers CRIU's CPU and I/O priority (nice 19, idle I/O class) right
 	// after its start: a background dump must not slow the agents' operations.
 	background bool
@@ -131,14 +134,14 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 
 // start starts cmd; with pidNS (and cgroupNS), from a thread whose pid_for_children
 // (and cgroup namespace) are the sandbox's for the fork, and ours again after it; with
-// owner, from a thread whose uids are owner for the fork (becomeOwner), and 0 again
-// after it. The thread is given back rather than discarded: a thread's exit sends the
+// netNS, likewise in that network namespace; with owner, from a thread whose uids are
+// owner for the fork (becomeOwner), and 0 again after it. The thread is given back rather than discarded: a thread's exit sends the
 // parent-death signal (PR_SET_PDEATHSIG) of every child it forked, and a discarded
 // thread that had started, say, a test's daemon with Pdeathsig killed that daemon, its
 // sandboxes' inits and this CRIU with them (seen once in six runs). Only when the way
 // back fails is the thread discarded.
 func (c *call) start(cmd *deadline.Cmd) error {
-	if c.pidNS == nil && c.owner == 0 {
+	if c.pidNS == nil && c.netNS == nil && c.owner == 0 {
 		return cmd.Start()
 	}
 	type ns struct {
@@ -154,6 +157,9 @@ func (c *call) start(cmd *deadline.Cmd) error {
 	}
 	if c.pidNS != nil && c.cgroupNS != nil {
 		nss = append(nss, &ns{to: c.cgroupNS, own: "/proc/thread-self/ns/cgroup", flag: unix.CLONE_NEWCGROUP, name: "cgroup"})
+	}
+	if c.netNS != nil {
+		nss = append(nss, &ns{to: c.netNS, own: "/proc/thread-self/ns/net", flag: unix.CLONE_NEWNET, name: "network"})
 	}
 	for _, n := range nss {
 		f, err := os.Open(n.own)
