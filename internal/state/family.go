@@ -169,7 +169,6 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 		}()
 	}
 	var failed error
-	var tStarted time.Time
 	for range ids {
 		i := <-ready
 		x := outs[i]
@@ -187,7 +186,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			failed = fmt.Errorf("branch %d of %d: %w", i, o.Count, err)
 		}
 	}
-	tStarted = time.Now()
+	tPlaced := time.Now()
 	removeAll := func(err error) (*ForkResult, string, error) {
 		var undo []error
 		for _, x := range outs {
@@ -202,7 +201,6 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	if failed != nil {
 		return removeAll(failed)
 	}
-	tPlaced := tStarted
 	fam := &family{id: src.rec.ID + ".family", src: src.rec.ID, base: src.rec.UIDBase, members: map[string]bool{}}
 	m.mu.Lock()
 	for _, x := range outs {
@@ -243,7 +241,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	}
 	res.DurationMS = ms(time.Since(t0))
 	n := time.Duration(len(outs))
-	m.log.Debug("fork: fast path", "branches", len(outs), "start_and_place_ms", ms(tStarted.Sub(t0)),
+	m.log.Debug("fork: fast path", "branches", len(outs), "start_and_place_ms", ms(tPlaced.Sub(t0)),
 		"commit_ms", ms(tCommitted.Sub(tPlaced)), "move_ms", ms(time.Since(tCommitted)),
 		"init_mean_ms", ms(sumInit/n), "init_max_ms", ms(maxInit), "state_mean_ms", ms(sumState/n), "place_mean_ms", ms(sumPlace/n))
 	return res, "", nil
