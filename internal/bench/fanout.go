@@ -7,6 +7,7 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"deltabox/internal/apitypes"
@@ -155,11 +156,11 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		paths := map[string]int{}
 		for _, b := range res.Branches {
 			made = append(made, b.Sandbox.ID)
-			if _, err := fanoutRun(ctx, c, b.Sandbox.ID, "len(heap)", want); err != nil {
-				return f, fmt.Errorf("branch %d (%s, path %s: %s): %w", b.Branch, b.Sandbox.ID, b.Path, b.Reason, err)
-			}
 			per = append(per, b.DurationMS)
 			paths[b.Path]++
+		}
+		if err := fanoutAnswer(ctx, c, res.Branches, want); err != nil {
+			return f, err
 		}
 		total := ms(time.Since(t0))
 		for _, b := range res.Branches {
@@ -228,11 +229,11 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		paths = map[string]int{}
 		for _, b := range res.Branches {
 			made = append(made, b.Sandbox.ID)
-			if _, err := fanoutRun(ctx, c, b.Sandbox.ID, "len(heap)", want); err != nil {
-				return f, fmt.Errorf("branch %d (%s, path %s: %s): %w", b.Branch, b.Sandbox.ID, b.Path, b.Reason, err)
-			}
 			per = append(per, b.DurationMS)
 			paths[b.Path]++
+		}
+		if err := fanoutAnswer(ctx, c, res.Branches, want); err != nil {
+			return f, err
 		}
 		total = ms(time.Since(t0))
 		for _, b := range res.Branches {
@@ -268,6 +269,30 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		logf("%s: podman %.0f ms until every container's python ran", op, total)
 	}
 	return f, nil
+}
+
+// fanoutAnswers is how many branches fanoutAnswer asks at once.
+const fanoutAnswers = 8
+
+// fanoutAnswer asks every branch's python for len(heap) (want), fanoutAnswers at once:
+// the time until every branch has answered is the branches', not one client's round
+// trips one after the other (64 of them took 0.5-0.8 s here).
+func fanoutAnswer(ctx context.Context, c *client.Client, bs []apitypes.ForkBranch, want string) error {
+	errs := make([]error, len(bs))
+	slots := make(chan struct{}, fanoutAnswers)
+	var wg sync.WaitGroup
+	for i, b := range bs {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if _, err := fanoutRun(ctx, c, b.Sandbox.ID, "len(heap)", want); err != nil {
+				errs[i] = fmt.Errorf("branch %d (%s, path %s: %s): %w", b.Branch, b.Sandbox.ID, b.Path, b.Reason, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // fanoutRun runs code in sandbox id's python session; want, if not "", is its output.
