@@ -13,6 +13,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
 )
 
@@ -59,6 +60,9 @@ func (m *Manager) familyTemplates(s *sb, node string) ([]*procTemplate, *family,
 	}
 	m.mu.Lock()
 	fam := m.famOf[s.rec.ID]
+	if s.rt == nil || !s.rt.IsBranch() {
+		fam = nil // restarted afresh (famrestart.go): not in the family's namespaces
+	}
 	var ts []*procTemplate
 	if fam != nil {
 		for _, t := range m.templates[node] {
@@ -145,6 +149,12 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	if err != nil {
 		return nil, err.Error(), nil
 	}
+	start, err := src.rt.InitStartTime()
+	if err != nil {
+		return nil, "the sandbox's init: " + err.Error(), nil
+	}
+	// What the branches' records name until the fork is made (famrestart.go).
+	fref := store.FamilyRef{ID: src.rec.ID + ".family", Source: src.rec.ID, Holder: store.InitRef{Pid: src.rt.InitPid(), Start: start, Level: sbinit.FeatureLevel}}
 	res := &ForkResult{Node: node, Count: o.Count}
 	type out struct {
 		s   *sb
@@ -160,7 +170,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			defer wg.Done()
 			outs[i].t0 = time.Now()
 			ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
-			outs[i].s, outs[i].b, outs[i].err = m.createFastBranch(ctx, src, iso, floor, node, ids[i], co, ident)
+			outs[i].s, outs[i].b, outs[i].err = m.createFastBranch(ctx, src, iso, floor, node, ids[i], co, ident, fref)
 		}()
 	}
 	wg.Wait()
@@ -180,6 +190,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			return removeAll(fmt.Errorf("branch %d of %d: %w", i, o.Count, x.err))
 		}
 	}
+	m.crashPoint("forkfast", 1) // DELTABOX_CRASH_AT=forkfast:K, a test hook: the branches' records not made
 	for i, x := range outs {
 		x.s.opMu.Lock() // +checklocksignore: the branch is new; held only here
 		err := m.placeMember(m.tracer(src), src.rt, x.s, x.b, tps, node)
@@ -188,7 +199,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			return removeAll(fmt.Errorf("branch %d of %d: %w", i, o.Count, err))
 		}
 	}
-	fam := &family{id: src.rec.ID + ".family", src: src.rec.ID, base: src.rec.UIDBase, members: map[string]bool{}}
+	fam := &family{id: fref.ID, src: src.rec.ID, base: src.rec.UIDBase, members: map[string]bool{}}
 	m.mu.Lock()
 	for _, x := range outs {
 		fam.members[x.s.rec.ID] = true
@@ -218,6 +229,12 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			res.Branches[i].Reason += "; the source could not move into a namespace of its own: " + err.Error()
 		}
 	}
+	branches := make([]*sb, len(outs))
+	for i, x := range outs {
+		branches[i] = x.s
+	}
+	m.recordFamily(src, fam, fref, branches)
+	m.crashPoint("forkfast", 3)
 	res.DurationMS = ms(time.Since(t0))
 	return res, "", nil
 }
@@ -226,7 +243,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 // fresh upper), booted by src's init (its own cgroups and limits, co's options; src's
 // host uid range), with no process yet.
 // +checklocksignore: under src.opMu (forkFast's, for its goroutines); holds the new s.opMu until it returns
-func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Isolation, floor int, node, id string, co CreateOptions, ident *apitypes.ForkIdentity) (*sb, *fastBranch, error) {
+func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Isolation, floor int, node, id string, co CreateOptions, ident *apitypes.ForkIdentity, fref store.FamilyRef) (*sb, *fastBranch, error) {
 	if id == "" {
 		id = randomID("sb-")
 	}
@@ -250,7 +267,7 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 	if co.MemoryMB > 0 || co.Pids > 0 || co.CPUs > 0 {
 		lim = cgroup.WithDefaults(cgroup.Limits{MemoryBytes: co.MemoryMB << 20, Pids: co.Pids, CPUs: co.CPUs})
 	}
-	s := m.newSB(store.Sandbox{ID: id, Image: image, Workdir: src.rec.Workdir, Hostname: hostname, User: src.rec.User, Created: time.Now().UTC(), DiskMB: src.rec.DiskMB, TemplateBudgetMB: src.rec.TemplateBudgetMB, Network: co.Network, Limits: lim, UIDBase: src.rec.UIDBase, Head: node})
+	s := m.newSB(store.Sandbox{ID: id, Image: image, Workdir: src.rec.Workdir, Hostname: hostname, User: src.rec.User, Created: time.Now().UTC(), DiskMB: src.rec.DiskMB, TemplateBudgetMB: src.rec.TemplateBudgetMB, Network: co.Network, Limits: lim, UIDBase: src.rec.UIDBase, Head: node, Family: &fref})
 	ident.Sandbox = id
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -371,6 +388,7 @@ func (m *Manager) moveSourceSteps(src *sb, fam *family, node string, tps []*proc
 	m.famOf[src.rec.ID] = fam
 	m.families = append(m.families, fam)
 	m.mu.Unlock()
+	m.crashPoint("forkfast", 2) // the holder in its cgroups, the source's record not yet a member's
 	// The source's live processes end (those left in its cgroups: not the holder's),
 	// and so do its sessions; its network and kernel-state handles are the old init's.
 	m.detachNet(src)
