@@ -190,7 +190,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			return removeAll(fmt.Errorf("branch %d of %d: %w", i, o.Count, x.err))
 		}
 	}
-	m.crashPoint("forkfast", 1) // DELTABOX_CRASH_AT=forkfast:K, a test hook: the branches' records not made
+	m.crashPointRecorded("forkfast", 1) // DELTABOX_CRASH_AT=forkfast:K, a test hook: the branches' records not made
 	for i, x := range outs {
 		x.s.opMu.Lock() // +checklocksignore: the branch is new; held only here
 		err := m.placeMember(m.tracer(src), src.rt, x.s, x.b, tps, node)
@@ -233,8 +233,20 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	for i, x := range outs {
 		branches[i] = x.s
 	}
+	// Each member's sessions' terminals go to its init before the records say the family
+	// is made: the daemon holds the only masters until then, and a crash would hang them
+	// up (SIGHUP ends the sessions' shells and interpreters) in branches it then adopts.
+	var kw sync.WaitGroup
+	for _, s := range append(branches, src) {
+		kw.Add(1)
+		go func() {
+			defer kw.Done()
+			m.keepSessions(s)
+		}()
+	}
+	kw.Wait()
 	m.recordFamily(src, fam, fref, branches)
-	m.crashPoint("forkfast", 3)
+	m.crashPointRecorded("forkfast", 3)
 	res.DurationMS = ms(time.Since(t0))
 	return res, "", nil
 }
@@ -388,7 +400,7 @@ func (m *Manager) moveSourceSteps(src *sb, fam *family, node string, tps []*proc
 	m.famOf[src.rec.ID] = fam
 	m.families = append(m.families, fam)
 	m.mu.Unlock()
-	m.crashPoint("forkfast", 2) // the holder in its cgroups, the source's record not yet a member's
+	m.crashPointRecorded("forkfast", 2) // the holder in its cgroups, the source's record not yet a member's
 	// The source's live processes end (those left in its cgroups: not the holder's),
 	// and so do its sessions; its network and kernel-state handles are the old init's.
 	m.detachNet(src)

@@ -3,6 +3,7 @@ package state
 import (
 	"errors"
 	"sort"
+	"strconv"
 
 	"deltabox/internal/fastpath"
 	"deltabox/internal/remote"
@@ -32,19 +33,22 @@ import (
 // sweep; the source's directory, which holds the family's id range, stays while the
 // family lives, the source removed or not.
 
-// recordFamily is step 3: src's record and each branch's say the family is made.
+// recordFamily is step 3: src's record and each branch's say the family is made, in
+// one transaction of the index.
 // +checklocksignore: forkFast's, under src.opMu; the branches are not answered yet
 func (m *Manager) recordFamily(src *sb, fam *family, fref store.FamilyRef, branches []*sb) {
 	fref.Made = true
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	var ops []store.Op
+	var who []*sb
 	if m.famOf[src.rec.ID] == fam {
 		f := fref
 		src.rec.Family = &f
 		if src.rt == nil {
 			src.rec.Init = nil // its old init is the holder's: a next start restarts it afresh
 		}
-		src.seq = m.st.Index.Apply(store.Op{PutSandbox: &src.rec})
+		ops, who = append(ops, store.Op{PutSandbox: &src.rec}), append(who, src)
 	}
 	for _, s := range branches {
 		if m.sandboxes[s.rec.ID] != s {
@@ -52,8 +56,21 @@ func (m *Manager) recordFamily(src *sb, fam *family, fref store.FamilyRef, branc
 		}
 		f := fref
 		s.rec.Family = &f
-		s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
+		ops, who = append(ops, store.Op{PutSandbox: &s.rec}), append(who, s)
 	}
+	seq := m.st.Index.Apply(ops...)
+	for _, s := range who {
+		s.seq = seq
+	}
+}
+
+// crashPointRecorded is crashPoint once what the index was handed is committed: a
+// fork's cut points are about the order of its records, not the committer's timing.
+func (m *Manager) crashPointRecorded(op string, k int) {
+	if m.crashAt == op+":"+strconv.Itoa(k) {
+		_ = m.st.Index.WaitDurable(m.st.Index.Seq())
+	}
+	m.crashPoint(op, k)
 }
 
 // famRecord is one family as the index's records show it.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,4 +98,85 @@ func TestForkFastFamilySurvivesRestart(t *testing.T) {
 func pathExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// TestForkFastCutByCrash: the daemon dies (SIGKILL, DELTABOX_CRASH_AT=forkfast:K) during
+// a fast fork: after its branches were made and their processes placed (1), after the
+// family's holder was made, the source's live processes about to end (2), and after the
+// family's records were written, before the answer (3). The next daemon repairs it: cut
+// before the records (1, 2), the branches are gone, their cgroups too, and the source
+// runs (1: adopted, its processes at their PIDs; 2: restarted afresh on its files, its
+// processes were being moved); once recorded (3), the source and the branches are
+// adopted with their processes and sessions. The source forks again (by the fast path
+// where it is no member), and removing every sandbox leaves no cgroup behind.
+func TestForkFastCutByCrash(t *testing.T) {
+	for k := 1; k <= 3; k++ {
+		t.Run(fmt.Sprintf("forkfast-%d", k), func(t *testing.T) {
+			root := testutil.NewStore(t)
+			d := testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0", fmt.Sprintf("DELTABOX_CRASH_AT=forkfast:%d", k))
+			pyPid, bashPid, bgPid := forkSourceLive(t, d, "fcsrc")
+			_, err := d.C.ForkSandbox(dbxCtx(t), "fcsrc", apitypes.SandboxForkRequest{
+				ForkRequest: apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "fcb"}},
+			})
+			if err == nil {
+				t.Fatalf("the fork was answered: the daemon did not die at forkfast:%d", k)
+			}
+			d.Kill()
+			d = testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0")
+			famCG := filepath.Join(cgroup.RootFor(root), "fcsrc.family")
+			for _, b := range []string{"fcb-0", "fcb-1"} {
+				_, err := d.C.Get(dbxCtx(t), b)
+				switch {
+				case k < 3 && err == nil:
+					t.Fatalf("%s is there after a fork cut before its records", b)
+				case k < 3 && pathExists(filepath.Join(cgroup.RootFor(root), b)):
+					t.Fatalf("%s's cgroup is left after a fork cut before its records", b)
+				case k == 3 && err != nil:
+					t.Fatalf("%s after a fork cut after its records: %v\ndaemon log:\n%s", b, err, dbxTail(d.Log(), 4000))
+				case k == 3:
+					forkCheckBranch(t, d, b, pyPid, bashPid, bgPid, "source")
+				}
+			}
+			switch k {
+			case 1, 3:
+				forkCheckBranch(t, d, "fcsrc", pyPid, bashPid, bgPid, "source")
+			case 2:
+				if got := dbxSh(t, d, "fcsrc", "cat /workspace/f"); got != "source\n" {
+					t.Fatalf("the source's files after its cut move: %q", got)
+				}
+				if pathExists(famCG) {
+					t.Fatalf("the cut family's cgroup %s is left", famCG)
+				}
+			}
+			if k == 2 {
+				sessRun(t, d, "fcsrc", "py", "1") // a process for the next fork (the session restarts)
+			}
+			res, err := d.C.ForkSandbox(dbxCtx(t), "fcsrc", apitypes.SandboxForkRequest{
+				ForkRequest: apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: "fcc"}},
+			})
+			if err != nil {
+				t.Fatalf("the source's fork after the repair: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+			}
+			if want := map[bool]string{true: "files", false: "fast"}[k == 3]; res.Branches[0].Path != want {
+				// A member's fork is a second generation: durable (fork.md), and durable
+				// images are off here, so files.
+				t.Fatalf("the fork after the repair: path %s (%s), want %s", res.Branches[0].Path, res.Branches[0].Reason, want)
+			}
+			list, err := d.C.List(dbxCtx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, in := range list {
+				if err := d.C.Remove(dbxCtx(t), in.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ents, _ := os.ReadDir(cgroup.RootFor(root))
+			for _, e := range ents {
+				if e.IsDir() {
+					t.Errorf("cgroup %s left after every sandbox's removal", e.Name())
+				}
+			}
+		})
+	}
 }
