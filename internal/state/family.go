@@ -53,7 +53,9 @@ type family struct {
 }
 
 // familyTemplates returns node's templates in the holder of s's family, if s is a
-// member and the holder has them, and an error if one of them is gone.
+// member and the holder has them, and an error if one of them is gone. Precondition:
+// s.opMu held (a restore's first step).
+// +checklocks:s.opMu
 func (m *Manager) familyTemplates(s *sb, node string) ([]*procTemplate, *family, error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
