@@ -81,6 +81,40 @@ func TestForkFastFamilySurvivesRestart(t *testing.T) {
 	if err := unix.Kill(holder, 0); err != nil {
 		t.Fatalf("the holder ended with the source's removal: %v", err)
 	}
+	// A second restart, by a crash, the source gone: the family is adopted again, and its
+	// templates, revived by the restores above, were recorded again (else reattaching
+	// them fails and kills them); a branch checkpoints, restores its own node and the
+	// pre-fork one, and forks (a member's fork is not the fast path's).
+	d.Kill()
+	d = testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0")
+	if n := strings.Count(d.Log(), "adopted a fork family's holder"); n != 2 {
+		t.Fatalf("the holder adopted %d times after two restarts; daemon log:\n%s", n, dbxTail(d.Log(), 4000))
+	}
+	sessRun(t, d, "frb-1", "py", "d[1] = 'own'")
+	own := dbxCheckpoint(t, d, "frb-1", "own").Node.ID
+	sessRun(t, d, "frb-1", "py", "d[1] = 'later'")
+	if r := dbxRestore(t, d, "frb-1", own); r.Processes != 3 || r.FromImage {
+		t.Fatalf("frb-1's restore to its own node after the second restart: %d processes %v", r.Processes, r.ProcessErrors)
+	}
+	if got := sessRun(t, d, "frb-1", "py", "d[1]"); got != "'own'\n" {
+		t.Fatalf("frb-1 after its own restore: %q", got)
+	}
+	for _, sb := range members[1:] {
+		r := dbxRestore(t, d, sb, node)
+		if r.Processes != 3 || r.FromImage {
+			t.Fatalf("%s's restore to the pre-fork node after the second restart: %d processes %v, from image %v", sb, r.Processes, r.ProcessErrors, r.FromImage)
+		}
+		forkCheckBranch(t, d, sb, pyPid, bashPid, bgPid, "source")
+	}
+	again, err := d.C.ForkSandbox(dbxCtx(t), "frb-0", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: "frc"}},
+	})
+	if err != nil {
+		t.Fatalf("a member's fork after the restarts: %v", err)
+	}
+	if err := d.C.Remove(dbxCtx(t), again.Branches[0].Sandbox.ID); err != nil {
+		t.Fatal(err)
+	}
 	for _, sb := range members[1:] {
 		if err := d.C.Remove(dbxCtx(t), sb); err != nil {
 			t.Fatal(err)
