@@ -22,8 +22,8 @@ func benchFanoutCmd() *cobra.Command {
 --counts N, forks the node into N sandboxes, timed until every branch's python has
 answered its first call, beside the same fork with files only and the session's code
 replayed in each branch, a fork of a fresh source made the same way by
-POST /v1/sandboxes/ID/fork (deltabox-fast: the fast path when the daemon runs with
-DELTABOX_FORK_FAST=1), and podman (where it runs here): a container of the same python
+POST /v1/sandboxes/ID/fork (deltabox-fast: the fast path unless the daemon runs with
+DELTABOX_FORK_FAST=0), and podman (where it runs here): a container of the same python
 exported once by podman container checkpoint and restored N times by podman container
 restore --import. Branches, containers and the sources are removed at the end.`,
 		Args: cobra.NoArgs,

@@ -99,7 +99,7 @@ func daemonCmd() *cobra.Command {
 //
 //	DELTABOX_FASTPATH=0       checkpoints carry files only (no process templates)
 //	DELTABOX_WARM_PROC=1      warm restored processes' memory in every sandbox
-//	DELTABOX_FORK_FAST=1      a fork of a live sandbox's node takes the fast path
+//	DELTABOX_FORK_FAST=0      a fork of a live sandbox takes the durable path, never the fast one
 //	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
 //	DELTABOX_EARLY_ANSWER=0   checkpoints answer once their node is complete (not once
 //	                          the processes are seized)
@@ -132,9 +132,9 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 		return cfg, bad("DELTABOX_WARM_PROC", v, "0 or 1")
 	}
 	switch v := getenv("DELTABOX_FORK_FAST"); v {
-	case "", "0":
-	case "1":
-		cfg.ForkFast = true
+	case "", "1":
+	case "0":
+		cfg.ForkFast = false
 	default:
 		return cfg, bad("DELTABOX_FORK_FAST", v, "0 or 1")
 	}

@@ -183,6 +183,18 @@ type Sandbox struct {
 	// stats.fork says how); its restores of that node and the nodes before it may bring
 	// their processes back from their images.
 	ForkOf string `json:"fork_of,omitempty"`
+	// Family: for a member of a fast fork's family (a branch, or the sandbox it was
+	// forked from), the family's holder, which lives while any member does; nil: none.
+	Family *FamilyRef `json:"family,omitempty"`
+}
+
+// FamilyRef names a fast fork's family: its id, the sandbox it was forked from, its
+// holder's init, and whether the fork that made it finished (made).
+type FamilyRef struct {
+	ID     string  `json:"id"`
+	Source string  `json:"source"`
+	Holder InitRef `json:"holder"`
+	Made   bool    `json:"made,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime

@@ -87,7 +87,7 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		"`pss_added_mb` the mean PSS of its processes (pages shared copy-on-write count for their share; podman: the container's python). "+
 		"`%s`: the same fork with `processes: never`, then the session's code run again in each branch. "+
 		"`%s`: `POST /v1/sandboxes/ID/fork {\"count\": N}` of a fresh source made as the first (its checkpoint included), "+
-		"the fast path when the daemon takes it (DELTABOX_FORK_FAST=1; paths and reason in info). "+
+		"the fast path unless the daemon runs with DELTABOX_FORK_FAST=0 (paths and reason in info). "+
 		"`%s`: a container of the same image running the same heap, `podman container checkpoint --export` once (checkpoint_ms), "+
 		"then N `podman container restore --import` one per CPU at once, each timed until its python is seen running with its heap.",
 		o.HeapMB, o.WorkspaceMB, SysFanoutDeltabox, SysFanoutReplay, SysFanoutFast, SysFanoutPodman)

@@ -11,7 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/cgroup"
+	"deltabox/internal/fastpath"
 	"deltabox/internal/mountns"
+	"deltabox/internal/procfs"
 	"deltabox/internal/sbinit"
 )
 
@@ -32,8 +34,11 @@ import (
 // warn reports what was lost while no daemon ran (exit events init could not queue);
 // err means the sandbox cannot be adopted (its init is gone, or is not the recorded
 // process): nothing of it was changed, and the caller destroys it.
-func Adopt(id, hostname, dir string, iso *Isolation, initPid int, initStart uint64) (_ *Sandbox, warn, err error) {
-	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None}
+//
+// family is, for a branch of a fast fork (StartBranch), its family's adopted holder:
+// its placed processes are the family init's children (WatchPlaced); nil otherwise.
+func Adopt(id, hostname, dir string, iso *Isolation, family *Sandbox, initPid int, initStart uint64) (_ *Sandbox, warn, err error) {
+	s := &Sandbox{ID: id, Hostname: hostname, dir: dir, baseNS: -1, proc: -1, devpts: -1, state: None, family: family}
 	defer func() {
 		if err != nil {
 			if s.init != nil {
@@ -59,6 +64,21 @@ func Adopt(id, hostname, dir string, iso *Isolation, initPid int, initStart uint
 		return nil, nil, err
 	}
 	return s, warn, nil
+}
+
+// WatchAdopted is Watch for a process of an adopted sandbox, which may be a placed
+// copy in a branch: one whose parent is the family init is watched there (WatchPlaced).
+func (s *Sandbox) WatchAdopted(pid int) <-chan unix.WaitStatus {
+	if s.family != nil {
+		if hosts, err := s.cg.Pids(); err == nil {
+			if h, err := fastpath.HostPid(hosts, pid); err == nil {
+				if pp, err := procfs.PPid(h); err == nil && pp == s.family.init.Pid() {
+					return s.WatchPlaced(pid, h)
+				}
+			}
+		}
+	}
+	return s.init.Watch(pid)
 }
 
 // ErrNotThisState: the namespace AdoptState was given is not on the upper it was told.

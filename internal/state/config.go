@@ -15,7 +15,8 @@ type Config struct {
 	FastPath bool
 	// ForkFast lets a fork of a live sandbox's node take the fast path (family.go):
 	// branches in sibling namespaces of the sandbox's, its templates forked into them at
-	// their PIDs, the sandbox moved into one of its own (DELTABOX_FORK_FAST=1).
+	// their PIDs, the sandbox moved into one of its own. On by default; the family
+	// outlives a daemon restart (famrestart.go). DELTABOX_FORK_FAST=0 turns it off.
 	ForkFast bool
 	// WarmProcesses pre-faults restored processes' memory after every restore, in every
 	// sandbox (procwarm.go; DELTABOX_WARM_PROC=1). A sandbox can ask for it alone
@@ -100,7 +101,7 @@ func DefaultTemplateBudgets() (perSandbox, total int64) {
 // DefaultConfig is the configuration the daemon runs with unless told otherwise.
 func DefaultConfig() Config {
 	per, total := DefaultTemplateBudgets()
-	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, EarlyAnswer: true, Durable: true, Prepare: true, WarmMax: 256, SquashDepth: DefaultSquashDepth, AnswerDelay: defaultAnswerDelay,
+	return Config{LazyRestoreMinBytes: DefaultLazyRestoreMinBytes, FastPath: true, EarlyAnswer: true, ForkFast: true, Durable: true, Prepare: true, WarmMax: 256, SquashDepth: DefaultSquashDepth, AnswerDelay: defaultAnswerDelay,
 		MaxSessionsPerSandbox: DefaultMaxSessionsPerSandbox, MaxSessions: DefaultMaxSessions,
 		TemplateBudgetBytes: per, TemplateBudgetTotalBytes: total}
 }

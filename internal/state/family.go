@@ -14,6 +14,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/remote"
 	"deltabox/internal/sandbox"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
 )
 
@@ -53,13 +54,18 @@ type family struct {
 }
 
 // familyTemplates returns node's templates in the holder of s's family, if s is a
-// member and the holder has them, and an error if one of them is gone.
+// member and the holder has them, and an error if one of them is gone. Precondition:
+// s.opMu held (a restore's first step).
+// +checklocks:s.opMu
 func (m *Manager) familyTemplates(s *sb, node string) ([]*procTemplate, *family, error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
 	}
 	m.mu.Lock()
 	fam := m.famOf[s.rec.ID]
+	if s.rt == nil || !s.rt.IsBranch() {
+		fam = nil // restarted afresh (famrestart.go): not in the family's namespaces
+	}
 	var ts []*procTemplate
 	if fam != nil {
 		for _, t := range m.templates[node] {
@@ -146,6 +152,12 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	if err != nil {
 		return nil, err.Error(), nil
 	}
+	start, err := src.rt.InitStartTime()
+	if err != nil {
+		return nil, "the sandbox's init: " + err.Error(), nil
+	}
+	// What the branches' records name until the fork is made (famrestart.go).
+	fref := store.FamilyRef{ID: src.rec.ID + ".family", Source: src.rec.ID, Holder: store.InitRef{Pid: src.rt.InitPid(), Start: start, Level: sbinit.FeatureLevel}}
 	res := &ForkResult{Node: node, Count: o.Count}
 	type out struct {
 		s   *sb
@@ -164,7 +176,7 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			defer func() { <-slots }()
 			outs[i].t0 = time.Now()
 			ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
-			outs[i].s, outs[i].b, outs[i].err = m.createFastBranch(ctx, src, iso, floor, node, ids[i], co, ident, tps)
+			outs[i].s, outs[i].b, outs[i].err = m.createFastBranch(ctx, src, iso, floor, node, ids[i], co, ident, tps, fref)
 			ready <- i
 		}()
 	}
@@ -201,7 +213,8 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	if failed != nil {
 		return removeAll(failed)
 	}
-	fam := &family{id: src.rec.ID + ".family", src: src.rec.ID, base: src.rec.UIDBase, members: map[string]bool{}}
+	m.crashPointRecorded("forkfast", 1) // DELTABOX_CRASH_AT=forkfast:K, a test hook: the branches placed, their records not made
+	fam := &family{id: fref.ID, src: src.rec.ID, base: src.rec.UIDBase, members: map[string]bool{}}
 	m.mu.Lock()
 	for _, x := range outs {
 		fam.members[x.s.rec.ID] = true
@@ -239,6 +252,24 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 			res.Branches[i].Reason += "; the source could not move into a namespace of its own: " + err.Error()
 		}
 	}
+	branches := make([]*sb, len(outs))
+	for i, x := range outs {
+		branches[i] = x.s
+	}
+	// Each member's sessions' terminals go to its init before the records say the family
+	// is made: the daemon holds the only masters until then, and a crash would hang them
+	// up (SIGHUP ends the sessions' shells and interpreters) in branches it then adopts.
+	var kw sync.WaitGroup
+	for _, s := range append(branches, src) {
+		kw.Add(1)
+		go func() {
+			defer kw.Done()
+			m.keepSessions(s)
+		}()
+	}
+	kw.Wait()
+	m.recordFamily(src, fam, fref, branches)
+	m.crashPointRecorded("forkfast", 3)
 	res.DurationMS = ms(time.Since(t0))
 	n := time.Duration(len(outs))
 	m.log.Debug("fork: fast path", "branches", len(outs), "start_and_place_ms", ms(tPlaced.Sub(t0)),
@@ -259,7 +290,7 @@ func forkStarts() int { return 2 * runtime.NumCPU() }
 // fresh upper), booted by src's init (its own cgroups and limits, co's options; src's
 // host uid range), with no process yet.
 // +checklocksignore: under src.opMu (forkFast's, for its goroutines); holds the new s.opMu until it returns
-func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Isolation, floor int, node, id string, co CreateOptions, ident *apitypes.ForkIdentity, tps []*procTemplate) (*sb, *fastBranch, error) {
+func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Isolation, floor int, node, id string, co CreateOptions, ident *apitypes.ForkIdentity, tps []*procTemplate, fref store.FamilyRef) (*sb, *fastBranch, error) {
 	if id == "" {
 		id = randomID("sb-")
 	}
@@ -283,7 +314,7 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 	if co.MemoryMB > 0 || co.Pids > 0 || co.CPUs > 0 {
 		lim = cgroup.WithDefaults(cgroup.Limits{MemoryBytes: co.MemoryMB << 20, Pids: co.Pids, CPUs: co.CPUs})
 	}
-	s := m.newSB(store.Sandbox{ID: id, Image: image, Workdir: src.rec.Workdir, Hostname: hostname, User: src.rec.User, Created: time.Now().UTC(), DiskMB: src.rec.DiskMB, TemplateBudgetMB: src.rec.TemplateBudgetMB, Network: co.Network, Limits: lim, UIDBase: src.rec.UIDBase, Head: node})
+	s := m.newSB(store.Sandbox{ID: id, Image: image, Workdir: src.rec.Workdir, Hostname: hostname, User: src.rec.User, Created: time.Now().UTC(), DiskMB: src.rec.DiskMB, TemplateBudgetMB: src.rec.TemplateBudgetMB, Network: co.Network, Limits: lim, UIDBase: src.rec.UIDBase, Head: node, Family: &fref})
 	ident.Sandbox = id
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -410,6 +441,7 @@ func (m *Manager) moveSourceSteps(src *sb, fam *family, node string, tps []*proc
 	m.famOf[src.rec.ID] = fam
 	m.families = append(m.families, fam)
 	m.mu.Unlock()
+	m.crashPointRecorded("forkfast", 2) // the holder in its cgroups, the source's record not yet a member's
 	// The source's live processes end (those left in its cgroups: not the holder's),
 	// and so do its sessions; its network and kernel-state handles are the old init's.
 	m.detachNet(src)

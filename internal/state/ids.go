@@ -44,6 +44,9 @@ func (m *Manager) isolation(s *sb, mayMove bool) (*sandbox.Isolation, bool, erro
 		return nil, false, nil
 	}
 	h := m.idHolder(s.rec.ID)
+	if f := s.rec.Family; f != nil {
+		h = m.idHolder(f.Source) // a fork family's range is its source's (family.go)
+	}
 	// The directory is the record's proof of life (hostids.Holder.Dir): it exists
 	// before the claim.
 	if err := os.MkdirAll(h.Dir, 0o700); err != nil {

@@ -283,9 +283,24 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	adopted := map[string]*sb{}
 	byID := map[string]*sb{}
 	for _, r := range sbs {
-		s := m.newSB(r)
-		byID[r.ID] = s
-		if why := m.adoptable(r); why != "" {
+		byID[r.ID] = m.newSB(r)
+	}
+	cgroups := map[string]bool{}
+	for _, id := range cgroup.List() {
+		cgroups[id] = true
+	}
+	// Fast fork families: their holders first, the members after (famrestart.go).
+	sbs, held, afresh, keepDirs := m.adoptFamilies(sbs, byID, procs, cgroups)
+	for _, r := range sbs {
+		s := byID[r.ID]
+		why := m.adoptable(r)
+		if why == "" {
+			why = m.familyAdoptable(s)
+		}
+		if why == "" && afresh[r.ID] {
+			why = "its fork was cut after its processes were being moved"
+		}
+		if why != "" {
 			if r.Init != nil {
 				log.Info("sandbox restarts afresh", "id", r.ID, "why", why)
 				m.salvageSessions(s)
@@ -300,8 +315,13 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		adopted[r.ID] = s
 		log.Info("adopted a running sandbox", "id", r.ID, "init", r.Init.Pid, "sessions", len(s.sessions)) // +checklocksignore: start-up: New has not shared the manager yet
 	}
+	for _, fam := range m.families {
+		if fam.rt != nil {
+			fam.rt.DropEarly() // its members' copies are watched now
+		}
+	}
 	for _, id := range cgroup.List() {
-		if adopted[id] != nil {
+		if adopted[id] != nil || held[id] {
 			continue
 		}
 		g := &cgroup.Group{Path: filepath.Join(cgroup.Root, id)}
@@ -314,14 +334,14 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		log.Warn("template budget: the daemon's memory cgroup", "err", err)
 	}
 	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
-		if adopted[id] != nil {
+		if adopted[id] != nil || held[id] {
 			continue
 		}
 		if err := cgroup.OpenV1(id).Destroy(5 * time.Second); err != nil {
 			log.Warn("stale sandbox cgroup (v1)", "id", id, "err", err)
 		}
 	}
-	for _, r := range st.Sweep(nodes, sbs) {
+	for _, r := range st.Sweep(nodes, append(keepDirs, sbs...)) {
 		log.Info("swept orphan", "path", r)
 	}
 	// Repair checkpoints a crash interrupted: a sandbox's upper that was being frozen
@@ -355,6 +375,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			m.nextLayer = r.Upper
 		}
 	}
+	m.recordFamilyTemplates()
 	m.startImages()
 	m.wg.Add(3)
 	go m.fillUppers()

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -157,13 +158,19 @@ type templateRecord struct {
 // templates are parked and after each restore from them (a revive moves their
 // counters). A template that cannot be recorded (gone) is left out.
 func (m *Manager) recordTemplates(s *sb, node string, tps []*procTemplate) {
-	rec := nodeProcesses{Sandbox: s.rec.ID}
+	m.recordTemplatesOf(s.rec.ID, &s.tmplMu, node, tps)
+}
+
+// recordTemplatesOf is recordTemplates for templates of owner (a sandbox, or a fast
+// fork family's holder: family.id), which tmplMu keeps from being revived.
+func (m *Manager) recordTemplatesOf(owner string, tmplMu *sync.Mutex, node string, tps []*procTemplate) {
+	rec := nodeProcesses{Sandbox: owner}
 	for _, t := range tps {
-		s.tmplMu.Lock()
+		tmplMu.Lock()
 		tr, err := t.tmpl.Record()
-		s.tmplMu.Unlock()
+		tmplMu.Unlock()
 		if err != nil {
-			m.log.Debug("record template", "sandbox", s.rec.ID, "node", node, "err", err)
+			m.log.Debug("record template", "sandbox", owner, "node", node, "err", err)
 			continue
 		}
 		rec.Templates = append(rec.Templates, templateRecord{Session: t.session, What: t.what, Kind: t.kind, Argv: t.argv, Term: t.term, Template: tr})
@@ -244,7 +251,11 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	if err != nil {
 		return err
 	}
-	rt, warn, err := sandbox.Adopt(r.ID, r.Hostname, m.st.SandboxDir(r.ID), iso, r.Init.Pid, r.Init.Start)
+	var famRT *sandbox.Sandbox // a fork family's member's init is a branch init of the holder
+	if fam := m.famOf[r.ID]; fam != nil {
+		famRT = fam.rt
+	}
+	rt, warn, err := sandbox.Adopt(r.ID, r.Hostname, m.st.SandboxDir(r.ID), iso, famRT, r.Init.Pid, r.Init.Start)
 	if err != nil {
 		return err
 	}
@@ -276,8 +287,9 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 		}
 		m.mu.Lock()
 		nd := m.nodes[node]
+		taken := len(m.templates[node]) > 0 // a fork family's holder's (famrestart.go)
 		m.mu.Unlock()
-		if nd == nil {
+		if nd == nil || taken {
 			continue
 		}
 		var tps []*procTemplate
@@ -350,7 +362,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 			}
 			continue
 		}
-		sess, err := session.Adopt(rt, name, ks.Kind, ks.Argv, ks.Pid, ks.Started, os.NewFile(uintptr(k.FD), "ptmx"), rt.Watch(ks.Pid))
+		sess, err := session.Adopt(rt, name, ks.Kind, ks.Argv, ks.Pid, ks.Started, os.NewFile(uintptr(k.FD), "ptmx"), rt.WatchAdopted(ks.Pid))
 		if err != nil {
 			m.log.Warn("adopt session", "sandbox", r.ID, "session", name, "err", err)
 			continue

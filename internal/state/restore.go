@@ -538,15 +538,18 @@ func (r *restore) publish() error {
 		m.countPath(s, "restore", pathNoTemplates)
 	}
 	m.warmNode(s, r.nodeID) // for the next restore to this node
-	tps, node := r.tps, r.nodeID
-	if r.fam == nil { // the holder's templates are its own tracer's, and its record's
+	tps, node, fam := r.tps, r.nodeID, r.fam
+	if fam == nil { // the holder's templates are its own tracer's, and its record's
 		m.startProcWarm(s, r.rvs)
-	} else {
-		tps = nil
 	}
 	m.afterAnswer(s, func() {
 		m.keepSessions(s)
-		if len(tps) > 0 {
+		switch {
+		case fam != nil:
+			// The revive moved the holder's templates' counters: a next daemon's
+			// Reattach checks them against the record (fastpath.Template.Record).
+			m.recordTemplatesOf(fam.id, &fam.mu, node, tps)
+		case len(tps) > 0:
 			m.recordTemplates(s, node, tps)
 		}
 	})

@@ -325,6 +325,9 @@ func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 	if r.Init != nil {
 		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start, Level: r.Init.Level}
 	}
+	if f := r.Family; f != nil {
+		a.Family = &apitypes.FamilyRef{ID: f.ID, Source: f.Source, Made: f.Made, Holder: apitypes.InitRef{Pid: f.Holder.Pid, Start: f.Holder.Start, Level: f.Holder.Level}}
+	}
 	return a
 }
 

@@ -115,6 +115,26 @@ type Sandbox struct {
 	// (state/fork.go): its boots keep the PIDs of it and its ancestors free, and its
 	// restores may bring them back from their images. Fixed at create.
 	ForkOf string `json:"fork_of,omitempty"`
+	// Family names, for a member of a fast fork's family (state/family.go), the family's
+	// holder, which the next daemon adopts before the members. nil: none.
+	Family *FamilyRef `json:"family,omitempty"`
+}
+
+// FamilyRef is a fast fork's family as its members' records name it. A fork writes its
+// branches' records with Made false as it makes them, then, once the source has moved,
+// the source's and every branch's with Made true: a start that finds no member of a
+// family Made (a crash cut its fork) removes the branches, and one that finds any adopts
+// the holder and every member.
+type FamilyRef struct {
+	// ID names the holder's cgroups and its templates' owner in the process records.
+	ID string `json:"id"`
+	// Source is the sandbox whose first runtime the holder is: its directory holds the
+	// family's host id range (hostids' proof of life) until the holder ends.
+	Source string `json:"source"`
+	// Holder is the family init (PID 1 of the family's PID namespace).
+	Holder InitRef `json:"holder"`
+	// Made: the fork that made the family finished.
+	Made bool `json:"made,omitempty"`
 }
 
 // InitRef names one process for good: its host PID and its /proc/PID/stat starttime

@@ -23,7 +23,7 @@ func TestBenchFanoutTiny(t *testing.T) {
 	if podman == "" && os.Getenv("CI") == "true" {
 		t.Fatal("podman is not installed: scripts/setup.sh installs it for the benches' baselines")
 	}
-	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_FORK_FAST=1")
+	d := testutil.StartDaemon(t)
 	out := filepath.Join(t.TempDir(), "fanout.json")
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "fanout", "--counts", "1,2",
 		"--heap-mb", "4", "--workspace-mb", "4", "--json", out)

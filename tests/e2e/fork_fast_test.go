@@ -10,7 +10,7 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// TestForkFastCarriesProcesses: with the fast path on (DELTABOX_FORK_FAST=1), POST
+// TestForkFastCarriesProcesses: with the fast path on (the default), POST
 // /v1/sandboxes/ID/fork {"count": 8} makes 8 branches in sibling namespaces of the
 // sandbox's family, each running the node's processes (a python session with a dict of
 // 10^5 objects, a generator mid-iteration and a random.Random; a bash session's
@@ -21,7 +21,7 @@ import (
 // the source, restores the node made before the fork to exactly its state; removing the
 // source leaves the branches running.
 func TestForkFastCarriesProcesses(t *testing.T) {
-	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0", "DELTABOX_FORK_FAST=1")
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	pyPid, bashPid, bgPid := forkSourceLive(t, d, "ffsrc")
 	const n = 8
 	t0 := time.Now()

@@ -144,14 +144,14 @@ echo done`, 120*time.Second)
 }
 
 // TestForkFastBranchesCannotReachEachOther: the fast path's branches (sb.fork with
-// DELTABOX_FORK_FAST=1) are siblings in the family's PID namespace, and the source moved
+// the fast path on, the default) are siblings in the family's PID namespace, and the source moved
 // into one of its own: each runs the node's background process at its PID in a PID and
 // user namespace of its own (the family's host uids: docs/design/fork.md). From branch
 // 0, as its root, kill(2) reaches no PID but its own and /proc lists only its own; from
 // the source, /proc lists none of the branches' (no live code in their ancestor); kill
 // -9 -1 from branch 0 leaves the sibling's and the source's processes running.
 func TestForkFastBranchesCannotReachEachOther(t *testing.T) {
-	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0", "DELTABOX_FORK_FAST=1")
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	const src = "ffsec"
 	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: src}); err != nil {
 		t.Fatal(err)
