@@ -18,7 +18,7 @@ trajectory.json.
 import os
 import sys
 import threading
-from typing import List
+from typing import Any, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for _p in (ROOT, os.path.join(ROOT, "clients", "python")):
@@ -69,16 +69,17 @@ def main() -> int:
         with sb:
             rec, root = setup_task(sb, agent)
             traj.set_setup(rec, root)
-            with timers.time("checkpoint"):
-                start = sb.checkpoint(label="rl start")
+            with timers.time("fork"):
+                # One request: the start state's checkpoint and n workers on it, the live
+                # processes placed by the fast path (pages shared copy-on-write).
+                workers = sb.fork(count=n, label="rl start")
+            start: Any = client.node(sb.head)
             roots.append(start.id)
             start_node = traj.add_node(dict(root.record(), parent=None, checkpoint=start.id))
             start_path: List[str] = []
             start_score, start_solved = root.score, root.solved
             print("start: tests %d/%d, score %.1f, checkpoint %s" % (
                 root.tests.passed, root.tests_total, root.score, start.id))
-            with timers.time("fork"):
-                workers = start.fork(count=n, client=client)
             print(cli.fork_paths(workers))
             restores = 0
             try:
