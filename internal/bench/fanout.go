@@ -252,7 +252,7 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 			return f, err
 		}
 		f.Results = append(f.Results,
-			UnavailableRows(SysFanoutCRIU, o.WorkspaceMB, "the deltabox row is this: each branch is a CRIU restore of the node's durable image into a fresh sandbox ; deltabox-fast is the fast path beside it", op)...)
+			UnavailableRows(SysFanoutCRIU, o.WorkspaceMB, "the deltabox row is this: each branch is a CRIU restore of the node's durable image into a fresh sandbox; deltabox-fast is the fast path beside it", op)...)
 		if pf == nil {
 			f.Results = append(f.Results, UnavailableRows(SysFanoutPodman, o.WorkspaceMB, podman, op)...)
 			continue
