@@ -264,7 +264,8 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		}
 		row = Summarize(per).Row(SysFanoutPodman, op, o.WorkspaceMB, "podman container checkpoint --export FILE (once)",
 			"podman container restore --import FILE --name NEW, one per CPU at once, until its python is seen running with its heap")
-		row.Info = map[string]any{"total_ms": total, "checkpoint_ms": pf.CheckpointMS, "archive_mb": pf.ArchiveMB, "pss_added_mb": pssMean}
+		row.Info = map[string]any{"total_ms": total, "checkpoint_ms": pf.CheckpointMS, "archive_mb": pf.ArchiveMB, "pss_added_mb": pssMean,
+			"containers": pf.name + "-*"}
 		f.Results = append(f.Results, row)
 		logf("%s: podman %.0f ms until every container's python ran", op, total)
 	}

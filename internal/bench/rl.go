@@ -120,6 +120,9 @@ type rlRun struct {
 	// podman's CLI and the image's tag in it, or why it cannot run here.
 	podman               podmanCLI
 	podmanTag, podmanWhy string
+	// podmanPrefix starts the name of every container of this run (the podman rows'
+	// "containers"): what the run must leave none of.
+	podmanPrefix string
 }
 
 func (r *rlRun) logf(format string, a ...any) { progress(r.o.Log, r.start, format, a...) }
@@ -168,6 +171,7 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 		f.Machine.CRIU = r.criu
 		f.Notes = append(f.Notes, "criu: "+criuNote(r.criu))
 	}
+	r.podmanPrefix = "deltabox-bench-rl-" + randHex(3) + "-"
 	if has(o.Systems, SysRLPodman) {
 		if r.podman, r.podmanWhy = newPodmanCLI(); r.podmanWhy == "" {
 			r.podmanTag, r.podmanWhy = r.podman.image(ctx, o.Root, o.Image, r.logf)
@@ -290,6 +294,9 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 		"reset_ms_p95": us(Summarize(resets).P95), "policy_ms": r.o.PolicyMS, "branches": b, "state_checks_failed": fails}
 	if sys == SysRLCRIU {
 		row.Info["files"] = "not reset (process only)"
+	}
+	if sys == SysRLPodman {
+		row.Info["containers"] = r.podmanPrefix + "*"
 	}
 	r.logf("%s: B=%d: step p50 %.1f ms, environment p50 %.1f ms, GPU busy %.1f%%", sys, b, us(Summarize(steps).P50), us(env.P50), busy*100)
 	return row, nil

@@ -73,7 +73,7 @@ func (b *rlPodman) close() {
 // setupPodman starts b containers one after the other, each with the heap built and
 // exported; cleanup removes any container of the point left behind.
 func (r *rlRun) setupPodman(ctx context.Context, b int) ([]rlBranch, []string, func(), error) {
-	prefix := "deltabox-bench-rl-" + randHex(3) + "-"
+	prefix := r.podmanPrefix + strconv.Itoa(b) + "-"
 	cleanup := func() {
 		if err := r.podman.removeNamed(context.Background(), prefix); err != nil {
 			r.logf("podman: cleanup: %v", err)
