@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -86,22 +85,6 @@ func TestBenchFanoutTiny(t *testing.T) {
 	}
 	benchLeftovers(t, d, "fanout")
 	if podman != "" {
-		out, err := testutil.Command(t, time.Minute, podman, "--cgroup-manager=cgroupfs", "--events-backend=file", "ps", "-a", "--format", "{{.Names}}").Output()
-		if err != nil {
-			t.Fatalf("podman ps: %v", err)
-		}
-		named := false
-		for _, r := range f.Results {
-			c, _ := r.Info["containers"].(string) // this run's containers: "PREFIX*"
-			named = named || c != ""
-			for _, name := range strings.Fields(string(out)) {
-				if c != "" && strings.HasPrefix(name, strings.TrimSuffix(c, "*")) {
-					t.Errorf("the bench left podman container %s", name)
-				}
-			}
-		}
-		if !named {
-			t.Errorf("no podman row names its containers: the leftover check would see nothing")
-		}
+		podmanLeftovers(t, podman, f)
 	}
 }

@@ -62,22 +62,30 @@ func TestBenchRLTiny(t *testing.T) {
 	}
 	benchLeftovers(t, d, "rl")
 	if podman != "" {
-		out, err := testutil.Command(t, time.Minute, podman, "--cgroup-manager=cgroupfs", "--events-backend=file", "ps", "-a", "--format", "{{.Names}}").Output()
-		if err != nil {
-			t.Fatalf("podman ps: %v", err)
-		}
-		named := false
-		for _, r := range f.Results {
-			c, _ := r.Info["containers"].(string) // this run's containers: "PREFIX*"
-			named = named || c != ""
-			for _, name := range strings.Fields(string(out)) {
-				if c != "" && strings.HasPrefix(name, strings.TrimSuffix(c, "*")) {
-					t.Errorf("the bench left podman container %s", name)
-				}
+		podmanLeftovers(t, podman, f)
+	}
+}
+
+// podmanLeftovers fails t if a podman container of bench run f is left: its podman
+// rows name their containers' prefix ("containers": "PREFIX*"), and other runs' (a
+// bench beside the test) are not this run's.
+func podmanLeftovers(t *testing.T, podman string, f *bench.File) {
+	t.Helper()
+	out, err := testutil.Command(t, time.Minute, podman, "--cgroup-manager=cgroupfs", "--events-backend=file", "ps", "-a", "--format", "{{.Names}}").Output()
+	if err != nil {
+		t.Fatalf("podman ps: %v", err)
+	}
+	named := false
+	for _, r := range f.Results {
+		c, _ := r.Info["containers"].(string)
+		named = named || c != ""
+		for _, name := range strings.Fields(string(out)) {
+			if c != "" && strings.HasPrefix(name, strings.TrimSuffix(c, "*")) {
+				t.Errorf("the bench left podman container %s", name)
 			}
 		}
-		if !named {
-			t.Errorf("no podman row names its containers: the leftover check would see nothing")
-		}
+	}
+	if !named {
+		t.Errorf("no podman row names its containers: the leftover check would see nothing")
 	}
 }
