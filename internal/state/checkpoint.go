@@ -464,10 +464,15 @@ func (c *checkpoint) seize() (err error) {
 			c.refused = "ineligible"
 		}
 	}()
+	// Its parts are in phases_us too (seize_hold: the sessions' processes seized and
+	// inspected; seize_others: the rest of the PID namespace; seize_kstate: the kernel
+	// state), the answer's largest part (docs/design/early-answer.md).
+	ts0 := time.Now()
 	held, sessTrees, err := m.holdSessions(s)
 	if err != nil {
 		return err
 	}
+	phase(c.res, "seize_hold", &ts0)
 	c.held = held
 	c.undo.push(func() error {
 		if errs := m.releaseHeld(c.held); len(errs) > 0 {
@@ -480,6 +485,7 @@ func (c *checkpoint) seize() (err error) {
 		return err
 	}
 	c.held, c.settled = append(c.held, others...), settled
+	phase(c.res, "seize_others", &ts0)
 	if len(refused) > 0 {
 		// Their trees go through CRIU (criutrees.go), with what the fast path held
 		// below their roots (let go by criuRoots).
@@ -506,6 +512,7 @@ func (c *checkpoint) seize() (err error) {
 	if c.uts, err = m.kernelState(s); err != nil {
 		return err
 	}
+	phase(c.res, "seize_kstate", &ts0)
 	if len(c.criuRoots) == 0 {
 		return nil
 	}
