@@ -152,20 +152,31 @@ func (m *Manager) fitKernelLimitPlus(s *sb, grow bool, extra int64) {
 // resident less shared (RssFile + RssShmem), kernel counters read without a walk; 0 if
 // gone. (statm, not status: a status read took 75 µs p50 here, on a checkpoint's path.)
 func rssAnon(hostPid int) int64 {
+	_, anon, _ := statmRSSAnon(hostPid)
+	return anon
+}
+
+// statmRSSAnon is hostPid's resident memory and rssAnon's, from one read of
+// /proc/PID/statm (an error, and 0, if it is gone).
+func statmRSSAnon(hostPid int) (rss, anon int64, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/statm")
 	if err != nil {
-		return 0
+		return 0, 0, err
 	}
 	f := strings.Fields(string(b))
 	if len(f) < 3 {
-		return 0
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
 	}
 	res, err1 := strconv.ParseInt(f[1], 10, 64)
 	shared, err2 := strconv.ParseInt(f[2], 10, 64)
-	if err1 != nil || err2 != nil || res < shared {
-		return 0
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
 	}
-	return (res - shared) * int64(os.Getpagesize())
+	page := int64(os.Getpagesize())
+	if res >= shared {
+		anon = (res - shared) * page
+	}
+	return res * page, anon, nil
 }
 
 // kernelLimitNow is the kernel memory limit fitKernelLimit last wrote.

@@ -303,10 +303,10 @@ func (c *checkpoint) quietMemory() bool {
 	m, s := c.m, c.s
 	c.heldRSS, c.heldAnon = 0, 0
 	for _, l := range c.held {
-		if r, err := statmRSS(l.h.P.HostPid); err == nil {
+		if r, a, err := statmRSSAnon(l.h.P.HostPid); err == nil {
 			c.heldRSS += r
+			c.heldAnon += a
 		}
-		c.heldAnon += rssAnon(l.h.P.HostPid)
 	}
 	if b := m.templateBudget(s); b > 0 {
 		return s.bound(sandboxUsage(s))+c.heldAnon <= b/2
