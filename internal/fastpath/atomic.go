@@ -1,10 +1,8 @@
 package fastpath
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -89,13 +87,9 @@ func seizeRefusal(hostPid int, err error) error {
 // template exists; a template that did not get all of the process's memory
 // (MADV_DONTFORK, MADV_WIPEONFORK: checkForkCopy) is an *Ineligible.
 func (h *Held) Fork() (*Template, error) {
-	tmpl := &Template{tr: h.tr}
+	tmpl := &Template{Proc: *h.P, tr: h.tr}
 	var child *remote.Tracee
 	err := h.tr.Do(func() error {
-		if err := h.settleMaps(); err != nil {
-			return err
-		}
-		tmpl.Proc = *h.P
 		// What fork will not copy (timers.go, signals.go) is read around it.
 		if err := recordLive(h.t, tmpl); err != nil {
 			return fmt.Errorf("process %d: %w", h.P.Pid, err)
@@ -141,29 +135,6 @@ func (h *Held) Fork() (*Template, error) {
 	tmpl.watchExit()
 	h.Tmpl = tmpl
 	return tmpl, nil
-}
-
-// settleMaps asks which of the read-only shared mappings Hold left open (Proc.later,
-// sharedMappings says why) can write their file, and adds those to P.Maps, in address
-// order, as inspect would have: the same question, asked of the same stopped process.
-// Precondition: inside Do.
-func (h *Held) settleMaps() error {
-	if len(h.P.later) == 0 {
-		return nil
-	}
-	mayWrite := probeMayWrite(h.t)
-	for _, m := range h.P.later {
-		mw, err := mayWrite(m.Start, m.End, m.Prot)
-		if err != nil {
-			return fmt.Errorf("process %d: %w", h.P.Pid, err)
-		}
-		if mw {
-			h.P.Maps = append(h.P.Maps, m)
-		}
-	}
-	h.P.later = nil
-	slices.SortFunc(h.P.Maps, func(a, b Mapping) int { return cmp.Compare(a.Start, b.Start) })
-	return nil
 }
 
 // Move puts the held process onto the state whose namespace is ns (the daemon's fd)

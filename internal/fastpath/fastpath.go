@@ -84,9 +84,6 @@ type Proc struct {
 	Maps    []Mapping    // shared file mappings that can write: mapped again on each state
 	Timers  []PosixTimer // POSIX timers (their setting is recorded at the fork: Template)
 	pending [2]uint64    // SigPnd, ShdPnd: signals pending for the thread, the process
-	// later: read-only shared mappings Maps gets if they can write, asked at Fork
-	// (sharedMappings, Held.settleMaps).
-	later []Mapping
 }
 
 // Ineligible is returned by Hold (and Fork) when the fast path cannot take a process.
@@ -261,7 +258,7 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 	if err := onMount("its working directory "+p.Cwd, csx.Mnt_id); err != nil {
 		return nil, err
 	}
-	if p.Maps, p.later, err = sharedMappings(base, p.Pid, mayWrite, lookup, onMount); err != nil {
+	if p.Maps, err = sharedMappings(base, p.Pid, mayWrite, lookup, onMount); err != nil {
 		return nil, err
 	}
 	if p.Timers, err = posixTimers(base, hostPid, p.Pid, buf); err != nil {

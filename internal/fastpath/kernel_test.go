@@ -128,17 +128,8 @@ func TestSharedMappings(t *testing.T) {
 		}
 		return b
 	}
-	// As Hold and then Fork classify them: the read-only ones that pass every check are
-	// asked at Fork (Held.settleMaps).
 	classify := func() ([]Mapping, error) {
-		mayWrite := smapsMayWrite("/proc/self")
-		maps, later, err := sharedMappings("/proc/self", os.Getpid(), mayWrite, lookupSelf, anyMount)
-		for _, m := range later {
-			if mw, _ := mayWrite(m.Start, m.End, m.Prot); mw {
-				maps = append(maps, m)
-			}
-		}
-		return maps, err
+		return sharedMappings("/proc/self", os.Getpid(), smapsMayWrite("/proc/self"), lookupSelf, anyMount)
 	}
 
 	rw := mapFile(unix.O_RDWR, unix.PROT_READ|unix.PROT_WRITE, 4096)

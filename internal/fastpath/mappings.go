@@ -140,21 +140,12 @@ func probeMayWrite(t *remote.Tracee) mayWriteFunc {
 // their file, or an *Ineligible naming one that cannot be remapped. mayWrite answers for
 // the read-only ones; lookup and onMount tell a deleted file and a file on a mount the
 // new state does not have (inspect).
-//
-// later are the read-only ones that would be remapped if they could write: they pass
-// every check a writable one must pass, so whether they can (mayWrite: an injected
-// mprotect, which costs a round trip through the stopped process, 70-190 us of a
-// checkpoint's answer in the daemon, loaded) decides only whether the move remaps them,
-// never a refusal. Hold leaves that question to Fork (Held.settleMaps), after an early
-// answer; the process runs none of its own code in between, so the answer is the same.
-// (glibc maps gconv-modules.cache this way into every python that decodes text: the
-// latency bench's session has one.) A read-only mapping that fails a check is asked now,
-// as before: a refusal needs it.
-func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFunc, onMount func(what string, mnt uint64) error) (out, later []Mapping, err error) {
+func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFunc, onMount func(what string, mnt uint64) error) ([]Mapping, error) {
 	shared, err := sharedMapsLines(base)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	var out []Mapping
 	for _, m := range shared {
 		prot := 0
 		if m.perms[0] == 'r' {
@@ -166,63 +157,50 @@ func sharedMappings(base string, pid int, mayWrite mayWriteFunc, lookup lookupFu
 		if m.perms[2] == 'x' {
 			prot |= unix.PROT_EXEC
 		}
-		mp := Mapping{Start: m.start, End: m.end, Prot: prot, Offset: m.offset, Path: m.path}
-		cerr := checkShared(base, pid, m, lookup, onMount)
 		if m.perms[1] != 'w' {
-			if cerr == nil {
-				later = append(later, mp)
-				continue
-			}
 			mw, err := mayWrite(m.start, m.end, prot)
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 			if !mw {
 				continue // can never write: kept (see above)
 			}
 		}
-		if cerr != nil {
-			return nil, nil, cerr
+		what := fmt.Sprintf("a writable shared mapping (%x-%x) of %s", m.start, m.end, m.path)
+		if m.tooLong {
+			return nil, &Ineligible{Pid: pid, Reason: pathTooLong(fmt.Sprintf("a writable shared mapping (%x-%x)", m.start, m.end), unix.ENAMETOOLONG)}
 		}
-		out = append(out, mp)
+		if !strings.HasPrefix(m.path, "/") {
+			return nil, &Ineligible{Pid: pid, Reason: what + ", which is not a file"}
+		}
+		// Deleted or not by the file itself (isDeleted); the kernel's names of shared
+		// memory say what it is.
+		sx, err := statxAt(fmt.Sprintf("%s/map_files/%x-%x", base, m.start, m.end))
+		if err != nil {
+			return nil, fmt.Errorf("stat the mapping %x-%x of process %d: %w", m.start, m.end, pid, err)
+		}
+		deleted, err := isDeleted(&sx, m.path, lookup)
+		if err != nil {
+			return nil, fmt.Errorf("process %d: the mapping %x-%x: %w", pid, m.start, m.end, err)
+		}
+		switch {
+		case deleted && strings.HasPrefix(m.path, "/dev/zero (deleted)"):
+			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end), CRIU: true}
+		case deleted && strings.HasPrefix(m.path, "/SYSV"):
+			return nil, &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
+		case deleted && strings.HasPrefix(m.path, "/memfd:"):
+			return nil, &Ineligible{Pid: pid, Reason: what + ": a memfd, which fork shares with the template and no state holds", CRIU: true}
+		case deleted:
+			return nil, &Ineligible{Pid: pid, Reason: what + ": the file was deleted, so it cannot be mapped again from the new state", CRIU: true}
+		case sx.Mode&unix.S_IFMT != unix.S_IFREG:
+			return nil, &Ineligible{Pid: pid, Reason: what + ": not a regular file (a device?), which fork shares with the template"}
+		}
+		if err := onMount(what, sx.Mnt_id); err != nil {
+			return nil, err
+		}
+		out = append(out, Mapping{Start: m.start, End: m.end, Prot: prot, Offset: m.offset, Path: m.path})
 	}
-	return out, later, nil
-}
-
-// checkShared is what a shared mapping that can write its file must pass to be remapped
-// on the new state: nil, an *Ineligible naming why not, or the error that kept it from
-// being told.
-func checkShared(base string, pid int, m mapsLine, lookup lookupFunc, onMount func(what string, mnt uint64) error) error {
-	what := fmt.Sprintf("a writable shared mapping (%x-%x) of %s", m.start, m.end, m.path)
-	if m.tooLong {
-		return &Ineligible{Pid: pid, Reason: pathTooLong(fmt.Sprintf("a writable shared mapping (%x-%x)", m.start, m.end), unix.ENAMETOOLONG)}
-	}
-	if !strings.HasPrefix(m.path, "/") {
-		return &Ineligible{Pid: pid, Reason: what + ", which is not a file"}
-	}
-	// Deleted or not by the file itself (isDeleted); the kernel's names of shared
-	// memory say what it is.
-	sx, err := statxAt(fmt.Sprintf("%s/map_files/%x-%x", base, m.start, m.end))
-	if err != nil {
-		return fmt.Errorf("stat the mapping %x-%x of process %d: %w", m.start, m.end, pid, err)
-	}
-	deleted, err := isDeleted(&sx, m.path, lookup)
-	if err != nil {
-		return fmt.Errorf("process %d: the mapping %x-%x: %w", pid, m.start, m.end, err)
-	}
-	switch {
-	case deleted && strings.HasPrefix(m.path, "/dev/zero (deleted)"):
-		return &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has shared anonymous memory (%x-%x), which fork shares with the template and no file holds", m.start, m.end), CRIU: true}
-	case deleted && strings.HasPrefix(m.path, "/SYSV"):
-		return &Ineligible{Pid: pid, Reason: fmt.Sprintf("it has SysV shared memory attached (%x-%x, %s), which fork shares with the template", m.start, m.end, m.path)}
-	case deleted && strings.HasPrefix(m.path, "/memfd:"):
-		return &Ineligible{Pid: pid, Reason: what + ": a memfd, which fork shares with the template and no state holds", CRIU: true}
-	case deleted:
-		return &Ineligible{Pid: pid, Reason: what + ": the file was deleted, so it cannot be mapped again from the new state", CRIU: true}
-	case sx.Mode&unix.S_IFMT != unix.S_IFREG:
-		return &Ineligible{Pid: pid, Reason: what + ": not a regular file (a device?), which fork shares with the template"}
-	}
-	return onMount(what, sx.Mnt_id)
+	return out, nil
 }
 
 // mapCalls appends to b the calls that map path (m's file, as the tracee's current state

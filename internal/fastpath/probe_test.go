@@ -2,15 +2,12 @@ package fastpath
 
 import (
 	"bufio"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -120,73 +117,6 @@ for l in open('/proc/self/maps'):
 	stdin.Write([]byte("go\n"))
 	if l, _ := out.ReadString('\n'); l != "mprotect 0 0\n" {
 		t.Errorf("the process could not make its read-only mapping of a file opened r+ writable after the probe: %q", l)
-	}
-}
-
-// TestHoldLeavesReadOnlyMappingsToFork: Hold asks nothing of a read-only shared mapping
-// of a regular file (it would pass every check if it could write, so whether it can
-// decides no refusal, only a remap), and Fork asks: the mapping of the file opened r+
-// is remapped (Maps, the template's too), the one of the file opened read-only is kept,
-// exactly as when Hold asked.
-func TestHoldLeavesReadOnlyMappingsToFork(t *testing.T) {
-	skip.Require(t, os.Geteuid() == 0, "needs root (ptrace, /proc/PID/map_files)")
-	py, err := exec.LookPath("python3")
-	skip.Require(t, err == nil, "needs python3")
-	dir := t.TempDir()
-	file := filepath.Join(dir, "data")
-	if err := os.WriteFile(file, make([]byte, 3*4096), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	prog := `import mmap, os, sys
-os.closerange(3, 4096)
-f = open(sys.argv[1], 'rb'); g = open(sys.argv[1], 'r+b')
-ro = mmap.mmap(f.fileno(), 4096, mmap.MAP_SHARED, mmap.PROT_READ)
-rom = mmap.mmap(g.fileno(), 4096, mmap.MAP_SHARED, mmap.PROT_READ, offset=4096)
-rw = mmap.mmap(g.fileno(), 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=8192)
-f.close(); g.close()
-os.dup2(os.open('/dev/null', os.O_RDWR), 0)
-print("ready", flush=True)
-os.dup2(0, 1); os.dup2(0, 2)
-__import__("time").sleep(1000)
-`
-	cmd := exec.Command(py, "-c", prog, file)
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	if l, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || l != "ready\n" {
-		t.Fatalf("python: %q %v", l, err)
-	}
-	time.Sleep(50 * time.Millisecond) // its fds 1 and 2 on /dev/null too
-	offsets := func(ms []Mapping) (out []int64) {
-		for _, m := range ms {
-			if m.Path == file {
-				out = append(out, m.Offset)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
-	tr := remote.NewTracer()
-	defer tr.Close()
-	h, err := Hold(tr, cmd.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, later := offsets(h.P.Maps), offsets(h.P.later); fmt.Sprint(got) != "[8192]" || fmt.Sprint(later) != "[0 4096]" {
-		h.Release()
-		t.Fatalf("after Hold: remapped %v, left to Fork %v; want [8192] (the writable one) and [0 4096] (the read-only ones)", got, later)
-	}
-	tmpl, err := h.Fork()
-	if err != nil {
-		h.Release()
-		t.Fatal(err)
-	}
-	defer h.Release()
-	defer h.DropTemplate()
-	if got, tg := offsets(h.P.Maps), offsets(tmpl.Maps); fmt.Sprint(got) != "[4096 8192]" || fmt.Sprint(tg) != "[4096 8192]" || len(h.P.later) != 0 {
-		t.Fatalf("after Fork: remapped %v, the template's %v, left %v; want [4096 8192] (the read-only mapping of the file opened r+ and the writable one), none left", got, tg, h.P.later)
 	}
 }
 
