@@ -375,12 +375,15 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 	m.answeredEarly(c.pend)
 	// The memory after the checkpoint, but for its fork: the new templates will hold
 	// what their processes hold now (every page, shared), and the kernel's limit grows
-	// for them now (budget.go; after a failure, the next fit takes it down).
-	m.fitKernelLimitPlus(s, true, c.heldAnon)
+	// for them (budget.go) after the answer, before the fork (complete; after a failure,
+	// the next fit takes it down): nothing of the sandbox runs in between.
 	ans := *c.res
 	ans.Node = &info
 	if ans.Memory = m.memoryNow(s); ans.Memory != nil {
 		ans.Memory.NodeTemplatesRSS = c.heldRSS
+		if ans.Memory.TemplateBudgetBytes > 0 {
+			ans.Memory.KernelLimitBytes = m.kernelLimitAfter(s, true, c.heldAnon)
+		}
 	}
 	ans.Processes = len(c.held)
 	for _, l := range c.held {
@@ -398,6 +401,9 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 // +checklocks:c.s.opMu
 func (c *checkpoint) complete(tp time.Time) error {
 	m, s := c.m, c.s
+	if c.pend.early {
+		m.fitKernelLimitPlus(s, true, c.heldAnon) // what the answer said (answerEarly)
+	}
 	if err := runStepsRange(m, "checkpoint", checkpointSteps, 1, len(checkpointSteps), c, &c.inject, c.res, &tp); err != nil {
 		err = c.fail(err)
 		if c.pend.early {
