@@ -40,21 +40,12 @@ type Held struct {
 // Hold seizes the process hostPid and inspects it while it is stopped (so that what is
 // inspected is what is forked), in one hand-off to the tracer's thread. An ineligible
 // process is let go untouched and the error is an *Ineligible.
-func Hold(tr *remote.Tracer, hostPid int) (*Held, error) { return HoldThen(tr, hostPid, nil) }
-
-// HoldThen is Hold, calling stopped (if not nil) once the process is stopped, before its
-// inspection: what must wait for the stop (a listing of the processes it could have
-// forked) can run beside the inspection. stopped runs on the tracer's thread and must
-// not block; it is not called when the seizure fails.
-func HoldThen(tr *remote.Tracer, hostPid int, stopped func()) (*Held, error) {
+func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 	var h *Held
 	err := tr.Do(func() error {
 		t, err := tr.Seize(hostPid)
 		if err != nil {
 			return seizeRefusal(hostPid, err)
-		}
-		if stopped != nil {
-			stopped()
 		}
 		p, err := inspect(hostPid, probeMayWrite(t), lookupIn(t))
 		if err != nil {

@@ -474,7 +474,7 @@ func (c *checkpoint) seize() (err error) {
 	// inspected; seize_others: the rest of the PID namespace; seize_kstate: the kernel
 	// state), the answer's largest part (docs/design/early-answer.md).
 	ts0 := time.Now()
-	held, sessTrees, ls, err := m.holdSessions(s)
+	held, sessTrees, err := m.holdSessions(s)
 	if err != nil {
 		return err
 	}
@@ -486,7 +486,7 @@ func (c *checkpoint) seize() (err error) {
 		}
 		return nil
 	})
-	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground, ls)
+	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground)
 	if err != nil {
 		return err
 	}

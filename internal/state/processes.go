@@ -9,7 +9,6 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
-	"deltabox/internal/sandbox"
 	"deltabox/internal/session"
 )
 
@@ -68,37 +67,23 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // inspection refuses (children, threads, a socket...) is returned in refused instead,
 // by host PID, where CRIU works (not with durable images off): its tree goes through
 // CRIU (criutrees.go).
-// ls, once the last session's process is stopped, is the listing holdOthers reads
-// (listNS), made beside that process's inspection: nothing it lists can change but by
-// what runs, and every session's process is stopped by then (nil: not made; holdOthers
-// lists). On error every process already seized is let go untouched. Precondition:
-// s.opMu held, no exec running.
+// On error every process already seized is let go untouched. Precondition: s.opMu
+// held, no exec running.
 // +checklocks:s.opMu
-func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*sessionRoot, ls *nsListing, err error) {
+func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
-		return nil, nil, nil, nil
+		return nil, nil, nil
 	}
 	names, sess := liveSessions(s)
 	if len(names) == 0 {
-		return nil, nil, nil, nil
+		return nil, nil, nil
 	}
 	tr := m.tracer(s)
-	rt := s.rt
-	for i, n := range names {
-		var stopped func()
-		if i == len(names)-1 {
-			stopped = func() {
-				ls = &nsListing{done: make(chan struct{})}
-				go func() {
-					defer close(ls.done)
-					m.listNS(s, rt, ls)
-				}()
-			}
-		}
+	for _, n := range names {
 		host, err := m.hostPid(s, sess[n].Pid())
 		if err == nil {
 			var h *fastpath.Held
-			if h, err = fastpath.HoldThen(tr, host, stopped); err == nil {
+			if h, err = fastpath.Hold(tr, host); err == nil {
 				out = append(out, &heldProc{name: n, what: "session " + n, sess: sess[n], h: h})
 				continue
 			}
@@ -117,50 +102,12 @@ func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*session
 			criuWhy = " (and CRIU cannot take it: " + why + ")"
 		}
 		aborted := m.abortHeld(out)
-		ls.wait() // its goroutine reads nothing the caller undoes, but ends before it
 		if in != nil {
-			return nil, nil, nil, abortErr(fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict), aborted)
+			return nil, nil, abortErr(fmt.Errorf("session %s: %w%s; end what makes it so, or end the session (deltabox session kill): %w", n, err, criuWhy, errdefs.ErrConflict), aborted)
 		}
-		return nil, nil, nil, abortErr(fmt.Errorf("session %s: %w", n, err), aborted)
+		return nil, nil, abortErr(fmt.Errorf("session %s: %w", n, err), aborted)
 	}
-	return out, refused, ls, nil
-}
-
-// nsListing is what holdOthers reads of the sandbox's PID namespace: its processes
-// (sandbox PIDs) and those it knows of them, the sandbox's templates and the copies
-// waiting for their images (host and sandbox PIDs).
-type nsListing struct {
-	done           chan struct{} // closed once made, when made by a goroutine
-	known, knownSb map[int]bool
-	pids           []int
-	err            error
-}
-
-// wait waits until l is made (nil: none).
-func (l *nsListing) wait() {
-	if l != nil {
-		<-l.done
-	}
-}
-
-// listNS makes l: the templates, then the copies and the namespace's processes, read
-// together under copyMu (a copy being made meanwhile is waited for). rt is s's runtime,
-// read by the caller under opMu, which it holds until l is made.
-func (m *Manager) listNS(s *sb, rt *sandbox.Sandbox, l *nsListing) {
-	l.known, l.knownSb = map[int]bool{}, map[int]bool{}
-	for _, t := range m.sandboxTemplates(s) {
-		l.known[t.HostPid] = true
-		l.knownSb[t.SelfPid] = true
-	}
-	s.copyMu.Lock()
-	defer s.copyMu.Unlock()
-	hosts, selfs := m.sandboxCopies(s)
-	for i := range hosts {
-		l.known[hosts[i]], l.knownSb[selfs[i]] = true, true
-	}
-	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
-	// a process can move out of a cgroup directory.
-	l.pids, l.err = rt.Procs()
+	return out, refused, nil
 }
 
 // belowAny reports whether host PID h is one of roots or has one among its ancestors
@@ -198,28 +145,34 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
 // +checklocks:s.opMu
-func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool, ls *nsListing) (out []*heldProc, settled bool, refused map[int]error, err error) {
+func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
-		ls.wait()
 		return nil, false, nil, nil
 	}
-	// The namespace as listed once every held process was stopped: by holdSessions,
-	// beside the last one's inspection, or here. Settled: nothing but what it knows.
-	if ls == nil {
-		ls = &nsListing{}
-		m.listNS(s, s.rt, ls)
-	} else {
-		ls.wait()
-	}
-	if ls.err != nil {
-		return nil, false, nil, ls.err
-	}
 	initHost := s.rt.InitPid()
-	known, knownSb, sbPids := ls.known, ls.knownSb, ls.pids
-	known[initHost], knownSb[1] = true, true
+	known := map[int]bool{initHost: true}
+	knownSb := map[int]bool{1: true} // the same, as sandbox PIDs
 	for _, l := range held {
 		known[l.h.P.HostPid] = true
 		knownSb[l.h.P.Pid] = true
+	}
+	for _, t := range m.sandboxTemplates(s) {
+		known[t.HostPid] = true
+		knownSb[t.SelfPid] = true
+	}
+	// Copies of templates waiting for their dump (durable.go); one being made meanwhile
+	// is waited for (copyMu).
+	s.copyMu.Lock()
+	hosts, selfs := m.sandboxCopies(s)
+	for i := range hosts {
+		known[hosts[i]], knownSb[selfs[i]] = true, true
+	}
+	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
+	// a process can move out of a cgroup directory. Settled: nothing else.
+	sbPids, err := s.rt.Procs()
+	s.copyMu.Unlock()
+	if err != nil {
+		return nil, false, nil, err
 	}
 	var unknown []int
 	for _, p := range sbPids {
