@@ -12,6 +12,8 @@ import (
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
+
+	"golang.org/x/sys/unix"
 )
 
 // ---- the template memory budget (issue 17, item 3) ----
@@ -184,12 +186,20 @@ func rssAnon(hostPid int) int64 {
 }
 
 // statmRSSAnon is hostPid's resident memory and rssAnon's, from one read of
-// /proc/PID/statm (an error, and 0, if it is gone).
+// /proc/PID/statm (an error, and 0, if it is gone): open, read and close, without
+// os.ReadFile's *os.File (its poller registration, which /proc files refuse, and fstat).
 func statmRSSAnon(hostPid int) (rss, anon int64, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/statm")
+	fd, err := unix.Open("/proc/"+strconv.Itoa(hostPid)+"/statm", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %w", hostPid, err)
 	}
+	var buf [256]byte // seven numbers
+	n, err := unix.Read(fd, buf[:])
+	unix.Close(fd)
+	if err != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %w", hostPid, err)
+	}
+	b := buf[:max(n, 0)]
 	f := strings.Fields(string(b))
 	if len(f) < 3 {
 		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
