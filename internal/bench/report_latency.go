@@ -45,7 +45,9 @@ func writeLatencyReading(b *strings.Builder, f *File) {
 	}
 	b.WriteString("\nCheckpoint `fork` is the template's clone3 (the kernel fork) with the timer and signal reads around it (one " +
 		"batch of injected calls), the template's setsid and its parking; `seize` is PTRACE_SEIZE and the inspection of the stopped " +
-		"process (/proc reads, PROCMAP_QUERY for its shared mappings, one injected mprotect per read-only one); `move` is one batch " +
+		"process (/proc reads, PROCMAP_QUERY for its shared mappings, one injected mprotect per read-only one), its parts " +
+		"`seize_hold` (the sessions' processes), `seize_others` (the rest of the PID namespace) and `seize_kstate` (the kernel " +
+		"state); `move` is one batch " +
 		"(setns, chdir, reopens) onto the new state. Restore `templates` takes the node's templates (held by the tracer once parked) " +
 		"and their terminals; `processes` is the template's clone3 with the PID of the live process, then one batch: the move onto " +
 		"the restored state, setsid and the terminal; `kill` ends the live process after handing its memory to a holder (its exit " +

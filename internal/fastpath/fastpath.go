@@ -276,6 +276,10 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 	}
 	sort.Ints(nums)
 	for _, n := range nums {
+		if fd, ok := dupTerminal(p, n); ok {
+			p.FDs = append(p.FDs, fd)
+			continue
+		}
 		fd, err := inspectFD(p, base, n, buf, lookup, onMount)
 		if err != nil {
 			return nil, err
@@ -285,6 +289,23 @@ func inspect(hostPid int, mayWrite mayWriteFunc, lookup lookupFunc) (*Proc, erro
 		}
 	}
 	return p, nil
+}
+
+// dupTerminal is inspectFD's answer for fd n of p when it is the very open file
+// description of a lower terminal fd (kcmp KCMP_FILE): the same file, flags and locks
+// (fdinfo lists a description's own), so the same answer, for one syscall instead of
+// statx, readlink and the fdinfo read (six calls). A session's fds 0, 1 and 2 are one
+// description of its terminal. ok false: not one, or kcmp cannot tell; inspectFD looks.
+func dupTerminal(p *Proc, n int) (FD, bool) {
+	for _, o := range p.FDs {
+		if o.Kind != "pty" {
+			continue
+		}
+		if same, err := sameFile(p.HostPid, o.Num, p.HostPid, n); err == nil && same {
+			return FD{Num: n, Path: o.Path, Kind: "pty"}, true
+		}
+	}
+	return FD{}, false
 }
 
 // inspectFD is inspect's work for fd n of p (whose lower fds are in p.FDs already): nil

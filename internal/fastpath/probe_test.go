@@ -2,12 +2,14 @@ package fastpath
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -158,5 +160,60 @@ func TestIsPtySlave(t *testing.T) {
 	}
 	if isPtySlave(self + strconv.Itoa(int(m.Fd()))) {
 		t.Error("the pty master taken for a slave")
+	}
+}
+
+// TestDupTerminalIsInspectFD: an fd that is the very description of a lower terminal fd
+// (a session's 0, 1 and 2) is answered by kcmp (dupTerminal) with what inspectFD finds;
+// another open of the same terminal, its own description, is not, and is inspected.
+func TestDupTerminalIsInspectFD(t *testing.T) {
+	skip.Require(t, os.Geteuid() == 0, "needs root (kcmp, /proc/PID/fdinfo of a child)")
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no /dev/ptmx: %v", err)
+	}
+	defer m.Close()
+	unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0)
+	sfd, err := unix.IoctlRetInt(int(m.Fd()), unix.TIOCGPTPEER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty := os.NewFile(uintptr(sfd), "tty")
+	defer tty.Close()
+	other, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", sfd), os.O_RDWR, 0) // the same terminal, a new description
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	py, err := exec.LookPath("python3")
+	skip.Require(t, err == nil, "needs python3")
+	cmd := exec.Command(py, "-c", "import os, time; os.closerange(4, 4096); time.sleep(1000)")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = tty, tty, tty, []*os.File{other}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	pid := cmd.Process.Pid
+	noWrite := func(uint64, uint64, int) (bool, error) { return false, nil }
+	var p *Proc
+	for i := 0; i < 300; i++ { // until it has closed what it inherited beyond 0-3
+		if p, err = inspect(pid, noWrite, lookupSelf); err == nil && len(p.FDs) == 4 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil || len(p.FDs) != 4 {
+		t.Fatalf("inspect: %v %+v", err, p)
+	}
+	base := "/proc/" + strconv.Itoa(pid)
+	for i, fd := range p.FDs {
+		want, err := inspectFD(&Proc{HostPid: pid, Pid: pid, FDs: p.FDs[:i]}, base, fd.Num, nil, lookupSelf, anyMount)
+		if err != nil || want == nil || fmt.Sprint(fd) != fmt.Sprint(*want) {
+			t.Errorf("fd %d: inspect has %+v, inspectFD %+v (%v)", fd.Num, fd, want, err)
+		}
+		_, dup := dupTerminal(&Proc{HostPid: pid, Pid: pid, FDs: p.FDs[:i]}, fd.Num)
+		if dup != (fd.Num == 1 || fd.Num == 2) {
+			t.Errorf("fd %d: dupTerminal %v, want it for 1 and 2 only (3 is its own description)", fd.Num, dup)
+		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
+
+	"golang.org/x/sys/unix"
 )
 
 // ---- the template memory budget (issue 17, item 3) ----
@@ -108,14 +110,46 @@ func (m *Manager) fitKernelLimit(s *sb, grow bool) { m.fitKernelLimitPlus(s, gro
 // fitKernelLimitPlus is fitKernelLimit counting coming templates that will hold extra
 // bytes alone (a checkpoint's early answer, before its fork: checkpoint.go).
 func (m *Manager) fitKernelLimitPlus(s *sb, grow bool, extra int64) {
-	b := m.templateBudget(s)
-	if b <= 0 {
-		return // no budget of their own: memory_mb, templates included
-	}
 	s.limitMu.Lock()
 	defer s.limitMu.Unlock()
+	want, ok := m.kernelLimitWant(s, grow, extra)
+	if !ok || want == s.kernelLimit {
+		return
+	}
+	s.mu.Lock()
+	rt := s.memRT
+	s.mu.Unlock()
+	if err := rt.SetMemoryLimit(want); err != nil {
+		m.log.Debug("template budget: kernel memory limit not changed", "sandbox", s.rec.ID, "from", s.kernelLimit, "to", want, "err", err)
+		return
+	}
+	s.kernelLimit = want
+}
+
+// kernelLimitAfter is the kernel memory limit fitKernelLimitPlus(s, grow, extra) sets,
+// without setting it: an early answer reports it, and its checkpoint sets it after the
+// answer, before the fork (the processes run nothing in between: a write of the
+// cgroup's limit, 60-100 us of the answer in the daemon, loaded, is off its path).
+func (m *Manager) kernelLimitAfter(s *sb, grow bool, extra int64) int64 {
+	s.limitMu.Lock()
+	defer s.limitMu.Unlock()
+	if want, ok := m.kernelLimitWant(s, grow, extra); ok {
+		return want
+	}
+	return s.kernelLimit
+}
+
+// kernelLimitWant is the limit fitKernelLimitPlus would set, ok false when it sets
+// none (no budget of the sandbox's own, the limit at its most already when it grows, or
+// the sandbox not running).
+// +checklocks:s.limitMu
+func (m *Manager) kernelLimitWant(s *sb, grow bool, extra int64) (int64, bool) {
+	b := m.templateBudget(s)
+	if b <= 0 {
+		return 0, false // no budget of their own: memory_mb, templates included
+	}
 	if grow && s.kernelLimit >= s.rec.Limits.MemoryBytes+b {
-		return // at its most already: a checkpoint's templates only add
+		return 0, false // at its most already: a checkpoint's templates only add
 	}
 	m.mu.Lock()
 	var ts []*procTemplate
@@ -134,38 +168,52 @@ func (m *Manager) fitKernelLimitPlus(s *sb, grow bool, extra int64) {
 		}
 		sum += t.rssAnon
 	}
-	want := s.rec.Limits.MemoryBytes + min(b, sum)
 	s.mu.Lock()
 	rt := s.memRT
 	s.mu.Unlock()
-	if want == s.kernelLimit || rt == nil {
-		return
+	if rt == nil {
+		return 0, false
 	}
-	if err := rt.SetMemoryLimit(want); err != nil {
-		m.log.Debug("template budget: kernel memory limit not changed", "sandbox", s.rec.ID, "from", s.kernelLimit, "to", want, "err", err)
-		return
-	}
-	s.kernelLimit = want
+	return s.rec.Limits.MemoryBytes + min(b, sum), true
 }
 
 // rssAnon is hostPid's anonymous resident memory, RssAnon, from /proc/PID/statm:
 // resident less shared (RssFile + RssShmem), kernel counters read without a walk; 0 if
 // gone. (statm, not status: a status read took 75 µs p50 here, on a checkpoint's path.)
 func rssAnon(hostPid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/statm")
+	_, anon, _ := statmRSSAnon(hostPid)
+	return anon
+}
+
+// statmRSSAnon is hostPid's resident memory and rssAnon's, from one read of
+// /proc/PID/statm (an error, and 0, if it is gone): open, read and close, without
+// os.ReadFile's *os.File (its poller registration, which /proc files refuse, and fstat).
+func statmRSSAnon(hostPid int) (rss, anon int64, err error) {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(hostPid)+"/statm", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %w", hostPid, err)
 	}
+	var buf [256]byte // seven numbers
+	n, err := unix.Read(fd, buf[:])
+	unix.Close(fd)
+	if err != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %w", hostPid, err)
+	}
+	b := buf[:max(n, 0)]
 	f := strings.Fields(string(b))
 	if len(f) < 3 {
-		return 0
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
 	}
 	res, err1 := strconv.ParseInt(f[1], 10, 64)
 	shared, err2 := strconv.ParseInt(f[2], 10, 64)
-	if err1 != nil || err2 != nil || res < shared {
-		return 0
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
 	}
-	return (res - shared) * int64(os.Getpagesize())
+	page := int64(os.Getpagesize())
+	if res >= shared {
+		anon = (res - shared) * page
+	}
+	return res * page, anon, nil
 }
 
 // kernelLimitNow is the kernel memory limit fitKernelLimit last wrote.

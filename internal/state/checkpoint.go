@@ -303,10 +303,10 @@ func (c *checkpoint) quietMemory() bool {
 	m, s := c.m, c.s
 	c.heldRSS, c.heldAnon = 0, 0
 	for _, l := range c.held {
-		if r, err := statmRSS(l.h.P.HostPid); err == nil {
+		if r, a, err := statmRSSAnon(l.h.P.HostPid); err == nil {
 			c.heldRSS += r
+			c.heldAnon += a
 		}
-		c.heldAnon += rssAnon(l.h.P.HostPid)
 	}
 	if b := m.templateBudget(s); b > 0 {
 		return s.bound(sandboxUsage(s))+c.heldAnon <= b/2
@@ -375,12 +375,15 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 	m.answeredEarly(c.pend)
 	// The memory after the checkpoint, but for its fork: the new templates will hold
 	// what their processes hold now (every page, shared), and the kernel's limit grows
-	// for them now (budget.go; after a failure, the next fit takes it down).
-	m.fitKernelLimitPlus(s, true, c.heldAnon)
+	// for them (budget.go) after the answer, before the fork (complete; after a failure,
+	// the next fit takes it down): nothing of the sandbox runs in between.
 	ans := *c.res
 	ans.Node = &info
 	if ans.Memory = m.memoryNow(s); ans.Memory != nil {
 		ans.Memory.NodeTemplatesRSS = c.heldRSS
+		if ans.Memory.TemplateBudgetBytes > 0 {
+			ans.Memory.KernelLimitBytes = m.kernelLimitAfter(s, true, c.heldAnon)
+		}
 	}
 	ans.Processes = len(c.held)
 	for _, l := range c.held {
@@ -398,6 +401,9 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 // +checklocks:c.s.opMu
 func (c *checkpoint) complete(tp time.Time) error {
 	m, s := c.m, c.s
+	if c.pend.early {
+		m.fitKernelLimitPlus(s, true, c.heldAnon) // what the answer said (answerEarly)
+	}
 	if err := runStepsRange(m, "checkpoint", checkpointSteps, 1, len(checkpointSteps), c, &c.inject, c.res, &tp); err != nil {
 		err = c.fail(err)
 		if c.pend.early {
@@ -464,10 +470,15 @@ func (c *checkpoint) seize() (err error) {
 			c.refused = "ineligible"
 		}
 	}()
+	// Its parts are in phases_us too (seize_hold: the sessions' processes seized and
+	// inspected; seize_others: the rest of the PID namespace; seize_kstate: the kernel
+	// state), the answer's largest part (docs/design/early-answer.md).
+	ts0 := time.Now()
 	held, sessTrees, err := m.holdSessions(s)
 	if err != nil {
 		return err
 	}
+	phase(c.res, "seize_hold", &ts0)
 	c.held = held
 	c.undo.push(func() error {
 		if errs := m.releaseHeld(c.held); len(errs) > 0 {
@@ -480,6 +491,7 @@ func (c *checkpoint) seize() (err error) {
 		return err
 	}
 	c.held, c.settled = append(c.held, others...), settled
+	phase(c.res, "seize_others", &ts0)
 	if len(refused) > 0 {
 		// Their trees go through CRIU (criutrees.go), with what the fast path held
 		// below their roots (let go by criuRoots).
@@ -506,6 +518,7 @@ func (c *checkpoint) seize() (err error) {
 	if c.uts, err = m.kernelState(s); err != nil {
 		return err
 	}
+	phase(c.res, "seize_kstate", &ts0)
 	if len(c.criuRoots) == 0 {
 		return nil
 	}

@@ -265,10 +265,19 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	return out, settled, refused, nil
 }
 
-// hostPid returns the host PID of the sandbox process pid: the cached one if it still
-// is that process, else found among the sandbox's cgroup. Precondition: s.opMu held.
+// hostPid returns the host PID of the sandbox process pid: asked of the kernel on the
+// sandbox's PID namespace (sandbox.HostPid); on a kernel without that, the cached one if
+// it still is that process, else found among the sandbox's cgroup. Precondition: s.opMu
+// held.
 // +checklocks:s.opMu
 func (m *Manager) hostPid(s *sb, pid int) (int, error) {
+	if h, ok, err := s.rt.HostPid(pid); ok {
+		if err != nil {
+			return 0, err
+		}
+		s.hostPids[pid] = h
+		return h, nil
+	}
 	if h, ok := s.hostPids[pid]; ok && fastpath.IsHostPid(h, pid, s.rt.InitPid()) {
 		return h, nil
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"deltabox/internal/cgroup"
+	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
 	"deltabox/internal/store"
@@ -519,5 +520,74 @@ func TestRemoveWhileParking(t *testing.T) {
 				t.Errorf("remove %s left process %d (of %v)", id, p, before)
 			}
 		}
+	}
+}
+
+// comm is host PID h's command name.
+func comm(h int) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(h) + "/comm")
+	return strings.TrimSpace(string(b))
+}
+
+// TestHostPidIsTheSandboxProcess: sandbox.HostPid, which a checkpoint asks for each
+// session's process, answers the host PID whose NSpid has the sandbox PID at the
+// sandbox's level, for every process of the sandbox (init, a session's, a background
+// job's), and refuses a PID no process has.
+func TestHostPidIsTheSandboxProcess(t *testing.T) {
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "hostpid"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := state.Runtime(m, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, id, "sleep 300 >/dev/null 2>&1 &")
+	initNS, err := procfs.NSpid(rt.InitPid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	level := len(initNS) - 1 // the sandbox's namespace in an NSpid line
+	want := map[int]int{}    // sandbox PID -> host PID
+	var bg int
+	if why := settle(func() string {
+		clear(want)
+		for h := range sandboxProcs(t, id) {
+			ns, err := procfs.NSpid(h)
+			if err != nil || len(ns) <= level {
+				continue
+			}
+			want[ns[level]] = h
+			if comm(h) == "sleep" {
+				bg = ns[level]
+			}
+		}
+		if bg == 0 || len(want) < 3 {
+			return fmt.Sprintf("no background sleep among %v", want)
+		}
+		return ""
+	}); why != "" {
+		t.Fatal(why)
+	}
+	most := 0
+	for pid, h := range want {
+		got, ok, err := rt.HostPid(pid)
+		if !ok {
+			t.Skipf("this kernel has no NS_GET_PID_FROM_PIDNS (Linux 6.9): HostPid falls back to /proc")
+		}
+		if err != nil || got != h {
+			t.Errorf("HostPid(%d) = %d, %v; want %d", pid, got, err, h)
+		}
+		most = max(most, pid)
+	}
+	if got, _, err := rt.HostPid(most + 1000); err == nil {
+		t.Errorf("HostPid(%d), a PID no process has: %d, want an error", most+1000, got)
 	}
 }
