@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/testutil"
 )
 
@@ -102,5 +105,58 @@ func TestForkFastCarriesProcesses(t *testing.T) {
 		if got := sessRun(t, d, b.Sandbox.ID, "py", "len(d)"); got != "100000\n" {
 			t.Fatalf("%s after the source's removal: %q", b.Sandbox.ID, got)
 		}
+	}
+}
+
+// TestForkFastBranchInitIsTheSmallInit: with the static init beside the daemon's binary
+// (testutil.Binary builds both, as the scripts do), each branch init of a fast fork
+// runs it, not the daemon's binary (the family init's own is the daemon's), and the
+// branches work: a python session answers at its checkpoint PID.
+func TestForkFastBranchInitIsTheSmallInit(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
+	small, err := os.Stat(filepath.Join(filepath.Dir(testutil.Binary(t)), sbinit.InitBinaryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon, err := os.Stat(testutil.Binary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pyPid, bashPid, bgPid := forkSourceLive(t, d, "fisrc")
+	res, err := d.C.ForkSandbox(dbxCtx(t), "fisrc", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "fib"}},
+	})
+	if err != nil {
+		t.Fatalf("fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	exe := func(id string) os.FileInfo {
+		t.Helper()
+		in, err := d.C.Get(dbxCtx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(fmt.Sprintf("/proc/%d/exe", in.InitPid))
+		if err != nil {
+			t.Fatalf("%s's init %d: %v", id, in.InitPid, err)
+		}
+		return fi
+	}
+	for _, b := range res.Branches {
+		if b.Path != "fast" {
+			t.Fatalf("branch %d: path %s (%s)", b.Branch, b.Path, b.Reason)
+		}
+		if fi := exe(b.Sandbox.ID); !os.SameFile(fi, small) {
+			t.Errorf("branch %s's init runs %s (%d bytes), want %s (%d bytes)", b.Sandbox.ID, fi.Name(), fi.Size(), sbinit.InitBinaryName, small.Size())
+		}
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+	}
+	// The source moved onto a branch init of its own; the first sandbox's init was
+	// started by the daemon from its own binary, as every other sandbox's is.
+	if fi := exe("fisrc"); !os.SameFile(fi, small) {
+		t.Errorf("the moved source's init runs %s, want %s", fi.Name(), sbinit.InitBinaryName)
+	}
+	dbxCreate(t, d, "fiplain")
+	if fi := exe("fiplain"); !os.SameFile(fi, daemon) {
+		t.Errorf("a sandbox's init runs %s, want the daemon's binary", fi.Name())
 	}
 }
