@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -52,9 +53,10 @@ var soName = regexp.MustCompile(`\.so(\.[0-9]+)*$`)
 // (cmd/deltabox-init).
 const InitBinaryName = "deltabox-init"
 
-// InitBinary is the executable a branch init runs and why: the small init beside the
-// daemon's binary if it can stand for it (initBinaryUsable), else the daemon's own
-// ("/proc/self/exe"). Resolved once per daemon.
+// InitBinary is the executable every sandbox init (Start's, and a fork's branch inits)
+// runs and why: the small init beside the daemon's binary if it can stand for it
+// (initBinaryUsable), else the daemon's own ("/proc/self/exe"). Resolved once per
+// daemon, at its start (the daemon logs it), which opens the fd Start execs (initExe).
 func InitBinary() (path, why string) {
 	initBinOnce.Do(func() {
 		initBinPath, initBinWhy = "/proc/self/exe", "the daemon's own binary"
@@ -73,6 +75,10 @@ func InitBinary() (path, why string) {
 			initBinWhy += " (" + err.Error() + ")"
 			return
 		}
+		if err := openInitExe(p); err != nil {
+			initBinWhy += " (" + err.Error() + ")"
+			return
+		}
 		initBinPath, initBinWhy = p, "the static init beside the daemon's binary"
 	})
 	return initBinPath, initBinWhy
@@ -83,6 +89,35 @@ var (
 	initBinPath string
 	initBinWhy  string
 )
+
+// initExe is what Start execs: InitBinary's small init through an O_PATH fd the daemon
+// holds from its start on ("/proc/self/fd/N", resolved in the child before its exec
+// closes the fd), else the daemon's own binary. Not by its path: the child execs as the
+// sandbox's root, its host uid unprivileged, which may not search the directories on
+// the way to it (a test's binary is in a 0700 temporary directory); a magic link is no
+// search. N is 100 or above, clear of the fds the child's exec installs at 0, 1, 2,
+// 3... (exec.Cmd's ExtraFiles), which would cover a lower one.
+func initExe() string {
+	InitBinary()
+	return initExePath
+}
+
+// openInitExe sets initExePath for the small init at p (InitBinary, once).
+func openInitExe(p string) error {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	hi, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 100)
+	if err != nil {
+		return err
+	}
+	initExePath = "/proc/self/fd/" + strconv.Itoa(hi)
+	return nil
+}
+
+var initExePath = "/proc/self/exe"
 
 // initBinaryUsable says why p cannot stand for the daemon's binary self, whose build
 // information is ours, as a branch init (nil when it can): it must be a static
