@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"deltabox/internal/testutil/skip"
 )
 
 // TestInitBinaryUsable: the small init (cmd/deltabox-init) stands for the daemon's
@@ -17,9 +19,8 @@ import (
 // by the same Go, and no earlier than the daemon's binary; otherwise the daemon execs
 // its own, and says why.
 func TestInitBinaryUsable(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skipf("no go toolchain to build %s: %v", InitBinaryName, err)
-	}
+	_, err := exec.LookPath("go")
+	skip.Require(t, err == nil, "no go toolchain to build %s: %v", InitBinaryName, err)
 	dir := t.TempDir()
 	p := filepath.Join(dir, InitBinaryName)
 	cmd := exec.Command("go", "build", "-o", p, "./cmd/"+InitBinaryName)
@@ -82,9 +83,7 @@ func TestInitBinaryUsable(t *testing.T) {
 			f.Close()
 		}
 	}
-	if dyn == "" {
-		t.Skip("no dynamically linked true to check the refusal of a dynamic init with")
-	}
+	skip.Require(t, dyn != "", "no dynamically linked true to check the refusal of a dynamic init with")
 	b, err := os.ReadFile(dyn)
 	if err != nil {
 		t.Fatal(err)
