@@ -60,7 +60,8 @@ func daemonCmd() *cobra.Command {
 			}
 			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer cancel()
-			log.Info("deltabox daemon listening", "socket", socketPath, "root", root)
+			initBin, initWhy := sbinit.InitBinary()
+			log.Info("deltabox daemon listening", "socket", socketPath, "root", root, "branch_init", initBin, "branch_init_why", initWhy)
 			native := api.New(m, log)
 			if listen != "" {
 				var stop context.CancelCauseFunc

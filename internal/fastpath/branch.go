@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -209,8 +210,11 @@ func readCaps(hostPid int) (capSets, error) {
 	return c, nil
 }
 
-// lastCap is the kernel's last capability (/proc/sys/kernel/cap_last_cap).
-func lastCap() int {
+// lastCap is the kernel's last capability (/proc/sys/kernel/cap_last_cap), read once:
+// calls' loops asked for it at each step, 84 reads of the file per copy placed, half of
+// the daemon's CPU in a placement (perf, 64 branches), which runs one branch after the
+// other on a fork's critical path.
+var lastCap = sync.OnceValue(func() int {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
@@ -218,7 +222,7 @@ func lastCap() int {
 		}
 	}
 	return unix.CAP_LAST_CAP
-}
+})
 
 // calls appends the calls that bring a copy that has just entered a user namespace (a
 // full set) back to c: the bounding set first (PR_CAPBSET_DROP needs CAP_SETPCAP, which

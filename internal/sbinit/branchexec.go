@@ -2,11 +2,14 @@ package sbinit
 
 import (
 	"bufio"
+	"debug/buildinfo"
 	"debug/elf"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -46,11 +49,145 @@ var (
 
 var soName = regexp.MustCompile(`\.so(\.[0-9]+)*$`)
 
-// execTree lists what the branch init's exec needs: the binary, its ELF interpreter,
-// the loader's cache and every shared library the daemon has mapped (the same binary),
-// each at its real path, and the symlinks on the way to them.
+// InitBinaryName is the small init's file name, beside the daemon's binary
+// (cmd/deltabox-init).
+const InitBinaryName = "deltabox-init"
+
+// InitBinary is the executable every sandbox init (Start's, and a fork's branch inits)
+// runs and why: the small init beside the daemon's binary if it can stand for it
+// (initBinaryUsable), else the daemon's own ("/proc/self/exe"). Resolved once per
+// daemon, at its start (the daemon logs it), which opens the fd Start execs (initExe).
+func InitBinary() (path, why string) {
+	initBinOnce.Do(func() {
+		initBinPath, initBinWhy = "/proc/self/exe", "the daemon's own binary"
+		self, err := os.Executable()
+		if err != nil {
+			initBinWhy += " (" + err.Error() + ")"
+			return
+		}
+		p := filepath.Join(filepath.Dir(self), InitBinaryName)
+		ours, ok := debug.ReadBuildInfo()
+		if !ok {
+			initBinWhy += " (it has no build information)"
+			return
+		}
+		if err := initBinaryUsable(p, self, ours); err != nil {
+			initBinWhy += " (" + err.Error() + ")"
+			return
+		}
+		if err := openInitExe(p); err != nil {
+			initBinWhy += " (" + err.Error() + ")"
+			return
+		}
+		initBinPath, initBinWhy = p, "the static init beside the daemon's binary"
+	})
+	return initBinPath, initBinWhy
+}
+
+var (
+	initBinOnce sync.Once
+	initBinPath string
+	initBinWhy  string
+)
+
+// initExe is what Start execs: InitBinary's small init through an O_PATH fd the daemon
+// holds from its start on ("/proc/self/fd/N", resolved in the child before its exec
+// closes the fd), else the daemon's own binary. Not by its path: the child execs as the
+// sandbox's root, its host uid unprivileged, which may not search the directories on
+// the way to it (a test's binary is in a 0700 temporary directory); a magic link is no
+// search. N is 100 or above, clear of the fds the child's exec installs at 0, 1, 2,
+// 3... (exec.Cmd's ExtraFiles), which would cover a lower one.
+func initExe() string {
+	InitBinary()
+	return initExePath
+}
+
+// openInitExe sets initExePath for the small init at p (InitBinary, once).
+func openInitExe(p string) error {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	hi, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 100)
+	if err != nil {
+		return err
+	}
+	initExePath = "/proc/self/fd/" + strconv.Itoa(hi)
+	return nil
+}
+
+var initExePath = "/proc/self/exe"
+
+// initBinaryUsable says why p cannot stand for the daemon's binary self, whose build
+// information is ours, as a branch init (nil when it can): it must be a static
+// executable (the exec root holds no ELF interpreter or library for it), built by the
+// same Go from the same commit and no earlier than self (the daemon and the init speak
+// one protocol, and a daemon rebuilt alone would find an init of other code beside it;
+// every build script builds the init after the daemon).
+func initBinaryUsable(p, self string, ours *debug.BuildInfo) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	si, err := os.Stat(self)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", p)
+	}
+	if fi.ModTime().Before(si.ModTime()) {
+		return fmt.Errorf("%s is older than %s: build it after the daemon (CGO_ENABLED=0 go build -o %s ./cmd/%s)", p, self, p, InitBinaryName)
+	}
+	f, err := elf.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, pr := range f.Progs {
+		if pr.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked: build it with CGO_ENABLED=0", p)
+		}
+	}
+	theirs, err := buildinfo.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	if theirs.GoVersion != ours.GoVersion || theirs.Path != InitBinaryPath || ours.Main.Path != theirs.Main.Path {
+		return fmt.Errorf("%s is %s of %s (%s), not of the daemon's module %s (%s)", p, theirs.Path, theirs.Main.Path, theirs.GoVersion, ours.Main.Path, ours.GoVersion)
+	}
+	for _, k := range []string{"vcs.revision", "vcs.modified"} {
+		if a, b := buildSetting(theirs, k), buildSetting(ours, k); a != b {
+			return fmt.Errorf("%s was built with %s %q, the daemon with %q", p, k, a, b)
+		}
+	}
+	return nil
+}
+
+// InitBinaryPath is the small init's package path (cmd/deltabox-init).
+const InitBinaryPath = "deltabox/cmd/deltabox-init"
+
+func buildSetting(bi *debug.BuildInfo, key string) string {
+	for _, s := range bi.Settings {
+		if s.Key == key {
+			return s.Value
+		}
+	}
+	return ""
+}
+
+// execTree lists what the branch init's exec needs: the small init alone
+// (InitBinary), or the daemon's binary, its ELF interpreter, the loader's cache and
+// every shared library the daemon has mapped (the same binary), each at its real path,
+// and the symlinks on the way to them.
 func execTree() ([]execEntry, []string, error) {
 	execTreeOnce.Do(func() {
+		execTreeList = append(execTreeList, execEntry{Path: branchExe})
+		if p, _ := InitBinary(); p != "/proc/self/exe" {
+			execTreeSrc = append(execTreeSrc, p)
+			return
+		}
 		links := map[string]string{}
 		files := map[string]bool{}
 		add := func(p string) error {
@@ -65,7 +202,6 @@ func execTree() ([]execEntry, []string, error) {
 			}
 			return nil
 		}
-		execTreeList = append(execTreeList, execEntry{Path: branchExe})
 		execTreeSrc = append(execTreeSrc, "/proc/self/exe")
 		f, err := elf.Open("/proc/self/exe")
 		if err != nil {

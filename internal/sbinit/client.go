@@ -109,7 +109,7 @@ func Start(o StartOptions) (*Client, error) {
 		o.Config.TaskFDs = append(o.Config.TaskFDs, ctlFD+1+i)
 	}
 	arg, _ := json.Marshal(o.Config)
-	cmd := exec.Command("/proc/self/exe", InitArg, string(arg))
+	cmd := exec.Command(initExe(), InitArg, string(arg))
 	cmd.Args[0] = "deltabox-init"
 	if o.RootDir == nil {
 		child.Close()

@@ -24,6 +24,7 @@ import (
 	"deltabox/internal/cgroup"
 	"deltabox/internal/client"
 	"deltabox/internal/deadline"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
 	"deltabox/internal/testutil/skip"
 )
@@ -94,6 +95,14 @@ func Binary(t testing.TB) string {
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		// The branch init beside it, static and built after it (sbinit.InitBinary).
+		cmd = deadline.Command(context.Background(), 10*time.Minute, "go", "build", "-o", filepath.Join(dir, sbinit.InitBinaryName), "./cmd/"+sbinit.InitBinaryName)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build %s: %v\n%s", sbinit.InitBinaryName, err, out)
 		}
 	})
 	if buildErr != nil {

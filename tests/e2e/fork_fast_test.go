@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/sbinit"
 	"deltabox/internal/testutil"
 )
 
@@ -103,4 +106,54 @@ func TestForkFastCarriesProcesses(t *testing.T) {
 			t.Fatalf("%s after the source's removal: %q", b.Sandbox.ID, got)
 		}
 	}
+}
+
+// TestInitsRunTheSmallInit: with the static init beside the daemon's binary
+// (testutil.Binary builds both, as the scripts do), every sandbox's init runs it, not
+// the daemon's binary: a sandbox's (started by the daemon, as its root's host uid,
+// which may not search the test binary's 0700 directory), and each branch init of a
+// fast fork (exec'd by the family init from a root of detached mounts); and the
+// branches work: a python session answers at its checkpoint PID.
+func TestInitsRunTheSmallInit(t *testing.T) {
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
+	small, err := os.Stat(filepath.Join(filepath.Dir(testutil.Binary(t)), sbinit.InitBinaryName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := func(id string) os.FileInfo {
+		t.Helper()
+		in, err := d.C.Get(dbxCtx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(fmt.Sprintf("/proc/%d/exe", in.InitPid))
+		if err != nil {
+			t.Fatalf("%s's init %d: %v", id, in.InitPid, err)
+		}
+		return fi
+	}
+	pyPid, bashPid, bgPid := forkSourceLive(t, d, "fisrc")
+	if fi := exe("fisrc"); !os.SameFile(fi, small) {
+		t.Errorf("a sandbox's init runs %s (%d bytes), want %s (%d bytes)", fi.Name(), fi.Size(), sbinit.InitBinaryName, small.Size())
+	}
+	res, err := d.C.ForkSandbox(dbxCtx(t), "fisrc", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "fib"}},
+	})
+	if err != nil {
+		t.Fatalf("fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	for _, b := range res.Branches {
+		if b.Path != "fast" {
+			t.Fatalf("branch %d: path %s (%s)", b.Branch, b.Path, b.Reason)
+		}
+		if fi := exe(b.Sandbox.ID); !os.SameFile(fi, small) {
+			t.Errorf("branch %s's init runs %s (%d bytes), want %s (%d bytes)", b.Sandbox.ID, fi.Name(), fi.Size(), sbinit.InitBinaryName, small.Size())
+		}
+		forkCheckBranch(t, d, b.Sandbox.ID, pyPid, bashPid, bgPid, "source")
+	}
+	// The source moved onto a branch init of its own.
+	if fi := exe("fisrc"); !os.SameFile(fi, small) {
+		t.Errorf("the moved source's init runs %s, want %s", fi.Name(), sbinit.InitBinaryName)
+	}
+	forkCheckBranch(t, d, "fisrc", pyPid, bashPid, bgPid, "source")
 }
