@@ -35,7 +35,7 @@ func (b *rlForked) reset(ctx context.Context) error {
 // rlPaths counts how a point's resets brought their processes back.
 type rlPaths struct {
 	mu sync.Mutex
-	n  map[string]int // +checklocks:mu
+	n  map[string]int
 }
 
 func (p *rlPaths) add(res *apitypes.OpResult) {
