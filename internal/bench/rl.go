@@ -42,8 +42,6 @@ import (
 //   - podman: B containers of the image with the same python, each exported once by
 //     podman container checkpoint; the reset removes the container and restores the
 //     archive (rl_podman.go). Process and files, as deltabox.
-//   - deltabox-branches: B branches of one sandbox by a fast fork, each reset to the
-//     fork's node (rl_branches.go).
 const (
 	SysRLDeltaBox = "deltabox"
 	SysRLCRIU     = "criu"
@@ -79,7 +77,7 @@ type RLOptions struct {
 // DefaultRLOptions are the issue's points (B = 8, 32, 64 at 500 ms of policy).
 func DefaultRLOptions() RLOptions {
 	return RLOptions{Branches: []int{8, 32, 64}, PolicyMS: 500, Steps: 5, HeapMB: 50, WorkspaceMB: 10,
-		Systems: []string{SysRLDeltaBox, SysRLBranches, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman}, Seed: 1, Image: "default", Python: "python3",
+		Systems: []string{SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman}, Seed: 1, Image: "default", Python: "python3",
 		TmpfsDir: "/dev/shm", HostDir: "/var/tmp"}
 }
 
@@ -94,8 +92,8 @@ func (o RLOptions) Validate() error {
 		}
 	}
 	for _, s := range o.Systems {
-		if s != SysRLDeltaBox && s != SysRLBranches && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork && s != SysRLPodman {
-			return fmt.Errorf("system %q: want %s, %s, %s, %s, %s or %s", s, SysRLDeltaBox, SysRLBranches, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman)
+		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork && s != SysRLPodman {
+			return fmt.Errorf("system %q: want %s, %s, %s, %s or %s", s, SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman)
 		}
 	}
 	return nil
@@ -125,8 +123,6 @@ type rlRun struct {
 	// podmanPrefix starts the name of every container of this run (the podman rows'
 	// "containers"): what the run must leave none of.
 	podmanPrefix string
-	// paths counts the current point's resets by path (deltabox-branches).
-	paths *rlPaths
 }
 
 func (r *rlRun) logf(format string, a ...any) { progress(r.o.Log, r.start, format, a...) }
@@ -166,7 +162,6 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 		"to the step's start state, the B branches at once. `gpu_busy_frac` = policy time / wall time over %d timed steps (after one untimed); "+
 		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. `criu`: a "+
 		"python3 per branch on the host, dumped once, reset by kill and `criu restore` (process only: files are not reset). "+
-		"`deltabox-branches`: one sandbox builds the start state and forks B branches of it (processes included, the fast path), each reset by restoring the fork's node. "+
 		"`deltabox-fork`: each step forks B sandboxes from one node (processes included) and acts in each. `copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
 		"heap in a fresh python3. `podman`: a container per branch with the same python, exported once by `podman container checkpoint`, "+
 		"reset by `podman rm -f` and `podman container restore --import` (process and files). Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
@@ -218,7 +213,6 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 		return UnavailableRows(sys, 0, r.podmanWhy, op)[0], nil
 	}
 	r.logf("%s: setting up %d branches", sys, b)
-	r.paths = &rlPaths{}
 	t0 := time.Now()
 	branches, cmds, cleanup, err := r.setup(ctx, sys, b)
 	defer func() {
@@ -304,9 +298,6 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	if sys == SysRLPodman {
 		row.Info["containers"] = r.podmanPrefix + "*"
 	}
-	if sys == SysRLBranches {
-		row.Info["reset_paths"] = r.paths.counts() // the warm-up step's too
-	}
 	r.logf("%s: B=%d: step p50 %.1f ms, environment p50 %.1f ms, GPU busy %.1f%%", sys, b, us(Summarize(steps).P50), us(env.P50), busy*100)
 	return row, nil
 }
@@ -348,8 +339,6 @@ func (r *rlRun) setup(ctx context.Context, sys string, b int) (brs []rlBranch, c
 	switch sys {
 	case SysRLDeltaBox:
 		return r.setupDeltaBox(ctx, b)
-	case SysRLBranches:
-		return r.setupBranches(ctx, b, r.paths)
 	case SysRLPodman:
 		return r.setupPodman(ctx, b)
 	case SysRLCRIU:
