@@ -386,6 +386,14 @@ func (s *Sandbox) Destroy() error {
 	return nil
 }
 
+// KillInit sends init SIGKILL and returns at once: for a branch, its PID namespace ends
+// with it (Destroy, after, waits and releases what is left).
+func (s *Sandbox) KillInit() {
+	if s.init != nil {
+		s.init.SigKill()
+	}
+}
+
 // Alive reports whether the init still runs.
 func (s *Sandbox) Alive() bool {
 	select {

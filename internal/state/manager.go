@@ -234,13 +234,23 @@ type sb struct {
 	// +checklocks:mu
 	memRT *sandbox.Sandbox
 
+	// spareMu guards spares, spareMaking and spareClosed (spares.go); taken under opMu
+	// and m.mu never (a leaf but for s.mu).
+	spareMu sync.Mutex
+	// +checklocks:spareMu
+	spares []*spare // oldest first
+	// +checklocks:spareMu
+	spareMaking map[string]chan struct{} // nodes whose spare is being made: closed when done
+	// +checklocks:spareMu
+	spareClosed bool
+
 	// budgetMB is the record's TemplateBudgetMB, fixed at create (budget.go:
 	// templateBudget); read without a lock.
 	budgetMB int64
 }
 
 func (m *Manager) newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}, budgetMB: r.TemplateBudgetMB}
+	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}, spareMaking: map[string]chan struct{}{}, budgetMB: r.TemplateBudgetMB}
 }
 
 // Stats counts what happened to a sandbox (countPath, countFailed). The wire form is
@@ -318,6 +328,13 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	for _, fam := range m.families {
 		if fam.rt != nil {
 			fam.rt.DropEarly() // its members' copies are watched now
+		}
+	}
+	// An adopted sandbox's cgroups are named by its record's Cgroup if it has one (its
+	// runtime was a spare: spares.go); a spare's own are no record's, and go here.
+	for _, s := range adopted {
+		if s.rec.Cgroup != "" {
+			held[s.rec.Cgroup] = true
 		}
 	}
 	for _, id := range cgroup.List() {
@@ -435,6 +452,7 @@ func (m *Manager) Close() error {
 		}
 		m.discardNext(s)
 		m.closeWarm(s)
+		m.closeSpares(s) // before closeFamilies: the holder's tracer's close would let their copies run
 		m.detachNet(s)
 		if !m.cfg.StopSandboxes && s.rt != nil && s.rt.Alive() {
 			m.detachSandbox(s)

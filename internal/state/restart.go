@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -255,7 +256,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	if fam := m.famOf[r.ID]; fam != nil {
 		famRT = fam.rt
 	}
-	rt, warn, err := sandbox.Adopt(r.ID, r.Hostname, m.st.SandboxDir(r.ID), iso, famRT, r.Init.Pid, r.Init.Start)
+	rt, warn, err := sandbox.Adopt(cmp.Or(r.Cgroup, r.ID), r.Hostname, m.st.SandboxDir(r.ID), iso, famRT, r.Init.Pid, r.Init.Start)
 	if err != nil {
 		return err
 	}

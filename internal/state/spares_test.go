@@ -1,0 +1,153 @@
+package state_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// spareFamily makes sandbox id with a python and a bash session and a background
+// process, forks it once (its branch id+"b"), and returns the fork's node and a
+// check of the node's state (the checkpoint's PIDs) in a sandbox.
+func spareFamily(t *testing.T, m *state.Manager, id string) (node string, check func(sb string)) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid := strings.TrimSpace(call(t, m, id, "py", "import os\nd = {i: str(i) for i in range(100000)}\nos.getpid()"))
+	baPid := strings.TrimSpace(call(t, m, id, "main", "cd /tmp; V=v1; echo $$"))
+	bgPid := strings.TrimSpace(sh(t, m, id, "echo f > /tmp/atF; nohup sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
+	res, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: id + "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := res.Branches[0]; b.Path != "fast" || b.Restore.Processes != 3 {
+		t.Fatalf("fork: path %s (%s), %+v", b.Path, b.Reason, b.Restore)
+	}
+	return res.Node, func(sb string) {
+		t.Helper()
+		if got, want := call(t, m, sb, "py", "(len(d), d[0], os.getpid())"), fmt.Sprintf("(100000, '0', %s)\n", pyPid); got != want {
+			t.Fatalf("%s: python %q, want %q", sb, got, want)
+		}
+		if got, want := call(t, m, sb, "main", `echo $PWD $V $$`), fmt.Sprintf("/tmp v1 %s\n", baPid); got != want {
+			t.Fatalf("%s: bash %q, want %q", sb, got, want)
+		}
+		if got := sh(t, m, sb, "cat /proc/"+bgPid+"/comm /tmp/atF; ls /tmp; cat /proc/[0-9]*/comm | grep -cx sleep"); got != "sleep\nf\natF\n1\n" {
+			t.Fatalf("%s: background process, files, sleeps (the divergent one must be gone): %q", sb, got)
+		}
+	}
+}
+
+// diverge changes sb's python, bash, files and processes from the node's.
+func diverge(t *testing.T, m *state.Manager, sb string) {
+	t.Helper()
+	call(t, m, sb, "py", "d[0] = 'diverged'; d2 = bytearray(10 << 20)")
+	call(t, m, sb, "main", "V=v2; cd /")
+	sh(t, m, sb, "echo x > /tmp/div; rm /tmp/atF; nohup sleep 7777 </dev/null >/dev/null 2>&1 &")
+}
+
+// waitSpare waits until sb holds a spare of node (the background one after a restore).
+func waitSpare(t *testing.T, m *state.Manager, node, sb string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := m.Node(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(n.Spares, sb) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no spare of %s in %s after 30 s: %v", node, sb, n.Spares)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSpareRestore(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	ctx := context.Background()
+	node, check := spareFamily(t, m, "sp")
+	const b = "spb"
+	n, err := m.PrepareSpare(ctx, node, b)
+	if err != nil || !slices.Contains(n.Spares, b) {
+		t.Fatalf("prepare %s for %s: %v %+v", node, b, err, n)
+	}
+	for i := range 2 {
+		diverge(t, m, b)
+		r, err := m.Restore(ctx, b, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("restore %d: from_spare %v, %.2f ms, phases %v", i, r.FromSpare, r.DurationMS, r.PhasesUS)
+		if !r.FromSpare || r.Processes != 3 || len(r.ProcessErrors) > 0 {
+			t.Fatalf("restore %d of %s in %s: %+v", i, node, b, r)
+		}
+		check(b)
+		waitSpare(t, m, node, b) // the next one, made in the background
+	}
+	// A spare whose copy was killed from the host: the restore forks instead, correctly.
+	pids := state.SpareCopies(m, b, node)
+	if len(pids) != 3 {
+		t.Fatalf("spare copies: %v", pids)
+	}
+	if err := unix.Kill(pids[0], unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	diverge(t, m, b)
+	r, err := m.Restore(ctx, b, node)
+	if err != nil || r.FromSpare || r.Processes != 3 {
+		t.Fatalf("restore with a dead spare: %v %+v", err, r)
+	}
+	t.Logf("with a dead spare: %v", r.Warnings)
+	check(b)
+	info, err := m.Get(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := info.Stats
+	if st.RestorePaths.Spare != 2 || st.SparesMade < 3 || st.SparesDropped < 1 {
+		t.Fatalf("stats: restore_paths.spare %d, spares made %d, dropped %d", st.RestorePaths.Spare, st.SparesMade, st.SparesDropped)
+	}
+	// The source (a member too) takes its own; a node of a plain sandbox is refused.
+	if _, err := m.PrepareSpare(ctx, node, ""); err != nil {
+		t.Fatalf("prepare for the source: %v", err)
+	}
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "plain"}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, "plain", "true")
+	cp, err := m.Checkpoint(ctx, "plain", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.PrepareSpare(ctx, cp.Node.ID, ""); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "fork") {
+		t.Fatalf("prepare of a plain sandbox's node: %v", err)
+	}
+	// Removing the branch drops its spare (its copies end).
+	if err := m.Remove(b); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.Node(node); err != nil || slices.Contains(n.Spares, b) {
+		t.Fatalf("after the branch's removal: %v %v", err, n.Spares)
+	}
+}
