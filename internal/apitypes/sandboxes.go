@@ -268,6 +268,10 @@ type Stats struct {
 	// by one.
 	SparesMade    int `json:"spares_made,omitempty"`
 	SparesDropped int `json:"spares_dropped,omitempty"`
+	// SpareBytes is what its spares hold now: their copies' Pss when made (the page
+	// tables and pages of their own; the rest they share with the node's templates),
+	// counted in its template budget.
+	SpareBytes int64 `json:"spare_bytes,omitempty"`
 	// ForkPaths counts the branches forked from this sandbox's nodes, per path
 	// ("durable", "files"; ForkBranch.Path).
 	ForkPaths map[string]int `json:"fork_paths,omitempty"`

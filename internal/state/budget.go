@@ -16,6 +16,10 @@ import (
 
 // ---- the template memory budget (issue 17, item 3) ----
 //
+// A sandbox's spares (spares.go) count with its templates (their copies' Pss when
+// made), and go first when a checkpoint finds no room: every spare of the sandbox over
+// its own budget, every sandbox's over the total.
+//
 // A page is charged to the memory cgroup of the process that first faulted it, so after
 // a live process's copy-on-write the old page, now its template's alone, stays charged
 // to the sandbox; and the charge cannot be moved on this kernel (cgroup v1's
@@ -253,6 +257,7 @@ func (m *Manager) measureBudget(s *sb, walk bool, maxAge time.Duration) budgetMe
 	if t := perSandbox[s.rec.ID]; t != nil {
 		bm.used = t.PssAnon
 	}
+	bm.used += m.sparesPSS(s) // its spares' copies count as templates do (spares.go)
 	m.mu.Lock()
 	for id, t := range perNode {
 		if n := m.nodes[id]; n != nil && n.pinned {
@@ -396,7 +401,10 @@ func (m *Manager) admitCheckpoint(ctx context.Context, s *sb, wait time.Duration
 		}
 		return c
 	}
-	err := waitForRoom(ctx, t0.Add(wait), check, func(c budgetCheck) bool { return m.evictForRoom(s, c) > 0 })
+	err := waitForRoom(ctx, t0.Add(wait), check, func(c budgetCheck) bool {
+		// Spares first: they are only ahead-of-time work, made again when wanted.
+		return m.dropSparesForRoom(s, c) || m.evictForRoom(s, c) > 0
+	})
 	return time.Since(t0), err
 }
 

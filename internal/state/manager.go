@@ -234,8 +234,7 @@ type sb struct {
 	// +checklocks:mu
 	memRT *sandbox.Sandbox
 
-	// spareMu guards spares, spareMaking and spareClosed (spares.go); taken under opMu
-	// and m.mu never (a leaf but for s.mu).
+	// spareMu guards spares, spareMaking and spareClosed (spares.go): a leaf.
 	spareMu sync.Mutex
 	// +checklocks:spareMu
 	spares []*spare // oldest first

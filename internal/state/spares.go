@@ -406,14 +406,14 @@ type swap struct {
 	r  *restore
 	sp *spare
 	// old is s's runtime until the swap; oldKNS its kernel-state handles.
-	old     *sandbox.Sandbox
-	oldKNS  *sbinit.NS
-	swapped bool
+	old    *sandbox.Sandbox
+	oldKNS *sbinit.NS
 }
 
 // swapSteps are a restore from a spare's steps; step k of "restore-spare" (failStep)
-// is swapSteps[k-1]. Everything that can fail comes before s's runtime ends (step 3):
-// a failure at steps 1-2 leaves the sandbox exactly as it was (the spare is dropped).
+// is swapSteps[k-1]. Everything that can fail comes before s's runtime ends (step 3,
+// which fails in no part: no fault point inside it): a failure at or before any step
+// leaves the sandbox exactly as it was (the spare is dropped).
 //
 //  1. check: the spare's init and copies are there, stopped. A spare found dead is
 //     dropped and the restore takes the usual path. (A sandbox holding templates of
@@ -422,13 +422,12 @@ type swap struct {
 //     prepared and warm states (mounted by its init).
 //  3. swap: s's runtime ends (its init killed: its PID namespace, its processes; the
 //     family init reaps its placed ones), the spare's becomes s's (network, kernel
-//     state, sessions, host PIDs). Nothing here fails.
-//  4. publish: the copies resume; the record names the spare's runtime, node, upper.
+//     state, sessions, host PIDs); the copies resume; the record names the spare's
+//     runtime, the node, its upper. Nothing here fails.
 var swapSteps = []step[*swap]{
 	{"spare_check", (*swap).check, false},
 	{"spare_quiesce", (*swap).quiesce, false},
-	{"spare_swap", (*swap).swap, false},
-	{"spare_publish", (*swap).publish, false},
+	{"spare_swap", (*swap).swapAndPublish, false},
 }
 
 // errSpareUnusable: the check found the spare unusable; the restore goes the usual way.
@@ -441,13 +440,9 @@ var errSpareUnusable = errors.New("spare unusable")
 func (m *Manager) restoreFromSpare(r *restore, sp *spare, t0 time.Time) error {
 	w := &swap{r: r, sp: sp}
 	var inject func() error
-	err := runSteps(m, "restore-spare", swapSteps, w, &inject, r.res, t0)
-	if err != nil {
-		if w.swapped { // cannot happen: nothing fails from step 3 on
-			m.log.Error("restore from a spare failed after its swap", "sandbox", r.s.rec.ID, "err", err)
-			return nil
-		}
-		m.dropSpares(r.s, []*spare{sp})
+	if err := runSteps(m, "restore-spare", swapSteps, w, &inject, r.res, t0); err != nil {
+		m.dropSpares(r.s, []*spare{sp}) // step 3 fails in no part: nothing changed
+		m.reopenWarm(r.s)               // step 2 closed them; s's runtime is as it was
 		return err
 	}
 	return nil
@@ -503,11 +498,20 @@ func (w *swap) quiesce() error {
 	return nil
 }
 
-// swap is step 3: from here nothing fails.
+// swapAndPublish is step 3: nothing in it fails.
 // +checklocks:w.r.s.opMu
-func (w *swap) swap() error {
+func (w *swap) swapAndPublish() error {
+	tp := time.Now()
+	w.swap()
+	phase(w.r.res, "spare_end_and_install", &tp)
+	w.publish()
+	return nil
+}
+
+// swap is step 3's first part: s's runtime ends, the spare's takes its place.
+// +checklocks:w.r.s.opMu
+func (w *swap) swap() {
 	m, s, r, sp := w.r.m, w.r.s, w.r, w.sp
-	w.swapped = true
 	w.old, w.oldKNS = s.rt, s.kns
 	// s's runtime ends: its init's SIGKILL ends its PID namespace and every process in
 	// it (the family init reaps the placed ones); the rest (the wait, the cgroups) after.
@@ -546,13 +550,6 @@ func (w *swap) swap() error {
 			s.hostPids[c.pt.tmpl.Pid] = c.r.HostPid
 		}
 	}
-	for _, c := range sp.b.copies {
-		r.tps = append(r.tps, c.pt)
-	}
-	var kept []string
-	for name := range sp.b.sessions {
-		kept = append(kept, name)
-	}
 	r.res.SessionsEnded = nil
 	for _, e := range ended {
 		if sp.b.sessions[e] == nil {
@@ -560,16 +557,17 @@ func (w *swap) swap() error {
 		}
 	}
 	sort.Strings(r.res.SessionsEnded)
-	return nil
 }
 
-// publish is step 4.
+// publish is step 3's second part: the copies resume, the record follows.
 // +checklocks:w.r.s.opMu
-func (w *swap) publish() error {
+func (w *swap) publish() {
 	m, s, r, sp := w.r.m, w.r.s, w.r, w.sp
 	b := sp.b
 	n := len(b.copies)
+	tp := time.Now()
 	err := b.commit()
+	phase(r.res, "spare_resume", &tp)
 	r.res.Processes = n - len(b.failed)
 	r.res.ProcessErrors = b.failed
 	r.res.Sessions = b.sessionNames()
@@ -585,6 +583,7 @@ func (w *swap) publish() error {
 	m.mu.Lock()
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
 	m.mu.Unlock()
+	phase(r.res, "spare_record", &tp)
 	if oldUpper != b.upper {
 		dir := m.st.LayerDir(oldUpper)
 		m.st.Index.Apply(store.Op{After: func() { _ = store.RemoveAll(dir) }}) // after the record that stops naming it
@@ -601,7 +600,6 @@ func (w *swap) publish() error {
 	m.spareNext(s, r.nodeID)
 	m.afterAnswer(s, func() { m.keepSessions(s) })
 	m.afterOpMeasure(s)
-	return nil
 }
 
 // reopenWarm lets warm and prepared states be made again on s's new runtime.
@@ -620,4 +618,37 @@ func (m *Manager) allSandboxes() []*sb {
 		all = append(all, s)
 	}
 	return all
+}
+
+// sparesPSS is what s's spares hold (their copies' Pss when made), for the budget.
+func (m *Manager) sparesPSS(s *sb) int64 {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	var n int64
+	for _, sp := range s.spares {
+		n += sp.pss
+	}
+	return n
+}
+
+// dropSparesForRoom drops spares for a checkpoint of s over a template budget (c): s's
+// over its own, every sandbox's over the total. It reports whether it dropped any.
+func (m *Manager) dropSparesForRoom(s *sb, c budgetCheck) bool {
+	who := []*sb{s}
+	if c.total > 0 && c.totalUsed > c.total {
+		who = m.allSandboxes()
+	}
+	dropped := false
+	for _, x := range who {
+		x.spareMu.Lock()
+		sps := x.spares
+		x.spares = nil
+		x.spareMu.Unlock()
+		if len(sps) > 0 {
+			dropped = true
+			m.log.Info("dropped spares over a template budget", "sandbox", x.rec.ID, "spares", len(sps))
+			m.dropSpares(x, sps)
+		}
+	}
+	return dropped
 }

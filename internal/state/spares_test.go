@@ -151,3 +151,53 @@ func TestSpareRestore(t *testing.T) {
 		t.Fatalf("after the branch's removal: %v %v", err, n.Spares)
 	}
 }
+
+// TestSpareFailureAtEveryStepKeepsSandbox: a restore from a spare that fails at any of
+// its steps (fault injection before each) leaves the member exactly as it was: its
+// python and bash state, its files, its processes (the one started since the node
+// included); the next restore, from a new spare, is the node's.
+func TestSpareFailureAtEveryStepKeepsSandbox(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	defer state.SetFailStep(m, nil)
+	ctx := context.Background()
+	node, check := spareFamily(t, m, "spf")
+	const b = "spfb"
+	diverge(t, m, b)
+	injected := errors.New("injected")
+	for k := 1; k <= state.SpareStepCount; k++ {
+		if _, err := m.PrepareSpare(ctx, node, b); err != nil {
+			t.Fatal(err)
+		}
+		state.SetFailStep(m, func(op string, step int) error {
+			if op == "restore-spare" && step == k {
+				return injected
+			}
+			return nil
+		})
+		_, err := m.Restore(ctx, b, node)
+		state.SetFailStep(m, nil)
+		if !errors.Is(err, injected) {
+			t.Fatalf("step %d: restore %v, want the injected failure", k, err)
+		}
+		if got := call(t, m, b, "py", "(d[0], len(d2))"); got != "('diverged', 10485760)\n" {
+			t.Fatalf("step %d: python after the failed restore: %q", k, got)
+		}
+		if got := call(t, m, b, "main", "echo $V $PWD"); got != "v2 /\n" {
+			t.Fatalf("step %d: bash after the failed restore: %q", k, got)
+		}
+		if got := sh(t, m, b, "cat /tmp/div; ls /tmp; cat /proc/[0-9]*/comm | grep -cx sleep"); got != "x\ndiv\n2\n" {
+			t.Fatalf("step %d: files and processes after the failed restore: %q", k, got)
+		}
+	}
+	if _, err := m.PrepareSpare(ctx, node, b); err != nil {
+		t.Fatal(err)
+	}
+	r, err := m.Restore(ctx, b, node)
+	if err != nil || !r.FromSpare {
+		t.Fatalf("restore after the failures: %v %+v", err, r)
+	}
+	check(b)
+}
