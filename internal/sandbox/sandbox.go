@@ -386,13 +386,9 @@ func (s *Sandbox) Destroy() error {
 	return nil
 }
 
-// KillInit sends init SIGKILL and returns at once: for a branch, its PID namespace ends
-// with it (Destroy, after, waits and releases what is left).
-func (s *Sandbox) KillInit() {
-	if s.init != nil {
-		s.init.SigKill()
-	}
-}
+// Freeze stops every process of the sandbox's cgroup, init included, and returns at
+// once (cgroup.Group.Freeze): none runs again; Destroy, after, kills them.
+func (s *Sandbox) Freeze() error { return s.cg.Freeze() }
 
 // Alive reports whether the init still runs.
 func (s *Sandbox) Alive() bool {

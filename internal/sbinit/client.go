@@ -274,9 +274,6 @@ func (c *Client) Done() <-chan struct{} { return c.done }
 // the daemon) would keep init, and its caller, waiting for ever.
 const killWait = 10 * time.Second
 
-// SigKill sends init SIGKILL (by pidfd) and returns: Kill, after, waits for its end.
-func (c *Client) SigKill() { _ = c.kill() }
-
 // Kill kills the init (and with it its PID namespace), closes the socket and waits,
 // killWait at most, for init to exit.
 func (c *Client) Kill() error {
