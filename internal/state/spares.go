@@ -318,15 +318,25 @@ func (m *Manager) takeSpare(s *sb, node string) *spare {
 	return nil
 }
 
-// closeSpares drops every spare of s and makes none again (s removed, the daemon
-// stopping, its family ending).
+// closeSpares removes every spare of s, before it returns, and makes none again (s
+// removed, the daemon stopping): at a stop, before the holder's tracer is closed, which
+// would let their copies run.
 func (m *Manager) closeSpares(s *sb) {
 	s.spareMu.Lock()
 	s.spareClosed = true
 	sps := s.spares
 	s.spares = nil
 	s.spareMu.Unlock()
-	m.dropSpares(s, sps)
+	for _, sp := range sps {
+		if err := sp.remove(m); err != nil {
+			m.log.Warn("a spare's removal", "sandbox", s.rec.ID, "node", sp.node, "err", err)
+		}
+	}
+	if len(sps) > 0 {
+		s.mu.Lock()
+		s.stats.SparesDropped += len(sps)
+		s.mu.Unlock()
+	}
 }
 
 // dropNodeSpares drops every sandbox's spares of nodes (removed, or their templates
