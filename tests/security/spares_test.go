@@ -1,7 +1,9 @@
 package security
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"deltabox/internal/apitypes"
+	"deltabox/internal/cgroup"
 	"deltabox/internal/testutil"
 )
 
@@ -20,7 +23,8 @@ import (
 // stopped where it was; the restore from the spare then runs the node's sleep. A spare
 // in a child of the member's PID namespace would be listed and signalled.
 func TestSpareUnreachableFromMember(t *testing.T) {
-	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
+	root := testutil.NewStore(t)
+	d := testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0")
 	const src, member = "spsec", "spsec-b"
 	if _, err := d.C.Create(ctx(t), apitypes.CreateOptions{ID: src}); err != nil {
 		t.Fatal(err)
@@ -28,6 +32,15 @@ func TestSpareUnreachableFromMember(t *testing.T) {
 	marker := strconv.Itoa(5100000 + os.Getpid()%100000)
 	if r, err := d.C.Exec(ctx(t), src, apitypes.ExecRequest{Argv: []string{"sh", "-c", "nohup sleep " + marker + " </dev/null >/dev/null 2>&1 &"}}); err != nil || r.ExitCode != 0 {
 		t.Fatalf("start the sleep: %v %+v", err, r)
+	}
+	// The node must hold the sleep itself, not nohup before its exec.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if len(hostPidsWithPrefix(t, "sleep\x00"+marker)) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sleep did not start")
+		}
 	}
 	res, err := d.C.ForkSandbox(ctx(t), src, apitypes.SandboxForkRequest{ForkRequest: apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: member}}})
 	if err != nil {
@@ -41,10 +54,20 @@ func TestSpareUnreachableFromMember(t *testing.T) {
 		t.Fatalf("prepare: %v %+v", err, n)
 	}
 	memberNS := nsOfBranch(t, d, member)
+	// The spare's copy of the sleep: in its cgroup (member~spareN), stopped.
 	spare := func() (forkProc, bool) {
-		for _, pid := range hostPidsWith(t, "sleep\x00"+marker) {
-			if p, ok := forkReadProc(t, pid); ok && p.state == "t" && p.pidns != memberNS && p.pidns != nsOfBranch(t, d, src) {
-				return p, true
+		dirs, _ := filepath.Glob(filepath.Join(cgroup.RootFor(root), member+"~spare*"))
+		for _, dir := range dirs {
+			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				pid, _ := strconv.Atoi(f)
+				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				if !strings.HasPrefix(string(cmd), "sleep\x00"+marker) {
+					continue
+				}
+				if p, ok := forkReadProc(t, pid); ok && (p.state == "t" || p.state == "T") && p.pidns != memberNS {
+					return p, true
+				}
 			}
 		}
 		return forkProc{}, false
@@ -76,10 +99,28 @@ echo done`
 	if err != nil || !rs.FromSpare {
 		t.Fatalf("restore from the spare: %v %+v", err, rs)
 	}
-	if p, ok := forkReadProc(t, sp.pid); !ok || p.state != "S" || p.pidns == memberNS {
-		t.Fatalf("the spare's copy after the restore: %+v, want it running as the member's", p)
+	var p forkProc
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if p, ok = forkReadProc(t, sp.pid); !ok || p.state == "S" || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !ok || p.state != "S" {
+		t.Fatalf("the spare's copy after the restore: %+v, want it running as the member's (restore %+v)", p, rs)
 	}
 	if now := nsOfBranch(t, d, member); now != sp.pidns {
 		t.Fatalf("the member's namespace after the restore %s, want the spare's %s", now, sp.pidns)
 	}
+}
+
+// hostPidsWithPrefix lists the host's processes whose command line starts with prefix.
+func hostPidsWithPrefix(t *testing.T, prefix string) []int {
+	t.Helper()
+	var out []int
+	for _, pid := range hostPidsWith(t, prefix) {
+		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.HasPrefix(string(cmd), prefix) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
