@@ -268,10 +268,12 @@ type Stats struct {
 	// by one.
 	SparesMade    int `json:"spares_made,omitempty"`
 	SparesDropped int `json:"spares_dropped,omitempty"`
-	// SpareBytes is what its spares hold now: their copies' Pss when made (the page
-	// tables and pages of their own; the rest they share with the node's templates),
-	// counted in its template budget.
-	SpareBytes int64 `json:"spare_bytes,omitempty"`
+	// SpareBytes is what its spares hold, measured when made: their copies'
+	// pss_anon_bytes, which its template budget counts as it counts templates';
+	// SparePrivateBytes, what they hold alone: their private dirty pages and page tables
+	// (the rest they share with the node's templates).
+	SpareBytes        int64 `json:"spare_bytes,omitempty"`
+	SparePrivateBytes int64 `json:"spare_private_bytes,omitempty"`
 	// ForkPaths counts the branches forked from this sandbox's nodes, per path
 	// ("durable", "files"; ForkBranch.Path).
 	ForkPaths map[string]int `json:"fork_paths,omitempty"`

@@ -267,7 +267,7 @@ type latRun struct {
 	forks                 []latSample // bench_fork in the session (SysForkFloor)
 	spareRests            []latSample // restores of the fork's node in its branch (restore-spare)
 	fromSpare             int         // of spareRests, those the daemon served from a spare
-	spareBytes            []float64   // the branch's spare_bytes after each spare was made (MB)
+	spareBytes, sparePriv []float64   // the branch's spare_bytes and spare_private_bytes after each spare was made (MB)
 	branch                string      // the fork's branch (restore-spare), removed at the end
 	heapMS                []float64
 	stateFails            int
@@ -784,6 +784,7 @@ func (r *latRun) spares(ctx context.Context, sb string) error {
 		}
 		if info, err := c.Get(ctx, r.branch); err == nil && info.Stats.SpareBytes > 0 {
 			r.spareBytes = append(r.spareBytes, float64(info.Stats.SpareBytes)/(1<<20))
+			r.sparePriv = append(r.sparePriv, float64(info.Stats.SparePrivateBytes)/(1<<20))
 		}
 		t0 := time.Now()
 		rs, err := c.Restore(ctx, r.branch, fn.id)
@@ -815,11 +816,11 @@ func (r *latRun) spareRows() []Row {
 	}
 	d := Summarize(pick(ss, func(s latSample) float64 { return s.daemon }))
 	row := Summarize(pick(ss, func(s latSample) float64 { return s.op })).Row(SysDeltaBox, "restore-spare", r.o.WorkspaceMB, latRsCall)
-	sb := Summarize(r.spareBytes)
+	sb, sp := Summarize(r.spareBytes), Summarize(r.sparePriv)
 	row.Info = map[string]any{
 		"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(ss),
 		"from_spare": r.fromSpare, "restores": len(ss), "spare_pss_mb_p50": us(sb.P50), "spare_pss_mb_max": us(sb.Max),
-		"python_rss_mb": r.pythonRSSKB / 1024,
+		"spare_private_mb_p50": us(sp.P50), "python_rss_mb": r.pythonRSSKB / 1024,
 	}
 	rows := []Row{row}
 	row = Summarize(pick(ss, func(s latSample) float64 { return s.withCall })).Row(SysDeltaBox, "restore-spare+exec", r.o.WorkspaceMB, latRsCall, latPingCall)
@@ -828,8 +829,9 @@ func (r *latRun) spareRows() []Row {
 	rows = append(rows, row)
 	r.f.Notes = append(r.f.Notes, fmt.Sprintf("restore-spare: the sandbox was forked once (count 1), then %d restores of the fork's node in its branch, "+
 		"each after a step and a wait until the branch held a spare of the node (POST /v1/nodes/{id}/prepare, untimed); %d were served by a spare "+
-		"(from_spare), the others forked; a spare's copies held %s MB Pss p50 (stats.spare_bytes) beside the %d MB python.",
-		len(ss), r.fromSpare, fmtMS(sb.P50), r.pythonRSSKB/1024))
+		"(from_spare), the others forked; a spare's copies held %s MB pss_anon p50 (stats.spare_bytes, what the template budget counts), "+
+		"of it %s MB alone (private dirty pages and page tables: stats.spare_private_bytes), beside the %d MB python.",
+		len(ss), r.fromSpare, fmtMS(sb.P50), fmtMS(sp.P50), r.pythonRSSKB/1024))
 	return rows
 }
 

@@ -42,7 +42,7 @@ func writeLatencyReading(b *strings.Builder, f *File) {
 	if r, ok := rows[SysDeltaBox+" restore-spare"]; ok {
 		fmt.Fprintf(b, "\nA `restore-spare` forks nothing on its path: its node's copies were forked and placed ahead, in a namespace "+
 			"of their own ([spares](design/spares.md)), and the restore swaps them in (%v of %v served by a spare; a spare held "+
-			"%v MB Pss p50).\n", r.Info["from_spare"], r.Info["restores"], r.Info["spare_pss_mb_p50"])
+			"%v MB pss_anon p50, %v MB of it alone).\n", r.Info["from_spare"], r.Info["restores"], r.Info["spare_pss_mb_p50"], r.Info["spare_private_mb_p50"])
 	}
 	if _, ok := rows[SysDeltaBox+" checkpoint-answer"]; ok {
 		b.WriteString("\nA `checkpoint-answer` answers before its fork (its rest is negative: it is below the floor); the fork and " +

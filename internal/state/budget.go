@@ -257,7 +257,8 @@ func (m *Manager) measureBudget(s *sb, walk bool, maxAge time.Duration) budgetMe
 	if t := perSandbox[s.rec.ID]; t != nil {
 		bm.used = t.PssAnon
 	}
-	bm.used += m.sparesPSS(s) // its spares' copies count as templates do (spares.go)
+	spares, _ := m.sparesPSS(s)
+	bm.used += spares // its spares' copies count as templates do (spares.go)
 	m.mu.Lock()
 	for id, t := range perNode {
 		if n := m.nodes[id]; n != nil && n.pinned {

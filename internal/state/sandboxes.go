@@ -353,7 +353,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	in.Stats = s.stats
 	in.Stats.ForkPaths = maps.Clone(s.stats.ForkPaths) // the answer's own: forks count on
 	s.mu.Unlock()
-	in.Stats.SpareBytes = m.sparesPSS(s)
+	in.Stats.SpareBytes, in.Stats.SparePrivateBytes = m.sparesPSS(s)
 	in.WarmStates = m.warmCount(s)
 	in.Disk = m.diskInfo(s)
 	return in

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -57,9 +60,10 @@ type spare struct {
 	kns  *sbinit.NS
 	net  *netproxy.Sandbox // its network's proxy, attached as s's would be (nil: none)
 	made time.Time
-	// pss is what its copies added when made (their smaps_rollup Pss): counted in the
-	// template budget (budget.go).
-	pss int64
+	// pss is what its copies hold, measured when made: their smaps_rollup PssAnon, as
+	// the template budget counts templates (budget.go); private is what they hold alone,
+	// their Private_Dirty and page tables (VmPTE), what the spare adds to the machine.
+	pss, private int64
 }
 
 // spareSeq numbers spares' runtimes (their cgroups' names).
@@ -266,8 +270,10 @@ func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox
 	m.recordTemplatesOf(fam.id, &fam.mu, node, tps)
 	for _, c := range b.copies {
 		if mem, err := templateMemory(c.r.HostPid, time.Minute); err == nil {
-			sp.pss += mem.Pss
+			sp.pss += mem.PssAnon
+			sp.private += mem.PrivateDirty
 		}
+		sp.private += pageTables(c.r.HostPid)
 	}
 	sp.made = time.Now()
 	return sp, nil
@@ -634,15 +640,31 @@ func (m *Manager) allSandboxes() []*sb {
 	return all
 }
 
-// sparesPSS is what s's spares hold (their copies' Pss when made), for the budget.
-func (m *Manager) sparesPSS(s *sb) int64 {
+// sparesPSS is what s's spares hold (their copies' PssAnon when made), for the budget,
+// and of it what they hold alone (Private_Dirty and page tables).
+func (m *Manager) sparesPSS(s *sb) (pss, private int64) {
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
-	var n int64
 	for _, sp := range s.spares {
-		n += sp.pss
+		pss += sp.pss
+		private += sp.private
 	}
-	return n
+	return pss, private
+}
+
+// pageTables is hostPid's page tables' size (VmPTE), 0 if unknown.
+func pageTables(hostPid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmPTE:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // dropSparesForRoom drops spares for a checkpoint of s over a template budget (c): s's

@@ -147,7 +147,7 @@ func TestSparesRestoreAfterFork(t *testing.T) {
 	if err != nil || in.Stats.RestorePaths.Spare != 2 || in.Stats.SpareBytes <= 0 || in.Cgroup == "" {
 		t.Fatalf("stats after 2 restores from spares: %+v, cgroup %q (%v)", in.Stats, in.Cgroup, err)
 	}
-	t.Logf("a spare's copies hold %.1f MB Pss", float64(in.Stats.SpareBytes)/(1<<20))
+	t.Logf("a spare's copies hold %.1f MB pss_anon, %.1f MB alone", float64(in.Stats.SpareBytes)/(1<<20), float64(in.Stats.SparePrivateBytes)/(1<<20))
 	// A copy of the spare killed from the host: the restore forks instead.
 	_, _, copies := spareProcs(t, d, root, b)
 	if len(copies) != 3 {
