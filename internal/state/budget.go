@@ -385,7 +385,11 @@ func (m *Manager) admitCheckpoint(ctx context.Context, s *sb, wait time.Duration
 	check := func(fresh bool) budgetCheck {
 		c := budgetCheck{sandbox: s.rec.ID, budget: m.templateBudget(s), total: m.cfg.TemplateBudgetTotalBytes}
 		usage := sandboxUsage(s)
-		c.used = s.bound(usage)
+		// A spare's pages are mostly its node's templates', charged to the family's
+		// holder, not to s: its usage does not bound them (over-counted here at worst,
+		// which only makes the check measure).
+		spares, _ := m.sparesPSS(s)
+		c.used = s.bound(usage) + spares
 		c.totalUsed = c.used + m.othersBound(s, usage, c.total)
 		if fresh || c.over() != "" {
 			bm := m.measureBudget(s, true, 0)

@@ -201,3 +201,45 @@ func TestSpareFailureAtEveryStepKeepsSandbox(t *testing.T) {
 	}
 	check(b)
 }
+
+// TestSparesDroppedFirstOverBudget: a member's spare counts in its template budget, and
+// a checkpoint that finds the budget full drops the spare first (it is only work done
+// ahead) instead of waiting and failing with 507: no template of the member could be
+// evicted to make room.
+func TestSparesDroppedFirstOverBudget(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "spbud", TemplateBudgetMB: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, "spbud", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	call(t, m, "spbud", "py", "import os\nbig = os.urandom(32 << 20)\nlen(big)")
+	res, err := m.ForkSandbox(ctx, "spbud", state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: "spbudb"}})
+	if err != nil || res.Branches[0].Path != "fast" {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	const b = "spbudb"
+	if _, err := m.PrepareSpare(ctx, res.Node, b); err != nil {
+		t.Fatal(err)
+	}
+	info, err := m.Get(b)
+	if err != nil || info.Stats.SpareBytes <= 8<<20 {
+		t.Fatalf("the spare holds %d bytes (%v): the test needs it over the 8 MB budget", info.Stats.SpareBytes, err)
+	}
+	t.Logf("the spare holds %.1f MB pss_anon, %.1f MB alone", float64(info.Stats.SpareBytes)/(1<<20), float64(info.Stats.SparePrivateBytes)/(1<<20))
+	if _, err := m.CheckpointWith(ctx, b, state.CheckpointOptions{Wait: 2 * time.Second, Answer: state.AnswerComplete}); err != nil {
+		t.Fatalf("checkpoint over the budget with a spare to drop: %v", err)
+	}
+	info, err = m.Get(b)
+	if err != nil || info.Stats.SparesDropped != 1 || info.Stats.SpareBytes != 0 {
+		t.Fatalf("after the checkpoint: spares dropped %d, holding %d (%v)", info.Stats.SparesDropped, info.Stats.SpareBytes, err)
+	}
+	if n, err := m.Node(res.Node); err != nil || len(n.Spares) != 0 {
+		t.Fatalf("the node's spares after the checkpoint: %v (%v)", n.Spares, err)
+	}
+}
