@@ -266,8 +266,13 @@ func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox
 	if err != nil {
 		return nil, err
 	}
-	// The placement moved the holder's templates' counters (as a restore does).
+	// The placement moved the holder's templates' counters (as a restore does): a next
+	// daemon's Reattach checks them against the record, and kills a template that does
+	// not match (it ran). Recorded at once and waited for, so that a crash after the
+	// spare is made does not cost the node its templates (one during the placement
+	// still can, as one during a restore's fork: docs/design/spares.md).
 	m.recordTemplatesOf(fam.id, &fam.mu, node, tps)
+	_ = m.st.Index.WaitDurable(m.st.Index.Seq()) // an error is the index's, reported by its next durable op
 	for _, c := range b.copies {
 		if mem, err := templateMemory(c.r.HostPid, time.Minute); err == nil {
 			sp.pss += mem.PssAnon
