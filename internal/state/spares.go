@@ -85,11 +85,19 @@ func (m *Manager) spareRefusal(s *sb, node string) (*family, string) {
 	if fam == nil || !s.rt.IsBranch() || fam.rt == nil || fam.tracer == nil {
 		return nil, fmt.Sprintf("node %s's processes are not in a fork family's holder for sandbox %s: a spare would have to sit in a child of the namespace where the sandbox's code runs, which could see, signal and ptrace it; fork the sandbox first (POST /v1/sandboxes/%s/fork, sb.fork(count=N)) and prepare a node made before the fork for one of its members", node, s.rec.ID, s.rec.ID)
 	}
-	n := 0
-	for _, t := range m.templates[node] {
-		if t.sandbox == fam.id {
-			n++
+	n, own := 0, 0
+	for id, ts := range m.templates {
+		for _, t := range ts {
+			switch {
+			case id == node && t.sandbox == fam.id:
+				n++
+			case t.sandbox == s.rec.ID:
+				own++
+			}
 		}
+	}
+	if own > 0 {
+		return nil, fmt.Sprintf("sandbox %s holds templates of its own nodes (made after the fork), in its namespace, which a restore from a spare ends: it would lose them; remove those nodes (or evict them, with durable images) to use spares, or restore %s as usual", s.rec.ID, node)
 	}
 	if n == 0 {
 		return nil, fmt.Sprintf("node %s has no process template in sandbox %s's family holder (a node made after the fork keeps its templates in the member's own namespace, where its code runs; or its templates were evicted): restore it as usual", node, s.rec.ID)
@@ -115,6 +123,14 @@ func (m *Manager) PrepareSpare(ctx context.Context, node, id string) (*NodeInfo,
 	s, err := m.get(id)
 	if err != nil {
 		return nil, err
+	}
+	// Refused before a spare held already is taken for an answer (one made before
+	// the sandbox's own templates, which it cannot be used with).
+	s.opMu.Lock()
+	_, why := m.spareRefusal(s, node)
+	s.opMu.Unlock()
+	if why != "" {
+		return nil, fmt.Errorf("%s: %w", why, errdefs.ErrConflict)
 	}
 	if err := m.makeSpare(ctx, s, node); err != nil {
 		return nil, err
@@ -165,10 +181,7 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
 		rec = s.rec
 		iso, _, err = m.isolation(s, false)
 	}
-	topLower := ""
-	if s.rec.ID != idOrEmptySrc(fam) {
-		topLower = m.identityLayer(s.rec.ID)
-	}
+	topLower := m.identityLayer(s.rec.ID) // "" for the source, which has none
 	s.opMu.Unlock()
 	if why != "" {
 		return fmt.Errorf("%s: %w", why, errdefs.ErrConflict)
@@ -200,14 +213,6 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
 	}
 	m.dropSpares(s, out)
 	return nil
-}
-
-// idOrEmptySrc is fam's source ("" for none): the source has no identity layer.
-func idOrEmptySrc(fam *family) string {
-	if fam == nil {
-		return ""
-	}
-	return fam.src
 }
 
 // buildSpare makes the spare: its runtime (startFastBranch, named s~spareN), its

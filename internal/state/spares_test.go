@@ -143,6 +143,14 @@ func TestSpareRestore(t *testing.T) {
 	if _, err := m.PrepareSpare(ctx, cp.Node.ID, ""); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "fork") {
 		t.Fatalf("prepare of a plain sandbox's node: %v", err)
 	}
+	// A member holding templates of its own (a node made after the fork, in its
+	// namespace, which a swap would end) is refused a spare, with why.
+	if _, err := m.Checkpoint(ctx, b, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.PrepareSpare(ctx, node, b); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "templates of its own") {
+		t.Fatalf("prepare for a member with templates of its own: %v", err)
+	}
 	// Removing the branch drops its spare (its copies end).
 	if err := m.Remove(b); err != nil {
 		t.Fatal(err)
