@@ -85,6 +85,8 @@ type Manager struct {
 	uppers chan uint64       // empty layers made ahead of time (fillUppers)
 	// squashQ: nodes whose stack is long enough to squash (squash.go: squashLoop).
 	squashQ chan string
+	// spareSlots bounds the spares being made at once (spares.go: spareBuilds).
+	spareSlots chan struct{}
 	stop    chan struct{}  // closed by Close
 	wg      sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
@@ -266,7 +268,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, pending: map[string]*pendingNode{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, famOf: map[string]*family{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
+		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), spareSlots: make(chan struct{}, spareBuilds()), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
 		net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,6 +66,13 @@ type spare struct {
 	// their Private_Dirty and page tables (VmPTE), what the spare adds to the machine.
 	pss, private int64
 }
+
+// spareBuilds is how many spares are made at once: one per two CPUs. A spare's making
+// is a branch init's start (an exec, the Go runtime's start, its mounts: 30-100 ms of
+// CPU on this 2-core VM) and its placement; after an RL step's resets of B members, B
+// of them at once took the CPUs from the next step's actions (bench rl, B = 8:
+// docs/design/spares.md). Made one after the other, they leave a CPU to the agents.
+func spareBuilds() int { return max(1, runtime.NumCPU()/2) }
 
 // spareSeq numbers spares' runtimes (their cgroups' names).
 var spareSeq atomic.Uint64
@@ -189,7 +197,13 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
 	if err != nil {
 		return err
 	}
+	select { // one of spareBuilds
+	case m.spareSlots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower)
+	<-m.spareSlots
 	if err != nil {
 		m.log.Info("spare not made", "sandbox", s.rec.ID, "node", node, "err", err)
 		return fmt.Errorf("spare of %s for %s: %w", node, s.rec.ID, err)
@@ -381,14 +395,17 @@ func (m *Manager) dropNodeSpares(nodes ...string) {
 
 // spareNext makes (s, node)'s next spare in the background, after the answer.
 func (m *Manager) spareNext(s *sb, node string) {
-	m.afterAnswer(s, func() {
-		select {
-		case <-m.stop:
-			return
-		default:
-		}
-		_ = m.makeSpare(context.Background(), s, node) // refusals are logged, not errors of anything
-	})
+	m.afterAnswer(s, func() { m.spareNow(s, node) })
+}
+
+// spareNow makes (s, node)'s next spare (spareNext's work) unless the daemon stops.
+func (m *Manager) spareNow(s *sb, node string) {
+	select {
+	case <-m.stop:
+		return
+	default:
+	}
+	_ = m.makeSpare(context.Background(), s, node) // refusals are logged, not errors of anything
 }
 
 // sparesOf lists the sandboxes holding a spare of node, sorted (NodeInfo.Spares).
@@ -550,11 +567,16 @@ func (w *swap) swap() {
 		m.log.Warn("restore from a spare: freeze the old runtime", "sandbox", s.rec.ID, "err", err)
 	}
 	m.detachNet(s)
+	// After the answer: the old runtime's end, then the next spare (spareNext's work),
+	// one after the other: both are the family init's (it reaps the old runtime's
+	// placed processes, and starts the new spare's branch init).
+	node := r.nodeID
 	m.afterAnswer(s, func() {
 		oldKNS.Close()
 		if err := old.Destroy(); err != nil {
 			m.log.Warn("restore from a spare: the old runtime", "sandbox", s.rec.ID, "err", err)
 		}
+		m.spareNow(s, node)
 	})
 	s.rt, s.kns = sp.b.rt, sp.kns
 	sp.kns = nil
@@ -626,8 +648,7 @@ func (w *swap) publish() {
 	s.limitMu.Lock()
 	s.kernelLimit = s.rec.Limits.MemoryBytes // the new runtime's, as made (createFastBranch); fitted after
 	s.limitMu.Unlock()
-	m.warmNode(s, r.nodeID)
-	m.spareNext(s, r.nodeID)
+	m.warmNode(s, r.nodeID) // the next spare follows the old runtime's end (swap)
 	m.afterAnswer(s, func() { m.keepSessions(s) })
 	m.afterOpMeasure(s)
 }

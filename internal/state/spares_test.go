@@ -32,6 +32,11 @@ func spareFamily(t *testing.T, m *state.Manager, id string) (node string, check 
 	pyPid := strings.TrimSpace(call(t, m, id, "py", "import os\nd = {i: str(i) for i in range(100000)}\nos.getpid()"))
 	baPid := strings.TrimSpace(call(t, m, id, "main", "cd /tmp; V=v1; echo $$"))
 	bgPid := strings.TrimSpace(sh(t, m, id, "echo f > /tmp/atF; nohup sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
+	for deadline := time.Now().Add(10 * time.Second); sh(t, m, id, "cat /proc/"+bgPid+"/comm") != "sleep\n"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background sleep did not exec") // nohup's, until it does: the node must hold the sleep
+		}
+	}
 	res, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: id + "b"}})
 	if err != nil {
 		t.Fatal(err)
