@@ -87,8 +87,8 @@ type Manager struct {
 	squashQ chan string
 	// spareSlots bounds the spares being made at once (spares.go: spareBuilds).
 	spareSlots chan struct{}
-	stop    chan struct{}  // closed by Close
-	wg      sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
+	stop       chan struct{}  // closed by Close
+	wg         sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
 	// imageDone reports whether a node's durable process image is complete (budget.go:
 	// eviction may then drop its templates). nil until durable images exist: nothing is
