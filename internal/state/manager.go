@@ -332,14 +332,14 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		}
 	}
 	// An adopted sandbox's cgroups are named by its record's Cgroup if it has one (its
-	// runtime was a spare: spares.go); a spare's own are no record's, and go here.
-	for _, s := range adopted {
-		if s.rec.Cgroup != "" {
-			held[s.rec.Cgroup] = true
-		}
+	// runtime was a spare: spares.go), and those named by its id are then a runtime a
+	// swap ended, which a crash may have left: they go here, as a spare's, no record's.
+	owned := map[string]bool{}
+	for id, s := range adopted {
+		owned[cmp.Or(s.rec.Cgroup, id)] = true
 	}
 	for _, id := range cgroup.List() {
-		if adopted[id] != nil || held[id] {
+		if owned[id] || held[id] {
 			continue
 		}
 		g := &cgroup.Group{Path: filepath.Join(cgroup.Root, id)}
@@ -352,7 +352,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		log.Warn("template budget: the daemon's memory cgroup", "err", err)
 	}
 	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
-		if adopted[id] != nil || held[id] {
+		if owned[id] || held[id] {
 			continue
 		}
 		if err := cgroup.OpenV1(id).Destroy(5 * time.Second); err != nil {

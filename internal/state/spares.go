@@ -2,8 +2,10 @@ package state
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"sort"
@@ -270,6 +272,22 @@ func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox
 	}
 	if err := b.prepare(famRT, tps); err != nil {
 		return nil, err
+	}
+	// The sessions' terminals go to the spare's init now, as keepSessions hands a
+	// running sandbox's to its own: a daemon that dies after the swap, before its
+	// after-answer work, would otherwise leave a runtime whose sessions' only terminal
+	// masters died with it (the next daemon adopts it without them).
+	s.mu.Lock()
+	opts := maps.Clone(s.sessionOpts)
+	s.mu.Unlock()
+	for _, c := range b.pending {
+		if c.sess == nil {
+			continue
+		}
+		data, _ := json.Marshal(keptSession{Opts: opts[c.pt.session], Kind: c.pt.kind, Argv: c.pt.argv, Pid: c.pt.tmpl.Pid, Started: time.Now().UTC()})
+		if err := c.sess.Keep(sessionKey+c.pt.session, string(data)); err != nil {
+			return nil, fmt.Errorf("keep session %s in the spare's init: %w", c.pt.session, err)
+		}
 	}
 	fam.hold()
 	for _, t := range tps {
@@ -596,6 +614,13 @@ func (w *swap) swap() {
 	s.memRT = s.rt
 	s.oomSeen = s.rt.OOMKills()
 	s.mu.Unlock()
+	s.keepMu.Lock() // its sessions were kept by the spare's init when made (buildSpare)
+	for _, c := range sp.b.copies {
+		if c.sess != nil {
+			s.kept[c.pt.session] = keptMark{c.sess, c.pt.tmpl.Pid}
+		}
+	}
+	s.keepMu.Unlock()
 	clear(s.hostPids)
 	for _, c := range sp.b.copies {
 		if c.sess != nil {
@@ -636,6 +661,9 @@ func (w *swap) publish() {
 	s.seq = m.st.Index.Apply(store.Op{PutSandbox: &s.rec})
 	m.mu.Unlock()
 	phase(r.res, "spare_record", &tp)
+	// DELTABOX_CRASH_AT=restore-spare:5, a test hook: the record on disk, the old runtime
+	// frozen, not ended (TestSpareCutByCrash).
+	m.crashPointRecorded("restore-spare", 5) // len(swapSteps)+2: after runSteps' own last point
 	if oldUpper != b.upper {
 		dir := m.st.LayerDir(oldUpper)
 		m.st.Index.Apply(store.Op{After: func() { _ = store.RemoveAll(dir) }}) // after the record that stops naming it

@@ -212,3 +212,70 @@ func TestSparesRestoreAfterFork(t *testing.T) {
 		t.Fatalf("prepare of a plain sandbox's node: %v", err)
 	}
 }
+
+// TestSpareCutByCrash: the daemon dies (SIGKILL, DELTABOX_CRASH_AT=restore-spare:K)
+// during a restore from a spare: before its check (1), its quiesce (2), its swap (3),
+// after the swap, before the answer and the index's commit (4: the old runtime frozen,
+// the spare's running, its record maybe not on disk), and once its record is on disk
+// (5: the old runtime frozen, not ended). The next daemon adopts
+// the member with its sessions running, either as it was (the restore did not happen:
+// 1-3, and 4 when the record did not reach the disk) or at the node (4, 5), never frozen
+// (the adoption thaws a runtime the swap froze), its sessions kept (the spare's init
+// holds their terminals from its making);
+// the runtime the record does not name, and the spare's, are swept (no cgroup left).
+func TestSpareCutByCrash(t *testing.T) {
+	for k := 1; k <= 5; k++ {
+		t.Run(fmt.Sprintf("restore-spare-%d", k), func(t *testing.T) {
+			root := testutil.NewStore(t)
+			d := testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0", fmt.Sprintf("DELTABOX_CRASH_AT=restore-spare:%d", k))
+			node, heap, pyPid, bashPid, bgPid := spareSource(t, d, "spc")
+			const b = "spcb-1"
+			if _, err := d.C.PrepareNode(dbxCtx(t), node, b); err != nil {
+				t.Fatal(err)
+			}
+			div := spareDiverge(t, d, b)
+			if err := d.C.Sync(dbxCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.C.Restore(dbxCtx(t), b, node); err == nil {
+				t.Fatalf("the restore was answered: the daemon did not die at restore-spare:%d", k)
+			}
+			d.Kill()
+			d = testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0")
+			got := sessRun(t, d, b, "py", "d[1]") // answers: not frozen
+			switch {
+			case got == "'diverged'\n" && k < 5:
+				if k == 4 {
+					t.Logf("the swap's record did not reach the disk: the member is as it was")
+				}
+				if out := dbxSh(t, d, b, "cat /workspace/f; ls /workspace/new"); out != "diverged\n/workspace/new\n" {
+					t.Fatalf("the member as it was: its files %q", out)
+				}
+			case got == "'1'\n" && k >= 4:
+				spareCheck(t, d, b, heap, pyPid, bashPid, bgPid, div)
+			default:
+				t.Fatalf("the member's python after the crash at restore-spare:%d: %q", k, got)
+			}
+			in, err := d.C.Get(dbxCtx(t), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			own := b
+			if in.Cgroup != "" {
+				own = in.Cgroup
+			}
+			dirs, _ := filepath.Glob(filepath.Join(cgroup.RootFor(root), b+"*"))
+			for _, dir := range dirs {
+				if filepath.Base(dir) != own {
+					t.Fatalf("cgroup %s left after the restart (the member's runtime is %s)", dir, own)
+				}
+			}
+			// And it goes on: the next restore of the node is the node's.
+			div = spareDiverge(t, d, b)
+			if r := dbxRestore(t, d, b, node); r.Processes != 3 {
+				t.Fatalf("restore after the repair: %+v", r)
+			}
+			spareCheck(t, d, b, heap, pyPid, bashPid, bgPid, div)
+		})
+	}
+}
