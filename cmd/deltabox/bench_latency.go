@@ -21,7 +21,9 @@ func benchLatencyCmd() *cobra.Command {
 generator) and a python session holding a --heap-mb heap, then times checkpoints and
 restores through the API (a chain of --chain checkpoints, then --restores restores to
 random nodes, each followed by a branch checkpoint), with --step-mb of the heap and
---changes files changed before every operation. Beside it, in the same run: CRIU dump
+--changes files changed before every operation; then forks the sandbox once and
+restores the fork's node --spare-restores times in its branch, each from a spare made
+ahead (restore-spare). Beside it, in the same run: CRIU dump
 and restore of a host python3 with the same heap (images on tmpfs), copytree+replay
 (cp -a --reflink=auto of the workspace, a fresh python and a replay of the node's
 commands) and fs-only+replay (DeltaBox nodes without process state, the session
@@ -63,6 +65,7 @@ unavailable and why. The output names the mode.`,
 	fl.IntVar(&o.LargeEvery, "large-every", o.LargeEvery, "every N-th step also writes 64 KiB into a large file (0: never)")
 	fl.IntVar(&o.Chain, "chain", o.Chain, "checkpoints of the initial chain")
 	fl.IntVar(&o.Restores, "restores", o.Restores, "restores to random nodes, each followed by a branch checkpoint")
+	fl.IntVar(&o.SpareRestores, "spare-restores", o.SpareRestores, "after the rest: the sandbox forked once, then this many restores of the fork's node in its branch, each from a spare (restore-spare; 0: none)")
 	fl.IntVar(&o.MaxNodes, "max-nodes", o.MaxNodes, "nodes the tree keeps (random leaves are removed between operations, untimed)")
 	fl.Int64Var(&o.Seed, "seed", o.Seed, "seed of the workload and of the restore targets")
 	fl.IntVar(&o.BaselineCheckpoints, "baseline-checkpoints", o.BaselineCheckpoints, "checkpoints per baseline")

@@ -101,6 +101,7 @@ func daemonCmd() *cobra.Command {
 //	DELTABOX_FASTPATH=0       checkpoints carry files only (no process templates)
 //	DELTABOX_WARM_PROC=1      warm restored processes' memory in every sandbox
 //	DELTABOX_FORK_FAST=0      a fork of a live sandbox takes the durable path, never the fast one
+//	DELTABOX_SPARES=0         no spares: a member's restores of pre-fork nodes always fork (docs/design/spares.md)
 //	DELTABOX_NO_PREPARE=1     no next checkpoint state mounted ahead of time
 //	DELTABOX_EARLY_ANSWER=0   checkpoints answer once their node is complete (not once
 //	                          the processes are seized)
@@ -138,6 +139,13 @@ func configFromEnv(getenv func(string) string) (state.Config, error) {
 		cfg.ForkFast = false
 	default:
 		return cfg, bad("DELTABOX_FORK_FAST", v, "0 or 1")
+	}
+	switch v := getenv("DELTABOX_SPARES"); v {
+	case "", "1":
+	case "0":
+		cfg.NoSpares = true
+	default:
+		return cfg, bad("DELTABOX_SPARES", v, "0 or 1")
 	}
 	switch v := getenv("DELTABOX_NO_PREPARE"); v {
 	case "", "0":

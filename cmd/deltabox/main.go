@@ -63,7 +63,7 @@ func rootCmd() *cobra.Command {
 	root.PersistentFlags().BoolVar(&jsonOut, "json", false, "print the daemon's JSON answer")
 	root.AddCommand(exportCmd(), importCmd()) // transfer.go
 	root.AddCommand(daemonCmd(), createCmd(), lsCmd(), rmCmd(), execCmd(), checkpointCmd(), restoreCmd(),
-		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd(), forkCmd())
+		treeCmd(), imageCmd(), syncCmd(), benchCmd(), sessionCmd(), forkCmd(), prepareCmd())
 	root.AddCommand(filesCmd(), keyCmd(), e2bCmd(), killCmd())
 	return root
 }
@@ -379,6 +379,34 @@ func restoreCmd() *cobra.Command {
 		},
 	}
 	c.Flags().DurationVar(&wait, "wait", 0, waitFlagUsage)
+	return c
+}
+
+func prepareCmd() *cobra.Command {
+	var sandbox string
+	c := &cobra.Command{
+		Use:   "prepare NODE [--sandbox ID]",
+		Short: "Make a spare of a node in a sandbox: its next restore there swaps it in instead of forking",
+		Long: `Makes sure the sandbox (default: the node's own) holds a spare of the node: its
+processes forked and placed ahead of time in a namespace of their own, stopped, so that
+the sandbox's next restore of the node swaps them in (from_spare) instead of forking
+them. For a node made before a fork, in a member of the fork's family; refused (409)
+otherwise, with the reason (docs/design/spares.md). Returns once the spare is ready.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := cli().PrepareNode(ctx(), args[0], sandbox)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				printJSON(n)
+			} else {
+				fmt.Printf("%s has a spare in %s\n", n.ID, strings.Join(n.Spares, ", "))
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVar(&sandbox, "sandbox", "", "the sandbox that gets the spare (default: the node's own)")
 	return c
 }
 

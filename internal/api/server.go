@@ -75,6 +75,7 @@ func New(m *state.Manager, log *slog.Logger) *Server {
 	h("GET /v1/nodes/{id}", s.getNode)
 	h("DELETE /v1/nodes/{id}", s.removeNode)
 	h("POST /v1/nodes/{id}/pin", s.pinNode)
+	h("POST /v1/nodes/{id}/prepare", s.prepareNode)
 	h("POST /v1/nodes/{id}/evict", s.evictNode)
 	h("POST /v1/nodes/{id}/fork", s.forkNode)
 	s.transferRoutes()
@@ -440,6 +441,22 @@ func (s *Server) tree(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200
 
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
 	n, err := s.m.Node(r.PathValue("id"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, 200, n)
+}
+
+// prepareNode makes sure a sandbox holds a spare of a node (docs/design/spares.md) and
+// answers the node once it does.
+func (s *Server) prepareNode(w http.ResponseWriter, r *http.Request) {
+	var q apitypes.PrepareRequest
+	if err := decode(w, r, &q); err != nil {
+		writeErr(w, err)
+		return
+	}
+	n, err := s.m.PrepareSpare(r.Context(), r.PathValue("id"), q.Sandbox)
 	if err != nil {
 		writeErr(w, err)
 		return

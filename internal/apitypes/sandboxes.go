@@ -186,6 +186,9 @@ type Sandbox struct {
 	// Family: for a member of a fast fork's family (a branch, or the sandbox it was
 	// forked from), the family's holder, which lives while any member does; nil: none.
 	Family *FamilyRef `json:"family,omitempty"`
+	// Cgroup: the name of its runtime's cgroups when not its id (a runtime that was a
+	// spare: docs/design/spares.md).
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // FamilyRef names a fast fork's family: its id, the sandbox it was forked from, its
@@ -260,6 +263,17 @@ type Stats struct {
 	// budget (state/budget.go); a later restore of one brings them back from its
 	// durable image (restore_paths.image).
 	EvictedNodes int `json:"evicted_nodes,omitempty"`
+	// SparesMade and SparesDropped count the spares made for this sandbox and those
+	// dropped unused (docs/design/spares.md); restore_paths.spare the restores served
+	// by one.
+	SparesMade    int `json:"spares_made,omitempty"`
+	SparesDropped int `json:"spares_dropped,omitempty"`
+	// SpareBytes is what its spares hold, measured when made: their copies'
+	// pss_anon_bytes, which its template budget counts as it counts templates';
+	// SparePrivateBytes, what they hold alone: their private dirty pages and page tables
+	// (the rest they share with the node's templates).
+	SpareBytes        int64 `json:"spare_bytes,omitempty"`
+	SparePrivateBytes int64 `json:"spare_private_bytes,omitempty"`
 	// ForkPaths counts the branches forked from this sandbox's nodes, per path
 	// ("durable", "files"; ForkBranch.Path).
 	ForkPaths map[string]int `json:"fork_paths,omitempty"`
@@ -286,6 +300,8 @@ type PathCounts struct {
 	// Restore: of Process, those whose templates came back from the node's durable
 	// image first (evicted or lost).
 	Image int `json:"image,omitempty"`
+	// Restore: of Process, those that swapped in a spare of the node instead of forking.
+	Spare int `json:"spare,omitempty"`
 	// Of Process, those that took processes through CRIU (OpResult.CRIUProcesses).
 	CRIU      int `json:"criu,omitempty"`
 	FilesOnly int `json:"files_only"` // the sum of the reasons below

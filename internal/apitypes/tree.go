@@ -50,6 +50,16 @@ type NodeInfo struct {
 	// answer's duration_ms is the time until the answer); for nodes made since the
 	// daemon started.
 	CompleteMS float64 `json:"complete_ms,omitempty"`
+	// Spares: the sandboxes holding a spare of it, ready (GET /v1/nodes/{id} only): a
+	// restore of it there swaps the spare in instead of forking (POST
+	// /v1/nodes/{id}/prepare; docs/design/spares.md).
+	Spares []string `json:"spares,omitempty"`
+}
+
+// PrepareRequest is the body of POST /v1/nodes/{id}/prepare (optional): the sandbox
+// that gets a spare of the node ("": the node's own).
+type PrepareRequest struct {
+	Sandbox string `json:"sandbox,omitempty"`
 }
 
 // ImageInfo is a node's durable process image (NodeInfo's "process_image"): written in the
@@ -154,6 +164,9 @@ type OpResult struct {
 	// FromImage: the node's templates were gone (evicted, killed) and the restore
 	// brought them back from the node's durable image first (state/durable.go).
 	FromImage bool `json:"from_image,omitempty"`
+	// FromSpare: the restore swapped in a spare of the node (its processes forked and
+	// placed ahead of time) instead of forking them (docs/design/spares.md).
+	FromSpare bool `json:"from_spare,omitempty"`
 	// LazyImage: that restore from the image was lazy (state/lazy.go): it answered
 	// before every page was read, which the image's server copies in meanwhile.
 	LazyImage bool `json:"lazy_image,omitempty"`

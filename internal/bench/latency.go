@@ -53,14 +53,17 @@ type LatencyOptions struct {
 	LargeFiles  int `json:"large_files"`
 	// HeapMB is the python session's heap: HeapMB bytes objects of 1 MiB; each step
 	// rewrites StepMB of them (random ones, seeded).
-	HeapMB     int   `json:"heap_mb"`
-	StepMB     int   `json:"step_mb"`
-	Changes    int   `json:"changes"`     // files changed by each step
-	LargeEvery int   `json:"large_every"` // every k-th step also writes into a large file
-	Chain      int   `json:"chain"`       // deltabox: checkpoints of the initial chain
-	Restores   int   `json:"restores"`    // deltabox: restores, each followed by a branch checkpoint
-	MaxNodes   int   `json:"max_nodes"`   // deltabox: tree bound; random leaves are removed (untimed)
-	Seed       int64 `json:"seed"`
+	HeapMB     int `json:"heap_mb"`
+	StepMB     int `json:"step_mb"`
+	Changes    int `json:"changes"`     // files changed by each step
+	LargeEvery int `json:"large_every"` // every k-th step also writes into a large file
+	Chain      int `json:"chain"`       // deltabox: checkpoints of the initial chain
+	Restores   int `json:"restores"`    // deltabox: restores, each followed by a branch checkpoint
+	// SpareRestores: deltabox, after the rest: the sandbox forked once, then this many
+	// restores of the fork's node in its branch, each from a spare (restore-spare).
+	SpareRestores int   `json:"spare_restores"`
+	MaxNodes      int   `json:"max_nodes"` // deltabox: tree bound; random leaves are removed (untimed)
+	Seed          int64 `json:"seed"`
 	// Baselines: each builds a chain of BaselineCheckpoints nodes, then restores
 	// BaselineRestores times to random ones.
 	BaselineCheckpoints int      `json:"baseline_checkpoints"`
@@ -83,7 +86,7 @@ type LatencyOptions struct {
 func DefaultLatencyOptions() LatencyOptions {
 	return LatencyOptions{
 		WorkspaceMB: 1024, SmallFiles: 20000, LargeFiles: 4, HeapMB: 50, StepMB: 10, Changes: 100, LargeEvery: 10,
-		Chain: 50, Restores: 500, MaxNodes: 100, Seed: 1, BaselineCheckpoints: 40, BaselineRestores: 30, CRIUKeep: 10,
+		Chain: 50, Restores: 500, SpareRestores: 30, MaxNodes: 100, Seed: 1, BaselineCheckpoints: 40, BaselineRestores: 30, CRIUKeep: 10,
 		Baselines: append([]string(nil), LatencyBaselines...), Image: "default", TmpfsDir: "/dev/shm",
 	}
 }
@@ -93,8 +96,8 @@ func (o LatencyOptions) Validate() error {
 	switch {
 	case o.WorkspaceMB < 1 || o.HeapMB < 1 || o.StepMB < 1 || o.StepMB > o.HeapMB:
 		return fmt.Errorf("want workspace-mb >= 1 and 1 <= step-mb <= heap-mb")
-	case o.Changes < 1 || o.Chain < 1 || o.Restores < 0:
-		return fmt.Errorf("want changes >= 1, chain >= 1, restores >= 0")
+	case o.Changes < 1 || o.Chain < 1 || o.Restores < 0 || o.SpareRestores < 0:
+		return fmt.Errorf("want changes >= 1, chain >= 1, restores >= 0, spare-restores >= 0")
 	case o.MaxNodes < o.Chain+1:
 		return fmt.Errorf("max-nodes (%d) must hold the chain and its root (%d)", o.MaxNodes, o.Chain+1)
 	case o.BaselineCheckpoints < 1 || o.BaselineRestores < 1 || o.CRIUKeep < 1:
@@ -262,6 +265,10 @@ type latRun struct {
 	ckptsEarly            []latSample // checkpoints that answered early (checkpoint-answer)
 	earlyDeclined         int         // asked to answer early, answered at the end (counted in ckpts)
 	forks                 []latSample // bench_fork in the session (SysForkFloor)
+	spareRests            []latSample // restores of the fork's node in its branch (restore-spare)
+	fromSpare             int         // of spareRests, those the daemon served from a spare
+	spareBytes, sparePriv []float64   // the branch's spare_bytes and spare_private_bytes after each spare was made (MB)
+	branch                string      // the fork's branch (restore-spare), removed at the end
 	heapMS                []float64
 	stateFails            int
 	pythonRSSKB           int
@@ -293,6 +300,7 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 		{System: SysDeltaBox, Op: "restore", Stat: "p50_ms", MaxMS: 1.5},
 		{System: SysDeltaBox, Op: "restore", Stat: "p99_ms", MaxMS: 4},
 		{System: SysDeltaBox, Op: "checkpoint-answer", Stat: "p50_ms", MaxMS: 1.5},
+		{System: SysDeltaBox, Op: "restore-spare", Stat: "p50_ms", MaxMS: 1.5},
 	}
 	f.Notes = append(f.Notes, o.Notes...)
 	if err := c.Health(ctx); err != nil {
@@ -349,6 +357,11 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
+		if r.branch != "" {
+			if e := c.Remove(cctx, r.branch); e != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup: remove sandbox %s: %w", r.branch, e))
+			}
+		}
 		if r.ws.Sandbox != "" {
 			if e := c.Remove(cctx, sb); e != nil {
 				err = errors.Join(err, fmt.Errorf("cleanup: remove sandbox %s: %w", sb, e))
@@ -362,6 +375,10 @@ func RunLatency(ctx context.Context, c *client.Client, o LatencyOptions) (f *Fil
 		r.logf("removed sandbox %s and the tree", sb)
 	}()
 	rows, err := r.deltabox(ctx, sb)
+	if err == nil && o.SpareRestores > 0 {
+		err = r.spares(ctx, sb)
+	}
+	rows = append(rows, r.spareRows()...)
 	f.Results = append(f.Results, rows...)
 	if err != nil {
 		return f, err
@@ -727,6 +744,95 @@ func (r *latRun) deltabox(ctx context.Context, sb string) ([]Row, error) {
 		r.f.Notes = append(r.f.Notes, fmt.Sprintf("%d of %d restores showed the wrong process or file state (untimed check): a daemon bug", r.stateFails, r.ws.MarkerChecks))
 	}
 	return r.deltaboxRows(len(targets), minPool, maxPool, removed), nil
+}
+
+// spares forks sb once (POST /v1/sandboxes/{id}/fork, count 1: sb and its branch are
+// then members of a family, the fork's node F's templates in its holder), then, in the
+// branch, SpareRestores rounds of: a step (heap and files), a wait until the branch
+// holds a spare of F (POST /v1/nodes/F/prepare, untimed: an agent thinks for seconds),
+// a restore of F (timed, restore-spare), the check of its state.
+func (r *latRun) spares(ctx context.Context, sb string) error {
+	c, o := r.c, r.o
+	label, err := r.run(ctx, sb, "label_")
+	if err != nil {
+		return err
+	}
+	digest, err := r.run(ctx, sb, "bench_digest()")
+	if err != nil {
+		return err
+	}
+	r.logf("deltabox: fork the sandbox once, then %d restores of the fork's node in its branch, each from a spare", o.SpareRestores)
+	res, err := c.ForkSandbox(ctx, sb, apitypes.SandboxForkRequest{ForkRequest: apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: sb + "-b"}}})
+	if err != nil {
+		return fmt.Errorf("fork: %w", err)
+	}
+	br := res.Branches[0]
+	r.branch = br.Sandbox.ID
+	if br.Path != "fast" {
+		r.f.Notes = append(r.f.Notes, fmt.Sprintf("restore-spare: the fork took the %s path (%s): no spare can be made, no row", br.Path, br.Reason))
+		return nil
+	}
+	fn := &latNode{id: res.Node, label: latPyStr(label), digest: latPyStr(digest)}
+	files := *r.files
+	files.sb = r.branch
+	for i := 1; i <= o.SpareRestores; i++ {
+		if _, err := r.stepBoth(ctx, &files, r.branch, r.nextStep(fmt.Sprintf("s%04d", i))); err != nil {
+			return err
+		}
+		if _, err := c.PrepareNode(ctx, fn.id, r.branch); err != nil {
+			return fmt.Errorf("prepare %s for %s: %w", fn.id, r.branch, err)
+		}
+		if info, err := c.Get(ctx, r.branch); err == nil && info.Stats.SpareBytes > 0 {
+			r.spareBytes = append(r.spareBytes, float64(info.Stats.SpareBytes)/(1<<20))
+			r.sparePriv = append(r.sparePriv, float64(info.Stats.SparePrivateBytes)/(1<<20))
+		}
+		t0 := time.Now()
+		rs, err := c.Restore(ctx, r.branch, fn.id)
+		t1 := time.Now()
+		if err != nil {
+			return fmt.Errorf("restore of %s in %s: %w", fn.id, r.branch, err)
+		}
+		if err := r.ping(ctx, r.branch, fn.label); err != nil {
+			return fmt.Errorf("after the restore of %s in %s: %w", fn.id, r.branch, err)
+		}
+		t2 := time.Now()
+		r.spareRests = append(r.spareRests, latSample{op: ms(t1.Sub(t0)), withCall: ms(t2.Sub(t0)), call: ms(t2.Sub(t1)), daemon: rs.DurationMS,
+			phases: rs.PhasesUS, depth: rs.Node.Depth, fast: rs.FromSpare, processes: rs.Processes, processErrors: len(rs.ProcessErrors)})
+		if rs.FromSpare {
+			r.fromSpare++
+		}
+		if err := r.checkState(ctx, r.branch, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spareRows are the restore-spare rows (none without samples).
+func (r *latRun) spareRows() []Row {
+	ss := r.spareRests
+	if len(ss) == 0 {
+		return nil
+	}
+	d := Summarize(pick(ss, func(s latSample) float64 { return s.daemon }))
+	row := Summarize(pick(ss, func(s latSample) float64 { return s.op })).Row(SysDeltaBox, "restore-spare", r.o.WorkspaceMB, latRsCall)
+	sb, sp := Summarize(r.spareBytes), Summarize(r.sparePriv)
+	row.Info = map[string]any{
+		"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(ss),
+		"from_spare": r.fromSpare, "restores": len(ss), "spare_pss_mb_p50": us(sb.P50), "spare_pss_mb_max": us(sb.Max),
+		"spare_private_mb_p50": us(sp.P50), "python_rss_mb": r.pythonRSSKB / 1024,
+	}
+	rows := []Row{row}
+	row = Summarize(pick(ss, func(s latSample) float64 { return s.withCall })).Row(SysDeltaBox, "restore-spare+exec", r.o.WorkspaceMB, latRsCall, latPingCall)
+	e := Summarize(pick(ss, func(s latSample) float64 { return s.call }))
+	row.Info = map[string]any{"exec_p50_ms": us(e.P50), "exec_p95_ms": us(e.P95), "exec_p99_ms": us(e.P99)}
+	rows = append(rows, row)
+	r.f.Notes = append(r.f.Notes, fmt.Sprintf("restore-spare: the sandbox was forked once (count 1), then %d restores of the fork's node in its branch, "+
+		"each after a step and a wait until the branch held a spare of the node (POST /v1/nodes/{id}/prepare, untimed); %d were served by a spare "+
+		"(from_spare), the others forked; a spare's copies held %s MB pss_anon p50 (stats.spare_bytes, what the template budget counts), "+
+		"of it %s MB alone (private dirty pages and page tables: stats.spare_private_bytes), beside the %d MB python.",
+		len(ss), r.fromSpare, fmtMS(sb.P50), fmtMS(sp.P50), r.pythonRSSKB/1024))
+	return rows
 }
 
 // latPickLeaf returns the index in pool of a random leaf other than head and root, or -1.

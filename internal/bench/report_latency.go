@@ -32,12 +32,17 @@ func writeLatencyReading(b *strings.Builder, f *File) {
 		"the rest is what DeltaBox adds.\n\n",
 		rss, fmtMS(fork.P50), fmtMS(fork.P95))
 	b.WriteString("| Operation | p50 (ms) | kernel fork p50 (ms) | rest p50 (ms) | daemon phases, p50 (µs) |\n|---|--:|--:|--:|---|\n")
-	for _, op := range []string{"checkpoint", "checkpoint-answer", "restore"} {
+	for _, op := range []string{"checkpoint", "checkpoint-answer", "restore", "restore-spare"} {
 		r, ok := rows[SysDeltaBox+" "+op]
 		if !ok {
 			continue
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", op, fmtMS(r.P50), fmtMS(fork.P50), fmtMS(r.P50-fork.P50), phasesCell(r.Info["phases_p50_us"]))
+	}
+	if r, ok := rows[SysDeltaBox+" restore-spare"]; ok {
+		fmt.Fprintf(b, "\nA `restore-spare` forks nothing on its path: its node's copies were forked and placed ahead, in a namespace "+
+			"of their own ([spares](design/spares.md)), and the restore swaps them in (%v of %v served by a spare; a spare held "+
+			"%v MB pss_anon p50, %v MB of it alone).\n", r.Info["from_spare"], r.Info["restores"], r.Info["spare_pss_mb_p50"], r.Info["spare_private_mb_p50"])
 	}
 	if _, ok := rows[SysDeltaBox+" checkpoint-answer"]; ok {
 		b.WriteString("\nA `checkpoint-answer` answers before its fork (its rest is negative: it is below the floor); the fork and " +

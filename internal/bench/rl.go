@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +34,10 @@ import (
 //   - deltabox: B sandboxes, each with a python session holding the heap, on its own
 //     node; the action is a session call and a file write, the reset a restore of the
 //     branch's node (the fast path: templates forked back).
+//   - deltabox-spares: one sandbox with the heap, forked into B branches (a fast fork's
+//     family); the reset is a restore of the fork's node in each branch, which swaps
+//     in a spare made ahead (docs/design/spares.md) when one is ready, else forks the
+//     family's templates (and makes the branch's next spare, in the background).
 //   - criu: B python3 processes on the host with the same heap, each dumped once by
 //     CRIU (images on tmpfs); the reset kills the process and restores its image.
 //     Process state only: CRIU does not reset files (favours it).
@@ -51,6 +56,9 @@ const (
 	SysRLFork = "deltabox-fork"
 	// SysRLPodman: a container per branch, reset by podman container restore --import.
 	SysRLPodman = "podman"
+	// SysRLSpares: B branches of one fast fork, reset by restoring the fork's node: from
+	// a spare when one is ready.
+	SysRLSpares = "deltabox-spares"
 )
 
 // RLOptions are `bench rl`'s settings.
@@ -77,7 +85,7 @@ type RLOptions struct {
 // DefaultRLOptions are the issue's points (B = 8, 32, 64 at 500 ms of policy).
 func DefaultRLOptions() RLOptions {
 	return RLOptions{Branches: []int{8, 32, 64}, PolicyMS: 500, Steps: 5, HeapMB: 50, WorkspaceMB: 10,
-		Systems: []string{SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman}, Seed: 1, Image: "default", Python: "python3",
+		Systems: []string{SysRLDeltaBox, SysRLSpares, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman}, Seed: 1, Image: "default", Python: "python3",
 		TmpfsDir: "/dev/shm", HostDir: "/var/tmp"}
 }
 
@@ -92,8 +100,8 @@ func (o RLOptions) Validate() error {
 		}
 	}
 	for _, s := range o.Systems {
-		if s != SysRLDeltaBox && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork && s != SysRLPodman {
-			return fmt.Errorf("system %q: want %s, %s, %s, %s or %s", s, SysRLDeltaBox, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman)
+		if s != SysRLDeltaBox && s != SysRLSpares && s != SysRLCRIU && s != SysRLCopytree && s != SysRLFork && s != SysRLPodman {
+			return fmt.Errorf("system %q: want %s, %s, %s, %s, %s or %s", s, SysRLDeltaBox, SysRLSpares, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman)
 		}
 	}
 	return nil
@@ -123,6 +131,9 @@ type rlRun struct {
 	// podmanPrefix starts the name of every container of this run (the podman rows'
 	// "containers"): what the run must leave none of.
 	podmanPrefix string
+	// resets and fromSpare count the deltabox systems' resets of the point running, and
+	// those served by a spare (restore answers' from_spare).
+	resets, fromSpare atomic.Int64
 }
 
 func (r *rlRun) logf(format string, a ...any) { progress(r.o.Log, r.start, format, a...) }
@@ -160,7 +171,9 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 	f.Description = fmt.Sprintf("The RL trainer's loop (issue 26): per step, %d ms of simulated policy (a sleep standing for the GPU's "+
 		"generation), then one action in each of B branches (1 MiB of a %d MiB python heap rewritten, a file written) and a reset of each branch "+
 		"to the step's start state, the B branches at once. `gpu_busy_frac` = policy time / wall time over %d timed steps (after one untimed); "+
-		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. `criu`: a "+
+		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. "+
+		"`deltabox-spares`: one sandbox with the heap forked into B branches, reset by restoring the fork's node, from a spare made ahead "+
+		"when one is ready (`spare_share`: the resets served by one, the untimed first step's included; each branch holds one before it). `criu`: a "+
 		"python3 per branch on the host, dumped once, reset by kill and `criu restore` (process only: files are not reset). "+
 		"`deltabox-fork`: each step forks B sandboxes from one node (processes included) and acts in each. `copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
 		"heap in a fresh python3. `podman`: a container per branch with the same python, exported once by `podman container checkpoint`, "+
@@ -213,6 +226,8 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 		return UnavailableRows(sys, 0, r.podmanWhy, op)[0], nil
 	}
 	r.logf("%s: setting up %d branches", sys, b)
+	r.resets.Store(0)
+	r.fromSpare.Store(0)
 	t0 := time.Now()
 	branches, cmds, cleanup, err := r.setup(ctx, sys, b)
 	defer func() {
@@ -295,6 +310,14 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	if sys == SysRLCRIU {
 		row.Info["files"] = "not reset (process only)"
 	}
+	if sys == SysRLDeltaBox || sys == SysRLSpares {
+		// Every reset, the untimed first step's included.
+		n := r.resets.Load()
+		row.Info["resets"], row.Info["resets_from_spare"] = n, r.fromSpare.Load()
+		if n > 0 {
+			row.Info["spare_share"] = round3(float64(r.fromSpare.Load()) / float64(n))
+		}
+	}
 	if sys == SysRLPodman {
 		row.Info["containers"] = r.podmanPrefix + "*"
 	}
@@ -339,6 +362,8 @@ func (r *rlRun) setup(ctx context.Context, sys string, b int) (brs []rlBranch, c
 	switch sys {
 	case SysRLDeltaBox:
 		return r.setupDeltaBox(ctx, b)
+	case SysRLSpares:
+		return r.setupSpares(ctx, b)
 	case SysRLPodman:
 		return r.setupPodman(ctx, b)
 	case SysRLCRIU:
@@ -354,6 +379,7 @@ func (r *rlRun) setup(ctx context.Context, sys string, b int) (brs []rlBranch, c
 type rlSandbox struct {
 	c        *client.Client
 	id, node string
+	r        *rlRun // counts the resets and those from spares
 }
 
 func (s *rlSandbox) act(ctx context.Context, step int) error {
@@ -365,7 +391,13 @@ func (s *rlSandbox) act(ctx context.Context, step int) error {
 }
 
 func (s *rlSandbox) reset(ctx context.Context) error {
-	_, err := s.c.Restore(ctx, s.id, s.node)
+	res, err := s.c.Restore(ctx, s.id, s.node)
+	if err == nil {
+		s.r.resets.Add(1)
+		if res.FromSpare {
+			s.r.fromSpare.Add(1)
+		}
+	}
 	return err
 }
 
@@ -416,7 +448,7 @@ func (r *rlRun) setupDeltaBox(ctx context.Context, b int) ([]rlBranch, []string,
 func (r *rlRun) branchesDeltaBox(ctx context.Context, b int, baseNode string) ([]rlBranch, []string, error) {
 	var out []rlBranch
 	for i := 0; i < b; i++ {
-		s := &rlSandbox{c: r.c, id: fmt.Sprintf("bench-rl-%s-%d", randHex(3), i)}
+		s := &rlSandbox{c: r.c, id: fmt.Sprintf("bench-rl-%s-%d", randHex(3), i), r: r}
 		if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: s.id, Image: r.o.Image, Workdir: "/workspace", MemoryMB: int64(r.o.HeapMB)*3 + 256}); err != nil {
 			return out, nil, err
 		}
@@ -434,6 +466,53 @@ func (r *rlRun) branchesDeltaBox(ctx context.Context, b int, baseNode string) ([
 		s.node = n.Node.ID
 	}
 	return out, []string{"POST /v1/sandboxes/ID/sessions/py/run (the action)", "POST /v1/sandboxes/ID/restore {node: the branch's start} (the reset)"}, nil
+}
+
+// setupSpares: a sandbox with the workspace and the heap, forked into b branches (one
+// request: POST /v1/sandboxes/{id}/fork); each branch's start state is the fork's
+// node, made before the fork, whose templates are the family's holder's, and each
+// holds a spare of it before the first step (POST /v1/nodes/{id}/prepare, untimed);
+// after each reset the branch makes its next spare in the background.
+func (r *rlRun) setupSpares(ctx context.Context, b int) ([]rlBranch, []string, func(), error) {
+	src := "bench-rl-src-" + randHex(4)
+	mem := int64(r.o.HeapMB)*3 + 256
+	if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: src, Image: r.o.Image, Workdir: "/workspace", MemoryMB: mem}); err != nil {
+		return nil, nil, nil, err
+	}
+	var node string
+	cleanup := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r.c.Remove(ctx, src)
+		if node != "" {
+			r.c.RemoveNode(ctx, node)
+		}
+	}
+	if err := r.genWorkspace(ctx, src); err != nil {
+		return nil, nil, cleanup, err
+	}
+	if err := r.startHeap(ctx, src); err != nil {
+		return nil, nil, cleanup, err
+	}
+	res, err := r.c.ForkSandbox(ctx, src, apitypes.SandboxForkRequest{ForkRequest: apitypes.ForkRequest{Count: b,
+		CreateOptions: apitypes.CreateOptions{ID: "bench-rl-" + randHex(3), MemoryMB: mem}}})
+	if err != nil {
+		return nil, nil, cleanup, fmt.Errorf("fork %s into %d branches: %w", src, b, err)
+	}
+	node = res.Node
+	var out []rlBranch
+	for _, br := range res.Branches {
+		out = append(out, &rlSandbox{c: r.c, id: br.Sandbox.ID, node: node, r: r})
+		if br.Path != "fast" {
+			return out, nil, cleanup, fmt.Errorf("branch %s took the %s path (%s): no spares without the fast path", br.Sandbox.ID, br.Path, br.Reason)
+		}
+	}
+	for _, br := range res.Branches {
+		if _, err := r.c.PrepareNode(ctx, node, br.Sandbox.ID); err != nil {
+			return out, nil, cleanup, fmt.Errorf("prepare %s for %s: %w", node, br.Sandbox.ID, err)
+		}
+	}
+	return out, []string{"POST /v1/sandboxes/ID/sessions/py/run (the action)", "POST /v1/sandboxes/ID/restore {node: the fork's node} (the reset: a spare swapped in when ready)"}, cleanup, nil
 }
 
 // ---- criu ----

@@ -205,6 +205,13 @@ func (c *Client) PinNode(ctx context.Context, id string, pinned bool) (*apitypes
 	return &out, c.do(ctx, "POST", "/nodes/"+id+"/pin", apitypes.PinRequest{Pinned: pinned}, &out)
 }
 
+// PrepareNode makes sure sandbox (""): the node's own) holds a spare of node id (POST
+// /v1/nodes/ID/prepare: docs/design/spares.md); it answers once it does.
+func (c *Client) PrepareNode(ctx context.Context, id, sandbox string) (*apitypes.NodeInfo, error) {
+	var out apitypes.NodeInfo
+	return &out, c.do(ctx, "POST", "/nodes/"+id+"/prepare", apitypes.PrepareRequest{Sandbox: sandbox}, &out)
+}
+
 // EvictNode drops a node's templates, which its durable image brings back at its next
 // restore (POST /v1/nodes/ID/evict).
 func (c *Client) EvictNode(ctx context.Context, id string) (*apitypes.NodeInfo, error) {

@@ -47,6 +47,11 @@ func Adopt(id, hostname, dir string, iso *Isolation, family *Sandbox, initPid in
 			s.release()
 		}
 	}()
+	// Frozen only by a restore from a spare, between its swap and its record (state's
+	// spares.go): a daemon that died there left the record naming this runtime, whose
+	// processes then run on as they were (that restore did not happen). Thawed before
+	// init is asked to take the new daemon, which a frozen init would not answer.
+	_ = (&cgroup.Group{Path: filepath.Join(cgroup.Root, id)}).Thaw() // no group: Open fails below
 	s.init, err = sbinit.Reconnect(initPid, initStart)
 	if s.init == nil {
 		return nil, nil, err
@@ -58,6 +63,7 @@ func Adopt(id, hostname, dir string, iso *Isolation, family *Sandbox, initPid in
 	} else {
 		unix.Close(cg)
 	}
+
 	s.lim = cgroup.OpenV1(id)
 	s.execLeft.Store(1) // the previous daemon's execs may have left groups
 	if err = s.openFromInit(iso); err != nil {

@@ -79,14 +79,15 @@ func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, i
 // releases them.
 func (s *Sandbox) PlaceTarget(family *Sandbox) (_ *fastpath.Target, closeFn func(), err error) {
 	var fds []int
-	closeFn = func() {
+	release := func() {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 	}
+	// Not closeFn: an error return sets it to nil before this runs.
 	defer func() {
 		if err != nil {
-			closeFn()
+			release()
 		}
 	}()
 	open := func(pid int, kind string) (int, error) {
@@ -126,7 +127,7 @@ func (s *Sandbox) PlaceTarget(family *Sandbox) (_ *fastpath.Target, closeFn func
 		}
 		return s.lim.Add(hostPid)
 	}
-	return tg, closeFn, nil
+	return tg, release, nil
 }
 
 // A process placed in a branch by injection (a copy of a family template, and every

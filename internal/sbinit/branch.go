@@ -70,7 +70,18 @@ func (c *Client) Branch(o BranchOptions) (_ *Client, err error) {
 			unix.Close(fds[0])
 		}
 	}()
-	defer unix.Close(fds[1]) // the branch init holds its own copy
+	// The branch init holds its own copy of fds[1]; the daemon's goes once handed over
+	// (below): kept until Branch returned, it kept awaitReady's recv from seeing the
+	// branch init's end, and a branch init killed before it was ready (its family
+	// ending meanwhile: a spare being made as the daemon stops) hung Branch for good.
+	peerOpen := true
+	closePeer := func() {
+		if peerOpen {
+			unix.Close(fds[1])
+			peerOpen = false
+		}
+	}
+	defer closePeer()
 	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
 		return nil, fmt.Errorf("branch init socket: SO_PASSCRED: %w", err)
 	}
@@ -91,6 +102,7 @@ func (c *Client) Branch(o BranchOptions) (_ *Client, err error) {
 	}
 	arg, _ := json.Marshal(branchRequest{Config: o.Config, Tree: tree})
 	r, err := c.call(&Message{Op: "branch", Data: string(arg)}, send, nil)
+	closePeer()
 	if err != nil {
 		logR.Close()
 		if r != nil {

@@ -18,6 +18,10 @@ import (
 
 // ---- the template memory budget (issue 17, item 3) ----
 //
+// A sandbox's spares (spares.go) count with its templates (their copies' Pss when
+// made), and go first when a checkpoint finds no room: every spare of the sandbox over
+// its own budget, every sandbox's over the total.
+//
 // A page is charged to the memory cgroup of the process that first faulted it, so after
 // a live process's copy-on-write the old page, now its template's alone, stays charged
 // to the sandbox; and the charge cannot be moved on this kernel (cgroup v1's
@@ -301,6 +305,8 @@ func (m *Manager) measureBudget(s *sb, walk bool, maxAge time.Duration) budgetMe
 	if t := perSandbox[s.rec.ID]; t != nil {
 		bm.used = t.PssAnon
 	}
+	spares, _ := m.sparesPSS(s)
+	bm.used += spares // its spares' copies count as templates do (spares.go)
 	m.mu.Lock()
 	for id, t := range perNode {
 		if n := m.nodes[id]; n != nil && n.pinned {
@@ -427,7 +433,11 @@ func (m *Manager) admitCheckpoint(ctx context.Context, s *sb, wait time.Duration
 	check := func(fresh bool) budgetCheck {
 		c := budgetCheck{sandbox: s.rec.ID, budget: m.templateBudget(s), total: m.cfg.TemplateBudgetTotalBytes}
 		usage := sandboxUsage(s)
-		c.used = s.bound(usage)
+		// A spare's pages are mostly its node's templates', charged to the family's
+		// holder, not to s: its usage does not bound them (over-counted here at worst,
+		// which only makes the check measure).
+		spares, _ := m.sparesPSS(s)
+		c.used = s.bound(usage) + spares
 		c.totalUsed = c.used + m.othersBound(s, usage, c.total)
 		if fresh || c.over() != "" {
 			bm := m.measureBudget(s, true, 0)
@@ -444,7 +454,10 @@ func (m *Manager) admitCheckpoint(ctx context.Context, s *sb, wait time.Duration
 		}
 		return c
 	}
-	err := waitForRoom(ctx, t0.Add(wait), check, func(c budgetCheck) bool { return m.evictForRoom(s, c) > 0 })
+	err := waitForRoom(ctx, t0.Add(wait), check, func(c budgetCheck) bool {
+		// Spares first: they are only ahead-of-time work, made again when wanted.
+		return m.dropSparesForRoom(s, c) || m.evictForRoom(s, c) > 0
+	})
 	return time.Since(t0), err
 }
 

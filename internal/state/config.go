@@ -18,6 +18,9 @@ type Config struct {
 	// their PIDs, the sandbox moved into one of its own. On by default; the family
 	// outlives a daemon restart (famrestart.go). DELTABOX_FORK_FAST=0 turns it off.
 	ForkFast bool
+	// NoSpares turns off spares (spares.go: restores of a family member from copies
+	// placed ahead; DELTABOX_SPARES=0), to measure the fork path beside them.
+	NoSpares bool
 	// WarmProcesses pre-faults restored processes' memory after every restore, in every
 	// sandbox (procwarm.go; DELTABOX_WARM_PROC=1). A sandbox can ask for it alone
 	// (CreateOptions.WarmProcesses).

@@ -16,7 +16,28 @@ import (
 var (
 	CheckpointStepCount = len(checkpointSteps)
 	RestoreStepCount    = len(restoreSteps)
+	SpareStepCount      = len(swapSteps)
 )
+
+// SpareCopies are the host PIDs of sandbox id's spare of node (nil: none).
+func SpareCopies(m *Manager, id, node string) []int {
+	s, err := m.get(id)
+	if err != nil {
+		return nil
+	}
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	for _, sp := range s.spares {
+		if sp.node == node {
+			var out []int
+			for _, c := range sp.b.copies {
+				out = append(out, c.r.HostPid)
+			}
+			return out
+		}
+	}
+	return nil
+}
 
 // WaitPidFree is waitPidFree on sandbox id's runtime.
 func WaitPidFree(m *Manager, id string, pid int, d time.Duration) error {
@@ -120,7 +141,7 @@ func ForkFastBranches(m *Manager, id, node string, n int) (out []FastBranch, pha
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			made[i], errs[i] = m.startFastBranch(s.rt, store.Sandbox{Limits: s.rec.Limits, DiskMB: s.rec.DiskMB, Image: s.rec.Image}, iso, node, fmt.Sprintf("%s-fast%d", id, i), floor, "")
+			made[i], errs[i] = m.startFastBranch(s.rt, store.Sandbox{Limits: s.rec.Limits, DiskMB: s.rec.DiskMB, Image: s.rec.Image}, iso, node, fmt.Sprintf("%s-fast%d", id, i), fmt.Sprintf("%s-fast%d", id, i), floor, "")
 		}()
 	}
 	wg.Wait()

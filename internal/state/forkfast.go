@@ -47,8 +47,11 @@ type fastBranch struct {
 // init only clones and execs, the rest of each start is the branch init's own). On error
 // what it made is removed.
 //
-// topLower is the branch's identity layer ("" for none: sandbox.Sandbox.TopLower).
-func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id string, floor int, topLower string) (_ *fastBranch, err error) {
+// topLower is the branch's identity layer ("" for none: sandbox.Sandbox.TopLower). name
+// is its runtime's (its cgroups'): id for a sandbox's own, another for a spare, made
+// while the sandbox's runtime still holds that name (spares.go). Its init logs in id's
+// directory, which is removed on error only if made here.
+func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id, name string, floor int, topLower string) (_ *fastBranch, err error) {
 	m.mu.Lock()
 	image := rec.Image
 	if n := m.nodes[node]; n != nil {
@@ -60,6 +63,7 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 		return nil, err
 	}
 	dir := m.st.SandboxDir(id)
+	_, had := os.Stat(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -67,7 +71,9 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 	defer func() {
 		if err != nil {
 			err = withUndo(err, b.remove(m))
-			_ = os.RemoveAll(dir)
+			if had != nil {
+				_ = os.RemoveAll(dir)
+			}
 		}
 	}()
 	t0 := time.Now()
@@ -75,7 +81,7 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 	if hostname == "" {
 		hostname = id
 	}
-	b.rt, err = sandbox.StartBranch(family, id, hostname, dir, rec.Limits, iso, floor, diskLimit(rec.DiskMB))
+	b.rt, err = sandbox.StartBranch(family, name, hostname, dir, rec.Limits, iso, floor, diskLimit(rec.DiskMB))
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
+	"deltabox/internal/store"
 )
 
 // The kernel state a sandbox's processes share besides files and processes, and what a
@@ -97,23 +98,29 @@ func (m *Manager) kernelState(s *sb) (sbinit.UTS, error) {
 // logged.
 // +checklocks:s.opMu
 func (m *Manager) resetKernelState(s *sb, node string) {
+	m.resetKNS(s.kns, s.rec, node)
+}
+
+// resetKNS is resetKernelState of kns, the IPC and UTS namespaces of sandbox rec's
+// runtime (its current one, or a spare's: spares.go).
+func (m *Manager) resetKNS(kns *sbinit.NS, rec store.Sandbox, node string) {
 	m.mu.Lock()
 	var uts *sbinit.UTS
-	if n := m.nodes[node]; n != nil && n.Sandbox == s.rec.ID {
+	if n := m.nodes[node]; n != nil && n.Sandbox == rec.ID {
 		uts = n.uts
 	}
 	m.mu.Unlock()
 	if uts == nil {
 		var u unix.Utsname
 		_ = unix.Uname(&u) // the daemon's: what a new sandbox's UTS namespace copies
-		uts = &sbinit.UTS{Hostname: s.rec.Hostname, Domainname: unix.ByteSliceToString(u.Domainname[:])}
+		uts = &sbinit.UTS{Hostname: rec.Hostname, Domainname: unix.ByteSliceToString(u.Domainname[:])}
 	}
-	removed, err := s.kns.Reset(*uts)
+	removed, err := kns.Reset(*uts)
 	if err != nil {
-		m.log.Error("restore: reset the sandbox's IPC and UTS namespaces", "sandbox", s.rec.ID, "node", node, "err", err)
+		m.log.Error("restore: reset the sandbox's IPC and UTS namespaces", "sandbox", rec.ID, "node", node, "err", err)
 	}
 	if len(removed) > 0 {
-		m.log.Info("restore: IPC objects made after the node removed", "sandbox", s.rec.ID, "node", node, "count", len(removed))
+		m.log.Info("restore: IPC objects made after the node removed", "sandbox", rec.ID, "node", node, "count", len(removed))
 	}
 }
 

@@ -85,8 +85,10 @@ type Manager struct {
 	uppers chan uint64       // empty layers made ahead of time (fillUppers)
 	// squashQ: nodes whose stack is long enough to squash (squash.go: squashLoop).
 	squashQ chan string
-	stop    chan struct{}  // closed by Close
-	wg      sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
+	// spareSlots bounds the spares being made at once (spares.go: spareBuilds).
+	spareSlots chan struct{}
+	stop       chan struct{}  // closed by Close
+	wg         sync.WaitGroup // the manager's goroutines (see the package doc); Close waits
 
 	// imageDone reports whether a node's durable process image is complete (budget.go:
 	// eviction may then drop its templates). nil until durable images exist: nothing is
@@ -234,13 +236,22 @@ type sb struct {
 	// +checklocks:mu
 	memRT *sandbox.Sandbox
 
+	// spareMu guards spares, spareMaking and spareClosed (spares.go): a leaf.
+	spareMu sync.Mutex
+	// +checklocks:spareMu
+	spares []*spare // oldest first
+	// +checklocks:spareMu
+	spareMaking map[string]chan struct{} // nodes whose spare is being made: closed when done
+	// +checklocks:spareMu
+	spareClosed bool
+
 	// budgetMB is the record's TemplateBudgetMB, fixed at create (budget.go:
 	// templateBudget); read without a lock.
 	budgetMB int64
 }
 
 func (m *Manager) newSB(r store.Sandbox) *sb {
-	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}, budgetMB: r.TemplateBudgetMB}
+	return &sb{rec: r, bg: newBackground(m.cfg.AnswerDelay, &m.wg), warm: map[string]*warmState{}, sessions: map[string]*session.Session{}, sessionOpts: map[string]SessionOptions{}, ended: map[string]string{}, hostPids: map[int]int{}, kept: map[string]keptMark{}, spareMaking: map[string]chan struct{}{}, budgetMB: r.TemplateBudgetMB}
 }
 
 // Stats counts what happened to a sandbox (countPath, countFailed). The wire form is
@@ -257,7 +268,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		cfg.TemplateBudgetTotalBytes = cmp.Or(max(cfg.TemplateBudgetTotalBytes, 0), total)
 	}
 	m := &Manager{st: st, log: log, cfg: cfg, nodes: map[string]*node{}, pending: map[string]*pendingNode{}, sandboxes: map[string]*sb{}, templates: map[string][]*procTemplate{}, famOf: map[string]*family{}, procRecs: map[string]*nodeProcesses{},
-		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
+		uppers: make(chan uint64, 4), squashQ: make(chan string, 64), spareSlots: make(chan struct{}, spareBuilds()), stop: make(chan struct{}), crashAt: crashAtFromEnv(log),
 		net: netproxy.New(netproxy.Config{DNS: cfg.NetDNS, Log: log})}
 	if err := mountns.OpenHostProc(); err != nil {
 		return nil, err
@@ -320,8 +331,15 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 			fam.rt.DropEarly() // its members' copies are watched now
 		}
 	}
+	// An adopted sandbox's cgroups are named by its record's Cgroup if it has one (its
+	// runtime was a spare: spares.go), and those named by its id are then a runtime a
+	// swap ended, which a crash may have left: they go here, as a spare's, no record's.
+	owned := map[string]bool{}
+	for id, s := range adopted {
+		owned[cmp.Or(s.rec.Cgroup, id)] = true
+	}
 	for _, id := range cgroup.List() {
-		if adopted[id] != nil || held[id] {
+		if owned[id] || held[id] {
 			continue
 		}
 		g := &cgroup.Group{Path: filepath.Join(cgroup.Root, id)}
@@ -334,7 +352,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		log.Warn("template budget: the daemon's memory cgroup", "err", err)
 	}
 	for _, id := range cgroup.ListV1() { // limits: after the kill above, they are empty
-		if adopted[id] != nil || held[id] {
+		if owned[id] || held[id] {
 			continue
 		}
 		if err := cgroup.OpenV1(id).Destroy(5 * time.Second); err != nil {
@@ -435,6 +453,7 @@ func (m *Manager) Close() error {
 		}
 		m.discardNext(s)
 		m.closeWarm(s)
+		m.closeSpares(s) // before closeFamilies: the holder's tracer's close would let their copies run
 		m.detachNet(s)
 		if !m.cfg.StopSandboxes && s.rt != nil && s.rt.Alive() {
 			m.detachSandbox(s)

@@ -11,6 +11,8 @@ import (
 	"deltabox/internal/errdefs"
 	"deltabox/internal/netns"
 	"deltabox/internal/netproxy"
+	"deltabox/internal/sandbox"
+	"deltabox/internal/store"
 )
 
 // checkNetwork checks a create's network option (nil: no network).
@@ -50,23 +52,7 @@ func (m *Manager) attachNet(s *sb) error {
 	if s.rec.Network == nil || s.rt == nil {
 		return nil
 	}
-	n := s.rec.Network
-	pol, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut, n.Model != nil)
-	if err != nil {
-		return err
-	}
-	var model *netproxy.Model
-	if n.Model != nil {
-		if model, err = m.net.NewModel(apitypes.ModelHost, n.Model.URL, n.Model.Key); err != nil {
-			return err
-		}
-	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
-	if err != nil {
-		return fmt.Errorf("network: the sandbox's namespace: %w", err)
-	}
-	defer func() { _ = f.Close() }() // read-only: a namespace fd
-	ns, err := m.net.Attach(s.rec.ID, int(f.Fd()), pol, model)
+	ns, err := m.netFor(s.rec, s.rt)
 	if err != nil {
 		return err
 	}
@@ -74,6 +60,31 @@ func (m *Manager) attachNet(s *sb) error {
 	s.net = ns
 	s.mu.Unlock()
 	return nil
+}
+
+// netFor serves the network of sandbox rec in runtime rt's namespace (nil: rec has
+// none): s's runtime, or a spare's, attached before it runs anything (spares.go).
+func (m *Manager) netFor(rec store.Sandbox, rt *sandbox.Sandbox) (*netproxy.Sandbox, error) {
+	n := rec.Network
+	if n == nil {
+		return nil, nil
+	}
+	pol, err := netproxy.ParsePolicy(n.AllowOut, n.DenyOut, n.Model != nil)
+	if err != nil {
+		return nil, err
+	}
+	var model *netproxy.Model
+	if n.Model != nil {
+		if model, err = m.net.NewModel(apitypes.ModelHost, n.Model.URL, n.Model.Key); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", rt.InitPid()))
+	if err != nil {
+		return nil, fmt.Errorf("network: the sandbox's namespace: %w", err)
+	}
+	defer func() { _ = f.Close() }() // read-only: a namespace fd
+	return m.net.Attach(rec.ID, int(f.Fd()), pol, model)
 }
 
 // quiesceNet readies s's connections through the proxy for a checkpoint

@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -162,13 +163,17 @@ func (m *Manager) recordTemplates(s *sb, node string, tps []*procTemplate) {
 }
 
 // recordTemplatesOf is recordTemplates for templates of owner (a sandbox, or a fast
-// fork family's holder: family.id), which tmplMu keeps from being revived.
+// fork family's holder: family.id), which tmplMu keeps from being revived. tmplMu is
+// held from the first template's read to the index's write: two records of one node
+// (a restore's and a spare's, of a family's templates) each read while the other's
+// fork ran would otherwise each hold a stale template, and the one written last wins
+// (the next daemon then finds that template's counters moved and kills it).
 func (m *Manager) recordTemplatesOf(owner string, tmplMu *sync.Mutex, node string, tps []*procTemplate) {
+	tmplMu.Lock()
+	defer tmplMu.Unlock()
 	rec := nodeProcesses{Sandbox: owner}
 	for _, t := range tps {
-		tmplMu.Lock()
 		tr, err := t.tmpl.Record()
-		tmplMu.Unlock()
 		if err != nil {
 			m.log.Debug("record template", "sandbox", owner, "node", node, "err", err)
 			continue
@@ -255,7 +260,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	if fam := m.famOf[r.ID]; fam != nil {
 		famRT = fam.rt
 	}
-	rt, warn, err := sandbox.Adopt(r.ID, r.Hostname, m.st.SandboxDir(r.ID), iso, famRT, r.Init.Pid, r.Init.Start)
+	rt, warn, err := sandbox.Adopt(cmp.Or(r.Cgroup, r.ID), r.Hostname, m.st.SandboxDir(r.ID), iso, famRT, r.Init.Pid, r.Init.Start)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -179,6 +180,17 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 			m.afterAnswer(s, f)
 		}
 	}()
+	if !m.hasOwnTemplates(s) { // they live in the namespace a swap ends
+		if sp := m.takeSpare(s, nodeID); sp != nil {
+			err := m.restoreFromSpare(r, sp, t0) // +checklocksignore: opMu held since beginOp
+			if err == nil {
+				return r.finish(t0), nil // +checklocksignore: as above
+			}
+			if !errors.Is(err, errSpareUnusable) {
+				return nil, err
+			}
+		}
+	}
 	if err := runSteps(m, "restore", restoreSteps, r, &r.inject, r.res, t0); err != nil {
 		r.failure = err
 		if uerr := r.undo.run(); uerr != nil {
@@ -190,10 +202,16 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 		}
 		return nil, err
 	}
-	r.res.Node = m.nodeInfo(nodeID)
+	return r.finish(t0), nil // +checklocksignore: opMu held since beginOp
+}
+
+// finish completes a restore's answer.
+// +checklocks:r.s.opMu
+func (r *restore) finish(t0 time.Time) *OpResult {
+	r.res.Node = r.m.nodeInfo(r.nodeID)
 	r.res.DurationMS = ms(time.Since(t0))
-	r.res.Memory = m.memoryNow(s) // +checklocksignore: opMu held since beginOp
-	return r.res, nil
+	r.res.Memory = r.m.memoryNow(r.s)
+	return r.res
 }
 
 // templates is step 1: the node's process templates, if this sandbox made them; a gone
@@ -541,6 +559,8 @@ func (r *restore) publish() error {
 	tps, node, fam := r.tps, r.nodeID, r.fam
 	if fam == nil { // the holder's templates are its own tracer's, and its record's
 		m.startProcWarm(s, r.rvs)
+	} else {
+		m.spareNext(s, node) // for its next restore (spares.go)
 	}
 	m.afterAnswer(s, func() {
 		m.keepSessions(s)

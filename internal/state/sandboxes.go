@@ -201,6 +201,7 @@ func (m *Manager) boot(s *sb) error {
 	}
 	rt.User = s.rec.User
 	rt.TopLower = m.identityLayer(s.rec.ID)
+	s.rec.Cgroup = "" // a spare's runtime's name, if it had one, went with it (spares.go)
 	if err := rt.SetState(spec); err != nil {
 		return withUndo(err, rt.Destroy())
 	}
@@ -321,7 +322,7 @@ func (m *Manager) checkLive(s *sb) error {
 func apiSandbox(r store.Sandbox) apitypes.Sandbox {
 	a := apitypes.Sandbox{ID: r.ID, Image: r.Image, Head: r.Head, Upper: r.Upper, Workdir: r.Workdir,
 		Hostname: r.Hostname, User: r.User, Created: r.Created, Limits: r.Limits, WarmProcesses: r.WarmProcesses,
-		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB, Network: r.Network, ForkOf: r.ForkOf}
+		UIDBase: r.UIDBase, DiskMB: r.DiskMB, TemplateBudgetMB: r.TemplateBudgetMB, Network: r.Network, ForkOf: r.ForkOf, Cgroup: r.Cgroup}
 	if r.Init != nil {
 		a.Init = &apitypes.InitRef{Pid: r.Init.Pid, Start: r.Init.Start, Level: r.Init.Level}
 	}
@@ -352,6 +353,7 @@ func (m *Manager) info(s *sb) *SandboxInfo {
 	in.Stats = s.stats
 	in.Stats.ForkPaths = maps.Clone(s.stats.ForkPaths) // the answer's own: forks count on
 	s.mu.Unlock()
+	in.Stats.SpareBytes, in.Stats.SparePrivateBytes = m.sparesPSS(s)
 	in.WarmStates = m.warmCount(s)
 	in.Disk = m.diskInfo(s)
 	return in
@@ -422,6 +424,7 @@ func (m *Manager) Remove(id string) error {
 	s.mu.Unlock()
 	m.discardNext(s)
 	m.closeWarm(s)
+	m.closeSpares(s)
 	if err := m.stopProcWarm(s); err != nil {
 		m.log.Warn("remove", "sandbox", id, "err", err) // the tracer's close below ends it
 	}

@@ -139,6 +139,7 @@ func (m *Manager) Node(id string) (*NodeInfo, error) {
 	if n := m.nodeInfo(id); n != nil {
 		perNode, _, _ := m.templateCosts([]string{id}, "", 0)
 		n.Templates = perNode[id]
+		n.Spares = m.sparesOf(id)
 		return n, nil
 	}
 	return nil, fmt.Errorf("no node %q (deltabox tree lists them): %w", id, errdefs.ErrNotFound)
@@ -184,6 +185,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 	}
 	m.mu.Unlock()
 	m.dropWarmNodes(sub)
+	m.dropNodeSpares(sub...)
 	m.mu.Lock()
 	var ops []store.Op
 	var dirs []string

@@ -180,13 +180,7 @@ func (m *Manager) closeWarm(s *sb) {
 // layers are deleted next). Precondition: the nodes are marked removing; treeMu held.
 // +checklocks:m.treeMu
 func (m *Manager) dropWarmNodes(nodes []string) {
-	m.mu.Lock()
-	var all []*sb
-	for _, s := range m.sandboxes {
-		all = append(all, s)
-	}
-	m.mu.Unlock()
-	for _, s := range all {
+	for _, s := range m.allSandboxes() {
 		s.buildMu.Lock() // a build in flight may be of one of these nodes
 		s.prepMu.Lock()
 		for _, n := range nodes {

@@ -118,6 +118,10 @@ type Sandbox struct {
 	// Family names, for a member of a fast fork's family (state/family.go), the family's
 	// holder, which the next daemon adopts before the members. nil: none.
 	Family *FamilyRef `json:"family,omitempty"`
+	// Cgroup names its runtime's cgroups when they are not named by ID: a member of a
+	// family whose runtime was a spare, made while its runtime held ID's
+	// (state/spares.go). The next daemon adopts that runtime by it. "": ID.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // FamilyRef is a fast fork's family as its members' records name it. A fork writes its

@@ -17,7 +17,7 @@ import (
 
 // TestBenchLatencyTiny runs `deltabox bench latency` with tiny counts and checks that
 // the four systems have checkpoint and restore rows with samples, that every restore
-// was served by a process template and checked, and that the bench removed what it
+// was served by a process template and checked (restore-spare's by a spare), and that the bench removed what it
 // made (sandboxes, nodes, host copies, CRIU images).
 func TestBenchLatencyTiny(t *testing.T) {
 	d := testutil.StartDaemon(t)
@@ -32,7 +32,7 @@ func TestBenchLatencyTiny(t *testing.T) {
 	os.Mkdir(shm, 0o700)
 	start := time.Now()
 	cmd := testutil.Command(t, 5*time.Minute, testutil.Binary(t), "--socket", d.Socket, "bench", "latency", "--workspace-mb", "2", "--small-files", "100",
-		"--heap-mb", "4", "--step-mb", "1", "--changes", "10", "--chain", "3", "--restores", "4", "--max-nodes", "5",
+		"--heap-mb", "4", "--step-mb", "1", "--changes", "10", "--chain", "3", "--restores", "4", "--spare-restores", "3", "--max-nodes", "5",
 		"--baseline-checkpoints", "2", "--baseline-restores", "2", "--criu-keep", "2", "--host-dir", hostDir, "--tmpfs-dir", shm, "--json", out)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -45,7 +45,7 @@ func TestBenchLatencyTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Bench != "latency" || f.Description == "" || len(f.Targets) != 5 {
+	if f.Bench != "latency" || f.Description == "" || len(f.Targets) != 6 {
 		t.Fatalf("bench %q, description %q, %d targets", f.Bench, f.Description, len(f.Targets))
 	}
 	got := map[string]bench.Row{}
@@ -56,6 +56,7 @@ func TestBenchLatencyTiny(t *testing.T) {
 		// The chain's 3 and every other branch checkpoint answer complete, the other 2 early.
 		"deltabox checkpoint": 5, "deltabox checkpoint+exec": 5, "deltabox checkpoint-answer": 2, "deltabox checkpoint-answer+exec": 2,
 		"deltabox restore": 4, "deltabox restore+exec": 4,
+		"deltabox restore-spare": 3, "deltabox restore-spare+exec": 3, // the fork's node in its branch, each from a spare
 		"criu checkpoint": 2, "criu restore": 2, "copytree+replay checkpoint": 2, "copytree+replay restore": 2,
 		"fs-only+replay checkpoint": 2, "fs-only+replay restore": 2,
 		"kernel-fork fork": 4, // one per branch checkpoint
@@ -79,6 +80,9 @@ func TestBenchLatencyTiny(t *testing.T) {
 	complete, _ := ca.Info["complete_ms_p50"].(float64)
 	if answer, _ := ca.Info["daemon_p50_ms"].(float64); !(answer > 0) || complete <= answer {
 		t.Errorf("deltabox checkpoint-answer info: %v, want complete_ms_p50 above daemon_p50_ms", ca.Info)
+	}
+	if sp := got["deltabox restore-spare"]; sp.Info["from_spare"] != float64(3) || !(sp.Info["spare_pss_mb_p50"].(float64) > 0) {
+		t.Errorf("deltabox restore-spare info: %v, want every restore from a spare, and the spares' Pss", sp.Info)
 	}
 	rs := got["deltabox restore"]
 	if rs.Info["template_restores"] != float64(4) || rs.Info["state_checks_failed"] != float64(0) {
@@ -119,7 +123,8 @@ func TestBenchLatencyTiny(t *testing.T) {
 			t.Errorf("%s: %v", k, got[k].Info)
 		}
 	}
-	if ws := f.Workspaces; len(ws) != 1 || ws[0].MarkerChecks != 4 || ws[0].MarkerFailures != 0 || !ws[0].HostIdentical {
+	// 4 restores and 3 restore-spare ones checked.
+	if ws := f.Workspaces; len(ws) != 1 || ws[0].MarkerChecks != 7 || ws[0].MarkerFailures != 0 || !ws[0].HostIdentical {
 		t.Errorf("workspaces: %+v", ws)
 	}
 	// Nothing left behind.

@@ -19,7 +19,7 @@ import (
 // made, podman's containers too. podman's row runs where podman is installed
 // (scripts/setup.sh installs it; CI must have it).
 func TestBenchRLTiny(t *testing.T) {
-	systems := []string{bench.SysRLDeltaBox, bench.SysRLFork, bench.SysRLCRIU, bench.SysRLCopytree, bench.SysRLPodman}
+	systems := []string{bench.SysRLDeltaBox, bench.SysRLSpares, bench.SysRLFork, bench.SysRLCRIU, bench.SysRLCopytree, bench.SysRLPodman}
 	podman, _ := exec.LookPath("podman")
 	if podman == "" {
 		if os.Getenv("CI") == "true" {
@@ -53,6 +53,15 @@ func TestBenchRLTiny(t *testing.T) {
 		}
 		if n, _ := r.Info["state_checks_failed"].(float64); n != 0 {
 			t.Errorf("%s: %v resets did not bring back the step's start state", r.System, n)
+		}
+		// 2 steps (1 untimed) of 2 branches: 4 resets; each branch held a spare before
+		// the first (deltabox-spares), and plain sandboxes never hold one.
+		spares, _ := r.Info["resets_from_spare"].(float64)
+		switch {
+		case r.System == bench.SysRLSpares && (r.Info["resets"] != float64(4) || spares < 2):
+			t.Errorf("%s: resets %v, from a spare %v: want 4, at least the first 2", r.System, r.Info["resets"], spares)
+		case r.System == bench.SysRLDeltaBox && (r.Info["resets"] != float64(4) || spares != 0):
+			t.Errorf("%s: resets %v, from a spare %v: want 4 and none", r.System, r.Info["resets"], spares)
 		}
 	}
 	for _, s := range systems {

@@ -143,6 +143,12 @@ class AsyncClient:
         d = await self._t.json("POST", "/nodes/%s/pin" % q(id), {"pinned": bool(pinned)})
         return Node.from_api(d, self.blocking)
 
+    async def prepare_checkpoint(self, id: str, sandbox: Optional[str] = None) -> Node:
+        """:meth:`Client.prepare_checkpoint`."""
+        body: Dict[str, Any] = {} if sandbox is None else {"sandbox": str(sandbox)}
+        d = await self._t.json("POST", "/nodes/%s/prepare" % q(id), body)
+        return Node.from_api(d, self.blocking)
+
     async def fork(self, node: NodeRef, count: int = 1, processes: str = "auto",
                    image_wait: Optional[float] = None, **create_kwargs: Any) -> List["AsyncSandbox"]:
         """:meth:`Sandbox.fork_from`: ``count`` new sandboxes on the node (a Node, a

@@ -150,6 +150,12 @@ class Client:
         return Node.from_api(self._t.json("POST", "/nodes/%s/pin" % q(id),
                                           {"pinned": bool(pinned)}), self)
 
+    def prepare_checkpoint(self, id: str, sandbox: Optional[str] = None) -> Node:
+        """Makes sure ``sandbox`` (None: the node's own) holds a spare of node ``id``
+        (:meth:`Node.prepare`); returns the node once it does."""
+        body: Dict[str, Any] = {} if sandbox is None else {"sandbox": str(sandbox)}
+        return Node.from_api(self._t.json("POST", "/nodes/%s/prepare" % q(id), body), self)
+
     # ---- nodes that travel ----
 
     def export_node(self, id: str, path: str) -> List[str]:

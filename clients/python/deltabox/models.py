@@ -313,6 +313,8 @@ class NodeClient(Protocol):
 
     def pin_checkpoint(self, id: str, pinned: bool = True) -> "Node": ...
 
+    def prepare_checkpoint(self, id: str, sandbox: Optional[str] = None) -> "Node": ...
+
     def export_node(self, id: str, path: str) -> List[str]: ...
 
 
@@ -356,6 +358,8 @@ class Node:
             made (whatever names the node, a read, a restore, a fork, waits for them).
         complete: seconds its checkpoint took until the node was complete (0.0: not
             known, for a node made before the daemon started).
+        spares: the sandboxes holding a spare of it (:meth:`prepare`), sorted; read
+            by ``client.node(id)`` and :meth:`refresh` only.
     """
 
     id: str
@@ -378,6 +382,7 @@ class Node:
     process_image: Optional[ProcessImage] = None
     pending: bool = False
     complete: float = 0.0
+    spares: List[str] = field(default_factory=list)
     _client: Optional[NodeClient] = field(default=None, repr=False, compare=False)
     # The workdir of the sandbox that made it, when known (a fork's default).
     _workdir: Optional[str] = field(default=None, repr=False, compare=False)
@@ -406,6 +411,7 @@ class Node:
             process_image=ProcessImage.from_api(d.get("process_image")),
             pending=bool(d.get("pending")),
             complete=float(d.get("complete_ms") or 0.0) / 1000.0,
+            spares=[str(s) for s in (d.get("spares") or [])],
             _client=client,
             _workdir=workdir,
         )
@@ -434,6 +440,14 @@ class Node:
         again, so that its process templates are never evicted over the template
         budget. Returns the node as the daemon sees it now."""
         return self._need_client().pin_checkpoint(self.id, pinned)
+
+    def prepare(self, sandbox: Optional[str] = None) -> "Node":
+        """Makes sure ``sandbox`` (None: the node's own) holds a spare of this node:
+        its processes forked and placed ahead of time, so that the sandbox's next
+        restore of it swaps them in instead of forking (``from_spare``). For a node
+        made before a fork, restored in a member of its family (``sb.fork``);
+        ConflictError otherwise, saying why. Returns once the spare is ready."""
+        return self._need_client().prepare_checkpoint(self.id, sandbox)
 
     def export(self, path: str) -> List[str]:
         """Writes this node, its layer chain and its process image to the file
@@ -471,6 +485,8 @@ class RestoreResult:
         warm: the node's state had been mounted ahead of time.
         from_image: the node's templates were gone (evicted, killed) and came back
             from its durable image first.
+        from_spare: the restore swapped in a spare of the node (:meth:`Node.prepare`)
+            instead of forking its processes.
         lazy_image: that restore from the image was lazy: it answered before every
             page was read (the next checkpoint waits for the rest).
         duration: seconds inside the daemon.
@@ -496,6 +512,7 @@ class RestoreResult:
     mounted: bool = False
     warm: bool = False
     from_image: bool = False
+    from_spare: bool = False
     lazy_image: bool = False
     duration: float = 0.0
     phases_us: Dict[str, int] = field(default_factory=dict)
@@ -518,6 +535,7 @@ class RestoreResult:
             mounted=bool(d.get("mounted")),
             warm=bool(d.get("warm")),
             from_image=bool(d.get("from_image")),
+            from_spare=bool(d.get("from_spare")),
             lazy_image=bool(d.get("lazy_image")),
             duration=float(d.get("duration_ms") or 0.0) / 1000.0,
             phases_us=_phases(d),

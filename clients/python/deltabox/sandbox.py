@@ -478,6 +478,11 @@ class CheckpointResult:
         """:meth:`Node.pin`."""
         return self.node.pin(pinned)
 
+    def prepare(self, sandbox: Optional[str] = None) -> Node:
+        """:meth:`Node.prepare`: a spare of this node in ``sandbox`` (None: the node's
+        own), for its next restore."""
+        return self.node.prepare(sandbox)
+
 
 def _forked(d: Dict[str, Any], client: Optional[Client]) -> List[Tuple[str, Dict[str, Any], ForkBranch]]:
     """The sandboxes of a fork's answer: each one's id, info and ForkBranch."""

@@ -1188,6 +1188,30 @@ class DaemonTest(unittest.TestCase):
         if not _fork_files_only(self, k.fork_branch):
             self.assertEqual(k.run("x", session="py").stdout, "7\n")
 
+    def test_prepare_spare(self):
+        # A member of a fast fork's family prepares the fork's node: its next restore
+        # swaps in the spare (from_spare), exactly the node's python state.
+        sb = self.sandbox()
+        py = sb.sessions.start("py", kind="python")
+        pid = py.run("import os\nx = 41\nos.getpid()").stdout
+        (k,) = sb.fork(label="spare")
+        self.addCleanup(k.close)
+        assert k.fork_branch is not None
+        if k.fork_branch.path != "fast":
+            self.skipTest("the fork took the %s path: %s" % (k.fork_branch.path, k.fork_branch.reason))
+        assert k.head is not None
+        node = self.client.node(k.head)
+        self.assertIn(k.id, node.prepare(sandbox=k.id).spares)
+        k.run("x = 0", session="py")
+        r = k.restore(node)
+        self.assertTrue(r.from_spare)
+        self.assertEqual(k.run("x, os.getpid()", session="py").stdout, "(41, %s)\n" % pid.strip())
+        # A plain sandbox's node: refused, saying what to do.
+        c = self.sandbox().checkpoint()
+        with self.assertRaises(Conflict) as e:
+            c.prepare()
+        self.assertIn("fork", str(e.exception))
+
     def test_fork_names(self):
         sb = self.sandbox()
         base = "fk-%d-%d" % (os.getpid(), int(time.time() * 1000) % 10**6)

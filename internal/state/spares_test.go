@@ -1,0 +1,258 @@
+package state_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"deltabox/internal/errdefs"
+	"deltabox/internal/state"
+	"deltabox/internal/testutil"
+)
+
+// spareFamily makes sandbox id with a python and a bash session and a background
+// process, forks it once (its branch id+"b"), and returns the fork's node and a
+// check of the node's state (the checkpoint's PIDs) in a sandbox.
+func spareFamily(t *testing.T, m *state.Manager, id string) (node string, check func(sb string)) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	pyPid := strings.TrimSpace(call(t, m, id, "py", "import os\nd = {i: str(i) for i in range(100000)}\nos.getpid()"))
+	baPid := strings.TrimSpace(call(t, m, id, "main", "cd /tmp; V=v1; echo $$"))
+	bgPid := strings.TrimSpace(sh(t, m, id, "echo f > /tmp/atF; nohup sleep 100000 </dev/null >/dev/null 2>&1 & echo $!"))
+	for deadline := time.Now().Add(10 * time.Second); sh(t, m, id, "cat /proc/"+bgPid+"/comm") != "sleep\n"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background sleep did not exec") // nohup's, until it does: the node must hold the sleep
+		}
+	}
+	res, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: id + "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := res.Branches[0]; b.Path != "fast" || b.Restore.Processes != 3 {
+		t.Fatalf("fork: path %s (%s), %+v", b.Path, b.Reason, b.Restore)
+	}
+	return res.Node, func(sb string) {
+		t.Helper()
+		if got, want := call(t, m, sb, "py", "(len(d), d[0], os.getpid())"), fmt.Sprintf("(100000, '0', %s)\n", pyPid); got != want {
+			t.Fatalf("%s: python %q, want %q", sb, got, want)
+		}
+		if got, want := call(t, m, sb, "main", `echo $PWD $V $$`), fmt.Sprintf("/tmp v1 %s\n", baPid); got != want {
+			t.Fatalf("%s: bash %q, want %q", sb, got, want)
+		}
+		if got := sh(t, m, sb, "cat /proc/"+bgPid+"/comm /tmp/atF; ls /tmp; cat /proc/[0-9]*/comm | grep -cx sleep"); got != "sleep\nf\natF\n1\n" {
+			t.Fatalf("%s: background process, files, sleeps (the divergent one must be gone): %q", sb, got)
+		}
+	}
+}
+
+// diverge changes sb's python, bash, files and processes from the node's.
+func diverge(t *testing.T, m *state.Manager, sb string) {
+	t.Helper()
+	call(t, m, sb, "py", "d[0] = 'diverged'; d2 = bytearray(10 << 20)")
+	call(t, m, sb, "main", "V=v2; cd /")
+	sh(t, m, sb, "echo x > /tmp/div; rm /tmp/atF; nohup sleep 7777 </dev/null >/dev/null 2>&1 &")
+}
+
+// waitSpare waits until sb holds a spare of node (the background one after a restore).
+func waitSpare(t *testing.T, m *state.Manager, node, sb string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := m.Node(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(n.Spares, sb) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no spare of %s in %s after 30 s: %v", node, sb, n.Spares)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSpareRestore(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	ctx := context.Background()
+	node, check := spareFamily(t, m, "sp")
+	const b = "spb"
+	n, err := m.PrepareSpare(ctx, node, b)
+	if err != nil || !slices.Contains(n.Spares, b) {
+		t.Fatalf("prepare %s for %s: %v %+v", node, b, err, n)
+	}
+	for i := range 2 {
+		diverge(t, m, b)
+		r, err := m.Restore(ctx, b, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("restore %d: from_spare %v, %.2f ms, phases %v", i, r.FromSpare, r.DurationMS, r.PhasesUS)
+		if !r.FromSpare || r.Processes != 3 || len(r.ProcessErrors) > 0 {
+			t.Fatalf("restore %d of %s in %s: %+v", i, node, b, r)
+		}
+		check(b)
+		waitSpare(t, m, node, b) // the next one, made in the background
+	}
+	// A spare whose copy was killed from the host: the restore forks instead, correctly.
+	pids := state.SpareCopies(m, b, node)
+	if len(pids) != 3 {
+		t.Fatalf("spare copies: %v", pids)
+	}
+	if err := unix.Kill(pids[0], unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	diverge(t, m, b)
+	r, err := m.Restore(ctx, b, node)
+	if err != nil || r.FromSpare || r.Processes != 3 {
+		t.Fatalf("restore with a dead spare: %v %+v", err, r)
+	}
+	t.Logf("with a dead spare: %v", r.Warnings)
+	check(b)
+	info, err := m.Get(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := info.Stats
+	if st.RestorePaths.Spare != 2 || st.SparesMade < 3 || st.SparesDropped < 1 {
+		t.Fatalf("stats: restore_paths.spare %d, spares made %d, dropped %d", st.RestorePaths.Spare, st.SparesMade, st.SparesDropped)
+	}
+	// The source (a member too) takes its own; a node of a plain sandbox is refused.
+	if _, err := m.PrepareSpare(ctx, node, ""); err != nil {
+		t.Fatalf("prepare for the source: %v", err)
+	}
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "plain"}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, "plain", "true")
+	cp, err := m.Checkpoint(ctx, "plain", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.PrepareSpare(ctx, cp.Node.ID, ""); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "fork") {
+		t.Fatalf("prepare of a plain sandbox's node: %v", err)
+	}
+	// A member holding templates of its own (a node made after the fork, in its
+	// namespace, which a swap would end) is refused a spare, with why.
+	if _, err := m.Checkpoint(ctx, b, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.PrepareSpare(ctx, node, b); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "templates of its own") {
+		t.Fatalf("prepare for a member with templates of its own: %v", err)
+	}
+	// Removing the branch drops its spare (its copies end).
+	if err := m.Remove(b); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.Node(node); err != nil || slices.Contains(n.Spares, b) {
+		t.Fatalf("after the branch's removal: %v %v", err, n.Spares)
+	}
+}
+
+// TestSpareFailureAtEveryStepKeepsSandbox: a restore from a spare that fails at any of
+// its steps (fault injection before each) leaves the member exactly as it was: its
+// python and bash state, its files, its processes (the one started since the node
+// included); the next restore, from a new spare, is the node's.
+func TestSpareFailureAtEveryStepKeepsSandbox(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	defer state.SetFailStep(m, nil)
+	ctx := context.Background()
+	node, check := spareFamily(t, m, "spf")
+	const b = "spfb"
+	diverge(t, m, b)
+	injected := errors.New("injected")
+	for k := 1; k <= state.SpareStepCount; k++ {
+		if _, err := m.PrepareSpare(ctx, node, b); err != nil {
+			t.Fatal(err)
+		}
+		state.SetFailStep(m, func(op string, step int) error {
+			if op == "restore-spare" && step == k {
+				return injected
+			}
+			return nil
+		})
+		_, err := m.Restore(ctx, b, node)
+		state.SetFailStep(m, nil)
+		if !errors.Is(err, injected) {
+			t.Fatalf("step %d: restore %v, want the injected failure", k, err)
+		}
+		if got := call(t, m, b, "py", "(d[0], len(d2))"); got != "('diverged', 10485760)\n" {
+			t.Fatalf("step %d: python after the failed restore: %q", k, got)
+		}
+		if got := call(t, m, b, "main", "echo $V $PWD"); got != "v2 /\n" {
+			t.Fatalf("step %d: bash after the failed restore: %q", k, got)
+		}
+		if got := sh(t, m, b, "cat /tmp/div; ls /tmp; cat /proc/[0-9]*/comm | grep -cx sleep"); got != "x\ndiv\n2\n" {
+			t.Fatalf("step %d: files and processes after the failed restore: %q", k, got)
+		}
+	}
+	if _, err := m.PrepareSpare(ctx, node, b); err != nil {
+		t.Fatal(err)
+	}
+	r, err := m.Restore(ctx, b, node)
+	if err != nil || !r.FromSpare {
+		t.Fatalf("restore after the failures: %v %+v", err, r)
+	}
+	check(b)
+}
+
+// TestSparesDroppedFirstOverBudget: a member's spare counts in its template budget, and
+// a checkpoint that finds the budget full drops the spare first (it is only work done
+// ahead) instead of waiting and failing with 507: no template of the member could be
+// evicted to make room.
+func TestSparesDroppedFirstOverBudget(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: "spbud", TemplateBudgetMB: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.StartSession(ctx, "spbud", state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	call(t, m, "spbud", "py", "import os\nbig = os.urandom(32 << 20)\nlen(big)")
+	res, err := m.ForkSandbox(ctx, "spbud", state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: "spbudb"}})
+	if err != nil || res.Branches[0].Path != "fast" {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	const b = "spbudb"
+	if _, err := m.PrepareSpare(ctx, res.Node, b); err != nil {
+		t.Fatal(err)
+	}
+	info, err := m.Get(b)
+	if err != nil || info.Stats.SpareBytes <= 8<<20 {
+		t.Fatalf("the spare holds %d bytes (%v): the test needs it over the 8 MB budget", info.Stats.SpareBytes, err)
+	}
+	t.Logf("the spare holds %.1f MB pss_anon, %.1f MB alone", float64(info.Stats.SpareBytes)/(1<<20), float64(info.Stats.SparePrivateBytes)/(1<<20))
+	if _, err := m.CheckpointWith(ctx, b, state.CheckpointOptions{Wait: 2 * time.Second, Answer: state.AnswerComplete}); err != nil {
+		t.Fatalf("checkpoint over the budget with a spare to drop: %v", err)
+	}
+	info, err = m.Get(b)
+	if err != nil || info.Stats.SparesDropped != 1 || info.Stats.SpareBytes != 0 {
+		t.Fatalf("after the checkpoint: spares dropped %d, holding %d (%v)", info.Stats.SparesDropped, info.Stats.SpareBytes, err)
+	}
+	if n, err := m.Node(res.Node); err != nil || len(n.Spares) != 0 {
+		t.Fatalf("the node's spares after the checkpoint: %v (%v)", n.Spares, err)
+	}
+}
