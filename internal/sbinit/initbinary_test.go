@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +20,7 @@ import (
 // runs (exec through /proc/self/fd) and that no one may change: sealed against write,
 // grow and shrink with the seals sealed, mode 0555, close-on-exec, at 100 or above. A
 // dynamically linked executable or a file that is no ELF is refused with the reason,
+// so is an executable memfd where vm.memfd_noexec=2 (in a PID namespace of its own),
 // and without a small init the daemon's own binary is the init, saying why.
 func TestInitMemfd(t *testing.T) {
 	_, err := exec.LookPath("go")
@@ -97,6 +99,20 @@ func TestInitMemfd(t *testing.T) {
 		}
 	}
 
+	// A PID namespace whose vm.memfd_noexec is 2 refuses an executable memfd: the
+	// reason names the setting (the child is this test, re-executed there).
+	if os.Geteuid() != 0 {
+		t.Log("not root: vm.memfd_noexec=2 not checked (it takes a PID namespace)")
+	} else {
+		c := exec.Command(os.Args[0], "-test.run=^TestInitMemfdNoexec$", "-test.v")
+		c.Env = append(os.Environ(), "DELTABOX_TEST_INIT="+p)
+		c.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+		out, err := c.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestInitMemfdNoexec") {
+			t.Errorf("with vm.memfd_noexec=2: %v\n%s", err, out)
+		}
+	}
+
 	// Without a small init (a plain go build): the daemon's own binary, and why.
 	defer func(b []byte, w string) {
 		embeddedInit, embeddedWhy, initBinOnce, initExePath, initMemfdFD = b, w, sync.Once{}, "/proc/self/exe", -1
@@ -113,5 +129,28 @@ func TestInitMemfd(t *testing.T) {
 	}
 	if initMemfdFD >= 0 {
 		unix.Close(initMemfdFD)
+	}
+}
+
+// TestInitMemfdNoexec is TestInitMemfd's child in a PID namespace of its own: with
+// vm.memfd_noexec=2 there, initMemfd refuses, naming the setting.
+func TestInitMemfdNoexec(t *testing.T) {
+	p := os.Getenv("DELTABOX_TEST_INIT")
+	if p == "" {
+		t.Skip("run by TestInitMemfd, in a PID namespace of its own")
+	}
+	if err := os.WriteFile("/proc/sys/vm/memfd_noexec", []byte("2"), 0); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := initMemfd(exe)
+	if err == nil {
+		unix.Close(fd)
+	}
+	if err == nil || !strings.Contains(err.Error(), "vm.memfd_noexec=2") {
+		t.Fatalf("initMemfd with vm.memfd_noexec=2: %v, want an error naming it", err)
 	}
 }
