@@ -28,7 +28,10 @@ import (
 // (checked on Linux 6.18). That tmpfs becomes the root of the thread's namespace
 // (pivot_root, the base tree detached), and the branch init's setupRoot pivots away from
 // it and detaches it in turn: no branch keeps any of it. Nothing is written: the files
-// are the host's, read-only for the branch init (it is not host root).
+// are the host's, read-only for the branch init (it is not host root). The small init
+// (InitBinary) is a sealed memfd instead, on no mount open_tree may clone (EINVAL): a
+// copy of its fd comes with the request, and the thread execs it through the tmpfs's
+// proc (/proc/self/fd/N) and closes it after.
 
 // branchExe is where the daemon's binary is in the branch-making namespace.
 const branchExe = "/deltabox"
