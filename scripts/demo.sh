@@ -13,8 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH=$PATH:/usr/local/go/bin
 
 if [ -n "${DELTABOX_SOCKET:-}" ]; then
-	go build -o bin/deltabox ./cmd/deltabox
-	CGO_ENABLED=0 go build -o bin/deltabox-init ./cmd/deltabox-init
+	bash scripts/build.sh
 	bin/deltabox ls >/dev/null # fails clearly if no daemon answers there
 else
 	bash scripts/setup.sh

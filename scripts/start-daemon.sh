@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# scripts/start-daemon.sh: build bin/deltabox (and bin/deltabox-init) and (re)start the daemon on the default
+# scripts/start-daemon.sh: build bin/deltabox (scripts/build.sh) and (re)start the daemon on the default
 # socket, in the background, logging to /var/log/deltabox.log.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH=$PATH:/usr/local/go/bin
-go build -o bin/deltabox ./cmd/deltabox
-# The fork fast path's branch init, static, built after the daemon (sbinit.InitBinary).
-CGO_ENABLED=0 go build -o bin/deltabox-init ./cmd/deltabox-init
+bash scripts/build.sh
 PIDFILE=/run/deltabox/daemon.pid
 mkdir -p /run/deltabox
 if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then

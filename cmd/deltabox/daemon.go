@@ -34,6 +34,7 @@ func daemonCmd() *cobra.Command {
 			}
 			// Whatever the daemon inherited must not leak into sandboxes.
 			sbinit.CloseOnExecFrom(3)
+			useEmbeddedInit()
 			level := slog.LevelInfo
 			if os.Getenv("DELTABOX_DEBUG") == "1" {
 				level = slog.LevelDebug

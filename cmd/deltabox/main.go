@@ -1,6 +1,7 @@
 // Command deltabox is DeltaBox's one binary: the daemon (`deltabox daemon`), the
-// client verbs, and (hidden) the sandbox init, which the daemon starts by
-// re-executing this binary.
+// client verbs, and (hidden) the sandbox init: the small one it carries
+// (cmd/deltabox-init, embedded by scripts/build.sh, initbin.go), else this binary
+// re-executed.
 package main
 
 import (

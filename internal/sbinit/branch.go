@@ -244,7 +244,11 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 			ch <- result{0, -1, fmt.Errorf("unshare a mount namespace for the branch init: %w", err)}
 			return
 		}
-		if err := buildExecRoot(req.Tree, fds[2:2+nfiles]); err != nil {
+		exe, memfd, err := buildExecRoot(req.Tree, fds[2:2+nfiles])
+		if memfd >= 0 {
+			defer unix.Close(memfd)
+		}
+		if err != nil {
 			ch <- result{0, -1, err}
 			return
 		}
@@ -262,7 +266,7 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 				PidFD:      &pidfd,
 			},
 		}
-		pid, err := syscall.ForkExec(branchExe, []string{"deltabox-init", InitArg, string(arg)}, attr)
+		pid, err := syscall.ForkExec(exe, []string{"deltabox-init", InitArg, string(arg)}, attr)
 		if err != nil {
 			err = fmt.Errorf("start the branch init: %w", err)
 		}

@@ -2,13 +2,13 @@ package sbinit
 
 import (
 	"bufio"
+	"bytes"
 	"debug/buildinfo"
 	"debug/elf"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,7 +28,10 @@ import (
 // (checked on Linux 6.18). That tmpfs becomes the root of the thread's namespace
 // (pivot_root, the base tree detached), and the branch init's setupRoot pivots away from
 // it and detaches it in turn: no branch keeps any of it. Nothing is written: the files
-// are the host's, read-only for the branch init (it is not host root).
+// are the host's, read-only for the branch init (it is not host root). The small init
+// (InitBinary) is a sealed memfd instead, on no mount open_tree may clone (EINVAL): a
+// copy of its fd comes with the request, and the thread execs it through the tmpfs's
+// proc (/proc/self/fd/N) and closes it after.
 
 // branchExe is where the daemon's binary is in the branch-making namespace.
 const branchExe = "/deltabox"
@@ -38,6 +41,10 @@ const branchExe = "/deltabox"
 type execEntry struct {
 	Path   string `json:"path"`
 	Target string `json:"target,omitempty"` // a symlink's; "" for a file
+	// Memfd: the file is the small init's sealed memfd (InitBinary), its fd passed as
+	// is, exec'd through /proc/self/fd: a memfd is on no mount of any namespace, so
+	// open_tree cannot clone it (EINVAL) nor a bind mount attach it.
+	Memfd bool `json:"memfd,omitempty"`
 }
 
 var (
@@ -49,37 +56,44 @@ var (
 
 var soName = regexp.MustCompile(`\.so(\.[0-9]+)*$`)
 
-// InitBinaryName is the small init's file name, beside the daemon's binary
-// (cmd/deltabox-init).
+// InitBinaryName is the small init's name (cmd/deltabox-init), which the daemon's
+// binary carries (scripts/build.sh builds it first and embeds it).
 const InitBinaryName = "deltabox-init"
 
+// InitBinaryPath is the small init's package path (cmd/deltabox-init).
+const InitBinaryPath = "deltabox/cmd/deltabox-init"
+
+// UseInit gives the daemon, before it starts any sandbox, the small init its binary
+// carries (exe), or nil and why it carries none (a plain `go build ./cmd/deltabox`).
+func UseInit(exe []byte, whyNone string) {
+	embeddedInit, embeddedWhy = exe, whyNone
+}
+
+var (
+	embeddedInit []byte
+	embeddedWhy  = "this binary carries no small init"
+)
+
 // InitBinary is the executable every sandbox init (Start's, and a fork's branch inits)
-// runs and why: the small init beside the daemon's binary if it can stand for it
-// (initBinaryUsable), else the daemon's own ("/proc/self/exe"). Resolved once per
-// daemon, at its start (the daemon logs it), which opens the fd Start execs (initExe).
+// runs and why: the small init the daemon's binary carries (UseInit), in a sealed
+// memfd (initMemfd), else the daemon's own ("/proc/self/exe"). Resolved once per
+// daemon, at its start (the daemon logs it).
 func InitBinary() (path, why string) {
 	initBinOnce.Do(func() {
 		initBinPath, initBinWhy = "/proc/self/exe", "the daemon's own binary"
-		self, err := os.Executable()
+		if embeddedInit == nil {
+			initBinWhy += " (" + embeddedWhy + ")"
+			return
+		}
+		fd, err := initMemfd(embeddedInit)
 		if err != nil {
 			initBinWhy += " (" + err.Error() + ")"
 			return
 		}
-		p := filepath.Join(filepath.Dir(self), InitBinaryName)
-		ours, ok := debug.ReadBuildInfo()
-		if !ok {
-			initBinWhy += " (it has no build information)"
-			return
-		}
-		if err := initBinaryUsable(p, self, ours); err != nil {
-			initBinWhy += " (" + err.Error() + ")"
-			return
-		}
-		if err := openInitExe(p); err != nil {
-			initBinWhy += " (" + err.Error() + ")"
-			return
-		}
-		initBinPath, initBinWhy = p, "the static init beside the daemon's binary"
+		initMemfdFD = fd
+		initExePath = "/proc/self/fd/" + strconv.Itoa(fd)
+		initBinPath = "memfd:" + InitBinaryName
+		initBinWhy = fmt.Sprintf("the small init this binary carries (%d bytes, sealed memfd)", len(embeddedInit))
 	})
 	return initBinPath, initBinWhy
 }
@@ -88,106 +102,103 @@ var (
 	initBinOnce sync.Once
 	initBinPath string
 	initBinWhy  string
+	initMemfdFD = -1 // the sealed memfd, or -1 (the daemon's own binary)
 )
 
-// initExe is what Start execs: InitBinary's small init through an O_PATH fd the daemon
-// holds from its start on ("/proc/self/fd/N", resolved in the child before its exec
-// closes the fd), else the daemon's own binary. Not by its path: the child execs as the
-// sandbox's root, its host uid unprivileged, which may not search the directories on
-// the way to it (a test's binary is in a 0700 temporary directory); a magic link is no
-// search. N is 100 or above, clear of the fds the child's exec installs at 0, 1, 2,
-// 3... (exec.Cmd's ExtraFiles), which would cover a lower one.
+// initExe is what Start execs: the sealed memfd of the small init ("/proc/self/fd/N",
+// resolved in the child before its exec closes the fd), else the daemon's own binary.
+// A magic link, not a path: the child execs as the sandbox's root, its host uid
+// unprivileged, which may not search the directories on the way to a file (a test's
+// binary is in a 0700 temporary directory). N is 100 or above, clear of the fds the
+// child's exec installs at 0, 1, 2, 3... (exec.Cmd's ExtraFiles), which would cover a
+// lower one.
 func initExe() string {
 	InitBinary()
 	return initExePath
 }
 
-// openInitExe sets initExePath for the small init at p (InitBinary, once).
-func openInitExe(p string) error {
-	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	hi, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 100)
-	if err != nil {
-		return err
-	}
-	initExePath = "/proc/self/fd/" + strconv.Itoa(hi)
-	return nil
-}
-
 var initExePath = "/proc/self/exe"
 
-// initBinaryUsable says why p cannot stand for the daemon's binary self, whose build
-// information is ours, as a branch init (nil when it can): it must be a static
-// executable (the exec root holds no ELF interpreter or library for it), built by the
-// same Go from the same commit and no earlier than self (the daemon and the init speak
-// one protocol, and a daemon rebuilt alone would find an init of other code beside it;
-// every build script builds the init after the daemon).
-func initBinaryUsable(p, self string, ours *debug.BuildInfo) error {
-	fi, err := os.Stat(p)
+// initMemfd puts the small init exe in a memfd no one may change and returns its fd
+// (CLOEXEC, 100 or above). Sealed against writing, growing and shrinking, and the
+// seals sealed: an fd of it, or /proc/PID/exe of an init, opened by anyone, never
+// changes what the next init runs. Mode 0555: every init execs it as an unprivileged
+// host uid; none may open it for writing. MFD_EXEC (Linux 6.3) asks for an executable
+// memfd where vm.memfd_noexec would make it noexec by default; vm.memfd_noexec=2
+// refuses it (EACCES), and the daemon then execs its own binary.
+func initMemfd(exe []byte) (int, error) {
+	if err := initUsable(exe); err != nil {
+		return -1, err
+	}
+	fd, err := unix.MemfdCreate(InitBinaryName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
+	if err == unix.EINVAL { // before Linux 6.3, no MFD_EXEC: every memfd is executable
+		fd, err = unix.MemfdCreate(InitBinaryName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
 	if err != nil {
-		return err
+		if b, rerr := os.ReadFile("/proc/sys/vm/memfd_noexec"); rerr == nil && strings.TrimSpace(string(b)) == "2" {
+			return -1, fmt.Errorf("vm.memfd_noexec=2 refuses an executable memfd for the small init (%v)", err)
+		}
+		return -1, fmt.Errorf("memfd_create for the small init: %w", err)
 	}
-	si, err := os.Stat(self)
+	defer unix.Close(fd)
+	for b := exe; len(b) > 0; {
+		n, err := unix.Write(fd, b)
+		if err != nil {
+			return -1, fmt.Errorf("write the small init's memfd: %w", err)
+		}
+		b = b[n:]
+	}
+	if err := unix.Fchmod(fd, 0o555); err != nil {
+		return -1, fmt.Errorf("chmod the small init's memfd: %w", err)
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		return -1, fmt.Errorf("seal the small init's memfd: %w", err)
+	}
+	hi, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 100)
 	if err != nil {
-		return err
+		return -1, err
 	}
-	if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
-		return fmt.Errorf("%s is not an executable file", p)
-	}
-	if fi.ModTime().Before(si.ModTime()) {
-		return fmt.Errorf("%s is older than %s: build it after the daemon (CGO_ENABLED=0 go build -o %s ./cmd/%s)", p, self, p, InitBinaryName)
-	}
-	f, err := elf.Open(p)
+	return hi, nil
+}
+
+// initUsable says why exe cannot be a sandbox init (nil when it can): it must be the
+// small init's static executable (a branch init's exec root holds no ELF interpreter
+// or library for it). Being embedded by the build of the daemon's binary, it is of the
+// daemon's commit.
+func initUsable(exe []byte) error {
+	f, err := elf.NewFile(bytes.NewReader(exe))
 	if err != nil {
-		return err
+		return fmt.Errorf("the small init is not an ELF executable: %w", err)
 	}
 	defer f.Close()
 	for _, pr := range f.Progs {
 		if pr.Type == elf.PT_INTERP {
-			return fmt.Errorf("%s is dynamically linked: build it with CGO_ENABLED=0", p)
+			return fmt.Errorf("the small init is dynamically linked: build it with CGO_ENABLED=0 (scripts/build.sh)")
 		}
 	}
-	theirs, err := buildinfo.ReadFile(p)
+	bi, err := buildinfo.Read(bytes.NewReader(exe))
 	if err != nil {
-		return err
+		return fmt.Errorf("the small init: %w", err)
 	}
-	if theirs.GoVersion != ours.GoVersion || theirs.Path != InitBinaryPath || ours.Main.Path != theirs.Main.Path {
-		return fmt.Errorf("%s is %s of %s (%s), not of the daemon's module %s (%s)", p, theirs.Path, theirs.Main.Path, theirs.GoVersion, ours.Main.Path, ours.GoVersion)
-	}
-	for _, k := range []string{"vcs.revision", "vcs.modified"} {
-		if a, b := buildSetting(theirs, k), buildSetting(ours, k); a != b {
-			return fmt.Errorf("%s was built with %s %q, the daemon with %q", p, k, a, b)
-		}
+	if bi.Path != InitBinaryPath {
+		return fmt.Errorf("the small init is %s, not %s", bi.Path, InitBinaryPath)
 	}
 	return nil
 }
 
-// InitBinaryPath is the small init's package path (cmd/deltabox-init).
-const InitBinaryPath = "deltabox/cmd/deltabox-init"
-
-func buildSetting(bi *debug.BuildInfo, key string) string {
-	for _, s := range bi.Settings {
-		if s.Key == key {
-			return s.Value
-		}
-	}
-	return ""
-}
-
-// execTree lists what the branch init's exec needs: the small init alone
+// execTree lists what the branch init's exec needs: the small init's memfd alone
 // (InitBinary), or the daemon's binary, its ELF interpreter, the loader's cache and
 // every shared library the daemon has mapped (the same binary), each at its real path,
 // and the symlinks on the way to them.
 func execTree() ([]execEntry, []string, error) {
 	execTreeOnce.Do(func() {
-		execTreeList = append(execTreeList, execEntry{Path: branchExe})
-		if p, _ := InitBinary(); p != "/proc/self/exe" {
-			execTreeSrc = append(execTreeSrc, p)
+		if InitBinary(); initMemfdFD >= 0 {
+			execTreeList = append(execTreeList, execEntry{Path: branchExe, Memfd: true})
+			execTreeSrc = append(execTreeSrc, initExePath)
 			return
 		}
+		execTreeList = append(execTreeList, execEntry{Path: branchExe})
 		links := map[string]string{}
 		files := map[string]bool{}
 		add := func(p string) error {
@@ -282,14 +293,21 @@ func walkLinks(p string, links map[string]string, depth int) (string, error) {
 	return cur, nil
 }
 
-// cloneExecTree makes a detached mount of each file of the exec tree (the caller
-// closes them).
+// cloneExecTree makes a detached mount of each file of the exec tree, or a copy of the
+// small init's memfd fd (the caller closes them).
 func cloneExecTree() ([]execEntry, []int, error) {
 	list, src, err := execTree()
 	if err != nil {
 		return nil, nil, fmt.Errorf("the branch init's executable: %w", err)
 	}
 	var fds []int
+	if len(list) == 1 && list[0].Memfd {
+		fd, err := unix.FcntlInt(uintptr(initMemfdFD), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dup the small init's memfd: %w", err)
+		}
+		return list, []int{fd}, nil
+	}
 	for _, p := range src {
 		fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if err != nil {
@@ -305,69 +323,85 @@ func cloneExecTree() ([]execEntry, []int, error) {
 // and fs state), the root the branch init is exec'd in: a tmpfs with the exec tree
 // (files are fds, in the order of list's file entries), the base namespace's harmless
 // devices, an unmasked proc (branch.go says why) and an empty /initroot, pivoted into
-// with the old root detached. The working directory is /initroot.
-func buildExecRoot(list []execEntry, fds []int) error {
+// with the old root detached. The working directory is /initroot. It returns the path
+// to exec: branchExe, or for the small init's memfd "/proc/self/fd/N" of a copy of its
+// fd at 100 or above (CLOEXEC; the caller closes it after the exec), clear of the fds
+// the exec installs at 0, 1, 2, 3...
+func buildExecRoot(list []execEntry, fds []int) (exe string, memfd int, _ error) {
+	exe, memfd = branchExe, -1
 	const x = "/dev/shm"
 	if err := unix.Mount("tmpfs", x, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=64k"); err != nil {
-		return fmt.Errorf("mount the exec root: %w", err)
+		return "", -1, fmt.Errorf("mount the exec root: %w", err)
 	}
 	k := 0
 	for _, e := range list {
+		if e.Memfd {
+			if k >= len(fds) || memfd >= 0 {
+				return "", memfd, fmt.Errorf("exec tree: the small init's memfd without its fd")
+			}
+			hi, err := unix.FcntlInt(uintptr(fds[k]), unix.F_DUPFD_CLOEXEC, 100)
+			if err != nil {
+				return "", -1, fmt.Errorf("dup the small init's memfd: %w", err)
+			}
+			exe, memfd = "/proc/self/fd/"+strconv.Itoa(hi), hi
+			k++
+			continue
+		}
 		p := x + e.Path
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
+			return "", memfd, err
 		}
 		if e.Target != "" {
 			if err := os.Symlink(e.Target, p); err != nil && !os.IsExist(err) {
-				return err
+				return "", memfd, err
 			}
 			continue
 		}
 		if k >= len(fds) {
-			return fmt.Errorf("exec tree: %d files, %d fds", k+1, len(fds))
+			return "", memfd, fmt.Errorf("exec tree: %d files, %d fds", k+1, len(fds))
 		}
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o755)
 		if err != nil {
-			return err
+			return "", memfd, err
 		}
 		f.Close()
 		if err := unix.MoveMount(fds[k], "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return fmt.Errorf("attach %s: %w", e.Path, err)
+			return "", memfd, fmt.Errorf("attach %s: %w", e.Path, err)
 		}
 		k++
 	}
 	if k != len(fds) {
-		return fmt.Errorf("exec tree: %d files, %d fds", k, len(fds))
+		return "", memfd, fmt.Errorf("exec tree: %d files, %d fds", k, len(fds))
 	}
 	for _, d := range []string{"dev", "proc", "initroot", "oldroot"} {
 		if err := os.MkdirAll(filepath.Join(x, d), 0o755); err != nil {
-			return err
+			return "", memfd, err
 		}
 	}
 	for _, name := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
 		p := filepath.Join(x, "dev", name)
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o666)
 		if err != nil {
-			return err
+			return "", memfd, err
 		}
 		f.Close()
 		if err := unix.Mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind /dev/%s: %w", name, err)
+			return "", memfd, fmt.Errorf("bind /dev/%s: %w", name, err)
 		}
 	}
 	// A fully visible proc of P_S (the base one has masks over it), before the masked
 	// one goes with the old root.
 	if err := unix.Mount("proc", x+"/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount an unmasked proc for the branch init: %w", err)
+		return "", memfd, fmt.Errorf("mount an unmasked proc for the branch init: %w", err)
 	}
 	if err := unix.PivotRoot(x, x+"/oldroot"); err != nil {
-		return fmt.Errorf("pivot_root into the exec root: %w", err)
+		return "", memfd, fmt.Errorf("pivot_root into the exec root: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
-		return err
+		return "", memfd, err
 	}
 	if err := unix.Unmount("/oldroot", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach the base root: %w", err)
+		return "", memfd, fmt.Errorf("detach the base root: %w", err)
 	}
-	return unix.Chdir("/initroot")
+	return exe, memfd, unix.Chdir("/initroot")
 }

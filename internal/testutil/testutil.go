@@ -24,7 +24,6 @@ import (
 	"deltabox/internal/cgroup"
 	"deltabox/internal/client"
 	"deltabox/internal/deadline"
-	"deltabox/internal/sbinit"
 	"deltabox/internal/store"
 	"deltabox/internal/testutil/skip"
 )
@@ -84,25 +83,19 @@ func Binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "deltabox")
+		// scripts/build.sh, as every script builds it: the small init inside, built
+		// in a temporary directory of its own (test packages build at once).
 		// Generous: a build from cold module and build caches, not a hang.
 		// -tags testhooks: the crash points (DELTABOX_CRASH_AT) of the state package.
-		args := []string{"build", "-tags", "testhooks", "-o", binPath}
+		args := []string{filepath.Join("scripts", "build.sh"), "-o", binPath, "-tags", "testhooks"}
 		if raceDaemon {
 			args = append(args, "-race")
 		}
-		cmd := deadline.Command(context.Background(), 10*time.Minute, "go", append(args, "./cmd/deltabox")...)
+		cmd := deadline.Command(context.Background(), 10*time.Minute, "bash", args...)
 		cmd.Dir = repo
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-			return
-		}
-		// The branch init beside it, static and built after it (sbinit.InitBinary).
-		cmd = deadline.Command(context.Background(), 10*time.Minute, "go", "build", "-o", filepath.Join(dir, sbinit.InitBinaryName), "./cmd/"+sbinit.InitBinaryName)
-		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build %s: %v\n%s", sbinit.InitBinaryName, err, out)
+			buildErr = fmt.Errorf("scripts/build.sh: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
