@@ -1281,7 +1281,17 @@ func settleStop(pid int, always bool) byte {
 		if err != nil {
 			return 0
 		}
-		if st.state != 'R' || time.Now().After(deadline) || (!always && !sigstopPending(pid)) {
+		if st.state != 'R' || time.Now().After(deadline) {
+			return st.state
+		}
+		if !always && !sigstopPending(pid) {
+			// The state read above may predate the SIGSTOP's dequeue: the kernel dequeues
+			// it and sets TASK_STOPPED in one hold of the siglock (get_signal,
+			// do_signal_stop), under which /proc reads the pending set, so a state read
+			// after that shows the stop if the signal was what cleared it.
+			if st, err = readStat(pid); err != nil {
+				return 0
+			}
 			return st.state
 		}
 		time.Sleep(50 * time.Microsecond)
