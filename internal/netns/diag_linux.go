@@ -36,12 +36,14 @@ func NewDiag(nsFD int) (*Diag, error) {
 func (d *Diag) Close() { _ = unix.Close(d.fd) } // a netlink socket: nothing to flush
 
 // Unread returns the bytes the namespace's TCP socket from local to remote (as that
-// socket names them: its own address first) has received and its process not read:
-// inet_diag_msg's idiag_rqueue, by an exact lookup (no dump). A socket that is gone, or
-// closed (unhashed), is not found: 0, nil. The caller serializes calls.
-func (d *Diag) Unread(local, remote netip.AddrPort) (uint32, error) {
+// socket names them: its own address first) has received and its process not read
+// (inet_diag_msg's idiag_rqueue), and whether the peer's FIN came and the socket is
+// still open (TCP_CLOSE_WAIT: its process has not yet read the end of the stream, or
+// read it and not closed yet), by an exact lookup (no dump). A socket that is gone, or
+// closed (unhashed), is not found: 0, false, nil. The caller serializes calls.
+func (d *Diag) Unread(local, remote netip.AddrPort) (n uint32, peerClosed bool, err error) {
 	if !local.Addr().Is4() || !remote.Addr().Is4() {
-		return 0, errors.New("sock_diag: IPv4 only (the only family the proxy redirects)")
+		return 0, false, errors.New("sock_diag: IPv4 only (the only family the proxy redirects)")
 	}
 	// nlmsghdr (16 bytes), then inet_diag_req_v2 (56): family, protocol, ext, pad,
 	// states, and the socket's id: sport, dport (big-endian), src[4], dst[4] (32-bit
@@ -62,32 +64,33 @@ func (d *Diag) Unread(local, remote netip.AddrPort) (uint32, error) {
 	ne.PutUint32(b[64:], ^uint32(0))
 	ne.PutUint32(b[68:], ^uint32(0))
 	if err := unix.Sendto(d.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, fmt.Errorf("sock_diag request: %w", err)
+		return 0, false, fmt.Errorf("sock_diag request: %w", err)
 	}
 	r := make([]byte, 4096)
-	n, _, err := unix.Recvfrom(d.fd, r, 0)
+	got, _, err := unix.Recvfrom(d.fd, r, 0)
 	if err != nil {
-		return 0, fmt.Errorf("sock_diag answer: %w", err)
+		return 0, false, fmt.Errorf("sock_diag answer: %w", err)
 	}
-	r = r[:n]
+	r = r[:got]
 	if len(r) < 16 {
-		return 0, errors.New("sock_diag: short answer")
+		return 0, false, errors.New("sock_diag: short answer")
 	}
 	switch ne.Uint16(r[4:]) {
 	case unix.NLMSG_ERROR:
 		if len(r) < 20 {
-			return 0, errors.New("sock_diag: short error")
+			return 0, false, errors.New("sock_diag: short error")
 		}
 		if e := unix.Errno(-int32(ne.Uint32(r[16:]))); e != unix.ENOENT && e != 0 {
-			return 0, fmt.Errorf("sock_diag: %w", e)
+			return 0, false, fmt.Errorf("sock_diag: %w", e)
 		}
-		return 0, nil
+		return 0, false, nil
 	case unix.SOCK_DIAG_BY_FAMILY:
 		// inet_diag_msg: family, state, timer, retrans, id (48), expires, rqueue...
 		if len(r) < 16+60 {
-			return 0, errors.New("sock_diag: short message")
+			return 0, false, errors.New("sock_diag: short message")
 		}
-		return ne.Uint32(r[16+56:]), nil
+		const tcpCloseWait = 8 // include/net/tcp_states.h
+		return ne.Uint32(r[16+56:]), r[16+1] == tcpCloseWait, nil
 	}
-	return 0, fmt.Errorf("sock_diag: answer of type %d", ne.Uint16(r[4:]))
+	return 0, false, fmt.Errorf("sock_diag: answer of type %d", ne.Uint16(r[4:]))
 }

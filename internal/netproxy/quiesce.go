@@ -84,14 +84,18 @@ func (s *Sandbox) inFlight() []string {
 }
 
 // unreadLocked reports whether the sandbox's socket of c holds answer bytes its process
-// has not read yet (a sandbox socket already gone, or one the lookup cannot find, holds
-// none). Precondition: s.mu held.
+// has not read yet, or the answer's end (the FIN, which the proxy passes on when the
+// server closes) with the socket still open: a process reading an answer to its end
+// (HTTP/1.0, a download) has not finished it until it sees the end, and a reset before
+// that turns its last read into an error (ENOTCONN after the fast path's move) where
+// it would have had the whole answer. A sandbox socket already gone, or one the lookup
+// cannot find, holds none. Precondition: s.mu held.
 // +checklocks:s.mu
 func (s *Sandbox) unreadLocked(c *pipe) bool {
 	local, err := netip.ParseAddrPort(c.down.RemoteAddr().String())
 	if err != nil {
 		return false
 	}
-	n, err := s.diag.Unread(local, c.dst)
-	return err == nil && n > 0
+	n, peerClosed, err := s.diag.Unread(local, c.dst)
+	return err == nil && (n > 0 || peerClosed)
 }

@@ -310,6 +310,41 @@ for i in range(2): open("/tmp/got%d" % i, "w").write(urllib.request.urlopen("htt
 	}
 }
 
+// TestNetCheckpointWaitsForAnswerEnd: a process that has read an answer's bytes but
+// not yet its end (the server closed: HTTP/1.0) is still reading it. A checkpoint with
+// wait_ms waits until it has (its socket closed), instead of resetting the connection
+// under it, which would turn its last read into an error after it had every byte.
+func TestNetCheckpointWaitsForAnswerEnd(t *testing.T) {
+	in := testutil.NewInternet(t)
+	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_NET_DNS="+in.DNSAddr())
+	sb, err := d.C.Create(dbxCtx(t), state.CreateOptions{Network: &apitypes.Network{AllowOut: []string{"allowed.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbxSh(t, d, sb.ID, `(setsid python3 -c '
+import socket, time
+s = socket.create_connection(("allowed.test", 80))
+s.sendall(b"GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n")
+time.sleep(0.5)
+data = s.recv(65536)
+open("/tmp/read1", "w").write(str(len(data)))
+time.sleep(1.5)
+end = s.recv(65536)
+open("/tmp/got", "w").write("end" if end == b"" else "more")
+s.close()
+' >/dev/null 2>/tmp/err &)`)
+	dbxSh(t, d, sb.ID, `for i in $(seq 1000); do [ -s /tmp/read1 ] && exit 0; sleep 0.01; done; echo "the process never read its answer" >&2; cat /tmp/err >&2; exit 1`)
+	t0 := time.Now()
+	if _, err := d.C.CheckpointWith(dbxCtx(t), sb.ID, apitypes.CheckpointRequest{WaitMS: 5000}); err != nil {
+		t.Fatalf("checkpoint with wait_ms 5000: %v", err)
+	}
+	t.Logf("the checkpoint waited %v for the answer's end to be read", time.Since(t0))
+	got := dbxSh(t, d, sb.ID, `for i in $(seq 500); do [ -s /tmp/got ] && break; sleep 0.01; done; cat /tmp/got; cat /tmp/err`)
+	if got != "end" {
+		t.Errorf("the process's read of the answer's end after the checkpoint: %q, want end", got)
+	}
+}
+
 // TestNetCheckpointWaitsForAnswerRead: an answer the proxy has relayed whole but the
 // sandbox's process has not read yet is a request still in flight. The process sleeps
 // 1.5 s between sending its request and reading the answer; a checkpoint meanwhile took
