@@ -1685,9 +1685,9 @@ const holderAnswerScript = `
 pid=$1 dir=$2 SECONDS=0
 for i in $(seq 500); do [ -s "$dir/out" ] && cat "$dir/out" && exit 0; sleep 0.01; done
 {
-	echo "holder $pid did not answer within $SECONDS s"
+	echo "holder $pid did not answer within $SECONDS s; its command line: $(tr '\0' ' ' < /proc/$pid/cmdline | tail -c 80)"
 	for t in /proc/$pid/task/*; do
-		echo "  thread ${t##*/}: $(grep -E '^(State|SigPnd|ShdPnd|SigBlk|SigCgt):' "$t/status" | tr -s '\t\n' '  ')"
+		echo "  thread ${t##*/}: $(grep -E '^(Name|Tgid|State|SigPnd|ShdPnd|SigBlk|SigCgt):' "$t/status" | tr -s '\t\n' '  ')"
 	done
 	echo "  $dir:"; ls -la "$dir" 2>&1 | sed 's/^/    /'
 	echo "  its stderr ($dir.err):"; sed 's/^/    /' "$dir.err" 2>&1
