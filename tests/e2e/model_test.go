@@ -933,6 +933,10 @@ type model struct {
 	// holders: the CRIU holders (startHolder) running now, and at each node.
 	holders   []modelHolder
 	holdersAt map[string][]modelHolder
+	// lastOp: what the last checkpoint or restore answered of its processes, for a
+	// holder's failure message.
+	lastOp string
+	made   map[string]string // node -> what its checkpoint answered of its processes
 }
 
 func (m *model) fatalf(format string, args ...any) {
@@ -1489,6 +1493,7 @@ func (m *model) checkpoint() {
 	if err != nil {
 		m.fatalf("checkpoint: %v", err)
 	}
+	m.lastOp = fmt.Sprintf("checkpoint: %d processes by the fast path, %d through CRIU, errors %q, warnings %q", res.Processes, res.CRIUProcesses, res.ProcessErrors, res.Warnings)
 	m.timed("checkpoint calls", t0)
 	n := res.Node
 	m.step(fmt.Sprintf("checkpoint -> node %s (layer %d own %v, depth %d, pending %v)", n.ID, n.Layer, n.Own, n.Depth, n.Pending))
@@ -1515,6 +1520,7 @@ func (m *model) checkpoint() {
 	m.shmAt[n.ID], m.rootAt[n.ID] = savedShm, m.root.clone()
 	m.maxDepth = max(m.maxDepth, n.Depth)
 	m.holdersAt[n.ID] = slices.Clone(m.holders)
+	m.made[n.ID] = m.lastOp
 	m.checkHolders("checkpoint " + n.ID)
 	m.counts["checkpoint"]++
 	if n.Own {
@@ -1544,6 +1550,7 @@ func (m *model) restore() {
 	}
 	m.timed("restore calls", t0)
 	m.step(fmt.Sprintf("restore -> node %s (depth %d, mounted %v)", id, m.depth[id], res.Mounted))
+	m.lastOp = fmt.Sprintf("restore to %s: %d processes by the fast path, %d through CRIU, errors %q, warnings %q; its %s", id, res.Processes, res.CRIUProcesses, res.ProcessErrors, res.Warnings, m.made[id])
 	if res.Node == nil || res.Node.ID != id {
 		m.fatalf("restore %s answered node %+v", id, res.Node)
 	}
@@ -1634,7 +1641,7 @@ func (m *model) startHolder() {
 	m.t.Helper()
 	dir := fmt.Sprintf("/tmp/model-holder-%d", m.counts["holder"])
 	m.step("CRIU holder " + dir)
-	out := m.exec([]string{"bash", "-c", `nohup python3 -c "$1" "$2" </dev/null >/dev/null 2>&1 &
+	out := m.exec([]string{"bash", "-c", `nohup python3 -c "$1" "$2" </dev/null >/dev/null 2>"$2.err" &
 		for i in $(seq 500); do [ -s "$2/pid" ] && cat "$2/pid" && exit 0; sleep 0.01; done; echo "the holder did not start" >&2; exit 1`,
 		"sh", modelHolderPy, dir}, nil)
 	pid, err := strconv.Atoi(strings.TrimSpace(out))
@@ -1658,8 +1665,7 @@ func (m *model) checkHolders(why string) {
 		if _, err := m.d.C.Signal(m.ctx, m.sb, pid, int(unix.SIGUSR1)); err != nil {
 			m.fatalf("after %s: signal CRIU holder %d: %v", why, pid, err)
 		}
-		out := m.exec([]string{"bash", "-c", `for i in $(seq 500); do [ -s "$2/out" ] && cat "$2/out" && exit 0; sleep 0.01; done; echo "holder $1 did not answer" >&2; exit 1`,
-			"sh", strconv.Itoa(pid), h.dir}, nil)
+		out := m.holderAnswer(pid, h.dir, why)
 		if out != "ghost pong 0\n" {
 			m.fatalf("after %s: CRIU holder %d answered %q, want its unlinked file, its socket and its removed cwd", why, pid, out)
 		}
@@ -1668,6 +1674,104 @@ func (m *model) checkHolders(why string) {
 		m.fatalf("after %s: what carries removed files is left in the sandbox's files:\n%s", why, left)
 	}
 	m.checks["CRIU holders checked"] += len(m.holders)
+}
+
+// holderAnswerScript waits 5 s (500 polls) for a signalled holder's answer (DIR/out). Without one
+// it prints to stderr what tells a stuck holder from a slow one: each thread's state and
+// signals (pending to it, to the process, blocked, caught), what is in DIR, and the
+// holder's stderr (DIR.err: a python exception's traceback); then it waits 20 s more and
+// says whether the answer came late (exit 1) or not (exit 2).
+const holderAnswerScript = `
+pid=$1 dir=$2 SECONDS=0
+for i in $(seq 500); do [ -s "$dir/out" ] && cat "$dir/out" && exit 0; sleep 0.01; done
+{
+	echo "holder $pid did not answer within $SECONDS s; its command line: $(tr '\0' ' ' < /proc/$pid/cmdline | tail -c 80)"
+	for t in /proc/$pid/task/*; do
+		echo "  thread ${t##*/}: $(grep -E '^(Name|Tgid|State|SigPnd|ShdPnd|SigBlk|SigCgt):' "$t/status" | tr -s '\t\n' '  ')"
+	done
+	echo "  $dir:"; ls -la "$dir" 2>&1 | sed 's/^/    /'
+	echo "  its stderr ($dir.err):"; sed 's/^/    /' "$dir.err" 2>&1
+	for i in $(seq 200); do [ -s "$dir/out" ] && { echo "  it answered $SECONDS s after the signal: $(cat "$dir/out")"; exit 1; }; sleep 0.1; done
+	echo "  no answer $SECONDS s after the signal either"
+} >&2
+exit 2
+`
+
+// holderAnswer waits for the answer of the holder pid (in dir) that checkHolders
+// signalled, and on failure adds what the host sees of it (holderHostState).
+func (m *model) holderAnswer(pid int, dir, why string) string {
+	m.t.Helper()
+	r, err := m.d.C.Exec(m.ctx, m.sb, api.ExecRequest{Argv: []string{"bash", "-c", holderAnswerScript, "sh", strconv.Itoa(pid), dir},
+		TimeoutMS: modelExecTime.Milliseconds(), OutputLimit: 1 << 20})
+	if err != nil {
+		m.fatalf("after %s: wait for CRIU holder %d: %v", why, pid, err)
+	}
+	if r.ExitCode != 0 {
+		host := holderHostState(pid, dir)
+		again := ""
+		if r.ExitCode == 2 {
+			// A first signal was once seen lost (removedThings): does a second one work?
+			again = "a second SIGUSR1: "
+			if _, err := m.d.C.Signal(m.ctx, m.sb, pid, int(unix.SIGUSR1)); err != nil {
+				again += err.Error()
+			} else if r2, err := m.d.C.Exec(m.ctx, m.sb, api.ExecRequest{Argv: []string{"bash", "-c", `for i in $(seq 500); do [ -s "$1/out" ] && cat "$1/out" && exit 0; sleep 0.01; done; exit 1`, "sh", dir}}); err != nil {
+				again += err.Error()
+			} else if r2.ExitCode == 0 {
+				again += "answered " + strings.TrimSpace(r2.Stdout)
+			} else {
+				again += "no answer either"
+			}
+		}
+		m.fatalf("after %s: exit %d (timed out %v): %s\n  %s\n  %s\n  seen from the host:\n%s", why, r.ExitCode, r.TimedOut, modelTail(r.Stderr), again, m.lastOp, host)
+	}
+	return r.Stdout
+}
+
+// holderHostState describes, as the host sees them, the processes whose last argument is
+// dir (a holder: python3 -c CODE DIR): each thread's state, signals and kernel stack,
+// which a command in the sandbox cannot read (landlock denies it ptrace access). Other
+// sandboxes (a parallel run) may have a holder of the same name: only those whose PID in
+// their namespace is pid are described.
+func holderHostState(pid int, dir string) string {
+	var b strings.Builder
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if len(args) < 3 || args[0] != "python3" || args[len(args)-1] != dir {
+			continue
+		}
+		st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		_, ns, _ := strings.Cut(string(st), "\nNSpid:")
+		ns, _, _ = strings.Cut(ns, "\n")
+		if f := strings.Fields(ns); len(f) == 0 || f[len(f)-1] != strconv.Itoa(pid) {
+			continue
+		}
+		tasks, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "task"))
+		for _, t := range tasks {
+			base := filepath.Join("/proc", e.Name(), "task", t.Name())
+			st, _ := os.ReadFile(filepath.Join(base, "status"))
+			var keep []string
+			for _, l := range strings.Split(string(st), "\n") {
+				for _, k := range []string{"State:", "NSpid:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigCgt:"} {
+					if strings.HasPrefix(l, k) {
+						keep = append(keep, strings.Join(strings.Fields(l), " "))
+					}
+				}
+			}
+			stack, _ := os.ReadFile(filepath.Join(base, "stack"))
+			sc, _ := os.ReadFile(filepath.Join(base, "syscall"))
+			fmt.Fprintf(&b, "    host %s thread %s: %s; syscall %s; stack:\n      %s\n", e.Name(), t.Name(), strings.Join(keep, "; "),
+				strings.TrimSpace(string(sc)), strings.ReplaceAll(strings.TrimSpace(string(stack)), "\n", "\n      "))
+		}
+	}
+	if b.Len() == 0 {
+		return fmt.Sprintf("    no process on the host has %s as its last argument and %d as its PID in its namespace\n", dir, pid)
+	}
+	return b.String()
 }
 
 // ---- invariants ----
@@ -1818,6 +1922,7 @@ func TestModelFilesystem(t *testing.T) {
 		depth: map[string]int{}, frozen: map[uint64]modelLayerManifest{}, lowers: map[uint64]string{},
 		counts: map[string]int{}, checks: map[string]int{}, spent: map[string]time.Duration{},
 		holdersAt: map[string][]modelHolder{},
+		made:      map[string]string{},
 	}
 	m.mirror = filepath.Join(m.dir, "mirror")
 	for _, d := range []string{"saved", "saved-shm"} {
