@@ -87,7 +87,7 @@ func writeSummary(b *strings.Builder, files []*File) {
 			}
 		}
 	}
-	b.WriteString("\n## Summary\n\n")
+	b.WriteString("\n## Summary\n")
 	fmt.Fprintf(b, "%d of %d targets met. Each line names the section below that holds its rows, commands and conditions; "+
 		"ms are p50 unless said; cold: restored into a sandbox that never mounted the node. Published figures are the paper's, "+
 		"quoted (means), not measured here.\n", met, checked)
@@ -387,24 +387,31 @@ func fsHeadlines(f *File) []headline {
 }
 
 func mctsHeadlines(f *File) []headline {
-	var out []headline
+	// One line for every think time: the summary fits on a screen.
+	var dbx, against []string
 	for _, think := range []float64{0, mctsThinkGoal} {
 		d := findMCTS(f.MCTS, MCTSDeltaBox, think)
 		if d == nil || d.TotalS <= 0 {
 			continue
 		}
-		against := []string{"published " + pubOverhead}
+		dbx = append(dbx, fmt.Sprintf("%s s think: %.2f%% (overhead %.2f%%)", thinkArg(think), 100*d.StateS/d.TotalS, 100*d.OverheadFrac))
+		var others []string
 		for _, sys := range []string{MCTSCopytree, MCTSGitReset, MCTSCRIUCopy} {
 			if c := findMCTS(f.MCTS, sys, think); c != nil && c.TotalS > 0 {
-				against = append(against, fmt.Sprintf("%s %.2f%%", sys, 100*c.StateS/c.TotalS))
+				others = append(others, fmt.Sprintf("%s %.2f%%", sys, 100*c.StateS/c.TotalS))
 			}
 		}
-		out = append(out, headline{
-			What:     fmt.Sprintf("MCTS, %s s think: state management / search time", thinkArg(think)),
-			DeltaBox: fmt.Sprintf("%.2f%% (overhead %.2f%%)", 100*d.StateS/d.TotalS, 100*d.OverheadFrac),
-			Against:  strings.Join(against, "; "), Where: f.Bench})
+		if len(others) > 0 {
+			against = append(against, thinkArg(think)+" s: "+strings.Join(others, ", "))
+		}
 	}
-	return out
+	if len(dbx) == 0 {
+		return nil
+	}
+	return []headline{{
+		What:     "MCTS: state management / search time",
+		DeltaBox: strings.Join(dbx, "; "),
+		Against:  strings.Join(append([]string{"published " + pubOverhead}, against...), "; "), Where: f.Bench}}
 }
 
 // scaleHeadlines: the deepest stack, the largest workspace and the largest session

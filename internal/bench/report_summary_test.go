@@ -71,7 +71,7 @@ func TestSummary(t *testing.T) {
 		"| restore, files only, 1 GiB | 0.700 ms | copytree 2500 ms | [fs](#fs) |",
 		"| checkpoint, files + a 63 MB python, 1 GiB | 5.400 ms (mean 5.500); 1.900 ms above the process's own fork | published 14 ms mean (10.8 ms in its later version); CRIU dump 140.0 ms; os.fork() alone 3.500 ms | [latency](#latency) |",
 		"| restore, files + a 63 MB python, 1 GiB | 6.900 ms (mean 7.000); 3.400 ms above the process's own fork | published 5 ms mean (1.86 ms in its later version); CRIU restore 210.0 ms | [latency](#latency) |",
-		"| MCTS, 2 s think: state management / search time | 0.50% (overhead 1.00%) | published 3-6% (47-77% before); copytree+replay 10.00% | [mcts](#mcts) |",
+		"| MCTS: state management / search time | 2 s think: 0.50% (overhead 1.00%) | published 3-6% (47-77% before); 2 s: copytree+replay 10.00% | [mcts](#mcts) |",
 		"| MCTS: the negative control (fs-only, no replay) does not match | not run | - | [mcts](#mcts) |",
 		"| restore at depth 400, files only | 0.500 ms (4.000 cold) | 0.300 ms at depth 1 | [scale](#scale) |",
 		"| restore, 4 GiB workspace, files only | 0.400 ms | 0.200 ms at 10 MiB | [scale](#scale) |",
