@@ -190,3 +190,62 @@ func TestInitsRunTheSmallInit(t *testing.T) {
 	}
 	forkCheckBranch(t, d, "fisrc", pyPid, bashPid, bgPid, "source")
 }
+
+// TestForkSecondGeneration: a branch of a fast fork forks again (a second generation).
+// That fork takes the durable path (docs/design/fork.md: the fast path's second
+// generation is not built) and still carries every process: each grandchild runs the
+// branch's processes at the checkpoint PIDs with the branch's own divergence (python's
+// objects, bash's state, the background process, the file). A grandchild then restores
+// the node made before the first fork, on its path but held by another family: from
+// that node's durable image, to exactly the source's state.
+func TestForkSecondGeneration(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	pyPid, bashPid, bgPid := forkSourceLive(t, d, "sgsrc")
+	res, err := d.C.ForkSandbox(dbxCtx(t), "sgsrc", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "sg1"}},
+		Checkpoint:  apitypes.CheckpointRequest{Label: "gen0"},
+	})
+	if err != nil {
+		t.Fatalf("first fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	gen0 := res.Node
+	if b := res.Branches[0]; b.Path != "fast" {
+		t.Fatalf("first fork: path %s (%s), want fast", b.Path, b.Reason)
+	}
+	sessRun(t, d, "sg1-0", "py", "d[1] = 'gen1'")
+	dbxSh(t, d, "sg1-0", "echo gen1 > /workspace/f")
+	res2, err := d.C.ForkSandbox(dbxCtx(t), "sg1-0", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "sg2"}},
+		Checkpoint:  apitypes.CheckpointRequest{Label: "gen1"},
+	})
+	if err != nil {
+		t.Fatalf("second fork: %v\ndaemon log:\n%s", err, dbxTail(d.Log(), 4000))
+	}
+	for _, b := range res2.Branches {
+		if b.Path != "durable" || !strings.Contains(b.Reason, "second generation") || b.Restore.Processes+b.Restore.CRIUProcesses < 3 {
+			t.Fatalf("second fork's branch %s: path %s (%s), %+v; want durable, the second generation named, 3 processes", b.Sandbox.ID, b.Path, b.Reason, b.Restore)
+		}
+		sb := b.Sandbox.ID
+		if got := sessRun(t, d, sb, "py", "(d[1], len(d), os.getpid())"); got != fmt.Sprintf("('gen1', 100000, %s)\n", pyPid) {
+			t.Fatalf("%s's python: %q, want the first branch's divergence at pid %s", sb, got, pyPid)
+		}
+		if got := sessRun(t, d, sb, "main", "echo $(pwd) $FOO $(hello x) $$"); got != fmt.Sprintf("/tmp bar hi-x %s\n", bashPid) {
+			t.Fatalf("%s's bash: %q", sb, got)
+		}
+		if got := dbxSh(t, d, sb, "cat /proc/"+bgPid+"/comm; cat /workspace/f"); got != "sleep\ngen1\n" {
+			t.Fatalf("%s's background process and file: %q", sb, got)
+		}
+	}
+	// The first branch is unchanged by its fork.
+	if got := sessRun(t, d, "sg1-0", "py", "d[1]"); got != "'gen1'\n" {
+		t.Fatalf("sg1-0 after its fork: %q", got)
+	}
+	r := dbxRestore(t, d, "sg2-1", gen0)
+	if r.Processes+r.CRIUProcesses < 3 {
+		t.Fatalf("sg2-1's restore of the node before the first fork: %+v", r)
+	}
+	forkCheckBranch(t, d, "sg2-1", pyPid, bashPid, bgPid, "source")
+	if got := sessRun(t, d, "sg2-1", "py", "d[1]"); got != "'1'\n" {
+		t.Fatalf("sg2-1 after restoring gen0: %q", got)
+	}
+}
