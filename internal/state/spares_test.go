@@ -165,6 +165,71 @@ func TestSpareRestore(t *testing.T) {
 	}
 }
 
+// TestSpareRefusedForCRIUNode: a node holding a process that CRIU took (two threads:
+// the fast path refuses it) has no spare: a spare holds copies of the node's templates
+// alone, and its swap restored no CRIU tree, so the node came back without that process
+// (TestModelForkSpares found it). In the member that made the node, its restores fork
+// and bring the process back through CRIU, every time; prepare answers 409 saying why.
+func TestSpareRefusedForCRIUNode(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	m := openDurable(t, testutil.NewStore(t)) // CRIU on
+	defer m.Close()
+	ctx := context.Background()
+	const id = "spcriu"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, id, "nohup sleep 100000 </dev/null >/dev/null 2>&1 &") // a template
+	// Its second thread's TID well above its PID: a fast fork's PID floor counts a CRIU
+	// tree's PIDs, not its threads' TIDs (pidfloor.go), and the source's new init may
+	// start a thread at PID+1, which CRIU's restore of the thread then finds taken.
+	thr := strings.TrimSpace(sh(t, m, id, `nohup python3 -c 'import os, threading, time
+for _ in range(64):
+    p = os.fork()
+    if p == 0: os._exit(0)
+    os.waitpid(p, 0)
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+time.sleep(100000)' </dev/null >/dev/null 2>&1 & echo $!`))
+	for deadline := time.Now().Add(10 * time.Second); sh(t, m, id, "ls /proc/"+thr+"/task | wc -l") != "2\n"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two-threaded python did not start its second thread")
+		}
+	}
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint with a two-threaded process: %v %+v", err, cp)
+	}
+	node := cp.Node.ID
+	// The fork's own node may hold no CRIU tree (its fast path refuses one).
+	if _, err := m.Signal(id, atoi(thr), int(unix.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); sh(t, m, id, "test -e /proc/"+thr+" && echo there; true") != ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two-threaded python did not end")
+		}
+	}
+	res, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: id + "b"}})
+	if err != nil || res.Branches[0].Path != "fast" {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	for i := range 2 {
+		r, err := m.Restore(ctx, id, node)
+		if err != nil || r.FromSpare || r.CRIUProcesses != 1 {
+			t.Fatalf("restore %d of a node with a CRIU tree: %v %+v", i, err, r)
+		}
+		if got := sh(t, m, id, "ls /proc/"+thr+"/task | wc -l"); got != "2\n" {
+			t.Fatalf("restore %d: the node's two-threaded process has %q threads", i, got)
+		}
+		if _, err := m.PrepareSpare(ctx, node, id); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "processes that CRIU took") {
+			t.Fatalf("prepare of a node with a CRIU tree: %v", err)
+		}
+	}
+	if n, err := m.Node(node); err != nil || len(n.Spares) != 0 {
+		t.Fatalf("spares of a node with a CRIU tree: %v %v", n.Spares, err)
+	}
+}
+
 // TestSpareFailureAtEveryStepKeepsSandbox: a restore from a spare that fails at any of
 // its steps (fault injection before each) leaves the member exactly as it was: its
 // python and bash state, its files, its processes (the one started since the node
