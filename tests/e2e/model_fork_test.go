@@ -14,12 +14,15 @@ package e2e
 //
 // What the daemon holds of spares is modelled too: a member holding templates of its
 // own (a node it made since the fork, with processes) uses no spare and gets none made
-// (prepare answers 409); once it removes those nodes it does again. Before each
+// (prepare answers 409); once it removes those nodes it does again. A node holding
+// processes that CRIU took has no spare (they come back through CRIU alone), and in a
+// branch, whose PIDs they may not find free, they do not come back at all. Before each
 // restore the model's spares of the member must be the daemon's (GET /v1/nodes/{id}),
 // and the restore is from a spare exactly when the member holds one and may use it.
 //
 // Environment: DELTABOX_MODEL_SEED as TestModelFilesystem, DELTABOX_MODEL_FORK_OPS
-// (default 60) operations, about a third of them before the fork.
+// (default 48: about a minute on a loaded 2-core machine) operations, about a third of
+// them before the fork.
 
 import (
 	"context"
@@ -62,7 +65,7 @@ type modelMember struct {
 // from spares in its members (see above).
 func TestModelForkSpares(t *testing.T) {
 	seed := modelEnvInt(t, "DELTABOX_MODEL_SEED", uint64(time.Now().UnixNano()))
-	ops := int(modelEnvInt(t, "DELTABOX_MODEL_FORK_OPS", 60))
+	ops := int(modelEnvInt(t, "DELTABOX_MODEL_FORK_OPS", 48))
 	t.Logf("seed %d, %d operations (rerun with DELTABOX_MODEL_SEED=%d)", seed, ops, seed)
 
 	d := testutil.StartDaemon(t)
@@ -119,6 +122,9 @@ func (m *model) endProcesses() {
 func (m *model) fork(count int) *modelFamily {
 	m.t.Helper()
 	m.endProcesses()
+	// Names of the node's own: the source's restores of it give them back, the branches
+	// keep theirs.
+	m.apply(&modelOp{K: "names", kind: "names", tree: "names", P: "forked", Q: "dom-forked"})
 	info, err := m.d.C.Get(m.ctx, m.sb)
 	if err != nil {
 		m.fatalf("get sandbox: %v", err)
@@ -189,20 +195,22 @@ func (m *model) member(b apitypes.SandboxInfo) *model {
 	return &c
 }
 
-// firstSpare makes sure the run restores from a spare at least once: a random member
-// prepares the fork's node, changes a few things, and restores it.
+// firstSpare makes sure the run restores from spares: the source (whose node it is:
+// its names come back) and a random branch (its own names) each prepare the fork's
+// node, change a few things, and restore it.
 func (f *modelFamily) firstSpare() {
-	x := f.members[f.members[0].rng.IntN(len(f.members))]
-	x.prepare(f.node)
-	for done := 0; done < 3; {
-		if o := x.nextOp(); o != nil {
-			x.apply(o)
-			x.fixBig(o)
-			done++
+	for _, x := range []*modelMember{f.members[0], f.members[1+f.members[0].rng.IntN(len(f.members)-1)]} {
+		x.prepare(f.node)
+		for done := 0; done < 3; {
+			if o := x.nextOp(); o != nil {
+				x.apply(o)
+				x.fixBig(o)
+				done++
+			}
 		}
-	}
-	if res := x.restore(f.node); !res.FromSpare {
-		x.fatalf("the restore of %s right after its prepare in %s was not from its spare: %s", f.node, x.sb, x.lastOp)
+		if res := x.restore(f.node); !res.FromSpare {
+			x.fatalf("the restore of %s right after its prepare in %s was not from its spare: %s", f.node, x.sb, x.lastOp)
+		}
 	}
 }
 
@@ -251,10 +259,12 @@ func (f *modelFamily) randomStep() bool {
 	return true
 }
 
-// famNode reports whether node's templates are the family holder's (a node made
-// before the fork, with processes): a member's restore of it forks them, or swaps in
-// a spare of it.
-func (x *modelMember) famNode(node string) bool { return x.f.pre[node] && x.tmpls[node] > 0 }
+// spareable reports whether node may have spares: its templates are the family
+// holder's (a node made before the fork, with processes), and it has no process that
+// CRIU took (a spare carries none: state.spareRefusal).
+func (x *modelMember) spareable(node string) bool {
+	return x.f.pre[node] && x.tmpls[node] > 0 && x.criuAt[node] == 0
+}
 
 // ownTemplates reports whether x holds templates of its own, which live in its
 // namespace: it then takes no spare and gets none made (state.spareRefusal).
@@ -292,7 +302,7 @@ func (x *modelMember) restore(node string) *apitypes.OpResult {
 	if res.FromSpare != use {
 		x.fatalf("the restore of %s in %s: from a spare %v, want %v (spares %v, own templates %v): %s", node, x.sb, res.FromSpare, use, x.spares, x.ownTemplates(), x.lastOp)
 	}
-	if x.famNode(node) && !x.ownTemplates() {
+	if x.spareable(node) && !x.ownTemplates() {
 		x.spares = slices.DeleteFunc(x.spares, func(n string) bool { return n == node })
 		x.addSpare(node)
 		x.waitSpare(node)
@@ -323,13 +333,18 @@ func (x *modelMember) prepare(node string) {
 	x.timed("prepare calls", t0)
 	x.step(fmt.Sprintf("prepare %s: %v", node, err))
 	switch {
-	case !x.famNode(node):
+	case !x.f.pre[node] || x.tmpls[node] == 0:
 		x.fatalf("the model prepares %s, not a node of the family's holder", node)
 	case x.ownTemplates():
 		if err == nil || !strings.Contains(err.Error(), "templates of its own") {
 			x.fatalf("prepare %s in %s, which holds templates of its own (nodes %v): %v, want a refusal saying so", node, x.sb, x.own, err)
 		}
 		x.counts["prepare (refused: templates of its own)"]++
+	case x.criuAt[node] > 0:
+		if err == nil || !strings.Contains(err.Error(), "processes that CRIU took") {
+			x.fatalf("prepare %s in %s, a node with %d processes that CRIU took: %v, want a refusal saying so", node, x.sb, x.criuAt[node], err)
+		}
+		x.counts["prepare (refused: processes that CRIU took)"]++
 	case err != nil:
 		x.fatalf("prepare %s in %s: %v", node, x.sb, err)
 	case !slices.Contains(n.Spares, x.sb):
