@@ -1803,13 +1803,6 @@ os.chdir(d + "/cwd"); os.rmdir(d + "/cwd")
 def serve():
     while True:
         c, _ = s.accept(); c.sendall(b"pong"); c.close()
-# The second thread's TID well above the PID: a fast fork's PID floor counts a CRIU
-# tree's PIDs, not its threads' TIDs (internal/state/pidfloor.go), and the source's new
-# init may start a thread at PID+1, which CRIU's restore of the thread then finds taken.
-for _ in range(64):
-    p = os.fork()
-    if p == 0: os._exit(0)
-    os.waitpid(p, 0)
 # SIGUSR1 blocked in the other thread: Linux may hand a process's signal to any thread
 # that does not block it (one whose main thread has a signal pending, right after a
 # SIGCONT), and python's main thread, asleep on a lock, would never see it.
