@@ -100,7 +100,11 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 }
 
 // fastFamily checks that src's node templates tps can be placed by the fast path, and
-// returns src's isolation and the highest PID of tps.
+// returns src's isolation and the PID floor of the family's new namespaces: the highest
+// PID of tps and of every node of src (pidFloor), whose templates' copies and CRIU trees
+// the members' restores give back at their PIDs and TIDs later (with tps' alone, a
+// command or a thread of the source's new init took a CRIU tree's: its restore failed,
+// TestForkFloorCoversCRIUThreads).
 // +checklocks:src.opMu
 func (m *Manager) fastFamily(src *sb, tps []*procTemplate) (*sandbox.Isolation, int, error) {
 	if src.rt == nil {
@@ -113,7 +117,7 @@ func (m *Manager) fastFamily(src *sb, tps []*procTemplate) (*sandbox.Isolation, 
 	if iso == nil {
 		return nil, 0, errors.New("the fast path of a fork needs the sandbox's user namespace (isolation is off)")
 	}
-	floor := 0
+	floor := m.pidFloor(src)
 	for _, t := range tps {
 		floor = max(floor, t.tmpl.Pid)
 	}

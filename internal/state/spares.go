@@ -81,8 +81,30 @@ var spareSeq atomic.Uint64
 
 // spareRefusal says why node cannot have a spare for s ("" when it can) and returns
 // s's family. Precondition: s.opMu held.
+//
+// A node holding processes that CRIU took (criutrees.go) has none: a spare is copies
+// of the node's templates alone, and its swap restores no CRIU tree, so a restore from
+// it returned the node without those processes (TestModelForkSpares found it: a CRIU
+// holder gone after the swap). Those processes come back through CRIU, at a restore
+// that forks.
 // +checklocks:s.opMu
 func (m *Manager) spareRefusal(s *sb, node string) (*family, string) {
+	fam, why := m.spareFamily(s, node)
+	if why != "" {
+		return nil, why
+	}
+	if ts, err := m.criuTreesOf(node); err != nil {
+		return nil, err.Error()
+	} else if n := ts.count(); n > 0 {
+		return nil, fmt.Sprintf("node %s holds %d processes that CRIU took, which come back only through CRIU at a restore that forks (a spare holds copies of the node's templates alone): restore it as usual", node, n)
+	}
+	return fam, ""
+}
+
+// spareFamily is spareRefusal's part under m.mu: s's family holds node's templates,
+// and s holds none of its own.
+// +checklocks:s.opMu
+func (m *Manager) spareFamily(s *sb, node string) (*family, string) {
 	if m.cfg.NoSpares {
 		return nil, "spares are off (DELTABOX_SPARES=0)"
 	}

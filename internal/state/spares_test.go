@@ -165,6 +165,106 @@ func TestSpareRestore(t *testing.T) {
 	}
 }
 
+// criuForkSource makes sandbox id with a sleep (a template) and a two-threaded python
+// (CRIU takes it: the fast path refuses it) whose second thread's TID is 64 above its
+// PID (TestForkFloorCoversCRIUThreads: not PID+1, which a floor of the PIDs alone
+// would cover by chance), checkpoints it (the returned node), ends the python and forks the sandbox by the
+// fast path (branch id+"b"; the fork's own node may hold no CRIU tree). It returns the
+// python's PID and its thread's TID.
+func criuForkSource(t *testing.T, m *state.Manager, id string) (node, thr string, tid int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, id, "nohup sleep 100000 </dev/null >/dev/null 2>&1 &")
+	thr = strings.TrimSpace(sh(t, m, id, `nohup python3 -c 'import os, threading, time
+for _ in range(64):
+    p = os.fork()
+    if p == 0: os._exit(0)
+    os.waitpid(p, 0)
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+time.sleep(100000)' </dev/null >/dev/null 2>&1 & echo $!`))
+	var tids []string
+	for deadline := time.Now().Add(10 * time.Second); len(tids) != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two-threaded python did not start its second thread")
+		}
+		tids = strings.Fields(sh(t, m, id, "ls /proc/"+thr+"/task"))
+	}
+	tid = max(atoi(tids[0]), atoi(tids[1]))
+	if tid < atoi(thr)+64 {
+		t.Fatalf("the python's thread has TID %d, its PID is %s: want 64 above", tid, thr)
+	}
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint with a two-threaded process: %v %+v", err, cp)
+	}
+	if _, err := m.Signal(id, atoi(thr), int(unix.SIGKILL)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); sh(t, m, id, "test -e /proc/"+thr+" && echo there; true") != ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two-threaded python did not end")
+		}
+	}
+	res, err := m.ForkSandbox(ctx, id, state.CheckpointOptions{}, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: id + "b"}})
+	if err != nil || res.Branches[0].Path != "fast" {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	return cp.Node.ID, thr, tid
+}
+
+// TestSpareRefusedForCRIUNode: a node holding a process that CRIU took (two threads:
+// the fast path refuses it) has no spare: a spare holds copies of the node's templates
+// alone, and its swap restored no CRIU tree, so the node came back without that process
+// (TestModelForkSpares found it). In the member that made the node, its restores fork
+// and bring the process back through CRIU, every time; prepare answers 409 saying why.
+func TestSpareRefusedForCRIUNode(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	m := openDurable(t, testutil.NewStore(t)) // CRIU on
+	defer m.Close()
+	ctx := context.Background()
+	const id = "spcriu"
+	node, thr, _ := criuForkSource(t, m, id)
+	for i := range 2 {
+		r, err := m.Restore(ctx, id, node)
+		if err != nil || r.FromSpare || r.CRIUProcesses != 1 {
+			t.Fatalf("restore %d of a node with a CRIU tree: %v %+v", i, err, r)
+		}
+		if got := sh(t, m, id, "ls /proc/"+thr+"/task | wc -l"); got != "2\n" {
+			t.Fatalf("restore %d: the node's two-threaded process has %q threads", i, got)
+		}
+		if _, err := m.PrepareSpare(ctx, node, id); !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "processes that CRIU took") {
+			t.Fatalf("prepare of a node with a CRIU tree: %v", err)
+		}
+	}
+	if n, err := m.Node(node); err != nil || len(n.Spares) != 0 {
+		t.Fatalf("spares of a node with a CRIU tree: %v %v", n.Spares, err)
+	}
+}
+
+// TestForkFloorCoversCRIUThreads: a fast fork's namespaces number their processes above
+// the PIDs of every node of the source (pidFloor), not only above the fork's node's
+// templates: a member's restore of an earlier node gives back its CRIU tree's processes
+// and threads at their PIDs and TIDs (clone3 set_tid), and a process or a thread of the
+// source's new init that took one failed it ("Unable to create a thread: -17", the
+// process not brought back; 1 run in 4 of TestSpareRefusedForCRIUNode when its thread's
+// TID was its PID+1). Here the floor is the node's durable image's copy of the sleep,
+// made after the thread.
+func TestForkFloorCoversCRIUThreads(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	m := openDurable(t, testutil.NewStore(t)) // CRIU on
+	defer m.Close()
+	const id = "spfloor"
+	_, _, tid := criuForkSource(t, m, id)
+	for _, sb := range []string{id, id + "b"} { // the source in its new namespace, the branch
+		if pid := atoi(strings.TrimSpace(sh(t, m, sb, "echo $$"))); pid <= tid {
+			t.Fatalf("%s: a command after the fork has PID %d, not above the CRIU tree's thread TID %d", sb, pid, tid)
+		}
+	}
+}
+
 // TestSpareFailureAtEveryStepKeepsSandbox: a restore from a spare that fails at any of
 // its steps (fault injection before each) leaves the member exactly as it was: its
 // python and bash state, its files, its processes (the one started since the node

@@ -27,6 +27,10 @@ package e2e
 // through every checkpoint and come back with its node at a restore, holding what it
 // held, and nothing that carries removed files (CRIU's ghosts, link remaps, the daemon's
 // removed directories) may be left in the sandbox's files (checkHolders).
+// A ticker (startTicker) runs in every node: it keeps in memory when it ticked, so a
+// restore must give back exactly the node's ticks and none from while it was stopped
+// (checkTicks). The host and domain names are modelled too: a restore gives back the
+// node's, or the sandbox's own for a node another sandbox made.
 // Names of files and symlinks include NAME_MAX (255-byte) ones, so paths grow long.
 //
 // Two invariants are checked on the side:
@@ -36,8 +40,11 @@ package e2e
 //   - no overlay mount anywhere on the host (every mount namespace, including those
 //     held only by a file descriptor) has a frozen layer as its upperdir.
 //
+// TestModelForkSpares (model_fork_test.go) runs the same model through a fast fork and
+// restores from spares.
+//
 // Environment: DELTABOX_MODEL_SEED (default: time-based, always printed),
-// DELTABOX_MODEL_OPS (default 300).
+// DELTABOX_MODEL_OPS (default 300), DELTABOX_MODEL_STEPS (set: log every step at the end).
 //
 // Model helpers are prefixed model.
 
@@ -68,6 +75,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/deadline"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
@@ -247,7 +255,7 @@ type modelOp struct {
 	N    int64  `json:"n"` // truncate size; block count of "big"
 	Mode uint32 `json:"mode"`
 
-	tree string // "" /workspace, "shm" /dev/shm, "root" the attributes of /, "refused"
+	tree string // "" /workspace, "shm" /dev/shm, "root" the attributes of /, "names", "refused"
 	kind string // for the report: the op family (rename-dir vs rename-file etc.)
 	data []byte
 }
@@ -273,6 +281,8 @@ func (o *modelOp) String() string {
 		s += fmt.Sprintf(" mtime %d", o.N)
 	case "chattr":
 		s += fmt.Sprintf(" flags %#x", o.N)
+	case "names":
+		s += " domain " + strconv.Quote(o.Q)
 	}
 	return s
 }
@@ -921,7 +931,7 @@ type model struct {
 	lowers  map[uint64]string             // frozen layer id -> its lower dir
 	sampleI int
 
-	log      []string // every step, for failure reports
+	log      *[]string // every step (of every member of a fork), for failure reports
 	counts   map[string]int
 	checks   map[string]int
 	splits   int
@@ -937,11 +947,33 @@ type model struct {
 	// holder's failure message.
 	lastOp string
 	made   map[string]string // node -> what its checkpoint answered of its processes
+	// writerPids: the background writers (startWriter) running now, and at each node.
+	writerPids []int
+	writersAt  map[string][]int
+	// ticker: the ticker (startTicker) running since the first node, in every node;
+	// tickAt: when each node's checkpoint ran, and how many ticks the ticker had then.
+	ticker modelHolder
+	tickAt map[string]modelTicks
+	// uts: the host and domain names now; utsAt: at each node; maker: the sandbox that
+	// made each node; ownUTS: the names this sandbox was created with, which a restore
+	// of another sandbox's node gives (internal/state/kernelstate.go).
+	uts, ownUTS [2]string
+	utsAt       map[string][2]string
+	maker       map[string]string
+	// head: the node the sandbox stands on (or descends from); parent: each node's.
+	head   string
+	parent map[string]string
+	// layerOf: the layer each node owns (Own), for the frozen layers' bookkeeping when
+	// nodes are removed (model_fork_test.go).
+	layerOf map[string]uint64
+	// tmpls, criuAt: how many processes each node's checkpoint took by the fast path
+	// (its templates), and through CRIU.
+	tmpls, criuAt map[string]int
 }
 
 func (m *model) fatalf(format string, args ...any) {
 	m.t.Helper()
-	tail := m.log
+	tail := *m.log
 	if len(tail) > 40 {
 		tail = tail[len(tail)-40:]
 	}
@@ -952,7 +984,9 @@ func (m *model) fatalf(format string, args ...any) {
 // timed adds the time since t0 to activity what.
 func (m *model) timed(what string, t0 time.Time) { m.spent[what] += time.Since(t0) }
 
-func (m *model) step(s string) { m.log = append(m.log, fmt.Sprintf("%d: %s", len(m.log), s)) }
+func (m *model) step(s string) {
+	*m.log = append(*m.log, fmt.Sprintf("%d: [%s] %s", len(*m.log), m.sb, s))
+}
 
 func (m *model) exec(argv []string, stdin []byte) string {
 	m.t.Helper()
@@ -982,6 +1016,12 @@ func (m *model) apply(o *modelOp) {
 		o.Data = base64.StdEncoding.EncodeToString(o.data)
 	}
 	m.step(o.String())
+	if o.tree == "names" {
+		m.uts = [2]string{o.P, o.Q}
+		m.exec([]string{"bash", "-c", `hostname "$1" && domainname "$2"`, "sh", o.P, o.Q}, nil)
+		m.counts[o.kind]++
+		return
+	}
 	var err error
 	dir := modelWorkdir
 	switch o.tree {
@@ -1344,7 +1384,8 @@ import hashlib, json, os, stat, sys
 st = os.stat("/")
 out = {"root": {"mode": stat.S_IMODE(st.st_mode), "mtime": st.st_mtime_ns,
                 "xattrs": {n: os.getxattr("/", n).hex() for n in os.listxattr("/")}},
-       "dev": sorted(os.listdir("/dev"))}
+       "dev": sorted(os.listdir("/dev")),
+       "uts": [os.uname().nodename, open("/proc/sys/kernel/domainname").read().rstrip("\n")]}
 d = sys.argv[1]
 shm = [{"p": ".", "t": "d", "m": stat.S_IMODE(os.lstat(d).st_mode)}]
 for n in sorted(os.listdir(d)):
@@ -1367,6 +1408,7 @@ type modelOutside struct {
 	Root modelRoot    `json:"root"`
 	Dev  []string     `json:"dev"`
 	Shm  []modelEntry `json:"shm"`
+	UTS  [2]string    `json:"uts"` // host and domain names
 }
 
 // outside reads /'s attributes, /dev and /dev/shm in the sandbox.
@@ -1390,6 +1432,9 @@ func (m *model) compareOutside(why string) {
 	if got.Root.String() != m.root.String() {
 		m.fatalf("after %s the sandbox's / differs from the reference:\n  reference %v\n  sandbox   %v", why, m.root, got.Root)
 	}
+	if got.UTS != m.uts {
+		m.fatalf("after %s the sandbox's host and domain names are %q, want %q", why, got.UTS, m.uts)
+	}
 	if strings.Join(got.Dev, " ") != strings.Join(modelDevSet, " ") {
 		m.fatalf("after %s the sandbox's /dev holds %v, want %v", why, got.Dev, modelDevSet)
 	}
@@ -1410,6 +1455,9 @@ func (m *model) compareOutside(why string) {
 // nextOutsideOp draws an operation outside /workspace's tree (nil: none possible now).
 func (m *model) nextOutsideOp(tr modelTree) *modelOp {
 	switch r := m.rng.IntN(100); {
+	case r < 15: // the host and domain names (kernelstate.go: a node's, or the sandbox's own)
+		pool := []string{"alpha", "beta", "gamma", "h-" + strconv.Itoa(m.rng.IntN(1000))}
+		return &modelOp{K: "names", kind: "names", tree: "names", P: m.pick(pool), Q: "dom-" + m.pick(pool)}
 	case r < 35: // /dev/shm: files only
 		ents, err := os.ReadDir(m.shm)
 		if err != nil {
@@ -1489,12 +1537,19 @@ func (m *model) checkpoint() {
 		m.fatalf("get sandbox: %v", err)
 	}
 	t0 := time.Now()
-	res, err := m.d.C.Checkpoint(m.ctx, m.sb, fmt.Sprintf("model-%d", len(m.nodes)))
+	res, err := m.d.C.Checkpoint(m.ctx, m.sb, fmt.Sprintf("model-%d", len(m.saved)))
 	if err != nil {
 		m.fatalf("checkpoint: %v", err)
 	}
-	m.lastOp = fmt.Sprintf("checkpoint: %d processes by the fast path, %d through CRIU, errors %q, warnings %q", res.Processes, res.CRIUProcesses, res.ProcessErrors, res.Warnings)
 	m.timed("checkpoint calls", t0)
+	m.noteNode(res, info.Upper, t0, time.Now())
+}
+
+// noteNode records the node checkpoint res made (upper: the sandbox's before it; the
+// call ran from t0 to t1) and checks the sandbox against the model.
+func (m *model) noteNode(res *apitypes.OpResult, upper uint64, t0, t1 time.Time) {
+	m.t.Helper()
+	m.lastOp = fmt.Sprintf("checkpoint: %d processes by the fast path, %d through CRIU, errors %q, warnings %q", res.Processes, res.CRIUProcesses, res.ProcessErrors, res.Warnings)
 	n := res.Node
 	m.step(fmt.Sprintf("checkpoint -> node %s (layer %d own %v, depth %d, pending %v)", n.ID, n.Layer, n.Own, n.Depth, n.Pending))
 	if n.Pending {
@@ -1504,8 +1559,11 @@ func (m *model) checkpoint() {
 			m.fatalf("node %s after its early answer %+v: %+v, %v", n.ID, n, c, err)
 		}
 	}
-	if n.Own && n.Layer != info.Upper {
-		m.fatalf("checkpoint froze layer %d, but the sandbox's upper was layer %d", n.Layer, info.Upper)
+	if n.Own && n.Layer != upper {
+		m.fatalf("checkpoint froze layer %d, but the sandbox's upper was layer %d", n.Layer, upper)
+	}
+	if n.Parent != m.head || n.Sandbox != m.sb {
+		m.fatalf("checkpoint made node %s of sandbox %q on parent %q, want sandbox %s's on its head %q", n.ID, n.Sandbox, n.Parent, m.sb, m.head)
 	}
 	saved := filepath.Join(m.dir, "saved", n.ID)
 	if err := modelCopyTree(m.mirror, saved); err != nil {
@@ -1520,8 +1578,12 @@ func (m *model) checkpoint() {
 	m.shmAt[n.ID], m.rootAt[n.ID] = savedShm, m.root.clone()
 	m.maxDepth = max(m.maxDepth, n.Depth)
 	m.holdersAt[n.ID] = slices.Clone(m.holders)
-	m.made[n.ID] = m.lastOp
+	m.writersAt[n.ID] = slices.Clone(m.writerPids)
+	m.made[n.ID], m.tmpls[n.ID], m.criuAt[n.ID] = m.lastOp, res.Processes, res.CRIUProcesses
+	m.utsAt[n.ID], m.maker[n.ID] = m.uts, m.sb
+	m.parent[n.ID], m.head = m.head, n.ID
 	m.checkHolders("checkpoint " + n.ID)
+	m.noteTicks(n.ID, t0, t1)
 	m.counts["checkpoint"]++
 	if n.Own {
 		m.counts["checkpoint (new layer)"]++
@@ -1533,24 +1595,25 @@ func (m *model) checkpoint() {
 		if err != nil {
 			m.fatalf("scan frozen layer %d: %v", n.Layer, err)
 		}
-		m.frozen[n.Layer], m.lowers[n.Layer] = mf, lower
+		m.frozen[n.Layer], m.lowers[n.Layer], m.layerOf[n.ID] = mf, lower, n.Layer
 	}
 	m.split()
 	m.checkMounts("checkpoint")
 	m.compare("checkpoint " + n.ID)
 }
 
-func (m *model) restore() {
+// restore restores the sandbox to node id and checks it against the model: its files,
+// its names, its processes. It returns the answer.
+func (m *model) restore(id string) *apitypes.OpResult {
 	m.t.Helper()
-	id := m.pick(m.nodes)
 	t0 := time.Now()
 	res, err := m.d.C.Restore(m.ctx, m.sb, id)
 	if err != nil {
 		m.fatalf("restore %s: %v", id, err)
 	}
 	m.timed("restore calls", t0)
-	m.step(fmt.Sprintf("restore -> node %s (depth %d, mounted %v)", id, m.depth[id], res.Mounted))
-	m.lastOp = fmt.Sprintf("restore to %s: %d processes by the fast path, %d through CRIU, errors %q, warnings %q; its %s", id, res.Processes, res.CRIUProcesses, res.ProcessErrors, res.Warnings, m.made[id])
+	m.step(fmt.Sprintf("restore -> node %s (depth %d, mounted %v, from a spare %v)", id, m.depth[id], res.Mounted, res.FromSpare))
+	m.lastOp = fmt.Sprintf("restore to %s: %d processes by the fast path, %d through CRIU, from a spare %v, errors %q, warnings %q; its %s", id, res.Processes, res.CRIUProcesses, res.FromSpare, res.ProcessErrors, res.Warnings, m.made[id])
 	if res.Node == nil || res.Node.ID != id {
 		m.fatalf("restore %s answered node %+v", id, res.Node)
 	}
@@ -1568,12 +1631,31 @@ func (m *model) restore() {
 	}
 	m.big, m.root = m.bigAt[id], m.rootAt[id].clone()
 	m.holders = slices.Clone(m.holdersAt[id])
+	m.writerPids = slices.Clone(m.writersAt[id])
+	m.uts = m.ownUTS // a node of another sandbox brings files and processes, not names
+	if m.maker[id] == m.sb {
+		m.uts = m.utsAt[id]
+	} else if len(m.holders) > 0 {
+		// Nor, in a fast fork's branch, what CRIU took: its PIDs may be taken there
+		// (state.pidsKept), which the restore says.
+		m.holders = nil
+		if !slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, "come back only in sandbox "+m.maker[id]) }) {
+			m.fatalf("the restore to %s, another sandbox's node with %d processes that CRIU took, does not say they do not come back: %s", id, len(m.holdersAt[id]), m.lastOp)
+		}
+		m.counts["restore without its CRIU processes (another sandbox's node)"]++
+	}
+	m.head = id
 	m.checkHolders("restore to " + id)
+	m.checkTicks(id, t0)
 	m.split()
 	m.counts["restore"]++
+	if res.FromSpare {
+		m.counts["restore from a spare"]++
+	}
 	m.checks[fmt.Sprintf("restores to depth %02d", m.depth[id])]++
 	m.checkMounts("restore")
 	m.compare("restore to " + id)
+	return res
 }
 
 // startWriter leaves a process running in the sandbox that keeps appending to a file
@@ -1592,10 +1674,118 @@ func (m *model) startWriter() {
 	py := fmt.Sprintf("import os, time\nfd = os.open(%q, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)\n"+
 		"while True:\n    os.write(fd, b'x' * 512)\n    time.sleep(0.002)\n", path)
 	m.step("background writer " + path)
-	m.exec([]string{"bash", "-c", `nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
-		for i in $(seq 500); do [ -s "$2" ] && exit 0; sleep 0.01; done; echo "the writer did not start" >&2; exit 1`,
+	out := m.exec([]string{"bash", "-c", `nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
+		for i in $(seq 500); do [ -s "$2" ] && echo $! && exit 0; sleep 0.01; done; echo "the writer did not start" >&2; exit 1`,
 		"sh", py, path}, nil)
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		m.fatalf("background writer %s: pid %q", path, out)
+	}
+	m.writerPids = append(m.writerPids, pid)
 	m.counts["background writer"]++
+}
+
+// modelTickerPy counts time: every 10 ms it adds the time (CLOCK_REALTIME, the host's
+// too) to a list it keeps in memory only, writing nothing, so that a fork's fast path
+// (which refuses a sandbox that wrote files since its node) can take it. On SIGUSR1 it
+// reads DIR/q, lines "A B" (ns), and writes to DIR/out how many of its ticks fall
+// strictly between A and B on each line, and its PID. A restored ticker remembers the
+// ticks of its node and those since its restore began, and none between: a copy that
+// ran before its restore (a spare's that was not stopped) would have ticked there.
+const modelTickerPy = `
+import bisect, os, signal, sys, time
+d = sys.argv[1]
+os.makedirs(d)
+ticks, asked = [], [False]
+signal.signal(signal.SIGUSR1, lambda n, f: asked.__setitem__(0, True))
+open(d + "/pid", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.01)
+    ticks.append(time.time_ns())
+    if not asked[0]: continue
+    asked[0] = False
+    out = []
+    for l in open(d + "/q").read().split("\n"):
+        if l.strip():
+            a, b = map(int, l.split())
+            out.append(str(max(0, bisect.bisect_left(ticks, b) - bisect.bisect_right(ticks, a))))
+    open(d + "/out.tmp", "w").write(" ".join(out + [str(os.getpid())]) + "\n"); os.rename(d + "/out.tmp", d + "/out")
+`
+
+// modelEpoch is before every tick.
+var modelEpoch = time.Unix(0, 0)
+
+// modelTicks is what the model knows of the ticker at a node: its checkpoint's call ran
+// from T0 to T1, and the ticker had ticked Before times before T0.
+type modelTicks struct {
+	T0, T1 time.Time
+	Before int
+}
+
+// startTicker leaves the ticker (modelTickerPy) running in the sandbox.
+func (m *model) startTicker() {
+	m.t.Helper()
+	const dir = "/tmp/model-ticker"
+	m.step("ticker " + dir)
+	// No file open for writing (its stderr neither): a checkpoint copies such files up
+	// into the new upper, and a fork's fast path then finds files written since its node.
+	out := m.exec([]string{"bash", "-c", `nohup python3 -c "$1" "$2" </dev/null >/dev/null 2>&1 &
+		for i in $(seq 500); do [ -s "$2/pid" ] && cat "$2/pid" && exit 0; sleep 0.01; done; echo "the ticker did not start" >&2; exit 1`,
+		"sh", modelTickerPy, dir}, nil)
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		m.fatalf("ticker %s: pid %q", dir, out)
+	}
+	m.ticker = modelHolder{pid, dir}
+}
+
+// askTicker asks the ticker how many of its ticks fall strictly between each pair.
+func (m *model) askTicker(why string, pairs ...[2]time.Time) []int {
+	m.t.Helper()
+	defer m.timed("ticker checks", time.Now())
+	var q strings.Builder
+	for _, p := range pairs {
+		fmt.Fprintf(&q, "%d %d\n", p[0].UnixNano(), p[1].UnixNano())
+	}
+	h := m.ticker
+	m.exec([]string{"bash", "-c", `[ -e /proc/$1 ] || { echo "the ticker $1 is gone" >&2; exit 1; }; rm -f "$2/out"; printf %s "$3" > "$2/q"`,
+		"sh", strconv.Itoa(h.pid), h.dir, q.String()}, nil)
+	if _, err := m.d.C.Signal(m.ctx, m.sb, h.pid, int(unix.SIGUSR1)); err != nil {
+		m.fatalf("after %s: signal the ticker %d: %v", why, h.pid, err)
+	}
+	out := strings.Fields(m.holderAnswer(h.pid, h.dir, why))
+	if len(out) != len(pairs)+1 || out[len(pairs)] != strconv.Itoa(h.pid) {
+		m.fatalf("after %s: the ticker answered %q to %d questions, want as many counts and its PID %d", why, out, len(pairs), h.pid)
+	}
+	n := make([]int, len(pairs))
+	for i := range pairs {
+		n[i], _ = strconv.Atoi(out[i])
+	}
+	return n
+}
+
+// noteTicks records the ticker's state at node (its checkpoint ran from t0 to t1): the
+// ticks before t0 are the node's.
+func (m *model) noteTicks(node string, t0, t1 time.Time) {
+	m.t.Helper()
+	n := m.askTicker("checkpoint "+node, [2]time.Time{modelEpoch, t0})
+	m.tickAt[node] = modelTicks{T0: t0, T1: t1, Before: n[0]}
+	m.checks["ticker checks"]++
+}
+
+// checkTicks checks the ticker after a restore to node that began at t: it remembers
+// the node's ticks before its checkpoint, exactly, and none from after that checkpoint
+// answered until the restore began (it was stopped all along: in its template and, for a
+// restore from a spare, in the spare).
+func (m *model) checkTicks(node string, t time.Time) {
+	m.t.Helper()
+	at := m.tickAt[node]
+	n := m.askTicker("restore to "+node, [2]time.Time{modelEpoch, at.T0}, [2]time.Time{at.T1, t})
+	if n[0] != at.Before || n[1] != 0 {
+		m.fatalf("after the restore to %s (%s): the ticker remembers %d ticks before the node's checkpoint began (want %d, as it had then) and %d between the checkpoint's answer and the restore's start (want 0: a copy ticked before its restore)",
+			node, m.lastOp, n[0], at.Before, n[1])
+	}
+	m.checks["ticker checks"]++
 }
 
 // modelHolderPy holds what CRIU would write into the sandbox's files to carry (argv[1]
@@ -1661,7 +1851,11 @@ func (m *model) checkHolders(why string) {
 		pid := h.pid
 		// Signalled through the daemon: a command cannot signal, nor read the cwd of,
 		// another command's process (landlock).
-		m.exec([]string{"bash", "-c", `[ -e /proc/$1 ] || { echo "holder $1 is gone" >&2; exit 1; }; rm -f "$2/out"`, "sh", strconv.Itoa(pid), h.dir}, nil)
+		r, err := m.d.C.Exec(m.ctx, m.sb, api.ExecRequest{Argv: []string{"bash", "-c", `[ -e /proc/$1 ] || { echo "holder $1 is gone" >&2; exit 1; }; rm -f "$2/out"`, "sh", strconv.Itoa(pid), h.dir},
+			TimeoutMS: modelExecTime.Milliseconds()})
+		if err != nil || r.ExitCode != 0 {
+			m.fatalf("after %s: CRIU holder %d: %v %+v (%s)", why, pid, err, r, m.lastOp)
+		}
 		if _, err := m.d.C.Signal(m.ctx, m.sb, pid, int(unix.SIGUSR1)); err != nil {
 			m.fatalf("after %s: signal CRIU holder %d: %v", why, pid, err)
 		}
@@ -1911,7 +2105,22 @@ func TestModelFilesystem(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	sb, err := d.C.Create(ctx, state.CreateOptions{ID: "model"})
+	m := newModel(t, ctx, d, seed, "model")
+	t0 := time.Now()
+	for done := 0; done < ops; {
+		if m.randomStep() {
+			done++
+		}
+	}
+	m.finish()
+	m.report(ops, t0)
+}
+
+// newModel creates sandbox id and its model: the mirror, /dev/shm's and /'s references
+// as the sandbox starts, the 100 MB file, the ticker, and a first node.
+func newModel(t *testing.T, ctx context.Context, d *testutil.Daemon, seed uint64, id string) *model {
+	t.Helper()
+	sb, err := d.C.Create(ctx, state.CreateOptions{ID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1921,8 +2130,10 @@ func TestModelFilesystem(t *testing.T) {
 		shmAt: map[string]string{}, rootAt: map[string]modelRoot{},
 		depth: map[string]int{}, frozen: map[uint64]modelLayerManifest{}, lowers: map[uint64]string{},
 		counts: map[string]int{}, checks: map[string]int{}, spent: map[string]time.Duration{},
-		holdersAt: map[string][]modelHolder{},
-		made:      map[string]string{},
+		holdersAt: map[string][]modelHolder{}, writersAt: map[string][]int{}, tickAt: map[string]modelTicks{},
+		made: map[string]string{}, utsAt: map[string][2]string{}, maker: map[string]string{},
+		parent: map[string]string{}, layerOf: map[string]uint64{}, tmpls: map[string]int{}, criuAt: map[string]int{},
+		log: new([]string),
 	}
 	m.mirror = filepath.Join(m.dir, "mirror")
 	for _, d := range []string{"saved", "saved-shm"} {
@@ -1954,47 +2165,68 @@ func TestModelFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.root = out.Root
-	t0 := time.Now()
+	// The names a new sandbox has: its hostname (its record's), the daemon's domain.
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	m.ownUTS = [2]string{sb.Hostname, unix.ByteSliceToString(u.Domainname[:])}
+	m.uts = m.ownUTS
+	if out.UTS != m.uts {
+		t.Fatalf("a new sandbox's names are %q, want its hostname and the daemon's domain name %q", out.UTS, m.uts)
+	}
 
 	m.big = modelBigName
 	m.apply(&modelOp{K: "big", kind: "create-big", P: m.big, N: modelBigSize / modelBlock})
+	m.startTicker()
 	m.checkpoint()
+	return m
+}
 
-	for done := 0; done < ops; {
-		o := m.nextOp()
-		if o == nil {
-			continue
-		}
-		m.apply(o)
-		m.fixBig(o)
-		done++
-		m.checkFrozen(o.String(), false)
-		m.checkMounts(o.kind)
-		if m.rng.IntN(25) == 0 {
-			m.startWriter()
-		}
-		if m.rng.IntN(15) == 0 && len(m.holders) < 3 {
-			m.startHolder()
-		}
-		switch r := m.rng.IntN(100); {
-		case r < 15:
-			m.checkpoint()
-			if m.rng.IntN(6) == 0 {
-				m.checkpoint() // nothing changed: the node shares its parent's layer
-			}
-			m.checkFrozen("checkpoint", false)
-		case r < 25:
-			m.restore()
-			if m.rng.IntN(6) == 0 {
-				m.checkpoint() // a node of an untouched restore
-			}
-			m.checkFrozen("restore", false)
-		}
+// randomStep applies one random operation (false: none was possible, draw again), then
+// at random starts a writer or a holder, checkpoints or restores.
+func (m *model) randomStep() bool {
+	o := m.nextOp()
+	if o == nil {
+		return false
 	}
+	m.apply(o)
+	m.fixBig(o)
+	m.checkFrozen(o.String(), false)
+	m.checkMounts(o.kind)
+	if m.rng.IntN(25) == 0 {
+		m.startWriter()
+	}
+	if m.rng.IntN(15) == 0 && len(m.holders) < 3 {
+		m.startHolder()
+	}
+	switch r := m.rng.IntN(100); {
+	case r < 15:
+		m.checkpoint()
+		if m.rng.IntN(6) == 0 {
+			m.checkpoint() // nothing changed: the node shares its parent's layer
+		}
+		m.checkFrozen("checkpoint", false)
+	case r < 25:
+		m.restore(m.pick(m.nodes))
+		if m.rng.IntN(6) == 0 {
+			m.checkpoint() // a node of an untouched restore
+		}
+		m.checkFrozen("restore", false)
+	}
+	return true
+}
+
+// finish compares the sandbox with the model a last time and checks every frozen
+// layer in full.
+func (m *model) finish() {
 	m.compare("the last operation")
 	m.checkFrozen("the end", true)
 	m.checkMounts("the end")
+}
 
+// report logs what the run did and checked.
+func (m *model) report(ops int, t0 time.Time) {
 	var kinds []string
 	for k, n := range m.counts {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
@@ -2005,16 +2237,19 @@ func TestModelFilesystem(t *testing.T) {
 		checks = append(checks, fmt.Sprintf("%s=%d", k, n))
 	}
 	sort.Strings(checks)
-	t.Logf("seed %d: %d operations, %d checkpoints (%d nodes, %d frozen layers), %d restores, max depth %d, %d hard-link names split at layer boundaries, %s",
-		seed, ops, m.counts["checkpoint"], len(m.nodes), len(m.frozen), m.counts["restore"], m.maxDepth, m.splits, time.Since(t0).Round(time.Millisecond))
-	t.Logf("operations: %s", strings.Join(kinds, " "))
-	t.Logf("checks: %s", strings.Join(checks, " "))
+	m.t.Logf("seed %d: %d operations, %d checkpoints (%d nodes, %d frozen layers), %d restores (%d from spares), max depth %d, %d hard-link names split at layer boundaries, %s",
+		m.seed, ops, m.counts["checkpoint"], len(m.saved), len(m.frozen), m.counts["restore"], m.counts["restore from a spare"], m.maxDepth, m.splits, time.Since(t0).Round(time.Millisecond))
+	m.t.Logf("operations: %s", strings.Join(kinds, " "))
+	m.t.Logf("checks: %s", strings.Join(checks, " "))
 	var spent []string
 	for k, v := range m.spent {
 		spent = append(spent, fmt.Sprintf("%s=%s", k, v.Round(time.Millisecond)))
 	}
 	sort.Strings(spent)
-	t.Logf("time: %s", strings.Join(spent, " "))
+	m.t.Logf("time: %s", strings.Join(spent, " "))
+	if os.Getenv("DELTABOX_MODEL_STEPS") != "" {
+		m.t.Logf("steps:\n  %s", strings.Join(*m.log, "\n  "))
+	}
 }
 
 // modelSh runs a bash script in the sandbox and returns its stdout; it must succeed.
