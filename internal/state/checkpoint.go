@@ -853,7 +853,7 @@ func (c *checkpoint) publish() error {
 	}
 	m.mu.Lock()
 	nd := &node{Node: c.n, uts: &c.uts, pinned: c.o.Pin}
-	m.nodes[c.n.ID] = nd
+	m.addNodeLocked(nd)
 	delete(m.idsTaken, c.n.ID)
 	if len(tps) > 0 {
 		m.templates[c.n.ID] = tps

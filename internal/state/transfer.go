@@ -506,7 +506,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 			n.Layer, n.Own, n.Bytes = staged[r.Layer.Digest], true, r.Bytes
 		}
 		nd := &node{Node: n}
-		m.nodes[n.ID] = nd
+		m.addNodeLocked(nd)
 		made = append(made, nd)
 		ops = append(ops, store.Op{PutNode: &nd.Node})
 		res.Nodes = append(res.Nodes, apitypes.ImportedNode{From: r.ID, ID: n.ID})

@@ -407,3 +407,53 @@ func TestCheckpointAnswerNode(t *testing.T) {
 		t.Errorf("depths %d %d %d, parent of the second child %s: want n0+1 for both, parent %s", n0.Depth, n1.Depth, n2.Depth, n2.Parent, n0.ID)
 	}
 }
+
+// TestNodeChildren: GET /v1/nodes/ID names the node's children (from the index the tree
+// keeps as nodes come and go) as GET /v1/tree does (from a walk of every node): after
+// checkpoints on two branches, after a subtree's removal, and after a daemon restart.
+func TestNodeChildren(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	a := dbxCreate(t, d, "kids-a").ID
+	same := func(when string) {
+		t.Helper()
+		tr, err := d.C.Tree(dbxCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tn := range tr.Nodes {
+			n, err := d.C.Node(dbxCtx(t), tn.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(n.Children, tn.Children) || !slices.Equal(n.Sandboxes, tn.Sandboxes) {
+				t.Errorf("%s: node %s: children %v, sandboxes %v; the tree says %v, %v", when, tn.ID, n.Children, n.Sandboxes, tn.Children, tn.Sandboxes)
+			}
+		}
+	}
+	n0 := dbxCheckpoint(t, d, a, "n0").Node
+	dbxSh(t, d, a, "echo 1 > /workspace/f1")
+	n1 := dbxCheckpoint(t, d, a, "n1").Node
+	dbxRestore(t, d, a, n0.ID)
+	dbxSh(t, d, a, "echo 2 > /workspace/f2")
+	n2 := dbxCheckpoint(t, d, a, "n2").Node
+	dbxSh(t, d, a, "echo 3 > /workspace/f3")
+	dbxCheckpoint(t, d, a, "n3")
+	dbxRestore(t, d, a, n0.ID)
+	dbxSh(t, d, a, "echo 4 > /workspace/f1")
+	dbxCheckpoint(t, d, a, "n4")
+	same("two branches")
+	if n, err := d.C.Node(dbxCtx(t), n0.ID); err != nil || len(n.Children) != 3 {
+		t.Fatalf("node n0 %s: children %v (%v), want n1, n2 and n4", n0.ID, n.Children, err)
+	}
+	dbxRestore(t, d, a, n1.ID)
+	if _, err := d.C.RemoveNode(dbxCtx(t), n2.ID); err != nil {
+		t.Fatal(err)
+	}
+	same("a subtree removed")
+	if n, err := d.C.Node(dbxCtx(t), n0.ID); err != nil || len(n.Children) != 2 || slices.Contains(n.Children, n2.ID) {
+		t.Fatalf("node n0 %s after n2's removal: children %v (%v), want n1 and n4", n0.ID, n.Children, err)
+	}
+	d.Stop()
+	d = testutil.StartDaemonOn(t, d.Root)
+	same("after a restart")
+}
