@@ -132,6 +132,7 @@ type checkpoint struct {
 	unchanged bool          // the upper holds no change: steps 4-6 do nothing
 	p         *prepared     // step 4: the next state prepared ahead of time, if it fit
 	newUpper  uint64        // step 4: the upper the sandbox goes on with
+	info      *NodeInfo     // step 8: the node as published, for the complete answer
 	oldNS     sandbox.State // step 6: the namespace the sandbox leaves (closed after the answer)
 }
 
@@ -230,7 +231,8 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 		if err := c.complete(tp); err != nil { // +checklocksignore: opMu held since beginOp
 			return nil, err
 		}
-		c.res.Node = m.nodeInfo(c.n.ID)
+		c.res.Node = c.info
+		c.res.Node.CompleteMS = c.res.DurationMS // complete's, which the node records
 		c.res.CompleteMS = c.res.DurationMS
 		c.res.Memory = m.memoryNow(s) // +checklocksignore: opMu held since beginOp
 		return c.res, nil
@@ -851,7 +853,7 @@ func (c *checkpoint) publish() error {
 	}
 	m.mu.Lock()
 	nd := &node{Node: c.n, uts: &c.uts, pinned: c.o.Pin}
-	m.nodes[c.n.ID] = nd
+	m.addNodeLocked(nd)
 	delete(m.idsTaken, c.n.ID)
 	if len(tps) > 0 {
 		m.templates[c.n.ID] = tps
@@ -859,7 +861,11 @@ func (c *checkpoint) publish() error {
 	s.rec.Head, s.rec.Upper = c.n.ID, c.newUpper
 	seq := m.st.Index.Apply(store.Op{PutNode: &c.n}, store.Op{PutSandbox: &s.rec})
 	nd.seq, s.seq = seq, seq
-	depth := len(m.stack(c.n.ID))
+	// The answer's node as it is published: no child yet, and only s stands on it (no
+	// other sandbox can name a node before its checkpoint ends: answer.go). nodeInfo
+	// would find the same by a walk of every node and sandbox, under m.mu again.
+	c.info = m.nodeInfoLocked(c.n.ID, nil, map[string][]string{c.n.ID: {s.rec.ID}})
+	depth := c.info.Depth
 	m.mu.Unlock()
 	m.queueSquash(c.n.ID, depth)
 	if c.n.Own {

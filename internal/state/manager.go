@@ -32,6 +32,10 @@ type Manager struct {
 	mu sync.Mutex
 	// +checklocks:mu
 	nodes map[string]*node
+	// kids: each node's children's ids ("": the roots), in no order, kept with nodes
+	// (addNodeLocked, removeNodeLocked) so that an answer's node needs no walk of them all.
+	// +checklocks:mu
+	kids map[string][]string
 	// idsTaken: node IDs handed out by newNodeID whose node is not in nodes yet (a
 	// checkpoint syncs its CRIU trees between the two); protected by mu.
 	// +checklocks:mu
@@ -285,7 +289,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("load index: %w", err)
 	}
 	for _, n := range nodes {
-		m.nodes[n.ID] = &node{Node: n}
+		m.addNodeLocked(&node{Node: n}) // +checklocksignore: start-up: New has not shared the manager yet
 	}
 	// Sandboxes whose init still runs are adopted, with their processes (restart.go);
 	// the others' cgroups, and anything left in them, go.

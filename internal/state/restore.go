@@ -180,7 +180,9 @@ func (m *Manager) restoreLocked(ctx context.Context, id string, o RestoreOptions
 			m.afterAnswer(s, f)
 		}
 	}()
-	if !m.hasOwnTemplates(s) { // they live in the namespace a swap ends
+	// A spare first (a look at s's few), then the templates it must not hold, a walk of
+	// every node's: a restore with no spare of its node pays for no walk.
+	if m.hasSpare(s, nodeID) && !m.hasOwnTemplates(s) { // they live in the namespace a swap ends
 		if sp := m.takeSpare(s, nodeID); sp != nil {
 			err := m.restoreFromSpare(r, sp, t0) // +checklocksignore: opMu held since beginOp
 			if err == nil {

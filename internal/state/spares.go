@@ -375,6 +375,19 @@ func (m *Manager) dropSpares(s *sb, sps []*spare) {
 	}()
 }
 
+// hasSpare reports whether s holds a spare of node (takeSpare may still find none: the
+// spare may be dropped meanwhile).
+func (m *Manager) hasSpare(s *sb, node string) bool {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	for _, sp := range s.spares {
+		if sp.node == node {
+			return true
+		}
+	}
+	return false
+}
+
 // takeSpare returns (s, node)'s spare, taken out of s's, or nil.
 func (m *Manager) takeSpare(s *sb, node string) *spare {
 	s.spareMu.Lock()

@@ -506,7 +506,7 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 			n.Layer, n.Own, n.Bytes = staged[r.Layer.Digest], true, r.Bytes
 		}
 		nd := &node{Node: n}
-		m.nodes[n.ID] = nd
+		m.addNodeLocked(nd)
 		made = append(made, nd)
 		ops = append(ops, store.Op{PutNode: &nd.Node})
 		res.Nodes = append(res.Nodes, apitypes.ImportedNode{From: r.ID, ID: n.ID})
@@ -526,6 +526,9 @@ func (m *Manager) ImportNode(ctx context.Context, r io.Reader, lim transfer.Limi
 		// After the records: the image is named by the node's id (a crash before the
 		// rename loses the image, not the node; the sweep empties tmp/).
 		err := os.MkdirAll(filepath.Join(m.st.Root, "imported"), 0o700)
+		if err == nil && m.img != nil {
+			m.img.importedAny.Store(true) // before the rename: processImageDir looks from now on
+		}
 		if err == nil {
 			err = os.Rename(procDir, m.importedDir(top))
 		}

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	"deltabox/internal/apitypes"
@@ -25,20 +26,21 @@ func (m *Manager) newNodeID() string {
 	}
 }
 
-// nodeInfo describes one node. It is on every checkpoint's and restore's answer, so it
-// looks only for that node's children and sandboxes instead of indexing the whole tree
-// (Tree does that once for all nodes).
+// nodeInfo describes one node. It is on every restore's answer, so it takes the node's
+// children from m.kids instead of a walk of every node (Tree does that once for all
+// nodes): with the walk, a checkpoint's answer took 14-19 µs at p50 for its node in
+// trees of 150-200 nodes on a loaded two-CPU machine (docs/research/filesonly), and
+// that grows with the tree.
 func (m *Manager) nodeInfo(id string) *NodeInfo {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ch, st := map[string][]string{}, map[string][]string{}
-	for _, n := range m.nodes {
-		if n.Parent == id {
-			ch[id] = append(ch[id], n.ID)
-		}
-	}
-	c, nodes := ch[id], m.nodes // nodes for sort.Slice's closure, which runs here, under m.mu
+	// nodes for sort.Slice's closure, which runs here, under m.mu; an id no longer in it
+	// (none: kids follows nodes) is left out rather than looked up.
+	c, nodes := slices.Clone(m.kids[id]), m.nodes
+	c = slices.DeleteFunc(c, func(k string) bool { return nodes[k] == nil })
 	sort.Slice(c, func(i, j int) bool { return nodes[c[i]].Created.Before(nodes[c[j]].Created) })
+	ch[id] = c
 	for _, s := range m.sandboxes {
 		if s.rec.Head == id {
 			st[id] = append(st[id], s.rec.ID)
@@ -46,6 +48,32 @@ func (m *Manager) nodeInfo(id string) *NodeInfo {
 	}
 	sort.Strings(st[id])
 	return m.nodeInfoLocked(id, ch, st)
+}
+
+// addNodeLocked puts nd in the tree: m.nodes, and its parent's children (m.kids).
+// +checklocks:m.mu
+func (m *Manager) addNodeLocked(nd *node) {
+	m.nodes[nd.ID] = nd
+	if m.kids == nil {
+		m.kids = map[string][]string{}
+	}
+	m.kids[nd.Parent] = append(m.kids[nd.Parent], nd.ID)
+}
+
+// removeNodeLocked takes node id out of the tree (m.nodes, its parent's children).
+// +checklocks:m.mu
+func (m *Manager) removeNodeLocked(id string) {
+	n := m.nodes[id]
+	if n == nil {
+		return
+	}
+	delete(m.nodes, id)
+	ks := slices.DeleteFunc(m.kids[n.Parent], func(k string) bool { return k == id })
+	if len(ks) == 0 {
+		delete(m.kids, n.Parent)
+	} else {
+		m.kids[n.Parent] = ks
+	}
 }
 
 // childIndex maps node id to its children. Precondition: mu held.
@@ -207,7 +235,7 @@ func (m *Manager) RemoveNode(id string) ([]string, error) {
 			dirs = append(dirs, m.st.LayerDir(sq))
 		}
 		dirs = append(dirs, m.importedDir(n)) // transfer.go: an imported node's process image
-		delete(m.nodes, n)
+		m.removeNodeLocked(n)
 		delete(m.procRecs, n)
 		ops = append(ops, store.Op{DeleteNode: n})
 		if m.img != nil {

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"deltabox/internal/apitypes"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/state"
 	"deltabox/internal/testutil"
@@ -360,4 +362,98 @@ rm /etc/debian_version`)
 	if got := dbxSh(t, d, id, "cat /etc/apt-moved/extra; ls /var/log"); got != "more\nnew\n" {
 		t.Errorf("on %s: %q", n2, got)
 	}
+}
+
+// TestCheckpointAnswerNode: a checkpoint's complete answer names its node as GET
+// /v1/nodes/ID shows it right after (children, the sandboxes on it, depth, pinned,
+// complete_ms), though publish builds it without a walk of the tree; on the image, on
+// a parent that has another child, and pinned.
+func TestCheckpointAnswerNode(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	a := dbxCreate(t, d, "ans-a").ID
+	b := dbxCreate(t, d, "ans-b").ID
+	ck := func(id, label string, pin bool) *state.NodeInfo {
+		t.Helper()
+		r, err := d.C.CheckpointWith(dbxCtx(t), id, apitypes.CheckpointRequest{Label: label, Pin: pin, Answer: state.AnswerComplete})
+		if err != nil {
+			t.Fatalf("checkpoint %s (%s): %v", id, label, err)
+		}
+		if r.Node == nil || r.Node.Pending || r.Node.CompleteMS <= 0 || r.Node.CompleteMS != r.CompleteMS {
+			t.Fatalf("checkpoint %s (%s): a complete answer's node %+v (complete_ms %v)", id, label, r.Node, r.CompleteMS)
+		}
+		n, err := d.C.Node(dbxCtx(t), r.Node.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := *r.Node, *n
+		got.Templates, want.Templates = nil, nil // measured by GET only
+		got.ProcessImage, want.ProcessImage = nil, nil
+		got.Durable, want.Durable = false, false // the index commits in the background
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("checkpoint %s (%s): the answer's node\n%+v\nGET /v1/nodes/%s\n%+v", id, label, got, n.ID, want)
+		}
+		if !slices.Equal(r.Node.Sandboxes, []string{id}) || len(r.Node.Children) != 0 || r.Node.Pinned != pin {
+			t.Errorf("checkpoint %s (%s): sandboxes %v children %v pinned %v, want [%s], none, %v", id, label, r.Node.Sandboxes, r.Node.Children, r.Node.Pinned, id, pin)
+		}
+		return r.Node
+	}
+	n0 := ck(a, "image", false)
+	dbxSh(t, d, a, "echo 1 > /workspace/f1")
+	n1 := ck(a, "one", false)
+	dbxRestore(t, d, b, n0.ID)
+	dbxSh(t, d, b, "echo 2 > /workspace/f2")
+	n2 := ck(b, "two", true)
+	if n1.Depth != n0.Depth+1 || n2.Depth != n0.Depth+1 || n2.Parent != n0.ID {
+		t.Errorf("depths %d %d %d, parent of the second child %s: want n0+1 for both, parent %s", n0.Depth, n1.Depth, n2.Depth, n2.Parent, n0.ID)
+	}
+}
+
+// TestNodeChildren: GET /v1/nodes/ID names the node's children (from the index the tree
+// keeps as nodes come and go) as GET /v1/tree does (from a walk of every node): after
+// checkpoints on two branches, after a subtree's removal, and after a daemon restart.
+func TestNodeChildren(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	a := dbxCreate(t, d, "kids-a").ID
+	same := func(when string) {
+		t.Helper()
+		tr, err := d.C.Tree(dbxCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tn := range tr.Nodes {
+			n, err := d.C.Node(dbxCtx(t), tn.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(n.Children, tn.Children) || !slices.Equal(n.Sandboxes, tn.Sandboxes) {
+				t.Errorf("%s: node %s: children %v, sandboxes %v; the tree says %v, %v", when, tn.ID, n.Children, n.Sandboxes, tn.Children, tn.Sandboxes)
+			}
+		}
+	}
+	n0 := dbxCheckpoint(t, d, a, "n0").Node
+	dbxSh(t, d, a, "echo 1 > /workspace/f1")
+	n1 := dbxCheckpoint(t, d, a, "n1").Node
+	dbxRestore(t, d, a, n0.ID)
+	dbxSh(t, d, a, "echo 2 > /workspace/f2")
+	n2 := dbxCheckpoint(t, d, a, "n2").Node
+	dbxSh(t, d, a, "echo 3 > /workspace/f3")
+	dbxCheckpoint(t, d, a, "n3")
+	dbxRestore(t, d, a, n0.ID)
+	dbxSh(t, d, a, "echo 4 > /workspace/f1")
+	dbxCheckpoint(t, d, a, "n4")
+	same("two branches")
+	if n, err := d.C.Node(dbxCtx(t), n0.ID); err != nil || len(n.Children) != 3 {
+		t.Fatalf("node n0 %s: children %v (%v), want n1, n2 and n4", n0.ID, n.Children, err)
+	}
+	dbxRestore(t, d, a, n1.ID)
+	if _, err := d.C.RemoveNode(dbxCtx(t), n2.ID); err != nil {
+		t.Fatal(err)
+	}
+	same("a subtree removed")
+	if n, err := d.C.Node(dbxCtx(t), n0.ID); err != nil || len(n.Children) != 2 || slices.Contains(n.Children, n2.ID) {
+		t.Fatalf("node n0 %s after n2's removal: children %v (%v), want n1 and n4", n0.ID, n.Children, err)
+	}
+	d.Stop()
+	d = testutil.StartDaemonOn(t, d.Root)
+	same("after a restart")
 }
