@@ -246,7 +246,12 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: size}}
 		pidfd := -1
 		attr := &syscall.ProcAttr{
-			Env:   []string{},
+			// One P: an init's work is syscalls and waits, and the Go runtime's start
+			// with two (threads made, spinning in futex and usleep) was a fifth of a
+			// branch init's CPU; 64 branches' sandbox CPU 558-645 ms against 660-738
+			// (docs/research/fork/forkspeed2-ab.txt). The init passes none of its
+			// environment on (Config.Env is its commands').
+			Env:   []string{"GOMAXPROCS=1"},
 			Files: files,
 			Sys: &syscall.SysProcAttr{
 				Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS |

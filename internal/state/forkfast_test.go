@@ -635,7 +635,8 @@ func TestForkFastFailureLeavesSource(t *testing.T) {
 // one thread with a mount namespace of its own (sbinit's branchMaker), and makes every
 // later branch from it: after three branches and after two more, the init has exactly
 // one thread outside its own mount namespace, the same namespace both times, and the
-// later branches' copies run as the first ones' did.
+// later branches' copies run as the first ones' did. Each branch init runs with one P
+// (GOMAXPROCS=1, its whole environment).
 func TestForkFastExecRootOnce(t *testing.T) {
 	testutil.Require(t, os.Geteuid() == 0, "needs root")
 	root := testutil.NewStore(t)
@@ -678,6 +679,10 @@ func TestForkFastExecRootOnce(t *testing.T) {
 		}
 		for _, rt := range runtimes(bs) {
 			waitHost(t, rt, pid, hash)
+			// The branch init runs with one P (sbinit's startBranch).
+			if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", rt.InitPid())); err != nil || string(env) != "GOMAXPROCS=1\x00" {
+				t.Fatalf("branch init %d's environment %q (%v), want GOMAXPROCS=1 alone", rt.InitPid(), env, err)
+			}
 		}
 		if err := remove(); err != nil {
 			t.Fatalf("round %d: remove the branches: %v", round, err)
