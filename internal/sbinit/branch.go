@@ -182,7 +182,7 @@ func (c *Client) awaitReady() error {
 	var late sync.Mutex
 	lateSet := false
 	timer := time.AfterFunc(readyTimeout, func() { late.Lock(); lateSet = true; late.Unlock(); c.kill() })
-	buf := make([]byte, maxMessage)
+	buf := newBuf()
 	m, _, err := recv(c.fd, buf, nil)
 	timer.Stop()
 	late.Lock()
