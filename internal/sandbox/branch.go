@@ -21,7 +21,8 @@ import (
 // a sandbox like one Start makes: its own cgroups and limits, mount, UTS, IPC, network
 // and cgroup namespaces, proc, devpts, states. iso is the family's (the branch runs as
 // the family's host ids: its user namespace maps them one to one). Its namespace
-// builder is held: nothing is prepared ahead until PrepareAhead.
+// builder is held: it prepares nothing ahead until the branch's second state
+// (mountns.NewBuilder).
 func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64) (_ *Sandbox, err error) {
 	if family == nil || family.init == nil {
 		return nil, fmt.Errorf("branch %s: no family init", id)

@@ -173,7 +173,8 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 // devpts (checked for their filesystem types), its base mount namespace, the idmapped
 // view of the store (iso nil: none) and a namespace builder. Start calls it before any
 // code of the sandbox ran; Adopt on a sandbox that has run (adopt.go says why that is
-// sound). held: the builder prepares nothing ahead until PrepareAhead.
+// sound). held: the builder prepares nothing ahead until its second Build
+// (mountns.NewBuilder).
 func (s *Sandbox) openFromInit(iso *Isolation, held bool) (err error) {
 	pid := s.init.Pid()
 	if s.proc, err = openInitMount(pid, "proc", unix.PROC_SUPER_MAGIC); err != nil {
@@ -205,14 +206,6 @@ func (s *Sandbox) openFromInit(iso *Isolation, held bool) (err error) {
 	}
 	s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh, held)
 	return err
-}
-
-// PrepareAhead lets the sandbox's namespace builder prepare its workers ahead: a
-// branch's (StartBranch) is held until then.
-func (s *Sandbox) PrepareAhead() {
-	if s.builder != nil {
-		s.builder.Resume()
-	}
 }
 
 // InitPid is the init's PID as the daemon sees it.

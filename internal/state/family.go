@@ -276,13 +276,6 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	kw.Wait()
 	m.recordFamily(src, fam, fref, branches)
 	m.crashPointRecorded("forkfast", 3)
-	// The members' namespace builders, held through the fork (startFastBranch), prepare
-	// their next states' namespaces once the answer is out.
-	for _, s := range append(branches, src) {
-		if rt := s.rt; rt != nil {
-			m.afterAnswer(s, rt.PrepareAhead)
-		}
-	}
 	res.DurationMS = ms(time.Since(t0))
 	n := time.Duration(len(outs))
 	m.log.Debug("fork: fast path", "branches", len(outs), "start_and_place_ms", ms(tPlaced.Sub(t0)),

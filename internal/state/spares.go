@@ -589,9 +589,7 @@ func (w *swap) swap() {
 	// one after the other: both are the family init's (it reaps the old runtime's
 	// placed processes, and starts the new spare's branch init).
 	node := r.nodeID
-	rt := sp.b.rt
 	m.afterAnswer(s, func() {
-		rt.PrepareAhead() // a spare's builder is held until it is swapped in (startFastBranch)
 		oldKNS.Close()
 		if err := old.Destroy(); err != nil {
 			m.log.Warn("restore from a spare: the old runtime", "sandbox", s.rec.ID, "err", err)
