@@ -382,8 +382,9 @@ func (v *V1) Usage() Usage {
 		u.CPUNanos = readInt(filepath.Join(d, "cpuacct.usage"))
 	}
 	if d := v.dirs["cpu"]; d != "" {
-		u.CPUThrottled = readKey(filepath.Join(d, "cpu.stat"), "nr_throttled")
-		u.CPUThrottledNS = readKey(filepath.Join(d, "cpu.stat"), "throttled_time")
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil { // one read for both
+			u.CPUThrottled, u.CPUThrottledNS = parseKey(b, "nr_throttled"), parseKey(b, "throttled_time")
+		}
 	}
 	return u
 }
