@@ -119,7 +119,8 @@ func newBuf() *[]byte {
 // fit makes *buf hold the next datagram on fd: its length, peeked (MSG_PEEK|MSG_TRUNC
 // gives a datagram's whole length; with no control buffer the peek installs none of its
 // fds, which stay for the read), maxMessage at most (a longer one is cut there and
-// fails to parse, as it always did).
+// fails to parse, as it always did). fd is a SOCK_SEQPACKET socket, as every init
+// socket is: on a stream socket MSG_TRUNC would drop the data.
 func fit(fd int, buf *[]byte) error {
 	n, _, _, _, err := unix.Recvmsg(fd, nil, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
 	if err != nil {
