@@ -241,6 +241,18 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 	if err != nil {
 		return 0, -1, err
 	}
+	exe := mk.exe
+	if mk.memfd >= 0 {
+		// The request's copy of the small init's memfd, at 100 or above (clear of the
+		// fds the exec installs at 0, 1, 2, 3...), exec'd through the root's proc and
+		// closed here after the exec: the family init keeps none (TestInitMemfdSealed).
+		hi, err := unix.FcntlInt(uintptr(fds[2+mk.memfd]), unix.F_DUPFD_CLOEXEC, 100)
+		if err != nil {
+			return 0, -1, fmt.Errorf("dup the small init's memfd: %w", err)
+		}
+		defer unix.Close(hi)
+		exe = "/proc/self/fd/" + strconv.Itoa(hi)
+	}
 	ch := make(chan result, 1)
 	mk.jobs <- func() {
 		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: size}}
@@ -262,7 +274,7 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 				PidFD:      &pidfd,
 			},
 		}
-		pid, err := syscall.ForkExec(mk.exe, []string{"deltabox-init", InitArg, string(arg)}, attr)
+		pid, err := syscall.ForkExec(exe, []string{"deltabox-init", InitArg, string(arg)}, attr)
 		if err != nil {
 			err = fmt.Errorf("start the branch init: %w", err)
 		}
@@ -292,11 +304,15 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 // /proc/1/task/TID/ns/mnt, which needs ptrace access to the init, which is not dumpable
 // (Main), in another Landlock domain than every command, to a sandbox root without
 // CAP_SYS_PTRACE; a pidfd of the init names its main thread's namespaces, not this
-// one's. The memfd it execs (a copy of the small init's fd) is sealed and CLOEXEC.
+// one's. It holds no fd of the small init's memfd: each request brings a copy, exec'd
+// and closed.
 type branchMaker struct {
-	key  string      // the exec tree it was built from (execRootKey)
-	exe  string      // what a branch init execs in it
-	jobs chan func() // run on the thread, one at a time
+	key string // the exec tree it was built from (execRootKey)
+	exe string // what a branch init execs in it (the daemon's binary), or "" (memfd)
+	// memfd is the index, among a request's exec tree files, of the small init's memfd
+	// (exec'd as /proc/self/fd/N of a copy: the root holds no file of it), or -1.
+	memfd int
+	jobs  chan func() // run on the thread, one at a time
 }
 
 // maker is the init's branch maker, or nil. Used only by the init's request loop,
@@ -317,7 +333,16 @@ func makerFor(list []execEntry, fds []int) (*branchMaker, error) {
 		maker.stop()
 		maker = nil
 	}
-	mk := &branchMaker{key: key, jobs: make(chan func())}
+	mk := &branchMaker{key: key, memfd: -1, jobs: make(chan func())}
+	k := 0
+	for _, e := range list {
+		if e.Memfd {
+			mk.memfd = k
+		}
+		if e.Target == "" {
+			k++
+		}
+	}
 	ready := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread has a mount namespace of its own
@@ -327,7 +352,8 @@ func makerFor(list []execEntry, fds []int) (*branchMaker, error) {
 		}
 		exe, memfd, err := buildExecRoot(list, fds)
 		if memfd >= 0 {
-			defer unix.Close(memfd)
+			unix.Close(memfd) // each request brings its own (startBranch)
+			exe = ""
 		}
 		if err != nil {
 			ready <- err

@@ -30,10 +30,10 @@ import (
 // init's setupRoot pivots away from its copy and detaches it in turn: no branch keeps
 // any of it. Nothing is written: the files are the host's, read-only for the branch
 // init (it is not host root). The small init (InitBinary) is a sealed memfd instead, on
-// no mount open_tree may clone (EINVAL): a copy of its fd comes with the request, and
-// the thread execs it through the tmpfs's proc (/proc/self/fd/N), and closes it when
-// the thread ends. A request's files that an exec root built before already holds
-// (the same devices and inodes) are closed unused.
+// no mount open_tree may clone (EINVAL): a copy of its fd comes with each request, and
+// the thread execs it through the tmpfs's proc (/proc/self/fd/N) and closes it after.
+// A request's other files, which an exec root built before already holds (the same
+// devices and inodes), are closed unused.
 
 // branchExe is where the daemon's binary is in the branch-making namespace.
 const branchExe = "/deltabox"
