@@ -324,11 +324,20 @@ func (v *V1) SetLimits(l Limits) error {
 		if l.CPUs < float64(HostCPUs()) {
 			quota = int64(math.Round(l.CPUs * cfsPeriodUS))
 		}
-		if err := writeFile(filepath.Join(d, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
-			return err
+		// Only a value that differs is written: each write of either file walks every
+		// CPU cgroup of the host (the kernel's tg_set_bandwidth checks the whole tree's
+		// quotas under one mutex), and a new group already has the period and no quota,
+		// what a sandbox without a CPU limit below the host's asks (every fork branch).
+		period, quotaFile := filepath.Join(d, "cpu.cfs_period_us"), filepath.Join(d, "cpu.cfs_quota_us")
+		if readInt(period) != cfsPeriodUS {
+			if err := writeFile(period, strconv.Itoa(cfsPeriodUS)); err != nil {
+				return err
+			}
 		}
-		if err := writeFile(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)); err != nil {
-			return err
+		if b, err := os.ReadFile(quotaFile); err != nil || strings.TrimSpace(string(b)) != strconv.FormatInt(quota, 10) {
+			if err := writeFile(quotaFile, strconv.FormatInt(quota, 10)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -373,8 +382,9 @@ func (v *V1) Usage() Usage {
 		u.CPUNanos = readInt(filepath.Join(d, "cpuacct.usage"))
 	}
 	if d := v.dirs["cpu"]; d != "" {
-		u.CPUThrottled = readKey(filepath.Join(d, "cpu.stat"), "nr_throttled")
-		u.CPUThrottledNS = readKey(filepath.Join(d, "cpu.stat"), "throttled_time")
+		if b, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil { // one read for both
+			u.CPUThrottled, u.CPUThrottledNS = parseKey(b, "nr_throttled"), parseKey(b, "throttled_time")
+		}
 	}
 	return u
 }

@@ -79,7 +79,7 @@ func BenchmarkEnter(b *testing.B) {
 
 // baseNS makes a base namespace as sbinit.setupRoot does, on a thread that is then
 // discarded, and returns an nsfs fd for it.
-func baseNS(b *testing.B, masked bool) int {
+func baseNS(b testing.TB, masked bool) int {
 	if err := OpenHostProc(); err != nil {
 		b.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func baseNS(b *testing.B, masked bool) int {
 }
 
 // overlayLike is a detached tmpfs mount with the mount points a state's overlay has.
-func overlayLike(b *testing.B) int {
+func overlayLike(b testing.TB) int {
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		b.Fatal(err)

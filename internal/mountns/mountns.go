@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -85,6 +86,12 @@ type Builder struct {
 	ready chan *worker
 	stop  chan struct{}
 	done  chan struct{}
+	// start is closed once workers may be prepared ahead: at once, or at a held
+	// builder's second Build (NewBuilder).
+	start  chan struct{}
+	resume sync.Once
+	// first is set while a held builder's first Build has not come.
+	first atomic.Bool
 }
 
 type worker struct {
@@ -104,8 +111,14 @@ type result struct {
 
 // NewBuilder starts a builder on baseNS (an nsfs fd of the sandbox's base mount
 // namespace, which the builder duplicates) keeping depth workers ready. fresh, if not
-// nil, makes each worker's namespace (see Builder.fresh).
-func NewBuilder(baseNS, depth int, fresh func() (int, error)) (*Builder, error) {
+// nil, makes each worker's namespace (see Builder.fresh). A held builder prepares no
+// worker ahead until its second Build: its first prepares its own. A fork's branch is
+// held: its one state is built in the fork, and the workers ahead (depth+1, each a
+// thread and a namespace its init makes: 0.3-0.7 ms of CPU per branch) would take the
+// CPUs the fork's other branches wait for, and then the CPUs its first calls need
+// (made after the fork's answer, they delayed 64 branches' first answers); a branch
+// that never checkpoints or restores never needs them.
+func NewBuilder(baseNS, depth int, fresh func() (int, error), held bool) (*Builder, error) {
 	if _, err := hostProc(); err != nil { // here, before any worker thread changes namespace
 		return nil, err
 	}
@@ -113,13 +126,26 @@ func NewBuilder(baseNS, depth int, fresh func() (int, error)) (*Builder, error) 
 	if err != nil {
 		return nil, err
 	}
-	b := &Builder{baseNS: fd, fresh: fresh, ready: make(chan *worker, depth), stop: make(chan struct{}), done: make(chan struct{})}
+	b := &Builder{baseNS: fd, fresh: fresh, ready: make(chan *worker, depth), stop: make(chan struct{}), done: make(chan struct{}), start: make(chan struct{})}
+	if held {
+		b.first.Store(true)
+	} else {
+		b.prepareAhead()
+	}
 	go b.fill()
 	return b, nil
 }
 
+// prepareAhead lets the builder's fill prepare workers ahead.
+func (b *Builder) prepareAhead() { b.resume.Do(func() { close(b.start) }) }
+
 func (b *Builder) fill() {
 	defer close(b.done)
+	select {
+	case <-b.start:
+	case <-b.stop:
+		return
+	}
 	for {
 		w := b.prepare()
 		select {
@@ -163,7 +189,7 @@ func (b *Builder) prepare() *worker {
 // the root of the attached overlay (the caller keeps it as the state's root, for
 // openat2 RESOLVE_IN_ROOT); on failure it is closed.
 func (b *Builder) Build(overlayFD int) (int, error) {
-	w, ok := <-b.ready
+	w, ok := b.take()
 	if !ok {
 		unix.Close(overlayFD)
 		return -1, fmt.Errorf("namespace builder is closed")
@@ -179,6 +205,23 @@ func (b *Builder) Build(overlayFD int) (int, error) {
 		return -1, r.err
 	}
 	return r.fd, nil
+}
+
+// take returns a ready worker: one prepared ahead, or for a held builder's first Build
+// one prepared now (a later Build starts the preparing ahead, and waits for its first).
+// It reports false once the builder is closed.
+func (b *Builder) take() (*worker, bool) {
+	if b.first.Swap(false) {
+		select {
+		case <-b.stop:
+			return nil, false
+		default:
+			return b.prepare(), true
+		}
+	}
+	b.prepareAhead()
+	w, ok := <-b.ready
+	return w, ok
 }
 
 // Close stops the builder and lets its ready workers exit.

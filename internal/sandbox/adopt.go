@@ -66,7 +66,7 @@ func Adopt(id, hostname, dir string, iso *Isolation, family *Sandbox, initPid in
 
 	s.lim = cgroup.OpenV1(id)
 	s.execLeft.Store(1) // the previous daemon's execs may have left groups
-	if err = s.openFromInit(iso); err != nil {
+	if err = s.openFromInit(iso, false); err != nil {
 		return nil, nil, err
 	}
 	return s, warn, nil

@@ -20,7 +20,9 @@ import (
 // family's templates can be forked into it at their PIDs (PlaceTarget). Otherwise it is
 // a sandbox like one Start makes: its own cgroups and limits, mount, UTS, IPC, network
 // and cgroup namespaces, proc, devpts, states. iso is the family's (the branch runs as
-// the family's host ids: its user namespace maps them one to one).
+// the family's host ids: its user namespace maps them one to one). Its namespace
+// builder is held: it prepares nothing ahead until the branch's second state
+// (mountns.NewBuilder).
 func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64) (_ *Sandbox, err error) {
 	if family == nil || family.init == nil {
 		return nil, fmt.Errorf("branch %s: no family init", id)
@@ -67,7 +69,7 @@ func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, i
 	if err = s.cg.Add(s.init.Pid()); err != nil {
 		return nil, fmt.Errorf("the branch init's cgroup: %w", err)
 	}
-	if err = s.openFromInit(iso); err != nil {
+	if err = s.openFromInit(iso, true); err != nil {
 		return nil, err
 	}
 	return s, nil

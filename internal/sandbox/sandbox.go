@@ -163,7 +163,7 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 		return nil, err
 	}
 	// Before the first spawn: nothing of the sandbox has run yet.
-	if err = s.openFromInit(iso); err != nil {
+	if err = s.openFromInit(iso, false); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -173,8 +173,9 @@ func Start(id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor
 // devpts (checked for their filesystem types), its base mount namespace, the idmapped
 // view of the store (iso nil: none) and a namespace builder. Start calls it before any
 // code of the sandbox ran; Adopt on a sandbox that has run (adopt.go says why that is
-// sound).
-func (s *Sandbox) openFromInit(iso *Isolation) (err error) {
+// sound). held: the builder prepares nothing ahead until its second Build
+// (mountns.NewBuilder).
+func (s *Sandbox) openFromInit(iso *Isolation, held bool) (err error) {
 	pid := s.init.Pid()
 	if s.proc, err = openInitMount(pid, "proc", unix.PROC_SUPER_MAGIC); err != nil {
 		return err
@@ -203,7 +204,7 @@ func (s *Sandbox) openFromInit(iso *Isolation) (err error) {
 		// State namespaces must be the user namespace's (see sbinit.Client.NewMountNS).
 		fresh = s.init.NewMountNS
 	}
-	s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh)
+	s.builder, err = mountns.NewBuilder(s.baseNS, 2, fresh, held)
 	return err
 }
 

@@ -43,9 +43,9 @@ import (
 // that has a private mount namespace (same owner as the base: nothing locked) whose
 // root is a small tmpfs holding a fresh, unmasked proc of P_S and what the exec needs
 // (branchexec.go). No process of the sandbox can enter that namespace (it lives only on
-// that thread, discarded after the clone). The branch init's setupRoot then mounts its
-// own proc, masks it, and pivots into a fresh tmpfs, detaching the exec root, the
-// unmasked proc with it. Measured: 86-281 ms for three branches (inits, states and
+// that thread, kept for the init's next branches: branchMaker). The branch init's
+// setupRoot then mounts its own proc, masks it, and pivots into a fresh tmpfs,
+// detaching its copy of the exec root, the unmasked proc with it. Measured: 86-281 ms for three branches (inits, states and
 // copies placed) on a loaded 2-core VM (TestForkFastPlacesCopies).
 
 // BranchOptions configures a branch init.
@@ -182,7 +182,7 @@ func (c *Client) awaitReady() error {
 	var late sync.Mutex
 	lateSet := false
 	timer := time.AfterFunc(readyTimeout, func() { late.Lock(); lateSet = true; late.Unlock(); c.kill() })
-	buf := make([]byte, maxMessage)
+	buf := newBuf()
 	m, _, err := recv(c.fd, buf, nil)
 	timer.Stop()
 	late.Lock()
@@ -237,25 +237,33 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 		pid, pidfd int
 		err        error
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread has a mount namespace of its own
-		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			ch <- result{0, -1, fmt.Errorf("unshare a mount namespace for the branch init: %w", err)}
-			return
-		}
-		exe, memfd, err := buildExecRoot(req.Tree, fds[2:2+nfiles])
-		if memfd >= 0 {
-			defer unix.Close(memfd)
-		}
+	mk, err := makerFor(req.Tree, fds[2:2+nfiles])
+	if err != nil {
+		return 0, -1, err
+	}
+	exe := mk.exe
+	if mk.memfd >= 0 {
+		// The request's copy of the small init's memfd, at 100 or above (clear of the
+		// fds the exec installs at 0, 1, 2, 3...), exec'd through the root's proc and
+		// closed here after the exec: the family init keeps none (TestInitMemfdSealed).
+		hi, err := unix.FcntlInt(uintptr(fds[2+mk.memfd]), unix.F_DUPFD_CLOEXEC, 100)
 		if err != nil {
-			ch <- result{0, -1, err}
-			return
+			return 0, -1, fmt.Errorf("dup the small init's memfd: %w", err)
 		}
+		defer unix.Close(hi)
+		exe = "/proc/self/fd/" + strconv.Itoa(hi)
+	}
+	ch := make(chan result, 1)
+	mk.jobs <- func() {
 		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: size}}
 		pidfd := -1
 		attr := &syscall.ProcAttr{
-			Env:   []string{},
+			// One P: an init's work is syscalls and waits, and the Go runtime's start
+			// with two (threads made, spinning in futex and usleep) was a fifth of a
+			// branch init's CPU; 64 branches' sandbox CPU 558-645 ms against 660-738
+			// (docs/research/fork/forkspeed2-ab.txt). The init passes none of its
+			// environment on (Config.Env is its commands').
+			Env:   []string{"GOMAXPROCS=1"},
 			Files: files,
 			Sys: &syscall.SysProcAttr{
 				Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS |
@@ -271,9 +279,118 @@ func startBranch(m *Message, fds []int) (pid, pidfd int, _ error) {
 			err = fmt.Errorf("start the branch init: %w", err)
 		}
 		ch <- result{pid, pidfd, err}
-	}()
+	}
 	r := <-ch
+	if r.err != nil {
+		// The next request builds the exec root afresh: whatever failed here may be
+		// the root's.
+		mk.stop()
+		maker = nil
+	}
 	return r.pid, r.pidfd, r.err
+}
+
+// branchMaker is the family init's branch-making thread: locked, with a private mount
+// namespace whose root is the exec root (buildExecRoot), built once, at the first
+// branch request, and used for every branch after (a 64-branch fork built it 64 times:
+// an unshare copying the base namespace's mounts, a tmpfs, 6 binds, a proc, a
+// pivot_root walking every thread of the host, the base tree detached, and a thread
+// made and ended, each time). It lives as long as the init, or until a request
+// brings another exec tree (a new daemon, another binary) or a branch fails to start.
+//
+// Why it may stay: the namespace holds an unmasked proc of P_S, but no process of the
+// sandbox can reach it. It is on this thread alone (no process is in it; each branch
+// init's clone copies it and pivots away); entering it takes
+// /proc/1/task/TID/ns/mnt, which needs ptrace access to the init, which is not dumpable
+// (Main), in another Landlock domain than every command, to a sandbox root without
+// CAP_SYS_PTRACE; a pidfd of the init names its main thread's namespaces, not this
+// one's. It holds no fd of the small init's memfd: each request brings a copy, exec'd
+// and closed.
+type branchMaker struct {
+	key string // the exec tree it was built from (execRootKey)
+	exe string // what a branch init execs in it (the daemon's binary), or "" (memfd)
+	// memfd is the index, among a request's exec tree files, of the small init's memfd
+	// (exec'd as /proc/self/fd/N of a copy: the root holds no file of it), or -1.
+	memfd int
+	jobs  chan func() // run on the thread, one at a time
+}
+
+// maker is the init's branch maker, or nil. Used only by the init's request loop,
+// which serves one request at a time.
+var maker *branchMaker
+
+// makerFor returns the branch maker for exec tree list (files fds), making it if there
+// is none or the one there was built from another tree. fds stay the caller's.
+func makerFor(list []execEntry, fds []int) (*branchMaker, error) {
+	key, err := execRootKey(list, fds)
+	if err != nil {
+		return nil, err
+	}
+	if maker != nil && maker.key == key {
+		return maker, nil
+	}
+	if maker != nil {
+		maker.stop()
+		maker = nil
+	}
+	mk := &branchMaker{key: key, memfd: -1, jobs: make(chan func())}
+	k := 0
+	for _, e := range list {
+		if e.Memfd {
+			mk.memfd = k
+		}
+		if e.Target == "" {
+			k++
+		}
+	}
+	ready := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread has a mount namespace of its own
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			ready <- fmt.Errorf("unshare a mount namespace for the branch init: %w", err)
+			return
+		}
+		exe, memfd, err := buildExecRoot(list, fds)
+		if memfd >= 0 {
+			unix.Close(memfd) // each request brings its own (startBranch)
+			exe = ""
+		}
+		if err != nil {
+			ready <- err
+			return // the thread ends with its namespace
+		}
+		mk.exe = exe
+		ready <- nil
+		for job := range mk.jobs {
+			job()
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	maker = mk
+	return mk, nil
+}
+
+// stop ends the maker's thread, and its namespace with it.
+func (mk *branchMaker) stop() { close(mk.jobs) }
+
+// execRootKey names what an exec root built from list and fds holds: the list and each
+// file's device and inode (the small init's memfd, or the daemon's binary and its
+// libraries), so that a new daemon's tree, or another binary, builds a new root.
+func execRootKey(list []execEntry, fds []int) (string, error) {
+	var b strings.Builder
+	for _, e := range list {
+		fmt.Fprintf(&b, "%s>%s,%v;", e.Path, e.Target, e.Memfd)
+	}
+	for _, fd := range fds {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return "", fmt.Errorf("exec tree file: %w", err)
+		}
+		fmt.Fprintf(&b, "%d:%d;", st.Dev, st.Ino)
+	}
+	return b.String(), nil
 }
 
 // ownIDSize is how many ids this init's user namespace maps (its uid_map's one line).

@@ -22,16 +22,18 @@ import (
 // the interpreter). The daemon hands them over with each request, as detached mounts
 // (open_tree OPEN_TREE_CLONE, made in the daemon's mount namespace, one per file),
 // which the family init's branch-making thread attaches (move_mount) in a small tmpfs
-// of its own private mount namespace at the paths the loader looks for, with the
-// symlinks on those paths (/lib -> usr/lib...) made again, the binary at branchExe. A
-// user namespace's process may attach a detached mount into a mount namespace it owns
-// (checked on Linux 6.18). That tmpfs becomes the root of the thread's namespace
-// (pivot_root, the base tree detached), and the branch init's setupRoot pivots away from
-// it and detaches it in turn: no branch keeps any of it. Nothing is written: the files
-// are the host's, read-only for the branch init (it is not host root). The small init
-// (InitBinary) is a sealed memfd instead, on no mount open_tree may clone (EINVAL): a
-// copy of its fd comes with the request, and the thread execs it through the tmpfs's
-// proc (/proc/self/fd/N) and closes it after.
+// of its own private mount namespace (built once, at its first branch: branchMaker) at
+// the paths the loader looks for, with the symlinks on those paths (/lib -> usr/lib...)
+// made again, the binary at branchExe. A user namespace's process may attach a detached
+// mount into a mount namespace it owns (checked on Linux 6.18). That tmpfs becomes the
+// root of the thread's namespace (pivot_root, the base tree detached), and each branch
+// init's setupRoot pivots away from its copy and detaches it in turn: no branch keeps
+// any of it. Nothing is written: the files are the host's, read-only for the branch
+// init (it is not host root). The small init (InitBinary) is a sealed memfd instead, on
+// no mount open_tree may clone (EINVAL): a copy of its fd comes with each request, and
+// the thread execs it through the tmpfs's proc (/proc/self/fd/N) and closes it after.
+// A request's other files, which an exec root built before already holds (the same
+// devices and inodes), are closed unused.
 
 // branchExe is where the daemon's binary is in the branch-making namespace.
 const branchExe = "/deltabox"

@@ -293,7 +293,7 @@ func (c *Client) Kill() error {
 }
 
 func (c *Client) readLoop() {
-	buf := make([]byte, maxMessage)
+	buf := newBuf()
 	oob := make([]byte, unix.CmsgSpace(4*8)+unix.CmsgSpace(unix.SizeofUcred))
 	var err error
 	for {

@@ -81,7 +81,7 @@ func TestSpawnReplyPidfdNotKept(t *testing.T) {
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		buf := make([]byte, maxMessage)
+		buf := newBuf()
 		req, rfds, err := recv(fds[1], buf, nil)
 		closeAll(rfds)
 		if err != nil {

@@ -503,7 +503,7 @@ func (s *server) reap(block bool) int {
 }
 
 func (s *server) serve() {
-	buf := make([]byte, maxMessage)
+	buf := newBuf()
 	oob := make([]byte, unix.CmsgSpace(8*4))
 	for {
 		m, fds, err := recv(s.fd, buf, oob)

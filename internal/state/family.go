@@ -132,6 +132,8 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	if err != nil {
 		return nil, "the node's sandbox is gone", nil
 	}
+	m.fastForks.Add(1) // the disk watcher's timed pass waits (diskDue)
+	defer m.fastForks.Add(-1)
 	src.opMu.Lock()
 	defer src.opMu.Unlock()
 	src.tmplMu.Lock()
@@ -225,7 +227,6 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	for i, x := range outs {
 		x.s.opMu.Lock() // +checklocksignore: the branch is new; held only here
 		err := x.b.commit()
-		info := m.info(x.s)
 		x.s.opMu.Unlock() // +checklocksignore: as above
 		if err != nil {
 			m.log.Warn("fork: a branch's process could not be resumed", "sandbox", x.s.rec.ID, "err", err)
@@ -233,8 +234,13 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 		ident := &apitypes.ForkIdentity{Sandbox: x.s.rec.ID, Branch: i, Count: o.Count, ParentNode: node}
 		op := &OpResult{Sandbox: x.s.rec.ID, Node: m.nodeInfo(node), Processes: len(tps) - len(x.b.failed), ProcessErrors: x.b.failed, Sessions: x.b.sessionNames()}
 		m.countFork(maker, x.s.rec.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: forkFastPath, Reason: reason})
-		if in, err := m.Get(x.s.rec.ID); err == nil {
-			info = in
+		// Get's info once (its usage readings are cgroup files: 64 branches read them
+		// in the fork's critical path); info alone only if the branch is gone already.
+		info, gerr := m.Get(x.s.rec.ID)
+		if gerr != nil {
+			x.s.opMu.Lock() // +checklocksignore: as above
+			info = m.info(x.s)
+			x.s.opMu.Unlock() // +checklocksignore: as above
 		}
 		res.Branches = append(res.Branches, apitypes.ForkBranch{Branch: i, Sandbox: *info, Path: forkFastPath, Reason: reason, Restore: op, Identity: ident, DurationMS: ms(time.Since(x.t0))})
 	}

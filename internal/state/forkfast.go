@@ -50,7 +50,9 @@ type fastBranch struct {
 // topLower is the branch's identity layer ("" for none: sandbox.Sandbox.TopLower). name
 // is its runtime's (its cgroups'): id for a sandbox's own, another for a spare, made
 // while the sandbox's runtime still holds that name (spares.go). Its init logs in id's
-// directory, which is removed on error only if made here.
+// directory, which is removed on error only if made here. Its namespace builder is
+// held (sandbox.StartBranch): nothing is prepared ahead for its later states until it
+// checkpoints or restores.
 func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id, name string, floor int, topLower string) (_ *fastBranch, err error) {
 	m.mu.Lock()
 	image := rec.Image

@@ -630,3 +630,70 @@ func TestForkFastFailureLeavesSource(t *testing.T) {
 		t.Fatalf("a holder was made: %s", left)
 	}
 }
+
+// TestForkFastExecRootOnce: the family init builds the branch inits' exec root once, on
+// one thread with a mount namespace of its own (sbinit's branchMaker), and makes every
+// later branch from it: after three branches and after two more, the init has exactly
+// one thread outside its own mount namespace, the same namespace both times, and the
+// later branches' copies run as the first ones' did. Each branch init runs with one P
+// (GOMAXPROCS=1, its whole environment).
+func TestForkFastExecRootOnce(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	root := testutil.NewStore(t)
+	m := open(t, root)
+	defer m.Close()
+	ctx := context.Background()
+	const id = "ffonce"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(sh(t, m, id, fastCounter))
+	src := rtOf(t, m, id)
+	hash := strings.Fields(waitCount(t, src, pid, "", -1))[1]
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.Processes != 1 {
+		t.Fatalf("checkpoint: %v %+v", err, cp)
+	}
+	init := src.InitPid()
+	// makers lists the mount namespaces of init's threads other than its own.
+	makers := func() []string {
+		own := nsOf(t, init, "mnt")
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", init))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tk := range tasks {
+			ns, err := os.Readlink(fmt.Sprintf("/proc/%d/task/%s/ns/mnt", init, tk.Name()))
+			if err == nil && ns != own {
+				out = append(out, ns)
+			}
+		}
+		return out
+	}
+	var seen []string
+	for round, n := range []int{3, 2} {
+		bs, _, remove, err := state.ForkFastBranches(m, id, cp.Node.ID, n)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for _, rt := range runtimes(bs) {
+			waitHost(t, rt, pid, hash)
+			// The branch init runs with one P (sbinit's startBranch).
+			if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", rt.InitPid())); err != nil || string(env) != "GOMAXPROCS=1\x00" {
+				t.Fatalf("branch init %d's environment %q (%v), want GOMAXPROCS=1 alone", rt.InitPid(), env, err)
+			}
+		}
+		if err := remove(); err != nil {
+			t.Fatalf("round %d: remove the branches: %v", round, err)
+		}
+		got := makers()
+		if len(got) != 1 {
+			t.Fatalf("round %d (%d branches): the family init has %d threads in a mount namespace of their own (%v), want 1: the exec root built once and kept", round, n, len(got), got)
+		}
+		seen = append(seen, got[0])
+	}
+	if seen[0] != seen[1] {
+		t.Fatalf("the exec root's namespace changed between rounds (%s, then %s): built again", seen[0], seen[1])
+	}
+}

@@ -83,6 +83,9 @@ type Manager struct {
 	// diskFreed counts what may have lowered a sandbox's usage through the API since: file
 	// operations on a sandbox over its quota, node and sandbox removals.
 	diskFreed atomic.Uint64
+	// fastForks counts the fast forks under way: the watcher's timed pass waits for them
+	// (diskDue).
+	fastForks atomic.Int32
 
 	cfg    Config
 	ids    *hostids.Registry // the host's id ranges (ids.go); nil with isolation off
