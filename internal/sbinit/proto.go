@@ -104,6 +104,9 @@ type Message struct {
 // maxMessage bounds one datagram (argv and env included).
 const maxMessage = 1 << 20
 
+// smallSend is what any unix socket's default send buffer carries in one datagram.
+const smallSend = 64 << 10
+
 // firstBuf is the receive buffer a reader starts with (newBuf): most messages are well
 // under it. One of maxMessage per reader was 2 MiB zeroed and faulted in per sandbox
 // started (its ready and its read loop, kept for the sandbox's life) and 1 MiB in each
@@ -138,7 +141,16 @@ func send(fd int, m *Message, fds []int) error {
 		return err
 	}
 	if len(b) > maxMessage {
-		return fmt.Errorf("message of %d bytes exceeds %d: shorten argv/env", len(b), maxMessage)
+		return fmt.Errorf("message of %d bytes exceeds %d: shorten argv/env (pass large input on stdin or in a file)", len(b), maxMessage)
+	}
+	if len(b) > smallSend {
+		// A datagram longer than the socket's send buffer fails with EMSGSIZE, and a
+		// unix socket's default (net.core.wmem_default, 208 KiB here) refused a
+		// command whose three 100 KB arguments the kernel's exec takes. The daemon,
+		// root in the host, raises its end past net.core.wmem_max for such a message
+		// (SO_SNDBUFFORCE; the kernel doubles it for its own overhead). An init cannot
+		// (no CAP_NET_ADMIN in the host): its replies are small.
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, maxMessage+smallSend)
 	}
 	var oob []byte
 	if len(fds) > 0 {

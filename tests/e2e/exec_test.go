@@ -282,6 +282,32 @@ func TestExecBasics(t *testing.T) {
 		}
 	})
 
+	// Arguments as long as the kernel's exec takes (each under 128 KiB, 600 KB in all)
+	// reach the command; more than the daemon carries is refused saying what to do.
+	// The init socket's default send buffer (208 KiB) refused 300 KB with "message too
+	// long" before the daemon raised it.
+	t.Run("LongArgv", func(t *testing.T) {
+		arg := strings.Repeat("a", 100_000)
+		argv := []string{"bash", "-c", `n=0; for a; do n=$((n+${#a})); done; echo $# $n`, "x"}
+		for range 6 {
+			argv = append(argv, arg)
+		}
+		res, err := d.C.Exec(dbxCtx(t), id, api.ExecRequest{Argv: argv})
+		if err != nil {
+			t.Fatalf("6 arguments of 100 KB: %.300s", err)
+		}
+		if res.ExitCode != 0 || res.Stdout != "6 600000\n" {
+			t.Fatalf("6 arguments of 100 KB: exit %d, stdout %q, stderr %q; want 6 600000", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		for range 6 {
+			argv = append(argv, arg)
+		}
+		_, err = d.C.Exec(dbxCtx(t), id, api.ExecRequest{Argv: argv})
+		if err == nil || !strings.Contains(err.Error(), "stdin or in a file") {
+			t.Errorf("1.2 MB of arguments: err %.300v, want a refusal saying to pass it on stdin or in a file", err)
+		}
+	})
+
 	t.Run("ExitCode", func(t *testing.T) {
 		for _, c := range []struct {
 			script string
