@@ -129,16 +129,28 @@ func (t *Tracee) InSyscall() bool { return int64(t.saved.Orig_rax) != -1 }
 // it to leave that state and then returns ErrUninterruptible. A process that enters one
 // between that check and the interrupt delays Seize until it leaves it.
 func (tr *Tracer) Seize(pid int) (*Tracee, error) {
+	return tr.SeizeWhile(pid, nil)
+}
+
+// SeizeWhile is Seize, calling while (if not nil, on the tracer's thread) between the
+// interrupt and the wait for its stop, which takes the tracee's scheduling (tens of us,
+// more under load): work that only needs pid unable to fork can use that time. From
+// PTRACE_INTERRUPT's return on, a fork or clone of pid fails and is restarted after the
+// stop (kernel/fork.c: copy_process refuses under the sighand lock while a signal or a
+// ptrace trap is pending, which PTRACE_INTERRUPT sets under the same lock), and one that
+// passed that check has its child listed in the PID namespace already. while runs only
+// if the interrupt was sent.
+func (tr *Tracer) SeizeWhile(pid int, while func()) (*Tracee, error) {
 	var t *Tracee
 	err := tr.Do(func() error {
 		var err error
-		t, err = tr.seize(pid)
+		t, err = tr.seize(pid, while)
 		return err
 	})
 	return t, err
 }
 
-func (tr *Tracer) seize(pid int) (*Tracee, error) {
+func (tr *Tracer) seize(pid int, while func()) (*Tracee, error) {
 	if _, ok := tr.tracees[pid]; ok {
 		return nil, fmt.Errorf("remote: seize %d: already traced by this Tracer", pid)
 	}
@@ -170,6 +182,9 @@ func (tr *Tracer) seize(pid int) (*Tracee, error) {
 	t := &Tracee{tr: tr, pid: pid, state: attached}
 	if err := ptrace(unix.PTRACE_INTERRUPT, pid, 0, 0); err != nil {
 		return nil, t.seizeFailed("PTRACE_INTERRUPT", err)
+	}
+	if while != nil {
+		while()
 	}
 	ws, err := t.wait()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
@@ -70,7 +71,10 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // On error every process already seized is let go untouched. Precondition: s.opMu
 // held, no exec running.
 // +checklocks:s.opMu
-func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*sessionRoot, err error) {
+//
+// list, if not nil, gets the listing holdOthers needs, taken while the last session's
+// process stops (listEarly), when that process is held.
+func (m *Manager) holdSessions(s *sb, res *OpResult, list *nsListing) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
 	}
@@ -79,12 +83,23 @@ func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*session
 		return nil, nil, nil
 	}
 	tr := m.tracer(s)
-	for _, n := range names {
+	for i, n := range names {
 		host, err := m.hostPid(s, sess[n].Pid())
 		if err == nil {
+			var while func()
+			if list != nil && i == len(names)-1 {
+				while = func() { m.listEarly(s, list) }
+			}
 			var h *fastpath.Held
-			if h, err = fastpath.Hold(tr, host); err == nil {
+			if h, err = fastpath.HoldWhile(tr, host, while); err != nil && list != nil {
+				list.done = false // taken with this process running again: listed anew
+			}
+			if err == nil {
 				out = append(out, &heldProc{name: n, what: "session " + n, sess: sess[n], h: h})
+				addPhase(res, "hold_handoff", h.Times.Handoff)
+				addPhase(res, "hold_seize", h.Times.Seize)
+				addPhase(res, "hold_inspect", h.Times.Inspect)
+				addPhase(res, "hold_probe", h.Times.Probe)
 				continue
 			}
 		}
@@ -108,6 +123,37 @@ func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*session
 		return nil, nil, abortErr(fmt.Errorf("session %s: %w", n, err), aborted)
 	}
 	return out, refused, nil
+}
+
+// nsListing is the sandbox's PID namespace as holdOthers reads it (its processes, and
+// its templates' copies for images under copyMu), taken early by listEarly.
+type nsListing struct {
+	hosts, selfs []int // the copies', host and sandbox PIDs
+	pids         []int // the namespace's (sandbox.Procs)
+	err          error
+	took         time.Duration
+	done         bool
+}
+
+// listEarly reads what holdOthers lists, on the tracer's thread while the last session's
+// process stops (fastpath.HoldWhile): that wait is the tracee's scheduling, 30-100 us,
+// and the listing about as long (one getdents entry per process, templates included),
+// where done one after the other they added up. It is as exact as a listing after the
+// stop: every session's process is stopped or can no longer fork (remote.SeizeWhile),
+// the templates are stopped, init spawns nothing under opMu, and whatever else runs
+// unsettles the checkpoint either way (holdOthers). Skipped (holdOthers lists then) when
+// copyMu is taken: the tracer's thread must never wait for it, as copyForImage holds it
+// across an injected fork on that thread.
+// +checklocksignore: copyMu by TryLock, which the analyzer does not follow
+func (m *Manager) listEarly(s *sb, l *nsListing) {
+	if !s.copyMu.TryLock() {
+		return
+	}
+	t0 := time.Now()
+	l.hosts, l.selfs = m.sandboxCopies(s)
+	l.pids, l.err = s.rt.Procs()
+	s.copyMu.Unlock()
+	l.took, l.done = time.Since(t0), true
 }
 
 // belowAny reports whether host PID h is one of roots or has one among its ancestors
@@ -145,10 +191,13 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
 // +checklocks:s.opMu
-func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
+//
+// pre, if done, is that listing taken already (listEarly).
+func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool, res *OpResult, pre *nsListing) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
 		return nil, false, nil, nil
 	}
+	t0 := time.Now()
 	initHost := s.rt.InitPid()
 	known := map[int]bool{initHost: true}
 	knownSb := map[int]bool{1: true} // the same, as sandbox PIDs
@@ -162,15 +211,25 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	}
 	// Copies of templates waiting for their dump (durable.go); one being made meanwhile
 	// is waited for (copyMu).
-	s.copyMu.Lock()
-	hosts, selfs := m.sandboxCopies(s)
-	for i := range hosts {
-		known[hosts[i]], knownSb[selfs[i]] = true, true
+	phase(res, "others_templates", &t0)
+	l := pre
+	if l == nil || !l.done {
+		l = &nsListing{}
+		s.copyMu.Lock()
+		phase(res, "others_copywait", &t0)
+		l.hosts, l.selfs = m.sandboxCopies(s)
+		// The sandbox's processes are its PID namespace's (sandbox.Procs), not its
+		// cgroup's: a process can move out of a cgroup directory. Settled: nothing else.
+		l.pids, l.err = s.rt.Procs()
+		s.copyMu.Unlock()
+		phase(res, "others_list", &t0)
+	} else {
+		addPhase(res, "others_list_early", l.took)
 	}
-	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
-	// a process can move out of a cgroup directory. Settled: nothing else.
-	sbPids, err := s.rt.Procs()
-	s.copyMu.Unlock()
+	for i := range l.hosts {
+		known[l.hosts[i]], knownSb[l.selfs[i]] = true, true
+	}
+	sbPids, err := l.pids, l.err
 	if err != nil {
 		return nil, false, nil, err
 	}
