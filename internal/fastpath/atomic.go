@@ -32,6 +32,9 @@ type Held struct {
 	Tmpl *Template // set by Fork
 
 	Times HoldTimes // Hold's parts
+	// ForkedWhile: HoldWhile's process stopped at the exit of a fork, vfork or clone,
+	// so what its while saw may lack the process that call made.
+	ForkedWhile bool
 
 	tr     *remote.Tracer
 	t      *remote.Tracee
@@ -47,7 +50,8 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 }
 
 // HoldWhile is Hold, calling while on the tracer's thread once the process can no
-// longer fork, while its stop is awaited (remote.Tracer.SeizeWhile).
+// longer start a fork, while its stop is awaited (remote.Tracer.SeizeWhile). The Held's
+// ForkedWhile says whether a fork under way then may have made a process after while ran.
 func HoldWhile(tr *remote.Tracer, hostPid int, while func()) (*Held, error) {
 	var h *Held
 	var times HoldTimes
@@ -76,7 +80,7 @@ func HoldWhile(tr *remote.Tracer, hostPid int, while func()) (*Held, error) {
 			}
 			return err
 		}
-		h = &Held{P: p, tr: tr, t: t}
+		h = &Held{P: p, tr: tr, t: t, ForkedWhile: while != nil && t.StoppedAfterFork()}
 		return nil
 	})
 	if h != nil {

@@ -91,8 +91,10 @@ func (m *Manager) holdSessions(s *sb, res *OpResult, list *nsListing) (out []*he
 				while = func() { m.listEarly(s, list) }
 			}
 			var h *fastpath.Held
-			if h, err = fastpath.HoldWhile(tr, host, while); err != nil && list != nil {
-				list.done = false // taken with this process running again: listed anew
+			if h, err = fastpath.HoldWhile(tr, host, while); list != nil && (err != nil || h.ForkedWhile) {
+				// Taken with this process running again, or before the child of a fork
+				// it was in the middle of: listed anew, after.
+				list.done = false
 			}
 			if err == nil {
 				out = append(out, &heldProc{name: n, what: "session " + n, sess: sess[n], h: h})
@@ -139,8 +141,10 @@ type nsListing struct {
 // process stops (fastpath.HoldWhile): that wait is the tracee's scheduling, 30-100 us,
 // and the listing about as long (one getdents entry per process, templates included),
 // where done one after the other they added up. It is as exact as a listing after the
-// stop: every session's process is stopped or can no longer fork (remote.SeizeWhile),
-// the templates are stopped, init spawns nothing under opMu, and whatever else runs
+// stop: every session's process is stopped or can no longer start a fork
+// (remote.Tracer.SeizeWhile), and a fork it had under way then voids the listing
+// (fastpath.Held.ForkedWhile: holdSessions drops it, holdOthers lists again); the
+// templates are stopped, init spawns nothing under opMu, and whatever else runs
 // unsettles the checkpoint either way (holdOthers). Skipped (holdOthers lists then) when
 // copyMu is taken: the tracer's thread must never wait for it, as copyForImage holds it
 // across an injected fork on that thread.
