@@ -392,19 +392,12 @@ func (s *Server) checkpoint(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	// An early answer's remaining steps (the fork) start once it is sent: on two CPUs
-	// they would otherwise compete with its writing and its client (state.CheckpointOptions.Sent).
-	sent := make(chan struct{})
-	defer close(sent)
-	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait, Pin: q.Pin, Answer: q.Answer, Sent: sent})
+	res, err := s.m.CheckpointWith(r.Context(), r.PathValue("id"), state.CheckpointOptions{Label: q.Label, EndBackground: q.EndBackground, Wait: wait, Pin: q.Pin, Answer: q.Answer})
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
 	writeJSON(w, 201, res)
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
-	}
 }
 
 func (s *Server) restore(w http.ResponseWriter, r *http.Request) {

@@ -37,16 +37,7 @@ type CheckpointOptions struct {
 	// Answer: AnswerEarly or AnswerComplete; "" is Config.EarlyAnswer's choice (see
 	// "The early answer").
 	Answer string
-	// Sent, if not nil, is closed by the caller once an early answer is on its way to
-	// the client (written and flushed): the steps after the answer start then, or
-	// sentWait after the answer at the latest (see "The early answer").
-	Sent <-chan struct{}
 }
-
-// sentWait bounds how long an early-answered checkpoint's remaining steps wait for
-// CheckpointOptions.Sent: the answer takes 0.15-0.8 ms to reach the client here, and
-// the node, pending meanwhile, makes the next operation wait for it. A var for tests.
-var sentWait = 2 * time.Millisecond
 
 // CheckpointOptions.Answer's values.
 const (
@@ -251,14 +242,6 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	go func() {
 		defer m.wg.Done()
 		defer done()
-		if o.Sent != nil {
-			t := time.NewTimer(sentWait)
-			select {
-			case <-o.Sent:
-			case <-t.C:
-			}
-			t.Stop()
-		}
 		_ = c.complete(tp) // +checklocksignore: opMu held since beginOp, handed over
 	}()
 	return ans, nil

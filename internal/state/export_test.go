@@ -183,19 +183,3 @@ func Runtime(m *Manager, id string) (*sandbox.Sandbox, error) {
 	}
 	return s.rt, nil
 }
-
-// SetSentWait sets how long an early answer's remaining steps wait for
-// CheckpointOptions.Sent, until the returned function puts it back.
-func SetSentWait(d time.Duration) (restore func()) {
-	old := sentWait
-	sentWait = d
-	return func() { sentWait = old }
-}
-
-// Pending reports whether node is pending (its checkpoint answered early and has not
-// ended), without waiting for it.
-func Pending(m *Manager, node string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.pending[node] != nil
-}
