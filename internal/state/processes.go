@@ -70,10 +70,10 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // CRIU (criutrees.go).
 // On error every process already seized is let go untouched. Precondition: s.opMu
 // held, no exec running.
-// +checklocks:s.opMu
 //
 // list, if not nil, gets the listing holdOthers needs, taken while the last session's
 // process stops (listEarly), when that process is held.
+// +checklocks:s.opMu
 func (m *Manager) holdSessions(s *sb, res *OpResult, list *nsListing) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
@@ -194,9 +194,9 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
-// +checklocks:s.opMu
 //
 // pre, if done, is that listing taken already (listEarly).
+// +checklocks:s.opMu
 func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool, res *OpResult, pre *nsListing) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
 		return nil, false, nil, nil
