@@ -32,9 +32,6 @@ type Held struct {
 	Tmpl *Template // set by Fork
 
 	Times HoldTimes // Hold's parts
-	// ForkedWhile: HoldWhile's process stopped at the exit of a fork, vfork or clone,
-	// so what its while saw may lack the process that call made.
-	ForkedWhile bool
 
 	tr     *remote.Tracer
 	t      *remote.Tracee
@@ -46,13 +43,6 @@ type Held struct {
 // inspected is what is forked), in one hand-off to the tracer's thread. An ineligible
 // process is let go untouched and the error is an *Ineligible.
 func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
-	return HoldWhile(tr, hostPid, nil)
-}
-
-// HoldWhile is Hold, calling while on the tracer's thread once the process can no
-// longer start a fork, while its stop is awaited (remote.Tracer.SeizeWhile). The Held's
-// ForkedWhile says whether a fork under way then may have made a process after while ran.
-func HoldWhile(tr *remote.Tracer, hostPid int, while func()) (*Held, error) {
 	var h *Held
 	var times HoldTimes
 	t0 := time.Now()
@@ -60,7 +50,7 @@ func HoldWhile(tr *remote.Tracer, hostPid int, while func()) (*Held, error) {
 	err := tr.Do(func() error {
 		t1 := time.Now()
 		times.Handoff = t1.Sub(t0)
-		t, err := tr.SeizeWhile(hostPid, while)
+		t, err := tr.Seize(hostPid)
 		if err != nil {
 			return seizeRefusal(hostPid, err)
 		}
@@ -80,7 +70,7 @@ func HoldWhile(tr *remote.Tracer, hostPid int, while func()) (*Held, error) {
 			}
 			return err
 		}
-		h = &Held{P: p, tr: tr, t: t, ForkedWhile: while != nil && t.StoppedAfterFork()}
+		h = &Held{P: p, tr: tr, t: t}
 		return nil
 	})
 	if h != nil {

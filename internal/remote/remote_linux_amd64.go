@@ -109,17 +109,6 @@ func (t *Tracee) Regs() unix.PtraceRegs { return t.saved }
 // syscalls while the group stop stays in effect, and re-enters the stop when detached.
 func (t *Tracee) WasStopped() bool { return t.wasStopped }
 
-// StoppedAfterFork reports whether the tracee's seizure stop came at the exit of a fork,
-// vfork, clone or clone3 (orig_rax): the call was under way when the interrupt came, so
-// the process it made may not have existed yet when SeizeWhile's while ran.
-func (t *Tracee) StoppedAfterFork() bool {
-	switch int64(t.saved.Orig_rax) {
-	case unix.SYS_FORK, unix.SYS_VFORK, unix.SYS_CLONE, unix.SYS_CLONE3:
-		return true
-	}
-	return false
-}
-
 // InSyscall reports whether the tracee was seized inside a syscall (orig_rax != -1); if
 // it was interrupted in a blocking one, rax holds -ERESTART* and Detach restarts it.
 func (t *Tracee) InSyscall() bool { return int64(t.saved.Orig_rax) != -1 }
@@ -140,30 +129,16 @@ func (t *Tracee) InSyscall() bool { return int64(t.saved.Orig_rax) != -1 }
 // it to leave that state and then returns ErrUninterruptible. A process that enters one
 // between that check and the interrupt delays Seize until it leaves it.
 func (tr *Tracer) Seize(pid int) (*Tracee, error) {
-	return tr.SeizeWhile(pid, nil)
-}
-
-// SeizeWhile is Seize, calling while (if not nil, on the tracer's thread) between the
-// interrupt and the wait for its stop, which takes the tracee's scheduling (tens of us,
-// more under load): work that needs pid unable to start a new process can use that
-// time. From PTRACE_INTERRUPT's return on, a fork, vfork or clone that pid starts is
-// refused before it makes anything and restarted after the stop (kernel/fork.c:
-// copy_process checks for a pending signal or trap first, under the sighand lock that
-// PTRACE_INTERRUPT takes to set its trap). One already past that check when the
-// interrupt came runs to its end (only a fatal signal stops it), and the trap waits for
-// it: its child may appear after while ran. The stop then comes at that call's exit,
-// which StoppedAfterFork reports. while runs only if the interrupt was sent.
-func (tr *Tracer) SeizeWhile(pid int, while func()) (*Tracee, error) {
 	var t *Tracee
 	err := tr.Do(func() error {
 		var err error
-		t, err = tr.seize(pid, while)
+		t, err = tr.seize(pid)
 		return err
 	})
 	return t, err
 }
 
-func (tr *Tracer) seize(pid int, while func()) (*Tracee, error) {
+func (tr *Tracer) seize(pid int) (*Tracee, error) {
 	if _, ok := tr.tracees[pid]; ok {
 		return nil, fmt.Errorf("remote: seize %d: already traced by this Tracer", pid)
 	}
@@ -195,9 +170,6 @@ func (tr *Tracer) seize(pid int, while func()) (*Tracee, error) {
 	t := &Tracee{tr: tr, pid: pid, state: attached}
 	if err := ptrace(unix.PTRACE_INTERRUPT, pid, 0, 0); err != nil {
 		return nil, t.seizeFailed("PTRACE_INTERRUPT", err)
-	}
-	if while != nil {
-		while()
 	}
 	ws, err := t.wait()
 	if err != nil {

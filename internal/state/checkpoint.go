@@ -476,8 +476,7 @@ func (c *checkpoint) seize() (err error) {
 	// inspected; seize_others: the rest of the PID namespace; seize_kstate: the kernel
 	// state), the answer's largest part (docs/design/early-answer.md).
 	ts0 := time.Now()
-	var list nsListing
-	held, sessTrees, err := m.holdSessions(s, c.res, &list)
+	held, sessTrees, err := m.holdSessions(s, c.res)
 	if err != nil {
 		return err
 	}
@@ -489,7 +488,7 @@ func (c *checkpoint) seize() (err error) {
 		}
 		return nil
 	})
-	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground, c.res, &list)
+	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground, c.res)
 	if err != nil {
 		return err
 	}

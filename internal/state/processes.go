@@ -70,11 +70,8 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // CRIU (criutrees.go).
 // On error every process already seized is let go untouched. Precondition: s.opMu
 // held, no exec running.
-//
-// list, if not nil, gets the listing holdOthers needs, taken while the last session's
-// process stops (listEarly), when that process is held.
 // +checklocks:s.opMu
-func (m *Manager) holdSessions(s *sb, res *OpResult, list *nsListing) (out []*heldProc, refused map[int]*sessionRoot, err error) {
+func (m *Manager) holdSessions(s *sb, res *OpResult) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
 	}
@@ -83,20 +80,11 @@ func (m *Manager) holdSessions(s *sb, res *OpResult, list *nsListing) (out []*he
 		return nil, nil, nil
 	}
 	tr := m.tracer(s)
-	for i, n := range names {
+	for _, n := range names {
 		host, err := m.hostPid(s, sess[n].Pid())
 		if err == nil {
-			var while func()
-			if list != nil && i == len(names)-1 {
-				while = func() { m.listEarly(s, list) }
-			}
 			var h *fastpath.Held
-			if h, err = fastpath.HoldWhile(tr, host, while); list != nil && (err != nil || h.ForkedWhile) {
-				// Taken with this process running again, or before the child of a fork
-				// it was in the middle of: listed anew, after.
-				list.done = false
-			}
-			if err == nil {
+			if h, err = fastpath.Hold(tr, host); err == nil {
 				out = append(out, &heldProc{name: n, what: "session " + n, sess: sess[n], h: h})
 				addPhase(res, "hold_handoff", h.Times.Handoff)
 				addPhase(res, "hold_seize", h.Times.Seize)
@@ -125,39 +113,6 @@ func (m *Manager) holdSessions(s *sb, res *OpResult, list *nsListing) (out []*he
 		return nil, nil, abortErr(fmt.Errorf("session %s: %w", n, err), aborted)
 	}
 	return out, refused, nil
-}
-
-// nsListing is the sandbox's PID namespace as holdOthers reads it (its processes, and
-// its templates' copies for images under copyMu), taken early by listEarly.
-type nsListing struct {
-	hosts, selfs []int // the copies', host and sandbox PIDs
-	pids         []int // the namespace's (sandbox.Procs)
-	err          error
-	took         time.Duration
-	done         bool
-}
-
-// listEarly reads what holdOthers lists, on the tracer's thread while the last session's
-// process stops (fastpath.HoldWhile): that wait is the tracee's scheduling, 30-100 us,
-// and the listing about as long (one getdents entry per process, templates included),
-// where done one after the other they added up. It is as exact as a listing after the
-// stop: every session's process is stopped or can no longer start a fork
-// (remote.Tracer.SeizeWhile), and a fork it had under way then voids the listing
-// (fastpath.Held.ForkedWhile: holdSessions drops it, holdOthers lists again); the
-// templates are stopped, init spawns nothing under opMu, and whatever else runs
-// unsettles the checkpoint either way (holdOthers). Skipped (holdOthers lists then) when
-// copyMu is taken: the tracer's thread must never wait for it, as copyForImage holds it
-// across an injected fork on that thread.
-// +checklocksignore: copyMu by TryLock, which the analyzer does not follow
-func (m *Manager) listEarly(s *sb, l *nsListing) {
-	if !s.copyMu.TryLock() {
-		return
-	}
-	t0 := time.Now()
-	l.hosts, l.selfs = m.sandboxCopies(s)
-	l.pids, l.err = s.rt.Procs()
-	s.copyMu.Unlock()
-	l.took, l.done = time.Since(t0), true
 }
 
 // belowAny reports whether host PID h is one of roots or has one among its ancestors
@@ -194,10 +149,8 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // seized: running until its seizure, it could have forked, cloned with CLONE_PARENT or
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
-//
-// pre, if done, is that listing taken already (listEarly).
 // +checklocks:s.opMu
-func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool, res *OpResult, pre *nsListing) (out []*heldProc, settled bool, refused map[int]error, err error) {
+func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool, res *OpResult) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
 		return nil, false, nil, nil
 	}
@@ -216,24 +169,17 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	// Copies of templates waiting for their dump (durable.go); one being made meanwhile
 	// is waited for (copyMu).
 	phase(res, "others_templates", &t0)
-	l := pre
-	if l == nil || !l.done {
-		l = &nsListing{}
-		s.copyMu.Lock()
-		phase(res, "others_copywait", &t0)
-		l.hosts, l.selfs = m.sandboxCopies(s)
-		// The sandbox's processes are its PID namespace's (sandbox.Procs), not its
-		// cgroup's: a process can move out of a cgroup directory. Settled: nothing else.
-		l.pids, l.err = s.rt.Procs()
-		s.copyMu.Unlock()
-		phase(res, "others_list", &t0)
-	} else {
-		addPhase(res, "others_list_early", l.took)
+	s.copyMu.Lock()
+	phase(res, "others_copywait", &t0)
+	hosts, selfs := m.sandboxCopies(s)
+	for i := range hosts {
+		known[hosts[i]], knownSb[selfs[i]] = true, true
 	}
-	for i := range l.hosts {
-		known[l.hosts[i]], knownSb[l.selfs[i]] = true, true
-	}
-	sbPids, err := l.pids, l.err
+	// The sandbox's processes are its PID namespace's (sandbox.Procs), not its cgroup's:
+	// a process can move out of a cgroup directory. Settled: nothing else.
+	sbPids, err := s.rt.Procs()
+	s.copyMu.Unlock()
+	phase(res, "others_list", &t0)
 	if err != nil {
 		return nil, false, nil, err
 	}

@@ -143,11 +143,11 @@ time.sleep(1000)`)
 }
 
 // TestFastPathBackgroundBesideSession: a process outside the sessions is found and
-// carried when the sandbox has a session too, where the namespace is listed while the
-// session's process stops (state.Manager.listEarly): the early answer counts both, ends
-// nothing, and a restore brings back the background process's count from its memory
-// beside the session's variable. A listing that missed the background process would
-// answer 1 process (it would run on untouched, on no node).
+// carried when the sandbox has a session too, whose checkpoints answer early: the
+// answer counts both, ends nothing, and a restore brings back the background process's
+// count from its memory beside the session's variable. A listing of the namespace
+// (state.Manager.holdOthers) that missed the background process would answer 1 process
+// (it would run on untouched, on no node).
 func TestFastPathBackgroundBesideSession(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	const id = "bs"
