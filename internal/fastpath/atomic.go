@@ -31,6 +31,8 @@ type Held struct {
 	P    *Proc
 	Tmpl *Template // set by Fork
 
+	Times HoldTimes // Hold's parts
+
 	tr     *remote.Tracer
 	t      *remote.Tracee
 	moved  bool // Move started: MoveBack has something to undo
@@ -42,12 +44,26 @@ type Held struct {
 // process is let go untouched and the error is an *Ineligible.
 func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 	var h *Held
+	var times HoldTimes
+	t0 := time.Now()
+	var t3 time.Time
 	err := tr.Do(func() error {
+		t1 := time.Now()
+		times.Handoff = t1.Sub(t0)
 		t, err := tr.Seize(hostPid)
 		if err != nil {
 			return seizeRefusal(hostPid, err)
 		}
-		p, err := inspect(hostPid, probeMayWrite(t), lookupIn(t))
+		t2 := time.Now()
+		times.Seize = t2.Sub(t1)
+		probe := probeMayWrite(t)
+		p, err := inspect(hostPid, func(start, end uint64, prot int) (bool, error) {
+			tp := time.Now()
+			defer func() { times.Probe += time.Since(tp) }()
+			return probe(start, end, prot)
+		}, lookupIn(t))
+		t3 = time.Now()
+		times.Inspect = t3.Sub(t2)
 		if err != nil {
 			if derr := t.Detach(); derr != nil {
 				err = errors.Join(err, derr)
@@ -57,7 +73,19 @@ func Hold(tr *remote.Tracer, hostPid int) (*Held, error) {
 		h = &Held{P: p, tr: tr, t: t}
 		return nil
 	})
+	if h != nil {
+		times.Handoff += time.Since(t3)
+		h.Times = times
+	}
 	return h, err
+}
+
+// HoldTimes are where Hold's time went, for the checkpoint's phases: the hand-offs to
+// the tracer's thread and back, the seizure (PTRACE_SEIZE, the interrupt stop, the
+// /proc/PID/stat reads around it), the inspection, and of it the injected probes of
+// read-only shared mappings (probeMayWrite).
+type HoldTimes struct {
+	Handoff, Seize, Inspect, Probe time.Duration
 }
 
 // seizeRefusal turns what remote.Tracer.Seize refuses about the process itself into an

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"io"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -61,6 +62,16 @@ func checkProcOf(proc, initPid int) error {
 
 // Procs lists the sandbox's processes by their PIDs in the sandbox (init, 1, included;
 // zombies too), from its PID namespace's proc (see above).
+//
+// The listing starts at the processes' entries: proc's root lists its own ~60 entries
+// (sys, meminfo...) first, then "self" and "thread-self", then one entry per process in
+// increasing PID order, at directory offset tgidOffset+PID (fs/proc/base.c:
+// proc_pid_readdir; its iteration finds the next PID from the offset's, so a seek
+// skips the rest). Measured on this VM (a namespace of 61 stopped processes, 20 ms idle
+// between runs, load 7-10): p50 157 us for the whole directory, 130 us from the first
+// process. The offset is the kernel's, not an ABI: the listing is taken only if its first
+// entry is init's ("1", the smallest PID, which lives as long as the namespace), and is
+// read again from the directory's start otherwise.
 func (s *Sandbox) Procs() ([]int, error) {
 	if s.proc < 0 {
 		return nil, fmt.Errorf("sandbox %s: no proc of its PID namespace", s.ID)
@@ -70,8 +81,26 @@ func (s *Sandbox) Procs() ([]int, error) {
 		return nil, fmt.Errorf("list the sandbox's processes: %w", err)
 	}
 	defer unix.Close(fd)
-	var out []int
 	buf := make([]byte, 16384)
+	if _, err := unix.Seek(fd, tgidOffset+1, io.SeekStart); err == nil {
+		if out, err := readPids(fd, buf); err != nil || (len(out) > 0 && out[0] == 1) {
+			return out, err
+		}
+	}
+	if _, err := unix.Seek(fd, 0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("list the sandbox's processes: %w", err)
+	}
+	return readPids(fd, buf)
+}
+
+// tgidOffset is the offset of PID 0's entry in proc's root directory:
+// FIRST_PROCESS_ENTRY (256) + 2 (fs/proc/base.c, TGID_OFFSET), since Linux 2.6.
+const tgidOffset = 258
+
+// readPids reads the directory fd from its offset to its end and returns the names that
+// are PIDs, in the order listed.
+func readPids(fd int, buf []byte) ([]int, error) {
+	var out []int
 	for {
 		n, err := unix.Getdents(fd, buf)
 		if err == unix.EINTR {

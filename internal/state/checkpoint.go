@@ -352,11 +352,12 @@ func (c *checkpoint) reserve() {
 // (early). It reads the upper for step 4.
 // +checklocks:c.s.opMu
 func (c *checkpoint) answerEarly() (*OpResult, error) {
+	tu := time.Now()
 	if !c.early() {
 		return nil, nil
 	}
+	phase(c.res, "early", &tu) // whether it may: memory read, and the namespace unless settled
 	m, s := c.m, c.s
-	tu := time.Now()
 	if err := c.readUpper(); err != nil {
 		return nil, err
 	}
@@ -395,6 +396,7 @@ func (c *checkpoint) answerEarly() (*OpResult, error) {
 	}
 	slices.Sort(ans.Sessions)
 	ans.PhasesUS = maps.Clone(c.res.PhasesUS)
+	phase(&ans, "answer", &tu) // the node's depth, the memory now
 	ans.DurationMS = ms(time.Since(c.t0))
 	return &ans, nil
 }
@@ -476,7 +478,7 @@ func (c *checkpoint) seize() (err error) {
 	// inspected; seize_others: the rest of the PID namespace; seize_kstate: the kernel
 	// state), the answer's largest part (docs/design/early-answer.md).
 	ts0 := time.Now()
-	held, sessTrees, err := m.holdSessions(s)
+	held, sessTrees, err := m.holdSessions(s, c.res)
 	if err != nil {
 		return err
 	}
@@ -488,7 +490,7 @@ func (c *checkpoint) seize() (err error) {
 		}
 		return nil
 	})
-	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground)
+	others, settled, refused, err := m.holdOthers(s, held, sessTrees, c.o.EndBackground, c.res)
 	if err != nil {
 		return err
 	}

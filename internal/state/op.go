@@ -23,6 +23,14 @@ type OpResult = apitypes.OpResult
 // ms is d in milliseconds, to the microsecond (the answers' *_ms).
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// addPhase adds d to r's phase name (a part timed elsewhere, in us).
+func addPhase(r *OpResult, name string, d time.Duration) {
+	if r.PhasesUS == nil {
+		r.PhasesUS = map[string]int64{}
+	}
+	r.PhasesUS[name] += d.Microseconds()
+}
+
 // phase records the time since *t in r.PhasesUS under name and resets *t.
 func phase(r *OpResult, name string, t *time.Time) {
 	now := time.Now()

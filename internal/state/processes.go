@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
@@ -70,7 +71,7 @@ func liveSessions(s *sb) ([]string, map[string]*session.Session) {
 // On error every process already seized is let go untouched. Precondition: s.opMu
 // held, no exec running.
 // +checklocks:s.opMu
-func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*sessionRoot, err error) {
+func (m *Manager) holdSessions(s *sb, res *OpResult) (out []*heldProc, refused map[int]*sessionRoot, err error) {
 	if !m.fastPath(s) {
 		return nil, nil, nil
 	}
@@ -85,6 +86,10 @@ func (m *Manager) holdSessions(s *sb) (out []*heldProc, refused map[int]*session
 			var h *fastpath.Held
 			if h, err = fastpath.Hold(tr, host); err == nil {
 				out = append(out, &heldProc{name: n, what: "session " + n, sess: sess[n], h: h})
+				addPhase(res, "hold_handoff", h.Times.Handoff)
+				addPhase(res, "hold_seize", h.Times.Seize)
+				addPhase(res, "hold_inspect", h.Times.Inspect)
+				addPhase(res, "hold_probe", h.Times.Probe)
 				continue
 			}
 		}
@@ -145,10 +150,11 @@ func belowAny(h int, roots map[int]*sessionRoot, initHost int) bool {
 // double-forked, and what it made is not in the list. Precondition: s.opMu held, no
 // exec running.
 // +checklocks:s.opMu
-func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool) (out []*heldProc, settled bool, refused map[int]error, err error) {
+func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*sessionRoot, endBackground bool, res *OpResult) (out []*heldProc, settled bool, refused map[int]error, err error) {
 	if !m.fastPath(s) {
 		return nil, false, nil, nil
 	}
+	t0 := time.Now()
 	initHost := s.rt.InitPid()
 	known := map[int]bool{initHost: true}
 	knownSb := map[int]bool{1: true} // the same, as sandbox PIDs
@@ -162,7 +168,9 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	}
 	// Copies of templates waiting for their dump (durable.go); one being made meanwhile
 	// is waited for (copyMu).
+	phase(res, "others_templates", &t0)
 	s.copyMu.Lock()
+	phase(res, "others_copywait", &t0)
 	hosts, selfs := m.sandboxCopies(s)
 	for i := range hosts {
 		known[hosts[i]], knownSb[selfs[i]] = true, true
@@ -171,6 +179,7 @@ func (m *Manager) holdOthers(s *sb, held []*heldProc, sessTrees map[int]*session
 	// a process can move out of a cgroup directory. Settled: nothing else.
 	sbPids, err := s.rt.Procs()
 	s.copyMu.Unlock()
+	phase(res, "others_list", &t0)
 	if err != nil {
 		return nil, false, nil, err
 	}

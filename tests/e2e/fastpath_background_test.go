@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/testutil"
 )
 
@@ -138,5 +139,48 @@ time.sleep(1000)`)
 	// (internal/sbinit/seccomp.go). The fast path's refusal of one stays, unreachable.
 	if out := dbxSh(t, d, "tn", `python3 -c "import ctypes; l = ctypes.CDLL(None, use_errno=True); print(l.unshare(0x20000000), ctypes.get_errno())"`); out != "-1 1\n" {
 		t.Fatalf("unshare(CLONE_NEWPID) inside the sandbox: %q, want -1 EPERM", out)
+	}
+}
+
+// TestFastPathBackgroundBesideSession: a process outside the sessions is found and
+// carried when the sandbox has a session too, whose checkpoints answer early: the
+// answer counts both, ends nothing, and a restore brings back the background process's
+// count from its memory beside the session's variable. A listing of the namespace
+// (state.Manager.holdOthers) that missed the background process would answer 1 process
+// (it would run on untouched, on no node).
+func TestFastPathBackgroundBesideSession(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "bs"
+	dbxCreate(t, d, id)
+	if _, err := d.C.StartSession(dbxCtx(t), id, apitypes.SessionOptions{Name: "py", Kind: apitypes.SessionPython}); err != nil {
+		t.Fatal(err)
+	}
+	sessRun(t, d, id, "py", "x = 1")
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `nohup python3 -c "$1" </dev/null >/dev/null 2>&1 &
+for i in $(seq 500); do [ -s /workspace/bg.pid ] && exit 0; sleep 0.01; done; exit 1`, "sh", bgCounter}}); r.ExitCode != 0 {
+		t.Fatalf("start the counter: %+v", r)
+	}
+	pid := strings.TrimSpace(dbxSh(t, d, id, "cat /workspace/bg.pid"))
+	bump := func(lines int) {
+		t.Helper()
+		dbxSignal(t, d, id, "USR1", pid)
+		dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do [ "$(wc -l < /workspace/bg.out)" = %d ] && exit 0; sleep 0.01; done; cat /workspace/bg.out; exit 1`, lines))
+	}
+	bump(1)
+	a := dbxCheckpoint(t, d, id, "one")
+	if a.Processes != 2 || a.Killed != 0 || a.Node == nil || !a.Node.Pending {
+		t.Fatalf("checkpoint: %d processes, %d killed, node %+v, want an early answer carrying the session and the background counter: %+v", a.Processes, a.Killed, a.Node, a)
+	}
+	bump(2)
+	sessRun(t, d, id, "py", "x = 2")
+	if r := dbxRestore(t, d, id, a.Node.ID); r.Processes != 2 {
+		t.Fatalf("restore: %d processes: %v", r.Processes, r.ProcessErrors)
+	}
+	bump(2) // counted 1 at the node: this signal makes 2 again
+	if got := dbxSh(t, d, id, "cat /workspace/bg.out"); got != fmt.Sprintf("%s 1\n%s 2\n", pid, pid) {
+		t.Fatalf("bg.out after the restore and a signal: %q", got)
+	}
+	if got := strings.TrimSpace(sessRun(t, d, id, "py", "print(x)")); got != "1" {
+		t.Fatalf("the session's x after the restore: %q, want 1", got)
 	}
 }
