@@ -76,6 +76,69 @@ type spare struct {
 // docs/design/spares.md). Made one after the other, they leave a CPU to the agents.
 func spareBuilds() int { return max(1, runtime.NumCPU()/2) }
 
+// A spare made in the background (after a restore: spareNow) starts only once no task
+// waited for a CPU for a whole window (spareIdleWindow) by the kernel's pressure
+// accounting (/proc/pressure/cpu, "some": the time at least one runnable task waited),
+// or once it has waited spareIdleMax. The agents' calls it would serve are what keeps
+// the CPUs busy: at B = 64 on 2 cores a step's 64 actions and resets saturate both,
+// and spares made beside them took half their CPU (bench rl: docs/design/spares.md);
+// the trainer's policy leaves them idle. A spare the client asks for (PrepareSpare)
+// is made at once: the client waits for it.
+const (
+	spareIdleWindow = 10 * time.Millisecond
+	// spareIdleStall is the most the window may hold of waiting for a CPU: a tenth.
+	spareIdleStall = time.Millisecond
+	// spareIdleMax bounds the wait: on a machine never idle a spare is made anyway, as
+	// before the rule (a restore that finds none forks), so that spares do not stop.
+	spareIdleMax = 2 * time.Second
+)
+
+// cpuStall is the kernel's total of time a runnable task waited for a CPU
+// (/proc/pressure/cpu "some ... total=" in µs); ok is false without pressure
+// accounting (CONFIG_PSI off, or psi=0 at boot).
+func cpuStall() (_ time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	_, tot, found := strings.Cut(line, "total=")
+	if !strings.HasPrefix(line, "some ") || !found {
+		return 0, false
+	}
+	us, err := strconv.ParseInt(strings.TrimSpace(tot), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(us) * time.Microsecond, true
+}
+
+// waitCPUIdle returns once a window of spareIdleWindow passed with no more than
+// spareIdleStall of waiting for a CPU, after spareIdleMax, or at once without pressure
+// accounting; it reports how long it waited and whether the CPUs were found idle.
+func waitCPUIdle(ctx context.Context, stop <-chan struct{}) (time.Duration, bool) {
+	t0 := time.Now()
+	last, ok := cpuStall()
+	if !ok {
+		return 0, false
+	}
+	for time.Since(t0) < spareIdleMax {
+		select {
+		case <-time.After(spareIdleWindow):
+		case <-ctx.Done():
+			return time.Since(t0), false
+		case <-stop:
+			return time.Since(t0), false
+		}
+		now, _ := cpuStall()
+		if now-last <= spareIdleStall {
+			return time.Since(t0), true
+		}
+		last = now
+	}
+	return time.Since(t0), false
+}
+
 // spareSeq numbers spares' runtimes (their cgroups' names).
 var spareSeq atomic.Uint64
 
@@ -142,7 +205,7 @@ func (m *Manager) PrepareSpare(ctx context.Context, node, id string) (*NodeInfo,
 	if why != "" {
 		return nil, fmt.Errorf("%s: %w", why, errdefs.ErrConflict)
 	}
-	if err := m.makeSpare(ctx, s, node); err != nil {
+	if err := m.makeSpare(ctx, s, node, false); err != nil {
 		return nil, err
 	}
 	return m.Node(node)
@@ -150,8 +213,9 @@ func (m *Manager) PrepareSpare(ctx context.Context, node, id string) (*NodeInfo,
 
 // makeSpare makes (s, node)'s spare unless s holds one. Its work runs without s.opMu
 // (its branch init's start, tens of milliseconds, would hold up s's calls), under the
-// family's mu for the placement only.
-func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
+// family's mu for the placement only. A background one (after a restore) waits for
+// idle CPUs first (waitCPUIdle).
+func (m *Manager) makeSpare(ctx context.Context, s *sb, node string, background bool) error {
 	s.spareMu.Lock()
 	for s.spareMaking[node] != nil {
 		done := s.spareMaking[node]
@@ -203,6 +267,17 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
 	case m.spareSlots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	if background {
+		if waited, idle := waitCPUIdle(ctx, m.stop); waited >= spareIdleWindow {
+			m.log.Debug("a spare waited for idle CPUs", "sandbox", s.rec.ID, "node", node, "waited", waited, "idle", idle)
+		}
+		select {
+		case <-m.stop:
+			<-m.spareSlots
+			return fmt.Errorf("spare of %s for %s: the daemon stops: %w", node, s.rec.ID, errdefs.ErrConflict)
+		default:
+		}
 	}
 	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower)
 	<-m.spareSlots
@@ -423,7 +498,7 @@ func (m *Manager) spareNow(s *sb, node string) {
 		return
 	default:
 	}
-	_ = m.makeSpare(context.Background(), s, node) // refusals are logged, not errors of anything
+	_ = m.makeSpare(context.Background(), s, node, true) // refusals are logged, not errors of anything
 }
 
 // sparesOf lists the sandboxes holding a spare of node, sorted (NodeInfo.Spares).

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -255,4 +257,60 @@ func TestSparesDroppedFirstOverBudget(t *testing.T) {
 	if n, err := m.Node(res.Node); err != nil || len(n.Spares) != 0 {
 		t.Fatalf("the node's spares after the checkpoint: %v (%v)", n.Spares, err)
 	}
+}
+
+// TestSpareWaitsForIdleCPUs: a spare made in the background after a restore starts only
+// once the CPUs are idle (no task waited for one over a window, by /proc/pressure/cpu):
+// while more CPU-bound processes than CPUs run, none is made (the spare's making would
+// take the CPUs the agents' calls use); once they stop, it is. A spare the client asks
+// for (PrepareSpare) is made at once, busy CPUs or not.
+func TestSpareWaitsForIdleCPUs(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	_, err := os.Stat("/proc/pressure/cpu")
+	testutil.Require(t, err == nil, "needs the kernel's pressure accounting (/proc/pressure/cpu)")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	ctx := context.Background()
+	node, check := spareFamily(t, m, "si")
+	const b = "sib"
+	// More busy loops than CPUs: some task always waits for a CPU.
+	var hogs []*exec.Cmd
+	stopHogs := func() {
+		for _, h := range hogs {
+			h.Process.Kill()
+			h.Wait()
+		}
+		hogs = nil
+	}
+	defer stopHogs()
+	for range runtime.NumCPU() + 1 {
+		h := exec.Command("sh", "-c", "while :; do :; done")
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		hogs = append(hogs, h)
+	}
+	if n, err := m.PrepareSpare(ctx, node, b); err != nil || !slices.Contains(n.Spares, b) {
+		t.Fatalf("prepare %s for %s while the CPUs are busy: %v %+v", node, b, err, n)
+	}
+	diverge(t, m, b)
+	r, err := m.Restore(ctx, b, node)
+	if err != nil || !r.FromSpare {
+		t.Fatalf("restore: %v %+v", err, r)
+	}
+	check(b)
+	// The next spare waits: none within a second (less than the wait's bound).
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n, err := m.Node(node); err != nil || slices.Contains(n.Spares, b) {
+			t.Fatalf("a spare of %s was made in %s while the CPUs were busy (%v)", node, b, err)
+		}
+	}
+	stopHogs()
+	waitSpare(t, m, node, b)
+	diverge(t, m, b)
+	if r, err := m.Restore(ctx, b, node); err != nil || !r.FromSpare {
+		t.Fatalf("restore from the spare made once idle: %v %+v", err, r)
+	}
+	check(b)
 }
