@@ -20,8 +20,9 @@ import (
 // family's templates can be forked into it at their PIDs (PlaceTarget). Otherwise it is
 // a sandbox like one Start makes: its own cgroups and limits, mount, UTS, IPC, network
 // and cgroup namespaces, proc, devpts, states. iso is the family's (the branch runs as
-// the family's host ids: its user namespace maps them one to one).
-func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64) (_ *Sandbox, err error) {
+// the family's host ids: its user namespace maps them one to one). nice is the branch
+// init's until sbinit.ResetNice (0: none; a background spare's: sbinit/nice.go).
+func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64, nice int) (_ *Sandbox, err error) {
 	if family == nil || family.init == nil {
 		return nil, fmt.Errorf("branch %s: no family init", id)
 	}
@@ -55,7 +56,7 @@ func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, i
 	}
 	defer func() { _ = log.Close() }()
 	s.init, err = family.init.Branch(sbinit.BranchOptions{
-		Config:      sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, DiskQuota: diskQuota},
+		Config:      sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, DiskQuota: diskQuota, Nice: nice},
 		Log:         log,
 		CgroupTasks: tasks,
 	})

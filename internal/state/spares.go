@@ -91,6 +91,10 @@ const (
 	// spareIdleMax bounds the wait: on a machine never idle a spare is made anyway, as
 	// before the rule (a restore that finds none forks), so that spares do not stop.
 	spareIdleMax = 2 * time.Second
+	// spareNice is a background spare's branch init's nice until the swap
+	// (sbinit/nice.go): its setup yields the CPUs to the agents' calls that start
+	// meanwhile.
+	spareNice = 10
 )
 
 // cpuStall is the kernel's total of time a runnable task waited for a CPU
@@ -279,7 +283,11 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string, background 
 		default:
 		}
 	}
-	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower)
+	nice := 0
+	if background {
+		nice = spareNice
+	}
+	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower, nice)
 	<-m.spareSlots
 	if err != nil {
 		m.log.Info("spare not made", "sandbox", s.rec.ID, "node", node, "err", err)
@@ -309,7 +317,7 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string, background 
 // buildSpare makes the spare: its runtime (startFastBranch, named s~spareN), its
 // kernel state and network as s's would be at a restore of node, its sessions, then
 // node's templates placed into it, stopped. On error what it made is removed.
-func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox.Isolation, node, topLower string) (_ *spare, err error) {
+func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox.Isolation, node, topLower string, nice int) (_ *spare, err error) {
 	m.mu.Lock()
 	var tps []*procTemplate
 	for _, t := range m.templates[node] {
@@ -327,7 +335,7 @@ func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox
 		floor = max(floor, t.tmpl.Pid)
 	}
 	name := fmt.Sprintf("%s~spare%d", rec.ID, spareSeq.Add(1))
-	b, err := m.startFastBranch(famRT, rec, iso, node, rec.ID, name, floor, topLower)
+	b, err := m.startFastBranch(famRT, rec, iso, node, rec.ID, name, floor, topLower, nice)
 	if err != nil {
 		return nil, err
 	}
@@ -591,6 +599,13 @@ func (w *swap) check() error {
 	why := spareDead(w.sp)
 	if why == "" && (s.rt == nil || !s.rt.IsBranch()) {
 		why = "the sandbox's runtime is not a member's"
+	}
+	if why == "" {
+		// Its init becomes s's: at the nice of a sandbox's (a background spare's was
+		// made at spareNice), it and every thread and command it starts from now on.
+		if err := sbinit.ResetNice(w.sp.b.rt.InitPid()); err != nil {
+			why = "its init's priority: " + err.Error()
+		}
 	}
 	if why == "" {
 		s.lazyMu.Lock()
