@@ -220,7 +220,8 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 		"(thread_time, perf_counter), `action_call_ms` the rest of the caller's `action_ms` (the call's way in and out: for deltabox the session call "+
 		"through the daemon, for the host baselines a unix socket); per timed step `actions_py_cpu_ms_per_step` sums the B actions' python CPU, "+
 		"`daemon_cpu_ms_per_step` is the daemon process's CPU (every thread, background work included) and `machine_cpu_ms_per_step` every CPU's "+
-		"non-idle time (other work on the machine included), over `cpus` CPUs. "+
+		"non-idle time (other work on the machine included), over `cpus` CPUs; `env_floor_ms` is the B actions' python CPU over `cpus`, the least "+
+		"the environment's part can take, and `gpu_busy_bound_frac` the GPU's busy fraction with it: what no system can pass here. "+
 		"Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
 		o.PolicyMS, o.HeapMB, o.Steps, o.WorkspaceMB, rlBusyTarget*100)
 	if has(o.Systems, SysRLCRIU) {
@@ -418,6 +419,11 @@ func (st *rlStats) info(r *rlRun, b int, mode string) map[string]any {
 		info["action_py_cpu_ms_p50"], info["action_py_ms_p50"] = us(Summarize(st.pyCPU).P50), us(Summarize(st.pyWall).P50)
 		info["action_call_ms_p50"] = us(Summarize(st.calls).P50)
 		info["actions_py_cpu_ms_per_step"] = us(sum / n)
+		// The bound any system has here: the step's actions' own python CPU spread over
+		// every CPU is the least an environment part can take (nothing else costing).
+		floor := sum / n / float64(runtime.NumCPU())
+		info["env_floor_ms"] = us(floor)
+		info["gpu_busy_bound_frac"] = round3(float64(r.o.PolicyMS) / (float64(r.o.PolicyMS) + floor))
 	}
 	info["machine_cpu_ms_per_step"] = us(ms(st.cpu.machine) / n)
 	if r.daemonPid > 0 {
