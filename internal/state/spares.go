@@ -74,6 +74,7 @@ type spare struct {
 // CPU on this 2-core VM) and its placement; after an RL step's resets of B members, B
 // of them at once took the CPUs from the next step's actions (bench rl, B = 8:
 // docs/design/spares.md). Made one after the other, they leave a CPU to the agents.
+// Background spares only: one a client asks for (PrepareSpare) is made at once.
 func spareBuilds() int { return max(1, runtime.NumCPU()/2) }
 
 // A spare made in the background (after a restore: spareNow) starts only once no task
@@ -267,28 +268,23 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string, background 
 	if err != nil {
 		return err
 	}
-	select { // one of spareBuilds
-	case m.spareSlots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	nice := 0
 	if background {
+		select { // one of spareBuilds
+		case m.spareSlots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-m.spareSlots }()
 		if waited, idle := waitCPUIdle(ctx, m.stop); waited >= spareIdleWindow {
 			m.log.Debug("a spare waited for idle CPUs", "sandbox", s.rec.ID, "node", node, "waited", waited, "idle", idle)
 		}
-		select {
-		case <-m.stop:
-			<-m.spareSlots
-			return fmt.Errorf("spare of %s for %s: the daemon stops: %w", node, s.rec.ID, errdefs.ErrConflict)
-		default:
+		if why := m.spareGone(s, node); why != "" { // while it waited
+			return fmt.Errorf("spare of %s for %s: %s: %w", node, s.rec.ID, why, errdefs.ErrConflict)
 		}
-	}
-	nice := 0
-	if background {
 		nice = spareNice
 	}
 	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower, nice)
-	<-m.spareSlots
 	if err != nil {
 		m.log.Info("spare not made", "sandbox", s.rec.ID, "node", node, "err", err)
 		return fmt.Errorf("spare of %s for %s: %w", node, s.rec.ID, err)
@@ -492,6 +488,28 @@ func (m *Manager) dropNodeSpares(nodes ...string) {
 		s.spareMu.Unlock()
 		m.dropSpares(s, out)
 	}
+}
+
+// spareGone says why a spare of node for s is no longer wanted ("" if it is): the
+// daemon stops, s is being removed, node was removed.
+func (m *Manager) spareGone(s *sb, node string) string {
+	select {
+	case <-m.stop:
+		return "the daemon stops"
+	default:
+	}
+	s.spareMu.Lock()
+	closed := s.spareClosed
+	s.spareMu.Unlock()
+	if closed {
+		return "the sandbox is being removed"
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.nodes[node] == nil {
+		return "the node was removed"
+	}
+	return ""
 }
 
 // spareNext makes (s, node)'s next spare in the background, after the answer.

@@ -69,6 +69,9 @@ func TestBenchRLTiny(t *testing.T) {
 		if cpu <= 0 || py <= 0 || py > act || !ok || call < 0 {
 			t.Errorf("%s %s: action p50 %v ms, its python's CPU %v ms and wall %v ms, the call %v ms", r.System, r.Op, act, cpu, py, call)
 		}
+		if bound, _ := r.Info["gpu_busy_bound_frac"].(float64); bound <= 0 || bound > 1 {
+			t.Errorf("%s %s: GPU busy bound %v", r.System, r.Op, r.Info["gpu_busy_bound_frac"])
+		}
 		if d, ok := r.Info["daemon_cpu_ms_per_step"].(float64); !ok || (r.System != bench.SysRLCRIU && r.System != bench.SysRLCopytree && r.System != bench.SysRLPodman && d <= 0) {
 			t.Errorf("%s %s: daemon CPU per step %v", r.System, r.Op, r.Info["daemon_cpu_ms_per_step"])
 		}
