@@ -28,6 +28,9 @@ func niceSelf(nice int) error {
 // ResetNice sets every thread of the init at host PID pid (and of the processes of its
 // process group) back to nice 0: a spare's init, as it becomes a sandbox's.
 func ResetNice(pid int) error {
+	if pid <= 0 { // PRIO_PGRP's 0 is the caller's own group: the daemon's
+		return fmt.Errorf("reset the nice of init %d: no such process", pid)
+	}
 	if err := unix.Setpriority(unix.PRIO_PGRP, pid, 0); err != nil {
 		return fmt.Errorf("setpriority(PRIO_PGRP, %d, 0): %w", pid, err)
 	}
