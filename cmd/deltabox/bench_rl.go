@@ -13,7 +13,7 @@ import (
 
 func benchRLCmd() *cobra.Command {
 	o := bench.DefaultRLOptions()
-	var out, branches, systems string
+	var out, branches, systems, modes string
 	c := &cobra.Command{
 		Use:   "rl [--json FILE] [--branches 8,32,64] [--policy-ms 500]",
 		Short: "Measure an RL trainer's loop: how busy a simulated GPU stays while B branches act and reset, beside CRIU, copytree+replay and podman",
@@ -24,7 +24,9 @@ Reports the step's wall time and the GPU's busy fraction (policy / wall) for Del
 on the host, reset by kill and criu restore; process only), deltabox-fork (each step forks B
 sandboxes from one node, processes included), copytree+replay (reset by
 copying the workspace back and rebuilding the heap in a fresh python3) and podman (a
-container per branch, reset by podman container restore --import of its checkpoint). Needs root for
+container per branch, reset by podman container restore --import of its checkpoint). --modes
+serial,overlap adds the pipelined trainer's loop, where each branch's reset runs during the
+next step's policy, for every system. Needs root for
 CRIU. Every sandbox, node and host process the bench made is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -42,11 +44,20 @@ CRIU. Every sandbox, node and host process the bench made is removed at the end.
 					}
 				}
 			}
+			if cmd.Flags().Changed("modes") {
+				o.Modes = nil
+				for _, m := range strings.Split(modes, ",") {
+					if m = strings.TrimSpace(m); m != "" {
+						o.Modes = append(o.Modes, m)
+					}
+				}
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
 			o.Command = "deltabox " + bench.ShellJoin(os.Args[1:])
 			o.Log = os.Stderr
+			o.Socket = socketPath
 			if o.Root = os.Getenv("DELTABOX_ROOT"); o.Root == "" {
 				o.Root = store.DefaultRoot
 			}
@@ -58,6 +69,7 @@ CRIU. Every sandbox, node and host process the bench made is removed at the end.
 	fl.StringVar(&out, "json", "", "write the results as JSON to FILE")
 	fl.StringVar(&branches, "branches", intsFlag(o.Branches), "branch counts B")
 	fl.StringVar(&systems, "systems", strings.Join(o.Systems, ","), "systems to run")
+	fl.StringVar(&modes, "modes", strings.Join(o.Modes, ","), "trainer loops: serial (policy, then act and reset), overlap (resets during the next policy)")
 	fl.IntVar(&o.PolicyMS, "policy-ms", o.PolicyMS, "simulated policy time per step (ms)")
 	fl.IntVar(&o.Steps, "steps", o.Steps, "timed steps per point (after one untimed)")
 	fl.IntVar(&o.HeapMB, "heap-mb", o.HeapMB, "each branch's python heap (MiB)")

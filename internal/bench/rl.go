@@ -3,10 +3,13 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,6 +79,11 @@ type RLOptions struct {
 	TmpfsDir    string   `json:"tmpfs_dir"` // CRIU images
 	HostDir     string   `json:"host_dir"`  // copytree's workspaces and podman's archives
 	Root        string   `json:"-"`         // the store, whose images/<image>/rootfs podman imports
+	// Modes are the trainer's loops measured (rlSerial, rlOverlap), each at every point.
+	Modes []string `json:"modes"`
+	// Socket is the daemon's socket: its peer's PID is the daemon whose CPU the rows
+	// report ("": not reported).
+	Socket string `json:"-"`
 
 	Notes   []string  `json:"-"`
 	Command string    `json:"-"`
@@ -86,7 +94,7 @@ type RLOptions struct {
 func DefaultRLOptions() RLOptions {
 	return RLOptions{Branches: []int{8, 32, 64}, PolicyMS: 500, Steps: 5, HeapMB: 50, WorkspaceMB: 10,
 		Systems: []string{SysRLDeltaBox, SysRLSpares, SysRLFork, SysRLCRIU, SysRLCopytree, SysRLPodman}, Seed: 1, Image: "default", Python: "python3",
-		TmpfsDir: "/dev/shm", HostDir: "/var/tmp"}
+		TmpfsDir: "/dev/shm", HostDir: "/var/tmp", Modes: []string{rlSerial}}
 }
 
 // Validate checks the options.
@@ -97,6 +105,14 @@ func (o RLOptions) Validate() error {
 	for _, b := range o.Branches {
 		if b < 1 || b > 256 {
 			return fmt.Errorf("branches %d: want 1-256", b)
+		}
+	}
+	if len(o.Modes) == 0 {
+		return fmt.Errorf("want a mode: %s or %s", rlSerial, rlOverlap)
+	}
+	for _, m := range o.Modes {
+		if m != rlSerial && m != rlOverlap {
+			return fmt.Errorf("mode %q: want %s or %s", m, rlSerial, rlOverlap)
 		}
 	}
 	for _, s := range o.Systems {
@@ -113,7 +129,7 @@ const rlBusyTarget = 0.95
 // rlBranch is one branch of one system: its action and its reset, and the check that
 // the reset brought back the step's start state.
 type rlBranch interface {
-	act(ctx context.Context, step int) error
+	act(ctx context.Context, step int) (rlActStat, error)
 	reset(ctx context.Context) error
 	digest(ctx context.Context) (string, error)
 	close()
@@ -134,6 +150,8 @@ type rlRun struct {
 	// resets and fromSpare count the deltabox systems' resets of the point running, and
 	// those served by a spare (restore answers' from_spare).
 	resets, fromSpare atomic.Int64
+	// daemonPid is the daemon's (the socket's peer), whose CPU the rows report; 0: unknown.
+	daemonPid int
 }
 
 func (r *rlRun) logf(format string, a ...any) { progress(r.o.Log, r.start, format, a...) }
@@ -143,13 +161,30 @@ func (o RLOptions) initCode() string {
 }
 
 // rlActCode is the action: 1 MiB of the heap rewritten (and, where files are reset, a
-// file of the workspace written). No digest: the check after a reset computes it.
+// file of the workspace written). No digest: the check after a reset computes it. Its
+// last expression is what the python measured of the action's code itself, its CPU
+// (thread_time) and wall time in ns (rlActStat): the rest of the call's time is the
+// way in and out (for deltabox, the session call through the daemon).
 func rlActCode(step int, files bool) string {
 	code := fmt.Sprintf("H[%d %% len(H)] = random.Random(%d).randbytes(1 << 20); label_ = 'act-%d'", step, step, step)
 	if files {
 		code = fmt.Sprintf("open('action.txt', 'w').write('step %d'); ", step) + code
 	}
-	return code
+	return "import time as rlt_; rlc_, rlw_ = rlt_.thread_time_ns(), rlt_.perf_counter_ns(); " + code +
+		"; (rlt_.thread_time_ns() - rlc_, rlt_.perf_counter_ns() - rlw_)"
+}
+
+// rlActStat is what an action's python measured of its code (rlActCode): CPU and wall.
+type rlActStat struct{ cpu, wall time.Duration }
+
+// parseActStat reads rlActCode's last expression, "(CPU_NS, WALL_NS)", from a call's output.
+func parseActStat(out string) (rlActStat, error) {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var c, w int64
+	if _, err := fmt.Sscanf(strings.TrimSpace(lines[len(lines)-1]), "(%d, %d)", &c, &w); err != nil {
+		return rlActStat{}, fmt.Errorf("the action's answer %q has no (cpu_ns, wall_ns): %w", out, err)
+	}
+	return rlActStat{cpu: time.Duration(c), wall: time.Duration(w)}, nil
 }
 
 // RunRL runs the bench.
@@ -171,13 +206,23 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 	f.Description = fmt.Sprintf("The RL trainer's loop (issue 26): per step, %d ms of simulated policy (a sleep standing for the GPU's "+
 		"generation), then one action in each of B branches (1 MiB of a %d MiB python heap rewritten, a file written) and a reset of each branch "+
 		"to the step's start state, the B branches at once. `gpu_busy_frac` = policy time / wall time over %d timed steps (after one untimed); "+
-		"rows are the step's wall time. `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. "+
+		"rows are the step's wall time (policy and environment). `deltabox`: a sandbox per branch, a python session, reset by restoring the branch's node. "+
 		"`deltabox-spares`: one sandbox with the heap forked into B branches, reset by restoring the fork's node, from a spare made ahead "+
 		"when one is ready (`spare_share`: the resets served by one, the untimed first step's included; each branch holds one before it). `criu`: a "+
 		"python3 per branch on the host, dumped once, reset by kill and `criu restore` (process only: files are not reset). "+
 		"`deltabox-fork`: each step forks B sandboxes from one node (processes included) and acts in each. `copytree+replay`: a %d MiB workspace and a python3 per branch on the host, reset by copying the workspace back and rebuilding the "+
 		"heap in a fresh python3. `podman`: a container per branch with the same python, exported once by `podman container checkpoint`, "+
-		"reset by `podman rm -f` and `podman container restore --import` (process and files). Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
+		"reset by `podman rm -f` and `podman container restore --import` (process and files). Modes (`mode`, op rl-B or rl-B-overlap): "+
+		"`serial`, the step as above, its resets in its time; `overlap`, a pipelined trainer: each branch's reset starts after its action and runs "+
+		"during the next step's policy (the reset's target is known before the policy runs), the next action of a branch waits for its own reset if "+
+		"not done by then (`reset_wait_ms`, `resets_late`); deltabox-fork forks the step's branches during its policy. Every system in both modes. "+
+		"The action's own cost: `action_py_cpu_ms` and `action_py_ms` are the CPU and wall time the python measured of the action's code "+
+		"(thread_time, perf_counter), `action_call_ms` the rest of the caller's `action_ms` (the call's way in and out: for deltabox the session call "+
+		"through the daemon, for the host baselines a unix socket); per timed step `actions_py_cpu_ms_per_step` sums the B actions' python CPU, "+
+		"`daemon_cpu_ms_per_step` is the daemon process's CPU (every thread, background work included) and `machine_cpu_ms_per_step` every CPU's "+
+		"non-idle time (other work on the machine included), over `cpus` CPUs; `env_floor_ms` is the B actions' python CPU over `cpus`, the least "+
+		"the environment's part can take, and `gpu_busy_bound_frac` the GPU's busy fraction with it: what no system can pass here. "+
+		"Target: deltabox keeps the GPU >= %.0f%% busy at B = 64 with 500 ms of policy.",
 		o.PolicyMS, o.HeapMB, o.Steps, o.WorkspaceMB, rlBusyTarget*100)
 	if has(o.Systems, SysRLCRIU) {
 		r.criu = criu.Probe(ctx, o.CRIU)
@@ -190,13 +235,20 @@ func RunRL(ctx context.Context, c *client.Client, o RLOptions) (f *File, err err
 			r.podmanTag, r.podmanWhy = r.podman.image(ctx, o.Root, o.Image, r.logf)
 		}
 	}
+	if o.Socket != "" {
+		if r.daemonPid, err = peerPid(o.Socket); err != nil {
+			f.Notes = append(f.Notes, "the daemon's CPU is not reported: "+err.Error())
+		}
+	}
 	for _, sys := range o.Systems {
 		for _, b := range o.Branches {
-			row, err := r.point(ctx, sys, b)
-			if err != nil {
-				return f, fmt.Errorf("%s, B=%d: %w", sys, b, err)
+			for _, mode := range o.Modes {
+				row, err := r.point(ctx, sys, b, mode)
+				if err != nil {
+					return f, fmt.Errorf("%s, B=%d, %s: %w", sys, b, mode, err)
+				}
+				f.Results = append(f.Results, row)
 			}
-			f.Results = append(f.Results, row)
 		}
 	}
 	f.Notes = append(f.Notes, r.where()...)
@@ -212,12 +264,12 @@ func has(list []string, s string) bool {
 	return false
 }
 
-// point sets up b branches of sys (untimed), runs one untimed and o.Steps timed steps,
-// and returns the row.
-func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
-	op := fmt.Sprintf("rl-%d", b)
+// point sets up b branches of sys (untimed), runs one untimed and o.Steps timed steps
+// in mode (rlSerial or rlOverlap), and returns the row.
+func (r *rlRun) point(ctx context.Context, sys string, b int, mode string) (Row, error) {
+	op := rlOp(b, mode)
 	if sys == SysRLFork {
-		return r.forkPoint(ctx, b)
+		return r.forkPoint(ctx, b, mode)
 	}
 	if sys == SysRLCRIU && !r.criu.Usable() {
 		return UnavailableRows(sys, 0, "CRIU is unusable here: "+r.criu.Reason, op)[0], nil
@@ -225,7 +277,7 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	if sys == SysRLPodman && r.podmanWhy != "" {
 		return UnavailableRows(sys, 0, r.podmanWhy, op)[0], nil
 	}
-	r.logf("%s: setting up %d branches", sys, b)
+	r.logf("%s (%s): setting up %d branches", sys, mode, b)
 	r.resets.Store(0)
 	r.fromSpare.Store(0)
 	t0 := time.Now()
@@ -248,65 +300,29 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
-	r.logf("%s: %d branches ready in %.1f s", sys, b, time.Since(t0).Seconds())
-	var steps, envs, acts, resets []float64
-	var mu sync.Mutex
-	var policy, wall time.Duration
-	fails := 0
-	for i := 0; i <= r.o.Steps; i++ {
-		s0 := time.Now()
-		time.Sleep(time.Duration(r.o.PolicyMS) * time.Millisecond) // the GPU's generation
-		e0 := time.Now()
-		errs := make([]error, len(branches))
-		var wg sync.WaitGroup
-		for j, br := range branches {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				a0 := time.Now()
-				if err := br.act(ctx, i); err != nil {
-					errs[j] = fmt.Errorf("branch %d: action: %w", j, err)
-					return
-				}
-				a1 := time.Now()
-				if err := br.reset(ctx); err != nil {
-					errs[j] = fmt.Errorf("branch %d: reset: %w", j, err)
-				}
-				if i > 0 {
-					mu.Lock()
-					acts, resets = append(acts, ms(a1.Sub(a0))), append(resets, ms(time.Since(a1)))
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		end := time.Now()
-		for _, err := range errs {
-			if err != nil {
-				return Row{}, err
+	r.logf("%s (%s): %d branches ready in %.1f s", sys, mode, b, time.Since(t0).Seconds())
+	st := &rlStats{}
+	if mode == rlOverlap {
+		err = r.overlapSteps(ctx, sys, branches, want, st)
+	} else {
+		err = r.serialSteps(ctx, sys, branches, want, st)
+	}
+	if err != nil {
+		return Row{}, err
+	}
+	row := Summarize(st.steps).Row(sys, op, r.o.WorkspaceMB, cmds...)
+	row.Info = st.info(r, b, mode)
+	row.Info["reset_ms_p50"], row.Info["reset_ms_p95"] = us(Summarize(st.resets).P50), us(Summarize(st.resets).P95)
+	if mode == rlOverlap {
+		row.Info["reset_wait_ms_p50"], row.Info["reset_wait_ms_p95"] = us(Summarize(st.waits).P50), us(Summarize(st.waits).P95)
+		late := 0
+		for _, w := range st.waits {
+			if w > 0 {
+				late++
 			}
 		}
-		if sys == SysRLCRIU {
-			latReapOrphans()
-		}
-		// Untimed: the reset brought back the step's start state (one branch per step).
-		if got, err := branches[i%len(branches)].digest(ctx); err != nil || got != want {
-			fails++
-		}
-		if i == 0 {
-			continue // warm-up
-		}
-		steps = append(steps, ms(end.Sub(s0)))
-		envs = append(envs, ms(end.Sub(e0)))
-		policy += e0.Sub(s0)
-		wall += end.Sub(s0)
+		row.Info["resets_late"] = late
 	}
-	row := Summarize(steps).Row(sys, op, r.o.WorkspaceMB, cmds...)
-	busy := float64(policy) / float64(wall)
-	env := Summarize(envs)
-	row.Info = map[string]any{"gpu_busy_frac": round3(busy), "step_ms": us(Summarize(steps).P50), "env_ms_p50": us(env.P50),
-		"env_ms_p95": us(env.P95), "action_ms_p50": us(Summarize(acts).P50), "reset_ms_p50": us(Summarize(resets).P50),
-		"reset_ms_p95": us(Summarize(resets).P95), "policy_ms": r.o.PolicyMS, "branches": b, "state_checks_failed": fails}
 	if sys == SysRLCRIU {
 		row.Info["files"] = "not reset (process only)"
 	}
@@ -321,13 +337,252 @@ func (r *rlRun) point(ctx context.Context, sys string, b int) (Row, error) {
 	if sys == SysRLPodman {
 		row.Info["containers"] = r.podmanPrefix + "*"
 	}
-	r.logf("%s: B=%d: step p50 %.1f ms, environment p50 %.1f ms, GPU busy %.1f%%", sys, b, us(Summarize(steps).P50), us(env.P50), busy*100)
+	r.logf("%s (%s): B=%d: step p50 %.1f ms, environment p50 %.1f ms, GPU busy %.1f%%", sys, mode, b, us(Summarize(st.steps).P50),
+		us(Summarize(st.envs).P50), row.Info["gpu_busy_frac"].(float64)*100)
 	return row, nil
+}
+
+// The trainer's modes. rlSerial: the policy, then every branch's action and reset, in
+// series (the step waits for its resets). rlOverlap: a branch's reset starts as soon as
+// its action is done and runs during the next step's policy (the reset's target, the
+// step's start state, is known before the policy runs: a pipelined trainer's
+// generation and environment overlap so); the next action of a branch waits only for
+// its own reset, if not done by the policy's end.
+const (
+	rlSerial  = "serial"
+	rlOverlap = "overlap"
+)
+
+// rlOp is a row's op: rl-B (the serial mode, the issue's rows) or rl-B-overlap.
+func rlOp(b int, mode string) string {
+	if mode == rlOverlap {
+		return fmt.Sprintf("rl-%d-overlap", b)
+	}
+	return fmt.Sprintf("rl-%d", b)
+}
+
+// rlStats are a point's timed steps' samples (ms).
+type rlStats struct {
+	steps, envs []float64
+	// acts are the actions' wall times at the caller; pyCPU and pyWall what the python
+	// measured of the action's code (rlActStat); calls the difference acts - pyWall,
+	// the call's way in and out.
+	acts, pyCPU, pyWall, calls []float64
+	// resets are the resets' own times; waits (overlap) how long an action waited for
+	// its branch's reset after the policy (0: it was done).
+	resets, waits []float64
+	policy, wall  time.Duration
+	checks, fails int
+	cpu           rlCPU // over the timed steps
+	mu            sync.Mutex
+}
+
+// action records one action of a timed step.
+func (st *rlStats) action(took time.Duration, a rlActStat) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.acts = append(st.acts, ms(took))
+	st.pyCPU = append(st.pyCPU, ms(a.cpu))
+	st.pyWall = append(st.pyWall, ms(a.wall))
+	st.calls = append(st.calls, ms(took-a.wall))
+}
+
+func (st *rlStats) add(xs *[]float64, d time.Duration) {
+	st.mu.Lock()
+	*xs = append(*xs, ms(d))
+	st.mu.Unlock()
+}
+
+// step records a timed step: started at s0, policy until e0, done at end; c0 the CPU
+// counters at s0.
+func (st *rlStats) step(r *rlRun, s0, e0, end time.Time, c0 rlCPU) {
+	st.steps = append(st.steps, ms(end.Sub(s0)))
+	st.envs = append(st.envs, ms(end.Sub(e0)))
+	st.policy += e0.Sub(s0)
+	st.wall += end.Sub(s0)
+	st.cpu = st.cpu.plus(r.cpuNow().minus(c0))
+}
+
+// info is the row's common Info: the GPU's busy fraction, the step's parts, and where
+// the CPU went per step (the actions' python, the daemon, the machine).
+func (st *rlStats) info(r *rlRun, b int, mode string) map[string]any {
+	n := float64(len(st.steps))
+	sum := 0.0
+	for _, x := range st.pyCPU {
+		sum += x
+	}
+	info := map[string]any{"mode": mode, "gpu_busy_frac": round3(float64(st.policy) / float64(st.wall)), "step_ms": us(Summarize(st.steps).P50),
+		"env_ms_p50": us(Summarize(st.envs).P50), "env_ms_p95": us(Summarize(st.envs).P95), "policy_ms": r.o.PolicyMS, "branches": b,
+		"state_checks": st.checks, "state_checks_failed": st.fails, "cpus": runtime.NumCPU()}
+	if len(st.acts) > 0 {
+		info["action_ms_p50"], info["action_ms_p95"] = us(Summarize(st.acts).P50), us(Summarize(st.acts).P95)
+		info["action_py_cpu_ms_p50"], info["action_py_ms_p50"] = us(Summarize(st.pyCPU).P50), us(Summarize(st.pyWall).P50)
+		info["action_call_ms_p50"] = us(Summarize(st.calls).P50)
+		info["actions_py_cpu_ms_per_step"] = us(sum / n)
+		// The bound any system has here: the step's actions' own python CPU spread over
+		// every CPU is the least an environment part can take (nothing else costing).
+		floor := sum / n / float64(runtime.NumCPU())
+		info["env_floor_ms"] = us(floor)
+		info["gpu_busy_bound_frac"] = round3(float64(r.o.PolicyMS) / (float64(r.o.PolicyMS) + floor))
+	}
+	info["machine_cpu_ms_per_step"] = us(ms(st.cpu.machine) / n)
+	if r.daemonPid > 0 {
+		info["daemon_cpu_ms_per_step"] = us(ms(st.cpu.daemon) / n)
+	}
+	return info
+}
+
+// serialSteps runs the serial mode's steps: the policy, then the B branches' action and
+// reset at once; the step ends when every reset is done.
+func (r *rlRun) serialSteps(ctx context.Context, sys string, branches []rlBranch, want string, st *rlStats) error {
+	for i := 0; i <= r.o.Steps; i++ {
+		s0, c0 := time.Now(), r.cpuNow()
+		time.Sleep(time.Duration(r.o.PolicyMS) * time.Millisecond) // the GPU's generation
+		e0 := time.Now()
+		errs := make([]error, len(branches))
+		var wg sync.WaitGroup
+		for j, br := range branches {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				a0 := time.Now()
+				a, err := br.act(ctx, i)
+				if err != nil {
+					errs[j] = fmt.Errorf("branch %d: action: %w", j, err)
+					return
+				}
+				a1 := time.Now()
+				if err := br.reset(ctx); err != nil {
+					errs[j] = fmt.Errorf("branch %d: reset: %w", j, err)
+				}
+				if i > 0 {
+					st.action(a1.Sub(a0), a)
+					st.add(&st.resets, time.Since(a1))
+				}
+			}()
+		}
+		wg.Wait()
+		end := time.Now()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		if sys == SysRLCRIU {
+			latReapOrphans()
+		}
+		// Untimed: the reset brought back the step's start state (one branch per step).
+		st.check(ctx, branches[i%len(branches)], want)
+		if i > 0 {
+			st.step(r, s0, e0, end, c0)
+		}
+	}
+	return nil
+}
+
+// check compares br's state with want (untimed).
+func (st *rlStats) check(ctx context.Context, br rlBranch, want string) {
+	st.checks++
+	if got, err := br.digest(ctx); err != nil || got != want {
+		st.fails++
+	}
+}
+
+// overlapSteps runs the overlapped mode's steps (rlOverlap): each branch's reset starts
+// after its action and runs during the next step's policy; a branch's next action
+// waits for it. After the last step every branch's state is checked (untimed): a check
+// per step would wait for a reset in the step's time.
+func (r *rlRun) overlapSteps(ctx context.Context, sys string, branches []rlBranch, want string, st *rlStats) error {
+	pending := make([]chan error, len(branches)) // branch j's reset in flight, written by j's goroutine only
+	wait := func() error {
+		var errs []error
+		for j, ch := range pending {
+			if ch != nil {
+				if err := <-ch; err != nil {
+					errs = append(errs, fmt.Errorf("branch %d: reset: %w", j, err))
+				}
+				pending[j] = nil
+			}
+		}
+		return errors.Join(errs...)
+	}
+	defer wait() // the branches are closed only once no reset runs in them
+	for i := 0; i <= r.o.Steps; i++ {
+		s0, c0 := time.Now(), r.cpuNow()
+		time.Sleep(time.Duration(r.o.PolicyMS) * time.Millisecond) // the GPU's generation, the resets beside it
+		e0 := time.Now()
+		errs := make([]error, len(branches))
+		var wg sync.WaitGroup
+		for j, br := range branches {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if ch := pending[j]; ch != nil {
+					pending[j] = nil
+					select {
+					case err := <-ch:
+						if err != nil {
+							errs[j] = fmt.Errorf("branch %d: reset: %w", j, err)
+							return
+						}
+						if i > 0 {
+							st.add(&st.waits, 0)
+						}
+					default:
+						err := <-ch
+						if i > 0 {
+							st.add(&st.waits, time.Since(e0))
+						}
+						if err != nil {
+							errs[j] = fmt.Errorf("branch %d: reset: %w", j, err)
+							return
+						}
+					}
+				}
+				a0 := time.Now()
+				a, err := br.act(ctx, i)
+				if err != nil {
+					errs[j] = fmt.Errorf("branch %d: action: %w", j, err)
+					return
+				}
+				took := time.Since(a0)
+				if i > 0 {
+					st.action(took, a)
+				}
+				ch := make(chan error, 1)
+				pending[j] = ch
+				go func() {
+					r0 := time.Now()
+					err := br.reset(ctx)
+					if i > 0 {
+						st.add(&st.resets, time.Since(r0))
+					}
+					ch <- err
+				}()
+			}()
+		}
+		wg.Wait()
+		end := time.Now()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		if i > 0 {
+			st.step(r, s0, e0, end, c0)
+		}
+	}
+	if err := wait(); err != nil {
+		return err
+	}
+	if sys == SysRLCRIU {
+		latReapOrphans()
+	}
+	for _, br := range branches {
+		st.check(ctx, br, want)
+	}
+	return nil
 }
 
 func round3(x float64) float64 { return float64(int(x*1000+0.5)) / 1000 }
 
-// where says, per system, the largest B that kept the GPU at the target.
+// where says, per system and mode, the largest B that kept the GPU at the target.
 func (r *rlRun) where() []string {
 	best := map[string]int{}
 	seen := map[string]bool{}
@@ -337,23 +592,90 @@ func (r *rlRun) where() []string {
 		if !ok {
 			continue
 		}
-		seen[row.System] = true
-		if busy >= rlBusyTarget && b > best[row.System] {
-			best[row.System] = b
+		mode, _ := row.Info["mode"].(string)
+		k := row.System + " (" + mode + ")"
+		seen[k] = true
+		if busy >= rlBusyTarget && b > best[k] {
+			best[k] = b
 		}
 	}
 	var out []string
 	for _, sys := range r.o.Systems {
-		if !seen[sys] {
-			continue
-		}
-		if best[sys] == 0 {
-			out = append(out, fmt.Sprintf("%s: below %.0f%% GPU busy at every B measured", sys, rlBusyTarget*100))
-		} else {
-			out = append(out, fmt.Sprintf("%s: keeps the GPU >= %.0f%% busy up to B = %d of those measured", sys, rlBusyTarget*100, best[sys]))
+		for _, mode := range r.o.Modes {
+			k := sys + " (" + mode + ")"
+			switch {
+			case !seen[k]:
+			case best[k] == 0:
+				out = append(out, fmt.Sprintf("%s: below %.0f%% GPU busy at every B measured", k, rlBusyTarget*100))
+			default:
+				out = append(out, fmt.Sprintf("%s: keeps the GPU >= %.0f%% busy up to B = %d of those measured", k, rlBusyTarget*100, best[k]))
+			}
 		}
 	}
 	return out
+}
+
+// rlCPU is CPU time: the daemon's (its process's, every thread) and the machine's (every
+// CPU's non-idle time: other work on the machine included).
+type rlCPU struct{ daemon, machine time.Duration }
+
+func (a rlCPU) plus(b rlCPU) rlCPU  { return rlCPU{a.daemon + b.daemon, a.machine + b.machine} }
+func (a rlCPU) minus(b rlCPU) rlCPU { return rlCPU{a.daemon - b.daemon, a.machine - b.machine} }
+
+// clockTick is USER_HZ, the unit of /proc's CPU times: 100 on every Linux architecture
+// this runs on (sysconf(_SC_CLK_TCK), which Go does not expose).
+const clockTick = 10 * time.Millisecond
+
+// cpuNow reads the CPU counters (a counter it cannot read is 0 in both readings).
+func (r *rlRun) cpuNow() rlCPU {
+	var c rlCPU
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+		for i := 1; i < len(f) && i <= 8; i++ {
+			if i == 4 || i == 5 {
+				continue // idle, iowait
+			}
+			n, _ := strconv.ParseInt(f[i], 10, 64)
+			c.machine += time.Duration(n) * clockTick
+		}
+	}
+	if r.daemonPid > 0 {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", r.daemonPid)); err == nil {
+			// After the comm's ")": state is field 3, utime 14 and stime 15.
+			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+				f := strings.Fields(string(b[i+1:]))
+				if len(f) > 12 {
+					u, _ := strconv.ParseInt(f[11], 10, 64)
+					s, _ := strconv.ParseInt(f[12], 10, 64)
+					c.daemon = time.Duration(u+s) * clockTick
+				}
+			}
+		}
+	}
+	return c
+}
+
+// peerPid is the PID of the process serving the unix socket at path (SO_PEERCRED).
+func peerPid(path string) (int, error) {
+	conn, err := net.DialTimeout("unix", path, 10*time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("connect to %s: %w", path, err)
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, fmt.Errorf("SO_PEERCRED on %s: %w", path, cerr)
+	}
+	return int(cred.Pid), nil
 }
 
 // setup makes b branches of sys, each at the step's start state; cleanup (if not nil)
@@ -382,12 +704,15 @@ type rlSandbox struct {
 	r        *rlRun // counts the resets and those from spares
 }
 
-func (s *rlSandbox) act(ctx context.Context, step int) error {
+func (s *rlSandbox) act(ctx context.Context, step int) (rlActStat, error) {
 	res, err := s.c.Run(ctx, s.id, "py", rlActCode(step, true), time.Minute)
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("the action failed: %s", strings.TrimSpace(res.Stdout+res.Stderr))
+	if err != nil {
+		return rlActStat{}, err
 	}
-	return err
+	if res.ExitCode != 0 {
+		return rlActStat{}, fmt.Errorf("the action failed: %s", strings.TrimSpace(res.Stdout+res.Stderr))
+	}
+	return parseActStat(res.Stdout)
 }
 
 func (s *rlSandbox) reset(ctx context.Context) error {
@@ -523,9 +848,8 @@ type rlCRIU struct {
 	run *criu.Runner
 }
 
-func (b *rlCRIU) act(ctx context.Context, step int) error {
-	_, err := b.h.call(ctx, rlActCode(step, false))
-	return err
+func (b *rlCRIU) act(ctx context.Context, step int) (rlActStat, error) {
+	return b.h.act(ctx, rlActCode(step, false))
 }
 
 func (b *rlCRIU) reset(ctx context.Context) error {
@@ -588,9 +912,17 @@ type rlCopytree struct {
 	snap, ws string
 }
 
-func (b *rlCopytree) act(ctx context.Context, step int) error {
-	_, err := b.h.call(ctx, rlActCode(step, true))
-	return err
+func (b *rlCopytree) act(ctx context.Context, step int) (rlActStat, error) {
+	return b.h.act(ctx, rlActCode(step, true))
+}
+
+// act runs an action (rlActCode) in the host python.
+func (h *latHost) act(ctx context.Context, code string) (rlActStat, error) {
+	out, err := h.call(ctx, code)
+	if err != nil {
+		return rlActStat{}, err
+	}
+	return parseActStat(out)
 }
 
 func (b *rlCopytree) reset(ctx context.Context) error {
@@ -642,15 +974,27 @@ func (r *rlRun) setupCopytree(ctx context.Context, b int) ([]rlBranch, []string,
 }
 
 // forkPoint: the step's start state is one node; each step forks b sandboxes from it
-// (the node's processes included), runs the action in each, and removes them.
-func (r *rlRun) forkPoint(ctx context.Context, b int) (Row, error) {
-	op := fmt.Sprintf("rl-%d", b)
+// (the node's processes included), runs the action in each, and removes them. In the
+// overlapped mode the step's fork (after the last step's branches' removal) runs during
+// its policy, as the other systems' resets do.
+func (r *rlRun) forkPoint(ctx context.Context, b int, mode string) (Row, error) {
+	op := rlOp(b, mode)
 	base := "bench-rl-fork-" + randHex(4)
 	if _, err := r.c.Create(ctx, apitypes.CreateOptions{ID: base, Image: r.o.Image, Workdir: "/workspace", MemoryMB: int64(r.o.HeapMB)*3 + 256}); err != nil {
 		return Row{}, err
 	}
 	var node string
+	var live []apitypes.ForkBranch // the last fork's branches, not removed yet
+	remove := func() {
+		for _, br := range live {
+			rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			r.c.Remove(rctx, br.Sandbox.ID)
+			cancel()
+		}
+		live = nil
+	}
 	defer func() {
+		remove()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		r.c.Remove(ctx, base)
@@ -673,25 +1017,46 @@ func (r *rlRun) forkPoint(ctx context.Context, b int) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
-	r.logf("%s: forking %d branches a step from %s", SysRLFork, b, node)
-	var steps, envs, forks []float64
-	var policy, wall time.Duration
-	fails, files := 0, 0
+	r.logf("%s (%s): forking %d branches a step from %s", SysRLFork, mode, b, node)
+	st := &rlStats{}
+	var forks []float64
+	files := 0
+	// fork removes the last step's branches and forks this step's.
+	fork := func() (*apitypes.ForkResult, time.Duration, error) {
+		remove()
+		f0 := time.Now()
+		fr, err := r.c.Fork(ctx, node, apitypes.ForkRequest{Count: b})
+		if fr != nil {
+			live = fr.Branches
+		}
+		return fr, time.Since(f0), err
+	}
 	for i := 0; i <= r.o.Steps; i++ {
-		s0 := time.Now()
+		s0, c0 := time.Now(), r.cpuNow()
+		var fr *apitypes.ForkResult
+		var took time.Duration
+		var ferr error
+		done := make(chan struct{})
+		if mode == rlOverlap {
+			go func() { fr, took, ferr = fork(); close(done) }()
+		}
 		time.Sleep(time.Duration(r.o.PolicyMS) * time.Millisecond)
 		e0 := time.Now()
-		fr, err := r.c.Fork(ctx, node, apitypes.ForkRequest{Count: b})
-		if err != nil {
-			return Row{}, fmt.Errorf("step %d: fork: %w", i, err)
+		if mode == rlOverlap {
+			<-done
+			if i > 0 {
+				st.add(&st.waits, time.Since(e0))
+			}
+		} else {
+			fr, took, ferr = fork()
 		}
-		f1 := time.Now()
+		if ferr != nil {
+			return Row{}, fmt.Errorf("step %d: fork: %w", i, ferr)
+		}
 		if i == 0 {
 			// Untimed (the warm-up step): every branch holds the node's process state.
 			for _, br := range fr.Branches {
-				if got, err := (&rlSandbox{c: r.c, id: br.Sandbox.ID}).digest(ctx); err != nil || got != want {
-					fails++
-				}
+				st.check(ctx, &rlSandbox{c: r.c, id: br.Sandbox.ID}, want)
 			}
 		}
 		errs := make([]error, len(fr.Branches))
@@ -703,38 +1068,38 @@ func (r *rlRun) forkPoint(ctx context.Context, b int) (Row, error) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[j] = (&rlSandbox{c: r.c, id: br.Sandbox.ID}).act(ctx, i)
+				a0 := time.Now()
+				a, err := (&rlSandbox{c: r.c, id: br.Sandbox.ID}).act(ctx, i)
+				if err != nil {
+					errs[j] = err
+				} else if i > 0 {
+					st.action(time.Since(a0), a)
+				}
 			}()
 		}
 		wg.Wait()
 		end := time.Now()
-		for _, br := range fr.Branches {
-			rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			r.c.Remove(rctx, br.Sandbox.ID)
-			cancel()
+		if mode == rlSerial {
+			remove() // untimed
 		}
-		for _, err := range errs {
-			if err != nil {
-				return Row{}, fmt.Errorf("step %d: action: %w", i, err)
-			}
+		if err := errors.Join(errs...); err != nil {
+			return Row{}, fmt.Errorf("step %d: action: %w", i, err)
 		}
 		if i == 0 {
 			continue
 		}
-		steps = append(steps, ms(end.Sub(s0)))
-		envs = append(envs, ms(end.Sub(e0)))
-		forks = append(forks, ms(f1.Sub(e0)))
-		policy += e0.Sub(s0)
-		wall += end.Sub(s0)
+		forks = append(forks, ms(took))
+		st.step(r, s0, e0, end, c0)
 	}
-	row := Summarize(steps).Row(SysRLFork, op, r.o.WorkspaceMB, "POST /v1/nodes/ID/fork {count: B} (the step's branches)",
-		"POST /v1/sandboxes/ID/sessions/py/run (the action, in each)", "DELETE /v1/sandboxes/ID (each, untimed)")
-	busy := float64(policy) / float64(wall)
-	env := Summarize(envs)
-	row.Info = map[string]any{"gpu_busy_frac": round3(busy), "step_ms": us(Summarize(steps).P50), "env_ms_p50": us(env.P50),
-		"env_ms_p95": us(env.P95), "fork_ms_p50": us(Summarize(forks).P50), "policy_ms": r.o.PolicyMS, "branches": b,
-		"state_checks_failed": fails, "branches_files_only": files}
-	r.logf("%s: B=%d: step p50 %.1f ms, fork p50 %.1f ms, GPU busy %.1f%%", SysRLFork, b, us(Summarize(steps).P50), us(Summarize(forks).P50), busy*100)
+	row := Summarize(st.steps).Row(SysRLFork, op, r.o.WorkspaceMB, "POST /v1/nodes/ID/fork {count: B} (the step's branches)",
+		"POST /v1/sandboxes/ID/sessions/py/run (the action, in each)", "DELETE /v1/sandboxes/ID (each, untimed in the serial mode)")
+	row.Info = st.info(r, b, mode)
+	row.Info["fork_ms_p50"], row.Info["branches_files_only"] = us(Summarize(forks).P50), files
+	if mode == rlOverlap {
+		row.Info["fork_wait_ms_p50"] = us(Summarize(st.waits).P50)
+	}
+	r.logf("%s (%s): B=%d: step p50 %.1f ms, fork p50 %.1f ms, GPU busy %.1f%%", SysRLFork, mode, b, us(Summarize(st.steps).P50),
+		us(Summarize(forks).P50), row.Info["gpu_busy_frac"].(float64)*100)
 	return row, nil
 }
 

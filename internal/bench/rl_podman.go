@@ -24,9 +24,8 @@ type rlPodman struct {
 	h             *latHost
 }
 
-func (b *rlPodman) act(ctx context.Context, step int) error {
-	_, err := b.h.call(ctx, rlActCode(step, true))
-	return err
+func (b *rlPodman) act(ctx context.Context, step int) (rlActStat, error) {
+	return b.h.act(ctx, rlActCode(step, true))
 }
 
 func (b *rlPodman) reset(ctx context.Context) error {

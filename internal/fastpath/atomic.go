@@ -401,10 +401,34 @@ func (r *Revival) Revive(ns int, ptyPath string) error {
 	return nil
 }
 
+// cloneRetries bounds cloneAt's tries again: 8, 1 ms apart doubling, 0.26 s in all.
+const cloneRetries = 8
+
+// cloneAt forks tt (CLONE_PARENT) into its current PID namespace at pid, again while
+// clone3 answers EEXIST, a bounded number of times. A PID just reaped is freed after
+// the reaping thread drops tasklist_lock (since Linux 6.15, release_task's free_pid
+// runs outside it), and on a loaded machine that thread can be preempted between the
+// two for milliseconds: clone3's set_tid of that PID fails with EEXIST meanwhile (the
+// CRIU path's case: internal/state/durable.go's restoreFreeingPid). Seen in bench rl at
+// B = 64 at load average 20-50, a restore after its processes were ended and reaped. A
+// failed clone3 makes nothing, so trying again is safe; a PID a live process holds
+// fails after the tries. Precondition: inside the tracer's Do.
+func cloneAt(tt *remote.Tracee, pid int) (*remote.Tracee, error) {
+	delay := time.Millisecond
+	for attempt := 0; ; attempt++ {
+		child, err := tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{pid}})
+		if err == nil || !errors.Is(err, unix.EEXIST) || attempt == cloneRetries {
+			return child, err
+		}
+		time.Sleep(delay)
+		delay *= 2
+	}
+}
+
 // fork is Revive's work on the tracer's thread; the child, if made, is returned with
 // the error. Precondition: inside Do.
 func (r *Revival) fork(ns int, ptyPath string) (*remote.Tracee, error) {
-	child, err := r.tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{r.Tmpl.Pid}})
+	child, err := cloneAt(r.tt, r.Tmpl.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("fork the template with pid %d: %w", r.Tmpl.Pid, err)
 	}

@@ -91,7 +91,7 @@ func (r *Revival) forkInto(tg *Target, caps capSets, ns int, ptyPath string) (ch
 			err = errors.Join(err, fmt.Errorf("template of %d: %w", r.Tmpl.Pid, berr))
 		}
 	}()
-	child, err = r.tt.Clone3(remote.CloneArgs{Flags: unix.CLONE_PARENT, SetTID: []int{r.Tmpl.Pid}})
+	child, err = cloneAt(r.tt, r.Tmpl.Pid)
 	if err != nil {
 		return nil, fmt.Errorf("fork the template with pid %d into the branch: %w", r.Tmpl.Pid, err)
 	}

@@ -22,8 +22,9 @@ import (
 // and cgroup namespaces, proc, devpts, states. iso is the family's (the branch runs as
 // the family's host ids: its user namespace maps them one to one). Its namespace
 // builder is held: it prepares nothing ahead until the branch's second state
-// (mountns.NewBuilder).
-func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64) (_ *Sandbox, err error) {
+// (mountns.NewBuilder). nice is the branch init's until sbinit.ResetNice (0: none; a
+// background spare's: sbinit/nice.go).
+func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, iso *Isolation, pidFloor int, diskQuota int64, nice int) (_ *Sandbox, err error) {
 	if family == nil || family.init == nil {
 		return nil, fmt.Errorf("branch %s: no family init", id)
 	}
@@ -57,7 +58,7 @@ func StartBranch(family *Sandbox, id, hostname, dir string, lim cgroup.Limits, i
 	}
 	defer func() { _ = log.Close() }()
 	s.init, err = family.init.Branch(sbinit.BranchOptions{
-		Config:      sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, DiskQuota: diskQuota},
+		Config:      sbinit.Config{ID: id, Hostname: hostname, PidFloor: pidFloor, DiskQuota: diskQuota, Nice: nice},
 		Log:         log,
 		CgroupTasks: tasks,
 	})

@@ -38,6 +38,8 @@ type Config struct {
 	// (seccomp.go), and no file grows past it (RLIMIT_FSIZE: a write or truncate past it
 	// fails with EFBIG, and SIGXFSZ ends a process that does not handle it).
 	DiskQuota int64 `json:"disk_quota,omitempty"`
+	// Nice is the init's nice until the daemon resets it (nice.go): a background spare's.
+	Nice int `json:"nice,omitempty"`
 }
 
 // ctlFD is the init's end of the control socketpair (ExtraFiles[0]).
@@ -54,6 +56,11 @@ func Main(arg string) {
 	}
 	if os.Getpid() != 1 {
 		fatal("init must be PID 1 of a new PID namespace (got pid %d)", os.Getpid())
+	}
+	if cfg.Nice != 0 {
+		if err := niceSelf(cfg.Nice); err != nil {
+			fatal("%v", err)
+		}
 	}
 	// Not dumpable: ptrace, /proc/1/mem, /proc/1/fd and pidfd_getfd of init then need
 	// CAP_SYS_PTRACE, which no process of the sandbox has (the spawn thread drops it),

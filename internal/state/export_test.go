@@ -141,7 +141,7 @@ func ForkFastBranches(m *Manager, id, node string, n int) (out []FastBranch, pha
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			made[i], errs[i] = m.startFastBranch(s.rt, store.Sandbox{Limits: s.rec.Limits, DiskMB: s.rec.DiskMB, Image: s.rec.Image}, iso, node, fmt.Sprintf("%s-fast%d", id, i), fmt.Sprintf("%s-fast%d", id, i), floor, "")
+			made[i], errs[i] = m.startFastBranch(s.rt, store.Sandbox{Limits: s.rec.Limits, DiskMB: s.rec.DiskMB, Image: s.rec.Image}, iso, node, fmt.Sprintf("%s-fast%d", id, i), fmt.Sprintf("%s-fast%d", id, i), floor, "", 0)
 		}()
 	}
 	wg.Wait()
@@ -182,4 +182,20 @@ func Runtime(m *Manager, id string) (*sandbox.Sandbox, error) {
 		return nil, err
 	}
 	return s.rt, nil
+}
+
+// SpareInit is the host PID of the init of sandbox id's spare of node, 0 if none.
+func SpareInit(m *Manager, id, node string) int {
+	s, err := m.get(id)
+	if err != nil {
+		return 0
+	}
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	for _, sp := range s.spares {
+		if sp.node == node {
+			return sp.b.rt.InitPid()
+		}
+	}
+	return 0
 }

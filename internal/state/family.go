@@ -339,7 +339,7 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 	if err := m.writeIdentity(s, *ident); err != nil {
 		return fail(err, nil)
 	}
-	b, err := m.startFastBranch(src.rt, s.rec, iso, node, id, id, floor, m.identityLayer(id))
+	b, err := m.startFastBranch(src.rt, s.rec, iso, node, id, id, floor, m.identityLayer(id), 0)
 	if err != nil {
 		return fail(err, nil)
 	}
@@ -465,7 +465,7 @@ func (m *Manager) moveSourceSteps(src *sb, fam *family, node string, tps []*proc
 	clear(src.hostPids)
 	src.mu.Unlock()
 	oldUpper := src.rec.Upper
-	b, err := m.startFastBranch(old, src.rec, iso, node, src.rec.ID, src.rec.ID, floor, "")
+	b, err := m.startFastBranch(old, src.rec, iso, node, src.rec.ID, src.rec.ID, floor, "", 0)
 	if err != nil {
 		return err
 	}

@@ -52,8 +52,8 @@ type fastBranch struct {
 // while the sandbox's runtime still holds that name (spares.go). Its init logs in id's
 // directory, which is removed on error only if made here. Its namespace builder is
 // held (sandbox.StartBranch): nothing is prepared ahead for its later states until it
-// checkpoints or restores.
-func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id, name string, floor int, topLower string) (_ *fastBranch, err error) {
+// checkpoints or restores. nice: sandbox.StartBranch's.
+func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, iso *sandbox.Isolation, node, id, name string, floor int, topLower string, nice int) (_ *fastBranch, err error) {
 	m.mu.Lock()
 	image := rec.Image
 	if n := m.nodes[node]; n != nil {
@@ -83,7 +83,7 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 	if hostname == "" {
 		hostname = id
 	}
-	b.rt, err = sandbox.StartBranch(family, name, hostname, dir, rec.Limits, iso, floor, diskLimit(rec.DiskMB))
+	b.rt, err = sandbox.StartBranch(family, name, hostname, dir, rec.Limits, iso, floor, diskLimit(rec.DiskMB), nice)
 	if err != nil {
 		return nil, err
 	}

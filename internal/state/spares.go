@@ -74,7 +74,75 @@ type spare struct {
 // CPU on this 2-core VM) and its placement; after an RL step's resets of B members, B
 // of them at once took the CPUs from the next step's actions (bench rl, B = 8:
 // docs/design/spares.md). Made one after the other, they leave a CPU to the agents.
+// Background spares only: one a client asks for (PrepareSpare) is made at once.
 func spareBuilds() int { return max(1, runtime.NumCPU()/2) }
+
+// A spare made in the background (after a restore: spareNow) starts only once no task
+// waited for a CPU for a whole window (spareIdleWindow) by the kernel's pressure
+// accounting (/proc/pressure/cpu, "some": the time at least one runnable task waited),
+// or once it has waited spareIdleMax. The agents' calls it would serve are what keeps
+// the CPUs busy: at B = 64 on 2 cores a step's 64 actions and resets saturate both,
+// and spares made beside them took half their CPU (bench rl: docs/design/spares.md);
+// the trainer's policy leaves them idle. A spare the client asks for (PrepareSpare)
+// is made at once: the client waits for it.
+const (
+	spareIdleWindow = 10 * time.Millisecond
+	// spareIdleStall is the most the window may hold of waiting for a CPU: a tenth.
+	spareIdleStall = time.Millisecond
+	// spareIdleMax bounds the wait: on a machine never idle a spare is made anyway, as
+	// before the rule (a restore that finds none forks), so that spares do not stop.
+	spareIdleMax = 2 * time.Second
+	// spareNice is a background spare's branch init's nice until the swap
+	// (sbinit/nice.go): its setup yields the CPUs to the agents' calls that start
+	// meanwhile.
+	spareNice = 10
+)
+
+// cpuStall is the kernel's total of time a runnable task waited for a CPU
+// (/proc/pressure/cpu "some ... total=" in µs); ok is false without pressure
+// accounting (CONFIG_PSI off, or psi=0 at boot).
+func cpuStall() (_ time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	_, tot, found := strings.Cut(line, "total=")
+	if !strings.HasPrefix(line, "some ") || !found {
+		return 0, false
+	}
+	us, err := strconv.ParseInt(strings.TrimSpace(tot), 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(us) * time.Microsecond, true
+}
+
+// waitCPUIdle returns once a window of spareIdleWindow passed with no more than
+// spareIdleStall of waiting for a CPU, after spareIdleMax, or at once without pressure
+// accounting; it reports how long it waited and whether the CPUs were found idle.
+func waitCPUIdle(ctx context.Context, stop <-chan struct{}) (time.Duration, bool) {
+	t0 := time.Now()
+	last, ok := cpuStall()
+	if !ok {
+		return 0, false
+	}
+	for time.Since(t0) < spareIdleMax {
+		select {
+		case <-time.After(spareIdleWindow):
+		case <-ctx.Done():
+			return time.Since(t0), false
+		case <-stop:
+			return time.Since(t0), false
+		}
+		now, _ := cpuStall()
+		if now-last <= spareIdleStall {
+			return time.Since(t0), true
+		}
+		last = now
+	}
+	return time.Since(t0), false
+}
 
 // spareSeq numbers spares' runtimes (their cgroups' names).
 var spareSeq atomic.Uint64
@@ -164,7 +232,7 @@ func (m *Manager) PrepareSpare(ctx context.Context, node, id string) (*NodeInfo,
 	if why != "" {
 		return nil, fmt.Errorf("%s: %w", why, errdefs.ErrConflict)
 	}
-	if err := m.makeSpare(ctx, s, node); err != nil {
+	if err := m.makeSpare(ctx, s, node, false); err != nil {
 		return nil, err
 	}
 	return m.Node(node)
@@ -172,8 +240,9 @@ func (m *Manager) PrepareSpare(ctx context.Context, node, id string) (*NodeInfo,
 
 // makeSpare makes (s, node)'s spare unless s holds one. Its work runs without s.opMu
 // (its branch init's start, tens of milliseconds, would hold up s's calls), under the
-// family's mu for the placement only.
-func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
+// family's mu for the placement only. A background one (after a restore) waits for
+// idle CPUs first (waitCPUIdle).
+func (m *Manager) makeSpare(ctx context.Context, s *sb, node string, background bool) error {
 	s.spareMu.Lock()
 	for s.spareMaking[node] != nil {
 		done := s.spareMaking[node]
@@ -221,13 +290,23 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
 	if err != nil {
 		return err
 	}
-	select { // one of spareBuilds
-	case m.spareSlots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	nice := 0
+	if background {
+		select { // one of spareBuilds
+		case m.spareSlots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-m.spareSlots }()
+		if waited, idle := waitCPUIdle(ctx, m.stop); waited >= spareIdleWindow {
+			m.log.Debug("a spare waited for idle CPUs", "sandbox", s.rec.ID, "node", node, "waited", waited, "idle", idle)
+		}
+		if why := m.spareGone(s, node); why != "" { // while it waited
+			return fmt.Errorf("spare of %s for %s: %s: %w", node, s.rec.ID, why, errdefs.ErrConflict)
+		}
+		nice = spareNice
 	}
-	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower)
-	<-m.spareSlots
+	sp, err := m.buildSpare(fam, s, rec, iso, node, topLower, nice)
 	if err != nil {
 		m.log.Info("spare not made", "sandbox", s.rec.ID, "node", node, "err", err)
 		return fmt.Errorf("spare of %s for %s: %w", node, s.rec.ID, err)
@@ -256,7 +335,7 @@ func (m *Manager) makeSpare(ctx context.Context, s *sb, node string) error {
 // buildSpare makes the spare: its runtime (startFastBranch, named s~spareN), its
 // kernel state and network as s's would be at a restore of node, its sessions, then
 // node's templates placed into it, stopped. On error what it made is removed.
-func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox.Isolation, node, topLower string) (_ *spare, err error) {
+func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox.Isolation, node, topLower string, nice int) (_ *spare, err error) {
 	m.mu.Lock()
 	var tps []*procTemplate
 	for _, t := range m.templates[node] {
@@ -274,7 +353,7 @@ func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox
 		floor = max(floor, t.tmpl.Pid)
 	}
 	name := fmt.Sprintf("%s~spare%d", rec.ID, spareSeq.Add(1))
-	b, err := m.startFastBranch(famRT, rec, iso, node, rec.ID, name, floor, topLower)
+	b, err := m.startFastBranch(famRT, rec, iso, node, rec.ID, name, floor, topLower, nice)
 	if err != nil {
 		return nil, err
 	}
@@ -446,6 +525,28 @@ func (m *Manager) dropNodeSpares(nodes ...string) {
 	}
 }
 
+// spareGone says why a spare of node for s is no longer wanted ("" if it is): the
+// daemon stops, s is being removed, node was removed.
+func (m *Manager) spareGone(s *sb, node string) string {
+	select {
+	case <-m.stop:
+		return "the daemon stops"
+	default:
+	}
+	s.spareMu.Lock()
+	closed := s.spareClosed
+	s.spareMu.Unlock()
+	if closed {
+		return "the sandbox is being removed"
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.nodes[node] == nil {
+		return "the node was removed"
+	}
+	return ""
+}
+
 // spareNext makes (s, node)'s next spare in the background, after the answer.
 func (m *Manager) spareNext(s *sb, node string) {
 	m.afterAnswer(s, func() { m.spareNow(s, node) })
@@ -458,7 +559,7 @@ func (m *Manager) spareNow(s *sb, node string) {
 		return
 	default:
 	}
-	_ = m.makeSpare(context.Background(), s, node) // refusals are logged, not errors of anything
+	_ = m.makeSpare(context.Background(), s, node, true) // refusals are logged, not errors of anything
 }
 
 // sparesOf lists the sandboxes holding a spare of node, sorted (NodeInfo.Spares).
@@ -551,6 +652,13 @@ func (w *swap) check() error {
 	why := spareDead(w.sp)
 	if why == "" && (s.rt == nil || !s.rt.IsBranch()) {
 		why = "the sandbox's runtime is not a member's"
+	}
+	if why == "" {
+		// Its init becomes s's: at the nice of a sandbox's (a background spare's was
+		// made at spareNice), it and every thread and command it starts from now on.
+		if err := sbinit.ResetNice(w.sp.b.rt.InitPid()); err != nil {
+			why = "its init's priority: " + err.Error()
+		}
 	}
 	if why == "" {
 		s.lazyMu.Lock()

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -354,5 +357,89 @@ func TestSparesDroppedFirstOverBudget(t *testing.T) {
 	}
 	if n, err := m.Node(res.Node); err != nil || len(n.Spares) != 0 {
 		t.Fatalf("the node's spares after the checkpoint: %v (%v)", n.Spares, err)
+	}
+}
+
+// TestSpareWaitsForIdleCPUs: a spare made in the background after a restore starts only
+// once the CPUs are idle (no task waited for one over a window, by /proc/pressure/cpu):
+// while more CPU-bound processes than CPUs run, none is made (the spare's making would
+// take the CPUs the agents' calls use); once they stop, it is, its init's threads at
+// nice 10, reset to 0 when it becomes the sandbox's (as are the commands it starts
+// then). A spare the client asks for (PrepareSpare) is made at once, busy CPUs or not,
+// at nice 0.
+func TestSpareWaitsForIdleCPUs(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	_, err := os.Stat("/proc/pressure/cpu")
+	testutil.Require(t, err == nil, "needs the kernel's pressure accounting (/proc/pressure/cpu)")
+	root := testutil.NewStore(t)
+	m := openWith(t, root, state.DefaultConfig())
+	defer m.Close()
+	ctx := context.Background()
+	node, check := spareFamily(t, m, "si")
+	const b = "sib"
+	// More busy loops than CPUs: some task always waits for a CPU.
+	var hogs []*exec.Cmd
+	stopHogs := func() {
+		for _, h := range hogs {
+			h.Process.Kill()
+			h.Wait()
+		}
+		hogs = nil
+	}
+	defer stopHogs()
+	for range runtime.NumCPU() + 1 {
+		h := exec.Command("sh", "-c", "while :; do :; done")
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		hogs = append(hogs, h)
+	}
+	if n, err := m.PrepareSpare(ctx, node, b); err != nil || !slices.Contains(n.Spares, b) {
+		t.Fatalf("prepare %s for %s while the CPUs are busy: %v %+v", node, b, err, n)
+	}
+	wantNice(t, state.SpareInit(m, b, node), 0)
+	diverge(t, m, b)
+	r, err := m.Restore(ctx, b, node)
+	if err != nil || !r.FromSpare {
+		t.Fatalf("restore: %v %+v", err, r)
+	}
+	check(b)
+	// The next spare waits: none within a second (less than the wait's bound).
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n, err := m.Node(node); err != nil || slices.Contains(n.Spares, b) {
+			t.Fatalf("a spare of %s was made in %s while the CPUs were busy (%v)", node, b, err)
+		}
+	}
+	stopHogs()
+	waitSpare(t, m, node, b)
+	init := state.SpareInit(m, b, node)
+	wantNice(t, init, 10)
+	diverge(t, m, b)
+	if r, err := m.Restore(ctx, b, node); err != nil || !r.FromSpare {
+		t.Fatalf("restore from the spare made once idle: %v %+v", err, r)
+	}
+	check(b)
+	wantNice(t, init, 0) // now b's init
+	if got := sh(t, m, b, "nice"); got != "0\n" {
+		t.Fatalf("a command's nice after the swap: %q", got)
+	}
+}
+
+// wantNice fails t unless every thread of host process pid is at nice.
+func wantNice(t *testing.T, pid, nice int) {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("threads of %d: %v", pid, err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])) // f[0] is field 3 (state); nice is 19
+		if f[16] != strconv.Itoa(nice) {
+			t.Fatalf("thread %s of %d: nice %s, want %d", task.Name(), pid, f[16], nice)
+		}
 	}
 }
