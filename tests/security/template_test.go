@@ -116,12 +116,38 @@ func TestAPISignalCannotReachTemplates(t *testing.T) {
 	if _, err := d.C.Exec(ctx(t), id, apitypes.ExecRequest{Argv: []string{"bash", "-c", "nohup sleep 1000 >/dev/null 2>&1 </dev/null &"}}); err != nil {
 		t.Fatal(err)
 	}
+	// The exec returns when bash exits, maybe before its child has exec'd sleep: the
+	// template would then be a copy of bash or nohup.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		r, err := d.C.Exec(ctx(t), id, apitypes.ExecRequest{Argv: []string{"ps", "-eo", "comm="}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(r.Stdout, "sleep\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the background sleep never ran: ps lists %q", r.Stdout)
+		}
+	}
 	cp, err := d.C.Checkpoint(ctx(t), id, "one")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The stopped sleeps are the template and, for a while, its copy for the node's
-	// durable image (parking may run the template for an instant: retry).
+	// Until the node's durable image is written, a copy of the template for it is
+	// stopped beside it (and ends at any moment): wait for the image, then for the
+	// template alone (parking may run it for an instant: retry).
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n, err := d.C.Node(ctx(t), cp.Node.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if im := n.ProcessImage; im != nil && (im.State == "complete" || strings.Contains(im.Error, "CRIU is unusable")) {
+			break // no copy left (or none made: no durable images on this machine)
+		} else if time.Now().After(deadline) || (im != nil && im.State == "failed") {
+			t.Fatalf("node %s's durable image: %+v", cp.Node.ID, im)
+		}
+	}
 	stopped := func() []int {
 		t.Helper()
 		r, err := d.C.Exec(ctx(t), id, apitypes.ExecRequest{Argv: []string{"ps", "-eo", "pid=,stat=,comm="}})
@@ -139,11 +165,11 @@ func TestAPISignalCannotReachTemplates(t *testing.T) {
 		return pids
 	}
 	var tmpls []int
-	for deadline := time.Now().Add(5 * time.Second); len(tmpls) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); len(tmpls) != 1 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		tmpls = stopped()
 	}
-	if len(tmpls) == 0 {
-		t.Fatalf("no template of the sleep is listed by ps in the sandbox (the test is blind); checkpoint: %+v", cp)
+	if len(tmpls) != 1 {
+		t.Fatalf("want the sleep's template alone stopped in ps, got %v (the test is blind); checkpoint: %+v", tmpls, cp)
 	}
 	for _, pid := range tmpls {
 		for _, sig := range []int{int(unix.SIGKILL), int(unix.SIGCONT), int(unix.SIGTERM)} {
@@ -153,8 +179,7 @@ func TestAPISignalCannotReachTemplates(t *testing.T) {
 			}
 		}
 	}
-	// The template is still there (the image's copy, if listed, ends once written).
-	if got := stopped(); len(got) == 0 || got[0] != tmpls[0] {
+	if got := stopped(); len(got) != 1 || got[0] != tmpls[0] {
 		t.Errorf("stopped sleeps after the signals: %v, want the template %d still stopped", got, tmpls[0])
 	}
 	res, err := d.C.Restore(ctx(t), id, cp.Node.ID)
