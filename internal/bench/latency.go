@@ -856,6 +856,11 @@ const (
 	latPingCall    = `client.Run(ctx, sandbox, "py", "label_"): POST /v1/sandboxes/{id}/exec {session: "py"}`
 )
 
+// latTailPhases is latPhases over the samples whose daemon time is at or above its p95.
+func latTailPhases(ss []latSample) map[string]float64 {
+	return tailPhases(ss, func(s latSample) float64 { return s.daemon }, func(s latSample) map[string]int64 { return s.phases })
+}
+
 func latPhases(ss []latSample) map[string]float64 {
 	return phaseMedians(ss, func(s latSample) map[string]int64 { return s.phases })
 }
@@ -889,6 +894,7 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 		row.Layers = depths(r.ckpts)
 		row.Info = map[string]any{
 			"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(r.ckpts),
+			"phases_tail_us":             latTailPhases(r.ckpts),
 			"client_minus_daemon_p50_ms": us(Summarize(pick(r.ckpts, overhead)).P50),
 			"prepared":                   count(r.ckpts, func(s latSample) bool { return s.fast }),
 			"chain":                      r.o.Chain, "branch": len(r.ckpts) - r.o.Chain,
@@ -928,6 +934,7 @@ func (r *latRun) deltaboxRows(distinct, minPool, maxPool, removed int) []Row {
 		row.Layers = depths(r.rests)
 		row.Info = map[string]any{
 			"daemon_p50_ms": us(d.P50), "daemon_p95_ms": us(d.P95), "daemon_p99_ms": us(d.P99), "phases_p50_us": latPhases(r.rests),
+			"phases_tail_us":             latTailPhases(r.rests),
 			"client_minus_daemon_p50_ms": us(Summarize(pick(r.rests, overhead)).P50),
 			"warm":                       count(r.rests, func(s latSample) bool { return s.fast }),
 			"template_restores":          r.hits, "files_only_restores": r.fallbacks,

@@ -105,3 +105,20 @@ func phaseMedians[S any](ss []S, phases func(S) map[string]int64) map[string]flo
 	}
 	return out
 }
+
+// tailPhases is the median of each daemon phase (microseconds) over the samples
+// whose key is at or above the key's p95: where the slow 5% spend their time,
+// which the medians of all samples hide.
+func tailPhases[S any](ss []S, key func(S) float64, phases func(S) map[string]int64) map[string]float64 {
+	if len(ss) == 0 {
+		return map[string]float64{}
+	}
+	p95 := Summarize(pick(ss, key)).P95
+	var tail []S
+	for _, s := range ss {
+		if key(s) >= p95 {
+			tail = append(tail, s)
+		}
+	}
+	return phaseMedians(tail, phases)
+}

@@ -87,3 +87,29 @@ func TestShellJoin(t *testing.T) {
 		t.Fatalf("got %s, want %s", got, want)
 	}
 }
+
+func TestTailPhasesAreTheSlowSamples(t *testing.T) {
+	type s struct {
+		d  float64
+		ph map[string]int64
+	}
+	var ss []s
+	for i := 1; i <= 100; i++ {
+		ph := map[string]int64{"fork": 1000}
+		if i > 95 {
+			ph["fork"] = 9000 // the slow 5% spend it in the fork
+			ph["squash"] = 7000
+		}
+		ss = append(ss, s{float64(i), ph})
+	}
+	got := tailPhases(ss, func(x s) float64 { return x.d }, func(x s) map[string]int64 { return x.ph })
+	if got["fork"] != 9000 || got["squash"] != 7000 {
+		t.Fatalf("tail phases = %v, want fork 9000 and squash 7000 (the samples at or above p95)", got)
+	}
+	if all := phaseMedians(ss, func(x s) map[string]int64 { return x.ph }); all["fork"] != 1000 {
+		t.Fatalf("median fork over all = %v, want 1000", all["fork"])
+	}
+	if len(tailPhases([]s(nil), func(x s) float64 { return x.d }, func(x s) map[string]int64 { return x.ph })) != 0 {
+		t.Fatal("tail phases of no samples should be empty")
+	}
+}
