@@ -356,10 +356,12 @@ func (r *restore) mount() error {
 func (r *restore) kill() error {
 	m, s, res := r.m, r.s, r.res
 	// The upper is about to be discarded, and with it what was prepared on it; a new
-	// preparation follows whatever happens (Restore).
+	// preparation follows whatever happens (Restore). (A preparation under way holds
+	// prepMu until it ends: the wait is the discard phase.)
+	tp := time.Now()
 	m.discardNext(s)
 	r.discarded = true
-	tp := time.Now()
+	phase(res, "discard", &tp)
 	keep := m.keepPids(s, nil)
 	holders, holderHosts, ended, _ := m.endLive(s)
 	phase(res, "kill", &tp) // the session processes: seized, memory handed over, killed
@@ -395,6 +397,7 @@ func (r *restore) kill() error {
 	if _, err := s.rt.Reap(ended...); err != nil {
 		return fmt.Errorf("reap the sandbox's ended processes: %w", err)
 	}
+	phase(res, "reap_init", &tp) // init's answer once it reaped them
 	// What else the sandbox runs (background jobs of execs) is killed after. (Reading
 	// the cgroup while init reaps was tried: no difference in MCTS's reap phase.)
 	n, err := m.killAll(s, keep, false)
