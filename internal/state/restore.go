@@ -404,6 +404,7 @@ func (r *restore) kill() error {
 	if err != nil {
 		return err
 	}
+	phase(res, "killall", &tp)
 	res.Killed += n
 	return nil
 }
