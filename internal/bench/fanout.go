@@ -140,6 +140,9 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		if pf, podman, err = startPodmanFanout(ctx, o.Root, o.Image, o.HeapMB, o.WorkspaceMB, logf); err != nil {
 			return f, err
 		}
+		if podman != "" {
+			pf = nil // it cannot run here, and startPodmanFanout closed what it started
+		}
 		if pf != nil {
 			defer func() { err = errors.Join(err, pf.close(context.WithoutCancel(ctx))) }()
 		}

@@ -63,10 +63,32 @@ func newPodmanCLI() (podmanCLI, string) {
 	if err != nil {
 		return podmanCLI{}, "podman is not installed (apt-get install podman)"
 	}
-	if _, err := os.Stat(criu.DefaultPath); err != nil {
-		return podmanCLI{}, fmt.Sprintf("no CRIU at %s for podman's checkpoint (scripts/setup.sh builds it)", criu.DefaultPath)
+	if why := PodmanUnavailable(); why != "" {
+		return podmanCLI{}, why
 	}
 	return podmanCLI{bin: bin, env: append(os.Environ(), "PATH="+filepath.Dir(criu.DefaultPath)+":"+os.Getenv("PATH"))}, ""
+}
+
+// PodmanUnavailable says why podman's checkpoint and restore cannot run on this machine
+// ("" where they can, podman aside): the project's CRIU missing, or unusable, or usable
+// only with CRIU_FAULT=130 (criu.Probe's no-breakpoints mode: this machine does not
+// deliver the hardware breakpoints CRIU stops its tracees with, and a plain dump hangs
+// at its end). podman's CRIU, started by runc, hung so (120 s) with CRIU_FAULT=130 in
+// podman's environment too, so the baselines that checkpoint with podman are marked
+// unavailable there rather than left to their deadline.
+func PodmanUnavailable() string {
+	if _, err := os.Stat(criu.DefaultPath); err != nil {
+		return fmt.Sprintf("no CRIU at %s for podman's checkpoint (scripts/setup.sh builds it)", criu.DefaultPath)
+	}
+	switch r := criu.Probe(context.Background(), criu.DefaultPath); r.Mode {
+	case criu.Plain:
+		return ""
+	case criu.NoBreakpoints:
+		return "podman's checkpoint cannot run on this machine: it does not deliver the hardware breakpoints CRIU stops its tracees with " +
+			"(DeltaBox runs CRIU with " + criu.NoBreakpointsEnv + "; podman's CRIU, started by runc, hung at the end of its dump with it in podman's environment too)"
+	default:
+		return "CRIU cannot run on this machine, so neither can podman's checkpoint: " + r.String()
+	}
 }
 
 func (p podmanCLI) run(ctx context.Context, d time.Duration, args ...string) error {
@@ -95,7 +117,9 @@ func (p podmanCLI) image(ctx context.Context, root, image string, logf func(stri
 		return tag, ""
 	}
 	logf("podman: importing %s's rootfs as %s (once)", image, tag)
-	imp := deadline.Command(ctx, 10*time.Minute, "sh", "-c", `tar -C "$1" -c . | "$2" "$@"`, "sh", rootfs, p.bin)
+	// $1 the rootfs, $2 podman, the rest podman's arguments (shifted off first: "$@"
+	// would pass the rootfs and podman to podman too).
+	imp := deadline.Command(ctx, 10*time.Minute, "sh", "-c", `r=$1 b=$2; shift 2; tar -C "$r" -c . | "$b" "$@"`, "sh", rootfs, p.bin)
 	imp.Args = append(imp.Args, podmanArgs("import", "-", tag)...)
 	imp.Env = p.env
 	if out, err := imp.CombinedOutput(); err != nil {
