@@ -389,6 +389,11 @@ func TestCheckpointAnswerNode(t *testing.T) {
 		got.Templates, want.Templates = nil, nil // measured by GET only
 		got.ProcessImage, want.ProcessImage = nil, nil
 		got.Durable, want.Durable = false, false // the index commits in the background
+		if got.Bytes == -1 && want.Bytes >= 0 {
+			// The layer's size is measured after the answer (state/layers.go: measure),
+			// which may end before the GET.
+			want.Bytes = -1
+		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("checkpoint %s (%s): the answer's node\n%+v\nGET /v1/nodes/%s\n%+v", id, label, got, n.ID, want)
 		}
