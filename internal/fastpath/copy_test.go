@@ -1,6 +1,7 @@
 package fastpath
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -124,7 +125,11 @@ func TestCopyTemplateRevives(t *testing.T) {
 // not stopped: killed", which lost a node's processes after its eviction). The copy is put
 // in that state (SIGCONT, then SIGSTOP, from the tracer's thread) pinned to the tracer
 // thread's CPU at SCHED_IDLE, so that it cannot take the SIGSTOP before the seize unless
-// AdoptStopped waits for it.
+// AdoptStopped waits for it. The two kills are raw system calls: a Go system call can
+// hand the thread's P away and park the thread on its way out. A round whose copy still
+// ran before its SIGSTOP (a copy runs with the registers of the clone that made it, and
+// dies: state Z in a CI run) is set up again, 20 times at most; with a busy loop on each
+// CPU one run in three needs it.
 func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "data")
 	if err := os.WriteFile(file, make([]byte, 4096), 0o644); err != nil {
@@ -142,7 +147,8 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tmpl.Kill()
-	for i := range 5 {
+	lost := 0
+	for i := 0; i < 5; i++ {
 		cp, _, err := CopyTemplate(tr, tmpl)
 		if err != nil {
 			t.Fatal(err)
@@ -176,17 +182,27 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 			if err := unix.SchedSetAttr(cp, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 				return err
 			}
-			if err := unix.Kill(cp, unix.SIGCONT); err != nil {
-				return err
+			if _, _, e := unix.RawSyscall(unix.SYS_KILL, uintptr(cp), uintptr(unix.SIGCONT), 0); e != 0 {
+				return e
 			}
-			if err := unix.Kill(cp, unix.SIGSTOP); err != nil {
-				return err
+			if _, _, e := unix.RawSyscall(unix.SYS_KILL, uintptr(cp), uintptr(unix.SIGSTOP), 0); e != 0 {
+				return e
 			}
 			queued = procfs.State(cp)
+			if queued == 'Z' || queued == 'X' {
+				return errCopyRan
+			}
 			var err error
 			adopted, err = AdoptStopped(tr, rec, cp, inner)
 			return err
 		})
+		if errors.Is(err, errCopyRan) && lost < 20 {
+			reap(cp)
+			lost++
+			t.Logf("round %d: the copy ran between SIGCONT and SIGSTOP (state %q): set up again", i, queued)
+			i--
+			continue
+		}
 		if err != nil {
 			unix.Kill(cp, unix.SIGKILL)
 			reap(cp)
@@ -199,3 +215,7 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 		reap(cp)
 	}
 }
+
+// errCopyRan: TestAdoptStoppedWaitsForQueuedStop's copy was scheduled between its SIGCONT
+// and its SIGSTOP and ran (and died): the round's setup, not AdoptStopped, failed.
+var errCopyRan = errors.New("the copy ran before its SIGSTOP was queued")
