@@ -244,7 +244,7 @@ func (m *Manager) checkpointLocked(ctx context.Context, id string, o CheckpointO
 	go func() {
 		defer m.wg.Done()
 		defer done()
-		_ = c.complete(tp) // +checklocksignore: opMu held since beginOp, handed over
+		_ = c.complete(tp) // +checklocksignore: opMu held since beginOp, handed over; a failure is logged by complete and answered to the next call (answer.go)
 	}()
 	return ans, nil
 }

@@ -272,7 +272,7 @@ func (ts *criuTrees) resume() {
 
 func (t *criuTree) closePeer() {
 	if t.peer != nil {
-		_ = t.peer.Close()
+		_ = t.peer.Close() // a terminal's slave, opened to hold it (holdPeer): nothing written through it
 		t.peer = nil
 	}
 }

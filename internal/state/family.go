@@ -491,7 +491,7 @@ func (m *Manager) moveSourceSteps(src *sb, fam *family, node string, tps []*proc
 	src.mu.Unlock()
 	if oldUpper != b.upper {
 		dir := m.st.LayerDir(oldUpper)
-		m.st.Index.Apply(store.Op{After: func() { _ = store.RemoveAll(dir) }})
+		m.st.Index.Apply(store.Op{After: func() { _ = store.RemoveAll(dir) }}) // an unused layer: the start-up sweep removes it
 	}
 	m.prepareNext(src)
 	return err
@@ -541,7 +541,7 @@ func (m *Manager) endFamily(fam *family) {
 	_, again := m.sandboxes[fam.src] // a new sandbox of the same id
 	m.mu.Unlock()
 	if !again {
-		_ = store.RemoveAll(m.st.SandboxDir(fam.src))
+		_ = store.RemoveAll(m.st.SandboxDir(fam.src)) // no record names it: the start-up sweep removes what stays
 	}
 	m.releaseIDs(fam.src, fam.base)
 }
@@ -567,7 +567,7 @@ func (m *Manager) closeFamilies() {
 	m.mu.Unlock()
 	for _, fam := range fams {
 		if fam.tracer != nil {
-			_ = fam.tracer.Close()
+			_ = fam.tracer.Close() // stopping: one template it could not put back it killed, the others stay stopped
 		}
 		if m.cfg.StopSandboxes && fam.rt != nil {
 			if err := fam.rt.Destroy(); err != nil {

@@ -68,7 +68,7 @@ func (m *Manager) recordFamily(src *sb, fam *family, fref store.FamilyRef, branc
 // fork's cut points are about the order of its records, not the committer's timing.
 func (m *Manager) crashPointRecorded(op string, k int) {
 	if m.crashAt == op+":"+strconv.Itoa(k) {
-		_ = m.st.Index.WaitDurable(m.st.Index.Seq())
+		_ = m.st.Index.WaitDurable(m.st.Index.Seq()) // an error is the index's, reported by its next durable op
 	}
 	m.crashPoint(op, k)
 }

@@ -72,10 +72,11 @@ func (m *Manager) startFastBranch(family *sandbox.Sandbox, rec store.Sandbox, is
 	b := &fastBranch{}
 	defer func() {
 		if err != nil {
-			err = withUndo(err, b.remove(m))
+			undo := b.remove(m)
 			if had != nil {
-				_ = os.RemoveAll(dir)
+				undo = errors.Join(undo, os.RemoveAll(dir))
 			}
+			err = withUndo(err, undo)
 		}
 	}()
 	t0 := time.Now()
