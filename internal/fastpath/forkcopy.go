@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"deltabox/internal/procfs"
 )
 
 // Memory that fork does not copy. A mapping marked MADV_DONTFORK (VM_DONTCOPY, "dc" in
@@ -33,21 +35,11 @@ import (
 // statm returns the pages mapped and the anonymous pages resident of hostPid
 // (/proc/PID/statm: size resident shared ...; anonymous = resident - shared).
 func statm(hostPid int) (size, anon uint64, err error) {
-	b, err := readProc("/proc/"+strconv.Itoa(hostPid)+"/statm", nil)
+	st, err := procfs.ReadStatm(hostPid)
 	if err != nil {
 		return 0, 0, err
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return 0, 0, fmt.Errorf("process %d: unreadable statm %q", hostPid, b)
-	}
-	var v [3]uint64
-	for i := range v {
-		if v[i], err = strconv.ParseUint(f[i], 10, 64); err != nil {
-			return 0, 0, fmt.Errorf("process %d: unreadable statm %q", hostPid, b)
-		}
-	}
-	return v[0], v[1] - v[2], nil
+	return st.Size, st.Resident - st.Shared, nil
 }
 
 // checkForkCopy compares the template tmplHost, just forked from p (host PIDs; neither

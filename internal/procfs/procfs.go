@@ -1,5 +1,6 @@
 // Package procfs reads the few facts the daemon needs about a process from
-// /proc/PID/status and /proc/PID/stat, parsed in one place.
+// /proc/PID/status, /proc/PID/stat and /proc/PID/statm (memory.go), and the host's CPU
+// pressure (pressure.go), parsed in one place.
 //
 // A process's PID differs in every PID namespace it is visible in: the daemon sees
 // host PIDs, a sandbox's init and its commands see the sandbox's. The kernel lists them

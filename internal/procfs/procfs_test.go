@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+	"time"
 )
 
 func TestParseNSpid(t *testing.T) {
@@ -67,5 +68,43 @@ func TestStatusUint(t *testing.T) {
 	}
 	if _, err := StatusUint(st, "Threads"); err == nil {
 		t.Error("a missing key gave no error")
+	}
+}
+
+func TestReadStatmSelf(t *testing.T) {
+	s, err := ReadStatm(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Size == 0 || s.Resident == 0 || s.Resident > s.Size || s.ResidentBytes() < s.AnonBytes() {
+		t.Fatalf("statm of self: %+v (anonymous %d bytes)", s, s.AnonBytes())
+	}
+	if _, err := ReadStatm(1 << 30); err == nil {
+		t.Fatal("statm of a PID that cannot exist: no error")
+	}
+	if _, err := parseStatm("statm", []byte("12 x 3 0 0 0 0\n")); err == nil {
+		t.Fatal("an unparsable statm: no error")
+	}
+	if got := (Statm{Resident: 1, Shared: 2}).AnonBytes(); got != 0 {
+		t.Fatalf("AnonBytes with shared above resident = %d, want 0", got)
+	}
+}
+
+func TestPageTablesSelf(t *testing.T) {
+	if PageTables(os.Getpid()) <= 0 {
+		t.Fatal("PageTables of self: 0")
+	}
+	if PageTables(1<<30) != 0 {
+		t.Fatal("PageTables of a PID that cannot exist: not 0")
+	}
+}
+
+func TestParseCPUStall(t *testing.T) {
+	in := "some avg10=0.00 avg60=0.10 avg300=0.05 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+	if d, ok := parseCPUStall([]byte(in)); !ok || d != 123456*time.Microsecond {
+		t.Fatalf("parseCPUStall = %v, %v", d, ok)
+	}
+	if _, ok := parseCPUStall([]byte("full avg10=0 total=1\n")); ok {
+		t.Fatal("parseCPUStall without a some line: ok")
 	}
 }

@@ -3,17 +3,13 @@ package state
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
-
-	"golang.org/x/sys/unix"
+	"deltabox/internal/procfs"
 )
 
 // ---- the template memory budget (issue 17, item 3) ----
@@ -185,39 +181,8 @@ func (m *Manager) kernelLimitWant(s *sb, grow bool, extra int64) (int64, bool) {
 // resident less shared (RssFile + RssShmem), kernel counters read without a walk; 0 if
 // gone. (statm, not status: a status read took 75 µs p50 here, on a checkpoint's path.)
 func rssAnon(hostPid int) int64 {
-	_, anon, _ := statmRSSAnon(hostPid)
-	return anon
-}
-
-// statmRSSAnon is hostPid's resident memory and rssAnon's, from one read of
-// /proc/PID/statm (an error, and 0, if it is gone): open, read and close, without
-// os.ReadFile's *os.File (its poller registration, which /proc files refuse, and fstat).
-func statmRSSAnon(hostPid int) (rss, anon int64, err error) {
-	fd, err := unix.Open("/proc/"+strconv.Itoa(hostPid)+"/statm", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, 0, fmt.Errorf("/proc/%d/statm: %w", hostPid, err)
-	}
-	var buf [256]byte // seven numbers
-	n, err := unix.Read(fd, buf[:])
-	unix.Close(fd)
-	if err != nil {
-		return 0, 0, fmt.Errorf("/proc/%d/statm: %w", hostPid, err)
-	}
-	b := buf[:max(n, 0)]
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
-	}
-	res, err1 := strconv.ParseInt(f[1], 10, 64)
-	shared, err2 := strconv.ParseInt(f[2], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
-	}
-	page := int64(os.Getpagesize())
-	if res >= shared {
-		anon = (res - shared) * page
-	}
-	return res * page, anon, nil
+	st, _ := procfs.ReadStatm(hostPid) // gone: zero, nothing held
+	return st.AnonBytes()
 }
 
 // kernelLimitNow is the kernel memory limit fitKernelLimit last wrote.

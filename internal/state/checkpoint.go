@@ -13,6 +13,7 @@ import (
 	"deltabox/internal/fastpath"
 	"deltabox/internal/mountns"
 	"deltabox/internal/overlay"
+	"deltabox/internal/procfs"
 	"deltabox/internal/proctree"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
@@ -305,9 +306,9 @@ func (c *checkpoint) quietMemory() bool {
 	m, s := c.m, c.s
 	c.heldRSS, c.heldAnon = 0, 0
 	for _, l := range c.held {
-		if r, a, err := statmRSSAnon(l.h.P.HostPid); err == nil {
-			c.heldRSS += r
-			c.heldAnon += a
+		if st, err := procfs.ReadStatm(l.h.P.HostPid); err == nil {
+			c.heldRSS += st.ResidentBytes()
+			c.heldAnon += st.AnonBytes()
 		}
 	}
 	if b := m.templateBudget(s); b > 0 {

@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"runtime"
 	"sort"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -98,32 +95,12 @@ const (
 	spareNice = 10
 )
 
-// cpuStall is the kernel's total of time a runnable task waited for a CPU
-// (/proc/pressure/cpu "some ... total=" in µs); ok is false without pressure
-// accounting (CONFIG_PSI off, or psi=0 at boot).
-func cpuStall() (_ time.Duration, ok bool) {
-	b, err := os.ReadFile("/proc/pressure/cpu")
-	if err != nil {
-		return 0, false
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	_, tot, found := strings.Cut(line, "total=")
-	if !strings.HasPrefix(line, "some ") || !found {
-		return 0, false
-	}
-	us, err := strconv.ParseInt(strings.TrimSpace(tot), 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	return time.Duration(us) * time.Microsecond, true
-}
-
 // waitCPUIdle returns once a window of spareIdleWindow passed with no more than
 // spareIdleStall of waiting for a CPU, after spareIdleMax, or at once without pressure
 // accounting; it reports how long it waited and whether the CPUs were found idle.
 func waitCPUIdle(ctx context.Context, stop <-chan struct{}) (time.Duration, bool) {
 	t0 := time.Now()
-	last, ok := cpuStall()
+	last, ok := procfs.CPUStall()
 	if !ok {
 		return 0, false
 	}
@@ -135,7 +112,7 @@ func waitCPUIdle(ctx context.Context, stop <-chan struct{}) (time.Duration, bool
 		case <-stop:
 			return time.Since(t0), false
 		}
-		now, _ := cpuStall()
+		now, _ := procfs.CPUStall() // ok as at the first read
 		if now-last <= spareIdleStall {
 			return time.Since(t0), true
 		}
@@ -416,7 +393,7 @@ func (m *Manager) buildSpare(fam *family, s *sb, rec store.Sandbox, iso *sandbox
 			sp.pss += mem.PssAnon
 			sp.private += mem.PrivateDirty
 		}
-		sp.private += pageTables(c.r.HostPid)
+		sp.private += procfs.PageTables(c.r.HostPid)
 	}
 	sp.made = time.Now()
 	return sp, nil
@@ -852,21 +829,6 @@ func (m *Manager) sparesPSS(s *sb) (pss, private int64) {
 		private += sp.private
 	}
 	return pss, private
-}
-
-// pageTables is hostPid's page tables' size (VmPTE), 0 if unknown.
-func pageTables(hostPid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(l, "VmPTE:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 // dropSparesForRoom drops spares for a checkpoint of s over a template budget (c): s's

@@ -2,15 +2,14 @@ package state
 
 import (
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"deltabox/internal/apitypes"
 	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
 )
 
 // PathCounts counts a sandbox's checkpoints or restores per path: files and processes
@@ -218,8 +217,8 @@ func (m *Manager) reportMemory(res *OpResult, id, node string) {
 		}
 		m.mu.Unlock()
 		for _, h := range hosts {
-			if rss, err := statmRSS(h); err == nil {
-				mem.NodeTemplatesRSS += rss
+			if st, err := procfs.ReadStatm(h); err == nil {
+				mem.NodeTemplatesRSS += st.ResidentBytes()
 			}
 		}
 	}
@@ -309,22 +308,4 @@ func mib(b int64) string {
 		return fmt.Sprintf("%d MiB", b>>20)
 	}
 	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-}
-
-// statmRSS is hostPid's resident memory from /proc/PID/statm: counters the kernel
-// keeps, read without walking the page tables.
-func statmRSS(hostPid int) (int64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(hostPid) + "/statm")
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0, fmt.Errorf("/proc/%d/statm: %q", hostPid, b)
-	}
-	pages, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil {
-		return 0, err
-	}
-	return pages * int64(os.Getpagesize()), nil
 }
