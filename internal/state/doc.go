@@ -37,6 +37,18 @@
 //	               the admission of checkpoints (507), the eviction hook, pins
 //	fork.go        Fork: N new sandboxes on a node, its processes restored from its
 //	               durable image into each (pidfloor.go keeps their PIDs free)
+//	family.go, forkfast.go   the fast fork: a family holder, branches in sibling
+//	               namespaces, templates placed at their PIDs; famrestart.go: its records,
+//	               adopted by the next daemon
+//	spares.go      restores of a family member that swap in a spare made ahead
+//	criutrees.go   processes the fast path refuses, taken by CRIU with their tree
+//	durable.go, lazy.go   templates' durable images, restores from them (lazy: userfaultfd)
+//	squash.go      long stacks squashed into one layer in the background
+//	transfer.go    nodes exported and imported
+//	stats.go       counters, memory and template figures the API shows
+//	manager.go, config.go   the Manager, its start-up (New) and Close; its Config
+//	ids.go, runas.go, network.go, signal.go, crashpoint*.go   host id ranges, a
+//	               run-as user, the network, signals through init, crash hooks (tests)
 //	sandboxes.go, sessions.go, files.go, images.go   the rest of the API's verbs
 //
 // # Locking
@@ -59,24 +71,32 @@
 //	  Manager.treeMu        node layers on disk: shared to mount a stack (checkpoint,
 //	                        restore), exclusive to delete one (RemoveNode)
 //	    sb.tmplMu           the seizure of the sandbox's templates: a restore, parking
-//	                        (views.go), eviction (budget.go)
-//	      sb.copyMu         a copy of a template being made for its image (durable.go:
+//	                        (views.go), eviction (budget.go), a fast fork of it (family.go)
+//	      family.mu         a fork family holder's templates (family.go): a member's
+//	                        restore that forks from them (step 1 to its end), a spare's
+//	                        placement (spares.go: buildSpare, under no sandbox lock),
+//	                        their record (restart.go: recordTemplatesOf)
+//	        sb.copyMu       a copy of a template being made for its image (durable.go:
 //	                        copyForImage) against the lists of the sandbox's processes
 //	                        (holdOthers, killAll): held across the copy's injected fork
 //	                        and a round trip to init (KillAll, Procs), so not a leaf
-//	        images.mu       the image queue (durable.go): nodes, queue, copies, collect
-//	      sb.buildMu        one background build of a next or warm state (~1 ms of mounts)
-//	        sb.prepMu       next, nextGen, warm, building, buildDone, warmClosed; briefly
-//	          sb.limitMu    the kernel memory limit (budget.go: fitKernelLimit)
-//	            Manager.mu     nodes, sandboxes, templates, procRecs, idsTaken, nextLayer,
-//	                           sessionStarts; briefly, never across a mount, fork or index wait
-//	              images.mu    (restart.go: queueImage)
-//	              sb.mu        execs, adm, removed, sessions, sessionOpts, ended, warming,
-//	                           stats, oomSeen, disk, budget, memRT; briefly
+//	          images.mu     the image queue (durable.go): nodes, trees, queue, copies,
+//	                        dropped, collect
+//	        sb.buildMu      one background build of a next or warm state (~1 ms of mounts)
+//	          sb.prepMu     next, nextGen, warm, building, buildDone, warmClosed; briefly
+//	            sb.limitMu  the kernel memory limit (budget.go: fitKernelLimit)
+//	              Manager.mu   nodes, kids, pending, failedOrder, sandboxes, templates, famOf,
+//	                           families, procRecs, idsTaken, nextLayer, sessionStarts; briefly,
+//	                           never across a mount, fork or index wait
+//	                images.mu  (restart.go: queueImage)
+//	                sb.mu      execs, adm, removed, lateFailure, sessions, sessionOpts,
+//	                           ended, warming, stats, oomSeen, disk, reclaiming, budget,
+//	                           memRT, net; briefly
 //
 // Leaves, under which nothing is taken: sb.lazyMu (lazy.go: lazy; watchLazy's goroutine
 // takes opMu only after its server ended, so nothing waits for it under opMu),
-// background.mu, memCache's mutex (stats.go), session.Session's own.
+// sb.spareMu (spares.go: spares, spareMaking, spareClosed; a spare is made with it let
+// go), background.mu, memCache's mutex (stats.go), session.Session's own.
 //
 // Each guarded field says so with a +checklocks annotation (gVisor's checklocks), and
 // each function whose caller must hold a lock says which (+checklocks:s.opMu);
@@ -89,17 +109,22 @@
 // under opMu; and the return of a closure called inline under a lock, reported as
 // returning with it held (gVisor issue 11203: the findings of implicit returns carry no
 // position, and -wrappers=false drops them, as gVisor's own configuration does). rec is
-// not annotated: guarded by opMu, read under Manager.mu for listings, its ID unlocked.
+// not annotated: guarded by opMu, read under Manager.mu for listings, its ID unlocked;
+// nor family.members, another struct's lock's (Manager.mu), which checklocks cannot name.
 //
 // # Goroutines
 //
 // API handlers run operations on their own goroutines (a fork's, a few workers that it
-// joins before it answers). The manager starts these, each
-// counted in Manager.wg, which Close waits for after it has stopped every sandbox:
-// fillUppers and watchDisk (until Close), the disk watcher's stops and reclaims
-// (diskquota.go: stopWriters, reclaimDisk), the work queued after an answer (background.go: next and
-// warm state builds, parking, closing old namespaces, the measure of templates' memory), the release of dropped states
-// (prepare.go, warm.go), the kill of memory holders after a restore (restore.go), and
-// the warm-up of restored processes (procwarm.go, stopped by stopProcWarm). The
-// ptrace of a sandbox's processes is owned by its remote.Tracer's thread (processes.go).
+// joins before it answers, as a fast fork joins its branches' starts: family.go). The
+// manager starts these, each counted in Manager.wg, which Close waits for after it has
+// stopped every sandbox: fillUppers, watchDisk and squashLoop (until Close), the image
+// queue's worker (durable.go: startImages), the disk watcher's stops and reclaims
+// (diskquota.go: stopWriters, reclaimDisk), the steps after a checkpoint's early answer
+// (checkpoint.go), the work queued after an answer (background.go: next and warm state
+// builds, parking, closing old namespaces, the measure of templates' memory, spares made
+// ahead), the release of dropped states (prepare.go, warm.go) and spares (spares.go:
+// dropSpares), the kill of memory holders after a restore (restore.go), the watch of
+// each lazy restore's server (lazy.go, until it ends or Close), and the warm-up of
+// restored processes (procwarm.go, stopped by stopProcWarm). The ptrace of a sandbox's
+// processes is owned by its remote.Tracer's thread (processes.go).
 package state

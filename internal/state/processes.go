@@ -17,8 +17,9 @@ import (
 // python session forks into a template kept stopped at the node; at a restore of that
 // node in the same sandbox, the live session processes are killed and the templates fork
 // again with the same PIDs. Templates live in the sandbox that made them (a fork cannot
-// leave its PID namespace), so restoring a node into another sandbox carries its files
-// only and ends the sessions. They outlive the daemon: the next one takes them back
+// leave its PID namespace), or after a fast fork in its family's holder, from which
+// every member's restore forks (family.go); restoring a node into any other sandbox
+// carries its files only and ends the sessions. They outlive the daemon: the next one takes them back
 // (restart.go); a node whose templates are gone (evicted, killed) brings them back from
 // its durable image (durable.go), or without one refuses the restore (409). Processes
 // outside sessions (background jobs an exec left behind) are checkpointed the same way
