@@ -49,7 +49,8 @@ type family struct {
 	members map[string]bool
 	once    sync.Once
 	// mu is held by a member's restore that places the holder's templates (one at a
-	// time: they are tracer's). Lock order: the member's opMu, then mu.
+	// time: they are tracer's), and by a spare's placement. Lock order (doc.go): after
+	// the member's opMu and tmplMu, before its copyMu, buildMu and Manager.mu.
 	mu sync.Mutex
 }
 

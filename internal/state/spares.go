@@ -536,7 +536,7 @@ func (m *Manager) spareNow(s *sb, node string) {
 		return
 	default:
 	}
-	_ = m.makeSpare(context.Background(), s, node, true) // refusals are logged, not errors of anything
+	_ = m.makeSpare(context.Background(), s, node, true) // no one waits for it: a failed build makeSpare logs; a refusal (the node, the sandbox or the daemon gone) is no error
 }
 
 // sparesOf lists the sandboxes holding a spare of node, sorted (NodeInfo.Spares).
