@@ -216,6 +216,12 @@ func (s *Sandbox) InitPid() int {
 	return s.init.Pid()
 }
 
+// OpenNetNS opens the sandbox's network namespace (its init's), read-only: the file
+// holds the namespace whatever becomes of the PID.
+func (s *Sandbox) OpenNetNS() (*os.File, error) {
+	return os.Open(fmt.Sprintf("/proc/%d/ns/net", s.InitPid()))
+}
+
 // SetState mounts spec and makes it the sandbox's filesystem for commands started
 // from now on. The previous state namespace, if any, is released: when no process
 // remains in it, its overlay is unmounted.

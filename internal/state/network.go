@@ -79,7 +79,7 @@ func (m *Manager) netFor(rec store.Sandbox, rt *sandbox.Sandbox) (*netproxy.Sand
 			return nil, err
 		}
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", rt.InitPid()))
+	f, err := rt.OpenNetNS()
 	if err != nil {
 		return nil, fmt.Errorf("network: the sandbox's namespace: %w", err)
 	}
@@ -144,7 +144,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if s.rt == nil || !s.rt.Alive() {
 		err = fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrConflict)
 	} else {
-		f, err = os.Open(fmt.Sprintf("/proc/%d/ns/net", s.rt.InitPid()))
+		f, err = s.rt.OpenNetNS()
 	}
 	s.opMu.Unlock()
 	if err != nil {
