@@ -97,9 +97,11 @@ func TestBenchLatencyTiny(t *testing.T) {
 		t.Errorf("fs-only restore paths: %v", got["fs-only+replay restore"].Info["daemon_restore_paths"])
 	}
 	// The reference fork is the session's own, timed in the process: it is below the
-	// template restore, which contains one fork.
-	if kf := got["kernel-fork fork"]; kf.P50 >= rs.P50 {
-		t.Errorf("kernel-fork p50 %v >= deltabox restore p50 %v: the reference is not the floor it claims to be", kf.P50, rs.P50)
+	// template restore, which contains one fork. A floor is a minimum: with 4 and 5
+	// samples, medians at load 8 crossed (CI run s37a: a fork's p50 23 ms, the restores'
+	// 19.9), while the fastest fork is under the fastest restore whatever the load.
+	if kf := got["kernel-fork fork"]; kf.Min >= rs.Min {
+		t.Errorf("kernel-fork min %v >= deltabox restore min %v (p50 %v and %v): the reference is not the floor it claims to be", kf.Min, rs.Min, kf.P50, rs.P50)
 	}
 	if _, ok := rs.Info["criu_restore_p50_over_deltabox_restore_p50"]; !ok {
 		t.Errorf("no CRIU ratio in %v", rs.Info)
