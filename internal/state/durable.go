@@ -804,7 +804,7 @@ func (m *Manager) privateImage(dir string, withPages bool) (string, error) {
 				continue
 			}
 			to := filepath.Join(dst, e.Name())
-			if err := cloneFile(filepath.Join(dir, e.Name()), to); err != nil {
+			if err := store.CloneFile(filepath.Join(dir, e.Name()), to); err != nil {
 				return err
 			}
 			if err := os.Chmod(to, 0o644); err != nil {
