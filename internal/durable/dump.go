@@ -295,7 +295,7 @@ func TreeTTYs(pid int) ([]string, error) {
 			if m := unix.Major(st.Rdev); m < 136 || m > 143 {
 				continue
 			}
-			k := fmt.Sprintf("tty[%x:%x]", st.Rdev, st.Dev)
+			k := ttyKey(&st)
 			if !slices.Contains(keys, k) {
 				keys = append(keys, k)
 			}
@@ -303,6 +303,20 @@ func TreeTTYs(pid int) ([]string, error) {
 	}
 	return keys, nil
 }
+
+// TTYKey is CRIU's external key of the pseudo-terminal slave open at fd, as TreeTTYs
+// lists the slaves a tree holds: a restore hands CRIU a session's slave under it.
+func TTYKey(fd int) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", err
+	}
+	return ttyKey(&st), nil
+}
+
+// ttyKey is CRIU's key of an external terminal, "tty[rdev:dev]": the slave's device
+// number and that of the devpts instance it is on, in hex.
+func ttyKey(st *unix.Stat_t) string { return fmt.Sprintf("tty[%x:%x]", st.Rdev, st.Dev) }
 
 // tmpfsMounts lists the mount points of the tmpfs mounts pid sees, as it sees them,
 // and of every mount below one (CRIU refuses to skip a mount and keep its children:

@@ -53,6 +53,32 @@ type Target struct {
 	Place func(hostPid int) error
 }
 
+// Place places tmpls, templates of the family held by tr, into the branch tg: each is
+// seized (SeizeTemplate) and forked by ReviveInto onto the branch state's mount namespace
+// ns, with ptys[i] its terminal ("" outside a session), one after the other (tr
+// serialises the injections anyway). It returns the copies, in tmpls' order, each stopped
+// in its ptrace-stop until the caller commits or aborts it (Revival.Commit, Abort). On
+// error placed holds the copies made before tmpls[len(placed)] failed, which are the
+// caller's to abort; the failing one's copy, if any, is killed and its template is as it
+// was. Precondition: no template of tmpls is being revived meanwhile (the caller holds
+// the family's template lock).
+func Place(tr *remote.Tracer, tg *Target, ns int, tmpls []*Template, ptys []string) (placed []*Revival, err error) {
+	for i, t := range tmpls {
+		r, err := SeizeTemplate(tr, t)
+		if err != nil {
+			return placed, err
+		}
+		if err := r.ReviveInto(tg, ns, ptys[i]); err != nil {
+			if aerr := r.Abort(); aerr != nil {
+				err = fmt.Errorf("%w; undoing it: %v", err, aerr)
+			}
+			return placed, err
+		}
+		placed = append(placed, r)
+	}
+	return placed, nil
+}
+
 // ReviveInto is Revive into the branch tg: the copy has the template's PID in tg's PID
 // namespace and is on the state ns of the branch (a mount namespace the branch init
 // made). Same undo as Revive: on error the copy is killed and the template is as it was.

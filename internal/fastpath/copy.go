@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/procfs"
 	"deltabox/internal/remote"
 )
 
@@ -21,12 +22,52 @@ import (
 // template again. The copy's registers are the template's saved ones (the live
 // process's at its checkpoint): the injected clone3 is undone in it before the detach.
 
-// CopyTemplate returns the host PID of a stopped, untraced copy of tmpl (above), and the
-// registers it was left with: an image of it whose registers differ, or that CRIU found
-// running (durable.CheckCopyImage), is of a copy that a SIGCONT from the sandbox
-// continued (it ends a group stop), not of the template. Precondition: tmpl is not being revived meanwhile (the caller holds the
-// sandbox's template lock).
-func CopyTemplate(tr *remote.Tracer, tmpl *Template) (int, unix.PtraceRegs, error) {
+// A Copy is a template's copy (CopyTemplate) held by a pidfd, by which it is ended:
+// never by its PID. Its parent is the template's (CLONE_PARENT), the sandbox's init, which
+// reaps it once it dies (CRIU kills it after its dump) and whose PID namespace may then
+// give the PID to another process. Its fields are fixed when CopyTemplate returns; the
+// holder calls Kill once, from any goroutine.
+type Copy struct {
+	Pid   int             // its host PID
+	Self  int             // its PID in the sandbox's PID namespace
+	Regs  unix.PtraceRegs // its registers when it was left (see CopyTemplate)
+	pidfd int
+}
+
+// Kill ends the copy (SIGKILL through its pidfd; nothing happens if it is gone already)
+// and closes the pidfd. The sandbox's init reaps it.
+func (c *Copy) Kill() {
+	_ = unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0) // ESRCH: gone already
+	unix.Close(c.pidfd)
+}
+
+// CopyTemplate returns a stopped, untraced copy of tmpl (above), held by a pidfd, with
+// its PID in the sandbox and the registers it was left with: an image of it whose
+// registers differ, or that CRIU found running (durable.CheckCopyImage), is of a copy
+// that a SIGCONT from the sandbox continued (it ends a group stop), not of the template.
+// The caller ends it with Kill. If the pidfd cannot be opened (the copy is gone already,
+// or no descriptor is free) the copy is left as it is and an error returned; if its PID in
+// the sandbox cannot be read it is killed. Precondition: tmpl is not being revived
+// meanwhile (the caller holds the sandbox's template lock).
+func CopyTemplate(tr *remote.Tracer, tmpl *Template) (*Copy, error) {
+	pid, regs, err := copyTemplate(tr, tmpl)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd of template %d's copy %d: %w", tmpl.HostPid, pid, err)
+	}
+	c := &Copy{Pid: pid, Regs: regs, pidfd: fd}
+	if c.Self, err = procfs.InnerPid(pid); err != nil {
+		c.Kill()
+		return nil, fmt.Errorf("template %d's copy %d: %w", tmpl.HostPid, pid, err)
+	}
+	return c, nil
+}
+
+// copyTemplate forks the copy: its host PID and the registers it was left with.
+func copyTemplate(tr *remote.Tracer, tmpl *Template) (int, unix.PtraceRegs, error) {
 	var regs unix.PtraceRegs
 	tt, err := holdTemplate(tr, tmpl)
 	if err != nil {

@@ -48,12 +48,13 @@ func TestCopyTemplateRevives(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	cp, _, err := CopyTemplate(tr, tmpl)
+	c, err := CopyTemplate(tr, tmpl)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("CopyTemplate: %v", time.Since(start))
-	t.Cleanup(func() { unix.Kill(cp, unix.SIGKILL); reap(cp) })
+	cp := c.Pid
+	t.Cleanup(func() { c.Kill(); reap(cp) })
 	if s := waitState(cp, "T", 5*time.Second); s != 'T' {
 		t.Fatalf("copy state %q, want T (group stop)", s)
 	}
@@ -78,6 +79,9 @@ func TestCopyTemplateRevives(t *testing.T) {
 	inner, err := procfs.InnerPid(cp)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.Self != inner {
+		t.Errorf("copy's PID in the sandbox %d, want %d", c.Self, inner)
 	}
 	tmpl2, err := AdoptStopped(tr, rec, cp, inner)
 	if err != nil {
@@ -149,10 +153,11 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 	defer tmpl.Kill()
 	lost := 0
 	for i := 0; i < 5; i++ {
-		cp, _, err := CopyTemplate(tr, tmpl)
+		c, err := CopyTemplate(tr, tmpl)
 		if err != nil {
 			t.Fatal(err)
 		}
+		cp := c.Pid
 		if s := waitState(cp, "T", 5*time.Second); s != 'T' {
 			t.Fatalf("copy state %q, want T (group stop)", s)
 		}
@@ -197,6 +202,7 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 			return err
 		})
 		if errors.Is(err, errCopyRan) && lost < 20 {
+			c.Kill() // gone already: closes its pidfd
 			reap(cp)
 			lost++
 			t.Logf("round %d: the copy ran between SIGCONT and SIGSTOP (state %q): set up again", i, queued)
@@ -204,7 +210,7 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 			continue
 		}
 		if err != nil {
-			unix.Kill(cp, unix.SIGKILL)
+			c.Kill()
 			reap(cp)
 			t.Fatalf("round %d: adopt a copy with its SIGSTOP queued (state %q then): %v", i, queued, err)
 		}
@@ -212,6 +218,7 @@ func TestAdoptStoppedWaitsForQueuedStop(t *testing.T) {
 			t.Errorf("round %d: adopted copy's state %q, want t (parked)", i, s)
 		}
 		adopted.Kill()
+		c.Kill() // gone already: closes its pidfd
 		reap(cp)
 	}
 }

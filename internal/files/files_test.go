@@ -505,3 +505,29 @@ func TestListStatRemoveMkdir(t *testing.T) {
 	}
 	f.checkOutside(t)
 }
+
+// TestEmptyDir: a missing or empty directory is empty; a filled one, a file and a final
+// symlink (even to an empty directory) are not; a symlink earlier in the path resolves
+// inside the sandbox (the host's directory, which holds a file, is missing there).
+func TestEmptyDir(t *testing.T) {
+	f := newFixture(t)
+	if err := os.MkdirAll(filepath.Join(f.root, "workspace/empty"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("empty", filepath.Join(f.root, "workspace/toempty")); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]bool{
+		"/workspace/missing":            true,
+		"/workspace/empty":              true,
+		"/workspace/up/workspace/empty": true,
+		"/workspace/up" + f.outside:     true,
+		"/workspace/sub":                false,
+		"/workspace/a.txt":              false,
+		"/workspace/toempty":            false,
+	} {
+		if got := files.EmptyDir(f.fd, p); got != want {
+			t.Errorf("EmptyDir(%s) = %v, want %v", p, got, want)
+		}
+	}
+}

@@ -49,6 +49,27 @@ func Open(root int, p string) (*os.File, *Info, error) {
 	return os.NewFile(uintptr(fd), p), &in, nil
 }
 
+// EmptyDir reports whether directory p is missing or empty. A final symlink, a file,
+// another mount (p confined as every path here) or an error is not. Opened O_NONBLOCK:
+// a FIFO swapped in for the name must not block the daemon (O_DIRECTORY refuses it).
+func EmptyDir(root int, p string) bool {
+	r, err := rel(p)
+	if err != nil {
+		return false
+	}
+	fd, err := openat2(root, r, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK)
+	if errors.Is(err, unix.ENOENT) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	d := os.NewFile(uintptr(fd), abs(r))
+	defer func() { _ = d.Close() }() // read-only, after the read
+	_, err = d.Readdirnames(1)
+	return err == io.EOF
+}
+
 func baseName(p string) string {
 	if p == "/" {
 		return "/"

@@ -378,7 +378,7 @@ func (s *Session) OpenPeer() (int, error) {
 func (s *Session) PtsPath() (string, error) {
 	var n uint32
 	var err error
-	if cerr := s.control(func(fd int) { n, err = unix.IoctlGetUint32(fd, unix.TIOCGPTN) }); cerr != nil {
+	if cerr := s.control(func(fd int) { n, err = ptsNumber(fd) }); cerr != nil {
 		err = cerr
 	}
 	if err != nil {

@@ -278,7 +278,7 @@ func (t *criuTree) closePeer() {
 }
 
 // holdPeer opens the slave of t's session's terminal (TIOCGPTPEER: no path lookup) and
-// returns CRIU's external key of it, "tty[rdev:dev]" as durable.TreeTTYs names it.
+// returns CRIU's external key of it (durable.TTYKey, as durable.TreeTTYs names it).
 func (t *criuTree) holdPeer() (string, error) {
 	if t.peer == nil {
 		fd, err := t.sess.OpenPeer()
@@ -287,11 +287,7 @@ func (t *criuTree) holdPeer() (string, error) {
 		}
 		t.peer = os.NewFile(uintptr(fd), "session-pts")
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(t.peer.Fd()), &st); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("tty[%x:%x]", st.Rdev, st.Dev), nil
+	return durable.TTYKey(int(t.peer.Fd()))
 }
 
 // criuTreesUsable says whether CRIU can take trees here, waiting for the start-up probe

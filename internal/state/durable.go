@@ -138,19 +138,16 @@ func (m *Manager) collectPages() {
 	}
 }
 
-// imageCopy is a template's copy waiting for its dump: its host PID and a pidfd, by which
-// it is ended (never by its PID, which the sandbox's init may have reaped and reused).
+// imageCopy is a template's copy waiting for its dump (nil cp: the copy failed, and the
+// image fails saying so), ended by cp.Kill (a pidfd: fastpath.Copy says why not by PID).
 type imageCopy struct {
-	pid, pidfd int
-	regs       unix.PtraceRegs // its registers when it was left (fastpath.CopyTemplate)
-	self       int             // its PID in the sandbox
-	sandbox    string          // the sandbox it is in
+	cp      *fastpath.Copy
+	sandbox string // the sandbox it is in
 }
 
 func (c imageCopy) kill() {
-	if c.pidfd >= 0 {
-		_ = unix.PidfdSendSignal(c.pidfd, unix.SIGKILL, nil, 0) // ESRCH: gone already
-		unix.Close(c.pidfd)
+	if c.cp != nil {
+		c.cp.Kill()
 	}
 }
 
@@ -165,25 +162,14 @@ func (m *Manager) copyForImage(s *sb, tr *remote.Tracer, node string, t *procTem
 	if m.img == nil || m.img.pages == nil {
 		return
 	}
-	c := imageCopy{pid: -1, pidfd: -1} // a failed copy: the image fails, saying so
 	s.copyMu.Lock()
 	defer s.copyMu.Unlock()
-	cp, regs, err := fastpath.CopyTemplate(tr, t.tmpl)
-	if err == nil {
-		var fd int
-		if fd, err = unix.PidfdOpen(cp, 0); err == nil {
-			c = imageCopy{pid: cp, pidfd: fd, sandbox: s.rec.ID, regs: regs}
-			if c.self, err = procfs.InnerPid(cp); err != nil {
-				c.kill()
-				c = imageCopy{pid: -1, pidfd: -1}
-			}
-		}
-	}
+	cp, err := fastpath.CopyTemplate(tr, t.tmpl)
 	if err != nil {
 		m.log.Debug("copy a template for its image", "node", node, "err", err)
 	}
 	m.img.mu.Lock()
-	m.img.copies[node] = append(m.img.copies[node], c)
+	m.img.copies[node] = append(m.img.copies[node], imageCopy{cp: cp, sandbox: s.rec.ID})
 	m.img.mu.Unlock()
 }
 
@@ -197,8 +183,8 @@ func (m *Manager) sandboxCopies(s *sb) (hosts, selfs []int) {
 	defer m.img.mu.Unlock()
 	for _, cs := range m.img.copies {
 		for _, c := range cs {
-			if c.sandbox == s.rec.ID && c.pid > 0 {
-				hosts, selfs = append(hosts, c.pid), append(selfs, c.self)
+			if c.sandbox == s.rec.ID && c.cp != nil {
+				hosts, selfs = append(hosts, c.cp.Pid), append(selfs, c.cp.Self)
 			}
 		}
 	}
@@ -527,9 +513,8 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 	}
 	var bytes, full int64
 	for i, c := range copies {
-		cp := c.pid
 		what := recs.Templates[i].What
-		if cp <= 0 {
+		if c.cp == nil {
 			return 0, 0, fmt.Errorf("%s: its template could not be copied", what)
 		}
 		sub := filepath.Join(dir, strconv.Itoa(i))
@@ -537,12 +522,12 @@ func (m *Manager) dumpNode(node string) (int64, int64, error) {
 			return 0, 0, err
 		}
 		m.crashPoint("image", 1+3*i) // DELTABOX_CRASH_AT=image:K, a test hook
-		if _, err := durable.Dump(context.Background(), m.img.runner, cp, sub, durable.DumpOptions{Kill: true, Background: true}); err != nil {
+		if _, err := durable.Dump(context.Background(), m.img.runner, c.cp.Pid, sub, durable.DumpOptions{Kill: true, Background: true}); err != nil {
 			return 0, 0, fmt.Errorf("dump %s: %w", what, err)
 		}
 		// The copy waited in a group stop, which a SIGCONT from the sandbox ends: an image
 		// of a copy that ran, or no longer stopped, is not the template's.
-		if err := durable.CheckCopyImage(sub, c.regs); err != nil {
+		if err := durable.CheckCopyImage(sub, c.cp.Regs); err != nil {
 			return 0, 0, fmt.Errorf("%s: %w", what, err)
 		}
 		// The copy's files as its template's: read-only, for the node's read-only view.
@@ -819,7 +804,7 @@ func (m *Manager) privateImage(dir string, withPages bool) (string, error) {
 				continue
 			}
 			to := filepath.Join(dst, e.Name())
-			if err := cloneFile(filepath.Join(dir, e.Name()), to); err != nil {
+			if err := store.CloneFile(filepath.Join(dir, e.Name()), to); err != nil {
 				return err
 			}
 			if err := os.Chmod(to, 0o644); err != nil {

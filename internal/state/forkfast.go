@@ -18,9 +18,10 @@ import (
 // The fast path of a fork (docs/design/fork.md), its mechanism: a branch is a sandbox
 // whose init the source's init (the family init) made in sibling namespaces
 // (sandbox.StartBranch), standing on the node's files on an upper of its own, and each
-// of the node's templates is forked into it at its checkpoint PID
-// (fastpath.Revival.ReviveInto). Fork does not take this path yet (fork.md says what is
-// missing); startFastBranch and place are what it will call per branch.
+// of the node's templates is forked into it at its checkpoint PID (fastpath.Place: the
+// seizures and injections; here, which branch, its undo and its records). Fork
+// (family.go: forkFast) and the spares (spares.go) call startFastBranch and place per
+// branch.
 
 // fastBranch is a branch made by startFastBranch and place: its runtime, its upper and the copies
 // placed in it, stopped until commit.
@@ -128,7 +129,8 @@ func (m *Manager) fastFamily(src *sb, tps []*procTemplate) (*sandbox.Isolation, 
 }
 
 // place forks tps, templates in family's PID namespace held by tr, into b, each stopped
-// at its checkpoint PID. On error the copies made are killed; the templates are as they
+// at its checkpoint PID (fastpath.Place), and watches each copy's exit on the family
+// init. On error the copies made are b's, killed by b.remove; the templates are as they
 // were.
 func (m *Manager) place(tr *remote.Tracer, family *sandbox.Sandbox, b *fastBranch, tps []*procTemplate) error {
 	t0 := time.Now()
@@ -138,18 +140,20 @@ func (m *Manager) place(tr *remote.Tracer, family *sandbox.Sandbox, b *fastBranc
 		}
 	}
 	defer b.closeTarget()
+	tmpls, ptys := make([]*fastpath.Template, len(tps)), make([]string, len(tps))
 	for i, t := range tps {
+		tmpls[i], ptys[i] = t.tmpl, b.pending[i].pts
+	}
+	placed, err := fastpath.Place(tr, b.target.tg, b.target.ns, tmpls, ptys)
+	for i, r := range placed {
 		c := b.pending[i]
-		var err error
-		if c.r, err = fastpath.SeizeTemplate(tr, t.tmpl); err != nil {
-			return fmt.Errorf("%s: %w", t.what, err)
-		}
-		if err := c.r.ReviveInto(b.target.tg, b.target.ns, c.pts); err != nil {
-			return withUndo(fmt.Errorf("%s: %w", t.what, err), c.r.Abort())
-		}
-		c.exit = b.rt.WatchPlaced(t.tmpl.Pid, c.r.HostPid)
+		c.r = r
+		c.exit = b.rt.WatchPlaced(tps[i].tmpl.Pid, r.HostPid)
 		b.pending[i] = nil
 		b.copies = append(b.copies, c)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", tps[len(placed)].what, err)
 	}
 	b.pending = nil
 	b.place = time.Since(t0)

@@ -353,7 +353,7 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 	s.rt = rt
 	for key, k := range kept {
 		name, ks, ok := parseKept(key, k.Data)
-		if ok && live[ks.Pid] && !onTerminal(rt, ks.Pid, k.FD) {
+		if ok && live[ks.Pid] && !session.OnTerminal(rt, ks.Pid, k.FD) {
 			// A restore gave the session a new terminal and the daemon died before init
 			// kept it: this master is the old one, whose process the restore ended.
 			ok = false
@@ -477,30 +477,6 @@ func strayTemplate(rt *sandbox.Sandbox, pid int) bool {
 	f := bytes.Fields(b[i+1:]) // state, ppid, pgrp, session, tty_nr...
 	return len(f) > 4 && (string(f[0]) == "T" || string(f[0]) == "t") && string(f[1]) == "1" &&
 		string(f[3]) == strconv.Itoa(pid) && string(f[4]) == "0"
-}
-
-// onTerminal reports whether the sandbox's process pid has as its controlling terminal
-// the pseudo-terminal whose master is master: /proc/PID/stat's tty_nr against the
-// master's pts number (TIOCGPTN; devpts numbers pts N as major 136 + N/256, minor N%256).
-func onTerminal(rt *sandbox.Sandbox, pid, master int) bool {
-	n, err := unix.IoctlGetUint32(master, unix.TIOCGPTN)
-	if err != nil {
-		return false
-	}
-	b, err := rt.ReadProcFile(pid, "stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 5 {
-		return false
-	}
-	tty, err := strconv.ParseUint(string(f[4]), 10, 64)
-	return err == nil && unix.Major(tty) == 136+n/256 && unix.Minor(tty) == n%256
 }
 
 // loadProcesses reads the index's process records; those of nodes the index no longer

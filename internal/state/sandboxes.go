@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"deltabox/internal/apitypes"
 	"deltabox/internal/cgroup"
 	"deltabox/internal/errdefs"
+	"deltabox/internal/files"
 	"deltabox/internal/mountns"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
@@ -252,8 +252,8 @@ func (m *Manager) ensureWorkdir(ctx context.Context, s *sb, u *sbinit.User) erro
 }
 
 // workdirEmpty reports whether s's workdir is missing or an empty directory, looked up
-// confined to the state (a symlink in the image's path must not lead the daemon to a
-// host path).
+// confined to the state (files.EmptyDir: a symlink in the image's path must not lead the
+// daemon to a host path).
 // +checklocks:s.opMu
 func (m *Manager) workdirEmpty(s *sb) bool {
 	root, err := s.rt.RootFD()
@@ -261,20 +261,7 @@ func (m *Manager) workdirEmpty(s *sb) bool {
 		return false
 	}
 	defer unix.Close(root)
-	fd, err := unix.Openat2(root, s.rec.Workdir, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if errors.Is(err, unix.ENOENT) {
-		return true
-	}
-	if err != nil {
-		return false
-	}
-	d := os.NewFile(uintptr(fd), s.rec.Workdir)
-	defer func() { _ = d.Close() }() // read-only, after the read
-	_, err = d.Readdirnames(1)
-	return err == io.EOF
+	return files.EmptyDir(root, s.rec.Workdir)
 }
 
 func (m *Manager) get(id string) (*sb, error) {

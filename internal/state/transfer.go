@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"deltabox/internal/apitypes"
 	"deltabox/internal/durable"
 	"deltabox/internal/errdefs"
@@ -208,7 +206,7 @@ func (e *Export) stageProcesses(node string) error {
 		if !k.IsDir() {
 			continue // "complete": the archive is complete by its digests
 		}
-		if err := cloneDir(filepath.Join(src, k.Name()), filepath.Join(dst, k.Name())); err != nil {
+		if err := store.CloneDir(filepath.Join(src, k.Name()), filepath.Join(dst, k.Name())); err != nil {
 			return fmt.Errorf("copy node %s's process image: %w", node, err)
 		}
 		if materialize {
@@ -231,46 +229,6 @@ func (e *Export) stageProcesses(node string) error {
 	e.manifest.ProcessImage = &transfer.Blob{Digest: d, Size: n}
 	e.procDir = dst
 	return nil
-}
-
-// cloneDir copies the regular files of src (one level) into a new dst, by reflink
-// where the filesystem can.
-func cloneDir(src, dst string) error {
-	if err := os.Mkdir(dst, 0o700); err != nil {
-		return err
-	}
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		if err := cloneFile(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func cloneFile(src, dst string) error {
-	in, err := os.OpenFile(src, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = in.Close() }() // read-only, after the copy
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = out.Close() }() // the success path closes it and checks; this one is for the errors
-	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) != nil {
-		if _, err := io.Copy(out, in); err != nil {
-			return err
-		}
-	}
-	return out.Close()
 }
 
 // Node is the exported node's id.
