@@ -221,8 +221,34 @@ def criu_env():
     return env
 
 
+def kill_left_in(d):
+    """SIGKILL every process whose working directory is in d (a test's children outlive
+    the kill of its root, and a failed plain run left 31 of them on the host)."""
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            cwd = os.readlink("/proc/%s/cwd" % e)
+        except OSError:
+            continue
+        if cwd == d or cwd.startswith(d + "/") or cwd.startswith(d + " (deleted)"):
+            try:
+                os.kill(int(e), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def plain_one(src, t, kind, desc):
-    """zdtm.py's host flavor, by hand: start, dump, restore -d, SIGTERM, read the outfile."""
+    """zdtm.py's host flavor, by hand: start, dump, restore -d, SIGTERM, read the outfile.
+    Whatever it started is killed at the end, whatever the outcome."""
+    d = os.path.join(out_dir(), "logs/plain", t)
+    try:
+        return plain_run(src, t, kind, desc)
+    finally:
+        kill_left_in(d)
+
+
+def plain_run(src, t, kind, desc):
     static = os.path.join(src, "test/zdtm/static")
     d = os.path.join(out_dir(), "logs/plain", t)
     shutil.rmtree(d, ignore_errors=True)
