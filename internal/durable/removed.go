@@ -266,11 +266,42 @@ func copyRemoved(link, dst string) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(f, io.LimitReader(src, RemovedLimit+1))
+	err = copySparse(f, src, RemovedLimit+1)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// copySparse copies src's first limit bytes (at most) into dst (empty) and gives dst the
+// same size, keeping src's holes: only the ranges SEEK_DATA finds are written, so a
+// sparse file (CRIU's ghost_holes tests) keeps its holes and about its blocks both ways
+// (a file system without SEEK_DATA shows the whole file as data: a dense copy).
+func copySparse(dst, src *os.File, limit int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return err
+	}
+	size := min(st.Size, limit)
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) || (err == nil && data >= size) {
+			break // a hole to the end
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		hole = min(hole, size)
+		if _, err := io.Copy(io.NewOffsetWriter(dst, data), io.NewSectionReader(src, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return dst.Truncate(size)
 }
 
 // criuRemaps refuses an image in which CRIU carries a file itself (ghost files, link
@@ -305,7 +336,7 @@ func makeRemoved(root *os.File, dir string, r Removed) (*os.File, error) {
 			return err
 		}
 		defer func() { _ = src.Close() }() // read-only, after the copy
-		if _, err := io.Copy(f, src); err != nil {
+		if err := copySparse(f, src, RemovedLimit+1); err != nil {
 			return err
 		}
 		return setAttrs(fd, r)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // holdRemoved starts a python that holds, under dir, an unlinked file g ("hello"), a
@@ -78,5 +80,71 @@ func TestRemovedFilesFound(t *testing.T) {
 	pid = holdRemoved(t, t.TempDir(), true)
 	if _, _, err := removedFiles([]int{pid}); err == nil || !strings.Contains(err.Error(), "over the 64 MiB") {
 		t.Fatalf("a removed file of 65 MiB: %v, want a refusal naming the limit", err)
+	}
+}
+
+// TestRemovedCopyKeepsHoles: a removed sparse file is copied into the image and made
+// again on the state with its holes, size and blocks (CRIU's ghost_holes tests: a dense
+// copy gave the first hole at the end and every block allocated).
+func TestRemovedCopyKeepsHoles(t *testing.T) {
+	dir, img, state := t.TempDir(), t.TempDir(), t.TempDir()
+	orig := filepath.Join(dir, "sparse")
+	f, err := os.OpenFile(orig, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, off := range []int64{0, 1 << 20, 3 << 20} {
+		if _, err := f.WriteAt([]byte("x"), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(5 << 20); err != nil { // a hole at the end too
+		t.Fatal(err)
+	}
+	type shape struct{ hole, size, blocks int64 }
+	shapeOf := func(f *os.File) shape {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		hole, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return shape{hole, st.Size, st.Blocks}
+	}
+	want := shapeOf(f)
+	if want.hole >= 1<<20 {
+		t.Skipf("%s keeps no holes (first hole at %d)", dir, want.hole)
+	}
+	if err := copyRemoved(orig, filepath.Join(img, "removed-0")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := os.Open(filepath.Join(img, "removed-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := shapeOf(c); got != want {
+		t.Errorf("the image's copy: first hole, size, blocks %v, want %v", got, want)
+	}
+	root, err := os.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	m, err := makeRemoved(root, img, Removed{Path: "/sparse", Mode: 0o644, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Copy: "removed-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if got := shapeOf(m); got != want {
+		t.Errorf("made again: first hole, size, blocks %v, want %v", got, want)
+	}
+	b := make([]byte, 1)
+	if _, err := m.ReadAt(b, 3<<20); err != nil || string(b) != "x" {
+		t.Errorf("made again: at 3 MiB %q %v, want x", b, err)
 	}
 }

@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+
+	"deltabox/internal/api"
+	"deltabox/internal/testutil"
+)
+
+// criuState is a background python with two threads (so that the fast path refuses it
+// and CRIU carries it) that sets up, by its argument, a state CRIU's static tests found
+// wrong after a restore through DeltaBox, and writes it to /workspace/state.out, with a
+// count, every 50 ms:
+//
+//	sparse: an open unlinked sparse file: its first hole, size and blocks.
+const criuState = `
+import os, sys, threading, time
+mode = sys.argv[1]
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+if mode == "sparse":
+    fd = os.open("/workspace/sparse", os.O_RDWR | os.O_CREAT, 0o644)
+    os.pwrite(fd, b"x", 0); os.pwrite(fd, b"y", 1 << 20); os.ftruncate(fd, 3 << 20)
+    os.unlink("/workspace/sparse")
+    def state():
+        st = os.fstat(fd)
+        return "hole %d size %d blocks %d data %r" % (os.lseek(fd, 0, os.SEEK_HOLE), st.st_size, st.st_blocks, os.pread(fd, 1, 1 << 20))
+n = 0
+while True:
+    n += 1
+    open("/workspace/state.tmp", "w").write("%d %s\n" % (n, state()))
+    os.rename("/workspace/state.tmp", "/workspace/state.out")
+    if n == 1: open("/workspace/state.pid", "w").write(str(os.getpid()))
+    time.sleep(0.05)
+`
+
+// criuStateOf starts criuState in mode in a new sandbox id and returns a function that
+// gives its state as it writes it next (after the count it has now).
+func criuStateOf(t *testing.T, d *testutil.Daemon, id, mode string) func() string {
+	t.Helper()
+	dbxCreate(t, d, id)
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /tmp/state.py`, "sh", criuState}}); r.ExitCode != 0 {
+		t.Fatalf("write state.py: %+v", r)
+	}
+	startJob(t, d, id, "python3 /tmp/state.py "+mode, "/workspace/state.pid")
+	return func() string {
+		t.Helper()
+		out := dbxSh(t, d, id, `n=$(cut -d" " -f1 /workspace/state.out)
+for i in $(seq 500); do read m rest < /workspace/state.out; [ "$m" -gt "$n" ] && { echo "$rest"; exit 0; }; sleep 0.01; done; exit 1`)
+		return strings.TrimSpace(out)
+	}
+}
+
+// criuStateKept checks that mode's state is the same before a checkpoint (which must
+// send the process to CRIU), after it and after a restore to it.
+func criuStateKept(t *testing.T, mode string) {
+	d := testutil.StartDaemon(t)
+	id := "st-" + mode
+	state := criuStateOf(t, d, id, mode)
+	before := state()
+	t.Logf("before: %s", before)
+	a := dbxCheckpoint(t, d, id, "a")
+	if a.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %d processes through CRIU, want 1", a.CRIUProcesses)
+	}
+	if got := state(); got != before {
+		t.Errorf("after the checkpoint: %s, want %s", got, before)
+	}
+	dbxRestore(t, d, id, a.Node.ID)
+	if got := state(); got != before {
+		t.Errorf("after the restore: %s, want %s", got, before)
+	}
+}
+
+// TestCRIUTreeKeepsHoles: an open unlinked sparse file (CRIU's ghost_holes tests) keeps
+// its holes, size and blocks through a checkpoint and a restore. Before, the daemon's
+// copy of it was dense: the first hole moved to the end and every block was allocated.
+func TestCRIUTreeKeepsHoles(t *testing.T) {
+	criuStateKept(t, "sparse")
+}
