@@ -148,3 +148,67 @@ func TestRemovedCopyKeepsHoles(t *testing.T) {
 		t.Errorf("made again: at 3 MiB %q %v, want x", b, err)
 	}
 }
+
+// holdPy starts python3 -c py with args; it prints "ready" when set up.
+func holdPy(t *testing.T, py string, args ...string) int {
+	t.Helper()
+	cmd := exec.Command("python3", append([]string{"-c", py}, args...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("python3: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if l, _ := bufio.NewReader(out).ReadString('\n'); l != "ready\n" {
+		t.Fatalf("the holder did not start: %q", l)
+	}
+	return cmd.Process.Pid
+}
+
+// TestRemovedSpecialNamed: a refusal names what a removed special file is (CRIU's
+// symlink01: an O_PATH fd of a removed symlink was called "a FIFO or device"), and an
+// AIO ring's mapping (/[aio], which CRIU dumps itself) is not taken for a removed file.
+func TestRemovedSpecialNamed(t *testing.T) {
+	dir := t.TempDir()
+	pid := holdPy(t, `import os, sys, ctypes, time
+d = sys.argv[1]
+os.symlink("target", d + "/l"); l = os.open(d + "/l", os.O_PATH | os.O_NOFOLLOW); os.unlink(d + "/l")
+os.mkfifo(d + "/f"); f = os.open(d + "/f", os.O_RDWR); os.unlink(d + "/f")
+ctx = ctypes.c_ulong(0)
+assert ctypes.CDLL(None).syscall(206, 16, ctypes.byref(ctx)) == 0  # io_setup: /[aio]
+print("ready", flush=True)
+time.sleep(1000)
+`, dir)
+	var msgs []string
+	_ = treeLinks([]int{pid}, func(p int, link string) error { // collects every error
+		if _, err := removedAt(p, link); err != nil {
+			msgs = append(msgs, err.Error())
+		}
+		return nil
+	})
+	all := strings.Join(msgs, "\n")
+	if len(msgs) != 2 || !strings.Contains(all, dir+"/l, a symbolic link") || !strings.Contains(all, dir+"/f, a FIFO whose") || strings.Contains(all, "aio") {
+		t.Fatalf("refusals:\n%s\nwant %s/l a symbolic link, %s/f a FIFO, and nothing of /[aio]", all, dir, dir)
+	}
+}
+
+// TestTreePTYsOwn: a pty the process opened itself (it holds the master) is told apart
+// from one whose master is elsewhere (CRIU's pty00 was called "a session's terminal").
+func TestTreePTYsOwn(t *testing.T) {
+	pid := holdPy(t, `import os, time
+m, s = os.openpty()
+m2, s2 = os.openpty(); os.close(m2)
+print("ready", flush=True)
+time.sleep(1000)
+`)
+	keys, err := TreeTTYs(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptys := TreePTYs(pid, keys)
+	if len(keys) != 2 || len(ptys) != 2 || !ptys[0].Own || ptys[1].Own || !strings.HasPrefix(ptys[0].Path, "/dev/pts/") {
+		t.Fatalf("keys %v, ptys %+v: want two, the first its own (its master held), the second not", keys, ptys)
+	}
+}
