@@ -209,6 +209,19 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID, cgroupNS: sb.Cgroup, cgroups: sb.Cgroups,
 		what: fmt.Sprintf("criu restore of sandbox pid %d from %s", m.Pid, dir), dir: dir, log: RestoreLog,
 		timeout: cmp(o.Timeout, RestoreTimeout), domain: true}
+	// Each process's oom_score_adj, which CRIU cannot give back in the sandbox's user
+	// namespace (oomscore.go), is given at CRIU's post-restore.
+	oom, err := imageOOMScores(dir)
+	if err != nil {
+		return nil, err
+	}
+	opts.NotifyScripts = proto.Bool(true)
+	c.notify = func(script string) error {
+		if script != "post-restore" {
+			return nil
+		}
+		return setOOMScores(sb.PID, oom)
+	}
 	if m.ShellJob {
 		c.env = []string{shellJobSetsidEnv}
 	}

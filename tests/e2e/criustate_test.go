@@ -16,6 +16,7 @@ import (
 //	sparse: an open unlinked sparse file: its first hole, size and blocks.
 //	aio:    an AIO context (io_setup: a ring mapped as /[aio]): its ring's size and
 //	        magic, and a read of /workspace/aio.txt through it (io_submit, io_getevents).
+//	oom:    its oom_score_adj, set to 400.
 const criuState = `
 import os, sys, threading, time
 mode = sys.argv[1]
@@ -44,6 +45,10 @@ elif mode == "aio":
         sub = libc.syscall(209, ctx, 1, iocbs)  # io_submit
         got = libc.syscall(208, ctx, 1, 1, events, None)  # io_getevents
         return "nr %d magic %x submit %d events %d data %d res %d %r" % (nr, magic, sub, got, events[0], events[2], buf.value)
+elif mode == "oom":
+    open("/proc/self/oom_score_adj", "w").write("400")
+    def state():
+        return "oom_score_adj " + open("/proc/self/oom_score_adj").read().strip()
 n = 0
 while True:
     n += 1
@@ -97,6 +102,13 @@ func criuStateKept(t *testing.T, mode string) {
 // ring's mapping, /[aio] (deleted), as "a FIFO or device whose name was removed".
 func TestCRIUTreeCarriesAIO(t *testing.T) {
 	criuStateKept(t, "aio")
+}
+
+// TestCRIUTreeKeepsOOMScore: a process's oom_score_adj (CRIU's oom_score_adj test) comes
+// back after the checkpoint and the restore. Before, CRIU's own write of it failed in
+// the sandbox's user namespace (only logged), and it came back 0.
+func TestCRIUTreeKeepsOOMScore(t *testing.T) {
+	criuStateKept(t, "oom")
 }
 
 // TestCRIUTreeKeepsHoles: an open unlinked sparse file (CRIU's ghost_holes tests) keeps
