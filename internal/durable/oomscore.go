@@ -1,6 +1,8 @@
 package durable
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,9 +10,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"deltabox/internal/procfs"
 )
@@ -29,6 +31,9 @@ import (
 // only what the process could set itself (not below the oom_score_adj_min that it
 // inherits from CRIU, as every process of the sandbox does from the daemon) and leaves
 // that minimum as it was.
+
+// coreMagic is CORE_MAGIC (criu/include/magic.h).
+const coreMagic = 0x55053847
 
 // imageOOMScores reads, from the core images in dir, each process's oom_score_adj by its
 // PID in the sandbox (processes alive or stopped at the dump; threads have none).
@@ -55,23 +60,24 @@ func imageOOMScores(dir string) (map[int]int32, error) {
 	return out, nil
 }
 
-// imageTaskCore is the task part of the core image at path (nil for a thread's).
+// imageTaskCore is the task part of the core image at path (nil for a thread's). The
+// image is framed as images.go says, with one entry. (Not go-criu's crit package: it
+// cannot be linked beside go-criu's stats package, unixsk.go says why.)
 func imageTaskCore(path string) (*criu_core.TaskCoreEntry, error) {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = f.Close() }() // read-only
-	img, err := crit.New(f, nil, "", false, false).Decode(&criu_core.CoreEntry{})
-	if err != nil {
+	if len(b) < 12 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != coreMagic {
+		return nil, errors.New("not a CRIU core image")
+	}
+	n := int(binary.LittleEndian.Uint32(b[8:]))
+	if 12+n != len(b) {
+		return nil, fmt.Errorf("an entry of %d bytes in %d, want one", n, len(b)-12)
+	}
+	var ce criu_core.CoreEntry
+	if err := proto.Unmarshal(b[12:], &ce); err != nil {
 		return nil, err
-	}
-	if len(img.Entries) != 1 {
-		return nil, fmt.Errorf("%d entries, want 1", len(img.Entries))
-	}
-	ce, ok := img.Entries[0].Message.(*criu_core.CoreEntry)
-	if !ok {
-		return nil, fmt.Errorf("not a core entry")
 	}
 	return ce.GetTc(), nil
 }
