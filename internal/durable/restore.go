@@ -215,10 +215,26 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	if err != nil {
 		return nil, err
 	}
+	// The times of the bound unix sockets' files and directories are put back then
+	// too (unixsk.go).
+	var socks []*boundSocket
+	if sb.Root != nil {
+		if socks, err = boundSockets(sb.Root, dir); err != nil {
+			return nil, err
+		}
+		defer func() {
+			for _, s := range socks {
+				s.close()
+			}
+		}()
+	}
 	opts.NotifyScripts = proto.Bool(true)
 	c.notify = func(script string) error {
 		if script != "post-restore" {
 			return nil
+		}
+		for _, s := range socks {
+			s.putBack()
 		}
 		return setOOMScores(sb.PID, oom)
 	}

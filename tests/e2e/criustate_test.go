@@ -17,6 +17,9 @@ import (
 //	aio:    an AIO context (io_setup: a ring mapped as /[aio]): its ring's size and
 //	        magic, and a read of /workspace/aio.txt through it (io_submit, io_getevents).
 //	oom:    its oom_score_adj, set to 400.
+//	sock:   a unix socket bound at /workspace/d/sock, listening: the mtimes of d and of
+//	        the socket's file (its atime changes at each connect), and an answer
+//	        through it.
 const criuState = `
 import os, sys, threading, time
 mode = sys.argv[1]
@@ -49,6 +52,15 @@ elif mode == "oom":
     open("/proc/self/oom_score_adj", "w").write("400")
     def state():
         return "oom_score_adj " + open("/proc/self/oom_score_adj").read().strip()
+elif mode == "sock":
+    import socket
+    os.mkdir("/workspace/d")
+    s = socket.socket(socket.AF_UNIX); s.bind("/workspace/d/sock"); s.listen(8)
+    s.settimeout(0)
+    def state():
+        c = socket.socket(socket.AF_UNIX); c.connect("/workspace/d/sock"); a, _ = s.accept(); a.sendall(b"pong"); got = c.recv(10); a.close(); c.close()
+        d, k = os.stat("/workspace/d"), os.stat("/workspace/d/sock", follow_symlinks=False)
+        return "dir mtime %d sock mtime %d answer %r" % (d.st_mtime_ns, k.st_mtime_ns, got)
 n = 0
 while True:
     n += 1
@@ -109,6 +121,13 @@ func TestCRIUTreeCarriesAIO(t *testing.T) {
 // the sandbox's user namespace (only logged), and it came back 0.
 func TestCRIUTreeKeepsOOMScore(t *testing.T) {
 	criuStateKept(t, "oom")
+}
+
+// TestCRIUTreeKeepsSocketTimes: a unix socket bound to a path is bound again at the
+// checkpoint and at the restore (CRIU's sk-unix-listen01, sk-unix-rel...), and its
+// directory's times and its file's are put back. Before, both changed each time.
+func TestCRIUTreeKeepsSocketTimes(t *testing.T) {
+	criuStateKept(t, "sock")
 }
 
 // TestCRIUTreeKeepsHoles: an open unlinked sparse file (CRIU's ghost_holes tests) keeps
