@@ -309,6 +309,9 @@ type PTY struct {
 	Key  string // as TreeTTYs names it
 	Path string // as the process that holds it sees it (/dev/pts/N)
 	Own  bool   // the tree holds its master too (it opened it: openpty, /dev/ptmx)
+	// Closed: its master was closed (nothing holds it; its /dev/pts name is gone:
+	// "/dev/pts/N (deleted)").
+	Closed bool
 }
 
 // TreePTYs describes the pseudo-terminal slaves the tree holds whose keys are in keys
@@ -338,7 +341,8 @@ func TreePTYs(pid int, keys []string) []PTY {
 			}
 			if k := ttyKey(&st); slices.Contains(keys, k) && !slices.ContainsFunc(out, func(t PTY) bool { return t.Key == k }) {
 				path, _ := os.Readlink(link)
-				out = append(out, PTY{Key: k, Path: path})
+				path, closed := strings.CutSuffix(path, " (deleted)")
+				out = append(out, PTY{Key: k, Path: path, Closed: closed})
 			}
 		}
 	}

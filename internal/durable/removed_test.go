@@ -195,7 +195,7 @@ time.sleep(1000)
 }
 
 // TestTreePTYsOwn: a pty the process opened itself (it holds the master) is told apart
-// from one whose master is elsewhere (CRIU's pty00 was called "a session's terminal").
+// from one whose master was closed (CRIU's pty00 and pty04 were called "a session's terminal").
 func TestTreePTYsOwn(t *testing.T) {
 	pid := holdPy(t, `import os, time
 m, s = os.openpty()
@@ -208,7 +208,8 @@ time.sleep(1000)
 		t.Fatal(err)
 	}
 	ptys := TreePTYs(pid, keys)
-	if len(keys) != 2 || len(ptys) != 2 || !ptys[0].Own || ptys[1].Own || !strings.HasPrefix(ptys[0].Path, "/dev/pts/") {
-		t.Fatalf("keys %v, ptys %+v: want two, the first its own (its master held), the second not", keys, ptys)
+	if len(keys) != 2 || len(ptys) != 2 || !ptys[0].Own || ptys[0].Closed || ptys[1].Own || !ptys[1].Closed || !strings.HasPrefix(ptys[0].Path, "/dev/pts/") ||
+		strings.HasSuffix(ptys[1].Path, "(deleted)") {
+		t.Fatalf("keys %v, ptys %+v: want two, the first its own (its master held), the second's master closed", keys, ptys)
 	}
 }

@@ -808,11 +808,14 @@ func currentState(rt *sandbox.Sandbox) (sandbox.State, error) {
 // A pty the tree opened itself (it holds the master) is told apart from a terminal whose
 // master is elsewhere (a session's, another process's).
 func ttyRefusal(what string, root int, ttys []string, mine string) error {
-	var own, other []string
+	var own, closed, other []string
 	for _, t := range durable.TreePTYs(root, slices.DeleteFunc(slices.Clone(ttys), func(k string) bool { return k == mine })) {
-		if t.Own {
+		switch {
+		case t.Own:
 			own = append(own, t.Path)
-		} else {
+		case t.Closed:
+			closed = append(closed, t.Path)
+		default:
 			other = append(other, t.Path)
 		}
 	}
@@ -821,6 +824,8 @@ func ttyRefusal(what string, root int, ttys []string, mine string) error {
 		return fmt.Errorf("%s: its tree holds %s, the terminal of another session (or a pty another process holds the master of), which CRIU would have to take from its holder", what, strings.Join(other, ", "))
 	case len(other) > 0:
 		return fmt.Errorf("%s: its tree holds %s, a terminal whose master it does not hold (a session's, or another process's pty), which CRIU would have to take from its holder", what, strings.Join(other, ", "))
+	case len(closed) > 0:
+		return fmt.Errorf("%s: its tree holds %s, a pseudo-terminal whose master was closed, which DeltaBox does not carry through CRIU (close it)", what, strings.Join(closed, ", "))
 	case len(own) > 0:
 		return fmt.Errorf("%s: its tree holds %s, a pseudo-terminal it opened itself (it holds the master too: openpty, /dev/ptmx), which DeltaBox does not carry through CRIU (close it)", what, strings.Join(own, ", "))
 	}
