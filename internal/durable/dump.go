@@ -304,6 +304,57 @@ func TreeTTYs(pid int) ([]string, error) {
 	return keys, nil
 }
 
+// PTY is a pseudo-terminal slave a tree holds, for a refusal's message.
+type PTY struct {
+	Key  string // as TreeTTYs names it
+	Path string // as the process that holds it sees it (/dev/pts/N)
+	Own  bool   // the tree holds its master too (it opened it: openpty, /dev/ptmx)
+	// Closed: its master was closed (nothing holds it; its /dev/pts name is gone:
+	// "/dev/pts/N (deleted)").
+	Closed bool
+}
+
+// TreePTYs describes the pseudo-terminal slaves the tree holds whose keys are in keys
+// (TreeTTYs'). A master is matched by its "tty-index" in /proc/PID/fdinfo: the slave's
+// number.
+func TreePTYs(pid int, keys []string) []PTY {
+	var out []PTY
+	masters := map[uint64]bool{}
+	for _, p := range Tree(pid) {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		for _, e := range ents {
+			link := fmt.Sprintf("/proc/%d/fd/%s", p, e.Name())
+			var st unix.Stat_t
+			if unix.Stat(link, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+				continue
+			}
+			if unix.Major(st.Rdev) == 5 && unix.Minor(st.Rdev) == 2 { // /dev/ptmx: a master
+				info, _ := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", p, e.Name()))
+				for l := range strings.Lines(string(info)) {
+					if v, ok := strings.CutPrefix(l, "tty-index:"); ok {
+						if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil {
+							masters[n] = true
+						}
+					}
+				}
+				continue
+			}
+			if k := ttyKey(&st); slices.Contains(keys, k) && !slices.ContainsFunc(out, func(t PTY) bool { return t.Key == k }) {
+				path, _ := os.Readlink(link)
+				path, closed := strings.CutSuffix(path, " (deleted)")
+				out = append(out, PTY{Key: k, Path: path, Closed: closed})
+			}
+		}
+	}
+	for i := range out {
+		var rdev, dev uint64
+		if _, err := fmt.Sscanf(out[i].Key, "tty[%x:%x]", &rdev, &dev); err == nil {
+			out[i].Own = masters[uint64(unix.Major(rdev)-136)<<8|uint64(unix.Minor(rdev))]
+		}
+	}
+	return out
+}
+
 // TTYKey is CRIU's external key of the pseudo-terminal slave open at fd, as TreeTTYs
 // lists the slaves a tree holds: a restore hands CRIU a session's slave under it.
 func TTYKey(fd int) (string, error) {

@@ -64,10 +64,11 @@ type Removed struct {
 }
 
 // shmemName says whether a /proc link names memory rather than a file: shared anonymous
-// memory, a memfd, SysV shared memory. They live on the kernel's internal shm mount, and
-// CRIU dumps their content itself.
+// memory, a memfd, SysV shared memory (on the kernel's internal shm mount), an AIO ring
+// (io_setup's "/[aio]", on the kernel's aio mount). CRIU dumps their content itself.
 func shmemName(link string) bool {
-	return strings.HasPrefix(link, "/dev/zero (deleted)") || strings.HasPrefix(link, "/memfd:") || strings.HasPrefix(link, "/SYSV")
+	return strings.HasPrefix(link, "/dev/zero (deleted)") || strings.HasPrefix(link, "/memfd:") || strings.HasPrefix(link, "/SYSV") ||
+		strings.HasPrefix(link, "/[aio] (deleted)")
 }
 
 // removedFiles finds what the tree (host PIDs) holds that has no name, each with a
@@ -208,7 +209,7 @@ func removedAt(p int, link string) (*Removed, error) {
 		if same, err := sameAt(p, name, &st); err != nil || same {
 			return nil, err
 		}
-		return nil, fmt.Errorf("process %d holds %s, a FIFO or device whose name was removed, which neither path carries (close it, or keep its name)", sandboxPid(p), path)
+		return nil, fmt.Errorf("process %d holds %s, %s whose name was removed, which neither path carries (close it, or keep its name)", sandboxPid(p), path, kindOf(st.Mode))
 	}
 	if st.Nlink > 0 {
 		// Unlinked under this name, or a name that ends so: the name, looked up in the
@@ -227,6 +228,21 @@ func removedAt(p int, link string) (*Removed, error) {
 	}
 	return &Removed{Key: fmt.Sprintf("file[%x:%x]", mnt, st.Ino), Path: path, Dir: dir, Mode: st.Mode & 0o7777,
 		UID: st.Uid, GID: st.Gid, Size: st.Size, Atime: st.Atim, Mtime: st.Mtim}, nil
+}
+
+// kindOf names a file that is neither a regular file nor a directory, by its mode.
+func kindOf(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return "a FIFO"
+	case unix.S_IFCHR, unix.S_IFBLK:
+		return "a device node"
+	case unix.S_IFLNK:
+		return "a symbolic link (held by an O_PATH fd)"
+	case unix.S_IFSOCK:
+		return "a socket file"
+	}
+	return fmt.Sprintf("a special file (mode %o)", mode)
 }
 
 // sandboxPid is host PID p's PID in its own namespace, for messages (p if unknown).
@@ -266,11 +282,42 @@ func copyRemoved(link, dst string) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(f, io.LimitReader(src, RemovedLimit+1))
+	err = copySparse(f, src, RemovedLimit+1)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// copySparse copies src's first limit bytes (at most) into dst (empty) and gives dst the
+// same size, keeping src's holes: only the ranges SEEK_DATA finds are written, so a
+// sparse file (CRIU's ghost_holes tests) keeps its holes and about its blocks both ways
+// (a file system without SEEK_DATA shows the whole file as data: a dense copy).
+func copySparse(dst, src *os.File, limit int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return err
+	}
+	size := min(st.Size, limit)
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) || (err == nil && data >= size) {
+			break // a hole to the end
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		hole = min(hole, size)
+		if _, err := io.Copy(io.NewOffsetWriter(dst, data), io.NewSectionReader(src, data, hole-data)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return dst.Truncate(size)
 }
 
 // criuRemaps refuses an image in which CRIU carries a file itself (ghost files, link
@@ -305,7 +352,7 @@ func makeRemoved(root *os.File, dir string, r Removed) (*os.File, error) {
 			return err
 		}
 		defer func() { _ = src.Close() }() // read-only, after the copy
-		if _, err := io.Copy(f, src); err != nil {
+		if err := copySparse(f, src, RemovedLimit+1); err != nil {
 			return err
 		}
 		return setAttrs(fd, r)

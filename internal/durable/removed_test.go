@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // holdRemoved starts a python that holds, under dir, an unlinked file g ("hello"), a
@@ -78,5 +80,136 @@ func TestRemovedFilesFound(t *testing.T) {
 	pid = holdRemoved(t, t.TempDir(), true)
 	if _, _, err := removedFiles([]int{pid}); err == nil || !strings.Contains(err.Error(), "over the 64 MiB") {
 		t.Fatalf("a removed file of 65 MiB: %v, want a refusal naming the limit", err)
+	}
+}
+
+// TestRemovedCopyKeepsHoles: a removed sparse file is copied into the image and made
+// again on the state with its holes, size and blocks (CRIU's ghost_holes tests: a dense
+// copy gave the first hole at the end and every block allocated).
+func TestRemovedCopyKeepsHoles(t *testing.T) {
+	dir, img, state := t.TempDir(), t.TempDir(), t.TempDir()
+	orig := filepath.Join(dir, "sparse")
+	f, err := os.OpenFile(orig, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, off := range []int64{0, 1 << 20, 3 << 20} {
+		if _, err := f.WriteAt([]byte("x"), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(5 << 20); err != nil { // a hole at the end too
+		t.Fatal(err)
+	}
+	type shape struct{ hole, size, blocks int64 }
+	shapeOf := func(f *os.File) shape {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		hole, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return shape{hole, st.Size, st.Blocks}
+	}
+	want := shapeOf(f)
+	if want.hole >= 1<<20 {
+		t.Skipf("%s keeps no holes (first hole at %d)", dir, want.hole)
+	}
+	if err := copyRemoved(orig, filepath.Join(img, "removed-0")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := os.Open(filepath.Join(img, "removed-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := shapeOf(c); got != want {
+		t.Errorf("the image's copy: first hole, size, blocks %v, want %v", got, want)
+	}
+	root, err := os.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	m, err := makeRemoved(root, img, Removed{Path: "/sparse", Mode: 0o644, UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), Copy: "removed-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if got := shapeOf(m); got != want {
+		t.Errorf("made again: first hole, size, blocks %v, want %v", got, want)
+	}
+	b := make([]byte, 1)
+	if _, err := m.ReadAt(b, 3<<20); err != nil || string(b) != "x" {
+		t.Errorf("made again: at 3 MiB %q %v, want x", b, err)
+	}
+}
+
+// holdPy starts python3 -c py with args; it prints "ready" when set up.
+func holdPy(t *testing.T, py string, args ...string) int {
+	t.Helper()
+	cmd := exec.Command("python3", append([]string{"-c", py}, args...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("python3: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if l, _ := bufio.NewReader(out).ReadString('\n'); l != "ready\n" {
+		t.Fatalf("the holder did not start: %q", l)
+	}
+	return cmd.Process.Pid
+}
+
+// TestRemovedSpecialNamed: a refusal names what a removed special file is (CRIU's
+// symlink01: an O_PATH fd of a removed symlink was called "a FIFO or device"), and an
+// AIO ring's mapping (/[aio], which CRIU dumps itself) is not taken for a removed file.
+func TestRemovedSpecialNamed(t *testing.T) {
+	dir := t.TempDir()
+	pid := holdPy(t, `import os, sys, ctypes, time
+d = sys.argv[1]
+os.symlink("target", d + "/l"); l = os.open(d + "/l", os.O_PATH | os.O_NOFOLLOW); os.unlink(d + "/l")
+os.mkfifo(d + "/f"); f = os.open(d + "/f", os.O_RDWR); os.unlink(d + "/f")
+ctx = ctypes.c_ulong(0)
+assert ctypes.CDLL(None).syscall(206, 16, ctypes.byref(ctx)) == 0  # io_setup: /[aio]
+print("ready", flush=True)
+time.sleep(1000)
+`, dir)
+	var msgs []string
+	_ = treeLinks([]int{pid}, func(p int, link string) error { // collects every error
+		if _, err := removedAt(p, link); err != nil {
+			msgs = append(msgs, err.Error())
+		}
+		return nil
+	})
+	all := strings.Join(msgs, "\n")
+	if len(msgs) != 2 || !strings.Contains(all, dir+"/l, a symbolic link") || !strings.Contains(all, dir+"/f, a FIFO whose") || strings.Contains(all, "aio") {
+		t.Fatalf("refusals:\n%s\nwant %s/l a symbolic link, %s/f a FIFO, and nothing of /[aio]", all, dir, dir)
+	}
+}
+
+// TestTreePTYsOwn: a pty the process opened itself (it holds the master) is told apart
+// from one whose master was closed (CRIU's pty00 and pty04 were called "a session's terminal").
+func TestTreePTYsOwn(t *testing.T) {
+	pid := holdPy(t, `import os, time
+m, s = os.openpty()
+m2, s2 = os.openpty(); os.close(m2)
+print("ready", flush=True)
+time.sleep(1000)
+`)
+	keys, err := TreeTTYs(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptys := TreePTYs(pid, keys)
+	if len(keys) != 2 || len(ptys) != 2 || !ptys[0].Own || ptys[0].Closed || ptys[1].Own || !ptys[1].Closed || !strings.HasPrefix(ptys[0].Path, "/dev/pts/") ||
+		strings.HasSuffix(ptys[1].Path, "(deleted)") {
+		t.Fatalf("keys %v, ptys %+v: want two, the first its own (its master held), the second's master closed", keys, ptys)
 	}
 }

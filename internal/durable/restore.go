@@ -209,6 +209,35 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	c := &call{r: r, typ: rpc.CriuReqType_RESTORE, opts: opts, files: files, pidNS: sb.PID, cgroupNS: sb.Cgroup, cgroups: sb.Cgroups,
 		what: fmt.Sprintf("criu restore of sandbox pid %d from %s", m.Pid, dir), dir: dir, log: RestoreLog,
 		timeout: cmp(o.Timeout, RestoreTimeout), domain: true}
+	// Each process's oom_score_adj, which CRIU cannot give back in the sandbox's user
+	// namespace (oomscore.go), is given at CRIU's post-restore.
+	oom, err := imageOOMScores(dir)
+	if err != nil {
+		return nil, err
+	}
+	// The times of the bound unix sockets' files and directories are put back then
+	// too (unixsk.go).
+	var socks []*boundSocket
+	if sb.Root != nil {
+		if socks, err = boundSockets(sb.Root, dir); err != nil {
+			return nil, err
+		}
+		defer func() {
+			for _, s := range socks {
+				s.close()
+			}
+		}()
+	}
+	opts.NotifyScripts = proto.Bool(true)
+	c.notify = func(script string) error {
+		if script != "post-restore" {
+			return nil
+		}
+		for _, s := range socks {
+			s.putBack()
+		}
+		return setOOMScores(sb.PID, oom)
+	}
 	if m.ShellJob {
 		c.env = []string{shellJobSetsidEnv}
 	}

@@ -61,6 +61,10 @@ type call struct {
 	// owner, when not 0, is the uid CRIU runs as, with the daemon's capabilities: the
 	// owner of the sandbox's user namespace, for a dump (owner.go says why).
 	owner uint32
+	// notify, when set, is called at each of CRIU's notifications (the request's
+	// notify_scripts) with its name ("post-restore"...); an error fails the request
+	// (CRIU aborts: after a post-restore, it kills the restored tree).
+	notify func(script string) error
 	// domain runs CRIU in a Landlock domain of its own (package landlock), which the
 	// tree it restores inherits: CRIU's images do not carry the domain a process had,
 	// and a restored process without one could trace every command the sandbox runs
@@ -238,6 +242,7 @@ func lowerPriority(pid int) {
 func (c *call) exchange(sk *os.File) (*rpc.CriuResp, error) {
 	req := &rpc.CriuReq{Type: &c.typ, Opts: c.opts}
 	buf := make([]byte, 64<<10)
+	var notifyErr error
 	for {
 		b, err := proto.Marshal(req)
 		if err != nil {
@@ -257,6 +262,10 @@ func (c *call) exchange(sk *os.File) (*rpc.CriuResp, error) {
 		if err := proto.Unmarshal(buf[:n], resp); err != nil {
 			return nil, fmt.Errorf("criu swrk's answer: %w", err)
 		}
+		if !resp.GetSuccess() && notifyErr != nil {
+			return resp, fmt.Errorf("%w (criu %s failed: errno %d%s)", notifyErr, strings.ToLower(c.typ.String()), resp.GetCrErrno(),
+				errmsg(resp.GetCrErrmsg()))
+		}
 		if !resp.GetSuccess() {
 			return resp, fmt.Errorf("criu %s failed (errno %d%s)", strings.ToLower(c.typ.String()), resp.GetCrErrno(),
 				errmsg(resp.GetCrErrmsg()))
@@ -265,11 +274,21 @@ func (c *call) exchange(sk *os.File) (*rpc.CriuResp, error) {
 			if resp.GetType() != c.typ {
 				return resp, fmt.Errorf("criu swrk answered %v to %v", resp.GetType(), c.typ)
 			}
+			if notifyErr != nil { // CRIU went on (a notification whose failure it only logs)
+				return resp, notifyErr
+			}
 			return resp, nil
 		}
-		// No notify scripts are asked for; answer any notification with success.
+		// Any notification c.notify does not fail is answered with success; a failed
+		// one makes CRIU abort, whose answer is then read (CRIU's cleanup is done) and
+		// reported with the cause.
+		if c.notify != nil && notifyErr == nil {
+			if err := c.notify(resp.GetNotify().GetScript()); err != nil {
+				notifyErr = fmt.Errorf("at CRIU's %s: %w", resp.GetNotify().GetScript(), err)
+			}
+		}
 		t := rpc.CriuReqType_NOTIFY
-		req = &rpc.CriuReq{Type: &t, NotifySuccess: proto.Bool(true)}
+		req = &rpc.CriuReq{Type: &t, NotifySuccess: proto.Bool(notifyErr == nil)}
 	}
 }
 

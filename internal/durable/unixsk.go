@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -75,3 +77,109 @@ func unixSocketMounts(dir string) error {
 	}
 	return os.Rename(tmp, path)
 }
+
+// Binding a socket again changes its directory's times (CRIU unlinks the old socket file
+// and binds a new one), and the new file has new times: at every checkpoint (its move is
+// a restore) and restore, a listening socket's directory looked written to. Restore puts
+// both back, at CRIU's post-restore: the directory and the socket file are opened in the
+// state restored onto (openat2 confined to it, no symlink followed) before CRIU runs, and
+// their times are read then; after CRIU bound the socket, the directory's times are set
+// through its fd, and the socket file's (a socket, found again by its name in that
+// directory, no symlink followed) to what the file it replaced had. The inode number and
+// the change time stay new.
+
+// boundSocket is a unix socket's file of the image, in the state restored onto, before
+// CRIU binds it again.
+type boundSocket struct {
+	dir          int    // its directory, open (O_RDONLY)
+	name         string // its name in dir
+	dirTimes     [2]unix.Timespec
+	sockTimes    [2]unix.Timespec
+	hasSockTimes bool
+}
+
+// boundSockets opens, in the state whose root is root, the directory of each unix socket
+// dir's image binds to a path, where a socket file is there now.
+func boundSockets(root *os.File, dir string) ([]*boundSocket, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "files.img"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(b) < 8 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != filesMagic {
+		return nil, fmt.Errorf("%s: not a CRIU files image", dir)
+	}
+	var out []*boundSocket
+	seen := map[string]bool{}
+	for off := 8; off+4 <= len(b); {
+		n := int(binary.LittleEndian.Uint32(b[off:]))
+		if off+4+n > len(b) {
+			break
+		}
+		var fe fdinfo.FileEntry
+		err := proto.Unmarshal(b[off+4:off+4+n], &fe)
+		off += 4 + n
+		if err != nil || fe.Usk == nil || fe.Usk.GetDeleted() || len(fe.Usk.Name) == 0 || fe.Usk.Name[0] == 0 {
+			continue // not a socket bound to a path that still names it
+		}
+		path := strings.TrimRight(string(fe.Usk.Name), "\x00") // the sun_path's terminating NUL, when bound with it
+		if !filepath.IsAbs(path) {
+			if !filepath.IsAbs(fe.Usk.GetNameDir()) {
+				continue
+			}
+			path = filepath.Join(fe.Usk.GetNameDir(), path)
+		}
+		path = filepath.Clean(path)
+		if seen[path] || path == "/" {
+			continue
+		}
+		seen[path] = true
+		if s := openBoundSocket(root, path); s != nil {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// openBoundSocket opens path's directory in root's state and reads its times and those
+// of the socket file at path; nil when either is not there.
+func openBoundSocket(root *os.File, path string) *boundSocket {
+	fd, err := unix.Openat2(int(root.Fd()), filepath.Dir(path), &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return nil
+	}
+	s := &boundSocket{dir: fd, name: filepath.Base(path)}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		unix.Close(fd)
+		return nil
+	}
+	s.dirTimes = [2]unix.Timespec{st.Atim, st.Mtim}
+	if unix.Fstatat(fd, s.name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		unix.Close(fd)
+		return nil
+	}
+	s.sockTimes, s.hasSockTimes = [2]unix.Timespec{st.Atim, st.Mtim}, true
+	return s
+}
+
+// putBack sets the directory's times, and the new socket file's, to what they were
+// before CRIU bound it. Best effort: times are a courtesy, not the socket's state.
+func (s *boundSocket) putBack() {
+	if s.hasSockTimes {
+		if fd, err := unix.Openat2(s.dir, s.name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}); err == nil {
+			var st unix.Stat_t
+			if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+				_ = unix.UtimesNanoAt(fd, "", s.sockTimes[:], unix.AT_EMPTY_PATH) // best effort, as said
+			}
+			unix.Close(fd)
+		}
+	}
+	_ = unix.UtimesNanoAt(s.dir, "", s.dirTimes[:], unix.AT_EMPTY_PATH) // best effort, as said
+}
+
+func (s *boundSocket) close() { unix.Close(s.dir) }

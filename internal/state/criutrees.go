@@ -419,7 +419,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 			if mine != "" {
 				return fail(fmt.Errorf("%s: its tree holds the terminal of another session, which CRIU would have to take from that session", what))
 			}
-			return fail(fmt.Errorf("%s: its tree holds a session's terminal, which CRIU would have to take from the session", what))
+			return fail(ttyRefusal(what, root, ttys, mine))
 		}
 		if err := proctree.PipesToDaemon(root); err != nil {
 			t.closePeer()
@@ -769,11 +769,14 @@ func (m *Manager) cleanCRIUTrees() {
 }
 
 // criuRefusal is the 409 of a tree neither path can take.
+// CRIU's reason comes first: it is what stops the checkpoint (the fast path's, which sent
+// the tree to CRIU, is most often only shared anonymous memory, which every tree CRIU
+// takes may have).
 func criuRefusal(fastWhy, criuWhy string, sessions bool) error {
 	if sessions {
-		return fmt.Errorf("%s, and CRIU could not take it either: %s (end what makes it so, or end the session: deltabox session kill; end_background ends such processes outside the sessions): %w", fastWhy, criuWhy, errdefs.ErrConflict)
+		return fmt.Errorf("%s (end what makes it so, or end the session: deltabox session kill; end_background ends such processes outside the sessions); nor can the fast path take it: %s: %w", criuWhy, fastWhy, errdefs.ErrConflict)
 	}
-	return fmt.Errorf("%s, outside the sessions, and CRIU could not take it either: %s (end it, or checkpoint with end_background to end such processes): %w", fastWhy, criuWhy, errdefs.ErrConflict)
+	return fmt.Errorf("%s (end it, or checkpoint with end_background to end such processes outside the sessions); nor can the fast path take it: %s: %w", criuWhy, fastWhy, errdefs.ErrConflict)
 }
 
 // syncPath fsyncs a directory.
@@ -798,4 +801,33 @@ func currentState(rt *sandbox.Sandbox) (sandbox.State, error) {
 		return sandbox.None, err
 	}
 	return sandbox.State{NS: ns, Root: root}, nil
+}
+
+// ttyRefusal is why the tree of root (what) cannot go to CRIU: it holds pseudo-terminals
+// other than mine (its session's, "" outside the sessions), named by ttys (TreeTTYs').
+// A pty the tree opened itself (it holds the master) is told apart from a terminal whose
+// master is elsewhere (a session's, another process's).
+func ttyRefusal(what string, root int, ttys []string, mine string) error {
+	var own, closed, other []string
+	for _, t := range durable.TreePTYs(root, slices.DeleteFunc(slices.Clone(ttys), func(k string) bool { return k == mine })) {
+		switch {
+		case t.Own:
+			own = append(own, t.Path)
+		case t.Closed:
+			closed = append(closed, t.Path)
+		default:
+			other = append(other, t.Path)
+		}
+	}
+	switch {
+	case len(other) > 0 && mine != "":
+		return fmt.Errorf("%s: its tree holds %s, the terminal of another session (or a pty another process holds the master of), which CRIU would have to take from its holder", what, strings.Join(other, ", "))
+	case len(other) > 0:
+		return fmt.Errorf("%s: its tree holds %s, a terminal whose master it does not hold (a session's, or another process's pty), which CRIU would have to take from its holder", what, strings.Join(other, ", "))
+	case len(closed) > 0:
+		return fmt.Errorf("%s: its tree holds %s, a pseudo-terminal whose master was closed, which DeltaBox does not carry through CRIU (close it)", what, strings.Join(closed, ", "))
+	case len(own) > 0:
+		return fmt.Errorf("%s: its tree holds %s, a pseudo-terminal it opened itself (it holds the master too: openpty, /dev/ptmx), which DeltaBox does not carry through CRIU (close it)", what, strings.Join(own, ", "))
+	}
+	return fmt.Errorf("%s: its tree holds a terminal that is not its session's, which CRIU would have to take from its holder", what)
 }
