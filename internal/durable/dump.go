@@ -218,6 +218,9 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err := criuRemaps(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.what, err)
 	}
+	if err := unrestorable(dir); err != nil {
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
 	if err := unixSocketMounts(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.what, err)
 	}

@@ -1,0 +1,186 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// What CRIU dumps but cannot restore into a sandbox. A checkpoint's CRIU trees are
+// dumped, then ended (their PIDs must be free), then restored from their images onto the
+// new state; its undo restores them onto the old one. An image that CRIU's restore
+// refuses fails both, and the process is lost (docs/design/criu-files.md, "Failures";
+// docs/research/criu-static/). unrestorable reads a dump's images, before anything is
+// ended, for what a restore into the sandbox's user namespace, as DeltaBox runs it,
+// cannot put back, so that the checkpoint refuses (409) with the tree still running:
+//
+//   - A unix socket bound to an absolute path that was removed, or that names another
+//     file since (CRIU's "ghost" socket): the restore binds it again in the sandbox's
+//     files, after access() on the path's directory, which fails for the restorer
+//     (EACCES: its real uid is not the sandbox's; zdtm del_standalone_un). CRIU would
+//     also rename the file that has the name now, and make the directories.
+//   - An fd with an owner for SIGIO/SIGURG (F_SETOWN, or a lease, which makes its taker
+//     the owner) that is the sandbox's root: CRIU sets its effective uid to the owner's
+//     to set it again, which fails for the restorer, or leaves it without the
+//     capabilities it needs next ("Can't set UIDs", "Can't change root", "Can't set
+//     lease": zdtm file_fown, file_lease00, file_lease01 as the sandbox's root).
+//   - A TCP socket with a peer (any state but listening or unconnected): CRIU restores
+//     one only with --tcp-established or --tcp-close, which DeltaBox does not pass
+//     (a connection of the sandbox's own loopback is not CRIU's to repair). CRIU's dump
+//     refuses established ones itself; it dumps closed ones (both ends shut down, zdtm
+//     socket-tcp-close2) and its restore refuses them ("Connected TCP socket in image").
+
+// criu/include/magic.h.
+const idsMagic = 0x54432030
+
+// unrestorable says what in the image in dir a restore into the sandbox cannot put back,
+// naming the process (its PID in the sandbox) and the fd; nil if nothing.
+func unrestorable(dir string) error {
+	ids, err := filepath.Glob(filepath.Join(dir, "ids-*.img"))
+	if err != nil {
+		return err
+	}
+	files, err := imageFiles(dir)
+	if err != nil {
+		return err
+	}
+	var why []string
+	for _, p := range ids {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), "ids-"), ".img"))
+		if err != nil {
+			continue
+		}
+		ents, err := readImageFile(p, idsMagic)
+		if err != nil {
+			return err
+		}
+		if len(ents) == 0 {
+			return fmt.Errorf("%s: no entry", p)
+		}
+		var kids criucore.TaskKobjIdsEntry
+		if err := proto.Unmarshal(ents[0], &kids); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		fdp := filepath.Join(dir, fmt.Sprintf("fdinfo-%d.img", kids.GetFilesId()))
+		fds, err := readImageFile(fdp, fdinfoMagic)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for _, b := range fds {
+			var fi fdinfo.FdinfoEntry
+			if err := proto.Unmarshal(b, &fi); err != nil {
+				return fmt.Errorf("%s: %w", fdp, err)
+			}
+			f := files[fi.GetId()]
+			if f == nil {
+				continue
+			}
+			if w := cannotRestore(f); w != "" {
+				s := fmt.Sprintf("process %d: fd %d %s", pid, fi.GetFd(), w)
+				if !slices.Contains(why, s) {
+					why = append(why, s)
+				}
+			}
+		}
+	}
+	if len(why) > 0 {
+		return fmt.Errorf("%s; CRIU's restore, which the checkpoint runs after ending the process, would fail, so it is not ended", strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// imageFiles reads files.img by id (an image without one has no files).
+func imageFiles(dir string) (map[uint32]*fdinfo.FileEntry, error) {
+	path := filepath.Join(dir, "files.img")
+	ents, err := readImageFile(path, filesMagic)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32]*fdinfo.FileEntry{}
+	for _, b := range ents {
+		var e fdinfo.FileEntry
+		if err := proto.Unmarshal(b, &e); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out[e.GetId()] = &e
+	}
+	return out, nil
+}
+
+// tcpListen is TCP_LISTEN (include/net/tcp_states.h).
+const tcpListen = 10
+
+var tcpStates = map[uint32]string{1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+	6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 11: "CLOSING"}
+
+// cannotRestore says why f cannot be restored into the sandbox ("" if it can): the rest
+// of a sentence that starts "fd N".
+func cannotRestore(f *fdinfo.FileEntry) string {
+	if u := f.GetUsk(); u != nil && u.GetDeleted() && len(u.GetName()) > 0 && u.GetName()[0] == '/' {
+		return fmt.Sprintf("is a unix socket bound to %s, a name that was removed or names another file since, which CRIU would bind again in the sandbox's files and cannot (close it, or keep its name)", strings.TrimRight(string(u.GetName()), "\x00"))
+	}
+	if i := f.GetIsk(); i != nil && i.GetProto() == 6 && i.GetDstPort() != 0 && i.GetState() != tcpListen {
+		return fmt.Sprintf("is a TCP connection (%s to %s, %s), which CRIU restores only by repairing or closing it, as a checkpoint does not (close it before the checkpoint)",
+			tcpEnd(i.GetSrcAddr(), i.GetSrcPort()), tcpEnd(i.GetDstAddr(), i.GetDstPort()), tcpState(i.GetState()))
+	}
+	if o := rootOwner(f.ProtoReflect()); o != nil {
+		return fmt.Sprintf("has the sandbox's root as its signal owner (fcntl F_SETOWN, or a lease, F_SETLEASE, which sets it; owner pid %d), which CRIU cannot set again in the sandbox (clear it: F_SETOWN 0, F_SETLEASE F_UNLCK; or run the process as another user)", o.GetPid())
+	}
+	return ""
+}
+
+func tcpState(s uint32) string {
+	if n, ok := tcpStates[s]; ok {
+		return n
+	}
+	return "state " + strconv.Itoa(int(s))
+}
+
+// tcpEnd is an end of a TCP socket of the image, as addr:port.
+func tcpEnd(a []uint32, port uint32) string {
+	var b []byte
+	for _, w := range a {
+		b = append(b, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
+	}
+	if ip, ok := netip.AddrFromSlice(b); ok {
+		return netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
+	}
+	return fmt.Sprintf("port %d", port)
+}
+
+// rootOwner finds in m (a file entry, any of its kinds) an owner CRIU would set again
+// (a pid) whose effective uid is the sandbox's root.
+func rootOwner(m protoreflect.Message) *fown.FownEntry {
+	var found *fown.FownEntry
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() {
+			return true
+		}
+		if o, ok := v.Message().Interface().(*fown.FownEntry); ok {
+			if o.GetPid() != 0 && o.GetEuid() == 0 {
+				found = o
+			}
+		} else {
+			found = rootOwner(v.Message())
+		}
+		return found == nil
+	})
+	return found
+}
