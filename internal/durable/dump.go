@@ -152,6 +152,9 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
+	if err := closedConnections(tree); err != nil {
+		return nil, err
+	}
 	if o.Kill && len(removed) > 0 {
 		// Copied now, from the stopped tree that CRIU ends.
 		if removed, err = copyRemovedFiles(tree, dir, removed, removedSrc); err != nil {
