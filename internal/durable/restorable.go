@@ -31,12 +31,15 @@ import (
 //     file since (CRIU's "ghost" socket): the restore binds it again in the sandbox's
 //     files, after access() on the path's directory, which fails for the restorer
 //     (EACCES: its real uid is not the sandbox's; zdtm del_standalone_un). CRIU would
-//     also rename the file that has the name now, and make the directories.
+//     also rename the file that has the name now, and make the directories. A connected
+//     stream socket with such a name (accepted: zdtm deleted_unix_sock) is not bound
+//     again, and is CRIU's to carry; so is a relative name (bound in the cwd).
 //   - An fd with an owner for SIGIO/SIGURG (F_SETOWN, or a lease, which makes its taker
-//     the owner) that is the sandbox's root: CRIU sets its effective uid to the owner's
-//     to set it again, which fails for the restorer, or leaves it without the
-//     capabilities it needs next ("Can't set UIDs", "Can't change root", "Can't set
-//     lease": zdtm file_fown, file_lease00, file_lease01 as the sandbox's root).
+//     the owner) whose effective uid is the sandbox's root, or none of the process's
+//     uids: CRIU sets its effective uid to the owner's to set it again, which fails for
+//     the restorer, or leaves it without the capabilities it needs next ("Can't set
+//     UIDs", "Can't change root", "Can't set lease": zdtm file_fown, file_lease00,
+//     file_lease01 as the sandbox's root; as uid 18943 they pass).
 //   - A TCP socket with a peer (any state but listening or unconnected): CRIU restores
 //     one only with --tcp-established or --tcp-close, which DeltaBox does not pass
 //     (a connection of the sandbox's own loopback is not CRIU's to repair). CRIU's dump
@@ -47,7 +50,10 @@ import (
 //     what gets through (a connection closed meanwhile).
 
 // criu/include/magic.h.
-const idsMagic = 0x54432030
+const (
+	idsMagic  = 0x54432030
+	coreMagic = 0x55053847
+)
 
 // unrestorable says what in the image in dir a restore into the sandbox cannot put back,
 // naming the process (its PID in the sandbox) and the fd; nil if nothing.
@@ -77,6 +83,10 @@ func unrestorable(dir string) error {
 		if err := proto.Unmarshal(ents[0], &kids); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
+		uids, err := taskUids(dir, pid)
+		if err != nil {
+			return err
+		}
 		fdp := filepath.Join(dir, fmt.Sprintf("fdinfo-%d.img", kids.GetFilesId()))
 		fds, err := readImageFile(fdp, fdinfoMagic)
 		if errors.Is(err, os.ErrNotExist) {
@@ -94,7 +104,7 @@ func unrestorable(dir string) error {
 			if f == nil {
 				continue
 			}
-			if w := cannotRestore(f); w != "" {
+			if w := cannotRestore(f, uids); w != "" {
 				s := fmt.Sprintf("process %d: fd %d %s", pid, fi.GetFd(), w)
 				if !slices.Contains(why, s) {
 					why = append(why, s)
@@ -106,6 +116,28 @@ func unrestorable(dir string) error {
 		return fmt.Errorf("%s; CRIU's restore, which the checkpoint runs after ending the process, would fail, so it is not ended", strings.Join(why, "; "))
 	}
 	return nil
+}
+
+// taskUids are the real, effective and saved uids of process pid (its PID in the
+// sandbox) in the image in dir.
+func taskUids(dir string, pid int) ([]uint32, error) {
+	p := filepath.Join(dir, fmt.Sprintf("core-%d.img", pid))
+	ents, err := readImageFile(p, coreMagic)
+	if err != nil {
+		return nil, err
+	}
+	if len(ents) == 0 {
+		return nil, fmt.Errorf("%s: no entry", p)
+	}
+	var c criucore.CoreEntry
+	if err := proto.Unmarshal(ents[0], &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	cr := c.GetThreadCore().GetCreds()
+	if cr == nil {
+		return nil, fmt.Errorf("%s: no credentials", p)
+	}
+	return []uint32{cr.GetUid(), cr.GetEuid(), cr.GetSuid()}, nil
 }
 
 // imageFiles reads files.img by id (an image without one has no files).
@@ -129,24 +161,32 @@ func imageFiles(dir string) (map[uint32]*fdinfo.FileEntry, error) {
 	return out, nil
 }
 
-// tcpListen is TCP_LISTEN (include/net/tcp_states.h).
-const tcpListen = 10
+// include/net/tcp_states.h.
+const (
+	tcpEstablished = 1
+	tcpListen      = 10
+)
 
 var tcpStates = map[uint32]string{1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
 	6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 11: "CLOSING"}
 
 // cannotRestore says why f cannot be restored into the sandbox ("" if it can): the rest
 // of a sentence that starts "fd N".
-func cannotRestore(f *fdinfo.FileEntry) string {
-	if u := f.GetUsk(); u != nil && u.GetDeleted() && len(u.GetName()) > 0 && u.GetName()[0] == '/' {
+func cannotRestore(f *fdinfo.FileEntry, uids []uint32) string {
+	if u := f.GetUsk(); u != nil && u.GetDeleted() && len(u.GetName()) > 0 && u.GetName()[0] == '/' &&
+		(u.GetType() == unix.SOCK_DGRAM || u.GetState() != tcpEstablished) {
 		return fmt.Sprintf("is a unix socket bound to %s, a name that was removed or names another file since, which CRIU would bind again in the sandbox's files and cannot (close it, or keep its name)", strings.TrimRight(string(u.GetName()), "\x00"))
 	}
 	if i := f.GetIsk(); i != nil && i.GetProto() == 6 && i.GetDstPort() != 0 && i.GetState() != tcpListen {
 		return fmt.Sprintf("is a TCP connection (%s to %s, %s), which CRIU restores only by repairing or closing it, as a checkpoint does not (close it before the checkpoint)",
 			tcpEnd(i.GetSrcAddr(), i.GetSrcPort()), tcpEnd(i.GetDstAddr(), i.GetDstPort()), tcpState(i.GetState()))
 	}
-	if o := rootOwner(f.ProtoReflect()); o != nil {
-		return fmt.Sprintf("has the sandbox's root as its signal owner (fcntl F_SETOWN, or a lease, F_SETLEASE, which sets it; owner pid %d), which CRIU cannot set again in the sandbox (clear it: F_SETOWN 0, F_SETLEASE F_UNLCK; or run the process as another user)", o.GetPid())
+	if o := badOwner(f.ProtoReflect(), uids); o != nil {
+		who := "the sandbox's root"
+		if o.GetEuid() != 0 {
+			who = fmt.Sprintf("uid %d, not the process's own", o.GetEuid())
+		}
+		return fmt.Sprintf("has a signal owner (fcntl F_SETOWN, or a lease, F_SETLEASE, which sets it; pid %d) whose effective uid is %s, which CRIU cannot set again in the sandbox (clear it: F_SETOWN 0, F_SETLEASE F_UNLCK; or set it as the process's own user, not root)", o.GetPid(), who)
 	}
 	return ""
 }
@@ -170,20 +210,24 @@ func tcpEnd(a []uint32, port uint32) string {
 	return fmt.Sprintf("port %d", port)
 }
 
-// rootOwner finds in m (a file entry, any of its kinds) an owner CRIU would set again
-// (a pid) whose effective uid is the sandbox's root.
-func rootOwner(m protoreflect.Message) *fown.FownEntry {
+// badOwner finds in m (a file entry, any of its kinds) an owner CRIU would set again (a
+// pid) with an effective uid that CRIU's restore cannot take: the sandbox's root, or one
+// that is none of the process's uids (uids: real, effective, saved). Measured (zdtm
+// file_fown, file_lease00/01): an owner of the process's own uid, not root, is restored;
+// one of uid 0 (a process of the sandbox's root) or of another uid (set while the
+// effective uid was another) fails the restore.
+func badOwner(m protoreflect.Message, uids []uint32) *fown.FownEntry {
 	var found *fown.FownEntry
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() {
 			return true
 		}
 		if o, ok := v.Message().Interface().(*fown.FownEntry); ok {
-			if o.GetPid() != 0 && o.GetEuid() == 0 {
+			if o.GetPid() != 0 && (o.GetEuid() == 0 || !slices.Contains(uids, o.GetEuid())) {
 				found = o
 			}
 		} else {
-			found = rootOwner(v.Message())
+			found = badOwner(v.Message(), uids)
 		}
 		return found == nil
 	})

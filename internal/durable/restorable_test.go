@@ -28,11 +28,14 @@ func TestCannotRestore(t *testing.T) {
 		{"closed TCP connection", &fdinfo.FileEntry{Isk: &skinet.InetSkEntry{Proto: proto.Uint32(6), State: proto.Uint32(7), SrcPort: proto.Uint32(1), DstPort: proto.Uint32(2),
 			SrcAddr: []uint32{0x0100007f}, DstAddr: []uint32{0x0100007f}, Fown: owner(0, 0)}}, "TCP connection (127.0.0.1:1 to 127.0.0.1:2, CLOSE)"},
 		{"listening TCP socket", &fdinfo.FileEntry{Isk: &skinet.InetSkEntry{Proto: proto.Uint32(6), State: proto.Uint32(10), SrcPort: proto.Uint32(1), DstPort: proto.Uint32(0), Fown: owner(0, 0)}}, ""},
+		{"accepted ghost unix socket", &fdinfo.FileEntry{Usk: &skunix.UnixSkEntry{Name: []byte("/workspace/sock"), Type: proto.Uint32(1), State: proto.Uint32(1), Deleted: proto.Bool(true), Fown: owner(0, 0)}}, ""},
+		{"listening ghost unix socket", &fdinfo.FileEntry{Usk: &skunix.UnixSkEntry{Name: []byte("/workspace/sock"), Type: proto.Uint32(1), State: proto.Uint32(10), Deleted: proto.Bool(true), Fown: owner(0, 0)}}, "unix socket bound to"},
+		{"fd owned by another uid", &fdinfo.FileEntry{Reg: &regfile.RegFileEntry{Name: proto.String("/workspace/leased"), Fown: owner(22, 1)}}, "uid 1, not the process's own"},
 		{"fd owned by root", &fdinfo.FileEntry{Reg: &regfile.RegFileEntry{Name: proto.String("/workspace/leased"), Fown: owner(22, 0)}}, "signal owner"},
 		{"fd owned by a user", &fdinfo.FileEntry{Reg: &regfile.RegFileEntry{Name: proto.String("/workspace/leased"), Fown: owner(22, 18943)}}, ""},
 		{"socket owned by root", &fdinfo.FileEntry{Usk: &skunix.UnixSkEntry{Fown: owner(22, 0)}}, "signal owner"},
 	} {
-		got := cannotRestore(c.f)
+		got := cannotRestore(c.f, []uint32{18943, 18943, 18943})
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}

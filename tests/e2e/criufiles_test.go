@@ -307,10 +307,10 @@ os.rename("/workspace/d/tmp", "/workspace/d/sock")`,
 		"unix socket bound to /workspace/d/sock, a name that was removed"},
 	// zdtm file_fown, as the sandbox's root.
 	{"fd owner", `r, w = os.pipe(); fcntl.fcntl(r, fcntl.F_SETOWN, os.getpid())`,
-		`fcntl.fcntl(r, fcntl.F_GETOWN) == os.getpid()`, "as its signal owner"},
+		`fcntl.fcntl(r, fcntl.F_GETOWN) == os.getpid()`, "a signal owner"},
 	// zdtm file_lease00, as the sandbox's root.
 	{"lease", `fd = os.open("/workspace/leased", os.O_RDONLY | os.O_CREAT, 0o666); fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)`,
-		`fcntl.fcntl(fd, fcntl.F_GETLEASE)`, "as its signal owner"},
+		`fcntl.fcntl(fd, fcntl.F_GETLEASE)`, "a signal owner"},
 	// zdtm proc-self: an fd on its own network namespace (nsfs, "net:[N]").
 	{"namespace fd", `ns = os.open("/proc/self/ns/net", os.O_RDONLY)`,
 		`os.readlink("/proc/self/fd/%d" % ns) == os.readlink("/proc/self/ns/net")`, ""},
