@@ -152,6 +152,16 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
+	// A tree that runs on after the dump (a checkpoint's CRIU trees) is checked before
+	// and after it for what CRIU's restore cannot put back (restorable.go): the
+	// checkpoint ends the tree before it restores it. A dump that ends its tree (a
+	// template's copy, for a durable image) loses nothing at the dump and is not.
+	check := !o.Kill
+	if check {
+		if err := closedConnections(tree); err != nil {
+			return nil, err
+		}
+	}
 	if o.Kill && len(removed) > 0 {
 		// Copied now, from the stopped tree that CRIU ends.
 		if removed, err = copyRemovedFiles(tree, dir, removed, removedSrc); err != nil {
@@ -217,6 +227,11 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	if err := criuRemaps(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	if check {
+		if err := unrestorable(dir); err != nil {
+			return nil, fmt.Errorf("%s: %w", c.what, err)
+		}
 	}
 	if err := unixSocketMounts(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.what, err)

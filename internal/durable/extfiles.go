@@ -64,7 +64,10 @@ func externalFilesOf(pid int, removed []Removed, out map[string]string) error {
 			return nil
 		}
 		path, err := os.Readlink(link)
-		if err != nil || shmemName(path) {
+		if err != nil || shmemName(path) || !strings.HasPrefix(path, "/") {
+			// Not a file with a path: a namespace (nsfs, "net:[4026532273]"), which
+			// CRIU dumps and restores itself (an ns file, opened from the restored
+			// process's namespaces), and which no state has at a path.
 			return nil
 		}
 		key := fmt.Sprintf("file[%x:%x]", mnt, st.Ino)

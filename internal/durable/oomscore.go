@@ -32,9 +32,6 @@ import (
 // inherits from CRIU, as every process of the sandbox does from the daemon) and leaves
 // that minimum as it was.
 
-// coreMagic is CORE_MAGIC (criu/include/magic.h).
-const coreMagic = 0x55053847
-
 // imageOOMScores reads, from the core images in dir, each process's oom_score_adj by its
 // PID in the sandbox (processes alive or stopped at the dump; threads have none).
 func imageOOMScores(dir string) (map[int]int32, error) {

@@ -193,6 +193,16 @@ func removedAt(p int, link string) (*Removed, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, err
 	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return nil, err
+	}
+	if fs.Type == unix.PROC_SUPER_MAGIC {
+		// Not a file of the sandbox: a /proc directory or file of a process that has
+		// ended (a cwd in /proc/PID of a reaped child). CRIU dumps it itself, as a
+		// dead PID's procfs path, and restores it with a helper of that PID.
+		return nil, nil
+	}
 	dir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 	special := !dir && st.Mode&unix.S_IFMT != unix.S_IFREG
 	name, err := os.Readlink(link)

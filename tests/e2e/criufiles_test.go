@@ -284,3 +284,120 @@ for i in $(seq 1000); do [ -s /workspace/leader.pid ] && [ -s /workspace/child.p
 		t.Fatalf("after the refusal: states %v, want both sleeping (running on)", st)
 	}
 }
+
+// criuLossCases are what CRIU's zdtm static tests found a failed checkpoint to lose
+// (docs/research/criu-static/): a background python with a second thread (so that the
+// fast path refuses it and CRIU takes it) holding, after SETUP, what CRIU dumped but its
+// restore into the sandbox failed on, or what DeltaBox's own removed-file step took for
+// a removed file. The checkpoint ended the process to restore it onto the new state, the
+// restore failed, and the undo failed the same way. Each SIGUSR1 writes STATE to
+// /tmp/loss.state.
+var criuLossCases = []struct {
+	name, setup, state string
+	refused            string // "": carried; else what the 409 names
+}{
+	// zdtm del_standalone_un: a listening socket whose bound path names another
+	// socket's file (a CRIU "ghost" socket).
+	{"ghost unix socket", `os.makedirs("/workspace/d", exist_ok=True)
+a = socket.socket(socket.AF_UNIX); a.bind("/workspace/d/sock"); a.listen()
+os.rename("/workspace/d/sock", "/workspace/d/tmp")
+b = socket.socket(socket.AF_UNIX); b.bind("/workspace/d/sock"); b.listen()
+os.rename("/workspace/d/tmp", "/workspace/d/sock")`,
+		`"%s %s" % (a.getsockname(), b.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))`,
+		"unix socket bound to /workspace/d/sock, a name that was removed"},
+	// zdtm file_fown, as the sandbox's root.
+	{"fd owner", `r, w = os.pipe(); fcntl.fcntl(r, fcntl.F_SETOWN, os.getpid())`,
+		`fcntl.fcntl(r, fcntl.F_GETOWN) == os.getpid()`, "a signal owner"},
+	// zdtm file_lease00, as the sandbox's root.
+	{"lease", `fd = os.open("/workspace/leased", os.O_RDONLY | os.O_CREAT, 0o666); fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)`,
+		`fcntl.fcntl(fd, fcntl.F_GETLEASE)`, "a signal owner"},
+	// zdtm proc-self: an fd on its own network namespace (nsfs, "net:[N]").
+	{"namespace fd", `ns = os.open("/proc/self/ns/net", os.O_RDONLY)`,
+		`os.readlink("/proc/self/fd/%d" % ns) == os.readlink("/proc/self/ns/net")`, ""},
+	// zdtm unhashed_proc: a cwd in /proc/PID of a child since reaped.
+	{"cwd in a reaped child's /proc", `pid = os.fork()
+if pid == 0:
+    signal.pause(); os._exit(0)
+os.chdir("/proc/%d" % pid); os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)`,
+		`"%s %s" % (os.readlink("/proc/self/cwd"), os.path.exists("status"))`, ""},
+	// zdtm socket-tcp-close2: a loopback TCP connection, both ends shut down.
+	{"closed TCP connection", `s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+c = socket.create_connection(s.getsockname()); a, _ = s.accept(); s.close()
+c.shutdown(socket.SHUT_WR); a.shutdown(socket.SHUT_WR)`,
+		`"%r %r" % (c.recv(10), a.recv(10))`, "is a TCP connection"},
+}
+
+// TestCRIUFailedCheckpointKeepsProcess: for each of criuLossCases, the checkpoint either
+// carries the process (and a restore gives its state back) or refuses it with a 409
+// naming the cause, before anything is ended; in every case the process runs on with its
+// state and /workspace is unchanged (issue 24 item 0: a failed checkpoint changes
+// nothing).
+func TestCRIUFailedCheckpointKeepsProcess(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	for i, c := range criuLossCases {
+		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			id := fmt.Sprintf("loss%d", i)
+			dbxCreate(t, d, id)
+			// The second thread blocks SIGUSR1, and the main thread polls: as
+			// removedThings, and for the same reasons.
+			prog := "import os, fcntl, signal, socket, threading, time\n" +
+				"signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n" +
+				"threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()\n" +
+				c.setup + "\n" + `ev = threading.Event(); n = [0]
+signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+open("/tmp/loss.pid", "w").write(str(os.getpid()))
+while True:
+    if not ev.wait(0.1): continue
+    ev.clear(); n[0] += 1
+    try: st = str(` + c.state + `)
+    except Exception as e: st = repr(e)
+    open("/tmp/loss.state", "w").write(st)
+    open("/tmp/loss.done", "w").write(str(n[0]))
+`
+			if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /tmp/loss.py`, "sh", prog}}); r.ExitCode != 0 {
+				t.Fatalf("write loss.py: %+v", r)
+			}
+			pid := startJob(t, d, id, "python3 /tmp/loss.py", "/tmp/loss.pid")
+			// A restore takes the process's count back: the answer is waited for by
+			// its file, removed before each signal.
+			state := func(what string) string {
+				t.Helper()
+				dbxSh(t, d, id, "rm -f /tmp/loss.done")
+				dbxSignal(t, d, id, "USR1", pid)
+				if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `for i in $(seq 500); do [ -e /tmp/loss.done ] && exit 0; sleep 0.01; done; exit 1`}}); r.ExitCode != 0 {
+					t.Fatalf("%s: process %s did not answer: ps: %s", what, pid, dbxSh(t, d, id, "ps -e -o pid,stat,comm"))
+				}
+				return dbxSh(t, d, id, "cat /tmp/loss.state")
+			}
+			listing := func() string {
+				return dbxSh(t, d, id, `find /workspace -printf '%p %y %s %i %T@\n' | sort`)
+			}
+			before, files := state("before"), listing()
+			a, err := d.C.Checkpoint(dbxCtx(t), id, "a")
+			switch {
+			case c.refused == "" && err != nil:
+				t.Fatalf("checkpoint: %v, want it carried", err)
+			case c.refused != "" && (!errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), c.refused)):
+				t.Fatalf("checkpoint: %v, want a conflict naming %q", err, c.refused)
+			}
+			if got := state("after the checkpoint"); got != before {
+				t.Fatalf("after the checkpoint (%v): state %q, want %q", err, got, before)
+			}
+			if got := listing(); got != files {
+				t.Fatalf("the checkpoint (%v) changed /workspace:\nbefore:\n%s\nafter:\n%s", err, files, got)
+			}
+			if err != nil {
+				return
+			}
+			dbxSh(t, d, id, "echo later > /workspace/later")
+			dbxRestore(t, d, id, a.Node.ID)
+			if got := state("after the restore"); got != before {
+				t.Fatalf("after the restore: state %q, want %q", got, before)
+			}
+			if got := listing(); got != files {
+				t.Fatalf("the restore did not give back /workspace:\nat the checkpoint:\n%s\nrestored:\n%s", files, got)
+			}
+		})
+	}
+}

@@ -1,0 +1,312 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// What CRIU dumps but cannot restore into a sandbox. A checkpoint's CRIU trees are
+// dumped, then ended (their PIDs must be free), then restored from their images onto the
+// new state; its undo restores them onto the old one. An image that CRIU's restore
+// refuses fails both, and the process is lost (docs/design/criu-files.md, "Failures";
+// docs/research/criu-static/). unrestorable reads a dump's images, before anything is
+// ended, for what a restore into the sandbox's user namespace, as DeltaBox runs it,
+// cannot put back, so that the checkpoint refuses (409) with the tree still running:
+//
+//   - A unix socket bound to an absolute path that was removed, or that names another
+//     file since (CRIU's "ghost" socket): the restore binds it again in the sandbox's
+//     files, after access() on the path's directory, which fails for the restorer
+//     (EACCES: its real uid is not the sandbox's; zdtm del_standalone_un). CRIU would
+//     also rename the file that has the name now, and make the directories. A connected
+//     stream socket with such a name (accepted: zdtm deleted_unix_sock) is not bound
+//     again, and is CRIU's to carry; so is a relative name (bound in the cwd).
+//   - An fd with an owner for SIGIO/SIGURG (F_SETOWN, or a lease, which makes its taker
+//     the owner) whose effective uid is the sandbox's root, or none of the process's
+//     uids: CRIU sets its effective uid to the owner's to set it again, which fails for
+//     the restorer, or leaves it without the capabilities it needs next ("Can't set
+//     UIDs", "Can't change root", "Can't set lease": zdtm file_fown, file_lease00,
+//     file_lease01 as the sandbox's root; as uid 18943 they pass).
+//   - A TCP socket with a peer (any state but listening or unconnected): CRIU restores
+//     one only with --tcp-established or --tcp-close, which DeltaBox does not pass
+//     (a connection of the sandbox's own loopback is not CRIU's to repair). CRIU's dump
+//     refuses established ones itself; it dumps closed ones (both ends shut down, zdtm
+//     socket-tcp-close2) and its restore refuses them ("Connected TCP socket in image").
+//     The dump also leaves such a socket in repair mode, broken for the process that
+//     runs on, so closedConnections refuses it before the dump; unrestorable refuses
+//     what gets through (a connection closed meanwhile).
+
+// criu/include/magic.h.
+const (
+	idsMagic  = 0x54432030
+	coreMagic = 0x55053847
+)
+
+// unrestorable says what in the image in dir a restore into the sandbox cannot put back,
+// naming the process (its PID in the sandbox) and the fd; nil if nothing.
+func unrestorable(dir string) error {
+	ids, err := filepath.Glob(filepath.Join(dir, "ids-*.img"))
+	if err != nil {
+		return err
+	}
+	files, err := imageFiles(dir)
+	if err != nil {
+		return err
+	}
+	var why []string
+	for _, p := range ids {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p), "ids-"), ".img"))
+		if err != nil {
+			continue
+		}
+		ents, err := readImageFile(p, idsMagic)
+		if err != nil {
+			return err
+		}
+		if len(ents) == 0 {
+			return fmt.Errorf("%s: no entry", p)
+		}
+		var kids criucore.TaskKobjIdsEntry
+		if err := proto.Unmarshal(ents[0], &kids); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		uids, err := taskUids(dir, pid)
+		if err != nil {
+			return err
+		}
+		fdp := filepath.Join(dir, fmt.Sprintf("fdinfo-%d.img", kids.GetFilesId()))
+		fds, err := readImageFile(fdp, fdinfoMagic)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for _, b := range fds {
+			var fi fdinfo.FdinfoEntry
+			if err := proto.Unmarshal(b, &fi); err != nil {
+				return fmt.Errorf("%s: %w", fdp, err)
+			}
+			f := files[fi.GetId()]
+			if f == nil {
+				continue
+			}
+			if w := cannotRestore(f, uids); w != "" {
+				s := fmt.Sprintf("process %d: fd %d %s", pid, fi.GetFd(), w)
+				if !slices.Contains(why, s) {
+					why = append(why, s)
+				}
+			}
+		}
+	}
+	if len(why) > 0 {
+		return fmt.Errorf("%s; CRIU's restore, which the checkpoint runs after ending the process, would fail, so it is not ended", strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// taskUids are the real, effective and saved uids of process pid (its PID in the
+// sandbox) in the image in dir.
+func taskUids(dir string, pid int) ([]uint32, error) {
+	p := filepath.Join(dir, fmt.Sprintf("core-%d.img", pid))
+	ents, err := readImageFile(p, coreMagic)
+	if err != nil {
+		return nil, err
+	}
+	if len(ents) == 0 {
+		return nil, fmt.Errorf("%s: no entry", p)
+	}
+	var c criucore.CoreEntry
+	if err := proto.Unmarshal(ents[0], &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	cr := c.GetThreadCore().GetCreds()
+	if cr == nil {
+		return nil, fmt.Errorf("%s: no credentials", p)
+	}
+	return []uint32{cr.GetUid(), cr.GetEuid(), cr.GetSuid()}, nil
+}
+
+// imageFiles reads files.img by id (an image without one has no files).
+func imageFiles(dir string) (map[uint32]*fdinfo.FileEntry, error) {
+	path := filepath.Join(dir, "files.img")
+	ents, err := readImageFile(path, filesMagic)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32]*fdinfo.FileEntry{}
+	for _, b := range ents {
+		var e fdinfo.FileEntry
+		if err := proto.Unmarshal(b, &e); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out[e.GetId()] = &e
+	}
+	return out, nil
+}
+
+// include/net/tcp_states.h.
+const (
+	tcpEstablished = 1
+	tcpListen      = 10
+)
+
+var tcpStates = map[uint32]string{1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+	6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 11: "CLOSING"}
+
+// cannotRestore says why f cannot be restored into the sandbox ("" if it can): the rest
+// of a sentence that starts "fd N".
+func cannotRestore(f *fdinfo.FileEntry, uids []uint32) string {
+	if u := f.GetUsk(); u != nil && u.GetDeleted() && len(u.GetName()) > 0 && u.GetName()[0] == '/' &&
+		(u.GetType() == unix.SOCK_DGRAM || u.GetState() != tcpEstablished) {
+		return fmt.Sprintf("is a unix socket bound to %s, a name that was removed or names another file since, which CRIU would bind again in the sandbox's files and cannot (close it, or keep its name)", strings.TrimRight(string(u.GetName()), "\x00"))
+	}
+	if i := f.GetIsk(); i != nil && i.GetProto() == 6 && i.GetDstPort() != 0 && i.GetState() != tcpListen {
+		return fmt.Sprintf("is a TCP connection (%s to %s, %s), which CRIU restores only by repairing or closing it, as a checkpoint does not (close it before the checkpoint)",
+			tcpEnd(i.GetSrcAddr(), i.GetSrcPort()), tcpEnd(i.GetDstAddr(), i.GetDstPort()), tcpState(i.GetState()))
+	}
+	if o := badOwner(f.ProtoReflect(), uids); o != nil {
+		who := "the sandbox's root"
+		if o.GetEuid() != 0 {
+			who = fmt.Sprintf("uid %d, not the process's own", o.GetEuid())
+		}
+		return fmt.Sprintf("has a signal owner (fcntl F_SETOWN, or a lease, F_SETLEASE, which sets it; pid %d) whose effective uid is %s, which CRIU cannot set again in the sandbox (clear it: F_SETOWN 0, F_SETLEASE F_UNLCK; or set it as the process's own user, not root)", o.GetPid(), who)
+	}
+	return ""
+}
+
+func tcpState(s uint32) string {
+	if n, ok := tcpStates[s]; ok {
+		return n
+	}
+	return "state " + strconv.Itoa(int(s))
+}
+
+// tcpEnd is an end of a TCP socket of the image, as addr:port.
+func tcpEnd(a []uint32, port uint32) string {
+	var b []byte
+	for _, w := range a {
+		b = append(b, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
+	}
+	if ip, ok := netip.AddrFromSlice(b); ok {
+		return netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
+	}
+	return fmt.Sprintf("port %d", port)
+}
+
+// badOwner finds in m (a file entry, any of its kinds) an owner CRIU would set again (a
+// pid) with an effective uid that CRIU's restore cannot take: the sandbox's root, or one
+// that is none of the process's uids (uids: real, effective, saved). Measured (zdtm
+// file_fown, file_lease00/01): an owner of the process's own uid, not root, is restored;
+// one of uid 0 (a process of the sandbox's root) or of another uid (set while the
+// effective uid was another) fails the restore.
+func badOwner(m protoreflect.Message, uids []uint32) *fown.FownEntry {
+	var found *fown.FownEntry
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Kind() != protoreflect.MessageKind || fd.IsList() || fd.IsMap() {
+			return true
+		}
+		if o, ok := v.Message().Interface().(*fown.FownEntry); ok {
+			if o.GetPid() != 0 && (o.GetEuid() == 0 || !slices.Contains(uids, o.GetEuid())) {
+				found = o
+			}
+		} else {
+			found = badOwner(v.Message(), uids)
+		}
+		return found == nil
+	})
+	return found
+}
+
+// closedConnections refuses, before CRIU's dump, a TCP socket of the tree (host PIDs) in
+// TCP_CLOSE that has a peer (a connection over: both ends shut down, zdtm
+// socket-tcp-close2). CRIU dumps it, unlike a connection still open, but as a
+// connection: it switches the socket to repair mode (TCP_REPAIR) to read its state and
+// leaves it so, which breaks it for the process that goes on running (recv: EPERM), and
+// its restore refuses it ("Connected TCP socket in image"). A closed socket that never
+// had a peer (unconnected) is CRIU's to carry.
+func closedConnections(tree []int) error {
+	for _, p := range tree {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		if err != nil {
+			continue // ended since (the root's fds were read before)
+		}
+		for _, e := range ents {
+			n, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat(fmt.Sprintf("/proc/%d/fd/%d", p, n), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+				continue
+			}
+			if peer := closedPeer(p, n); peer != "" {
+				return fmt.Errorf("process %d: fd %d is a TCP connection that is over (state CLOSE, its peer %s), which CRIU would take as a connection, breaking it for the running process (repair mode), and cannot restore without repairing or closing connections, as a checkpoint does not (close it before the checkpoint)", sandboxPid(p), n, peer)
+			}
+		}
+	}
+	return nil
+}
+
+// closedPeer is the peer (addr:port) of fd n of host process pid when it is a TCP socket
+// in TCP_CLOSE that has one, else "".
+func closedPeer(pid, n int) string {
+	pfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.PidfdGetfd(pfd, n, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil || (dom != unix.AF_INET && dom != unix.AF_INET6) {
+		return ""
+	}
+	if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_TCP {
+		return ""
+	}
+	if info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO); err != nil || info.State != unix.BPF_TCP_CLOSE {
+		return ""
+	}
+	// SO_PEERNAME, as CRIU reads it: getpeername answers ENOTCONN in TCP_CLOSE. Its
+	// length must be the family's sockaddr's (EINVAL if longer).
+	var b [28]byte // sockaddr_in6; sockaddr_in is 16
+	l := uint32(len(b))
+	if dom == unix.AF_INET {
+		l = 16
+	}
+	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERNAME,
+		uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&l)), 0); e != 0 || l < 8 {
+		return ""
+	}
+	port := uint16(b[2])<<8 | uint16(b[3])
+	if port == 0 {
+		return ""
+	}
+	var ip netip.Addr
+	if dom == unix.AF_INET {
+		ip = netip.AddrFrom4([4]byte(b[4:8]))
+	} else if l >= 24 {
+		ip = netip.AddrFrom16([16]byte(b[8:24])).Unmap()
+	}
+	return netip.AddrPortFrom(ip, port).String()
+}
