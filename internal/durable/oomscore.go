@@ -57,6 +57,30 @@ func imageOOMScores(dir string) (map[int]int32, error) {
 	return out, nil
 }
 
+// notInherited keeps, of want, the values the restored processes would not have anyway:
+// a process CRIU restores inherits CRIU's oom_score_adj, the daemon's (CRIU's own write
+// of the image's value fails, above). Most processes keep the value they were started
+// with, and then nothing is written at all and the restore needs no post-restore
+// notification: each of CRIU's notifications is a round trip with the daemon before the
+// restore goes on.
+func notInherited(want map[int]int32) map[int]int32 {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return want // unknown: write every value
+	}
+	self, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return want
+	}
+	out := map[int]int32{}
+	for p, v := range want {
+		if int(v) != self {
+			out[p] = v
+		}
+	}
+	return out
+}
+
 // imageTaskCore is the task part of the core image at path (nil for a thread's). The
 // image is framed as images.go says, with one entry. (Not go-criu's crit package: it
 // cannot be linked beside go-criu's stats package, unixsk.go says why.)

@@ -215,6 +215,7 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 	if err != nil {
 		return nil, err
 	}
+	oom = notInherited(oom)
 	// The times of the bound unix sockets' files and directories are put back then
 	// too (unixsk.go).
 	var socks []*boundSocket
@@ -228,15 +229,17 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 			}
 		}()
 	}
-	opts.NotifyScripts = proto.Bool(true)
-	c.notify = func(script string) error {
-		if script != "post-restore" {
-			return nil
+	if len(oom) > 0 || len(socks) > 0 {
+		opts.NotifyScripts = proto.Bool(true)
+		c.notify = func(script string) error {
+			if script != "post-restore" {
+				return nil
+			}
+			for _, s := range socks {
+				s.putBack()
+			}
+			return setOOMScores(sb.PID, oom)
 		}
-		for _, s := range socks {
-			s.putBack()
-		}
-		return setOOMScores(sb.PID, oom)
 	}
 	if m.ShellJob {
 		c.env = []string{shellJobSetsidEnv}
