@@ -76,6 +76,16 @@ func Stat(pid int) ([][]byte, error) {
 	return bytes.Fields(rest), nil
 }
 
+// StatFields is Stat of a /proc/PID/stat already read (b, read through a sandbox's
+// proc, for one): the fields from state on, nil if b has no comm.
+func StatFields(b []byte) [][]byte {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return bytes.Fields(b[i+1:])
+}
+
 // State returns the state letter of /proc/pid/stat (R, S, T, t, Z...), or 0 if the
 // process is gone. It splits nothing: a restore asks it of every template.
 func State(pid int) byte {

@@ -1,7 +1,7 @@
 package session
 
 import (
-	"bytes"
+	"deltabox/internal/procfs"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -30,11 +30,7 @@ func OnTerminal(rt *sandbox.Sandbox, pid, master int) bool {
 	if err != nil {
 		return false
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	f := bytes.Fields(b[i+1:]) // state, ppid, pgrp, session, tty_nr...
+	f := procfs.StatFields(b) // state, ppid, pgrp, session, tty_nr...
 	if len(f) < 5 {
 		return false
 	}

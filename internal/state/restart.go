@@ -1,8 +1,8 @@
 package state
 
 import (
-	"bytes"
 	"cmp"
+	"deltabox/internal/procfs"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -470,11 +470,7 @@ func strayTemplate(rt *sandbox.Sandbox, pid int) bool {
 	if err != nil {
 		return false
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	f := bytes.Fields(b[i+1:]) // state, ppid, pgrp, session, tty_nr...
+	f := procfs.StatFields(b) // state, ppid, pgrp, session, tty_nr...
 	return len(f) > 4 && (string(f[0]) == "T" || string(f[0]) == "t") && string(f[1]) == "1" &&
 		string(f[3]) == strconv.Itoa(pid) && string(f[4]) == "0"
 }
