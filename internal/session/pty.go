@@ -1,11 +1,11 @@
 package session
 
 import (
-	"deltabox/internal/procfs"
 	"strconv"
 
 	"golang.org/x/sys/unix"
 
+	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
 )
 

@@ -2,7 +2,6 @@ package state
 
 import (
 	"cmp"
-	"deltabox/internal/procfs"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/fastpath"
+	"deltabox/internal/procfs"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/sbinit"
 	"deltabox/internal/session"
