@@ -71,9 +71,10 @@ func Configure(nsFD int, tcpPort, dnsPort uint16) error {
 	// Delete and add in one batch: the namespace is never without rules.
 	t4 := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: Table}
 	t6 := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: Table}
+	// A Lock's table is one a daemon that died left (Configure runs at adoption).
 	if ts, err := c.ListTables(); err == nil {
 		for _, t := range ts {
-			if t.Name == Table {
+			if t.Name == Table || t.Name == LockTable {
 				c.DelTable(t)
 			}
 		}
