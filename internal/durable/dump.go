@@ -3,6 +3,7 @@ package durable
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -47,6 +48,10 @@ type Manifest struct {
 	// Removed are the files and directories with no name the tree holds (removed.go),
 	// external to the image too: Restore makes each again, nameless, on the state.
 	Removed []Removed `json:",omitempty"`
+	// TCP are the tree's TCP connections, dumped with DumpOptions.TCPEstablished
+	// (tcp.go): Restore repairs them back, and RepairOff turns repair mode off on them
+	// for a tree that runs on after its dump.
+	TCP []Conn `json:",omitempty"`
 	// ShellJob: the tree's root does not lead its session (a job an exec left behind,
 	// in init's session). CRIU dumps it only as a shell job; Restore has its root lead
 	// a session of its own (shellJobSetsidEnv).
@@ -79,6 +84,12 @@ type DumpOptions struct {
 	// SIGSTOP as it lets it go), for a caller that decides afterwards whether it runs
 	// on (SIGCONT) or is ended: a checkpoint, whose node must hold the tree as dumped.
 	LeaveStopped bool
+	// TCPEstablished dumps the tree's TCP connections (CRIU's --tcp-established: in
+	// repair mode, tcp.go), for a dump that leaves the tree stopped; the caller holds
+	// netns.Lock from before the dump until the tree is restored or RepairOff, and
+	// calls RepairOff before it lets the tree run without a restore. Without it, a tree
+	// holding one is refused.
+	TCPEstablished bool
 	// FileLocks dumps the tree's file locks (flock, POSIX, OFD: CRIU's --file-locks),
 	// which CRIU takes again at the restore; without it a tree holding one is refused.
 	FileLocks bool
@@ -95,7 +106,7 @@ type DumpOptions struct {
 // first by its tracer; a process in a group stop stays stopped after the dump, with its
 // SIGSTOP queued, and its image records it stopped (measured on a non-dumpable python
 // stopped by SIGSTOP: docs/research/criu-sandbox/).
-func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOptions) (*Manifest, error) {
+func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOptions) (_ *Manifest, err error) {
 	if !r.Usable() {
 		return nil, fmt.Errorf("CRIU cannot dump on this machine: %s", r)
 	}
@@ -157,10 +168,8 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	// checkpoint ends the tree before it restores it. A dump that ends its tree (a
 	// template's copy, for a durable image) loses nothing at the dump and is not.
 	check := !o.Kill
-	if check {
-		if err := closedConnections(tree); err != nil {
-			return nil, err
-		}
+	if o.TCPEstablished && !o.LeaveStopped {
+		return nil, errors.New("a dump of TCP connections must leave its tree stopped (TCPEstablished needs LeaveStopped)")
 	}
 	if o.Kill && len(removed) > 0 {
 		// Copied now, from the stopped tree that CRIU ends.
@@ -186,22 +195,23 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		// CRIU's own fd by path: it would resolve images_dir_fd as /proc/<our
 		// pid>/fd/N (SO_PEERCRED), which a restore's CRIU, with a /proc of the
 		// sandbox, cannot see; and it readlinks images_dir, so a plain path fails.
-		ImagesDirFd:  proto.Int32(-1),
-		ImagesDir:    proto.String(fmt.Sprintf("/proc/self/fd/%d", fdOf(0))),
-		Pid:          proto.Int32(int32(pid)),
-		LeaveRunning: proto.Bool(!o.Kill && !o.LeaveStopped),
-		LeaveStopped: proto.Bool(o.LeaveStopped),
-		ShellJob:     proto.Bool(job),
-		FileLocks:    proto.Bool(o.FileLocks),
-		LogLevel:     proto.Int32(logLevel(o.LogLevel)),
-		LogFile:      proto.String(DumpLog),
-		External:     ext,
+		ImagesDirFd:    proto.Int32(-1),
+		ImagesDir:      proto.String(fmt.Sprintf("/proc/self/fd/%d", fdOf(0))),
+		Pid:            proto.Int32(int32(pid)),
+		LeaveRunning:   proto.Bool(!o.Kill && !o.LeaveStopped),
+		LeaveStopped:   proto.Bool(o.LeaveStopped),
+		ShellJob:       proto.Bool(job),
+		FileLocks:      proto.Bool(o.FileLocks),
+		TcpEstablished: proto.Bool(o.TCPEstablished),
+		LogLevel:       proto.Int32(logLevel(o.LogLevel)),
+		LogFile:        proto.String(DumpLog),
+		External:       ext,
 		// CRIU archives the files of every tmpfs it dumps (tar, gzip: 64 ms of a
 		// 0.5 s dump here, for the sandbox's /dev and a /proc mask), which Restore
 		// never reads: it joins the state's mount namespace instead of making one.
 		SkipMnt: skip,
-		// The sandbox has lo only; nothing to lock (and iptables, CRIU's default
-		// method, is not installed).
+		// The caller locks (netns.Lock): CRIU's lock would run iptables (not
+		// installed) or nftables in CRIU's namespace, which its restore does not share.
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
 	}
 	var owner uint32 // 0: CRIU as the daemon is
@@ -228,9 +238,31 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err := criuRemaps(dir); err != nil {
 		return nil, fmt.Errorf("%s: %w", c.what, err)
 	}
+	var conns []Conn
+	if o.TCPEstablished {
+		// CRIU left the tree's connections in repair mode: a dump that fails from here
+		// on turns it off, and leaves the tree as CRIU's failed dump would (stopped
+		// by CRIU, its sockets working).
+		var cerr error
+		conns, cerr = imageConns(dir)
+		defer func() {
+			if err != nil {
+				if cerr != nil {
+					conns = nil // every TCP socket of the tree
+				}
+				err = errors.Join(err, RepairOff(Tree(pid), conns))
+			}
+		}()
+		if cerr != nil {
+			return nil, fmt.Errorf("%s: %w", c.what, cerr)
+		}
+	}
 	if check {
-		if err := unrestorable(dir); err != nil {
+		if err := unrestorable(dir, o.TCPEstablished); err != nil {
 			return nil, fmt.Errorf("%s: %w", c.what, err)
+		}
+		if err := bigQueues(dir, conns); err != nil {
+			return nil, fmt.Errorf("%s: %w; CRIU's restore, which the checkpoint runs after ending the process, would fail, so it is not ended", c.what, err)
 		}
 	}
 	if err := unixSocketMounts(dir); err != nil {
@@ -241,7 +273,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 			return nil, fmt.Errorf("%s: %w", c.what, err)
 		}
 	}
-	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, Removed: removed, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
+	m := &Manifest{Pid: nspid, HostPid: pid, TTYs: ttys, ExtFiles: extFiles, Removed: removed, TCP: conns, ShellJob: job, PidNS: pidNS, NetNS: netNS, Dumped: start.UTC(),
 		DumpS: time.Since(start).Seconds()}
 	if o.Sync {
 		if err := syncDir(dir); err != nil {

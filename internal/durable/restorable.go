@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
@@ -40,14 +39,12 @@ import (
 //     the restorer, or leaves it without the capabilities it needs next ("Can't set
 //     UIDs", "Can't change root", "Can't set lease": zdtm file_fown, file_lease00,
 //     file_lease01 as the sandbox's root; as uid 18943 they pass).
-//   - A TCP socket with a peer (any state but listening or unconnected): CRIU restores
-//     one only with --tcp-established or --tcp-close, which DeltaBox does not pass
-//     (a connection of the sandbox's own loopback is not CRIU's to repair). CRIU's dump
-//     refuses established ones itself; it dumps closed ones (both ends shut down, zdtm
-//     socket-tcp-close2) and its restore refuses them ("Connected TCP socket in image").
-//     The dump also leaves such a socket in repair mode, broken for the process that
-//     runs on, so closedConnections refuses it before the dump; unrestorable refuses
-//     what gets through (a connection closed meanwhile).
+//   - A TCP socket with a peer (any state but listening or unconnected), in a dump
+//     without its connections (DumpOptions.TCPEstablished): CRIU restores one only with
+//     --tcp-established or --tcp-close. CRIU's dump refuses established ones itself; it
+//     dumps closed ones (both ends shut down, zdtm socket-tcp-close2) and its restore
+//     refuses them ("Connected TCP socket in image"). A checkpoint's dump takes them
+//     (tcp.go), and bigQueues refuses the queues a restore cannot put back.
 
 // criu/include/magic.h.
 const (
@@ -57,7 +54,10 @@ const (
 
 // unrestorable says what in the image in dir a restore into the sandbox cannot put back,
 // naming the process (its PID in the sandbox) and the fd; nil if nothing.
-func unrestorable(dir string) error {
+//
+// With tcp (the dump took TCP connections: DumpOptions.TCPEstablished), a connection
+// is the restore's to repair, and is not refused.
+func unrestorable(dir string, tcp bool) error {
 	ids, err := filepath.Glob(filepath.Join(dir, "ids-*.img"))
 	if err != nil {
 		return err
@@ -104,7 +104,7 @@ func unrestorable(dir string) error {
 			if f == nil {
 				continue
 			}
-			if w := cannotRestore(f, uids); w != "" {
+			if w := cannotRestore(f, uids, tcp); w != "" {
 				s := fmt.Sprintf("process %d: fd %d %s", pid, fi.GetFd(), w)
 				if !slices.Contains(why, s) {
 					why = append(why, s)
@@ -172,12 +172,12 @@ var tcpStates = map[uint32]string{1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV"
 
 // cannotRestore says why f cannot be restored into the sandbox ("" if it can): the rest
 // of a sentence that starts "fd N".
-func cannotRestore(f *fdinfo.FileEntry, uids []uint32) string {
+func cannotRestore(f *fdinfo.FileEntry, uids []uint32, tcp bool) string {
 	if u := f.GetUsk(); u != nil && u.GetDeleted() && len(u.GetName()) > 0 && u.GetName()[0] == '/' &&
 		(u.GetType() == unix.SOCK_DGRAM || u.GetState() != tcpEstablished) {
 		return fmt.Sprintf("is a unix socket bound to %s, a name that was removed or names another file since, which CRIU would bind again in the sandbox's files and cannot (close it, or keep its name)", strings.TrimRight(string(u.GetName()), "\x00"))
 	}
-	if i := f.GetIsk(); i != nil && i.GetProto() == 6 && i.GetDstPort() != 0 && i.GetState() != tcpListen {
+	if i := f.GetIsk(); !tcp && i != nil && i.GetProto() == 6 && i.GetDstPort() != 0 && i.GetState() != tcpListen {
 		return fmt.Sprintf("is a TCP connection (%s to %s, %s), which CRIU restores only by repairing or closing it, as a checkpoint does not (close it before the checkpoint)",
 			tcpEnd(i.GetSrcAddr(), i.GetSrcPort()), tcpEnd(i.GetDstAddr(), i.GetDstPort()), tcpState(i.GetState()))
 	}
@@ -232,81 +232,4 @@ func badOwner(m protoreflect.Message, uids []uint32) *fown.FownEntry {
 		return found == nil
 	})
 	return found
-}
-
-// closedConnections refuses, before CRIU's dump, a TCP socket of the tree (host PIDs) in
-// TCP_CLOSE that has a peer (a connection over: both ends shut down, zdtm
-// socket-tcp-close2). CRIU dumps it, unlike a connection still open, but as a
-// connection: it switches the socket to repair mode (TCP_REPAIR) to read its state and
-// leaves it so, which breaks it for the process that goes on running (recv: EPERM), and
-// its restore refuses it ("Connected TCP socket in image"). A closed socket that never
-// had a peer (unconnected) is CRIU's to carry.
-func closedConnections(tree []int) error {
-	for _, p := range tree {
-		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
-		if err != nil {
-			continue // ended since (the root's fds were read before)
-		}
-		for _, e := range ents {
-			n, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			var st unix.Stat_t
-			if unix.Stat(fmt.Sprintf("/proc/%d/fd/%d", p, n), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-				continue
-			}
-			if peer := closedPeer(p, n); peer != "" {
-				return fmt.Errorf("process %d: fd %d is a TCP connection that is over (state CLOSE, its peer %s), which CRIU would take as a connection, breaking it for the running process (repair mode), and cannot restore without repairing or closing connections, as a checkpoint does not (close it before the checkpoint)", sandboxPid(p), n, peer)
-			}
-		}
-	}
-	return nil
-}
-
-// closedPeer is the peer (addr:port) of fd n of host process pid when it is a TCP socket
-// in TCP_CLOSE that has one, else "".
-func closedPeer(pid, n int) string {
-	pfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return ""
-	}
-	defer unix.Close(pfd)
-	fd, err := unix.PidfdGetfd(pfd, n, 0)
-	if err != nil {
-		return ""
-	}
-	defer unix.Close(fd)
-	dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
-	if err != nil || (dom != unix.AF_INET && dom != unix.AF_INET6) {
-		return ""
-	}
-	if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_TCP {
-		return ""
-	}
-	if info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO); err != nil || info.State != unix.BPF_TCP_CLOSE {
-		return ""
-	}
-	// SO_PEERNAME, as CRIU reads it: getpeername answers ENOTCONN in TCP_CLOSE. Its
-	// length must be the family's sockaddr's (EINVAL if longer).
-	var b [28]byte // sockaddr_in6; sockaddr_in is 16
-	l := uint32(len(b))
-	if dom == unix.AF_INET {
-		l = 16
-	}
-	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERNAME,
-		uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&l)), 0); e != 0 || l < 8 {
-		return ""
-	}
-	port := uint16(b[2])<<8 | uint16(b[3])
-	if port == 0 {
-		return ""
-	}
-	var ip netip.Addr
-	if dom == unix.AF_INET {
-		ip = netip.AddrFrom4([4]byte(b[4:8]))
-	} else if l >= 24 {
-		ip = netip.AddrFrom16([16]byte(b[8:24])).Unmap()
-	}
-	return netip.AddrPortFrom(ip, port).String()
 }

@@ -35,9 +35,18 @@ func TestCannotRestore(t *testing.T) {
 		{"fd owned by a user", &fdinfo.FileEntry{Reg: &regfile.RegFileEntry{Name: proto.String("/workspace/leased"), Fown: owner(22, 18943)}}, ""},
 		{"socket owned by root", &fdinfo.FileEntry{Usk: &skunix.UnixSkEntry{Fown: owner(22, 0)}}, "signal owner"},
 	} {
-		got := cannotRestore(c.f, []uint32{18943, 18943, 18943})
+		got := cannotRestore(c.f, []uint32{18943, 18943, 18943}, false)
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+		// A dump that took TCP connections (--tcp-established) restores them; the
+		// rest is refused as before.
+		want := c.want
+		if strings.HasPrefix(want, "TCP connection") {
+			want = ""
+		}
+		if got := cannotRestore(c.f, []uint32{18943, 18943, 18943}, true); (want == "") != (got == "") || !strings.Contains(got, want) {
+			t.Errorf("%s, with TCP connections taken: %q, want %q", c.name, got, want)
 		}
 	}
 }

@@ -151,6 +151,15 @@ func Restore(ctx context.Context, r *criu.Runner, dir string, sb Sandbox, o Rest
 		// CRIU's session is outside the sandbox's PID namespace.
 		ShellJob: proto.Bool(m.ShellJob),
 	}
+	// Connections dumped (DumpOptions.TCPEstablished) are repaired back (tcp.go),
+	// once the closed ends of the same connections (a rollback ended their processes)
+	// are out of their way.
+	if len(m.TCP) > 0 {
+		if err := destroyOrphans(int(sb.Net.Fd()), m.TCP); err != nil {
+			return nil, fmt.Errorf("the image in %s: %w", dir, err)
+		}
+		opts.TcpEstablished = proto.Bool(true)
+	}
 	// Locks dumped (DumpOptions.FileLocks) are taken again only when the restore asks.
 	if _, err := os.Stat(filepath.Join(dir, "filelocks.img")); err == nil {
 		opts.FileLocks = proto.Bool(true)

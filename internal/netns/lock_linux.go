@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -10,6 +11,9 @@ import (
 
 // LockTable is the nftables table Lock makes (family inet: IPv4 and IPv6).
 const LockTable = "deltabox-lock"
+
+// SOCCRMark is the packet mark of what CRIU's libsoccr sends itself (soccr/soccr.h).
+const SOCCRMark = 0xC114
 
 // Lock drops every TCP packet that enters or leaves the namespace nsFD until Unlock:
 // CRIU's network lock, which DeltaBox takes itself (CRIU runs with --network-lock
@@ -34,6 +38,14 @@ func Lock(nsFD int) error {
 	}
 	defer c.CloseLasting()
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: LockTable})
+	// CRIU's restore sends the FIN of a connection restored in a closing state
+	// (FIN_WAIT1, LAST_ACK, CLOSING) on a raw socket marked SOCCR_MARK, which CRIU's own
+	// lock lets through (criu/net.c): so does this one.
+	soccrMark := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, SOCCRMark)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
 	dropTCP := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
@@ -44,6 +56,7 @@ func Lock(nsFD int) error {
 	prio := nftables.ChainPriorityRaw
 	for name, hook := range map[string]*nftables.ChainHook{"lock_in": nftables.ChainHookInput, "lock_out": nftables.ChainHookOutput} {
 		ch := c.AddChain(&nftables.Chain{Name: name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: prio})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: soccrMark})
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: dropTCP})
 	}
 	if err := c.Flush(); err != nil {

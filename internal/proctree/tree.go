@@ -172,12 +172,27 @@ func ContinueCut(pattern string) {
 		if b, err := os.ReadFile(f); err != nil || json.Unmarshal(b, &r) != nil {
 			continue
 		}
+		var live []int
+		for _, h := range r.Host {
+			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
+				live = append(live, int(h[0]))
+			}
+		}
+		// A checkpoint's tree cut between its dump and its move holds its TCP
+		// connections in repair mode (durable/tcp.go); a restored one's sockets are
+		// others (RepairOff finds none). Cut before its manifest was written (during
+		// CRIU's dump, which may have gone on), every TCP socket of the tree.
+		if m, err := durable.ReadManifest(filepath.Dir(f)); err != nil {
+			_ = durable.RepairOff(live, nil) // best effort: the tree runs either way
+		} else if len(m.TCP) > 0 {
+			_ = durable.RepairOff(live, m.TCP)
+		}
 		for i := len(r.Host) - 1; i >= 0; i-- {
 			h := r.Host[i]
 			if i < len(r.Pids) && slices.Contains(r.Stopped, r.Pids[i]) {
 				continue
 			}
-			if st, err := procfs.StartTime(int(h[0])); err == nil && st == h[1] {
+			if slices.Contains(live, int(h[0])) {
 				_ = unix.Kill(int(h[0]), unix.SIGCONT) // ESRCH: ended since it was read
 			}
 		}

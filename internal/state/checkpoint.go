@@ -570,7 +570,7 @@ func (c *checkpoint) seize() (err error) {
 			}
 			ts.ended = false
 		}
-		ts.resume()
+		undoErr = errors.Join(undoErr, ts.resume())
 		if err := store.RemoveAll(ts.dir); err != nil {
 			undoErr = errors.Join(undoErr, fmt.Errorf("remove the trees' images: %w", err))
 		}
@@ -852,7 +852,9 @@ func (c *checkpoint) publish() error {
 			res.Sessions = append(res.Sessions, c.criu.sessions()...)
 			slices.Sort(res.Sessions)
 		}
-		c.criu.resume()
+		if err := c.criu.resume(); err != nil {
+			res.ProcessErrors = append(res.ProcessErrors, err.Error())
+		}
 	}
 	m.mu.Lock()
 	nd := &node{Node: c.n, uts: &c.uts, pinned: c.o.Pin}

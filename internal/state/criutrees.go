@@ -18,6 +18,7 @@ import (
 	"deltabox/internal/durable"
 	"deltabox/internal/errdefs"
 	"deltabox/internal/fastpath"
+	"deltabox/internal/netns"
 	"deltabox/internal/procfs"
 	"deltabox/internal/proctree"
 	"deltabox/internal/sandbox"
@@ -133,6 +134,11 @@ type criuTree struct {
 	old     *session.Session
 	// zombies are the processes (sandbox PIDs) that were zombies right after the dump.
 	zombies []int
+	// tcp are the TCP connections the dump took, in repair mode while repair is set:
+	// from the dump until the tree is ended (closed so, they send nothing) or
+	// RepairOff (resume).
+	tcp    []durable.Conn
+	repair bool
 }
 
 // sessionRoot is a session whose process the fast path refused (children, threads, a
@@ -154,6 +160,9 @@ type criuTrees struct {
 	// branch), each from a copy of its image of its own (privateImage): restores of one
 	// image in several sandboxes may run at once, and each changes its directory's mode.
 	private bool
+	// netLock is the sandbox's network namespace while a checkpoint holds its TCP
+	// traffic (netns.Lock), from before the first dump until resume.
+	netLock *os.File
 }
 
 func (ts *criuTrees) count() (n int) {
@@ -256,11 +265,27 @@ func (ts *criuTrees) pids() (out []int) {
 // Descendants get SIGCONT before their parents: a shell with job control that ran
 // before its job was continued would see the job stopped, and print "Stopped" into the
 // next call's output.
-func (ts *criuTrees) resume() {
+//
+// A tree dumped and not ended since has its TCP connections in repair mode: turned off
+// first (durable.RepairOff), as CRIU does for a tree that runs on. Then the sandbox's
+// network is unlocked. The error says which sockets stayed in repair mode, or that the
+// lock stayed: both break the sandbox's connections until its next checkpoint.
+func (ts *criuTrees) resume() error {
 	if ts == nil {
-		return
+		return nil
 	}
+	var errs []error
 	for _, t := range ts.trees {
+		if t.repair {
+			var hosts []int
+			for _, h := range t.Host {
+				hosts = append(hosts, int(h[0]))
+			}
+			if err := durable.RepairOff(hosts, t.tcp); err != nil {
+				errs = append(errs, err)
+			}
+			t.repair = false
+		}
 		if t.sess != nil && t.exit != nil {
 			t.sess.Rebind(t.Pids[0], t.exit)
 			t.exit = nil
@@ -268,6 +293,44 @@ func (ts *criuTrees) resume() {
 		t.Continue()
 		t.closePeer()
 	}
+	errs = append(errs, ts.unlockNet())
+	return errors.Join(errs...)
+}
+
+// lockNet holds the TCP traffic of s's network namespace (netns.Lock) until unlockNet,
+// if it is not held already: from before the first dump of a checkpoint's trees, or the
+// first restore of trees that hold TCP connections, until they run (durable/tcp.go
+// says why). A restored connection's peer may be restored after it, by another tree.
+func (ts *criuTrees) lockNet(s *sb) error {
+	if ts.netLock != nil {
+		return nil
+	}
+	nsf, err := s.rt.OpenInitNS("net")
+	if err != nil {
+		return fmt.Errorf("the sandbox's network namespace: %w", err)
+	}
+	if err := netns.Lock(int(nsf.Fd())); err != nil {
+		_ = nsf.Close() // a namespace's fd: nothing written
+		return err
+	}
+	ts.netLock = nsf
+	return nil
+}
+
+// unlockNet ends lockNet's hold, if any.
+func (ts *criuTrees) unlockNet() error {
+	if ts.netLock == nil {
+		return nil
+	}
+	err := netns.Unlock(int(ts.netLock.Fd()))
+	_ = ts.netLock.Close() // a namespace's fd: nothing written
+	ts.netLock = nil
+	return err
+}
+
+// holdTCP says whether a tree's image holds a TCP connection.
+func (ts *criuTrees) holdTCP() bool {
+	return ts != nil && slices.ContainsFunc(ts.trees, func(t *criuTree) bool { return len(t.tcp) > 0 })
 }
 
 func (t *criuTree) closePeer() {
@@ -382,10 +445,15 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	rand.Read(rnd[:])
 	ts := &criuTrees{dir: filepath.Join(m.img.root, "bg", ".tmp-"+hex.EncodeToString(rnd[:]))}
 	fail := func(err error) (*criuTrees, error) {
-		ts.resume()
-		return nil, withUndo(err, store.RemoveAll(ts.dir)) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
+		return nil, withUndo(err, errors.Join(ts.resume(), store.RemoveAll(ts.dir))) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
 	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
+		return fail(err)
+	}
+	// The sandbox's TCP traffic is held from before the first dump until the trees run
+	// again (durable/tcp.go says why): a tree's connection may lead to another tree, or
+	// to the daemon's end of a forwarded port.
+	if err := ts.lockNet(s); err != nil {
 		return fail(err)
 	}
 	initHost := s.rt.InitPid()
@@ -447,10 +515,11 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
 			return fail(fmt.Errorf("%s: its process ended during the checkpoint", what))
 		}
-		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true, FileLocks: true})
+		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true, FileLocks: true, TCPEstablished: true})
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
+		t.tcp, t.repair = man.TCP, len(man.TCP) > 0
 		// What CRIU found, not what was checked before it: a terminal opened meanwhile.
 		if slices.ContainsFunc(man.TTYs, func(k string) bool { return k != mine }) {
 			return fail(fmt.Errorf("%s: its tree holds a terminal that is not its session's (%v), which CRIU would have to take from another session", what, man.TTYs))
@@ -584,7 +653,8 @@ func (m *Manager) endCRIUTrees(s *sb, ts *criuTrees) error {
 	ts.ended = true
 	for _, t := range ts.trees {
 		t.Kill()
-		t.exit = nil // the killed root's; a restore watches its replacement
+		t.exit = nil     // the killed root's; a restore watches its replacement
+		t.repair = false // closed in repair mode: gone without a FIN or RST
 	}
 	for _, t := range ts.trees {
 		for _, p := range t.Pids {
@@ -735,6 +805,12 @@ func (m *Manager) criuTreesOf(node string) (*criuTrees, error) {
 		err := proctree.ReadRecord(t.dir, t)
 		if err == nil && len(t.Pids) == 0 {
 			err = errors.New("no processes")
+		}
+		if err == nil {
+			var man *durable.Manifest
+			if man, err = durable.ReadManifest(t.dir); err == nil {
+				t.tcp = man.TCP
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("node %s's CRIU tree %s: %w", node, e.Name(), err)

@@ -485,6 +485,15 @@ func (r *restore) restoreCRIUTrees() error {
 		return err
 	}
 	defer st.Close()
+	// Trees with TCP connections are restored under the sandbox's network lock until
+	// they run (publish: resume), so that a connection restored before its peer (in a
+	// tree restored next) is not reset (durable/tcp.go).
+	if ts.holdTCP() {
+		if err := ts.lockNet(s); err != nil {
+			return err
+		}
+		r.undo.push(ts.unlockNet)
+	}
 	r.undo.push(func() error { return m.endCRIUTrees(s, ts) }) // +checklocksignore: an undo step: undoList.run runs it under opMu
 	var restored []*criuTree
 	for _, t := range ts.trees {
@@ -524,7 +533,9 @@ func (r *restore) publish() error {
 	if r.criu != nil {
 		res.Sessions = append(res.Sessions, m.commitTreeSessions(s, r.criu)...)
 		slices.Sort(res.Sessions)
-		r.criu.resume()
+		if err := r.criu.resume(); err != nil {
+			res.ProcessErrors = append(res.ProcessErrors, err.Error())
+		}
 		res.CRIUProcesses = r.criu.count()
 	}
 	ended := m.endSessionsExcept(s, r.tps, r.criu, "ended by a restore to "+r.nodeID+", where it had no process state")
