@@ -40,15 +40,21 @@ func openDurable(t *testing.T, root string) *state.Manager {
 
 // criuCounter is a background process the fast path refuses (two threads) that holds a
 // file open for appending, created before the first checkpoint (so that after a freeze
-// it is in a lower layer only), and appends "COUNT" to it on each SIGUSR1.
+// it is in a lower layer only), and appends "COUNT" to it on each SIGUSR1, which its
+// main thread passes to the other over a loopback TCP connection: a checkpoint that
+// fails at any step must also leave the connection working (out of CRIU's repair mode,
+// the sandbox's traffic unlocked).
 const criuCounter = `cd /workspace; echo start > log; nohup python3 -c '
-import os, signal, threading, queue
-q = queue.Queue(); f = open("/workspace/log", "a"); n = [0]
+import os, signal, socket, threading
+f = open("/workspace/log", "a"); n = [0]
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
+c = socket.create_connection(l.getsockname()); a, _ = l.accept()
 def w():
     while True:
-        q.get(); n[0] += 1; f.write("%d\n" % n[0]); f.flush()
+        if a.recv(1) != b"+": raise SystemExit("the connection broke")
+        n[0] += 1; f.write("%d\n" % n[0]); f.flush()
 threading.Thread(target=w, daemon=True).start()
-signal.signal(signal.SIGUSR1, lambda s, fr: q.put(1))
+signal.signal(signal.SIGUSR1, lambda s, fr: c.send(b"+"))
 open("/workspace/pid", "w").write(str(os.getpid()))
 while True: signal.pause()
 ' </dev/null >/dev/null 2>&1 &

@@ -117,8 +117,7 @@ func TestE2BGetHost(t *testing.T) {
 
 	// Between requests the sandbox holds no connection to the daemon (one inside per
 	// request, closed after it): a checkpoint right after them succeeds (the listening
-	// server goes through CRIU, which is not given established TCP connections), and
-	// the server serves again after a restore.
+	// server goes through CRIU), and the server serves again after a restore.
 	cp, err := d.C.Checkpoint(dbxCtx(t), id, "after-gets")
 	if err != nil {
 		t.Fatalf("checkpoint after GETs through getHost: %v", err)
@@ -143,11 +142,36 @@ func TestE2BGetHost(t *testing.T) {
 	if err != nil || res.StatusCode != 101 {
 		t.Fatalf("upgrade: %v %v", res, err)
 	}
-	for _, line := range []string{"ping\n", "pong\n"} {
+	echo := func(line, when string) {
+		t.Helper()
 		io.WriteString(nc, line)
 		got, err := br.ReadString('\n')
 		if err != nil || got != line {
-			t.Fatalf("after the upgrade sent %q, read %q, %v", line, got, err)
+			t.Fatalf("%s: sent %q, read %q, %v", when, line, got, err)
 		}
+	}
+	echo("ping\n", "after the upgrade")
+	echo("pong\n", "after the upgrade")
+
+	// A checkpoint with the connection open: the server's end, a connection to the
+	// daemon's, goes through CRIU (its TCP state repaired back, the sandbox's TCP
+	// traffic held meanwhile: durable/tcp.go), and the connection carries on.
+	cp2, err := d.C.Checkpoint(dbxCtx(t), id, "connection-open")
+	if err != nil {
+		t.Fatalf("checkpoint with an upgraded connection open: %v", err)
+	}
+	echo("after the checkpoint\n", "after a checkpoint with the connection open")
+	// A restore rewinds the server's end to the checkpoint, which the daemon's end has
+	// gone past: the connection ends (the ended server's end closed it), and the
+	// server serves new ones.
+	if _, err := d.C.Restore(dbxCtx(t), id, cp2.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(nc, "after the restore\n")
+	if got, err := br.ReadString('\n'); err == nil {
+		t.Errorf("after a restore to before the last exchange, the old connection still answered %q", got)
+	}
+	if s, body := do("GET", base+"/after-restore", tok, "", nil); s != 200 || !strings.HasPrefix(body, "GET /after-restore ") {
+		t.Errorf("GET after a restore with a connection open at the checkpoint: %d %q", s, body)
 	}
 }
