@@ -99,6 +99,18 @@ func TestLockDropsTCPUntilUnlock(t *testing.T) {
 	if ok, err := Locked(ns); err != nil || !ok {
 		t.Fatalf("Locked after Lock: %v, %v", ok, err)
 	}
+	// The lock is the namespace's alone: the daemon's (this process's) own loopback
+	// traffic flows.
+	hl, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	hc, err := net.DialTimeout("tcp4", hl.Addr().String(), 2*time.Second)
+	if err != nil {
+		t.Fatalf("a connection in the daemon's namespace under a sandbox's lock: %v", err)
+	}
+	hc.Close()
 	if _, err := c.Write([]byte("under the lock")); err != nil {
 		t.Fatal(err)
 	}
