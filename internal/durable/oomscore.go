@@ -1,8 +1,6 @@
 package durable
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,9 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 
 	"deltabox/internal/procfs"
 )
@@ -46,10 +42,11 @@ func imageOOMScores(dir string) (map[int]int32, error) {
 		if err != nil {
 			continue
 		}
-		tc, err := imageTaskCore(p)
+		c, err := readCore(p)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", p, err)
+			return nil, err
 		}
+		tc := c.GetTc()
 		// CRIU's TASK_ALIVE and TASK_STOPPED; a zombie's (TASK_DEAD) is not restored.
 		if tc != nil && tc.OomScoreAdj != nil && (tc.GetTaskState() == 1 || tc.GetTaskState() == 3) {
 			out[pid] = tc.GetOomScoreAdj()
@@ -80,28 +77,6 @@ func notInherited(want map[int]int32) map[int]int32 {
 		}
 	}
 	return out
-}
-
-// imageTaskCore is the task part of the core image at path (nil for a thread's). The
-// image is framed as images.go says, with one entry. (Not go-criu's crit package: it
-// cannot be linked beside go-criu's stats package, unixsk.go says why.)
-func imageTaskCore(path string) (*criu_core.TaskCoreEntry, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if len(b) < 12 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != coreMagic {
-		return nil, errors.New("not a CRIU core image")
-	}
-	n := int(binary.LittleEndian.Uint32(b[8:]))
-	if 12+n != len(b) {
-		return nil, fmt.Errorf("an entry of %d bytes in %d, want one", n, len(b)-12)
-	}
-	var ce criu_core.CoreEntry
-	if err := proto.Unmarshal(b[12:], &ce); err != nil {
-		return nil, err
-	}
-	return ce.GetTc(), nil
 }
 
 // setOOMScores gives each process of want (by its PID in pidNS) its oom_score_adj, as
