@@ -29,19 +29,7 @@ time.sleep(1000)
 	if big {
 		arg = "big"
 	}
-	cmd := exec.Command("python3", "-c", py, dir, arg)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Skipf("python3: %v", err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if l, _ := bufio.NewReader(out).ReadString('\n'); l != "ready\n" {
-		t.Fatalf("the holder did not start: %q", l)
-	}
-	return cmd.Process.Pid
+	return holdPy(t, py, dir, arg)
 }
 
 // TestRemovedFilesFound: an unlinked open file and a removed working directory are
