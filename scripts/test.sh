@@ -30,7 +30,7 @@ go vet -vettool="$(go env GOPATH)/bin/checklocks" -wrappers=false -tags testhook
 GOBIN="$(go env GOPATH)/bin" go install github.com/kisielk/errcheck@v1.30.0
 "$(go env GOPATH)/bin/errcheck" -ignoretests -exclude scripts/errcheck.excludes \
 	./internal/state ./internal/fastpath ./internal/durable ./internal/store \
-	./internal/sandbox ./internal/session ./internal/api
+	./internal/sandbox ./internal/session ./internal/api ./internal/files
 # No code only tests reach, or none at all: deadcode (golang.org/x/tools, from the Go
 # module proxy) with every test binary as a root lists nothing.
 dead=$(go run golang.org/x/tools/cmd/deadcode@v0.52.0 -test ./...)

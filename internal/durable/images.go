@@ -1,12 +1,7 @@
 package durable
 
 import (
-	"bufio"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
@@ -54,45 +49,24 @@ func present(e *pagemap.PagemapEntry) bool {
 }
 
 func readPagemap(path string) (*pagemapFile, error) {
-	f, err := os.Open(path)
+	ents, err := readImageFile(path, pagemapMagic)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = f.Close() }() // read-only, after the read
-	r := bufio.NewReader(f)
-	var magic [2]uint32
-	if err := binary.Read(r, binary.LittleEndian, &magic); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if len(ents) == 0 {
+		return nil, fmt.Errorf("%s: no head", path)
 	}
-	if magic[0] != imgCommonMagic || magic[1] != pagemapMagic {
-		return nil, fmt.Errorf("%s: not a pagemap image (magic %#x %#x)", path, magic[0], magic[1])
+	var h pagemap.PagemapHead
+	if err := proto.Unmarshal(ents[0], &h); err != nil {
+		return nil, fmt.Errorf("%s: head: %w", path, err)
 	}
-	m := &pagemapFile{}
-	first := true
-	for {
-		var n uint32
-		if err := binary.Read(r, binary.LittleEndian, &n); err != nil {
-			if errors.Is(err, io.EOF) && !first {
-				return m, nil
-			}
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		b := make([]byte, n)
-		if _, err := io.ReadFull(r, b); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if first {
-			var h pagemap.PagemapHead
-			if err := proto.Unmarshal(b, &h); err != nil {
-				return nil, fmt.Errorf("%s: head: %w", path, err)
-			}
-			m.PagesID, first = h.GetPagesId(), false
-			continue
-		}
+	m := &pagemapFile{PagesID: h.GetPagesId()}
+	for _, b := range ents[1:] {
 		var e pagemap.PagemapEntry
 		if err := proto.Unmarshal(b, &e); err != nil {
 			return nil, fmt.Errorf("%s: entry: %w", path, err)
 		}
 		m.Entries = append(m.Entries, &e)
 	}
+	return m, nil
 }

@@ -1,18 +1,15 @@
 package durable
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 
-	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 
 	"deltabox/internal/procfs"
 )
@@ -45,10 +42,11 @@ func imageOOMScores(dir string) (map[int]int32, error) {
 		if err != nil {
 			continue
 		}
-		tc, err := imageTaskCore(p)
+		c, err := readCore(p)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", p, err)
+			return nil, err
 		}
+		tc := c.GetTc()
 		// CRIU's TASK_ALIVE and TASK_STOPPED; a zombie's (TASK_DEAD) is not restored.
 		if tc != nil && tc.OomScoreAdj != nil && (tc.GetTaskState() == 1 || tc.GetTaskState() == 3) {
 			out[pid] = tc.GetOomScoreAdj()
@@ -81,37 +79,26 @@ func notInherited(want map[int]int32) map[int]int32 {
 	return out
 }
 
-// imageTaskCore is the task part of the core image at path (nil for a thread's). The
-// image is framed as images.go says, with one entry. (Not go-criu's crit package: it
-// cannot be linked beside go-criu's stats package, unixsk.go says why.)
-func imageTaskCore(path string) (*criu_core.TaskCoreEntry, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if len(b) < 12 || binary.LittleEndian.Uint32(b) != imgCommonMagic || binary.LittleEndian.Uint32(b[4:]) != coreMagic {
-		return nil, errors.New("not a CRIU core image")
-	}
-	n := int(binary.LittleEndian.Uint32(b[8:]))
-	if 12+n != len(b) {
-		return nil, fmt.Errorf("an entry of %d bytes in %d, want one", n, len(b)-12)
-	}
-	var ce criu_core.CoreEntry
-	if err := proto.Unmarshal(b[12:], &ce); err != nil {
-		return nil, err
-	}
-	return ce.GetTc(), nil
-}
-
 // setOOMScores gives each process of want (by its PID in pidNS) its oom_score_adj, as
-// the package comment above says.
+// the package comment above says. Each value is written through the process's own
+// /proc directory, opened when it was found in pidNS (sandboxProcs): a process that
+// ended since fails the write (ESRCH), and its host PID, even taken again by another
+// process (of the host, or of another sandbox), is never written to.
 func setOOMScores(pidNS *os.File, want map[int]int32) error {
 	if len(want) == 0 {
 		return nil
 	}
-	host, err := hostPids(pidNS, want)
+	dirs, err := sandboxProcs(pidNS, want)
 	if err != nil {
 		return err
+	}
+	defer func() {
+		for _, d := range dirs {
+			unix.Close(d)
+		}
+	}()
+	if beforeOOMWrite != nil {
+		beforeOOMWrite()
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -129,11 +116,11 @@ func setOOMScores(pidNS *os.File, want map[int]int32) error {
 				return fmt.Errorf("capset: %w", err)
 			}
 			for inner, v := range want {
-				p := host[inner]
-				if p == 0 {
+				d, ok := dirs[inner]
+				if !ok {
 					return fmt.Errorf("process %d of the image is not in the sandbox", inner)
 				}
-				if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", p), []byte(strconv.Itoa(int(v))), 0); err != nil {
+				if err := writeAt(d, "oom_score_adj", strconv.Itoa(int(v))); err != nil {
 					return fmt.Errorf("give process %d its oom_score_adj %d again: %w", inner, v, err)
 				}
 			}
@@ -143,32 +130,79 @@ func setOOMScores(pidNS *os.File, want map[int]int32) error {
 	return <-errc
 }
 
-// hostPids finds the host PIDs of the processes of pidNS whose PIDs there are want's
-// keys (one scan of /proc).
-func hostPids[V any](pidNS *os.File, want map[int]V) (map[int]int, error) {
+// beforeOOMWrite, when set (tests), runs between setOOMScores' scan and its writes.
+var beforeOOMWrite func()
+
+// writeAt writes s to the file name of directory dir.
+func writeAt(dir int, name, s string) error {
+	fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = unix.Write(fd, []byte(s))
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// sandboxProcs opens the /proc directory (O_PATH) of each process of pidNS whose PID
+// there is one of want's keys, by that PID (one scan of /proc); the caller closes them.
+// Its namespace and its PID there are read through that directory, which stays the
+// process's: a host PID that ended and was taken again between the checks is not
+// mistaken for the sandbox's process.
+func sandboxProcs[V any](pidNS *os.File, want map[int]V) (map[int]int, error) {
 	var ns unix.Stat_t
 	if err := unix.Fstat(int(pidNS.Fd()), &ns); err != nil {
 		return nil, err
 	}
-	out := map[int]int{}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
+	out := map[int]int{}
 	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		d, err := unix.Open("/proc/"+e.Name(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			continue
+			continue // ended since
 		}
-		var st unix.Stat_t
-		if unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", p), &st) != nil || st.Ino != ns.Ino || st.Dev != ns.Dev {
-			continue
-		}
-		if in, err := procfs.InnerPid(p); err == nil {
+		if in := innerPidIn(d, &ns); in != 0 {
 			if _, ok := want[in]; ok {
-				out[in] = p
+				if old, ok := out[in]; ok {
+					unix.Close(old)
+				}
+				out[in] = d
+				continue
 			}
 		}
+		unix.Close(d)
 	}
 	return out, nil
+}
+
+// innerPidIn is the PID, in the namespace ns describes, of the process whose /proc
+// directory is dir; 0 if it is not in that namespace (or ended).
+func innerPidIn(dir int, ns *unix.Stat_t) int {
+	var st unix.Stat_t
+	if unix.Fstatat(dir, "ns/pid", &st, 0) != nil || st.Ino != ns.Ino || st.Dev != ns.Dev {
+		return 0
+	}
+	fd, err := unix.Openat(dir, "status", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	f := os.NewFile(uintptr(fd), "status")
+	b, err := io.ReadAll(f)
+	_ = f.Close() // read-only, after the read
+	if err != nil {
+		return 0
+	}
+	pids, err := procfs.ParseNSpid(b)
+	if err != nil {
+		return 0
+	}
+	return pids[len(pids)-1]
 }

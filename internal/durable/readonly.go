@@ -3,9 +3,7 @@ package durable
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
@@ -83,38 +81,6 @@ func ReadOnlyFDs(dir string) error {
 		return nil
 	}
 	return writeImageFile(path, filesMagic, ents)
-}
-
-// readImageFile reads the entries of a CRIU image without a head (files.img, fdinfo-N.img).
-func readImageFile(path string, magic uint32) ([][]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = f.Close() }() // read-only, after the read
-	r := bufio.NewReader(f)
-	var m [2]uint32
-	if err := binary.Read(r, binary.LittleEndian, &m); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if m[0] != imgCommonMagic || m[1] != magic {
-		return nil, fmt.Errorf("%s: magic %#x %#x, want %#x %#x", path, m[0], m[1], imgCommonMagic, magic)
-	}
-	var out [][]byte
-	for {
-		var n uint32
-		if err := binary.Read(r, binary.LittleEndian, &n); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		b := make([]byte, n)
-		if _, err := io.ReadFull(r, b); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		out = append(out, b)
-	}
 }
 
 // writeImageFile replaces path with the image of ents (synced, then renamed into place).

@@ -134,8 +134,13 @@ func treeLinks(tree []int, fn func(p int, link string) error) error {
 // tree ran between the scan and CRIU's seize). It returns those the tree still holds:
 // the contents and sizes are the image's when the tree is stopped (Dump: after CRIU left
 // it stopped, or before CRIU kills it).
+//
+// The limits the scan checked (RemovedLimit, RemovedTotal) hold for what is copied, by
+// the sizes at the copy: the tree (or, for a template, the live process that shares its
+// files) may have made its files larger since the scan.
 func copyRemovedFiles(tree []int, dir string, removed []Removed, src map[string]string) ([]Removed, error) {
 	var out []Removed
+	var total int64
 	for _, r := range removed {
 		if r.Dir {
 			out = append(out, r)
@@ -155,9 +160,11 @@ func copyRemovedFiles(tree []int, dir string, removed []Removed, src map[string]
 			continue // closed meanwhile: the image does not name it
 		}
 		r.Copy = fmt.Sprintf("removed-%d", len(out))
-		if err := copyRemoved(link, filepath.Join(dir, r.Copy)); err != nil {
+		n, err := copyRemoved(link, filepath.Join(dir, r.Copy), RemovedTotal-total)
+		if err != nil {
 			return nil, fmt.Errorf("copy the removed file %s: %w", r.Path, err)
 		}
+		total += n
 		out = append(out, r)
 	}
 	return out, nil
@@ -281,22 +288,35 @@ func sameAt(p int, name string, st *unix.Stat_t) (bool, error) {
 	return unix.Fstat(fd, &ost) == nil && ost.Ino == st.Ino && ost.Dev == st.Dev, nil
 }
 
-// copyRemoved copies the file link names into dst (new) and syncs nothing (Dump does).
-func copyRemoved(link, dst string) error {
+// copyRemoved copies the file link names into dst (new) and syncs nothing (Dump does);
+// it returns the size copied. A file over RemovedLimit, or over budget (what is left of
+// RemovedTotal), is refused, not copied.
+func copyRemoved(link, dst string, budget int64) (int64, error) {
 	src, err := os.Open(link)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer func() { _ = src.Close() }() // read-only, after the copy
+	var st unix.Stat_t
+	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
+		return 0, err
+	}
+	if st.Size > RemovedLimit {
+		return 0, fmt.Errorf("it grew to %d MiB since the scan, over the %d MiB a checkpoint copies (close it, or keep a name to it)", st.Size>>20, RemovedLimit>>20)
+	}
+	if st.Size > budget {
+		return 0, fmt.Errorf("the removed files its tree holds grew to over %d MiB since the scan, the most a checkpoint copies (close some)", RemovedTotal>>20)
+	}
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	err = copySparse(f, src, RemovedLimit+1)
+	// At most the size checked: what it grows by meanwhile is not copied.
+	err = copySparse(f, src, st.Size)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	return err
+	return st.Size, err
 }
 
 // copySparse copies src's first limit bytes (at most) into dst (empty) and gives dst the

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -28,19 +29,7 @@ time.sleep(1000)
 	if big {
 		arg = "big"
 	}
-	cmd := exec.Command("python3", "-c", py, dir, arg)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Skipf("python3: %v", err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if l, _ := bufio.NewReader(out).ReadString('\n'); l != "ready\n" {
-		t.Fatalf("the holder did not start: %q", l)
-	}
-	return cmd.Process.Pid
+	return holdPy(t, py, dir, arg)
 }
 
 // TestRemovedFilesFound: an unlinked open file and a removed working directory are
@@ -83,6 +72,50 @@ func TestRemovedFilesFound(t *testing.T) {
 	}
 }
 
+// TestRemovedCopyBoundedAtCopy: removed files that were empty at the scan and larger at
+// the copy (a template's live process shares its files and runs meanwhile; a tree runs
+// until CRIU seizes it) are not copied past the limits the scan checked: one over
+// RemovedLimit, or all together over RemovedTotal, refuses the dump (sparse files here:
+// the limits are on their sizes).
+func TestRemovedCopyBoundedAtCopy(t *testing.T) {
+	for _, c := range []struct {
+		sizes []int64
+		want  string
+	}{
+		{[]int64{65 << 20}, "grew to 65 MiB since the scan, over the 64 MiB"},
+		{[]int64{60 << 20, 60 << 20, 60 << 20, 60 << 20, 60 << 20}, "grew to over 256 MiB since the scan"},
+	} {
+		dir := t.TempDir()
+		var removed []Removed
+		src := map[string]string{}
+		for i, size := range c.sizes {
+			path := filepath.Join(dir, strconv.Itoa(i))
+			f, err := os.Create(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			link := "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+			key, err := keyOf(link)
+			if err != nil {
+				t.Fatal(err)
+			}
+			removed = append(removed, Removed{Key: key, Path: path}) // Size 0, as scanned
+			src[key] = link
+			if err := f.Truncate(size); err != nil { // after the scan
+				t.Fatal(err)
+			}
+		}
+		_, err := copyRemovedFiles([]int{os.Getpid()}, t.TempDir(), removed, src)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("removed files of %v bytes, empty at the scan: %v, want a refusal (%s)", c.sizes, err, c.want)
+		}
+	}
+}
+
 // TestRemovedCopyKeepsHoles: a removed sparse file is copied into the image and made
 // again on the state with its holes, size and blocks (CRIU's ghost_holes tests: a dense
 // copy gave the first hole at the end and every block allocated).
@@ -119,7 +152,7 @@ func TestRemovedCopyKeepsHoles(t *testing.T) {
 	if want.hole >= 1<<20 {
 		t.Skipf("%s keeps no holes (first hole at %d)", dir, want.hole)
 	}
-	if err := copyRemoved(orig, filepath.Join(img, "removed-0")); err != nil {
+	if _, err := copyRemoved(orig, filepath.Join(img, "removed-0"), RemovedTotal); err != nil {
 		t.Fatal(err)
 	}
 	c, err := os.Open(filepath.Join(img, "removed-0"))

@@ -98,8 +98,16 @@ type boundSocket struct {
 	hasSockTimes bool
 }
 
+// maxBoundSockets bounds the sockets whose times a restore puts back: each holds its
+// directory open in the daemon until CRIU's post-restore, and a tree may bind as many
+// sockets as its processes may have fds (the daemon's own fds would run out: every
+// sandbox's operations fail while they do). The times of the others are new, as CRIU
+// leaves them.
+const maxBoundSockets = 256
+
 // boundSockets opens, in the state whose root is root, the directory of each unix socket
-// dir's image binds to a path, where a socket file is there now.
+// dir's image binds to a path, where a socket file is there now (maxBoundSockets at the
+// most).
 func boundSockets(root *os.File, dir string) ([]*boundSocket, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "files.img"))
 	if errors.Is(err, os.ErrNotExist) {
@@ -113,7 +121,7 @@ func boundSockets(root *os.File, dir string) ([]*boundSocket, error) {
 	}
 	var out []*boundSocket
 	seen := map[string]bool{}
-	for off := 8; off+4 <= len(b); {
+	for off := 8; off+4 <= len(b) && len(out) < maxBoundSockets; {
 		n := int(binary.LittleEndian.Uint32(b[off:]))
 		if off+4+n > len(b) {
 			break

@@ -366,7 +366,7 @@ func List(root int, p string, o ListOptions) (*Listing, error) {
 // list appends the entries of directory dfd (sandbox path p) to l and closes dfd.
 func list(dfd int, p string, depth int, o ListOptions, l *Listing) error {
 	f := os.NewFile(uintptr(dfd), p)
-	defer f.Close()
+	defer func() { _ = f.Close() }() // a directory, only read: its close has nothing to report
 	names, err := f.Readdirnames(-1)
 	if err != nil {
 		return fsErr(p, err)

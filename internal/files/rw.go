@@ -108,7 +108,7 @@ func Read(root int, p string, off, length, max int64) ([]byte, *Info, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // only read: its close has nothing to report
 	n, err := ReadRange(in.Path, in.Size, off, length, max)
 	if err != nil {
 		return nil, nil, err
@@ -206,11 +206,15 @@ func Write(root int, p string, r io.Reader, o WriteOptions) (*Info, error) {
 	if err != nil {
 		return nil, fsErr(target, err)
 	}
-	linked := tmp != ""
+	linked, closed := tmp != "", false
 	defer func() {
-		f.Close()
+		if !closed {
+			_ = f.Close() // a failed write: its error is the one reported
+		}
 		if linked {
-			unix.Unlinkat(dfd, tmp, 0)
+			// A failed write's temporary name, removed as a courtesy: the write's
+			// error is the one reported, and a name left is hidden (.deltabox-tmp-*).
+			_ = unix.Unlinkat(dfd, tmp, 0)
 		}
 	}()
 	n, err := io.Copy(f, io.LimitReader(r, o.MaxBytes+1))
@@ -243,6 +247,12 @@ func Write(root int, p string, r io.Reader, o WriteOptions) (*Info, error) {
 			return nil, fsErr(target, err)
 		}
 		linked = true
+	}
+	// Closed, and the close checked, before the file takes the name: a write that
+	// fails does not replace the old file.
+	closed = true
+	if err := f.Close(); err != nil {
+		return nil, fsErr(target, err)
 	}
 	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
 		return nil, fsErr(target, err)
@@ -476,7 +486,7 @@ func removeTree(dfd int, name, p string) error {
 		return fsErr(p, err)
 	}
 	f := os.NewFile(uintptr(cfd), p)
-	defer f.Close()
+	defer func() { _ = f.Close() }() // a directory, only read: its close has nothing to report
 	for {
 		names, err := f.Readdirnames(1024)
 		if len(names) == 0 {

@@ -791,29 +791,10 @@ func (m *Manager) privateImage(dir string, withPages bool) (string, error) {
 		return "", fmt.Errorf("a copy of the image to restore: %w", err)
 	}
 	dst := filepath.Join(parent, filepath.Base(dir))
-	err = func() error {
-		if err := os.Mkdir(dst, 0o700); err != nil {
-			return err
-		}
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return err
-		}
-		for _, e := range ents {
-			if !e.Type().IsRegular() || (!withPages && strings.HasPrefix(e.Name(), "pages-") && strings.HasSuffix(e.Name(), ".img")) {
-				continue
-			}
-			to := filepath.Join(dst, e.Name())
-			if err := store.CloneFile(filepath.Join(dir, e.Name()), to); err != nil {
-				return err
-			}
-			if err := os.Chmod(to, 0o644); err != nil {
-				return err
-			}
-		}
-		return nil
-	}()
-	if err != nil {
+	keep := func(name string) bool { // the pages only withPages
+		return withPages || !strings.HasPrefix(name, "pages-") || !strings.HasSuffix(name, ".img")
+	}
+	if err := store.CloneDir(dir, dst, keep, 0o644); err != nil {
 		if rerr := store.RemoveAll(parent); rerr != nil {
 			err = errors.Join(err, rerr)
 		}

@@ -206,7 +206,7 @@ func (e *Export) stageProcesses(node string) error {
 		if !k.IsDir() {
 			continue // "complete": the archive is complete by its digests
 		}
-		if err := store.CloneDir(filepath.Join(src, k.Name()), filepath.Join(dst, k.Name())); err != nil {
+		if err := store.CloneDir(filepath.Join(src, k.Name()), filepath.Join(dst, k.Name()), nil, 0); err != nil {
 			return fmt.Errorf("copy node %s's process image: %w", node, err)
 		}
 		if materialize {

@@ -33,9 +33,10 @@ func CloneFile(src, dst string) error {
 	return out.Close()
 }
 
-// CloneDir copies the regular files of src (one level; anything else is left out) into
-// a new directory dst (0700), each by CloneFile.
-func CloneDir(src, dst string) error {
+// CloneDir copies the regular files of src (one level; anything else is left out) that
+// keep accepts by name (nil: all) into a new directory dst (0700), each by CloneFile and
+// then given mode perm (0: CloneFile's 0600).
+func CloneDir(src, dst string, keep func(name string) bool, perm os.FileMode) error {
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return err
 	}
@@ -44,11 +45,17 @@ func CloneDir(src, dst string) error {
 		return err
 	}
 	for _, e := range ents {
-		if !e.Type().IsRegular() {
+		if !e.Type().IsRegular() || (keep != nil && !keep(e.Name())) {
 			continue
 		}
-		if err := CloneFile(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+		to := filepath.Join(dst, e.Name())
+		if err := CloneFile(filepath.Join(src, e.Name()), to); err != nil {
 			return err
+		}
+		if perm != 0 {
+			if err := os.Chmod(to, perm); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -23,7 +23,7 @@ func TestCloneDir(t *testing.T) {
 	if err := os.Symlink("a", filepath.Join(src, "link")); err != nil {
 		t.Fatal(err)
 	}
-	if err := CloneDir(src, dst); err != nil {
+	if err := CloneDir(src, dst, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	ents, err := os.ReadDir(dst)
