@@ -122,16 +122,9 @@ func unrestorable(dir string, tcp bool) error {
 // sandbox) in the image in dir.
 func taskUids(dir string, pid int) ([]uint32, error) {
 	p := filepath.Join(dir, fmt.Sprintf("core-%d.img", pid))
-	ents, err := readImageFile(p, coreMagic)
+	c, err := readCore(p)
 	if err != nil {
 		return nil, err
-	}
-	if len(ents) == 0 {
-		return nil, fmt.Errorf("%s: no entry", p)
-	}
-	var c criucore.CoreEntry
-	if err := proto.Unmarshal(ents[0], &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	cr := c.GetThreadCore().GetCreds()
 	if cr == nil {

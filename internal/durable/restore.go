@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"deltabox/internal/criu"
-	"deltabox/internal/procfs"
 )
 
 // Sandbox is where Restore puts a tree back: the sandbox's namespaces, as open nsfs
@@ -293,11 +292,15 @@ func hostPidOf(pidNS *os.File, inner int) int {
 		if _, err := fmt.Sscanf(e.Name(), "%d", &p); err != nil {
 			continue
 		}
-		var st unix.Stat_t
-		if unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", p), &st) != nil || st.Ino != want.Ino || st.Dev != want.Dev {
+		// Through one open /proc/PID directory, which names that process only: a PID
+		// reused between two looks by path would be another's (oomscore.go).
+		d, err := unix.Open("/proc/"+e.Name(), unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
 			continue
 		}
-		if in, err := procfs.InnerPid(p); err == nil && in == inner {
+		in := innerPidIn(d, &want)
+		unix.Close(d)
+		if in == inner && in != 0 {
 			return p
 		}
 	}
