@@ -301,6 +301,7 @@ func (ts *criuTrees) resume() error {
 // if it is not held already: from before the first dump of a checkpoint's trees, or the
 // first restore of trees that hold TCP connections, until they run (durable/tcp.go
 // says why). A restored connection's peer may be restored after it, by another tree.
+// +checklocks:s.opMu
 func (ts *criuTrees) lockNet(s *sb) error {
 	if ts.netLock != nil {
 		return nil
