@@ -118,7 +118,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	if err != nil {
 		return nil, err
 	}
-	ttys, err := TreeTTYs(pid)
+	ttys, err := ExternalTTYs(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -346,6 +346,25 @@ func TreeTTYs(pid int) ([]string, error) {
 			if !slices.Contains(keys, k) {
 				keys = append(keys, k)
 			}
+		}
+	}
+	return keys, nil
+}
+
+// ExternalTTYs is TreeTTYs without the pseudo-terminals the tree opened itself (it
+// holds the master too: openpty): CRIU dumps those with their master, and its restore
+// opens /dev/ptmx in the sandbox's devpts until it gets the same number
+// (criu/tty.c:__pty_open_ptmx_index, 32 tries): free again once the tree was ended.
+// The others (a session's terminal, a pty another process holds the master of) are
+// external to the image, and a restore needs a terminal for each.
+func ExternalTTYs(pid int) ([]string, error) {
+	keys, err := TreeTTYs(pid)
+	if err != nil || len(keys) == 0 {
+		return keys, err
+	}
+	for _, t := range TreePTYs(pid, keys) {
+		if t.Own {
+			keys = slices.DeleteFunc(keys, func(k string) bool { return k == t.Key })
 		}
 	}
 	return keys, nil

@@ -480,7 +480,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 			}
 			mine, t.TTY = k, k
 		}
-		if ttys, err := durable.TreeTTYs(root); err != nil {
+		if ttys, err := durable.ExternalTTYs(root); err != nil {
 			t.closePeer()
 			return fail(err)
 		} else if slices.ContainsFunc(ttys, func(k string) bool { return k != mine }) {

@@ -347,6 +347,21 @@ try:
 except BlockingIOError: pass
 a.setblocking(True)`,
 		`"%r %r %d" % (a.recv(4), c.recv(4, socket.MSG_PEEK), a.getsockopt(socket.SOL_TCP, socket.TCP_INFO, 1)[0])`, ""},
+	// zdtm pty02, tty02: a pseudo-terminal the process opened itself (it holds both
+	// ends): CRIU takes the pair, and its restore gets the same number again.
+	{"pty of its own", `m, sl = os.openpty()`,
+		`"%s %r" % (os.ttyname(sl), (os.write(m, b"typed\n"), os.read(sl, 100))[1])`, ""},
+	// zdtm pty00: a child that made its own pty its controlling terminal and opened
+	// /dev/tty, which lives on the sandbox's read-only /dev: CRIU's restore chowned it
+	// to its owner as dumped (-1, the host's root) and failed with EROFS
+	// (scripts/criu/0008).
+	{"controlling terminal of its own", `pid = os.fork()
+if pid == 0:
+    os.setsid(); m, sl = os.openpty(); fd = os.open(os.ttyname(sl), os.O_RDWR)
+    tty = os.open("/dev/tty", os.O_RDWR)
+    while True: time.sleep(100)
+time.sleep(0.5)`,
+		`"%s %s" % (open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[4], sorted(os.readlink("/proc/%d/fd/%s" % (pid, f)) for f in os.listdir("/proc/%d/fd" % pid)))`, ""},
 	// zdtm socket-tcpbuf: a send queue filled up; a restore in the sandbox cannot make
 	// a socket's buffer as large as the process had it (SO_SNDBUF's cap, where CRIU's
 	// SO_SNDBUFFORCE needs the host's CAP_NET_ADMIN), and failed at the move.
