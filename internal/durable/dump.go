@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"deltabox/internal/criu"
+	"deltabox/internal/netns"
 	"deltabox/internal/procfs"
 )
 
@@ -85,10 +86,10 @@ type DumpOptions struct {
 	// on (SIGCONT) or is ended: a checkpoint, whose node must hold the tree as dumped.
 	LeaveStopped bool
 	// TCPEstablished dumps the tree's TCP connections (CRIU's --tcp-established: in
-	// repair mode, tcp.go), for a dump that leaves the tree stopped; the caller holds
-	// netns.Lock from before the dump until the tree is restored or RepairOff, and
-	// calls RepairOff before it lets the tree run without a restore. Without it, a tree
-	// holding one is refused.
+	// repair mode, tcp.go), for a dump that leaves the tree stopped, with CRIU's lock
+	// on them: the caller calls RepairOff before it lets the tree run without a
+	// restore, and netns.Unlock once it runs. Without it, a tree holding one is
+	// refused.
 	TCPEstablished bool
 	// FileLocks dumps the tree's file locks (flock, POSIX, OFD: CRIU's --file-locks),
 	// which CRIU takes again at the restore; without it a tree holding one is refused.
@@ -210,8 +211,7 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		// 0.5 s dump here, for the sandbox's /dev and a /proc mask), which Restore
 		// never reads: it joins the state's mount namespace instead of making one.
 		SkipMnt: skip,
-		// The caller locks (netns.Lock): CRIU's lock would run iptables (not
-		// installed) or nftables in CRIU's namespace, which its restore does not share.
+		// No connection to lock but with TCPEstablished (below).
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
 	}
 	var owner uint32 // 0: CRIU as the daemon is
@@ -231,6 +231,24 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	c := &call{r: r, typ: rpc.CriuReqType_DUMP, opts: opts, files: []*os.File{d}, owner: owner, env: env, netNS: netFile,
 		what: fmt.Sprintf("criu dump of pid %d (sandbox pid %d)", pid, nspid), dir: dir, log: DumpLog,
 		timeout: cmp(o.Timeout, DumpTimeout), background: o.Background}
+	if o.TCPEstablished {
+		// CRIU locks each connection (a table of its own in the sandbox's namespace,
+		// netns/lock_linux.go) and switches it to repair mode, and leaves both when it
+		// leaves the tree stopped. A dump that fails after CRIU took them (DeltaBox's
+		// checks below, or CRIU killed at its deadline) leaves the tree as CRIU's own
+		// failed dump does: stopped by CRIU or running, its sockets out of repair mode
+		// and unlocked.
+		opts.NetworkLock = rpc.CriuNetworkLockMethod_NFTABLES.Enum()
+		before, lerr := netns.CRIUTables(int(netFile.Fd()))
+		if lerr != nil {
+			return nil, lerr
+		}
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, RepairOff(Tree(pid)), netns.UnlockCRIU(int(netFile.Fd()), before))
+			}
+		}()
+	}
 	start := time.Now()
 	if _, err := c.run(ctx); err != nil {
 		return nil, err
@@ -240,21 +258,8 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	var conns []Conn
 	if o.TCPEstablished {
-		// CRIU left the tree's connections in repair mode: a dump that fails from here
-		// on turns it off, and leaves the tree as CRIU's failed dump would (stopped
-		// by CRIU, its sockets working).
-		var cerr error
-		conns, cerr = imageConns(dir)
-		defer func() {
-			if err != nil {
-				if cerr != nil {
-					conns = nil // every TCP socket of the tree
-				}
-				err = errors.Join(err, RepairOff(Tree(pid), conns))
-			}
-		}()
-		if cerr != nil {
-			return nil, fmt.Errorf("%s: %w", c.what, cerr)
+		if conns, err = imageConns(dir); err != nil {
+			return nil, fmt.Errorf("%s: %w", c.what, err)
 		}
 	}
 	if check {

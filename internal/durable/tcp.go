@@ -34,8 +34,10 @@ import (
 //     before, or kept the sandbox's state) gets repair mode turned off by RepairOff,
 //     which would otherwise break its sockets (recv: EPERM).
 //   - Between the dump and the restore, segments to a socket in repair mode are taken in
-//     and acknowledged, then lost with the socket: the caller holds netns.Lock over that
-//     time (CRIU's network lock is skipped: its own would run in the host's namespace).
+//     and acknowledged, then lost with the socket: the dump has CRIU lock each connection
+//     in the sandbox's namespace (netns/lock_linux.go), which the caller removes when
+//     the tree runs again (netns.Unlock); a restore of trees with connections is locked
+//     by the caller (netns.Lock), as CRIU's restore runs in the host's namespace.
 //   - A restore that follows the end of the same connection (a rollback ends the
 //     sandbox's processes, whose connections close normally) finds its address held by
 //     the closed end, in TIME_WAIT for a minute; the kernel gives a repaired socket that
@@ -92,27 +94,17 @@ func imageAddrPort(a []uint32, port uint32) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ip, uint16(port)), nil
 }
 
-// RepairOff turns repair mode off on every socket of conns that a process of tree (host
-// PIDs) holds, as CRIU does when a tree runs on after its dump: a checkpoint's tree
-// that runs on without being ended and restored. It takes each socket by pidfd_getfd
-// (the daemon has CAP_NET_ADMIN over the sandbox's namespace) and finds it by its
-// inode, read from the fd's link (readlink: nothing in the sandbox is opened or
-// followed). A socket restored since has another inode and is not touched.
-//
-// With no conns, it turns repair mode off on every TCP socket of the tree that it can,
-// for a dump whose image could not be read: a socket that was not in repair mode gets
-// a window probe, which its peer answers, or nothing (repair mode can be set only in
-// ESTABLISHED and CLOSE, the states CRIU repairs in).
-func RepairOff(tree []int, conns []Conn) error {
-	all := conns == nil
-	want := map[uint64]bool{}
-	for _, c := range conns {
-		want[uint64(c.Ino)] = true
-	}
-	if len(want) == 0 && !all {
-		return nil
-	}
+// RepairOff turns repair mode off on every TCP socket of tree (host PIDs) that is in it,
+// as CRIU does when a tree runs on after its dump: a checkpoint's tree that runs on
+// without being ended and restored, or whose dump failed after CRIU took its sockets
+// (DeltaBox's checks, or CRIU killed at its deadline). It takes each socket by
+// pidfd_getfd (the daemon has CAP_NET_ADMIN over the sandbox's namespace) and reads
+// TCP_REPAIR first: only CRIU sets it (the sandbox's processes lack CAP_NET_ADMIN), and
+// turning it off sends a window probe and clears the socket's SO_REUSEADDR. A socket is
+// found from its fd's link (readlink: nothing in the sandbox is opened or followed).
+func RepairOff(tree []int) error {
 	var errs []error
+	done := map[string]bool{}
 	for _, p := range tree {
 		dir := fmt.Sprintf("/proc/%d/fd", p)
 		ents, err := os.ReadDir(dir)
@@ -125,40 +117,48 @@ func RepairOff(tree []int, conns []Conn) error {
 				continue
 			}
 			l, err := os.Readlink(dir + "/" + e.Name())
-			if err != nil || !strings.HasPrefix(l, "socket:[") {
+			if err != nil || !strings.HasPrefix(l, "socket:[") || done[l] {
 				continue
 			}
-			ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64)
-			if err != nil || (!all && !want[ino]) {
-				continue
+			done[l] = true
+			if err := repairOff(p, n); err != nil {
+				errs = append(errs, fmt.Errorf("process %d fd %d (%s): turn TCP repair mode off: %w", sandboxPid(p), n, l, err))
 			}
-			if err := repairOff(p, n); err != nil && !all {
-				errs = append(errs, fmt.Errorf("process %d fd %d (socket %d): turn TCP repair mode off: %w", sandboxPid(p), n, ino, err))
-				continue
-			}
-			delete(want, ino)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// repairOff turns repair mode off on fd n of process pid if it is a TCP socket in it.
 func repairOff(pid, n int) error {
 	pfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return err
+		return nil // ended
 	}
 	defer unix.Close(pfd)
 	fd, err := unix.PidfdGetfd(pfd, n, 0)
 	if err != nil {
-		return err
+		return nil // closed since, or ended
 	}
 	defer unix.Close(fd)
 	if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_TCP {
-		return fmt.Errorf("not a TCP socket (protocol %d): %v", proto, err)
+		return nil
+	}
+	if on, err := unix.GetsockoptInt(fd, unix.SOL_TCP, unix.TCP_REPAIR); err != nil || on == 0 {
+		return err
 	}
 	// TCP_REPAIR_OFF (0): out of repair mode, with a window probe to the peer, as
 	// CRIU's libsoccr_resume.
 	return unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_REPAIR, 0)
+}
+
+// Tuples are conns as netns names them, for Lock.
+func Tuples(conns []Conn) []netns.Tuple {
+	var out []netns.Tuple
+	for _, c := range conns {
+		out = append(out, netns.Tuple{Local: c.Local, Remote: c.Remote})
+	}
+	return out
 }
 
 // destroyOrphans destroys, in the network namespace nsFD, the closed ends (no process

@@ -3,104 +3,200 @@ package netns
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
 
+// Locks on TCP connections, while CRIU holds them in repair mode (TCP_REPAIR). A socket
+// in repair mode still takes in segments and acknowledges them, so bytes that arrive
+// between its dump and its restore (from a peer in a tree dumped later or restored
+// earlier, from the daemon's end of a forwarded port, a retransmission) would be
+// acknowledged and then lost, as the restore rebuilds the socket from the image; and a
+// connection restored before its peer answers the peer's next segment with a reset.
+// Dropped instead, they are sent again by the peer's kernel once the lock is gone (its
+// retransmission timer: 200 ms at least, doubling).
+//
+// A checkpoint's dump has CRIU lock each connection itself (--network-lock nftables:
+// CRIU runs in the sandbox's namespace, and adds each connection to a set of a table
+// "inet CRIU-<run id>" there before it switches the socket to repair mode), and
+// leaves the table when the dump leaves its tree stopped. A lock taken before the dump
+// instead, on all the namespace's TCP traffic, hung CRIU: when its kernel-features
+// cache is missing or stale (after a boot, or an upgrade of CRIU), a dump first
+// connects a TCP socket to itself in the namespace it runs in. A restore's CRIU runs in
+// the host's namespace, where its lock would land: DeltaBox locks a restore's
+// connections itself (Lock). Unlock ends both.
+
 // LockTable is the nftables table Lock makes (family inet: IPv4 and IPv6).
 const LockTable = "deltabox-lock"
 
-// SOCCRMark is the packet mark of what CRIU's libsoccr sends itself (soccr/soccr.h).
+// criuTablePrefix starts the names of the tables CRIU's nftables lock makes.
+const criuTablePrefix = "CRIU-"
+
+// SOCCRMark is the packet mark of what CRIU's libsoccr sends itself (soccr/soccr.h):
+// the FIN of a connection restored in FIN_WAIT1, LAST_ACK or CLOSING, on a raw socket,
+// which CRIU's lock lets through, and so does Lock ("Unable to send a fin packet ...
+// Operation not permitted" without it).
 const SOCCRMark = 0xC114
 
-// Lock drops every TCP packet that enters or leaves the namespace nsFD until Unlock:
-// CRIU's network lock, which DeltaBox takes itself (CRIU runs with --network-lock
-// skip: its own would run iptables or its nftables table in whatever namespace CRIU's
-// restore runs in, the host's).
-//
-// Why a checkpoint's CRIU dump needs it: CRIU reads a connected TCP socket's state and
-// queues in repair mode (TCP_REPAIR) and leaves it so once the tree is dumped and left
-// stopped. A socket in repair mode still takes in segments and acknowledges them, so
-// bytes that arrive after its dump (from a tree dumped later, from the daemon's end of
-// a proxied or forwarded connection, or a retransmission) would be acknowledged and
-// then lost, as the restore rebuilds the socket from the image. Dropped instead, they
-// are sent again by the peer's kernel once the lock is gone (its retransmission timer:
-// 200 ms at least, doubling), and the restored socket, whose sequence numbers are the
-// image's, takes them.
-//
-// A lock left by a daemon that died is removed by the next Configure (at adoption).
-func Lock(nsFD int) error {
+// Tuple is a TCP connection as one of its ends names it: its own address first.
+type Tuple struct{ Local, Remote netip.AddrPort }
+
+// Lock drops, in the namespace nsFD, every TCP packet of the connections tuples (either
+// way) until Unlock, but those CRIU's restore marks. It adds to a lock already there.
+func Lock(nsFD int, tuples []Tuple) error {
+	if len(tuples) == 0 {
+		return nil
+	}
 	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
 	if err != nil {
 		return fmt.Errorf("nftables in the sandbox's namespace: %w", err)
 	}
 	defer c.CloseLasting()
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: LockTable})
-	// CRIU's restore sends the FIN of a connection restored in a closing state
-	// (FIN_WAIT1, LAST_ACK, CLOSING) on a raw socket marked SOCCR_MARK, which CRIU's own
-	// lock lets through (criu/net.c): so does this one.
 	soccrMark := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, SOCCRMark)},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}
-	dropTCP := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Verdict{Kind: expr.VerdictDrop},
-	}
 	// At raw priority, before conntrack and the nat chains: a dropped packet leaves no
 	// conntrack entry or NAT binding behind.
-	prio := nftables.ChainPriorityRaw
 	for name, hook := range map[string]*nftables.ChainHook{"lock_in": nftables.ChainHookInput, "lock_out": nftables.ChainHookOutput} {
-		ch := c.AddChain(&nftables.Chain{Name: name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: prio})
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook, Priority: nftables.ChainPriorityRaw})
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: soccrMark})
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: dropTCP})
+		for _, tu := range tuples {
+			for _, dir := range [][2]netip.AddrPort{{tu.Local, tu.Remote}, {tu.Remote, tu.Local}} {
+				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: dropFlow(dir[0], dir[1])})
+			}
+		}
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("lock the sandbox's TCP traffic (nftables): %w", err)
+		return fmt.Errorf("lock the sandbox's TCP connections (nftables): %w", err)
 	}
 	return nil
 }
 
-// Unlock removes Lock's table from the namespace nsFD; none there is not an error.
+// dropFlow matches the TCP packets from src to dst, and drops them. An IPv4-mapped
+// IPv6 address matches the IPv4 packets a dual-stack socket sends.
+func dropFlow(src, dst netip.AddrPort) []expr.Any {
+	sa, da := src.Addr().Unmap(), dst.Addr().Unmap()
+	var e []expr.Any
+	if sa.Is4() {
+		e = append(e,
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: sa.AsSlice()},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: da.AsSlice()})
+	} else {
+		e = append(e,
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: sa.AsSlice()},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: da.AsSlice()})
+	}
+	return append(e,
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(src.Port())},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(dst.Port())},
+		&expr.Verdict{Kind: expr.VerdictDrop})
+}
+
+// Unlock removes, from the namespace nsFD, Lock's table and the tables of CRIU's dumps
+// (all of them: the caller holds the sandbox's operations); none there is not an error.
 func Unlock(nsFD int) error {
+	return dropTables(nsFD, func(name string) bool { return name == LockTable || strings.HasPrefix(name, criuTablePrefix) })
+}
+
+// CRIUTables names the tables of CRIU's dumps in the namespace nsFD.
+func CRIUTables(nsFD int) ([]string, error) {
+	ts, err := tables(nsFD)
+	var out []string
+	for _, t := range ts {
+		if strings.HasPrefix(t, criuTablePrefix) {
+			out = append(out, t)
+		}
+	}
+	return out, err
+}
+
+// UnlockCRIU removes the tables of CRIU's dumps in the namespace nsFD that are not in
+// keep: those of a dump that DeltaBox refused after CRIU was done.
+func UnlockCRIU(nsFD int, keep []string) error {
+	return dropTables(nsFD, func(name string) bool {
+		if !strings.HasPrefix(name, criuTablePrefix) {
+			return false
+		}
+		for _, k := range keep {
+			if k == name {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Locked says whether the namespace nsFD has a lock: Lock's, or a CRIU dump's.
+func Locked(nsFD int) (bool, error) {
+	ts, err := tables(nsFD)
+	for _, t := range ts {
+		if t == LockTable || strings.HasPrefix(t, criuTablePrefix) {
+			return true, nil
+		}
+	}
+	return false, err
+}
+
+func tables(nsFD int) ([]string, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return nil, fmt.Errorf("nftables in the sandbox's namespace: %w", err)
+	}
+	defer c.CloseLasting()
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list the sandbox's nftables tables: %w", err)
+	}
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Name)
+	}
+	return out, nil
+}
+
+func dropTables(nsFD int, drop func(name string) bool) error {
 	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
 	if err != nil {
 		return fmt.Errorf("nftables in the sandbox's namespace: %w", err)
 	}
 	defer c.CloseLasting()
-	if ok, err := locked(c); err != nil || !ok {
-		return err
-	}
-	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: LockTable})
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("unlock the sandbox's TCP traffic (nftables): %w", err)
-	}
-	return nil
-}
-
-// Locked says whether Lock's table is in the namespace nsFD.
-func Locked(nsFD int) (bool, error) {
-	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
-	if err != nil {
-		return false, fmt.Errorf("nftables in the sandbox's namespace: %w", err)
-	}
-	defer c.CloseLasting()
-	return locked(c)
-}
-
-func locked(c *nftables.Conn) (bool, error) {
 	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return false, fmt.Errorf("list the sandbox's nftables tables: %w", err)
+		return fmt.Errorf("list the sandbox's nftables tables: %w", err)
 	}
+	n := 0
 	for _, t := range ts {
-		if t.Name == LockTable {
-			return true, nil
+		if drop(t.Name) {
+			c.DelTable(t)
+			n++
 		}
 	}
-	return false, nil
+	if n == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("unlock the sandbox's TCP connections (nftables): %w", err)
+	}
+	return nil
 }

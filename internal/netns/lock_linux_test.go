@@ -88,50 +88,66 @@ func pair(t *testing.T, nsFD int, network, host string) (client, server *net.TCP
 
 func addrPort(a net.Addr) netip.AddrPort { return a.(*net.TCPAddr).AddrPort() }
 
-// TestLockDropsTCPUntilUnlock: bytes sent under the lock do not arrive; after Unlock
-// the sender's kernel sends them again and they do, in order, none lost.
+// TestLockDropsTCPUntilUnlock: bytes sent on a locked connection do not arrive; after
+// Unlock the sender's kernel sends them again and they do, in order, none lost. Other
+// connections of the namespace, new ones too (CRIU's kernel-features probe connects a
+// socket to itself), and the daemon's own flow meanwhile.
 func TestLockDropsTCPUntilUnlock(t *testing.T) {
-	ns := newNS(t)
-	c, s := pair(t, ns, "tcp4", "127.0.0.1")
-	if err := Lock(ns); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := Locked(ns); err != nil || !ok {
-		t.Fatalf("Locked after Lock: %v, %v", ok, err)
-	}
-	// The lock is the namespace's alone: the daemon's (this process's) own loopback
-	// traffic flows.
-	hl, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hl.Close()
-	hc, err := net.DialTimeout("tcp4", hl.Addr().String(), 2*time.Second)
-	if err != nil {
-		t.Fatalf("a connection in the daemon's namespace under a sandbox's lock: %v", err)
-	}
-	hc.Close()
-	if _, err := c.Write([]byte("under the lock")); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64)
-	_ = s.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if n, err := s.Read(buf); err == nil {
-		t.Fatalf("read %q through the lock", buf[:n])
-	}
-	if err := Unlock(ns); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := Locked(ns); err != nil || ok {
-		t.Fatalf("Locked after Unlock: %v, %v", ok, err)
-	}
-	_ = s.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, err := s.Read(buf)
-	if err != nil || string(buf[:n]) != "under the lock" {
-		t.Fatalf("after Unlock: read %q, %v; want the bytes sent under the lock", buf[:n], err)
-	}
-	if err := Unlock(ns); err != nil {
-		t.Fatalf("Unlock with no lock: %v", err)
+	for _, f := range []struct{ network, host string }{{"tcp4", "127.0.0.1"}, {"tcp6", "::1"}} {
+		t.Run(f.network, func(t *testing.T) {
+			ns := newNS(t)
+			c, s := pair(t, ns, f.network, f.host)
+			other, otherS := pair(t, ns, f.network, f.host)
+			if err := Lock(ns, []Tuple{{addrPort(c.LocalAddr()), addrPort(c.RemoteAddr())}}); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := Locked(ns); err != nil || !ok {
+				t.Fatalf("Locked after Lock: %v, %v", ok, err)
+			}
+			if _, err := c.Write([]byte("under the lock")); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 64)
+			_ = s.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			if n, err := s.Read(buf); err == nil {
+				t.Fatalf("read %q through the lock", buf[:n])
+			}
+			// Not locked: another connection, and a new one.
+			if _, err := other.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			_ = otherS.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := otherS.Read(buf); err != nil {
+				t.Fatalf("another connection of the namespace under the lock: %v", err)
+			}
+			pair(t, ns, f.network, f.host)
+			// The lock is the namespace's alone: the daemon's (this process's) own
+			// loopback traffic flows.
+			hl, err := net.Listen(f.network, net.JoinHostPort(f.host, "0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hl.Close()
+			hc, err := net.DialTimeout(f.network, hl.Addr().String(), 2*time.Second)
+			if err != nil {
+				t.Fatalf("a connection in the daemon's namespace under a sandbox's lock: %v", err)
+			}
+			hc.Close()
+			if err := Unlock(ns); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := Locked(ns); err != nil || ok {
+				t.Fatalf("Locked after Unlock: %v, %v", ok, err)
+			}
+			_ = s.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, err := s.Read(buf)
+			if err != nil || string(buf[:n]) != "under the lock" {
+				t.Fatalf("after Unlock: read %q, %v; want the bytes sent under the lock", buf[:n], err)
+			}
+			if err := Unlock(ns); err != nil {
+				t.Fatalf("Unlock with no lock: %v", err)
+			}
+		})
 	}
 }
 
@@ -139,7 +155,7 @@ func TestLockDropsTCPUntilUnlock(t *testing.T) {
 // the next Configure (at adoption) removes it.
 func TestConfigureRemovesALeftLock(t *testing.T) {
 	ns := newNS(t)
-	if err := Lock(ns); err != nil {
+	if err := Lock(ns, []Tuple{{netip.MustParseAddrPort("127.0.0.1:1"), netip.MustParseAddrPort("127.0.0.1:2")}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := Configure(ns, 1, 2); err != nil {

@@ -30,6 +30,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -71,10 +72,11 @@ func Configure(nsFD int, tcpPort, dnsPort uint16) error {
 	// Delete and add in one batch: the namespace is never without rules.
 	t4 := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: Table}
 	t6 := &nftables.Table{Family: nftables.TableFamilyIPv6, Name: Table}
-	// A Lock's table is one a daemon that died left (Configure runs at adoption).
+	// A lock's table (Lock's, or a CRIU dump's) is one a daemon that died left
+	// (Configure runs at adoption).
 	if ts, err := c.ListTables(); err == nil {
 		for _, t := range ts {
-			if t.Name == Table || t.Name == LockTable {
+			if t.Name == Table || t.Name == LockTable || strings.HasPrefix(t.Name, criuTablePrefix) {
 				c.DelTable(t)
 			}
 		}

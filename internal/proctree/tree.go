@@ -179,14 +179,9 @@ func ContinueCut(pattern string) {
 			}
 		}
 		// A checkpoint's tree cut between its dump and its move holds its TCP
-		// connections in repair mode (durable/tcp.go); a restored one's sockets are
-		// others (RepairOff finds none). Cut before its manifest was written (during
-		// CRIU's dump, which may have gone on), every TCP socket of the tree.
-		if m, err := durable.ReadManifest(filepath.Dir(f)); err != nil {
-			_ = durable.RepairOff(live, nil) // best effort: the tree runs either way
-		} else if len(m.TCP) > 0 {
-			_ = durable.RepairOff(live, m.TCP)
-		}
+		// connections in repair mode (durable/tcp.go). (CRIU's locks of them, in the
+		// sandbox's namespace, go at its adoption: netns.Configure.)
+		_ = durable.RepairOff(live) // best effort: the tree runs either way
 		for i := len(r.Host) - 1; i >= 0; i-- {
 			h := r.Host[i]
 			if i < len(r.Pids) && slices.Contains(r.Stopped, r.Pids[i]) {

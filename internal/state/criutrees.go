@@ -281,7 +281,7 @@ func (ts *criuTrees) resume() error {
 			for _, h := range t.Host {
 				hosts = append(hosts, int(h[0]))
 			}
-			if err := durable.RepairOff(hosts, t.tcp); err != nil {
+			if err := durable.RepairOff(hosts); err != nil {
 				errs = append(errs, err)
 			}
 			t.repair = false
@@ -297,12 +297,11 @@ func (ts *criuTrees) resume() error {
 	return errors.Join(errs...)
 }
 
-// lockNet holds the TCP traffic of s's network namespace (netns.Lock) until unlockNet,
-// if it is not held already: from before the first dump of a checkpoint's trees, or the
-// first restore of trees that hold TCP connections, until they run (durable/tcp.go
-// says why). A restored connection's peer may be restored after it, by another tree.
+// openNet keeps an fd of s's network namespace, for unlockNet: a checkpoint's dumps
+// leave CRIU's locks of the trees' connections there (durable.DumpOptions), until the
+// trees run again.
 // +checklocks:s.opMu
-func (ts *criuTrees) lockNet(s *sb) error {
+func (ts *criuTrees) openNet(s *sb) error {
 	if ts.netLock != nil {
 		return nil
 	}
@@ -310,15 +309,26 @@ func (ts *criuTrees) lockNet(s *sb) error {
 	if err != nil {
 		return fmt.Errorf("the sandbox's network namespace: %w", err)
 	}
-	if err := netns.Lock(int(nsf.Fd())); err != nil {
-		_ = nsf.Close() // a namespace's fd: nothing written
-		return err
-	}
 	ts.netLock = nsf
 	return nil
 }
 
-// unlockNet ends lockNet's hold, if any.
+// lockNet locks the trees' TCP connections in s's network namespace (netns.Lock) until
+// unlockNet: a restore's, so that a connection restored before its peer (in a tree
+// restored next) is not reset by it (durable/tcp.go).
+// +checklocks:s.opMu
+func (ts *criuTrees) lockNet(s *sb) error {
+	var tuples []netns.Tuple
+	for _, t := range ts.trees {
+		tuples = append(tuples, durable.Tuples(t.tcp)...)
+	}
+	if err := ts.openNet(s); err != nil {
+		return err
+	}
+	return netns.Lock(int(ts.netLock.Fd()), tuples)
+}
+
+// unlockNet ends the locks of openNet and lockNet, if any.
 func (ts *criuTrees) unlockNet() error {
 	if ts.netLock == nil {
 		return nil
@@ -451,10 +461,9 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
 		return fail(err)
 	}
-	// The sandbox's TCP traffic is held from before the first dump until the trees run
-	// again (durable/tcp.go says why): a tree's connection may lead to another tree, or
-	// to the daemon's end of a forwarded port.
-	if err := ts.lockNet(s); err != nil {
+	// CRIU locks the trees' TCP connections at their dumps, until the trees run again
+	// (resume: unlockNet; durable/tcp.go says why).
+	if err := ts.openNet(s); err != nil {
 		return fail(err)
 	}
 	initHost := s.rt.InitPid()

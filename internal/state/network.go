@@ -43,6 +43,20 @@ func redactNet(n *apitypes.Network) *apitypes.Network {
 	return &c
 }
 
+// unlockLeftNet removes the locks of TCP connections a daemon that died left in rt's
+// network namespace: a checkpoint cut between its CRIU dumps and its trees' resume
+// leaves CRIU's (durable/tcp.go), and resumeCutCRIUTrees lets the trees run. A sandbox
+// with a network gets the same from attachNet (netns.Configure); one without has only
+// this.
+func unlockLeftNet(rt *sandbox.Sandbox) error {
+	f, err := rt.OpenNetNS()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }() // read-only: a namespace fd
+	return netns.Unlock(int(f.Fd()))
+}
+
 // attachNet serves s's network through the daemon's proxy when its record asks for
 // one (netproxy): listeners and rules in its network namespace, which its init holds.
 // Called whenever s gets a running init (boot, adoption after a restart: the old

@@ -383,6 +383,9 @@ func (m *Manager) adopt(s *sb, procs map[string]nodeProcesses) error {
 		return fail(err)
 	}
 	s.kns = kns
+	if err := unlockLeftNet(rt); err != nil {
+		m.log.Warn("adopt sandbox: the locks of its TCP connections", "id", r.ID, "err", err) // its connections stay dropped
+	}
 	if err := m.attachNet(s); err != nil {
 		m.log.Warn("adopt sandbox: its network", "id", r.ID, "err", err) // it runs, without network
 	}

@@ -485,9 +485,9 @@ func (r *restore) restoreCRIUTrees() error {
 		return err
 	}
 	defer st.Close()
-	// Trees with TCP connections are restored under the sandbox's network lock until
-	// they run (publish: resume), so that a connection restored before its peer (in a
-	// tree restored next) is not reset (durable/tcp.go).
+	// Trees with TCP connections are restored with those locked until they run
+	// (publish: resume), so that a connection restored before its peer (in a tree
+	// restored next) is not reset (durable/tcp.go).
 	if ts.holdTCP() {
 		if err := ts.lockNet(s); err != nil {
 			return err
