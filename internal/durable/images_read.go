@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	criucore "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"google.golang.org/protobuf/proto"
@@ -62,4 +64,22 @@ func readCore(path string) (*criucore.CoreEntry, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return &c, nil
+}
+
+// ImageMaxPid is the largest PID or thread ID (in the sandbox) of the image in dir:
+// CRIU writes one core-ID.img per thread, so a tree's threads, which its restore gives
+// back their IDs too (clone3 set_tid), count; 0 if it holds none.
+func ImageMaxPid(dir string) int {
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		s, ok := strings.CutPrefix(e.Name(), "core-")
+		if !ok {
+			continue
+		}
+		if id, err := strconv.Atoi(strings.TrimSuffix(s, ".img")); err == nil {
+			n = max(n, id)
+		}
+	}
+	return n
 }

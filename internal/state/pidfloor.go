@@ -10,7 +10,7 @@ import (
 // pidFloor is the largest PID (in the sandbox) that a restore into s may have to give
 // back: the live PIDs and template PIDs its nodes' process records name, the PIDs of
 // their durable images (a copy of the template was dumped: its PID) and of their CRIU
-// trees. boot raises the sandbox's next PID above it: a sandbox started afresh over its
+// trees, their threads' included. boot raises the sandbox's next PID above it: a sandbox started afresh over its
 // record (after a machine or daemon restart without adoption) counts PIDs from 2 again,
 // and a thread that init's Go runtime made later took PID 15, which a restore from an
 // image then needed (clone3 set_tid: EEXIST; 6 of 8 runs of
@@ -45,7 +45,7 @@ func (m *Manager) pidFloor(s *sb) int {
 		}
 		for _, sub := range subs {
 			if man, err := durable.ReadManifest(sub); err == nil {
-				floor = max(floor, man.Pid)
+				floor = max(floor, man.Pid, durable.ImageMaxPid(sub))
 			}
 			if tr, err := readTemplateRecord(sub); err == nil {
 				floor = max(floor, tr.Template.Proc.Pid, tr.Template.SelfPid)
@@ -56,6 +56,11 @@ func (m *Manager) pidFloor(s *sb) int {
 				for _, p := range t.Pids {
 					floor = max(floor, p)
 				}
+				// Its threads' IDs too: a branch's init made a thread that took a
+				// python's second thread's ID (20, the process being 19), and the
+				// tree's restore failed ("Unable to create a thread: -17", 1 run in 8
+				// of TestForkCarriesTCPConnection).
+				floor = max(floor, durable.ImageMaxPid(t.dir))
 			}
 		}
 	}

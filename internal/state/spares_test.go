@@ -443,3 +443,49 @@ func wantNice(t *testing.T, pid, nice int) {
 		}
 	}
 }
+
+// TestNodeForkFloorCoversCRIUThreads: a fork of a node whose CRIU tree's largest ID is a
+// thread's (a python whose second thread came 64 PIDs after it, nothing started after
+// it) boots each branch with its next PID above that thread's TID, not only above the
+// tree's PIDs: a thread of the branch's init that took it failed the tree's restore
+// ("Unable to create a thread: -17"; 1 run in 8 of TestForkCarriesTCPConnection).
+func TestNodeForkFloorCoversCRIUThreads(t *testing.T) {
+	testutil.Require(t, os.Geteuid() == 0, "needs root")
+	m := openDurable(t, testutil.NewStore(t)) // CRIU on
+	defer m.Close()
+	ctx := context.Background()
+	const id = "nfloor"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	thr := strings.TrimSpace(sh(t, m, id, `nohup python3 -c 'import os, threading, time
+for _ in range(64):
+    p = os.fork()
+    if p == 0: os._exit(0)
+    os.waitpid(p, 0)
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+time.sleep(100000)' </dev/null >/dev/null 2>&1 & echo $!`))
+	var tids []string
+	for deadline := time.Now().Add(10 * time.Second); len(tids) != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two-threaded python did not start its second thread")
+		}
+		tids = strings.Fields(sh(t, m, id, "ls /proc/"+thr+"/task"))
+	}
+	tid := max(atoi(tids[0]), atoi(tids[1]))
+	cp, err := m.Checkpoint(ctx, id, "")
+	if err != nil || cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint with a two-threaded process: %v %+v", err, cp)
+	}
+	res, err := m.Fork(ctx, cp.Node.ID, state.ForkOptions{Count: 1, CreateOptions: state.CreateOptions{ID: id + "b"}})
+	if err != nil || len(res.Branches) != 1 {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	b := res.Branches[0]
+	if b.Restore == nil || b.Restore.CRIUProcesses != 1 {
+		t.Fatalf("the branch's restore: %+v (%s)", b.Restore, b.Reason)
+	}
+	if pid := atoi(strings.TrimSpace(sh(t, m, id+"b", "echo $$"))); pid <= tid {
+		t.Fatalf("a command in the branch has PID %d, not above the CRIU tree's thread TID %d", pid, tid)
+	}
+}

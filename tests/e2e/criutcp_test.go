@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"deltabox/internal/api"
+	"deltabox/internal/apitypes"
 	"deltabox/internal/criu"
 	"deltabox/internal/testutil"
 )
@@ -27,7 +28,8 @@ threading.Thread(target=serve, daemon=True).start()
 open("/workspace/pair.pid", "w").write(str(os.getpid()))
 i = 0
 while True:
-    c.sendall(b"%d," % i); i += 1; time.sleep(0.05)
+    c.sendall(b"%d," % i); i += 1
+    open("/workspace/pair.sent", "w").write(str(i)); time.sleep(0.05)
 `
 
 // TestCRIUTreeTCPWithoutKernelCache: a checkpoint of a tree that holds a TCP connection
@@ -63,5 +65,47 @@ func TestCRIUTreeTCPWithoutKernelCache(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if m := count(); m <= n {
 		t.Fatalf("the connection carried nothing after the checkpoint: %d then %d numbers", n, m)
+	}
+}
+
+// TestForkCarriesTCPConnection: a node whose CRIU tree holds a loopback TCP connection
+// with itself forks into branches whose trees each hold their own copy of it, in the
+// branch's network namespace, carrying on from the checkpoint; the source's goes on.
+func TestForkCarriesTCPConnection(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "tcpfork"
+	dbxCreate(t, d, id)
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/pair.py`, "sh", tcpPair}}); r.ExitCode != 0 {
+		t.Fatalf("write pair.py: %+v", r)
+	}
+	startJob(t, d, id, "python3 /workspace/pair.py", "/workspace/pair.pid")
+	time.Sleep(200 * time.Millisecond)
+	cp, err := d.C.Checkpoint(dbxCtx(t), id, "a")
+	if err != nil || cp.CRIUProcesses == 0 {
+		t.Fatalf("checkpoint: %v (%+v)", err, cp)
+	}
+	res, err := d.C.Fork(dbxCtx(t), cp.Node.ID, apitypes.ForkRequest{Count: 2, CreateOptions: apitypes.CreateOptions{ID: "tcpb"}})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	count := func(sb string) int { return strings.Count(dbxSh(t, d, sb, "cat /workspace/got"), ",") }
+	for _, b := range res.Branches {
+		if b.Restore.CRIUProcesses == 0 {
+			t.Fatalf("branch %s: no process through CRIU (%s path: %s; %v); threads: %s", b.Sandbox.ID, b.Path, b.Reason, b.Restore.ProcessErrors, dbxSh(t, d, b.Sandbox.ID, "ps -eL -o pid,lwp,stat,comm"))
+		}
+	}
+	for _, sb := range []string{id, res.Branches[0].Sandbox.ID, res.Branches[1].Sandbox.ID} {
+		n := count(sb)
+		var m int
+		for i := 0; i < 20; i++ {
+			time.Sleep(100 * time.Millisecond)
+			if m = count(sb); m > n {
+				t.Logf("%s: %d numbers, %d after %d ms (sent: %s)", sb, n, m, (i+1)*100, dbxSh(t, d, sb, "cat /workspace/pair.sent"))
+				break
+			}
+		}
+		if m <= n {
+			t.Fatalf("%s: the connection carried nothing after the fork: %d then %d numbers; ps: %s", sb, n, m, dbxSh(t, d, sb, "ps -e -o pid,stat,wchan:20,comm; cat /workspace/pair.sent"))
+		}
 	}
 }
