@@ -251,6 +251,9 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 	}
 	start := time.Now()
 	if _, err := c.run(ctx); err != nil {
+		if h := dumpHint(err.Error()); h != "" {
+			return nil, fmt.Errorf("%s; %w", h, err)
+		}
 		return nil, err
 	}
 	if err := criuRemaps(dir); err != nil {
@@ -588,4 +591,23 @@ func ReadManifest(dir string) (*Manifest, error) {
 		return nil, fmt.Errorf("%s in %s: %w", ManifestFile, dir, err)
 	}
 	return &m, nil
+}
+
+// dumpHints are refusals of CRIU's dump that a sandbox's process meets, in words that say
+// what it holds and what to do, by what CRIU's error says (CRIU 4.1.1; zdtm
+// socket-tcp-skip-in-flight, socket-ext, inotify00). CRIU's own words follow.
+var dumpHints = []struct{ match, hint string }{
+	{"In-flight connection", "a listening TCP socket holds connections not yet accepted, which CRIU cannot take (accept them, or close the listener, before the checkpoint)"},
+	{"External socket is used", "a unix socket connected to a process outside its tree (another background job, or a session's process), which CRIU cannot take apart from its peer (close it, or have one job hold both ends)"},
+	{"fsnotify:  Can't dump that handle", "an inotify watch on a file of the sandbox's overlay, which CRIU cannot name again (remove the watch before the checkpoint)"},
+}
+
+// dumpHint is the hint of dumpHints for CRIU's error msg, or "".
+func dumpHint(msg string) string {
+	for _, h := range dumpHints {
+		if strings.Contains(msg, h.match) {
+			return h.hint
+		}
+	}
+	return ""
 }

@@ -362,6 +362,13 @@ if pid == 0:
     while True: time.sleep(100)
 time.sleep(0.5)`,
 		`"%s %s" % (open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[4], sorted(os.readlink("/proc/%d/fd/%s" % (pid, f)) for f in os.listdir("/proc/%d/fd" % pid)))`, ""},
+	// zdtm socket-tcp-skip-in-flight: a connection its listener has not accepted yet,
+	// which CRIU refuses (it would drop it with --skip-in-flight: not passed). The
+	// client's end works on, out of repair mode (TCP_REPAIR, 19, reads 0).
+	{"TCP connection not yet accepted", `s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+c = socket.create_connection(s.getsockname()); c.sendall(b"early")`,
+		`"%d %d %d" % (c.getsockopt(socket.SOL_TCP, socket.TCP_INFO, 1)[0], c.getsockopt(socket.SOL_TCP, 19), c.send(b"."))`,
+		"connections not yet accepted"},
 	// zdtm socket-tcpbuf: a send queue filled up; a restore in the sandbox cannot make
 	// a socket's buffer as large as the process had it (SO_SNDBUF's cap, where CRIU's
 	// SO_SNDBUFFORCE needs the host's CAP_NET_ADMIN), and failed at the move.
