@@ -83,34 +83,28 @@ func Lock(nsFD int, tuples []Tuple) error {
 // IPv6 address matches the IPv4 packets a dual-stack socket sends.
 func dropFlow(src, dst netip.AddrPort) []expr.Any {
 	sa, da := src.Addr().Unmap(), dst.Addr().Unmap()
-	var e []expr.Any
-	if sa.Is4() {
-		e = append(e,
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: sa.AsSlice()},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: da.AsSlice()})
-	} else {
-		e = append(e,
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: sa.AsSlice()},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: da.AsSlice()})
+	// The family, and where its header holds the addresses.
+	proto, saddr, daddr, alen := byte(unix.NFPROTO_IPV4), uint32(12), uint32(16), uint32(4)
+	if !sa.Is4() {
+		proto, saddr, daddr, alen = unix.NFPROTO_IPV6, 8, 24, 16
 	}
-	return append(e,
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(src.Port())},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(dst.Port())},
-		&expr.Verdict{Kind: expr.VerdictDrop})
+	field := func(base expr.PayloadBase, off, n uint32, want []byte) []expr.Any {
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: base, Offset: off, Len: n},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: want},
+		}
+	}
+	e := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+	}
+	e = append(e, field(expr.PayloadBaseNetworkHeader, saddr, alen, sa.AsSlice())...)
+	e = append(e, field(expr.PayloadBaseNetworkHeader, daddr, alen, da.AsSlice())...)
+	e = append(e, field(expr.PayloadBaseTransportHeader, 0, 2, be16(src.Port()))...)
+	e = append(e, field(expr.PayloadBaseTransportHeader, 2, 2, be16(dst.Port()))...)
+	return append(e, &expr.Verdict{Kind: expr.VerdictDrop})
 }
 
 // Unlock removes, from the namespace nsFD, Lock's table and the tables of CRIU's dumps

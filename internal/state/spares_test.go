@@ -174,13 +174,10 @@ func TestSpareRestore(t *testing.T) {
 // would cover by chance), checkpoints it (the returned node), ends the python and forks the sandbox by the
 // fast path (branch id+"b"; the fork's own node may hold no CRIU tree). It returns the
 // python's PID and its thread's TID.
-func criuForkSource(t *testing.T, m *state.Manager, id string) (node, thr string, tid int) {
+// startThreadAbove starts in sandbox id a background python whose second thread's TID
+// is 64 above its PID (it forks 64 children first), and returns its PID and that TID.
+func startThreadAbove(t *testing.T, m *state.Manager, id string) (thr string, tid int) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
-		t.Fatal(err)
-	}
-	sh(t, m, id, "nohup sleep 100000 </dev/null >/dev/null 2>&1 &")
 	thr = strings.TrimSpace(sh(t, m, id, `nohup python3 -c 'import os, threading, time
 for _ in range(64):
     p = os.fork()
@@ -199,6 +196,17 @@ time.sleep(100000)' </dev/null >/dev/null 2>&1 & echo $!`))
 	if tid < atoi(thr)+64 {
 		t.Fatalf("the python's thread has TID %d, its PID is %s: want 64 above", tid, thr)
 	}
+	return thr, tid
+}
+
+func criuForkSource(t *testing.T, m *state.Manager, id string) (node, thr string, tid int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, id, "nohup sleep 100000 </dev/null >/dev/null 2>&1 &")
+	thr, tid = startThreadAbove(t, m, id)
 	cp, err := m.Checkpoint(ctx, id, "")
 	if err != nil || cp.CRIUProcesses != 1 {
 		t.Fatalf("checkpoint with a two-threaded process: %v %+v", err, cp)
@@ -458,21 +466,7 @@ func TestNodeForkFloorCoversCRIUThreads(t *testing.T) {
 	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
 		t.Fatal(err)
 	}
-	thr := strings.TrimSpace(sh(t, m, id, `nohup python3 -c 'import os, threading, time
-for _ in range(64):
-    p = os.fork()
-    if p == 0: os._exit(0)
-    os.waitpid(p, 0)
-threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
-time.sleep(100000)' </dev/null >/dev/null 2>&1 & echo $!`))
-	var tids []string
-	for deadline := time.Now().Add(10 * time.Second); len(tids) != 2; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the two-threaded python did not start its second thread")
-		}
-		tids = strings.Fields(sh(t, m, id, "ls /proc/"+thr+"/task"))
-	}
-	tid := max(atoi(tids[0]), atoi(tids[1]))
+	_, tid := startThreadAbove(t, m, id)
 	cp, err := m.Checkpoint(ctx, id, "")
 	if err != nil || cp.CRIUProcesses != 1 {
 		t.Fatalf("checkpoint with a two-threaded process: %v %+v", err, cp)

@@ -32,6 +32,15 @@ while True:
     open("/workspace/pair.sent", "w").write(str(i)); time.sleep(0.05)
 `
 
+// startPair starts tcpPair in sandbox id.
+func startPair(t *testing.T, d *testutil.Daemon, id string) {
+	t.Helper()
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/pair.py`, "sh", tcpPair}}); r.ExitCode != 0 {
+		t.Fatalf("write pair.py: %+v", r)
+	}
+	startJob(t, d, id, "python3 /workspace/pair.py", "/workspace/pair.pid")
+}
+
 // TestCRIUTreeTCPWithoutKernelCache: a checkpoint of a tree that holds a TCP connection
 // while CRIU's kernel-features cache is missing (after a boot, or an upgrade of CRIU,
 // which makes it stale) answers at once, and the connection carries on. CRIU first
@@ -42,10 +51,7 @@ func TestCRIUTreeTCPWithoutKernelCache(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	const id = "tcpkdat"
 	dbxCreate(t, d, id)
-	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/pair.py`, "sh", tcpPair}}); r.ExitCode != 0 {
-		t.Fatalf("write pair.py: %+v", r)
-	}
-	startJob(t, d, id, "python3 /workspace/pair.py", "/workspace/pair.pid")
+	startPair(t, d, id)
 	for _, f := range []string{filepath.Join(criu.KdatDir, "criu.kdat"), filepath.Join(criu.KdatDir, "unprivileged", "criu.kdat")} {
 		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)
@@ -75,10 +81,7 @@ func TestForkCarriesTCPConnection(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	const id = "tcpfork"
 	dbxCreate(t, d, id)
-	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/pair.py`, "sh", tcpPair}}); r.ExitCode != 0 {
-		t.Fatalf("write pair.py: %+v", r)
-	}
-	startJob(t, d, id, "python3 /workspace/pair.py", "/workspace/pair.pid")
+	startPair(t, d, id)
 	time.Sleep(200 * time.Millisecond)
 	cp, err := d.C.Checkpoint(dbxCtx(t), id, "a")
 	if err != nil || cp.CRIUProcesses == 0 {
