@@ -50,8 +50,8 @@ type Manifest struct {
 	// external to the image too: Restore makes each again, nameless, on the state.
 	Removed []Removed `json:",omitempty"`
 	// TCP are the tree's TCP connections, dumped with DumpOptions.TCPEstablished
-	// (tcp.go): Restore repairs them back, and RepairOff turns repair mode off on them
-	// for a tree that runs on after its dump.
+	// (tcp.go): Restore repairs them back, first destroying the closed ends of the
+	// same connections, and a restore locks them (netns.Lock) until the trees run.
 	TCP []Conn `json:",omitempty"`
 	// ShellJob: the tree's root does not lead its session (a job an exec left behind,
 	// in init's session). CRIU dumps it only as a shell job; Restore has its root lead
@@ -88,8 +88,8 @@ type DumpOptions struct {
 	// TCPEstablished dumps the tree's TCP connections (CRIU's --tcp-established: in
 	// repair mode, tcp.go), for a dump that leaves the tree stopped, with CRIU's lock
 	// on them: the caller calls RepairOff before it lets the tree run without a
-	// restore, and netns.Unlock once it runs. Without it, a tree holding one is
-	// refused.
+	// restore, and netns.Unlock before it lets the tree run. Without it, a tree
+	// holding one is refused.
 	TCPEstablished bool
 	// FileLocks dumps the tree's file locks (flock, POSIX, OFD: CRIU's --file-locks),
 	// which CRIU takes again at the restore; without it a tree holding one is refused.

@@ -35,9 +35,9 @@ import (
 //     which would otherwise break its sockets (recv: EPERM).
 //   - Between the dump and the restore, segments to a socket in repair mode are taken in
 //     and acknowledged, then lost with the socket: the dump has CRIU lock each connection
-//     in the sandbox's namespace (netns/lock_linux.go), which the caller removes when
-//     the tree runs again (netns.Unlock); a restore of trees with connections is locked
-//     by the caller (netns.Lock), as CRIU's restore runs in the host's namespace.
+//     in the sandbox's namespace (netns/lock_linux.go), which the caller removes just
+//     before the tree runs again (netns.Unlock); a restore of trees with connections is
+//     locked by the caller (netns.Lock), as CRIU's restore runs in the host's namespace.
 //   - A restore that follows the end of the same connection (a rollback ends the
 //     sandbox's processes, whose connections close normally) finds its address held by
 //     the closed end, in TIME_WAIT for a minute; the kernel gives a repaired socket that
@@ -95,13 +95,15 @@ func imageAddrPort(a []uint32, port uint32) (netip.AddrPort, error) {
 }
 
 // RepairOff turns repair mode off on every TCP socket of tree (host PIDs) that is in it,
-// as CRIU does when a tree runs on after its dump: a checkpoint's tree that runs on
+// as CRIU does when a tree runs on after its dump (CRIU also puts back the socket's
+// SO_REUSEADDR, which turning repair off clears; this does not: on a connected socket
+// it no longer matters, a bound one is not in repair): a checkpoint's tree that runs on
 // without being ended and restored, or whose dump failed after CRIU took its sockets
 // (DeltaBox's checks, or CRIU killed at its deadline). It takes each socket by
 // pidfd_getfd (the daemon has CAP_NET_ADMIN over the sandbox's namespace) and reads
 // TCP_REPAIR first: only CRIU sets it (the sandbox's processes lack CAP_NET_ADMIN), and
-// turning it off sends a window probe and clears the socket's SO_REUSEADDR. A socket is
-// found from its fd's link (readlink: nothing in the sandbox is opened or followed).
+// turning it off sends a window probe. A socket is found from its fd's link (readlink:
+// nothing in the sandbox is opened or followed).
 func RepairOff(tree []int) error {
 	var errs []error
 	done := map[string]bool{}

@@ -212,3 +212,36 @@ func TestDestroyOrphan(t *testing.T) {
 		})
 	}
 }
+
+// TestLockManyConnections: a lock of 300 connections (a restore of trees holding as
+// many) goes in, and holds one of them; one netlink batch of it failed with ENOBUFS
+// past about 35 connections and EMSGSIZE past about 90.
+func TestLockManyConnections(t *testing.T) {
+	ns := newNS(t)
+	c, s := pair(t, ns, "tcp4", "127.0.0.1")
+	tuples := []Tuple{{addrPort(c.LocalAddr()), addrPort(c.RemoteAddr())}}
+	for i := 0; i < 299; i++ {
+		tuples = append(tuples, Tuple{netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(20000+i)), netip.MustParseAddrPort("127.0.0.1:80")})
+	}
+	if err := Lock(ns, tuples[150:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := Lock(ns, tuples[:150]); err != nil { // added to the lock there
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	_ = s.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := s.Read(buf); err == nil {
+		t.Fatalf("read %q through the lock of 300 connections", buf[:n])
+	}
+	if err := Unlock(ns); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := s.Read(buf); err != nil {
+		t.Fatalf("after Unlock: %v", err)
+	}
+}

@@ -14,10 +14,13 @@ import (
 // What keeps trees from being taken apart: each is dumped and restored on its own, so
 // what it shares with another tree, or with the daemon, CRIU would restore to nobody.
 
-// PipesAcross refuses trees that share a pipe (`a | b &` whose shell has ended leaves two
-// trees, one at each end): each tree is dumped and restored apart, and CRIU would
-// restore each end as a pipe of its own, to nobody.
-func PipesAcross(roots []int, initHost int) error {
+// SharedAcross refuses trees that share a pipe (`a | b &` whose shell has ended leaves two
+// trees, one at each end) or a socket (`exec 3<>/dev/tcp/HOST/PORT; a & b &`): each
+// tree is dumped and restored apart, and CRIU would restore each end as a pipe of its
+// own, to nobody, and a socket twice: a TCP connection's second restore fails on the
+// address its first took, at the checkpoint's move and at its undo alike, and the
+// processes were lost.
+func SharedAcross(roots []int, initHost int) error {
 	owner := map[string]int{}
 	for _, root := range roots {
 		for _, p := range durable.Tree(root) {
@@ -25,7 +28,7 @@ func PipesAcross(roots []int, initHost int) error {
 			ents, _ := os.ReadDir(dir)
 			for _, e := range ents {
 				l, err := os.Readlink(dir + e.Name())
-				if err != nil || !strings.HasPrefix(l, "pipe:") {
+				if err != nil || !(strings.HasPrefix(l, "pipe:") || strings.HasPrefix(l, "socket:")) {
 					continue
 				}
 				if o, ok := owner[l]; ok && o != root {

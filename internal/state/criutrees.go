@@ -160,8 +160,9 @@ type criuTrees struct {
 	// branch), each from a copy of its image of its own (privateImage): restores of one
 	// image in several sandboxes may run at once, and each changes its directory's mode.
 	private bool
-	// netLock is the sandbox's network namespace while a checkpoint holds its TCP
-	// traffic (netns.Lock), from before the first dump until resume.
+	// netLock is the sandbox's network namespace while the trees' TCP connections are
+	// locked: by CRIU at a checkpoint's dumps (its tables), or by lockNet at a restore
+	// (netns.Lock), until resume, which removes both before the trees run.
 	netLock *os.File
 }
 
@@ -475,7 +476,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		return fail(err)
 	}
 	initHost := s.rt.InitPid()
-	if err := proctree.PipesAcross(roots, initHost); err != nil {
+	if err := proctree.SharedAcross(roots, initHost); err != nil {
 		return fail(err)
 	}
 	if err := proctree.SessionsAcross(roots, initHost, func(p int) bool { st := s.rt.ProcState(p); return st != 0 && st != 'Z' && st != 'X' }); err != nil { // +checklocksignore: called by SessionsAcross, here, under opMu

@@ -489,10 +489,10 @@ func (r *restore) restoreCRIUTrees() error {
 	// (publish: resume), so that a connection restored before its peer (in a tree
 	// restored next) is not reset (durable/tcp.go).
 	if ts.holdTCP() {
+		r.undo.push(ts.unlockNet) // first: a lock that failed half way goes too
 		if err := ts.lockNet(s); err != nil {
 			return err
 		}
-		r.undo.push(ts.unlockNet)
 	}
 	r.undo.push(func() error { return m.endCRIUTrees(s, ts) }) // +checklocksignore: an undo step: undoList.run runs it under opMu
 	var restored []*criuTree
