@@ -157,3 +157,49 @@ for i in range(2):
 		}
 	}
 }
+
+// TestCRIUTreeManyTCPConnectionsRestore: a restore of a tree that holds 40 loopback
+// connections (80 sockets) locks them all until it runs, and each carries bytes
+// afterwards: the restore's lock went in one netlink batch, which failed past about 18
+// connections, and the restore with it.
+func TestCRIUTreeManyTCPConnectionsRestore(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "tcp40"
+	dbxCreate(t, d, id)
+	prog := `import os, socket, threading, time
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(64)
+pairs = []
+for _ in range(40):
+    c = socket.create_connection(l.getsockname()); a, _ = l.accept(); pairs.append((c, a))
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+open("/workspace/many.pid", "w").write(str(os.getpid()))
+while True:
+    if os.path.exists("/workspace/go"):
+        os.unlink("/workspace/go"); n = 0
+        for c, a in pairs:
+            c.sendall(b"x"); n += len(a.recv(1))
+        open("/workspace/echoed", "w").write(str(n))
+    time.sleep(0.02)
+`
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/many.py`, "sh", prog}}); r.ExitCode != 0 {
+		t.Fatalf("write many.py: %+v", r)
+	}
+	startJob(t, d, id, "python3 /workspace/many.py", "/workspace/many.pid")
+	echo := func(when string) {
+		t.Helper()
+		if got := dbxSh(t, d, id, `rm -f /workspace/echoed; touch /workspace/go; for i in $(seq 500); do [ -s /workspace/echoed ] && exec cat /workspace/echoed; sleep 0.01; done; exit 1`); got != "40" {
+			t.Fatalf("%s: %q bytes through the 40 connections, want 40", when, got)
+		}
+	}
+	echo("before")
+	cp, err := d.C.Checkpoint(dbxCtx(t), id, "a")
+	if err != nil || cp.CRIUProcesses == 0 {
+		t.Fatalf("checkpoint: %v (%+v)", err, cp)
+	}
+	echo("after the checkpoint")
+	res, err := d.C.Restore(dbxCtx(t), id, cp.Node.ID)
+	if err != nil || res.CRIUProcesses == 0 || len(res.Warnings) > 0 {
+		t.Fatalf("restore: %v (%+v)", err, res)
+	}
+	echo("after the restore")
+}
