@@ -80,7 +80,9 @@ func TestBenchRLTiny(t *testing.T) {
 		if bound, _ := r.Info["gpu_busy_bound_frac"].(float64); bound <= 0 || bound > 1 {
 			t.Errorf("%s %s: GPU busy bound %v", r.System, r.Op, r.Info["gpu_busy_bound_frac"])
 		}
-		if d, ok := r.Info["daemon_cpu_ms_per_step"].(float64); !ok || (r.System != bench.SysRLCRIU && r.System != bench.SysRLCopytree && r.System != bench.SysRLPodman && d <= 0) {
+		// /proc counts the daemon's CPU in 10 ms ticks: a tiny run's steps may take less
+		// than one (0 on a faster machine, s38's CI); never below 0.
+		if d, ok := r.Info["daemon_cpu_ms_per_step"].(float64); !ok || d < 0 {
 			t.Errorf("%s %s: daemon CPU per step %v", r.System, r.Op, r.Info["daemon_cpu_ms_per_step"])
 		}
 		if _, ok := r.Info["reset_wait_ms_p50"]; mode == "overlap" && r.System != bench.SysRLFork && !ok {
