@@ -193,12 +193,8 @@ func tcpState(s uint32) string {
 
 // tcpEnd is an end of a TCP socket of the image, as addr:port.
 func tcpEnd(a []uint32, port uint32) string {
-	var b []byte
-	for _, w := range a {
-		b = append(b, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
-	}
-	if ip, ok := netip.AddrFromSlice(b); ok {
-		return netip.AddrPortFrom(ip.Unmap(), uint16(port)).String()
+	if ap, err := imageAddrPort(a, port); err == nil {
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
 	}
 	return fmt.Sprintf("port %d", port)
 }

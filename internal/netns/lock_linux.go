@@ -167,17 +167,6 @@ func UnlockCRIU(nsFD int, keep []string) error {
 	})
 }
 
-// Locked says whether the namespace nsFD has a lock: Lock's, or a CRIU dump's.
-func Locked(nsFD int) (bool, error) {
-	ts, err := tables(nsFD)
-	for _, t := range ts {
-		if t == LockTable || strings.HasPrefix(t, criuTablePrefix) {
-			return true, nil
-		}
-	}
-	return false, err
-}
-
 // locked says whether a table match names is in c's namespace.
 func locked(c *nftables.Conn, match func(name string) bool) (bool, error) {
 	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)

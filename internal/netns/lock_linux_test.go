@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,4 +245,15 @@ func TestLockManyConnections(t *testing.T) {
 	if _, err := s.Read(buf); err != nil {
 		t.Fatalf("after Unlock: %v", err)
 	}
+}
+
+// Locked says whether the namespace nsFD has a lock: Lock's, or a CRIU dump's.
+func Locked(nsFD int) (bool, error) {
+	ts, err := tables(nsFD)
+	for _, t := range ts {
+		if t == LockTable || strings.HasPrefix(t, criuTablePrefix) {
+			return true, nil
+		}
+	}
+	return false, err
 }
