@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"deltabox/internal/cgroup"
+	"deltabox/internal/netns"
 	"deltabox/internal/sandbox"
 	"deltabox/internal/state"
 	"deltabox/internal/store"
@@ -278,4 +280,85 @@ for i in $(seq 1000); do [ -s /workspace/%s.pid ] && exit 0; sleep 0.01; done; e
 	count = done - 1
 	sh(t, m, id, fmt.Sprintf("for m in ghost sock cwd; do echo %d > /workspace/$m.done; done", count))
 	check("after the restore")
+}
+
+// TestRestoreFailureKeepsCRIUTreeConnection: a restore of a node whose CRIU tree holds a
+// TCP connection that fails at any of its steps leaves no lock on the connection (the
+// restore locks it from before its first tree's restore: an undo pushed before the
+// lock removes it): the next restore's tree counts through its connection again.
+func TestRestoreFailureKeepsCRIUTreeConnection(t *testing.T) {
+	m := openDurable(t, testutil.NewStore(t))
+	defer m.Close()
+	ctx := context.Background()
+	const id = "rfc"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, id, criuCounter)
+	pid := atoi(strings.TrimSpace(sh(t, m, id, "cat /workspace/pid")))
+	cp, err := m.Checkpoint(ctx, id, "base")
+	if err != nil || cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %v %+v", err, cp)
+	}
+	count := func(what string) {
+		t.Helper()
+		sh(t, m, id, fmt.Sprintf(`for i in $(seq 500); do [ -z "$(grep -E '^(SigPnd|ShdPnd):' /proc/%d/status | grep -v '0000000000000000$')" ] && break; sleep 0.01; done`, pid))
+		if _, err := m.Signal(id, pid, int(unix.SIGUSR1)); err != nil {
+			t.Fatal(err)
+		}
+		if got := sh(t, m, id, `for i in $(seq 500); do [ "$(wc -l < /workspace/log)" = 2 ] && break; sleep 0.01; done; cat /workspace/log`); got != "start\n1\n" {
+			t.Fatalf("%s: log %q, want the node's and one count through the connection", what, got)
+		}
+	}
+	for step := 1; step <= state.RestoreStepCount; step++ {
+		state.SetFailStep(m, func(o string, k int) error {
+			if o == "restore" && k == step {
+				return fmt.Errorf("injected failure at %s step %d", o, k)
+			}
+			return nil
+		})
+		_, err := m.Restore(ctx, id, cp.Node.ID)
+		state.SetFailStep(m, nil)
+		if err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("restore failing at step %d: %v, want the injected failure", step, err)
+		}
+		if ts := lockTables(t, id); len(ts) > 0 {
+			t.Fatalf("after a restore failing at step %d: locks left in the sandbox's namespace: %v", step, ts)
+		}
+		if _, err := m.Restore(ctx, id, cp.Node.ID); err != nil {
+			t.Fatalf("restore after one failing at step %d: %v", step, err)
+		}
+		count(fmt.Sprintf("after a restore failing at step %d", step))
+	}
+}
+
+// lockTables lists the nftables tables of sandbox id's network namespace that lock TCP
+// connections (netns.LockTable, CRIU's "CRIU-*"), read through one of its processes.
+func lockTables(t *testing.T, id string) []string {
+	t.Helper()
+	for h := range sandboxProcs(t, id) {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", h))
+		if err != nil {
+			continue
+		}
+		defer f.Close()
+		c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseLasting()
+		all, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tb := range all {
+			if tb.Name == netns.LockTable || strings.HasPrefix(tb.Name, "CRIU-") {
+				out = append(out, tb.Name)
+			}
+		}
+		return out
+	}
+	t.Fatalf("sandbox %s has no process", id)
+	return nil
 }
