@@ -58,10 +58,17 @@ func startCounter(t *testing.T, d *testutil.Daemon, id string) string {
 // startCounterWith is startCounter with prelude run first (python).
 func startCounterWith(t *testing.T, d *testutil.Daemon, id, prelude string) string {
 	t.Helper()
-	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/mt.py`, "sh", prelude + mtCounter}}); r.ExitCode != 0 {
-		t.Fatalf("write mt.py: %+v", r)
+	return startPython(t, d, id, "/workspace/mt", prelude+mtCounter)
+}
+
+// startPython writes prog to NAME.py in sandbox id and starts it in the background
+// (startJob); prog writes its PID to NAME.pid, which startPython returns.
+func startPython(t *testing.T, d *testutil.Daemon, id, name, prog string) string {
+	t.Helper()
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > "$2"`, "sh", prog, name + ".py"}}); r.ExitCode != 0 {
+		t.Fatalf("write %s.py: %+v", name, r)
 	}
-	return startJob(t, d, id, "python3 /workspace/mt.py", "/workspace/mt.pid")
+	return startJob(t, d, id, "python3 "+name+".py", name+".pid")
 }
 
 // TestCRIUTreesRoundTrip: background processes the fast path refuses (a program with two
