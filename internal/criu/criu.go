@@ -95,6 +95,10 @@ type Runner struct {
 	// Cached: the answer is an earlier process's, of this boot and this binary
 	// (loadProbe); ProbeS is that self-test's.
 	Cached bool `json:"cached,omitempty"`
+	// Runs, when set, is the directory where each `criu swrk` that package durable
+	// starts is recorded while it runs, for the next daemon to end one its dead daemon
+	// left working (durable/runs.go).
+	Runs string `json:"-"`
 }
 
 // Usable says whether CRIU can dump here.

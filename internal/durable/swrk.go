@@ -95,6 +95,7 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 	if c.domain {
 		argv = landlock.Command(argv...)
 	}
+	until := time.Now().Add(c.timeout)
 	cmd := deadline.Command(ctx, c.timeout, argv[0], argv[1:]...)
 	cmd.What = c.what
 	cmd.Env = append(append(criu.Environ(), c.r.Env()...), c.env...)
@@ -106,6 +107,14 @@ func (c *call) run(ctx context.Context) (*rpc.CriuResp, error) {
 		return nil, err
 	}
 	_ = srv.Close() // CRIU's alone now: its exit is our EOF
+	// Recorded before it gets its request, until it is reaped (runs.go).
+	unrecord, err := recordRun(c.r.Runs, cmd.Process.Pid, c.what, until)
+	if err != nil {
+		_ = cln.Close() // CRIU exits when the socket closes, having done nothing
+		_ = cmd.Wait()  // the record's error is the one to report; this reaps
+		return nil, fmt.Errorf("%s: %w", c.what, err)
+	}
+	defer unrecord() // at return, once cmd.Wait below has reaped CRIU
 	if c.background {
 		lowerPriority(cmd.Process.Pid)
 	}

@@ -85,6 +85,7 @@ import (
 //
 //	bg/.tmp-RANDOM/K/   a checkpoint's trees, while it runs
 //	bg/NODE/K/          the node's tree K: CRIU's files, durable.json, tree.json
+//	runs/criu-PID.json  a CRIU run, while it works (durable/runs.go; endLeftCRIU)
 //
 // A node's directory goes after its record (RemoveNode); start-up removes .tmp-* and
 // the directories of nodes the index does not have.
@@ -837,6 +838,36 @@ func (m *Manager) criuTreesOf(node string) (*criuTrees, error) {
 		ts.trees = append(ts.trees, t)
 	}
 	return ts, nil
+}
+
+// criuRunsDir is where each CRIU run is recorded while it works (criu.Runner.Runs).
+func criuRunsDir(root string) string { return filepath.Join(root, "durable", "runs") }
+
+// endLeftCRIU ends, at start and before any sandbox's process is touched (resumed,
+// adopted, killed), every CRIU run a dead daemon left working (durable/runs.go): a CRIU
+// still dumping a tree would leave it stopped once done, after resumeCutCRIUTrees let
+// it run, and would read its sockets while RepairOff takes them out of repair mode.
+// Each is given until its deadline, as its daemon would have, then killed.
+func (m *Manager) endLeftCRIU() {
+	runs, err := durable.LeftRuns(criuRunsDir(m.st.Root))
+	if err != nil {
+		m.log.Warn("the records of CRIU runs a previous daemon left", "err", err)
+	}
+	for _, r := range runs {
+		m.log.Info("waiting for a CRIU run a previous daemon left working", "run", r.What, "pid", r.Pid, "until", r.Deadline)
+	}
+	for _, r := range runs {
+		start := time.Now()
+		killed, err := r.End()
+		switch {
+		case err != nil:
+			m.log.Error("a CRIU run a previous daemon left could not be ended: the processes it works on may stay stopped", "run", r.What, "pid", r.Pid, "err", err)
+		case killed:
+			m.log.Warn("a CRIU run a previous daemon left was killed at its deadline", "run", r.What, "pid", r.Pid)
+		default:
+			m.log.Info("a CRIU run a previous daemon left has finished", "run", r.What, "pid", r.Pid, "waited", time.Since(start))
+		}
+	}
 }
 
 // resumeCutCRIUTrees lets run, at start and before the sandboxes are adopted, the trees

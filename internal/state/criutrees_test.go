@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -361,4 +362,68 @@ func lockTables(t *testing.T, id string) []string {
 	}
 	t.Fatalf("sandbox %s has no process", id)
 	return nil
+}
+
+// TestRestoreFailureEndsSessionsSinceAsFailed: a restore of a node with a CRIU tree ends
+// the sessions the node lacks before it restores the tree (a tree's own pty must get its
+// number back: restore.go), so before it knows whether it succeeds. Failing before its
+// kill (steps 1-4: the injected failure comes before it), it leaves such a session running; failing after, the session is
+// reported ended by the failure, not by a restore that succeeded (the reason a
+// successful one gives, checked last).
+func TestRestoreFailureEndsSessionsSinceAsFailed(t *testing.T) {
+	m := openDurable(t, testutil.NewStore(t))
+	defer m.Close()
+	ctx := context.Background()
+	const id = "rfs"
+	if _, err := m.Create(ctx, state.CreateOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, m, id, criuCounter)
+	cp, err := m.Checkpoint(ctx, id, "base")
+	if err != nil || cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %v %+v", err, cp)
+	}
+	exit := func(name string) string {
+		t.Helper()
+		infos, err := m.Sessions(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range infos {
+			if in.Name == name {
+				return in.Exit
+			}
+		}
+		t.Fatalf("no session %s among %+v", name, infos)
+		return ""
+	}
+	const beforeKill = 4 // injected before step 4 runs, as at 1-3: nothing is ended
+	for step := 1; step <= state.RestoreStepCount+1; step++ {
+		name := fmt.Sprintf("since%d", step)
+		if _, err := m.StartSession(ctx, id, state.SessionOptions{Name: name, Kind: "bash"}); err != nil {
+			t.Fatal(err)
+		}
+		state.SetFailStep(m, func(o string, k int) error {
+			if o == "restore" && k == step {
+				return fmt.Errorf("injected failure at %s step %d", o, k)
+			}
+			return nil
+		})
+		res, err := m.Restore(ctx, id, cp.Node.ID)
+		state.SetFailStep(m, nil)
+		switch got := exit(name); {
+		case step > state.RestoreStepCount:
+			if err != nil || !slices.Contains(res.SessionsEnded, name) || !strings.Contains(got, "where it had no process state") {
+				t.Fatalf("restore: %v, sessions ended %v, session %s's end %q: want it ended as the node lacks it", err, res.SessionsEnded, name, got)
+			}
+		case err == nil || !strings.Contains(err.Error(), "injected"):
+			t.Fatalf("restore failing at step %d: %v, want the injected failure", step, err)
+		case step <= beforeKill && got != "":
+			t.Fatalf("restore failing at step %d, before its kill: session %s ended (%q), want it running", step, name, got)
+		case step <= beforeKill:
+			call(t, m, id, name, "true")
+		case !strings.Contains(got, "failed after its process was ended") || !strings.Contains(got, "injected"):
+			t.Fatalf("restore failing at step %d: session %s's end %q, want the failure's", step, name, got)
+		}
+	}
 }

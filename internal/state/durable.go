@@ -216,6 +216,9 @@ func (m *Manager) startImages() {
 	}
 	var err error
 	if err = os.MkdirAll(filepath.Join(m.img.root, "nodes"), 0o700); err == nil {
+		err = os.MkdirAll(criuRunsDir(m.st.Root), 0o700)
+	}
+	if err == nil {
 		m.img.pages, err = durable.OpenPageStore(filepath.Join(m.img.root, "pages"))
 	}
 	if err != nil {
@@ -261,6 +264,7 @@ func (m *Manager) startImages() {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() { <-m.stop; cancel() }()
 		r := criu.Probe(ctx, "")
+		r.Runs = criuRunsDir(m.st.Root)
 		m.img.mu.Lock()
 		m.img.runner = r
 		m.img.mu.Unlock()

@@ -297,6 +297,7 @@ func New(st *store.Store, log *slog.Logger, cfg Config) (*Manager, error) {
 	// Sandboxes whose init still runs are adopted, with their processes (restart.go);
 	// the others' cgroups, and anything left in them, go.
 	procs := m.loadProcesses()
+	m.endLeftCRIU()
 	resumeCutCRIUTrees(st.Root)
 	adopted := map[string]*sb{}
 	byID := map[string]*sb{}

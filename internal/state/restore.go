@@ -31,7 +31,8 @@ import (
 //     reap them. Undo: end the sessions whose processes it killed (see below).
 //  5. install: the node's state becomes the sandbox's. Undo: reinstall the old one.
 //  6. revive: fork each template into its session's PID, on that state (the injected
-//     failure comes after the first); the new processes stay stopped. Undone by step 1's
+//     failure comes after the first); the new processes stay stopped. Then the
+//     sessions the node lacks end, and its CRIU trees are restored. Undone by step 1's
 //     undo.
 //  7. publish: the sandbox's kernel state becomes the node's (kernelstate.go: no IPC
 //     object, the node's host and domain names), the processes resume, the sandbox's
@@ -93,6 +94,7 @@ type restore struct {
 	discarded          bool          // step 4 dropped the prepared next state
 	late               bool          // step 4 ended live processes: a failure ends sessions
 	failure            error         // the step's error, for the undo's messages
+	ended              []string      // step 6: the sessions the node lacks, ended before its CRIU trees
 }
 
 // RestoreOptions are a restore's options.
@@ -416,9 +418,14 @@ func (r *restore) goLate() {
 	m, s := r.m, r.s
 	r.late = true
 	r.undo.push(func() error {
-		m.endSessions(s, fmt.Sprintf("ended: a restore to %s failed after its process was ended: %v", r.nodeID, r.failure))
+		m.endSessions(s, r.lateFailure())
 		return nil
 	})
+}
+
+// lateFailure is why a session ended when the restore failed after its kill.
+func (r *restore) lateFailure() string {
+	return fmt.Sprintf("ended: a restore to %s failed after its process was ended: %v", r.nodeID, r.failure)
 }
 
 // install is step 5.
@@ -480,6 +487,25 @@ func (r *restore) restoreCRIUTrees() error {
 		return nil
 	}
 	tc := time.Now()
+	// The sessions the node lacks end first (publish would end them): a tree's own pty
+	// comes back at its number (durable/dump.go: ExternalTTYs), which the terminal of
+	// a session started since the checkpoint may hold, and the kernel frees a pty's
+	// number only once every fd of its master is closed: the daemon's, and the copy
+	// init keeps for the next daemon (keepSessions makes init close it). Their
+	// processes are gone since step 4, and a failure from here ends every session.
+	r.ended = m.endSessionsExcept(s, r.tps, ts, r.endedNoState())
+	if len(r.ended) > 0 {
+		m.keepSessions(s)
+		names := r.ended
+		r.undo.push(func() error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, n := range names {
+				s.ended[n] = r.lateFailure() // not ended by a restore that succeeded
+			}
+			return nil
+		})
+	}
 	st, err := currentState(s.rt)
 	if err != nil {
 		return err
@@ -519,6 +545,11 @@ func (r *restore) restoreCRIUTrees() error {
 	return nil
 }
 
+// endedNoState is why a session the node lacks ends at its restore.
+func (r *restore) endedNoState() string {
+	return "ended by a restore to " + r.nodeID + ", where it had no process state"
+}
+
 // publish is step 7: from here nothing fails.
 // +checklocks:r.s.opMu
 func (r *restore) publish() error {
@@ -538,8 +569,8 @@ func (r *restore) publish() error {
 		}
 		res.CRIUProcesses = r.criu.count()
 	}
-	ended := m.endSessionsExcept(s, r.tps, r.criu, "ended by a restore to "+r.nodeID+", where it had no process state")
-	res.SessionsEnded = append(failed, ended...)
+	ended := m.endSessionsExcept(s, r.tps, r.criu, r.endedNoState())
+	res.SessionsEnded = append(append(failed, r.ended...), ended...)
 	sort.Strings(res.SessionsEnded)
 	m.mu.Lock()
 	s.rec.Head, s.rec.Image, s.rec.Upper = r.nodeID, r.image, r.newUpper

@@ -3,6 +3,7 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -372,13 +373,7 @@ c = socket.create_connection(s.getsockname()); c.sendall(b"early")`,
 	// zdtm socket-tcpbuf: a send queue filled up; a restore in the sandbox cannot make
 	// a socket's buffer as large as the process had it (SO_SNDBUF's cap, where CRIU's
 	// SO_SNDBUFFORCE needs the host's CAP_NET_ADMIN), and failed at the move.
-	{"TCP send queue past a restore's buffer", `s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
-c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
-c.connect(s.getsockname()); a, _ = s.accept(); s.close(); c.setblocking(False)
-try:
-    while True: c.send(b"x" * 65536)
-except BlockingIOError: pass`,
-		`"%r %d" % (a.recv(4, socket.MSG_PEEK), c.getsockopt(socket.SOL_TCP, socket.TCP_INFO, 1)[0])`,
+	{"TCP send queue past a restore's buffer", testutil.FullSendQueue, testutil.FullSendQueueState,
 		"more than a restore in the sandbox can queue again"},
 }
 
@@ -410,10 +405,7 @@ while True:
     open("/tmp/loss.state", "w").write(st)
     open("/tmp/loss.done", "w").write(str(n[0]))
 `
-			if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /tmp/loss.py`, "sh", prog}}); r.ExitCode != 0 {
-				t.Fatalf("write loss.py: %+v", r)
-			}
-			pid := startJob(t, d, id, "python3 /tmp/loss.py", "/tmp/loss.pid")
+			pid := startPython(t, d, id, "/tmp/loss", prog)
 			// A restore takes the process's count back: the answer is waited for by
 			// its file, removed before each signal.
 			state := func(what string) string {
@@ -454,5 +446,68 @@ while True:
 				t.Fatalf("the restore did not give back /workspace:\nat the checkpoint:\n%s\nrestored:\n%s", files, got)
 			}
 		})
+	}
+}
+
+// ownPty is a process with two threads (the fast path refuses it) holding a pty it
+// opened itself: SIGUSR1 closes both ends, SIGUSR2 writes to /tmp/pty.state its pty's
+// name and a line typed through it.
+const ownPty = `import os, signal, threading, time
+threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
+m, sl = os.openpty()
+def closed(s, f):
+    os.close(m); os.close(sl); open("/tmp/pty.closed", "w").close()
+def state(s, f):
+    os.write(m, b"typed\n")
+    open("/tmp/pty.state", "w").write("%s %r" % (os.ttyname(sl), os.read(sl, 100)))
+signal.signal(signal.SIGUSR1, closed)
+signal.signal(signal.SIGUSR2, state)
+open("/tmp/pty.pid", "w").write(str(os.getpid()))
+while True:
+    time.sleep(100)
+`
+
+// TestCRIUTreeOwnPtyTakenBySessionSince: a tree's own pty comes back at its number at a
+// restore (criu-trees.md). The tree closes that pty after the checkpoint, and a session
+// started since gets a terminal of the same number (the kernel hands out the lowest
+// free). A restore to the node ends that session, which the node lacks, before it
+// restores the tree: the tree comes back with its pty, and the session is reported
+// ended. Restored while that session's terminal still held the number, the tree was
+// left out with a warning.
+func TestCRIUTreeOwnPtyTakenBySessionSince(t *testing.T) {
+	d := testutil.StartDaemon(t)
+	const id = "ctpty"
+	dbxCreate(t, d, id)
+	pid := startPython(t, d, id, "/tmp/pty", ownPty)
+	look := func(what string) string {
+		t.Helper()
+		dbxSh(t, d, id, "rm -f /tmp/pty.state")
+		dbxSignal(t, d, id, "USR2", pid)
+		dbxSh(t, d, id, fmt.Sprintf("for i in $(seq 500); do [ -s /tmp/pty.state ] && exit 0; sleep 0.01; done; echo %s: no answer; exit 1", what))
+		return dbxSh(t, d, id, "cat /tmp/pty.state")
+	}
+	before := look("before")
+	pts, _, _ := strings.Cut(before, " ")
+	cp := dbxCheckpoint(t, d, id, "own pty")
+	if cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint: %+v, want the process through CRIU", cp)
+	}
+	dbxSignal(t, d, id, "USR1", pid)
+	dbxSh(t, d, id, "for i in $(seq 500); do [ -e /tmp/pty.closed ] && exit 0; sleep 0.01; done; exit 1")
+	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "since", Kind: "bash"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(sessRun(t, d, id, "since", "tty")); got != pts {
+		t.Fatalf("the session started since has terminal %s, want the tree's closed %s (the case needs that number taken)", got, pts)
+	}
+	res := dbxRestore(t, d, id, cp.Node.ID)
+	if res.CRIUProcesses != 1 || len(res.Warnings) > 0 {
+		t.Fatalf("restore to the node: %d processes through CRIU, warnings %q; want the tree back with its pty", res.CRIUProcesses, res.Warnings)
+	}
+	if !slices.Contains(res.SessionsEnded, "since") {
+		t.Fatalf("restore to the node: sessions ended %v, want the one started since", res.SessionsEnded)
+	}
+	if got := look("after the restore"); got != before {
+		t.Fatalf("the tree after the restore: %q, want %q", got, before)
 	}
 }

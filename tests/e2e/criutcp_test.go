@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +10,6 @@ import (
 	"deltabox/internal/api"
 	"deltabox/internal/apitypes"
 	"deltabox/internal/criu"
-	"deltabox/internal/errdefs"
 	"deltabox/internal/testutil"
 )
 
@@ -115,46 +112,6 @@ func TestForkCarriesTCPConnection(t *testing.T) {
 	}
 	for _, sb := range []string{id, res.Branches[0].Sandbox.ID, res.Branches[1].Sandbox.ID} {
 		waitCarries(t, d, sb, "after the fork")
-	}
-}
-
-// TestCRIUTreesSharingATCPConnectionRefuse: two background processes left to init that
-// hold one TCP connection (a fork's children, each a tree of its own) refuse the
-// checkpoint with 409 naming the socket, and both run on with it working: each tree is
-// dumped and restored apart, and the connection's second restore failed on the address
-// the first took, at the checkpoint's move and at its undo, and the processes were lost.
-func TestCRIUTreesSharingATCPConnectionRefuse(t *testing.T) {
-	d := testutil.StartDaemon(t)
-	const id = "ctcp2"
-	dbxCreate(t, d, id)
-	prog := `import os, socket, threading, time
-l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
-c = socket.create_connection(l.getsockname()); a, _ = l.accept(); l.close()
-for i in range(2):
-    if os.fork() == 0:
-        if os.fork() == 0:
-            threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
-            open("/workspace/held%d" % i, "w").write(str(os.getpid()))
-            while True:
-                if os.path.exists("/workspace/ping%d" % i):
-                    os.unlink("/workspace/ping%d" % i); c.sendall(b"%d" % i)
-                    open("/workspace/got%d" % i, "w").write(a.recv(1).decode())
-                time.sleep(0.02)
-        os._exit(0)
-    os.wait()
-`
-	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/share.py; cd /workspace; nohup python3 share.py </dev/null >/dev/null 2>&1 & for i in $(seq 500); do [ -s held0 ] && [ -s held1 ] && exit 0; sleep 0.01; done; exit 1`, "sh", prog}}); r.ExitCode != 0 {
-		t.Fatalf("start the two holders: %+v", r)
-	}
-	_, err := d.C.Checkpoint(dbxCtx(t), id, "shared")
-	if err == nil || !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "share socket:") {
-		t.Fatalf("checkpoint with a TCP connection held by two trees: %v, want 409 naming the shared socket", err)
-	}
-	for i := 0; i < 2; i++ {
-		got := dbxSh(t, d, id, fmt.Sprintf(`touch /workspace/ping%d; for i in $(seq 500); do [ -s /workspace/got%d ] && exec cat /workspace/got%d; sleep 0.01; done; exit 1`, i, i, i))
-		if got != fmt.Sprint(i) {
-			t.Fatalf("holder %d after the refusal: %q, want its byte back through the connection", i, got)
-		}
 	}
 }
 

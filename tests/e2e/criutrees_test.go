@@ -1,15 +1,21 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"deltabox/internal/api"
+	"deltabox/internal/client"
 	"deltabox/internal/errdefs"
+	"deltabox/internal/procfs"
 	"deltabox/internal/testutil"
 )
 
@@ -46,10 +52,23 @@ for i in $(seq 1000); do [ -s %s ] && exit 0; sleep 0.01; done; exit 1`, script,
 // startCounter starts mtCounter in sandbox id and returns its PID.
 func startCounter(t *testing.T, d *testutil.Daemon, id string) string {
 	t.Helper()
-	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > /workspace/mt.py`, "sh", mtCounter}}); r.ExitCode != 0 {
-		t.Fatalf("write mt.py: %+v", r)
+	return startCounterWith(t, d, id, "")
+}
+
+// startCounterWith is startCounter with prelude run first (python).
+func startCounterWith(t *testing.T, d *testutil.Daemon, id, prelude string) string {
+	t.Helper()
+	return startPython(t, d, id, "/workspace/mt", prelude+mtCounter)
+}
+
+// startPython writes prog to NAME.py in sandbox id and starts it in the background
+// (startJob); prog writes its PID to NAME.pid, which startPython returns.
+func startPython(t *testing.T, d *testutil.Daemon, id, name, prog string) string {
+	t.Helper()
+	if r := dbxExec(t, d, id, api.ExecRequest{Argv: []string{"bash", "-c", `printf %s "$1" > "$2"`, "sh", prog, name + ".py"}}); r.ExitCode != 0 {
+		t.Fatalf("write %s.py: %+v", name, r)
 	}
-	return startJob(t, d, id, "python3 /workspace/mt.py", "/workspace/mt.pid")
+	return startJob(t, d, id, "python3 "+name+".py", name+".pid")
 }
 
 // TestCRIUTreesRoundTrip: background processes the fast path refuses (a program with two
@@ -209,6 +228,128 @@ func TestCRIUTreesCutCheckpoint(t *testing.T) {
 				t.Fatalf("cut at %s: the cut checkpoint's images are left: %v", at, left)
 			}
 		})
+	}
+}
+
+// TestCRIUDumpOutlivesItsDaemon: nothing ends a `criu swrk` when the daemon that
+// started it dies, so a daemon killed in mid-dump leaves CRIU dumping the tree. The test
+// holds that CRIU stopped in mid-dump (a dump that lasts), kills the daemon, starts the
+// next one, and lets CRIU go on once that daemon waits for it (its log says so) or
+// answers. The next daemon ends the old CRIU before it touches the sandbox's processes
+// (durable/runs.go): once it answers no process of that CRIU is left, and the tree runs
+// on as before, the same process with its count, with no CRIU code left in it, and
+// checkpoints again. Without that, the new daemon resumed the tree while CRIU held it
+// in a ptrace-stop, and CRIU, done later, left it stopped.
+func TestCRIUDumpOutlivesItsDaemon(t *testing.T) {
+	root := testutil.NewStore(t)
+	d := testutil.StartDaemonOn(t, root)
+	const id = "ctd"
+	dbxCreate(t, d, id)
+	// 256 MiB of memory: a dump long enough for the test to catch CRIU in it.
+	mt := startCounterWith(t, d, id, "ballast = bytearray(b'\\x01') * (256 << 20)\n")
+	dbxSignal(t, d, id, "USR1", mt)
+	dbxSh(t, d, id, "for i in $(seq 500); do [ -s /workspace/mt.out ] && exit 0; sleep 0.01; done; exit 1")
+	host := 0
+	_, pids := dbxSandboxPids(t, d, id)
+	for _, p := range pids {
+		if ns, err := procfs.NSpid(p); err == nil && strconv.Itoa(ns[len(ns)-1]) == mt {
+			host = p
+		}
+	}
+	if host == 0 {
+		t.Fatalf("the counter (pid %s in the sandbox) has no host PID among %v", mt, pids)
+	}
+	cpDone := make(chan error, 1)
+	go func() {
+		_, err := d.C.Checkpoint(context.Background(), id, "cut in its dump")
+		cpDone <- err
+	}()
+	// CRIU is caught once it traces the counter.
+	criuPid := 0
+	for deadline := time.Now().Add(30 * time.Second); criuPid == 0; time.Sleep(time.Millisecond) {
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", host)); err == nil {
+			if tr, err := procfs.StatusUint(st, "TracerPid"); err == nil && tr != 0 {
+				if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", tr)); string(comm) == "criu\n" {
+					criuPid = int(tr)
+				}
+			}
+		}
+		select {
+		case err := <-cpDone:
+			t.Fatalf("the checkpoint ended (%v) before the test saw CRIU dump the counter", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no CRIU traced the counter within 30 s of the checkpoint's start")
+		}
+	}
+	criuStart, err := procfs.StartTime(criuPid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stopped once its daemon is dead: a process group that a parent's death orphans
+	// gets SIGHUP from the kernel if a member is stopped then, and CRIU leads its own.
+	d.Kill()
+	if err := syscall.Kill(criuPid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stop CRIU (pid %d) in its dump: %v", criuPid, err)
+	}
+	if err := <-cpDone; err == nil {
+		t.Fatal("the checkpoint answered though its daemon was killed")
+	}
+	logFrom := len(d.Log())
+	oldCRIU := func() bool {
+		st, err := procfs.StartTime(criuPid)
+		return err == nil && st == criuStart && procfs.State(criuPid) != 'Z'
+	}
+	for deadline := time.Now().Add(5 * time.Second); procfs.State(criuPid) != 'T'; time.Sleep(time.Millisecond) {
+		if !oldCRIU() || time.Now().After(deadline) {
+			t.Fatalf("CRIU (pid %d) is not stopped in its dump within 5 s of its daemon's death (state %q): its dump was over", criuPid, procfs.State(criuPid))
+		}
+	}
+	// CRIU goes on once the next daemon waits for it, or once it answers (as it did,
+	// without waiting, before durable/runs.go), which is when no CRIU of the old
+	// daemon's may be left.
+	leftAtAnswer := make(chan bool, 1)
+	go func() {
+		c := client.New(d.Socket)
+		defer func() { _ = syscall.Kill(criuPid, syscall.SIGCONT) }() // ESRCH: gone
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if log := d.Log(); len(log) > logFrom && strings.Contains(log[logFrom:], "waiting for a CRIU run a previous daemon left working") {
+				_ = syscall.Kill(criuPid, syscall.SIGCONT)
+			}
+			if c.Health(context.Background()) == nil {
+				leftAtAnswer <- oldCRIU()
+				return
+			}
+		}
+		close(leftAtAnswer)
+	}()
+	d = testutil.StartDaemonOn(t, root)
+	if left, ok := <-leftAtAnswer; !ok || left {
+		t.Fatalf("the old daemon's CRIU (pid %d, stopped in its dump) still ran when the next daemon answered (answered: %v)\ndaemon log:\n%s", criuPid, ok, d.Log())
+	}
+	if oldCRIU() {
+		t.Fatalf("the old daemon's CRIU (pid %d) runs again after the next daemon answered", criuPid)
+	}
+	for _, l := range strings.Split(d.Log()[logFrom:], "\n") {
+		if strings.Contains(l, "CRIU run a previous daemon left") {
+			t.Log(l)
+		}
+	}
+	state := strings.TrimSpace(dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do s=$(cut -d' ' -f3 /proc/%s/stat); [ "$s" = S ] && break; sleep 0.01; done; echo $s`, mt)))
+	if state != "S" {
+		t.Fatalf("the counter is %s after the restart, want it running (S)\ndaemon log:\n%s", state, d.Log())
+	}
+	if maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", host)); err != nil || strings.Contains(string(maps), "CRIUMFD") {
+		t.Fatalf("the counter's mappings (%v): CRIU's parasite is left in it:\n%s", err, maps)
+	}
+	dbxSignal(t, d, id, "USR1", mt)
+	dbxSh(t, d, id, fmt.Sprintf(`for i in $(seq 500); do [ "$(cat /workspace/mt.out)" = "$(printf '%s 1\n%s 2')" ] && exit 0; sleep 0.01; done; cat /workspace/mt.out; exit 1`, mt, mt))
+	if cp := dbxCheckpoint(t, d, id, "after"); cp.CRIUProcesses != 1 {
+		t.Fatalf("checkpoint after the restart: %+v, want the counter through CRIU", cp)
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, "durable", "runs", "*")); len(left) > 0 {
+		t.Fatalf("CRIU run records left: %v", left)
 	}
 }
 
