@@ -213,6 +213,8 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		SkipMnt: skip,
 		// No connection to lock but with TCPEstablished (below).
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
+		// Where CRIU looks for the files of inotify watches (inotify.go).
+		IrmapScanPaths: irmapScanPaths(tree),
 	}
 	var owner uint32 // 0: CRIU as the daemon is
 	var env []string
@@ -599,7 +601,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 var dumpHints = []struct{ match, hint string }{
 	{"In-flight connection", "a listening TCP socket holds connections not yet accepted, which CRIU cannot take (accept them, or close the listener, before the checkpoint)"},
 	{"External socket is used", "a unix socket connected to a process outside its tree (another background job, or a session's process), which CRIU cannot take apart from its peer (close it, or have one job hold both ends)"},
-	{"fsnotify:  Can't dump that handle", "an inotify watch on a file of the sandbox's overlay, which CRIU cannot name again (remove the watch before the checkpoint)"},
+	{"Can't dump that handle", "an inotify watch on a file that CRIU found under none of the directories it searched (the tree's working directories, " + strings.Join(irmapFixed, ", ") + ", /etc) or on a removed file, which CRIU cannot name again (watch files under the process's working directory or /workspace, or remove the watch before the checkpoint)"},
 }
 
 // dumpHint is the hint of dumpHints for CRIU's error msg, or "".
