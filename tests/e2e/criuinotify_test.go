@@ -13,14 +13,15 @@ import (
 
 // inotifyWatcher is a python session's code: an inotify fd (the fast path refuses it:
 // a fork would share it with the template, so CRIU carries the session) watching for
-// files created in a project's directory, in /workspace, and in a directory of the
-// session's working directory outside every directory DeltaBox lists for CRIU
-// (internal/durable/inotify.go); events() reads what came since its last call.
+// files created in a project's directory, in /workspace, in a directory of the session's
+// working directory, and in a directory of the image outside every directory DeltaBox
+// lists for CRIU (internal/durable/inotify.go: the daemon names it from its handle);
+// events() reads what came since its last call.
 const inotifyWatcher = `import ctypes, os, struct
 libc = ctypes.CDLL(None, use_errno=True)
 ino = libc.inotify_init1(os.O_NONBLOCK)
 os.chdir("/usr/src/app")
-wds = [libc.inotify_add_watch(ino, p, 0x100) for p in (b"/workspace/proj/src", b"/workspace", b"/usr/src/app/lib")]
+wds = [libc.inotify_add_watch(ino, p, 0x100) for p in (b"/workspace/proj/src", b"/workspace", b"/usr/src/app/lib", b"/usr/share/doc")]
 def events():
     out = []
     try:
@@ -38,9 +39,11 @@ print(wds)`
 // TestCRIUTreeCarriesInotifyWatches: a file watcher (a session holding inotify watches on
 // directories of the sandbox's overlay) is carried by CRIU through a checkpoint and a
 // restore, each watch at its number and on its directory: CRIU cannot decode an
-// overlay's file handles and found the watched directories only where DeltaBox told it
-// to look. Before, such a checkpoint was refused ("Can't dump that handle"). A watch on
-// a directory outside those is still refused (409), and the watcher goes on as before.
+// overlay's file handles and found the watched directories only where DeltaBox named
+// them or told it to look. Before, such a checkpoint was refused ("Can't dump that
+// handle"); without the names, it still is (the image's /usr/share/doc is under no
+// directory CRIU walks). A watch on a directory renamed outside those is still refused
+// (409), and the watcher goes on as before.
 func TestCRIUTreeCarriesInotifyWatches(t *testing.T) {
 	d := testutil.StartDaemon(t)
 	const id = "ino"
@@ -49,13 +52,13 @@ func TestCRIUTreeCarriesInotifyWatches(t *testing.T) {
 	if _, err := d.C.StartSession(dbxCtx(t), id, state.SessionOptions{Name: "py", Kind: "python"}); err != nil {
 		t.Fatal(err)
 	}
-	if out := sessRun(t, d, id, "py", inotifyWatcher); out != "[1, 2, 3]\n" {
+	if out := sessRun(t, d, id, "py", inotifyWatcher); out != "[1, 2, 3, 4]\n" {
 		t.Fatalf("watches: %q", out)
 	}
 	seen := func(what, tag string) {
 		t.Helper()
-		dbxSh(t, d, id, fmt.Sprintf("touch /workspace/proj/src/a%s /workspace/b%s /usr/src/app/lib/c%s", tag, tag, tag))
-		want := fmt.Sprintf("['1:a%s', '2:b%s', '3:c%s']\n", tag, tag, tag)
+		dbxSh(t, d, id, fmt.Sprintf("touch /workspace/proj/src/a%s /workspace/b%s /usr/src/app/lib/c%s /usr/share/doc/d%s", tag, tag, tag, tag))
+		want := fmt.Sprintf("['1:a%s', '2:b%s', '3:c%s', '4:d%s']\n", tag, tag, tag, tag)
 		if got := sessRun(t, d, id, "py", "print(events())"); got != want {
 			t.Fatalf("%s: events %q, want %q", what, got, want)
 		}
@@ -77,18 +80,19 @@ func TestCRIUTreeCarriesInotifyWatches(t *testing.T) {
 	}
 	seen("after the restore", "2")
 
-	// /usr/share is neither the session's working directory nor under one of
-	// DeltaBox's directories, nor in CRIU's own list.
-	if out := sessRun(t, d, id, "py", `print(libc.inotify_add_watch(ino, b"/usr/share", 0x100))`); out != "4\n" {
-		t.Fatalf("fourth watch: %q", out)
+	// A directory of the image renamed in the sandbox: its overlay handle names the
+	// directory of the image under its old name, and it is in none of the directories
+	// CRIU walks.
+	if out := sessRun(t, d, id, "py", `os.rename("/usr/share/man", "/usr/share/man-renamed"); print(libc.inotify_add_watch(ino, b"/usr/share/man-renamed", 0x100))`); out != "5\n" {
+		t.Fatalf("fifth watch: %q", out)
 	}
 	_, err = d.C.Checkpoint(dbxCtx(t), id, "b")
 	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "inotify watch") {
-		t.Fatalf("checkpoint of a watch outside the searched directories: %v, want a conflict naming the inotify watch", err)
+		t.Fatalf("checkpoint of a watch on a renamed directory outside the searched ones: %v, want a conflict naming the inotify watch", err)
 	}
-	dbxSh(t, d, id, "touch /usr/share/d3")
-	if got := sessRun(t, d, id, "py", "print(events())"); got != "['4:d3']\n" {
-		t.Fatalf("after the refused checkpoint: the fourth watch's events %q", got)
+	dbxSh(t, d, id, "touch /usr/share/man-renamed/e3")
+	if got := sessRun(t, d, id, "py", "print(events())"); got != "['5:e3']\n" {
+		t.Fatalf("after the refused checkpoint: the fifth watch's events %q", got)
 	}
 	seen("after the refused checkpoint", "3")
 }
