@@ -85,6 +85,10 @@ type DumpOptions struct {
 	// SIGSTOP as it lets it go), for a caller that decides afterwards whether it runs
 	// on (SIGCONT) or is ended: a checkpoint, whose node must hold the tree as dumped.
 	LeaveStopped bool
+	// Layers are the host directories of the state the tree stands on, its upper
+	// first: where the dump names the directories of the tree's inotify watches
+	// (inotify.go). Without them the watches are looked for by a walk alone.
+	Layers []string
 	// TCPEstablished dumps the tree's TCP connections (CRIU's --tcp-established: in
 	// repair mode, tcp.go), for a dump that leaves the tree stopped, with CRIU's lock
 	// on them: the caller calls RepairOff before it lets the tree run without a
@@ -213,6 +217,8 @@ func Dump(ctx context.Context, r *criu.Runner, pid int, dir string, o DumpOption
 		SkipMnt: skip,
 		// No connection to lock but with TCPEstablished (below).
 		NetworkLock: rpc.CriuNetworkLockMethod_SKIP.Enum(),
+		// Where CRIU looks for the files of inotify watches (inotify.go).
+		IrmapScanPaths: irmapScanPaths(tree, o.Layers),
 	}
 	var owner uint32 // 0: CRIU as the daemon is
 	var env []string
@@ -599,7 +605,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 var dumpHints = []struct{ match, hint string }{
 	{"In-flight connection", "a listening TCP socket holds connections not yet accepted, which CRIU cannot take (accept them, or close the listener, before the checkpoint)"},
 	{"External socket is used", "a unix socket connected to a process outside its tree (another background job, or a session's process), which CRIU cannot take apart from its peer (close it, or have one job hold both ends)"},
-	{"fsnotify:  Can't dump that handle", "an inotify watch on a file of the sandbox's overlay, which CRIU cannot name again (remove the watch before the checkpoint)"},
+	{"Can't dump that handle", "an inotify watch on a file that neither the daemon could name (a removed file, a directory renamed since a checkpoint or in the image) nor CRIU found under the directories it searched (the tree's working directories, " + strings.Join(irmapFixed, ", ") + ", /etc), which CRIU cannot name again (watch files under the process's working directory or /workspace, or remove the watch before the checkpoint)"},
 }
 
 // dumpHint is the hint of dumpHints for CRIU's error msg, or "".

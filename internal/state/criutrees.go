@@ -468,6 +468,12 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 	fail := func(err error) (*criuTrees, error) {
 		return nil, withUndo(err, errors.Join(ts.resume(), store.RemoveAll(ts.dir))) // +checklocksignore: an inline closure, under its caller's opMu (gVisor #11203)
 	}
+	// The state's layers, where the dumps name the directories of inotify watches (none
+	// if the spec cannot be had: the watches are then looked for by a walk).
+	var layers []string
+	if sp, err := m.spec(s.rec.Image, s.rec.Head, s.rec.Upper); err == nil {
+		layers = append([]string{sp.Upper}, sp.Lowers...)
+	}
 	if err := os.MkdirAll(ts.dir, 0o700); err != nil {
 		return fail(err)
 	}
@@ -535,7 +541,7 @@ func (m *Manager) dumpCRIUTrees(s *sb, roots []int, why map[int]string, sessions
 		if !fastpath.SamePidNS(root, initHost) || (t.sess != nil && (!t.sess.Alive() || t.Pids[0] != t.sess.Pid())) {
 			return fail(fmt.Errorf("%s: its process ended during the checkpoint", what))
 		}
-		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true, FileLocks: true, TCPEstablished: true})
+		man, err := durable.Dump(context.Background(), m.img.runner, root, t.dir, durable.DumpOptions{LeaveStopped: true, Sync: true, FileLocks: true, TCPEstablished: true, Layers: layers})
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", what, err))
 		}
