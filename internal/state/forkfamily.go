@@ -121,7 +121,7 @@ func (m *Manager) forkFamily(ctx context.Context, node, maker string, ids []stri
 	// spare's (docs/design/spares.md).
 	m.recordTemplatesOf(fam.id, &fam.mu, node, tps)
 	_ = m.st.Index.WaitDurable(m.st.Index.Seq()) // an error is the index's, reported by its next durable op
-	m.crashPointRecorded("forkfamily", 1) // DELTABOX_CRASH_AT=forkfamily:1, a test hook: the branches placed, their records not Made
+	m.crashPointRecorded("forkfamily", 1)        // DELTABOX_CRASH_AT=forkfamily:1, a test hook: the branches placed, their records not Made
 	m.addMembers(fam, outs)
 	reason := fmt.Sprintf("forked from the node's %d templates, which its fork family's holder keeps, into a namespace of its own, at their PIDs", len(tps))
 	m.commitBranches(outs, res, maker, node, o, tps, reason)
