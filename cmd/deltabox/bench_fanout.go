@@ -23,7 +23,9 @@ func benchFanoutCmd() *cobra.Command {
 answered its first call, beside the same fork with files only and the session's code
 replayed in each branch, a fork of a fresh source made the same way by
 POST /v1/sandboxes/ID/fork (deltabox-fast: the fast path unless the daemon runs with
-DELTABOX_FORK_FAST=0), and podman (where it runs here): a container of the same python
+DELTABOX_FORK_FAST=0), a fork of that fork's node again (deltabox-family: its family's
+holder keeps its templates, so the fast path too, by the request of the deltabox row),
+and podman (where it runs here): a container of the same python
 exported once by podman container checkpoint and restored N times by podman container
 restore --import. Branches, containers and the sources are removed at the end.`,
 		Args: cobra.NoArgs,

@@ -17,11 +17,12 @@ import (
 
 // Systems of `bench fanout`.
 const (
-	SysFanoutDeltabox = "deltabox"      // POST /v1/nodes/ID/fork: processes carried (its path per branch in info)
-	SysFanoutFast     = "deltabox-fast" // POST /v1/sandboxes/ID/fork of a fresh source: the fast path when the daemon takes it
-	SysFanoutReplay   = "files+replay"  // the same fork with files only, then the session's code replayed in each branch
-	SysFanoutCRIU     = "criu-restore"  // CRIU restores into N fresh sandboxes
-	SysFanoutPodman   = "podman"        // podman container checkpoint/restore
+	SysFanoutDeltabox = "deltabox"        // POST /v1/nodes/ID/fork: processes carried (its path per branch in info)
+	SysFanoutFast     = "deltabox-fast"   // POST /v1/sandboxes/ID/fork of a fresh source: the fast path when the daemon takes it
+	SysFanoutFamily   = "deltabox-family" // POST /v1/nodes/ID/fork of deltabox-fast's node, which its family's holder keeps: the fast path again
+	SysFanoutReplay   = "files+replay"    // the same fork with files only, then the session's code replayed in each branch
+	SysFanoutCRIU     = "criu-restore"    // CRIU restores into N fresh sandboxes
+	SysFanoutPodman   = "podman"          // podman container checkpoint/restore
 )
 
 // FanoutOptions configure `bench fanout`.
@@ -155,30 +156,13 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 		if err != nil {
 			return f, err
 		}
-		var per, mem, pss []float64
-		paths := map[string]int{}
-		for _, b := range res.Branches {
-			made = append(made, b.Sandbox.ID)
-			per = append(per, b.DurationMS)
-			paths[b.Path]++
-		}
-		if err := fanoutAnswer(ctx, c, res.Branches, want); err != nil {
+		row, err := fanoutForkRow(ctx, c, o, res, t0, want, &made, SysFanoutDeltabox, op, "POST /v1/nodes/ID/fork")
+		if err != nil {
 			return f, err
 		}
-		total := ms(time.Since(t0))
-		for _, b := range res.Branches {
-			if in, err := c.Get(ctx, b.Sandbox.ID); err == nil && in.Usage != nil {
-				mem = append(mem, float64(in.Usage.MemoryBytes)/(1<<20))
-			}
-			if pids := cgroupPids(filepath.Join(cgroup.RootFor(o.Root), b.Sandbox.ID)); len(pids) > 0 {
-				pss = append(pss, pssMB(pids))
-			}
-		}
-		row := Summarize(per).Row(SysFanoutDeltabox, op, o.WorkspaceMB, "POST /v1/nodes/ID/fork", "POST /v1/sandboxes/ID/exec (session py) per branch")
-		row.Info = map[string]any{"total_ms": total, "daemon_ms": res.DurationMS, "image_wait_ms": res.ImageWaitMS,
-			"mem_added_mb": Summarize(mem).Mean, "pss_added_mb": Summarize(pss).Mean, "paths": paths, "reason": res.Branches[0].Reason}
+		row.Info["image_wait_ms"] = res.ImageWaitMS
 		f.Results = append(f.Results, row)
-		logf("%s: deltabox %.0f ms until every branch answered (%v)", op, total, paths)
+		logf("%s: deltabox %.0f ms until every branch answered (%v)", op, row.Info["total_ms"], row.Info["paths"])
 		made, err = fanoutRemove(ctx, c, made)
 		if err != nil {
 			return f, err
@@ -190,7 +174,7 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 			if err != nil {
 				return f, err
 			}
-			per = per[:0]
+			var per []float64
 			for _, b := range res.Branches {
 				made = append(made, b.Sandbox.ID)
 				tb := time.Now()
@@ -205,7 +189,7 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 				}
 				per = append(per, b.DurationMS+ms(time.Since(tb)))
 			}
-			total = ms(time.Since(t0))
+			total := ms(time.Since(t0))
 			row := Summarize(per).Row(SysFanoutReplay, op, o.WorkspaceMB, "POST /v1/nodes/ID/fork {processes: never}", "session py started and its code run again per branch")
 			row.Info = map[string]any{"total_ms": total, "daemon_ms": res.DurationMS}
 			f.Results = append(f.Results, row)
@@ -228,29 +212,32 @@ func RunFanout(ctx context.Context, c *client.Client, o FanoutOptions) (f *File,
 			return f, err
 		}
 		fastNodes = append(fastNodes, res.Node)
-		per, mem, pss = per[:0], mem[:0], pss[:0]
-		paths = map[string]int{}
-		for _, b := range res.Branches {
-			made = append(made, b.Sandbox.ID)
-			per = append(per, b.DurationMS)
-			paths[b.Path]++
-		}
-		if err := fanoutAnswer(ctx, c, res.Branches, want); err != nil {
+		if row, err = fanoutForkRow(ctx, c, o, res, t0, want, &made, SysFanoutFast, op, "POST /v1/sandboxes/ID/fork (its checkpoint included)"); err != nil {
 			return f, err
 		}
-		total = ms(time.Since(t0))
-		for _, b := range res.Branches {
-			if in, err := c.Get(ctx, b.Sandbox.ID); err == nil && in.Usage != nil {
-				mem = append(mem, float64(in.Usage.MemoryBytes)/(1<<20))
-			}
-			if pids := cgroupPids(filepath.Join(cgroup.RootFor(o.Root), b.Sandbox.ID)); len(pids) > 0 {
-				pss = append(pss, pssMB(pids))
-			}
-		}
-		row = Summarize(per).Row(SysFanoutFast, op, o.WorkspaceMB, "POST /v1/sandboxes/ID/fork (its checkpoint included)", "POST /v1/sandboxes/ID/exec (session py) per branch")
-		row.Info = map[string]any{"total_ms": total, "daemon_ms": res.DurationMS, "mem_added_mb": Summarize(mem).Mean, "pss_added_mb": Summarize(pss).Mean, "paths": paths, "reason": res.Branches[0].Reason}
 		f.Results = append(f.Results, row)
-		logf("%s: deltabox-fast %.0f ms until every branch answered (%v)", op, total, paths)
+		logf("%s: deltabox-fast %.0f ms until every branch answered (%v)", op, row.Info["total_ms"], row.Info["paths"])
+		// A fork of that node again: its family's holder keeps its templates
+		// (docs/design/fork.md), the same request as the deltabox row's. The
+		// deltabox-fast branches go first (the moved source keeps the family), so
+		// that it runs beside as many sandboxes as that row did.
+		if rest, err := fanoutRemove(ctx, c, made[1:]); err != nil {
+			return f, err
+		} else if len(rest) > 0 {
+			return f, fmt.Errorf("deltabox-fast's branches %v not removed", rest)
+		}
+		made = made[:1]
+		logf("%s: deltabox-family (node %s)", op, res.Node)
+		t0 = time.Now()
+		res, err = c.Fork(ctx, res.Node, apitypes.ForkRequest{Count: n, CreateOptions: apitypes.CreateOptions{ID: "bfm-" + randHex(3)}})
+		if err != nil {
+			return f, err
+		}
+		if row, err = fanoutForkRow(ctx, c, o, res, t0, want, &made, SysFanoutFamily, op, "POST /v1/nodes/ID/fork (of deltabox-fast's node, its family made)"); err != nil {
+			return f, err
+		}
+		f.Results = append(f.Results, row)
+		logf("%s: deltabox-family %.0f ms until every branch answered (%v)", op, row.Info["total_ms"], row.Info["paths"])
 		if made, err = fanoutRemove(ctx, c, made); err != nil {
 			return f, err
 		}
@@ -280,6 +267,36 @@ const fanoutAnswers = 8
 
 // fanoutAnswer asks every branch's python for len(heap) (want), fanoutAnswers at once:
 // the time until every branch has answered is the branches', not one client's round
+
+// fanoutForkRow waits until every branch of fork res (asked at t0) has answered its first
+// call (its python's len(heap) is want), adds the branches to made, and returns the
+// row: each branch's own time in the daemon, the total until the last answer, the
+// memory each added (its cgroup's charge, its processes' PSS) and its paths.
+func fanoutForkRow(ctx context.Context, c *client.Client, o FanoutOptions, res *apitypes.ForkResult, t0 time.Time, want string, made *[]string, sys, op, asked string) (Row, error) {
+	var per, mem, pss []float64
+	paths := map[string]int{}
+	for _, b := range res.Branches {
+		*made = append(*made, b.Sandbox.ID)
+		per = append(per, b.DurationMS)
+		paths[b.Path]++
+	}
+	if err := fanoutAnswer(ctx, c, res.Branches, want); err != nil {
+		return Row{}, err
+	}
+	total := ms(time.Since(t0))
+	for _, b := range res.Branches {
+		if in, err := c.Get(ctx, b.Sandbox.ID); err == nil && in.Usage != nil {
+			mem = append(mem, float64(in.Usage.MemoryBytes)/(1<<20))
+		}
+		if pids := cgroupPids(filepath.Join(cgroup.RootFor(o.Root), b.Sandbox.ID)); len(pids) > 0 {
+			pss = append(pss, pssMB(pids))
+		}
+	}
+	row := Summarize(per).Row(sys, op, o.WorkspaceMB, asked, "POST /v1/sandboxes/ID/exec (session py) per branch")
+	row.Info = map[string]any{"total_ms": total, "daemon_ms": res.DurationMS, "mem_added_mb": Summarize(mem).Mean, "pss_added_mb": Summarize(pss).Mean, "paths": paths, "reason": res.Branches[0].Reason}
+	return row, nil
+}
+
 // trips one after the other (64 of them took 0.5-0.8 s here).
 func fanoutAnswer(ctx context.Context, c *client.Client, bs []apitypes.ForkBranch, want string) error {
 	errs := make([]error, len(bs))

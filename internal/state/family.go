@@ -162,89 +162,16 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 	// What the branches' records name until the fork is made (famrestart.go).
 	fref := store.FamilyRef{ID: src.rec.ID + ".family", Source: src.rec.ID, Holder: store.InitRef{Pid: src.rt.InitPid(), Start: start, Level: sbinit.FeatureLevel}}
 	res := &ForkResult{Node: node, Count: o.Count}
-	type out struct {
-		s   *sb
-		b   *fastBranch
-		err error
-		t0  time.Time
-	}
-	outs := make([]out, len(ids))
-	// Each branch is placed as soon as its init, state and place target are ready, while
-	// the others still start: the placements (one tracer) overlap the inits' starts.
-	ready := make(chan int, len(ids))
-	slots := make(chan struct{}, forkStarts())
-	for i := range ids {
-		go func() {
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			outs[i].t0 = time.Now()
-			ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
-			outs[i].s, outs[i].b, outs[i].err = m.createFastBranch(ctx, src, iso, floor, node, ids[i], co, ident, tps, fref)
-			ready <- i
-		}()
-	}
-	var failed error
-	for range ids {
-		i := <-ready
-		x := outs[i]
-		if failed != nil {
-			continue
-		}
-		if x.err != nil {
-			failed = fmt.Errorf("branch %d of %d: %w", i, o.Count, x.err)
-			continue
-		}
-		x.s.opMu.Lock() // +checklocksignore: the branch is new; held only here
-		err := m.placeMember(m.tracer(src), src.rt, x.s, x.b, tps, node)
-		x.s.opMu.Unlock() // +checklocksignore: as above
-		if err != nil {
-			failed = fmt.Errorf("branch %d of %d: %w", i, o.Count, err)
-		}
+	outs, err := m.startAndPlace(ctx, src.rt, m.tracer(src), nil, src.rec, iso, floor, node, "", ids, co, o, tps, fref)
+	if err != nil {
+		return nil, "", err
 	}
 	tPlaced := time.Now()
-	removeAll := func(err error) (*ForkResult, string, error) {
-		var undo []error
-		for _, x := range outs {
-			if x.s != nil {
-				if rerr := m.Remove(x.s.rec.ID); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
-					undo = append(undo, rerr)
-				}
-			}
-		}
-		return nil, "", withUndo(fmt.Errorf("fork of %s (fast path): %w (the branches made were removed)", node, err), errors.Join(undo...))
-	}
-	if failed != nil {
-		return removeAll(failed)
-	}
 	m.crashPointRecorded("forkfast", 1) // DELTABOX_CRASH_AT=forkfast:K, a test hook: the branches placed, their records not made
 	fam := &family{id: fref.ID, src: src.rec.ID, base: src.rec.UIDBase, members: map[string]bool{}}
-	m.mu.Lock()
-	for _, x := range outs {
-		fam.members[x.s.rec.ID] = true
-		m.famOf[x.s.rec.ID] = fam
-	}
-	m.mu.Unlock()
+	m.addMembers(fam, outs)
 	reason := fmt.Sprintf("forked from the node's %d templates into a namespace of its own, at their PIDs", len(tps))
-	for i, x := range outs {
-		x.s.opMu.Lock() // +checklocksignore: the branch is new; held only here
-		err := x.b.commit()
-		x.s.opMu.Unlock() // +checklocksignore: as above
-		if err != nil {
-			m.log.Warn("fork: a branch's process could not be resumed", "sandbox", x.s.rec.ID, "err", err)
-		}
-		ident := &apitypes.ForkIdentity{Sandbox: x.s.rec.ID, Branch: i, Count: o.Count, ParentNode: node}
-		op := &OpResult{Sandbox: x.s.rec.ID, Node: m.nodeInfo(node), Processes: len(tps) - len(x.b.failed), ProcessErrors: x.b.failed, Sessions: x.b.sessionNames()}
-		m.countFork(maker, x.s.rec.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: forkFastPath, Reason: reason})
-		// Get's info once (its usage readings are cgroup files: 64 branches read them
-		// in the fork's critical path); info alone only if the branch is gone already.
-		info, gerr := m.Get(x.s.rec.ID)
-		if gerr != nil {
-			x.s.opMu.Lock() // +checklocksignore: as above
-			info = m.info(x.s)
-			x.s.opMu.Unlock() // +checklocksignore: as above
-		}
-		res.Branches = append(res.Branches, apitypes.ForkBranch{Branch: i, Sandbox: *info, Path: forkFastPath, Reason: reason, Restore: op, Identity: ident, DurationMS: ms(time.Since(x.t0))})
-	}
+	m.commitBranches(outs, res, maker, node, o, tps, reason)
 	tCommitted := time.Now()
 	var sumInit, sumState, sumPlace, maxInit time.Duration
 	for _, x := range outs {
@@ -293,11 +220,126 @@ func (m *Manager) forkFast(ctx context.Context, node, maker string, ids []string
 // docs/design/fork.md).
 func forkStarts() int { return 2 * runtime.NumCPU() }
 
-// createFastBranch makes sandbox id, a branch of src's family standing on node (a
-// fresh upper), booted by src's init (its own cgroups and limits, co's options; src's
-// host uid range), with no process yet.
-// +checklocksignore: under src.opMu (forkFast's, for its goroutines); holds the new s.opMu until it returns
-func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Isolation, floor int, node, id string, co CreateOptions, ident *apitypes.ForkIdentity, tps []*procTemplate, fref store.FamilyRef) (*sb, *fastBranch, error) {
+// fastOut is one branch of a fast fork being made: its sandbox, its runtime, and when
+// its making began.
+type fastOut struct {
+	s   *sb
+	b   *fastBranch
+	err error
+	t0  time.Time
+}
+
+// startAndPlace makes the branches ids of a fast fork of node: each a sandbox on node's
+// files booted by the family init famRT (createFastBranch, forkStarts at once), node's
+// templates tps placed into it by tracer as soon as it is ready (placeMember, one after
+// the other: the placements overlap the other branches' starts), under hold when it is
+// set (the holder's family.mu, which its templates' other placements take). On error
+// every branch made is removed and the templates are as they were.
+// +checklocksignore: each new branch's opMu, held here only (the branch is not answered yet)
+func (m *Manager) startAndPlace(ctx context.Context, famRT *sandbox.Sandbox, tracer *remote.Tracer, fam *family, base store.Sandbox, iso *sandbox.Isolation, floor int, node, forkOf string, ids []string, co CreateOptions, o ForkOptions, tps []*procTemplate, fref store.FamilyRef) ([]fastOut, error) {
+	outs := make([]fastOut, len(ids))
+	ready := make(chan int, len(ids))
+	slots := make(chan struct{}, forkStarts())
+	for i := range ids {
+		go func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			outs[i].t0 = time.Now()
+			ident := &apitypes.ForkIdentity{Branch: i, Count: o.Count, ParentNode: node}
+			outs[i].s, outs[i].b, outs[i].err = m.createFastBranch(ctx, famRT, base, iso, floor, node, forkOf, ids[i], co, ident, tps, fref)
+			ready <- i
+		}()
+	}
+	var failed error
+	for range ids {
+		i := <-ready
+		x := outs[i]
+		if failed != nil {
+			continue
+		}
+		if x.err != nil {
+			failed = fmt.Errorf("branch %d of %d: %w", i, o.Count, x.err)
+			continue
+		}
+		x.s.opMu.Lock()
+		if fam != nil {
+			fam.hold()
+			for _, t := range tps {
+				if !templateAlive(t.tmpl) {
+					x.err = fmt.Errorf("the process template of %s at node %s (pid %d) is gone: %w", t.what, node, t.tmpl.Pid, errdefs.ErrConflict)
+					break
+				}
+			}
+		}
+		err := x.err
+		if err == nil {
+			err = m.placeMember(tracer, famRT, x.s, x.b, tps, node)
+		}
+		if fam != nil {
+			fam.release()
+		}
+		x.s.opMu.Unlock()
+		if err != nil {
+			failed = fmt.Errorf("branch %d of %d: %w", i, o.Count, err)
+		}
+	}
+	if failed == nil {
+		return outs, nil
+	}
+	var undo []error
+	for _, x := range outs {
+		if x.s != nil {
+			if rerr := m.Remove(x.s.rec.ID); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
+				undo = append(undo, rerr)
+			}
+		}
+	}
+	return nil, withUndo(fmt.Errorf("fork of %s (fast path): %w (the branches made were removed)", node, failed), errors.Join(undo...))
+}
+
+// addMembers makes each branch of outs a member of fam.
+func (m *Manager) addMembers(fam *family, outs []fastOut) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, x := range outs {
+		fam.members[x.s.rec.ID] = true
+		m.famOf[x.s.rec.ID] = fam
+	}
+}
+
+// commitBranches lets each placed branch's processes run, counts the fork on it and on
+// maker (the node's sandbox), and adds its answer to res.
+// +checklocksignore: each new branch's opMu, held here only (the branch is not answered yet)
+func (m *Manager) commitBranches(outs []fastOut, res *ForkResult, maker, node string, o ForkOptions, tps []*procTemplate, reason string) {
+	for i, x := range outs {
+		x.s.opMu.Lock()
+		err := x.b.commit()
+		x.s.opMu.Unlock()
+		if err != nil {
+			m.log.Warn("fork: a branch's process could not be resumed", "sandbox", x.s.rec.ID, "err", err)
+		}
+		ident := &apitypes.ForkIdentity{Sandbox: x.s.rec.ID, Branch: i, Count: o.Count, ParentNode: node}
+		op := &OpResult{Sandbox: x.s.rec.ID, Node: m.nodeInfo(node), Processes: len(tps) - len(x.b.failed), ProcessErrors: x.b.failed, Sessions: x.b.sessionNames()}
+		m.countFork(maker, x.s.rec.ID, &apitypes.ForkOrigin{Node: node, Branch: i, Count: o.Count, Path: forkFastPath, Reason: reason})
+		// Get's info once (its usage readings are cgroup files: 64 branches read them
+		// in the fork's critical path); info alone only if the branch is gone already.
+		info, gerr := m.Get(x.s.rec.ID)
+		if gerr != nil {
+			x.s.opMu.Lock()
+			info = m.info(x.s)
+			x.s.opMu.Unlock()
+		}
+		res.Branches = append(res.Branches, apitypes.ForkBranch{Branch: i, Sandbox: *info, Path: forkFastPath, Reason: reason, Restore: op, Identity: ident, DurationMS: ms(time.Since(x.t0))})
+	}
+}
+
+// createFastBranch makes sandbox id, a branch of a family standing on node (a fresh
+// upper), booted by the family's init famRT (its own cgroups and limits, co's options,
+// the rest and the host uid range base's: the source's record, or a member's), with no
+// process yet. forkOf is its record's ForkOf (pidsKept, pidFloor): "" for a first fork's
+// branches, as before.
+// +checklocksignore: under the source's opMu (forkFast's, for its goroutines) or none (forkFamily's: famRT is the holder's); holds the new s.opMu until it returns
+func (m *Manager) createFastBranch(ctx context.Context, famRT *sandbox.Sandbox, base store.Sandbox, iso *sandbox.Isolation, floor int, node, forkOf, id string, co CreateOptions, ident *apitypes.ForkIdentity, tps []*procTemplate, fref store.FamilyRef) (*sb, *fastBranch, error) {
 	if id == "" {
 		id = randomID("sb-")
 	}
@@ -309,7 +351,7 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 		hostname = id
 	}
 	m.mu.Lock()
-	image := src.rec.Image
+	image := base.Image
 	if n := m.nodes[node]; n != nil {
 		image = n.Image
 	}
@@ -317,11 +359,11 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 		m.mu.Unlock()
 		return nil, nil, fmt.Errorf("sandbox %s already exists: %w", id, errdefs.ErrConflict)
 	}
-	lim := src.rec.Limits
+	lim := base.Limits
 	if co.MemoryMB > 0 || co.Pids > 0 || co.CPUs > 0 {
 		lim = cgroup.WithDefaults(cgroup.Limits{MemoryBytes: co.MemoryMB << 20, Pids: co.Pids, CPUs: co.CPUs})
 	}
-	s := m.newSB(store.Sandbox{ID: id, Image: image, Workdir: src.rec.Workdir, Hostname: hostname, User: src.rec.User, Created: time.Now().UTC(), DiskMB: src.rec.DiskMB, TemplateBudgetMB: src.rec.TemplateBudgetMB, Network: co.Network, Limits: lim, UIDBase: src.rec.UIDBase, Head: node, Family: &fref})
+	s := m.newSB(store.Sandbox{ID: id, Image: image, Workdir: base.Workdir, Hostname: hostname, User: base.User, Created: time.Now().UTC(), DiskMB: base.DiskMB, TemplateBudgetMB: base.TemplateBudgetMB, Network: co.Network, Limits: lim, UIDBase: base.UIDBase, Head: node, ForkOf: forkOf, Family: &fref})
 	ident.Sandbox = id
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -340,7 +382,7 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 	if err := m.writeIdentity(s, *ident); err != nil {
 		return fail(err, nil)
 	}
-	b, err := m.startFastBranch(src.rt, s.rec, iso, node, id, id, floor, m.identityLayer(id), 0)
+	b, err := m.startFastBranch(famRT, s.rec, iso, node, id, id, floor, m.identityLayer(id), 0)
 	if err != nil {
 		return fail(err, nil)
 	}
@@ -357,7 +399,7 @@ func (m *Manager) createFastBranch(ctx context.Context, src *sb, iso *sandbox.Is
 		s.kns, s.rt = nil, nil
 		return fail(err, b)
 	}
-	if err := b.prepare(src.rt, tps); err != nil {
+	if err := b.prepare(famRT, tps); err != nil {
 		m.detachNet(s)
 		s.kns.Close()
 		s.kns, s.rt = nil, nil

@@ -42,7 +42,7 @@ func (m *Manager) recordFamily(src *sb, fam *family, fref store.FamilyRef, branc
 	defer m.mu.Unlock()
 	var ops []store.Op
 	var who []*sb
-	if m.famOf[src.rec.ID] == fam {
+	if src != nil && m.famOf[src.rec.ID] == fam {
 		f := fref
 		src.rec.Family = &f
 		if src.rt == nil {
@@ -93,7 +93,9 @@ func loadFamilies(sbs []store.Sandbox) map[string]*famRecord {
 			out[r.Family.ID] = fr
 		}
 		fr.made = fr.made || r.Family.Made
-		fr.members = append(fr.members, r.ID)
+		if r.Family.Made {
+			fr.members = append(fr.members, r.ID)
+		}
 	}
 	return out
 }
@@ -108,7 +110,9 @@ func (m *Manager) adoptFamilies(sbs []store.Sandbox, byID map[string]*sb, procs 
 	fams := loadFamilies(sbs)
 	held, afresh = map[string]bool{}, map[string]bool{}
 	for _, r := range sbs {
-		if fr := fams[idOrEmpty(r.Family)]; fr != nil && !fr.made {
+		// A family's later fork (forkFamily) cut by a crash leaves its branches' records
+		// not Made in a made family: they are removed as a first fork's are.
+		if fr := fams[idOrEmpty(r.Family)]; fr != nil && (!fr.made || !r.Family.Made) {
 			m.log.Info("a fork cut by a crash: its branch is removed", "sandbox", r.ID, "family", fr.ref.ID)
 			m.st.Index.Apply(store.Op{DeleteSandbox: r.ID})
 			continue

@@ -126,7 +126,11 @@ func (m *Manager) fork(ctx context.Context, node string, o ForkOptions, execs in
 	switch {
 	case o.Processes == "never":
 	case execs < 0:
-		fastWhy = "it moves the node's sandbox back onto the node: only a fork of the sandbox itself (POST /v1/sandboxes/ID/fork, a checkpoint and the fork in one request) takes it"
+		fr, why, err := m.forkFamily(ctx, node, maker, ids, co, o)
+		if err != nil || fr != nil {
+			return fr, err
+		}
+		fastWhy = why
 	default:
 		fr, why, err := m.forkFast(ctx, node, maker, ids, co, o, execs)
 		if err != nil || fr != nil {

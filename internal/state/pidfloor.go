@@ -15,12 +15,15 @@ import (
 // and a thread that init's Go runtime made later took PID 15, which a restore from an
 // image then needed (clone3 set_tid: EEXIST; 6 of 8 runs of
 // TestDurableImageAfterSandboxesEnd on a loaded machine). Precondition: s not yet shared.
-func (m *Manager) pidFloor(s *sb) int {
+func (m *Manager) pidFloor(s *sb) int { return m.pidFloorFor(s.rec.ID, s.rec.ForkOf) }
+
+// pidFloorFor is pidFloor of the nodes sandbox made and of forkOf and its ancestors.
+func (m *Manager) pidFloorFor(sandbox, forkOf string) int {
 	floor := 0
 	var nodes []string
 	m.mu.Lock()
 	for id, n := range m.nodes {
-		if n.Sandbox != s.rec.ID && !m.onForkLineLocked(s, id) {
+		if n.Sandbox != sandbox && !m.forkLineLocked(forkOf, id) {
 			continue
 		}
 		nodes = append(nodes, id)
@@ -77,14 +80,14 @@ func (m *Manager) pidsKept(s *sb, node string) bool {
 	if n := m.nodes[node]; n != nil && n.Sandbox == s.rec.ID {
 		return true
 	}
-	return m.onForkLineLocked(s, node)
+	return m.forkLineLocked(s.rec.ForkOf, node)
 }
 
-// onForkLineLocked reports whether node is s's fork parent (its record's ForkOf) or one of its
-// ancestors. Precondition: m.mu held.
+// forkLineLocked reports whether node is forkOf (a sandbox's fork parent: its record's
+// ForkOf) or one of its ancestors. Precondition: m.mu held.
 // +checklocks:m.mu
-func (m *Manager) onForkLineLocked(s *sb, node string) bool {
-	for id := s.rec.ForkOf; id != ""; {
+func (m *Manager) forkLineLocked(forkOf, node string) bool {
+	for id := forkOf; id != ""; {
 		if id == node {
 			return true
 		}

@@ -15,7 +15,8 @@ import (
 
 // TestBenchFanoutTiny runs `deltabox bench fanout` with tiny settings on a daemon with
 // the fast path of forks on: each fork has its deltabox row (every branch carried its
-// python by the durable path), its deltabox-fast row (by the fast path), its
+// python by the durable path), its deltabox-fast and deltabox-family rows (by the fast
+// path: a fork of a sandbox, then a fork of its node, which its family holds), its
 // files+replay row and, where podman is installed (scripts/setup.sh installs it), its
 // podman row with samples; the systems that cannot run are marked so with the reason,
 // and the bench removed what it made, podman's containers too.
@@ -51,7 +52,7 @@ func TestBenchFanoutTiny(t *testing.T) {
 	want := map[string][]int{"1": {0}, "2": {0, 1}} // the branches of each fork
 	for _, n := range []string{"1", "2"} {
 		op := "fork-" + n
-		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutFast, bench.SysFanoutReplay} {
+		for _, sys := range []string{bench.SysFanoutDeltabox, bench.SysFanoutFast, bench.SysFanoutFamily, bench.SysFanoutReplay} {
 			r, ok := got[sys+" "+op]
 			if !ok {
 				t.Fatalf("no row %s %s", sys, op)
@@ -66,8 +67,10 @@ func TestBenchFanoutTiny(t *testing.T) {
 		if p, _ := got[bench.SysFanoutDeltabox+" "+op].Info["paths"].(map[string]any); p["durable"] != float64(len(want[n])) {
 			t.Errorf("%s: paths %v, want every branch durable", op, p)
 		}
-		if p, _ := got[bench.SysFanoutFast+" "+op].Info["paths"].(map[string]any); p["fast"] != float64(len(want[n])) {
-			t.Errorf("%s: deltabox-fast paths %v (%v), want every branch fast", op, p, got[bench.SysFanoutFast+" "+op].Info["reason"])
+		for _, sys := range []string{bench.SysFanoutFast, bench.SysFanoutFamily} {
+			if p, _ := got[sys+" "+op].Info["paths"].(map[string]any); p["fast"] != float64(len(want[n])) {
+				t.Errorf("%s: %s paths %v (%v), want every branch fast", op, sys, p, got[sys+" "+op].Info["reason"])
+			}
 		}
 		if pss, _ := got[bench.SysFanoutFast+" "+op].Info["pss_added_mb"].(float64); pss <= 0 {
 			t.Errorf("%s: deltabox-fast's pss_added_mb %v, want the branches' PSS", op, got[bench.SysFanoutFast+" "+op].Info["pss_added_mb"])

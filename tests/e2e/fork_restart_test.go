@@ -137,6 +137,27 @@ func TestForkFastFamilySurvivesRestart(t *testing.T) {
 	}
 }
 
+// removeAllLeavesNoCgroup removes every sandbox of d (store root) and checks that no
+// cgroup of the store is left.
+func removeAllLeavesNoCgroup(t *testing.T, d *testutil.Daemon, root string) {
+	t.Helper()
+	list, err := d.C.List(dbxCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range list {
+		if err := d.C.Remove(dbxCtx(t), in.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ents, _ := os.ReadDir(cgroup.RootFor(root))
+	for _, e := range ents {
+		if e.IsDir() {
+			t.Errorf("cgroup %s left after every sandbox's removal", e.Name())
+		}
+	}
+}
+
 func pathExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
@@ -204,21 +225,7 @@ func TestForkFastCutByCrash(t *testing.T) {
 				// images are off here, so files.
 				t.Fatalf("the fork after the repair: path %s (%s), want %s", res.Branches[0].Path, res.Branches[0].Reason, want)
 			}
-			list, err := d.C.List(dbxCtx(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, in := range list {
-				if err := d.C.Remove(dbxCtx(t), in.ID); err != nil {
-					t.Fatal(err)
-				}
-			}
-			ents, _ := os.ReadDir(cgroup.RootFor(root))
-			for _, e := range ents {
-				if e.IsDir() {
-					t.Errorf("cgroup %s left after every sandbox's removal", e.Name())
-				}
-			}
+			removeAllLeavesNoCgroup(t, d, root)
 		})
 	}
 }

@@ -88,12 +88,12 @@ func TestForkBranchesCannotReachEachOther(t *testing.T) {
 	}
 	var procs map[string]forkProc
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if procs = live(); len(procs) == 3 || time.Now().After(deadline) {
+		if procs = live(); len(procs) == 4 || time.Now().After(deadline) {
 			break
 		}
 	}
-	if len(procs) != 3 {
-		t.Fatalf("want the sleep running in 3 PID namespaces (source, 2 branches), got %+v", procs)
+	if len(procs) != 4 {
+		t.Fatalf("want the sleep running in 4 PID namespaces (source, 2 branches, the later fork's), got %+v", procs)
 	}
 	uids, maps := map[int]bool{}, map[string]bool{}
 	for _, p := range procs {
@@ -148,8 +148,9 @@ echo done`, 120*time.Second)
 // into one of its own: each runs the node's background process at its PID in a PID and
 // user namespace of its own (the family's host uids: docs/design/fork.md). From branch
 // 0, as its root, kill(2) reaches no PID but its own and /proc lists only its own; from
-// the source, /proc lists none of the branches' (no live code in their ancestor); kill
-// -9 -1 from branch 0 leaves the sibling's and the source's processes running.
+// the source, /proc lists none of the branches' (no live code in their ancestor); so
+// too from a member a later fork of the node made (forkfamily.go); kill -9 -1 from
+// branch 0 leaves the siblings' and the source's processes running.
 func TestForkFastBranchesCannotReachEachOther(t *testing.T) {
 	d := testutil.StartDaemonEnv(t, testutil.NewStore(t), "DELTABOX_DURABLE=0")
 	const src = "ffsec"
@@ -165,9 +166,14 @@ func TestForkFastBranchesCannotReachEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range res.Branches {
+	// A later fork of the node: one more member of the family, by the fast path too.
+	res2, err := d.C.Fork(ctx(t), res.Node, apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: "ffsec-c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range append(res.Branches, res2.Branches...) {
 		if b.Path != "fast" {
-			t.Fatalf("branch %d: path %s (%s): the test needs the fast path", b.Branch, b.Path, b.Reason)
+			t.Fatalf("branch %s: path %s (%s): the test needs the fast path", b.Sandbox.ID, b.Path, b.Reason)
 		}
 	}
 	live := func() map[string]forkProc {
@@ -181,12 +187,12 @@ func TestForkFastBranchesCannotReachEachOther(t *testing.T) {
 	}
 	var procs map[string]forkProc
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if procs = live(); len(procs) == 3 || time.Now().After(deadline) {
+		if procs = live(); len(procs) == 4 || time.Now().After(deadline) {
 			break
 		}
 	}
-	if len(procs) != 3 {
-		t.Fatalf("want the sleep running in 3 PID namespaces (source, 2 branches), got %+v", procs)
+	if len(procs) != 4 {
+		t.Fatalf("want the sleep running in 4 PID namespaces (source, 2 branches, the later fork's), got %+v", procs)
 	}
 	scan := `own=" $(cd /proc && echo [0-9]*) "
 for p in $(seq 1 65535); do
@@ -195,7 +201,7 @@ for p in $(seq 1 65535); do
 done
 for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < $f 2>/dev/null | grep -q "^sleep ` + marker + `" && echo $f; done | wc -l
 echo done`
-	for _, sb := range []string{"ffsec-b-0", src} {
+	for _, sb := range []string{"ffsec-b-0", src, "ffsec-c"} {
 		r, err := d.C.Run(ctx(t), sb, "main", scan, 120*time.Second)
 		if err != nil {
 			t.Fatal(err)

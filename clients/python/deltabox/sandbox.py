@@ -618,11 +618,13 @@ class Sandbox:
         image and the workdir of the sandbox that made it) and gets the node's files
         (its layers shared, a writable layer of its own) and, where a path can carry
         them, its processes: the python and bash sessions' state and background
-        processes, every one at its PID at the checkpoint, restored from the node's
-        durable image (the daemon waits for it while it is written, ``image_wait``
-        seconds at most, default 120). The node's sandbox may be running, elsewhere or
-        gone. ``sb.fork_branch`` (:class:`ForkBranch`) says per sandbox which path was
-        taken (``"durable"`` or ``"files"``) and why; ``processes="require"`` raises
+        processes, every one at its PID at the checkpoint, forked from the node's
+        templates where a fork's family holds them (the node of a :meth:`Sandbox.fork`,
+        or one its sandbox made before it), else restored from the node's durable image
+        (the daemon waits for it while it is written, ``image_wait`` seconds at most,
+        default 120). The node's sandbox may be running, elsewhere or gone.
+        ``sb.fork_branch`` (:class:`ForkBranch`) says per sandbox which path was taken
+        (``"fast"``, ``"durable"`` or ``"files"``) and why; ``processes="require"`` raises
         Conflict rather than fall back to files, ``"never"`` carries files only. Each
         branch reads its identity in ``/run/deltabox/identity``.
 
