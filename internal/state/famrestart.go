@@ -2,6 +2,7 @@ package state
 
 import (
 	"errors"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -93,9 +94,7 @@ func loadFamilies(sbs []store.Sandbox) map[string]*famRecord {
 			out[r.Family.ID] = fr
 		}
 		fr.made = fr.made || r.Family.Made
-		if r.Family.Made {
-			fr.members = append(fr.members, r.ID)
-		}
+		fr.members = append(fr.members, r.ID)
 	}
 	return out
 }
@@ -109,15 +108,20 @@ func loadFamilies(sbs []store.Sandbox) map[string]*famRecord {
 func (m *Manager) adoptFamilies(sbs []store.Sandbox, byID map[string]*sb, procs map[string]nodeProcesses, cgroups map[string]bool) (left []store.Sandbox, held map[string]bool, afresh map[string]bool, keep []store.Sandbox) {
 	fams := loadFamilies(sbs)
 	held, afresh = map[string]bool{}, map[string]bool{}
+	cut := map[string]bool{}
 	for _, r := range sbs {
 		// A family's later fork (forkFamily) cut by a crash leaves its branches' records
 		// not Made in a made family: they are removed as a first fork's are.
 		if fr := fams[idOrEmpty(r.Family)]; fr != nil && (!fr.made || !r.Family.Made) {
 			m.log.Info("a fork cut by a crash: its branch is removed", "sandbox", r.ID, "family", fr.ref.ID)
 			m.st.Index.Apply(store.Op{DeleteSandbox: r.ID})
+			cut[r.ID] = true
 			continue
 		}
 		left = append(left, r)
+	}
+	for _, fr := range fams {
+		fr.members = slices.DeleteFunc(fr.members, func(id string) bool { return cut[id] })
 	}
 	ids := make([]string, 0, len(fams))
 	for id := range fams {
