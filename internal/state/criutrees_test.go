@@ -147,13 +147,23 @@ func TestFailureAtEveryStepKeepsCRIUTrees(t *testing.T) {
 // and copies it to /workspace/ghost.out), a unix socket bound at /workspace/sock (sock:
 // each connection is answered "pong"), or a removed working directory (cwd: each
 // SIGUSR1 writes the link count of "." to /workspace/cwd.out). tests/e2e has its twin.
+//
+// It takes SIGUSR1 by sigwait in its main thread, the signal blocked in every thread,
+// and has no handler: a blocked signal stays pending until sigwait takes it, whenever it
+// comes and whichever thread the kernel looks at. A python handler runs on the main
+// thread between any two bytecodes, and the one this had (threading.Event.set, with
+// the main thread polling Event.wait(0.1)) could run inside that Event's own wait while
+// the wait held the Event's lock, a plain Lock: set then waited for that lock forever,
+// and the process never answered again ("ghost: no answer" in a run of the whole suite).
+// Signalled in a loop through Manager.Signal at load 5 to 8 on two cores, 3 signals of
+// 2,918 went so; python's traceback of the stuck process showed Event.set inside
+// Event.wait. A handler with pause() instead loses a signal that comes between the
+// loop's last look for handlers and the pause.
 const removedThings = `
 import os, sys, signal, socket, threading, time
 mode = sys.argv[1]
 n = [0]
-ev = threading.Event()
-# The other threads block SIGUSR1: Linux may hand a process's signal to any thread
-# that does not block it, and python's main thread, asleep on a lock, would not see it.
+# Blocked before any thread starts: every thread inherits the mask.
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 if mode == "ghost":
@@ -173,12 +183,10 @@ elif mode == "cwd":
     def on():
         n[0] += 1
         open("/workspace/cwd.out", "w").write("%d %d\n" % (n[0], os.stat(".").st_nlink))
-signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
 while True:
-    if not ev.wait(0.1): continue  # polled: see removedThings
-    ev.clear(); on()
+    signal.sigwait([signal.SIGUSR1])
+    on()
     open("/workspace/%s.done" % mode, "w").write(str(n[0]))
 `
 

@@ -26,18 +26,18 @@ import (
 //	cwd:   its working directory /workspace/d, removed; each SIGUSR1 writes to
 //	       /workspace/cwd.out the link count of "." and what it lists (0 and nothing).
 //
-// It writes its PID to /workspace/MODE.pid when ready. Its main thread waits for the
-// signal with a timeout: once in about a hundred checks right after a CRIU restore, a
-// first SIGUSR1 went unanswered (the main thread asleep on its lock, nothing pending in
-// /proc; a second signal was answered). The cause is not found; polling lets python run
-// the handler. internal/state's criutrees_test.go and the model's holders have twins.
+// It writes its PID to /workspace/MODE.pid when ready. It takes SIGUSR1 by sigwait in
+// its main thread, the signal blocked in every thread, with no handler: a handler that
+// set a threading.Event, polled by Event.wait, could run inside that wait while it held
+// the Event's lock and wait for it forever (internal/state's twin, removedThings in
+// criutrees_test.go, says how that was found); a handler with pause() loses a signal
+// that comes just before the pause. A blocked signal stays pending until sigwait takes
+// it. The model's holders (model_test.go) take it the same way.
 const removedThings = `
 import os, sys, signal, socket, threading, time
 mode = sys.argv[1]
 n = [0]
-ev = threading.Event()
-# The other threads block SIGUSR1: Linux may hand a process's signal to any thread
-# that does not block it, and python's main thread, asleep on a lock, would not see it.
+# Blocked before any thread starts: every thread inherits the mask.
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 if mode == "ghost":
@@ -62,12 +62,10 @@ elif mode == "cwd":
     def on():
         n[0] += 1
         open("/workspace/cwd.out", "w").write("%d %d %r\n" % (n[0], os.stat(".").st_nlink, os.listdir(".")))
-signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
 while True:
-    if not ev.wait(0.1): continue  # polled: see removedThings
-    ev.clear(); on()
+    signal.sigwait([signal.SIGUSR1])
+    on()
     open("/workspace/%s.done" % mode, "w").write(str(n[0]))
 `
 
@@ -388,18 +386,16 @@ func TestCRIUFailedCheckpointKeepsProcess(t *testing.T) {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
 			id := fmt.Sprintf("loss%d", i)
 			dbxCreate(t, d, id)
-			// The second thread blocks SIGUSR1, and the main thread polls: as
+			// SIGUSR1 blocked in both threads and taken by sigwait: as
 			// removedThings, and for the same reasons.
 			prog := "import os, fcntl, signal, socket, threading, time\n" +
 				"signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n" +
 				"threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()\n" +
-				c.setup + "\n" + `ev = threading.Event(); n = [0]
-signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+				c.setup + "\n" + `n = [0]
 open("/tmp/loss.pid", "w").write(str(os.getpid()))
 while True:
-    if not ev.wait(0.1): continue
-    ev.clear(); n[0] += 1
+    signal.sigwait([signal.SIGUSR1])
+    n[0] += 1
     try: st = str(` + c.state + `)
     except Exception as e: st = repr(e)
     open("/tmp/loss.state", "w").write(st)
