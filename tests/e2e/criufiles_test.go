@@ -447,20 +447,21 @@ while True:
 
 // ownPty is a process with two threads (the fast path refuses it) holding a pty it
 // opened itself: SIGUSR1 closes both ends, SIGUSR2 writes to /tmp/pty.state its pty's
-// name and a line typed through it.
+// name and a line typed through it. It takes both by sigwait, blocked in both threads,
+// as removedThings does and for its reasons (with handlers and the main thread in
+// time.sleep(100), a signal that came just before the sleep, or that the kernel gave
+// the other thread, would be answered 100 s later).
 const ownPty = `import os, signal, threading, time
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGUSR2])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 m, sl = os.openpty()
-def closed(s, f):
-    os.close(m); os.close(sl); open("/tmp/pty.closed", "w").close()
-def state(s, f):
-    os.write(m, b"typed\n")
-    open("/tmp/pty.state", "w").write("%s %r" % (os.ttyname(sl), os.read(sl, 100)))
-signal.signal(signal.SIGUSR1, closed)
-signal.signal(signal.SIGUSR2, state)
 open("/tmp/pty.pid", "w").write(str(os.getpid()))
 while True:
-    time.sleep(100)
+    if signal.sigwait([signal.SIGUSR1, signal.SIGUSR2]) == signal.SIGUSR1:
+        os.close(m); os.close(sl); open("/tmp/pty.closed", "w").close()
+    else:
+        os.write(m, b"typed\n")
+        open("/tmp/pty.state", "w").write("%s %r" % (os.ttyname(sl), os.read(sl, 100)))
 `
 
 // TestCRIUTreeOwnPtyTakenBySessionSince: a tree's own pty comes back at its number at a
