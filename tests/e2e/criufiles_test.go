@@ -26,18 +26,18 @@ import (
 //	cwd:   its working directory /workspace/d, removed; each SIGUSR1 writes to
 //	       /workspace/cwd.out the link count of "." and what it lists (0 and nothing).
 //
-// It writes its PID to /workspace/MODE.pid when ready. Its main thread waits for the
-// signal with a timeout: once in about a hundred checks right after a CRIU restore, a
-// first SIGUSR1 went unanswered (the main thread asleep on its lock, nothing pending in
-// /proc; a second signal was answered). The cause is not found; polling lets python run
-// the handler. internal/state's criutrees_test.go and the model's holders have twins.
+// It writes its PID to /workspace/MODE.pid when ready. It takes SIGUSR1 by sigwait in
+// its main thread, the signal blocked in every thread, with no handler: a handler that
+// set a threading.Event, polled by Event.wait, could run inside that wait while it held
+// the Event's lock and wait for it forever (internal/state's twin, removedThings in
+// criutrees_test.go, says how that was found); a handler with pause() loses a signal
+// that comes just before the pause. A blocked signal stays pending until sigwait takes
+// it. The model's holders (model_test.go) take it the same way.
 const removedThings = `
 import os, sys, signal, socket, threading, time
 mode = sys.argv[1]
 n = [0]
-ev = threading.Event()
-# The other threads block SIGUSR1: Linux may hand a process's signal to any thread
-# that does not block it, and python's main thread, asleep on a lock, would not see it.
+# Blocked before any thread starts: every thread inherits the mask.
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 if mode == "ghost":
@@ -62,12 +62,10 @@ elif mode == "cwd":
     def on():
         n[0] += 1
         open("/workspace/cwd.out", "w").write("%d %d %r\n" % (n[0], os.stat(".").st_nlink, os.listdir(".")))
-signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
 open("/workspace/%s.pid" % mode, "w").write(str(os.getpid()))
 while True:
-    if not ev.wait(0.1): continue  # polled: see removedThings
-    ev.clear(); on()
+    signal.sigwait([signal.SIGUSR1])
+    on()
     open("/workspace/%s.done" % mode, "w").write(str(n[0]))
 `
 
@@ -388,18 +386,16 @@ func TestCRIUFailedCheckpointKeepsProcess(t *testing.T) {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
 			id := fmt.Sprintf("loss%d", i)
 			dbxCreate(t, d, id)
-			// The second thread blocks SIGUSR1, and the main thread polls: as
+			// SIGUSR1 blocked in both threads and taken by sigwait: as
 			// removedThings, and for the same reasons.
 			prog := "import os, fcntl, signal, socket, threading, time\n" +
 				"signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])\n" +
 				"threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()\n" +
-				c.setup + "\n" + `ev = threading.Event(); n = [0]
-signal.signal(signal.SIGUSR1, lambda s, fr: ev.set())
-signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+				c.setup + "\n" + `n = [0]
 open("/tmp/loss.pid", "w").write(str(os.getpid()))
 while True:
-    if not ev.wait(0.1): continue
-    ev.clear(); n[0] += 1
+    signal.sigwait([signal.SIGUSR1])
+    n[0] += 1
     try: st = str(` + c.state + `)
     except Exception as e: st = repr(e)
     open("/tmp/loss.state", "w").write(st)
@@ -451,20 +447,21 @@ while True:
 
 // ownPty is a process with two threads (the fast path refuses it) holding a pty it
 // opened itself: SIGUSR1 closes both ends, SIGUSR2 writes to /tmp/pty.state its pty's
-// name and a line typed through it.
+// name and a line typed through it. It takes both by sigwait, blocked in both threads,
+// as removedThings does and for its reasons (with handlers and the main thread in
+// time.sleep(100), a signal that came just before the sleep, or that the kernel gave
+// the other thread, would be answered 100 s later).
 const ownPty = `import os, signal, threading, time
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGUSR2])
 threading.Thread(target=time.sleep, args=(100000,), daemon=True).start()
 m, sl = os.openpty()
-def closed(s, f):
-    os.close(m); os.close(sl); open("/tmp/pty.closed", "w").close()
-def state(s, f):
-    os.write(m, b"typed\n")
-    open("/tmp/pty.state", "w").write("%s %r" % (os.ttyname(sl), os.read(sl, 100)))
-signal.signal(signal.SIGUSR1, closed)
-signal.signal(signal.SIGUSR2, state)
 open("/tmp/pty.pid", "w").write(str(os.getpid()))
 while True:
-    time.sleep(100)
+    if signal.sigwait([signal.SIGUSR1, signal.SIGUSR2]) == signal.SIGUSR1:
+        os.close(m); os.close(sl); open("/tmp/pty.closed", "w").close()
+    else:
+        os.write(m, b"typed\n")
+        open("/tmp/pty.state", "w").write("%s %r" % (os.ttyname(sl), os.read(sl, 100)))
 `
 
 // TestCRIUTreeOwnPtyTakenBySessionSince: a tree's own pty comes back at its number at a
