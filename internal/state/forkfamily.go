@@ -6,6 +6,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"deltabox/internal/remote"
+	"deltabox/internal/sandbox"
 )
 
 // A fork of a node whose templates a fast fork's family holder keeps: the first fork's
@@ -83,6 +86,11 @@ func (m *Manager) forkFamily(ctx context.Context, node, maker string, ids []stri
 	}
 	m.mu.Lock()
 	fam, tps, mem := m.familyOfNodeLocked(node)
+	var famRT *sandbox.Sandbox
+	var tracer *remote.Tracer
+	if fam != nil {
+		famRT, tracer = fam.rt, fam.tracer // under m.mu, as buildSpare reads them
+	}
 	m.mu.Unlock()
 	if fam == nil {
 		return nil, "the node's processes are not in a fork family's holder: only a fork of a sandbox (POST /v1/sandboxes/ID/fork, its checkpoint and the fork in one request), or of a node whose processes a fork's family holds (that fork's node, and the nodes its source made before it), takes it; a fork of this node would have to move its sandbox back onto it", nil
@@ -110,7 +118,7 @@ func (m *Manager) forkFamily(ctx context.Context, node, maker string, ids []stri
 	fref := *base.Family
 	fref.Made = false
 	res := &ForkResult{Node: node, Count: o.Count}
-	outs, err := m.startAndPlace(ctx, fam.rt, fam.tracer, fam, base, iso, floor, node, node, ids, co, o, tps, fref)
+	outs, err := m.startAndPlace(ctx, famRT, tracer, fam, base, iso, floor, node, node, ids, co, o, tps, fref)
 	if err != nil {
 		return nil, "", err
 	}
