@@ -53,6 +53,14 @@ func (d *Diag) Unread(local, remote netip.AddrPort) (n uint32, peerClosed bool, 
 	return binary.NativeEndian.Uint32(msg[56:]), msg[1] == tcpCloseWait, nil
 }
 
+// Open reports whether the namespace's TCP socket from local to remote is still open
+// (hashed: not yet in TCP_CLOSE, which a reset puts it in at once). The caller
+// serializes calls.
+func (d *Diag) Open(local, remote netip.AddrPort) (bool, error) {
+	msg, err := d.lookup(local, remote)
+	return msg != nil, err
+}
+
 // DestroyOrphan destroys (SOCK_DESTROY, as `ss -K`) the namespace's TCP socket from
 // local to remote when no process holds it: an orphan (TIME_WAIT, FIN_WAIT2, LAST_ACK
 // after its process closed it, or was killed). It says whether it destroyed one; a
