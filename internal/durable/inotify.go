@@ -55,10 +55,16 @@ const irmapMaxCwds = 16
 // irmapScanPaths returns the directories CRIU's inode map walks for the tree's inotify
 // watches: inotifyHints' (layers are the host directories of the tree's state, its
 // upper first), each process's working directory that no listed directory holds, then
-// irmapFixed. Each is a path in the sandbox (/proc/PID/cwd as the daemon reads it for a
-// process whose root is not the daemon's: relative to the process's root).
+// irmapFixed; none when the tree holds no inotify fd (CRIU walks only for a watch, and
+// a dump without one reads nothing more here than the fd links). Each is a path in the
+// sandbox (/proc/PID/cwd as the daemon reads it for a process whose root is not the
+// daemon's: relative to the process's root).
 func irmapScanPaths(tree []int, layers []string) []string {
-	cwds := inotifyHints(tree, layers)
+	infos := inotifyInfos(tree)
+	if len(infos) == 0 {
+		return nil
+	}
+	paths := inotifyHints(infos, layers)
 	seen := map[string]bool{}
 	for _, p := range tree {
 		if len(seen) == irmapMaxCwds {
@@ -73,9 +79,30 @@ func irmapScanPaths(tree []int, layers []string) []string {
 			continue
 		}
 		seen[c] = true
-		cwds = append(cwds, c)
+		paths = append(paths, c)
 	}
-	return append(cwds, irmapFixed...)
+	return append(paths, irmapFixed...)
+}
+
+// inotifyInfos returns the fdinfo of each inotify fd the tree (host PIDs) holds.
+func inotifyInfos(tree []int) [][]byte {
+	var out [][]byte
+	for _, p := range tree {
+		base := "/proc/" + strconv.Itoa(p)
+		ents, err := os.ReadDir(base + "/fd")
+		if err != nil {
+			continue // ended since
+		}
+		for _, e := range ents {
+			if l, err := os.Readlink(base + "/fd/" + e.Name()); err != nil || l != "anon_inode:inotify" {
+				continue
+			}
+			if info, err := os.ReadFile(base + "/fdinfo/" + e.Name()); err == nil {
+				out = append(out, info)
+			}
+		}
+	}
+	return out
 }
 
 // underAny says whether path p is one of dirs or inside one.
@@ -92,8 +119,8 @@ func underAny(p string, dirs []string) bool {
 // thousands: the others are found by the walk, whose map those already found fill).
 const irmapMaxHints = 64
 
-// inotifyHints names the directories the tree's inotify watches are on, as paths in the
-// sandbox, where it can: an overlay's file handle, which the watch's fdinfo shows and
+// inotifyHints names the directories the watches of inotify fds (their fdinfo, infos)
+// are on, as paths in the sandbox, where it can: an overlay's file handle, which the watch's fdinfo shows and
 // CRIU cannot decode, carries the handle of the file it stands for in one of the
 // overlay's layers (the kernel's struct ovl_fb: fs/overlayfs/overlayfs.h); the daemon
 // opens that handle on the layers' filesystem (open_by_handle_at, O_PATH) and reads the
@@ -101,7 +128,7 @@ const irmapMaxHints = 64
 // its path in the sandbox. A watch on a file (whose opened name the kernel may not know),
 // on a directory a rename redirected (its lower has the old name), or not on the overlay
 // gets no hint: CRIU checks each hint's device and inode, and the walk finds the rest.
-func inotifyHints(tree []int, layers []string) []string {
+func inotifyHints(infos [][]byte, layers []string) []string {
 	if len(layers) == 0 {
 		return nil
 	}
@@ -112,28 +139,14 @@ func inotifyHints(tree []int, layers []string) []string {
 	defer unix.Close(mfd)
 	var out []string
 	seen := map[string]bool{}
-	for _, p := range tree {
-		base := "/proc/" + strconv.Itoa(p)
-		ents, err := os.ReadDir(base + "/fd")
-		if err != nil {
-			continue // ended since
-		}
-		for _, e := range ents {
-			if l, err := os.Readlink(base + "/fd/" + e.Name()); err != nil || l != "anon_inode:inotify" {
-				continue
+	for _, info := range infos {
+		for _, h := range overlayHandles(info) {
+			if len(out) == irmapMaxHints {
+				return out
 			}
-			info, err := os.ReadFile(base + "/fdinfo/" + e.Name())
-			if err != nil {
-				continue
-			}
-			for _, h := range overlayHandles(info) {
-				if len(out) == irmapMaxHints {
-					return out
-				}
-				if dir := layerPath(mfd, h, layers); dir != "" && !seen[dir] {
-					seen[dir] = true
-					out = append(out, dir)
-				}
+			if dir := layerPath(mfd, h, layers); dir != "" && !seen[dir] {
+				seen[dir] = true
+				out = append(out, dir)
 			}
 		}
 	}

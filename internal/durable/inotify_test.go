@@ -12,8 +12,9 @@ import (
 	"deltabox/internal/testutil"
 )
 
-// TestIrmapScanPaths: the tree's working directories come first, each once, except those
-// a listed directory holds and /proc; then the listed directories.
+// TestIrmapScanPaths: a tree holding no inotify fd gets no paths; one that holds one
+// gets its working directories first, each once, except those a listed directory holds
+// and /proc; then the listed directories.
 func TestIrmapScanPaths(t *testing.T) {
 	tmp, err := os.MkdirTemp("/tmp", "irmap")
 	if err != nil {
@@ -30,8 +31,25 @@ func TestIrmapScanPaths(t *testing.T) {
 		defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
 		tree = append(tree, c.Process.Pid)
 	}
+	if got := irmapScanPaths(tree, nil); got != nil {
+		t.Fatalf("irmapScanPaths of a tree without inotify = %q, want none", got)
+	}
+	// The watcher holds an inotify fd (no watch), in a directory a listed one holds.
+	w := exec.Command("python3", "-c", "import ctypes, sys, time; ctypes.CDLL(None).inotify_init1(0); print(flush=True); time.sleep(100)")
+	w.Dir = tmp
+	out, err := w.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Process.Kill(); _ = w.Wait() }()
+	if _, err := out.Read(make([]byte, 1)); err != nil { // its fd is open
+		t.Fatal(err)
+	}
 	want := append([]string{"/usr/share", "/usr/lib"}, irmapFixed...)
-	if got := irmapScanPaths(tree, nil); !reflect.DeepEqual(got, want) {
+	if got := irmapScanPaths(append(tree, w.Process.Pid), nil); !reflect.DeepEqual(got, want) {
 		t.Fatalf("irmapScanPaths = %q, want %q", got, want)
 	}
 }
@@ -69,7 +87,7 @@ func TestInotifyHints(t *testing.T) {
 			t.Fatal(p, err)
 		}
 	}
-	got := inotifyHints([]int{os.Getpid()}, []string{upper, lower})
+	got := inotifyHints(inotifyInfos([]int{os.Getpid()}), []string{upper, lower})
 	slices.Sort(got)
 	if want := []string{"/a/b", "/c", "/k"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("inotifyHints = %q, want %q", got, want)
