@@ -119,16 +119,16 @@ func (m *Manager) forkFamily(ctx context.Context, node, maker string, ids []stri
 	fref.Made = false
 	res := &ForkResult{Node: node, Count: o.Count}
 	outs, err := m.startAndPlace(ctx, famRT, tracer, fam, base, iso, floor, node, node, ids, co, o, tps, fref)
+	// The placements moved the holder's templates' counters, those of a fork that failed
+	// after some too: recorded and waited for before anything else, so that a crash
+	// from here on does not cost the node its templates (a next daemon's Reattach kills a
+	// template whose counters it does not find recorded: it ran). A crash during the
+	// placements still can, as during a spare's (docs/design/spares.md).
+	m.recordTemplatesOf(fam.id, &fam.mu, node, tps)
+	_ = m.st.Index.WaitDurable(m.st.Index.Seq()) // an error is the index's, reported by its next durable op
 	if err != nil {
 		return nil, "", err
 	}
-	// The placements moved the holder's templates' counters: recorded and waited for
-	// before anything else, so that a crash from here on does not cost the node its
-	// templates (a next daemon's Reattach kills a template whose counters it does not
-	// find recorded: it ran). A crash during the placements still can, as during a
-	// spare's (docs/design/spares.md).
-	m.recordTemplatesOf(fam.id, &fam.mu, node, tps)
-	_ = m.st.Index.WaitDurable(m.st.Index.Seq()) // an error is the index's, reported by its next durable op
 	m.crashPointRecorded("forkfamily", 1)        // DELTABOX_CRASH_AT=forkfamily:1, a test hook: the branches placed, their records not Made
 	m.addMembers(fam, outs)
 	reason := fmt.Sprintf("forked from the node's %d templates, which its fork family's holder keeps, into a namespace of its own, at their PIDs", len(tps))

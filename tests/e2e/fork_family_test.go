@@ -164,3 +164,41 @@ func TestForkFamilyCutByCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestForkFamilyFailureChangesNothing: a fork of a family's node whose last branch cannot
+// be made (its name is taken) fails, names that branch, and removes the ones it made and
+// placed; the family's members run on with their processes; and after a daemon restart
+// the holder still has the node's templates (the failed fork's placements moved their
+// counters, recorded all the same): the node forks again by the fast path.
+func TestForkFamilyFailureChangesNothing(t *testing.T) {
+	root := testutil.NewStore(t)
+	d := testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0")
+	pyPid, bashPid, bgPid := forkSourceLive(t, d, "fxsrc")
+	res, err := d.C.ForkSandbox(dbxCtx(t), "fxsrc", apitypes.SandboxForkRequest{
+		ForkRequest: apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: "fx1"}},
+	})
+	if err != nil || res.Branches[0].Path != "fast" {
+		t.Fatalf("first fork: %v %+v", err, res)
+	}
+	node := res.Node
+	dbxCreate(t, d, "fx2-2")
+	_, err = d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 3, CreateOptions: apitypes.CreateOptions{ID: "fx2"}})
+	if err == nil || !strings.Contains(err.Error(), "branch 2 of 3") {
+		t.Fatalf("a fork whose branch 2's name is taken: %v, want it to fail naming branch 2", err)
+	}
+	for _, b := range []string{"fx2-0", "fx2-1"} {
+		if _, err := d.C.Get(dbxCtx(t), b); err == nil {
+			t.Fatalf("%s is left after the failed fork", b)
+		}
+	}
+	for _, sb := range []string{"fxsrc", "fx1"} {
+		forkCheckBranch(t, d, sb, pyPid, bashPid, bgPid, "source")
+	}
+	d.Stop()
+	d = testutil.StartDaemonEnv(t, root, "DELTABOX_DURABLE=0")
+	r, err := d.C.Fork(dbxCtx(t), node, apitypes.ForkRequest{Count: 1, CreateOptions: apitypes.CreateOptions{ID: "fx3"}})
+	if err != nil || r.Branches[0].Path != "fast" {
+		t.Fatalf("the family's fork after the failed one and a restart: %v %+v\ndaemon log:\n%s", err, r, dbxTail(d.Log(), 4000))
+	}
+	forkCheckBranch(t, d, "fx3", pyPid, bashPid, bgPid, "source")
+}
