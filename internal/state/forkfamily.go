@@ -129,7 +129,7 @@ func (m *Manager) forkFamily(ctx context.Context, node, maker string, ids []stri
 	if err != nil {
 		return nil, "", err
 	}
-	m.crashPointRecorded("forkfamily", 1)        // DELTABOX_CRASH_AT=forkfamily:1, a test hook: the branches placed, their records not Made
+	m.crashPointRecorded("forkfamily", 1) // DELTABOX_CRASH_AT=forkfamily:1, a test hook: the branches placed, their records not Made
 	m.addMembers(fam, outs)
 	reason := fmt.Sprintf("forked from the node's %d templates, which its fork family's holder keeps, into a namespace of its own, at their PIDs", len(tps))
 	m.commitBranches(outs, res, maker, node, o, tps, reason)
